@@ -1,0 +1,2 @@
+//! The Sandhold control plane: the public gRPC API, stores, leases,
+//! providers, harness adapters and the run driver.

@@ -1,0 +1,91 @@
+//! Command line of `sandhold-agent`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use shared::transport::Address;
+
+use crate::server::AgentOptions;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "sandhold-agent",
+    version,
+    about = "Sandhold's agent inside a sandbox: processes, shell, files, run journals, file watching"
+)]
+pub struct Cli {
+    /// Log format.
+    #[arg(long, global = true, env = "SANDHOLD_AGENT_LOG_FORMAT", value_enum, default_value_t = LogFormat::Pretty)]
+    pub log_format: LogFormat,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum LogFormat {
+    Pretty,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve the agent API until SIGTERM/SIGINT.
+    Serve(ServeArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ServeArgs {
+    /// Where to listen: `unix:PATH` (the default for sandboxes) or
+    /// `tcp:127.0.0.1:PORT` (loopback only; for development).
+    #[arg(long, env = "SANDHOLD_AGENT_LISTEN")]
+    pub listen: Address,
+    /// The sandbox root: every path in a request is relative to it and
+    /// confined to it.
+    #[arg(long, env = "SANDHOLD_AGENT_ROOT")]
+    pub root: PathBuf,
+    /// File holding the bearer token every request must carry. Read once at
+    /// start; the variable naming it is removed from every child's environment.
+    #[arg(long, env = "SANDHOLD_AGENT_TOKEN_FILE")]
+    pub token_file: PathBuf,
+    /// Directory for run journals. Default: `<root>/../.sandhold-journal` when
+    /// writable, else `/tmp/sandhold-runs`.
+    #[arg(long, env = "SANDHOLD_AGENT_JOURNAL_DIR")]
+    pub journal_dir: Option<PathBuf>,
+}
+
+pub fn init_tracing(format: LogFormat) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_env("SANDHOLD_AGENT_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Pretty => builder.init(),
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+    }
+}
+
+pub fn main(cli: Cli) -> ExitCode {
+    init_tracing(cli.log_format);
+    match cli.command {
+        Command::Serve(args) => {
+            let runtime = match tokio::runtime::Runtime::new() {
+                Ok(rt) => rt,
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot start the async runtime");
+                    return ExitCode::FAILURE;
+                }
+            };
+            let result = runtime.block_on(async move {
+                let options = AgentOptions::from_args(args)?;
+                crate::server::serve(options, crate::server::shutdown_signal()).await
+            });
+            match result {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    tracing::error!(error = format!("{e:#}"), "agent stopped with an error");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,184 @@
+//! The agent's gRPC server: options, shared state, listening and shutdown.
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use shared::proto::agent::v1::Capabilities;
+use shared::proto::agent::v1::info_service_server::InfoServiceServer;
+use shared::secret::Secret;
+use shared::transport::Address;
+use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
+use tonic::service::InterceptorLayer;
+use tonic::transport::Server;
+
+use crate::auth::TokenCheck;
+use crate::cli::ServeArgs;
+use crate::confine::Root;
+
+/// How long in-flight streams (follows, spawns) may take to finish after a
+/// shutdown signal before the server stops anyway.
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Everything the agent needs to serve, validated.
+#[derive(Debug, Clone)]
+pub struct AgentOptions {
+    pub listen: Address,
+    pub root: PathBuf,
+    pub token: Secret,
+    pub journal_dir: PathBuf,
+}
+
+impl AgentOptions {
+    pub fn from_args(args: ServeArgs) -> anyhow::Result<Self> {
+        let token = std::fs::read_to_string(&args.token_file)
+            .with_context(|| format!("reading the token file {}", args.token_file.display()))?;
+        let token = token.trim().to_string();
+        anyhow::ensure!(!token.is_empty(), "the token file {} is empty", args.token_file.display());
+        let journal_dir = args.journal_dir.unwrap_or_else(|| default_journal_dir(&args.root));
+        Ok(Self { listen: args.listen, root: args.root, token: Secret::new(token), journal_dir })
+    }
+}
+
+/// `<root>/../.sandhold-journal`: beside the workspace, so the workspace
+/// (what snapshots and diffs see) holds no journal, yet inside whatever the
+/// provider keeps for the sandbox. Falls back to `/tmp/sandhold-runs` when
+/// the root has no writable parent.
+pub fn default_journal_dir(root: &std::path::Path) -> PathBuf {
+    match root.parent() {
+        Some(parent) if parent != std::path::Path::new("/") => parent.join(".sandhold-journal"),
+        _ => PathBuf::from("/tmp/sandhold-runs"),
+    }
+}
+
+/// State shared by every service; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct AgentState {
+    pub root: Root,
+    pub journal_dir: PathBuf,
+    pub capabilities: Capabilities,
+}
+
+impl AgentState {
+    pub fn new(options: &AgentOptions) -> anyhow::Result<Self> {
+        std::fs::create_dir_all(&options.root)
+            .with_context(|| format!("creating the sandbox root {}", options.root.display()))?;
+        let root = Root::new(&options.root)
+            .with_context(|| format!("resolving the sandbox root {}", options.root.display()))?;
+        std::fs::create_dir_all(&options.journal_dir)
+            .with_context(|| format!("creating the journal dir {}", options.journal_dir.display()))?;
+        Ok(Self { root, journal_dir: options.journal_dir.clone(), capabilities: crate::info::capabilities() })
+    }
+}
+
+/// Resolves on the first SIGTERM or SIGINT. A second signal exits at once.
+pub async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("installing the SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("installing the SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => tracing::info!("sigterm received, shutting down"),
+        _ = int.recv() => tracing::info!("sigint received, shutting down"),
+    }
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => {},
+            _ = int.recv() => {},
+        }
+        tracing::warn!("second signal, exiting now");
+        std::process::exit(130);
+    });
+}
+
+/// The router with every service, behind the token check.
+fn router(
+    state: AgentState,
+    token: Secret,
+) -> anyhow::Result<
+    tonic::transport::server::Router<
+        tower::layer::util::Stack<InterceptorLayer<TokenCheck>, tower::layer::util::Identity>,
+    >,
+> {
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(shared::AGENT_DESCRIPTOR_SET)
+        .build_v1()
+        .context("building the reflection service")?;
+    let (health_reporter, health) = tonic_health::server::health_reporter();
+    drop(health_reporter);
+    let router = Server::builder()
+        .layer(InterceptorLayer::new(TokenCheck::new(token)))
+        .add_service(health)
+        .add_service(reflection)
+        .add_service(InfoServiceServer::new(crate::info::Info::new(state.clone())));
+    Ok(router)
+}
+
+/// Serve until `shutdown` resolves, then drain in-flight calls for at most
+/// [`DRAIN_TIMEOUT`].
+pub async fn serve(
+    options: AgentOptions,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let state = AgentState::new(&options)?;
+    let router = router(state.clone(), options.token.clone())?;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = {
+        let mut rx = stop_rx.clone();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    };
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    });
+
+    let serving = async {
+        match &options.listen {
+            Address::Unix(path) => {
+                if let Some(dir) = path.parent() {
+                    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+                }
+                // A socket left by a previous agent (killed or crashed) would
+                // make bind fail; nobody can be listening on it any more.
+                let _ = std::fs::remove_file(path);
+                let listener = tokio::net::UnixListener::bind(path)
+                    .with_context(|| format!("binding unix socket {}", path.display()))?;
+                tracing::info!(listen = %options.listen, root = %state.root.path().display(), journal_dir = %state.journal_dir.display(), "agent listening");
+                router
+                    .serve_with_incoming_shutdown(UnixListenerStream::new(listener), stopped)
+                    .await
+                    .context("serving")
+            }
+            Address::Tcp(addr) => {
+                anyhow::ensure!(
+                    addr.ip().is_loopback(),
+                    "the agent listens on loopback only (got {addr}); use a unix socket for anything else"
+                );
+                let listener =
+                    tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
+                tracing::info!(listen = %options.listen, local = %listener.local_addr()?, root = %state.root.path().display(), "agent listening");
+                router
+                    .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stopped)
+                    .await
+                    .context("serving")
+            }
+        }
+    };
+    let mut drain_rx = stop_rx;
+    let drain_deadline = async move {
+        let _ = drain_rx.wait_for(|s| *s).await;
+        tokio::time::sleep(DRAIN_TIMEOUT).await;
+        tracing::warn!("drain timeout reached, closing remaining streams");
+    };
+    let result = tokio::select! {
+        r = serving => r,
+        _ = drain_deadline => Ok(()),
+    };
+    if let Address::Unix(path) = &options.listen {
+        let _ = std::fs::remove_file(path);
+    }
+    tracing::info!("agent stopped");
+    result
+}

@@ -1,0 +1,75 @@
+//! An agent served in-process on a real Unix socket in a temp dir, through
+//! the real tonic stack, with an authenticated client channel.
+
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use sandbox_agent::AgentOptions;
+use shared::secret::Secret;
+use shared::transport::{Address, AuthedChannel, BearerToken, authed, connect};
+use tokio::sync::oneshot;
+
+pub struct TestAgent {
+    pub dir: tempfile::TempDir,
+    pub root: PathBuf,
+    pub journal_dir: PathBuf,
+    pub socket: PathBuf,
+    pub token: String,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
+}
+
+impl TestAgent {
+    pub async fn start() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("root");
+        let journal_dir = dir.path().join("journal");
+        let socket = dir.path().join("agent.sock");
+        let token = format!("tok-{}", uuid::Uuid::new_v4().simple());
+        let options = AgentOptions {
+            listen: Address::Unix(socket.clone()),
+            root: root.clone(),
+            token: Secret::new(token.clone()),
+            journal_dir: journal_dir.clone(),
+        };
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(sandbox_agent::serve(options, async move {
+            let _ = stopped.await;
+        }));
+        for _ in 0..200 {
+            if socket.exists() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(socket.exists(), "agent did not start listening");
+        let root = root.canonicalize().unwrap();
+        Self { dir, root, journal_dir, socket, token, stop: Some(stop), task: Some(task) }
+    }
+
+    /// A channel carrying this agent's token.
+    pub async fn channel(&self) -> AuthedChannel {
+        self.channel_with_token(&self.token).await
+    }
+
+    pub async fn channel_with_token(&self, token: &str) -> AuthedChannel {
+        let ch = connect(&Address::Unix(self.socket.clone())).await.unwrap();
+        authed(ch, BearerToken::new(token).unwrap())
+    }
+
+    /// A channel with no token at all.
+    pub async fn raw_channel(&self) -> tonic::transport::Channel {
+        connect(&Address::Unix(self.socket.clone())).await.unwrap()
+    }
+
+    pub async fn stop(mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.task.take() {
+            let _ = tokio::time::timeout(Duration::from_secs(10), t).await;
+        }
+    }
+}

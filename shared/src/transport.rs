@@ -1,0 +1,127 @@
+//! Addresses of the form `unix:PATH` or `tcp:HOST:PORT`, listening on them,
+//! and gRPC clients that carry a bearer token.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::str::FromStr;
+
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::service::Interceptor;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Channel, Endpoint};
+
+/// Where a gRPC server listens or a client connects.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Address {
+    Unix(PathBuf),
+    Tcp(SocketAddr),
+}
+
+impl FromStr for Address {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if let Some(path) = s.strip_prefix("unix:") {
+            if path.is_empty() {
+                return Err("unix: address needs a path, e.g. unix:/run/sandhold/agent.sock".into());
+            }
+            Ok(Self::Unix(PathBuf::from(path)))
+        } else if let Some(addr) = s.strip_prefix("tcp:") {
+            addr.parse().map(Self::Tcp).map_err(|e| {
+                format!("tcp: address {addr:?}: {e} (expected HOST:PORT, e.g. tcp:127.0.0.1:7070)")
+            })
+        } else {
+            Err(format!("address {s:?} must start with unix: or tcp:"))
+        }
+    }
+}
+
+impl fmt::Display for Address {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Unix(p) => write!(f, "unix:{}", p.display()),
+            Self::Tcp(a) => write!(f, "tcp:{a}"),
+        }
+    }
+}
+
+/// Open a channel to `address`. Connects lazily on first use when `lazy`.
+pub async fn connect(address: &Address) -> Result<Channel, tonic::transport::Error> {
+    match address {
+        Address::Tcp(addr) => Endpoint::from_shared(format!("http://{addr}"))?.connect().await,
+        Address::Unix(path) => {
+            let path = path.clone();
+            // The URI is ignored by the connector; it only has to parse.
+            Endpoint::from_static("http://sandbox.local")
+                .connect_with_connector(tower::service_fn(move |_: http::Uri| {
+                    let path = path.clone();
+                    async move {
+                        let stream = tokio::net::UnixStream::connect(path).await?;
+                        Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
+                    }
+                }))
+                .await
+        }
+    }
+}
+
+/// Adds `authorization: Bearer <token>` to every request.
+#[derive(Clone)]
+pub struct BearerToken(MetadataValue<Ascii>);
+
+impl BearerToken {
+    pub fn new(token: &str) -> Result<Self, String> {
+        format!("Bearer {token}").parse().map(Self).map_err(|_| "token must be printable ASCII".to_string())
+    }
+}
+
+impl fmt::Debug for BearerToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("BearerToken([redacted])")
+    }
+}
+
+impl Interceptor for BearerToken {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        req.metadata_mut().insert("authorization", self.0.clone());
+        Ok(req)
+    }
+}
+
+/// A channel whose requests carry a bearer token.
+pub type AuthedChannel = InterceptedService<Channel, BearerToken>;
+
+pub fn authed(channel: Channel, token: BearerToken) -> AuthedChannel {
+    InterceptedService::new(channel, token)
+}
+
+/// Extract the bearer token of a request's metadata, if any.
+pub fn bearer_of(metadata: &tonic::metadata::MetadataMap) -> Option<&str> {
+    let value = metadata.get("authorization")?.to_str().ok()?;
+    let token = value.strip_prefix("Bearer ").or_else(|| value.strip_prefix("bearer "))?;
+    Some(token.trim())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_addresses() {
+        assert_eq!("unix:/tmp/a.sock".parse::<Address>().unwrap(), Address::Unix("/tmp/a.sock".into()));
+        assert_eq!(
+            "tcp:127.0.0.1:80".parse::<Address>().unwrap(),
+            Address::Tcp("127.0.0.1:80".parse().unwrap())
+        );
+        assert!("unix:".parse::<Address>().is_err());
+        assert!("tcp:nope".parse::<Address>().is_err());
+        assert!("/tmp/a.sock".parse::<Address>().is_err());
+    }
+
+    #[test]
+    fn token_is_not_printed() {
+        let t = BearerToken::new("s3cret").unwrap();
+        assert!(!format!("{t:?}").contains("s3cret"));
+    }
+}
