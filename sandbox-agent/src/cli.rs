@@ -32,6 +32,13 @@ pub enum LogFormat {
 pub enum Command {
     /// Serve the agent API until SIGTERM/SIGINT.
     Serve(ServeArgs),
+    /// Run as PID 1 of a container: reap orphans and keep the daemon given
+    /// after `--` running (restarting it when it dies), e.g.
+    /// `sandhold-agent init -- serve --listen unix:/run/sandhold/agent.sock ...`.
+    Init {
+        #[arg(last = true, required = true)]
+        daemon_args: Vec<std::ffi::OsString>,
+    },
 }
 
 #[derive(Debug, clap::Args)]
@@ -67,6 +74,7 @@ pub fn init_tracing(format: LogFormat) {
 pub fn main(cli: Cli) -> ExitCode {
     init_tracing(cli.log_format);
     match cli.command {
+        Command::Init { daemon_args } => crate::init::run(daemon_args),
         Command::Serve(args) => {
             let runtime = match tokio::runtime::Runtime::new() {
                 Ok(rt) => rt,

@@ -10,6 +10,7 @@ pub mod child;
 pub mod cli;
 pub mod confine;
 pub mod info;
+pub mod init;
 pub mod server;
 
 pub use server::{AgentOptions, serve};
