@@ -32,6 +32,9 @@ pub enum LogFormat {
 pub enum Command {
     /// Serve the agent API until SIGTERM/SIGINT.
     Serve(ServeArgs),
+    /// Supervise one journaled run (started by the agent's StartRun).
+    #[command(hide = true)]
+    Shim(crate::shim::ShimArgs),
     /// Run as PID 1 of a container: reap orphans and keep the daemon given
     /// after `--` running (restarting it when it dies), e.g.
     /// `sandhold-agent init -- serve --listen unix:/run/sandhold/agent.sock ...`.
@@ -64,7 +67,9 @@ pub struct ServeArgs {
 pub fn init_tracing(format: LogFormat) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_env("SANDHOLD_AGENT_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let builder =
+        tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
     match format {
         LogFormat::Pretty => builder.init(),
         LogFormat::Json => builder.json().flatten_event(true).init(),
@@ -74,6 +79,7 @@ pub fn init_tracing(format: LogFormat) {
 pub fn main(cli: Cli) -> ExitCode {
     init_tracing(cli.log_format);
     match cli.command {
+        Command::Shim(args) => crate::shim::main(args),
         Command::Init { daemon_args } => crate::init::run(daemon_args),
         Command::Serve(args) => {
             let runtime = match tokio::runtime::Runtime::new() {
