@@ -1,0 +1,111 @@
+//! The one error type of every store, and its mapping onto the shared codes.
+
+use shared::error::{Error as ApiError, ErrorCode};
+
+use super::{Epoch, RunStatus};
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// No such object, or it belongs to another tenant (never told apart).
+    #[error("{0} not found")]
+    NotFound(String),
+
+    #[error("{0} already exists")]
+    AlreadyExists(String),
+
+    /// The writer's epoch is not the run's current epoch: another driver has
+    /// claimed the run. Epochs only grow, so this never heals; the writer must
+    /// stop (or claim again and re-align).
+    #[error("run {run} was claimed by a newer driver: writer epoch {held}, current epoch {current}")]
+    Fenced { run: String, held: Epoch, current: Epoch },
+
+    /// The run already has a terminal status.
+    #[error("run {run} is already {status}")]
+    RunTerminal { run: String, status: RunStatus },
+
+    /// The run's event log was closed; nothing more may be appended.
+    #[error("event log of run {0} is closed")]
+    LogClosed(String),
+
+    #[error("invalid {field}: {reason}")]
+    Invalid { field: &'static str, reason: String },
+
+    /// The database cannot be reached (connect, I/O, pool exhausted or closed).
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+
+    /// A row the store wrote cannot be read back (a bug or manual tampering).
+    #[error("corrupt row: {0}")]
+    Corrupt(String),
+
+    #[error("database error: {0}")]
+    Database(#[source] sqlx::Error),
+
+    #[error("migration failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+}
+
+impl Error {
+    pub(crate) fn invalid(field: &'static str, reason: impl Into<String>) -> Self {
+        Self::Invalid { field, reason: reason.into() }
+    }
+
+    /// The shared code this error travels as.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            Self::NotFound(_) => ErrorCode::NotFound,
+            Self::AlreadyExists(_) => ErrorCode::AlreadyExists,
+            Self::Fenced { .. } => ErrorCode::ClaimLost,
+            Self::RunTerminal { .. } => ErrorCode::RunTerminal,
+            Self::LogClosed(_) => ErrorCode::FailedPrecondition,
+            Self::Invalid { .. } => ErrorCode::InvalidArgument,
+            Self::Unavailable(_) => ErrorCode::Unavailable,
+            Self::Corrupt(_) | Self::Database(_) | Self::Migrate(_) => ErrorCode::Internal,
+        }
+    }
+}
+
+impl From<sqlx::Error> for Error {
+    fn from(err: sqlx::Error) -> Self {
+        match err {
+            sqlx::Error::RowNotFound => Self::NotFound("row".into()),
+            sqlx::Error::Io(_)
+            | sqlx::Error::Tls(_)
+            | sqlx::Error::PoolTimedOut
+            | sqlx::Error::PoolClosed
+            | sqlx::Error::WorkerCrashed => Self::Unavailable(err.to_string()),
+            other => Self::Database(other),
+        }
+    }
+}
+
+impl From<Error> for ApiError {
+    fn from(err: Error) -> Self {
+        let code = err.code();
+        // Database internals stay in the server log; clients get the code.
+        let message = match &err {
+            Error::Database(_) | Error::Migrate(_) | Error::Corrupt(_) => "internal store error".to_owned(),
+            other => other.to_string(),
+        };
+        let mut api = ApiError::new(code, message);
+        match err {
+            Error::Fenced { held, current, .. } => {
+                api = api
+                    .with_meta("held_epoch", held.to_string())
+                    .with_meta("current_epoch", current.to_string());
+            }
+            Error::RunTerminal { status, .. } => api = api.with_meta("status", status.as_str()),
+            Error::Invalid { field, reason } => api = api.with_violation(field, reason),
+            _ => {}
+        }
+        api
+    }
+}
+
+impl From<Error> for tonic::Status {
+    fn from(err: Error) -> Self {
+        ApiError::from(err).into()
+    }
+}
