@@ -4,7 +4,16 @@
 //! other `SANDHOLD_AGENT_*` variable never reach a child).
 
 use std::collections::HashMap;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::Path;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use nix::sys::signal::Signal;
+use shared::error::Error;
+use shared::proto::agent::v1 as proto;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 
 /// Prefix of the agent's own environment variables; all are removed from
 /// children.
@@ -45,6 +54,314 @@ pub fn command(
 /// Kill a whole process group (ignores a group that is already gone).
 pub fn kill_group(pgid: u32, signal: nix::sys::signal::Signal) {
     let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid as i32), signal);
+}
+
+/// As [`command`], but the child's environment is exactly `env` (minus the
+/// agent's own variables) instead of the agent's environment plus `env`: for
+/// children that must reproduce an environment captured elsewhere (a shell
+/// session's exported variables).
+pub fn command_with_exact_env(
+    program: &str,
+    args: &[String],
+    cwd: &Path,
+    env: &HashMap<String, String>,
+) -> std::process::Command {
+    let mut cmd = command(program, args, cwd, &HashMap::new());
+    cmd.env_clear();
+    for (k, v) in env {
+        if !k.starts_with(AGENT_ENV_PREFIX) {
+            cmd.env(k, v);
+        }
+    }
+    cmd
+}
+
+/// Refuse environment entries `std::process::Command` cannot pass on (it
+/// would fail the spawn with a less helpful error).
+pub fn validate_env(env: &HashMap<String, String>) -> Result<(), Error> {
+    for (k, v) in env {
+        if k.is_empty() || k.contains('=') || k.contains('\0') {
+            return Err(Error::invalid_field("env", format!("invalid variable name {k:?}")));
+        }
+        if v.contains('\0') {
+            return Err(Error::invalid_field("env", format!("value of {k} contains a NUL byte")));
+        }
+    }
+    Ok(())
+}
+
+/// Whether `signo` is a signal number the kernel accepts (1..=SIGRTMAX).
+pub fn is_valid_signal(signo: i32) -> bool {
+    (1..=libc::SIGRTMAX()).contains(&signo)
+}
+
+/// Send signal number `signo` (any number, real-time ones included, which
+/// `nix::sys::signal::Signal` cannot name) to process group `pgid`.
+pub fn signal_group(pgid: u32, signo: i32) -> std::io::Result<()> {
+    let pgid = i32::try_from(pgid)
+        .ok()
+        .filter(|p| *p > 1)
+        .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    // SAFETY: killpg takes plain integers and touches no memory of ours.
+    let rc = unsafe { libc::killpg(pgid, signo) };
+    if rc == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
+}
+
+/// Live (non-zombie) members of process group `pgid` other than `except`,
+/// read from `/proc`.
+pub fn group_members(pgid: u32, except: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+    let mut members = Vec::new();
+    for entry in entries.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+        if pid == except {
+            continue;
+        }
+        if let Some(stat) = ProcStat::read(pid)
+            && stat.pgrp == pgid
+            && stat.state != 'Z'
+        {
+            members.push(pid);
+        }
+    }
+    members
+}
+
+/// SIGKILL every member of process group `pgid` except `keep` (a shell that
+/// leads the group and must survive its command). Repeats until a scan finds
+/// nobody, so that children forked during a scan are caught by the next one.
+pub async fn kill_group_except(pgid: u32, keep: u32) {
+    for _ in 0..50 {
+        let members = group_members(pgid, keep);
+        if members.is_empty() {
+            return;
+        }
+        for pid in members {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), Signal::SIGKILL);
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// The fields of `/proc/<pid>/stat` the agent uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcStat {
+    pub state: char,
+    pub ppid: u32,
+    pub pgrp: u32,
+}
+
+impl ProcStat {
+    pub fn read(pid: u32) -> Option<Self> {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // The command name is in parentheses and may itself contain spaces
+        // and parentheses: the fields start after the last ')'.
+        let rest = &text[text.rfind(')')? + 1..];
+        let mut fields = rest.split_whitespace();
+        let state = fields.next()?.chars().next()?;
+        let ppid = fields.next()?.parse().ok()?;
+        let pgrp = fields.next()?.parse().ok()?;
+        Some(Self { state, ppid, pgrp })
+    }
+}
+
+/// Duplicate `fd` onto descriptor `target` in the child (e.g. a status pipe
+/// on fd 3). `fd` must not be 0, 1, 2 or `target` itself; see
+/// [`fd_above_stdio`].
+pub fn pass_fd(cmd: &mut std::process::Command, fd: RawFd, target: RawFd) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs between fork and exec and calls only dup2,
+    // which is async-signal-safe; it allocates nothing and takes no locks.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::dup2(fd, target) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+/// A close-on-exec duplicate of `fd` numbered 10 or above, so that it can
+/// never collide with a child's stdio or with the low descriptor
+/// [`pass_fd`] moves it to (the agent may have been started with some of
+/// 0..2 closed, in which case a fresh pipe could land there).
+pub fn fd_above_stdio(fd: &OwnedFd) -> std::io::Result<OwnedFd> {
+    // SAFETY: F_DUPFD_CLOEXEC on a descriptor we own returns a new
+    // descriptor that nothing else owns.
+    let raw = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 10) };
+    if raw < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `raw` is a fresh descriptor owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+}
+
+/// A shell-style exit code: the code, or 128 + the signal that killed it.
+pub fn shell_code(status: std::process::ExitStatus) -> i32 {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => code,
+        (None, Some(sig)) => 128 + sig,
+        (None, None) => -1,
+    }
+}
+
+/// The wire form of how a process ended.
+pub fn exit_status(status: std::process::ExitStatus) -> proto::ExitStatus {
+    use std::os::unix::process::ExitStatusExt;
+    let status = match (status.code(), status.signal()) {
+        (_, Some(sig)) => proto::exit_status::Status::Signal(sig),
+        (Some(code), None) => proto::exit_status::Status::Code(code),
+        (None, None) => proto::exit_status::Status::Code(-1),
+    };
+    proto::ExitStatus { status: Some(status) }
+}
+
+/// How long output is still read after a process exits, for descendants
+/// that keep its stdout/stderr open (a background job). After that the
+/// pipes are closed and such a descendant gets EPIPE/SIGPIPE on its next
+/// write, as it would behind `ssh host 'cmd &'`.
+pub const OUTPUT_DRAIN_GRACE: Duration = Duration::from_millis(500);
+
+/// Size of one read from a child's stdout/stderr.
+const READ_CHUNK: usize = 32 * 1024;
+
+/// What a [`RunningChild`] reports.
+#[derive(Debug)]
+pub enum ChildEvent {
+    Output(proto::OutputStream, Bytes),
+    /// The process exited and its output was read to the end (or for
+    /// [`OUTPUT_DRAIN_GRACE`] after its exit). Reported again on every later
+    /// call.
+    Finished(std::process::ExitStatus),
+}
+
+/// A started child in its own process group whose stdout/stderr are read
+/// concurrently: the one place that pumps a child's output, waits for it,
+/// and kills its group when the caller goes away.
+#[derive(Debug)]
+pub struct RunningChild {
+    child: tokio::process::Child,
+    pid: u32,
+    output: mpsc::Receiver<(proto::OutputStream, Bytes)>,
+    output_done: bool,
+    stop_readers: CancellationToken,
+    status: Option<std::process::ExitStatus>,
+    drain_until: Option<tokio::time::Instant>,
+    kill_on_drop: bool,
+}
+
+impl RunningChild {
+    /// Take over `child` (spawned from [`command`], so it leads its own
+    /// process group) and start reading its piped stdout/stderr. With
+    /// `kill_on_drop`, dropping this before the child finished kills the
+    /// whole group.
+    pub fn new(mut child: tokio::process::Child, kill_on_drop: bool) -> std::io::Result<Self> {
+        let pid = child.id().ok_or_else(|| std::io::Error::other("child already reaped"))?;
+        let (tx, rx) = mpsc::channel(16);
+        let stop_readers = CancellationToken::new();
+        if let Some(out) = child.stdout.take() {
+            tokio::spawn(pump(out, proto::OutputStream::Stdout, tx.clone(), stop_readers.clone()));
+        }
+        if let Some(err) = child.stderr.take() {
+            tokio::spawn(pump(err, proto::OutputStream::Stderr, tx, stop_readers.clone()));
+        }
+        Ok(Self {
+            child,
+            pid,
+            output: rx,
+            output_done: false,
+            stop_readers,
+            status: None,
+            drain_until: None,
+            kill_on_drop,
+        })
+    }
+
+    /// Process id, which is also the process group id.
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// Whether the process itself has exited (its output may still be
+    /// draining).
+    pub fn has_exited(&self) -> bool {
+        self.status.is_some()
+    }
+
+    /// SIGKILL the whole process group. Harmless once it is gone.
+    pub fn kill_group(&self) {
+        let _ = signal_group(self.pid, libc::SIGKILL);
+    }
+
+    /// The next output chunk, or the exit once output is done. Cancel-safe:
+    /// may be used as a `tokio::select!` branch.
+    pub async fn next_event(&mut self) -> std::io::Result<ChildEvent> {
+        loop {
+            if let (Some(status), true) = (self.status, self.output_done) {
+                return Ok(ChildEvent::Finished(status));
+            }
+            let drain_until = self.drain_until;
+            tokio::select! {
+                chunk = self.output.recv(), if !self.output_done => match chunk {
+                    Some((stream, data)) => return Ok(ChildEvent::Output(stream, data)),
+                    None => self.output_done = true,
+                },
+                status = self.child.wait(), if self.status.is_none() => {
+                    self.status = Some(status?);
+                    self.drain_until = Some(tokio::time::Instant::now() + OUTPUT_DRAIN_GRACE);
+                }
+                _ = sleep_until(drain_until), if drain_until.is_some() && !self.output_done => {
+                    // The readers stop and drop their senders; what they
+                    // already read is still delivered before `None`.
+                    self.stop_readers.cancel();
+                    self.drain_until = None;
+                }
+            }
+        }
+    }
+}
+
+impl Drop for RunningChild {
+    fn drop(&mut self) {
+        self.stop_readers.cancel();
+        if self.kill_on_drop && self.status.is_none() {
+            self.kill_group();
+        }
+    }
+}
+
+/// Sleep until `at`, or forever when there is no deadline.
+pub async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn pump(
+    mut reader: impl tokio::io::AsyncRead + Unpin,
+    stream: proto::OutputStream,
+    tx: mpsc::Sender<(proto::OutputStream, Bytes)>,
+    stop: CancellationToken,
+) {
+    use tokio::io::AsyncReadExt;
+    loop {
+        let mut buf = BytesMut::with_capacity(READ_CHUNK);
+        let read = tokio::select! {
+            r = reader.read_buf(&mut buf) => r,
+            _ = stop.cancelled() => return,
+        };
+        match read {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {
+                if tx.send((stream, buf.freeze())).await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]

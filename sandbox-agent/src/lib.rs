@@ -9,8 +9,11 @@ pub mod auth;
 pub mod child;
 pub mod cli;
 pub mod confine;
+pub mod fs;
 pub mod info;
 pub mod init;
+pub mod process;
 pub mod server;
+pub mod shell;
 
 pub use server::{AgentOptions, serve};

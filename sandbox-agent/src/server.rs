@@ -6,7 +6,10 @@ use std::time::Duration;
 
 use anyhow::Context;
 use shared::proto::agent::v1::Capabilities;
+use shared::proto::agent::v1::fs_service_server::FsServiceServer;
 use shared::proto::agent::v1::info_service_server::InfoServiceServer;
+use shared::proto::agent::v1::process_service_server::ProcessServiceServer;
+use shared::proto::agent::v1::shell_service_server::ShellServiceServer;
 use shared::secret::Secret;
 use shared::transport::Address;
 use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
@@ -58,6 +61,10 @@ pub struct AgentState {
     pub root: Root,
     pub journal_dir: PathBuf,
     pub capabilities: Capabilities,
+    /// Processes started by `ProcessService` (for list and signal).
+    pub processes: crate::process::ProcessTable,
+    /// Open `ShellService` sessions.
+    pub shells: crate::shell::ShellSessions,
 }
 
 impl AgentState {
@@ -68,7 +75,13 @@ impl AgentState {
             .with_context(|| format!("resolving the sandbox root {}", options.root.display()))?;
         std::fs::create_dir_all(&options.journal_dir)
             .with_context(|| format!("creating the journal dir {}", options.journal_dir.display()))?;
-        Ok(Self { root, journal_dir: options.journal_dir.clone(), capabilities: crate::info::capabilities() })
+        Ok(Self {
+            root,
+            journal_dir: options.journal_dir.clone(),
+            capabilities: crate::info::capabilities(),
+            processes: Default::default(),
+            shells: Default::default(),
+        })
     }
 }
 
@@ -110,7 +123,10 @@ fn router(
         .layer(InterceptorLayer::new(TokenCheck::new(token)))
         .add_service(health)
         .add_service(reflection)
-        .add_service(InfoServiceServer::new(crate::info::Info::new(state.clone())));
+        .add_service(InfoServiceServer::new(crate::info::Info::new(state.clone())))
+        .add_service(ProcessServiceServer::new(crate::process::Processes::new(state.clone())))
+        .add_service(ShellServiceServer::new(crate::shell::Shells::new(state.clone())))
+        .add_service(FsServiceServer::new(crate::fs::Files::new(state.clone())));
     Ok(router)
 }
 

@@ -1,0 +1,509 @@
+//! `ProcessService`: one-off (`Exec`) and interactive (`Spawn`) processes,
+//! each in its own process group, and the table of processes the agent
+//! started (`ListProcesses`, `SignalProcess`).
+
+use std::collections::{BTreeMap, VecDeque};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use shared::error::{Error, ErrorCode};
+use shared::proto::agent::v1::{
+    self as proto, Command, ExecRequest, ExecResponse, ListProcessesRequest, ListProcessesResponse,
+    OutputChunk, OutputStream, ProcessInfo, SignalProcessRequest, SignalProcessResponse, SpawnRequest,
+    SpawnResponse, SpawnStarted, process_service_server::ProcessService, spawn_request, spawn_response,
+};
+use tokio::io::AsyncWriteExt;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::child::{self, ChildEvent, RunningChild};
+use crate::confine::Root;
+use crate::server::AgentState;
+
+/// Output kept per stream by `Exec` when the request sets no limit.
+pub const DEFAULT_OUTPUT_LIMIT: u64 = 16 * 1024 * 1024;
+/// Finished processes remembered for `ListProcesses` (oldest forgotten
+/// first); running ones are always kept.
+const MAX_FINISHED: usize = 64;
+
+/// Processes the agent started and still tracks, by pid. Cheap to clone.
+#[derive(Debug, Clone, Default)]
+pub struct ProcessTable {
+    inner: Arc<Mutex<TableInner>>,
+}
+
+#[derive(Debug, Default)]
+struct TableInner {
+    entries: BTreeMap<u32, ProcessInfo>,
+    finished: VecDeque<u32>,
+}
+
+impl ProcessTable {
+    pub fn insert(&self, pid: u32, command: String, detached: bool) {
+        let info =
+            ProcessInfo { pid, command, started_at_ms: now_ms(), detached, running: true, status: None };
+        let mut inner = self.lock();
+        // A recycled pid replaces the finished process it belonged to.
+        inner.finished.retain(|p| *p != pid);
+        inner.entries.insert(pid, info);
+    }
+
+    pub fn finish(&self, pid: u32, status: proto::ExitStatus) {
+        let mut inner = self.lock();
+        let Some(entry) = inner.entries.get_mut(&pid) else { return };
+        entry.running = false;
+        entry.status = Some(status);
+        inner.finished.push_back(pid);
+        while inner.finished.len() > MAX_FINISHED {
+            if let Some(old) = inner.finished.pop_front() {
+                inner.entries.remove(&old);
+            }
+        }
+    }
+
+    pub fn get(&self, pid: u32) -> Option<ProcessInfo> {
+        self.lock().entries.get(&pid).cloned()
+    }
+
+    pub fn list(&self) -> Vec<ProcessInfo> {
+        self.lock().entries.values().cloned().collect()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, TableInner> {
+        // The table holds plain data; a panic elsewhere cannot leave it
+        // half-updated in a way that matters, so poisoning is ignored.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+}
+
+/// What to execute: program, arguments, and a human-readable form.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Program {
+    pub program: String,
+    pub args: Vec<String>,
+    pub display: String,
+}
+
+impl Program {
+    /// An argv vector, or a shell string run by `/bin/sh -c`.
+    pub fn from_command(command: Option<Command>) -> Result<Self, Error> {
+        use proto::command::Kind;
+        match command.and_then(|c| c.kind) {
+            Some(Kind::Argv(argv)) => {
+                let mut args = argv.args.into_iter();
+                let program = args
+                    .next()
+                    .filter(|p| !p.is_empty())
+                    .ok_or_else(|| Error::invalid_field("command.argv", "argv must name a program"))?;
+                let args: Vec<String> = args.collect();
+                if program.contains('\0') || args.iter().any(|a| a.contains('\0')) {
+                    return Err(Error::invalid_field("command.argv", "argv contains a NUL byte"));
+                }
+                let display = std::iter::once(program.as_str())
+                    .chain(args.iter().map(String::as_str))
+                    .collect::<Vec<_>>()
+                    .join(" ");
+                Ok(Self { program, args, display })
+            }
+            Some(Kind::Shell(script)) => {
+                if script.contains('\0') {
+                    return Err(Error::invalid_field("command.shell", "shell string contains a NUL byte"));
+                }
+                Ok(Self {
+                    program: "/bin/sh".into(),
+                    args: vec!["-c".into(), script.clone()],
+                    display: script,
+                })
+            }
+            None => Err(Error::invalid_field("command", "set argv or shell")),
+        }
+    }
+}
+
+/// Resolve a request's working directory inside the root; it must be an
+/// existing directory.
+pub fn resolve_cwd(root: &Root, cwd: &str) -> Result<PathBuf, Error> {
+    let path = root.resolve(cwd)?;
+    match std::fs::metadata(&path) {
+        Ok(meta) if meta.is_dir() => Ok(path),
+        Ok(_) => Err(Error::new(ErrorCode::FailedPrecondition, format!("cwd {cwd:?} is not a directory"))
+            .with_violation("cwd", "not a directory")),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            Err(Error::not_found(format!("cwd {cwd:?} does not exist"))
+                .with_violation("cwd", "does not exist"))
+        }
+        Err(e) => Err(Error::internal(format!("cwd {cwd:?}: {e}"))),
+    }
+}
+
+/// Map a failed spawn to an error code.
+pub fn spawn_error(program: &str, e: std::io::Error) -> Error {
+    match e.kind() {
+        std::io::ErrorKind::NotFound => Error::not_found(format!("program {program:?} not found")),
+        std::io::ErrorKind::PermissionDenied => {
+            Error::new(ErrorCode::PermissionDenied, format!("program {program:?} is not executable"))
+        }
+        _ => Error::internal(format!("starting {program:?}: {e}")),
+    }
+}
+
+/// The first `limit` bytes of a stream, and whether more came.
+struct Captured {
+    data: Vec<u8>,
+    limit: usize,
+    truncated: bool,
+}
+
+impl Captured {
+    fn new(limit: usize) -> Self {
+        Self { data: Vec::new(), limit, truncated: false }
+    }
+
+    fn push(&mut self, chunk: &[u8]) {
+        let room = self.limit.saturating_sub(self.data.len());
+        if chunk.len() > room {
+            self.truncated = true;
+        }
+        self.data.extend_from_slice(&chunk[..chunk.len().min(room)]);
+    }
+}
+
+pub struct Processes {
+    root: Root,
+    table: ProcessTable,
+}
+
+impl Processes {
+    pub fn new(state: AgentState) -> Self {
+        Self { root: state.root.clone(), table: state.processes.clone() }
+    }
+
+    async fn exec_inner(&self, req: ExecRequest) -> Result<ExecResponse, Error> {
+        let program = Program::from_command(req.command)?;
+        child::validate_env(&req.env)?;
+        let cwd = resolve_cwd(&self.root, &req.cwd)?;
+        let mut cmd = child::command(&program.program, &program.args, &cwd, &req.env);
+        cmd.stdin(if req.stdin.is_empty() {
+            std::process::Stdio::null()
+        } else {
+            std::process::Stdio::piped()
+        })
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+        let started = Instant::now();
+        let mut spawned =
+            tokio::process::Command::from(cmd).spawn().map_err(|e| spawn_error(&program.program, e))?;
+        if let Some(mut stdin) = spawned.stdin.take() {
+            let data = req.stdin;
+            // A child that never reads its stdin must not stall the call:
+            // the write runs beside it and ends with EPIPE when it exits.
+            tokio::spawn(async move {
+                let _ = stdin.write_all(&data).await;
+            });
+        }
+        // Dropping `running` (the client cancelled the call) kills the group.
+        let mut running = RunningChild::new(spawned, true).map_err(|e| Error::internal(e.to_string()))?;
+        let pid = running.pid();
+        self.table.insert(pid, program.display, false);
+        tracing::debug!(pid, program = %program.program, "exec started");
+
+        let limit =
+            usize::try_from(req.output_limit_bytes.unwrap_or(DEFAULT_OUTPUT_LIMIT)).unwrap_or(usize::MAX);
+        let (mut stdout, mut stderr) = (Captured::new(limit), Captured::new(limit));
+        let deadline = req
+            .timeout_ms
+            .filter(|ms| *ms > 0)
+            .map(|ms| tokio::time::Instant::now() + Duration::from_millis(ms));
+        let mut timed_out = false;
+        let status = loop {
+            tokio::select! {
+                event = running.next_event() => match event {
+                    Ok(ChildEvent::Output(OutputStream::Stderr, data)) => stderr.push(&data),
+                    Ok(ChildEvent::Output(_, data)) => stdout.push(&data),
+                    Ok(ChildEvent::Finished(status)) => break status,
+                    Err(e) => {
+                        running.kill_group();
+                        return Err(Error::internal(format!("waiting for pid {pid}: {e}")));
+                    }
+                },
+                _ = child::sleep_until(deadline), if !timed_out => {
+                    tracing::debug!(pid, "exec timed out, killing its process group");
+                    timed_out = true;
+                    running.kill_group();
+                }
+            }
+        };
+        let status = child::exit_status(status);
+        self.table.finish(pid, status);
+        Ok(ExecResponse {
+            status: Some(status),
+            stdout: stdout.data,
+            stderr: stderr.data,
+            stdout_truncated: stdout.truncated,
+            stderr_truncated: stderr.truncated,
+            timed_out,
+            duration_ms: started.elapsed().as_millis() as u64,
+        })
+    }
+
+    async fn start_spawn(
+        &self,
+        mut inbound: Streaming<SpawnRequest>,
+    ) -> Result<ReceiverStream<Result<SpawnResponse, Status>>, Error> {
+        let start = match inbound.message().await {
+            Ok(Some(SpawnRequest { request: Some(spawn_request::Request::Start(start)) })) => start,
+            Ok(Some(_)) => return Err(Error::invalid_field("start", "the first message must carry start")),
+            Ok(None) => return Err(Error::invalid_field("start", "the stream ended before start")),
+            Err(status) => return Err(Error::from_status(&status)),
+        };
+        let program = Program::from_command(start.command)?;
+        child::validate_env(&start.env)?;
+        let cwd = resolve_cwd(&self.root, &start.cwd)?;
+        let mut cmd = child::command(&program.program, &program.args, &cwd, &start.env);
+        cmd.stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        let mut spawned =
+            tokio::process::Command::from(cmd).spawn().map_err(|e| spawn_error(&program.program, e))?;
+        let stdin = spawned.stdin.take();
+        let running =
+            RunningChild::new(spawned, !start.detached).map_err(|e| Error::internal(e.to_string()))?;
+        let pid = running.pid();
+        self.table.insert(pid, program.display, start.detached);
+        tracing::debug!(pid, program = %program.program, detached = start.detached, "spawn started");
+
+        let (tx, rx) = mpsc::channel(32);
+        let started = SpawnResponse { event: Some(spawn_response::Event::Started(SpawnStarted { pid })) };
+        // The channel is empty, so this cannot wait.
+        let _ = tx.send(Ok(started)).await;
+        tokio::spawn(supervise_spawn(running, stdin, inbound, tx, start.detached, self.table.clone()));
+        Ok(ReceiverStream::new(rx))
+    }
+}
+
+/// Drive a spawned process: forward stdin and signals from the client,
+/// stream its output, report its exit. When the client goes away the group
+/// is killed, unless the process was started detached (then its output is
+/// read and dropped until it exits, so it never blocks on a full pipe).
+async fn supervise_spawn(
+    mut running: RunningChild,
+    stdin: Option<tokio::process::ChildStdin>,
+    inbound: Streaming<SpawnRequest>,
+    tx: mpsc::Sender<Result<SpawnResponse, Status>>,
+    detached: bool,
+    table: ProcessTable,
+) {
+    let pid = running.pid();
+    let client_gone = tokio_util::sync::CancellationToken::new();
+    let inbound_task = tokio::spawn(forward_inbound(inbound, stdin, pid, client_gone.clone()));
+    let mut attached = true;
+    let on_gone = |running: &RunningChild| {
+        if detached {
+            tracing::debug!(pid, "spawn client gone, detached process keeps running");
+        } else {
+            tracing::debug!(pid, "spawn client gone, killing its process group");
+            running.kill_group();
+        }
+    };
+    loop {
+        tokio::select! {
+            event = running.next_event() => match event {
+                Ok(ChildEvent::Output(stream, data)) => {
+                    if attached {
+                        let chunk = OutputChunk { stream: stream as i32, data: data.to_vec() };
+                        let msg = SpawnResponse { event: Some(spawn_response::Event::Output(chunk)) };
+                        if tx.send(Ok(msg)).await.is_err() {
+                            attached = false;
+                            on_gone(&running);
+                        }
+                    }
+                }
+                Ok(ChildEvent::Finished(status)) => {
+                    let status = child::exit_status(status);
+                    table.finish(pid, status);
+                    if attached {
+                        let _ = tx.send(Ok(SpawnResponse { event: Some(spawn_response::Event::Exited(status)) })).await;
+                    }
+                    break;
+                }
+                Err(e) => {
+                    tracing::warn!(pid, error = %e, "waiting for a spawned process failed");
+                    running.kill_group();
+                    if attached {
+                        let _ = tx.send(Err(Error::internal(format!("waiting for pid {pid}: {e}")).into())).await;
+                    }
+                    break;
+                }
+            },
+            _ = tx.closed(), if attached => {
+                attached = false;
+                on_gone(&running);
+            }
+            _ = client_gone.cancelled(), if attached => {
+                attached = false;
+                on_gone(&running);
+            }
+        }
+    }
+    inbound_task.abort();
+}
+
+/// Apply the client's messages after `start`: stdin bytes, close-stdin,
+/// signals. The end of the client's stream closes stdin (nothing more can
+/// come); a broken stream means the client is gone.
+async fn forward_inbound(
+    mut inbound: Streaming<SpawnRequest>,
+    stdin: Option<tokio::process::ChildStdin>,
+    pid: u32,
+    client_gone: tokio_util::sync::CancellationToken,
+) {
+    // Stdin is written by its own task so that a child that does not read
+    // (a full pipe) cannot hold up signals behind it for long: the queue
+    // gives the client room before it is pushed back.
+    let mut stdin_tx = stdin.map(|mut stdin| {
+        let (tx, mut rx) = mpsc::channel::<Bytes>(64);
+        tokio::spawn(async move {
+            while let Some(data) = rx.recv().await {
+                if stdin.write_all(&data).await.is_err() || stdin.flush().await.is_err() {
+                    break;
+                }
+            }
+        });
+        tx
+    });
+    loop {
+        match inbound.message().await {
+            Ok(Some(msg)) => match msg.request {
+                Some(spawn_request::Request::Stdin(data)) => {
+                    if let Some(tx) = &stdin_tx
+                        && tx.send(Bytes::from(data)).await.is_err()
+                    {
+                        stdin_tx = None;
+                    }
+                }
+                Some(spawn_request::Request::CloseStdin(_)) => stdin_tx = None,
+                Some(spawn_request::Request::Signal(signo)) => {
+                    if !child::is_valid_signal(signo) {
+                        tracing::warn!(pid, signo, "ignoring an invalid signal number");
+                    } else if let Err(e) = child::signal_group(pid, signo) {
+                        tracing::debug!(pid, signo, error = %e, "signal not delivered");
+                    }
+                }
+                Some(spawn_request::Request::Start(_)) => {
+                    tracing::warn!(pid, "ignoring a second start message");
+                }
+                None => {}
+            },
+            Ok(None) => return,
+            Err(_) => {
+                client_gone.cancel();
+                return;
+            }
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl ProcessService for Processes {
+    async fn exec(&self, req: Request<ExecRequest>) -> Result<Response<ExecResponse>, Status> {
+        Ok(Response::new(self.exec_inner(req.into_inner()).await?))
+    }
+
+    type SpawnStream = ReceiverStream<Result<SpawnResponse, Status>>;
+
+    async fn spawn(
+        &self,
+        req: Request<Streaming<SpawnRequest>>,
+    ) -> Result<Response<Self::SpawnStream>, Status> {
+        Ok(Response::new(self.start_spawn(req.into_inner()).await?))
+    }
+
+    async fn list_processes(
+        &self,
+        _req: Request<ListProcessesRequest>,
+    ) -> Result<Response<ListProcessesResponse>, Status> {
+        Ok(Response::new(ListProcessesResponse { processes: self.table.list() }))
+    }
+
+    async fn signal_process(
+        &self,
+        req: Request<SignalProcessRequest>,
+    ) -> Result<Response<SignalProcessResponse>, Status> {
+        let req = req.into_inner();
+        if !child::is_valid_signal(req.signal) {
+            return Err(
+                Error::invalid_field("signal", format!("{} is not a signal number", req.signal)).into()
+            );
+        }
+        let info = self
+            .table
+            .get(req.pid)
+            .ok_or_else(|| Error::not_found(format!("pid {} was not started by this agent", req.pid)))?;
+        if !info.running {
+            // Its pid may already belong to someone else.
+            return Err(
+                Error::new(ErrorCode::FailedPrecondition, format!("pid {} has exited", req.pid)).into()
+            );
+        }
+        child::signal_group(req.pid, req.signal).map_err(|e| match e.raw_os_error() {
+            Some(libc::ESRCH) => {
+                Error::new(ErrorCode::FailedPrecondition, format!("pid {} has exited", req.pid))
+            }
+            _ => Error::internal(format!("signalling pid {}: {e}", req.pid)),
+        })?;
+        Ok(Response::new(SignalProcessResponse {}))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn captured_keeps_the_first_bytes_and_flags_truncation() {
+        let mut c = Captured::new(5);
+        c.push(b"abc");
+        assert!(!c.truncated);
+        c.push(b"defg");
+        assert_eq!(c.data, b"abcde");
+        assert!(c.truncated);
+    }
+
+    #[test]
+    fn table_forgets_the_oldest_finished_processes() {
+        let table = ProcessTable::default();
+        table.insert(1, "running".into(), true);
+        for pid in 100..(100 + MAX_FINISHED as u32 + 10) {
+            table.insert(pid, "x".into(), false);
+            table.finish(pid, proto::ExitStatus { status: Some(proto::exit_status::Status::Code(0)) });
+        }
+        let list = table.list();
+        assert_eq!(list.len(), MAX_FINISHED + 1);
+        assert!(table.get(1).unwrap().running);
+        assert!(table.get(100).is_none());
+    }
+
+    #[test]
+    fn programs_from_commands() {
+        use proto::command::Kind;
+        let argv = Command { kind: Some(Kind::Argv(proto::Argv { args: vec!["echo".into(), "hi".into()] })) };
+        let p = Program::from_command(Some(argv)).unwrap();
+        assert_eq!(
+            (p.program.as_str(), p.args.as_slice(), p.display.as_str()),
+            ("echo", &["hi".to_string()][..], "echo hi")
+        );
+        let shell = Command { kind: Some(Kind::Shell("echo $X".into())) };
+        let p = Program::from_command(Some(shell)).unwrap();
+        assert_eq!(p.args, vec!["-c".to_string(), "echo $X".to_string()]);
+        assert!(Program::from_command(None).is_err());
+        let empty = Command { kind: Some(Kind::Argv(proto::Argv { args: vec![] })) };
+        assert_eq!(Program::from_command(Some(empty)).unwrap_err().code, ErrorCode::InvalidArgument);
+    }
+}
