@@ -1,0 +1,269 @@
+#!/usr/bin/env python3
+"""A fake model API on 127.0.0.1 for driving the real agent CLIs in tests.
+
+Model APIs are paid services that cannot be reached from here, so this
+stands in for them -- and only for them: the CLIs themselves (Claude Code,
+Codex, OpenCode) are the real npm packages.
+
+It speaks just enough of two wire protocols, streaming included:
+  * Anthropic Messages  (POST /v1/messages)   -- Claude Code, OpenCode
+  * OpenAI Responses    (POST /v1/responses)  -- Codex
+
+and answers with a scripted conversation chosen by --scenario:
+  plain  one text answer ("Hello from the fake model.")
+  tool   first a call of the CLI's own shell tool that writes a file in the
+         working directory (`printf 'hello from the tool\n' > hello.txt`),
+         then, once the tool result comes back, a final text answer.
+
+The shell tool is found in the request's tool list (Bash / bash / shell /
+exec_command / ...), and its arguments are shaped after that tool's JSON
+schema, so CLI upgrades that rename or reshape the tool keep working.
+
+Prints `PORT=<n>` on its first stdout line once it is listening. Every
+request is appended as one JSON line to --log when given.
+"""
+
+import argparse
+import json
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+TOOL_COMMAND = "printf 'hello from the tool\\n' > hello.txt"
+PLAIN_TEXT = "Hello from the fake model."
+FINAL_TEXT = "I wrote hello.txt."
+SHELL_TOOL_NAMES = ("bash", "shell", "exec_command", "local_shell", "container.exec", "run_shell_command")
+
+ARGS = None
+LOG_LOCK = threading.Lock()
+
+
+def log_request(path, body):
+    if not ARGS.log:
+        return
+    with LOG_LOCK, open(ARGS.log, "a", encoding="utf-8") as f:
+        f.write(json.dumps({"path": path, "body": body}) + "\n")
+
+
+def shell_args_for(schema):
+    """Arguments for a shell tool, shaped by its JSON schema."""
+    props = (schema or {}).get("properties", {})
+    args = {}
+    command = props.get("command") or props.get("cmd")
+    key = "command" if "command" in props else ("cmd" if "cmd" in props else "command")
+    if command and command.get("type") == "array":
+        args[key] = ["bash", "-lc", TOOL_COMMAND]
+    else:
+        args[key] = TOOL_COMMAND
+    if "description" in props:
+        args["description"] = "Write hello.txt"
+    return args
+
+
+# ----------------------------------------------------------------- Anthropic
+
+def anthropic_has_tool_result(body):
+    for msg in body.get("messages", []):
+        content = msg.get("content")
+        if isinstance(content, list):
+            for block in content:
+                if isinstance(block, dict) and block.get("type") == "tool_result":
+                    return True
+    return False
+
+
+def anthropic_shell_tool(body):
+    for tool in body.get("tools") or []:
+        if tool.get("name", "").lower() in SHELL_TOOL_NAMES:
+            return tool
+    return None
+
+
+def anthropic_turn(body):
+    """(blocks, stop_reason) for this request."""
+    tool = anthropic_shell_tool(body)
+    if ARGS.scenario == "tool" and tool and not anthropic_has_tool_result(body):
+        args = shell_args_for(tool.get("input_schema"))
+        return [{"type": "tool_use", "id": "toolu_fake_1", "name": tool["name"], "input": args}], "tool_use"
+    text = FINAL_TEXT if anthropic_has_tool_result(body) else PLAIN_TEXT
+    return [{"type": "text", "text": text}], "end_turn"
+
+
+def anthropic_sse(handler, body):
+    blocks, stop = anthropic_turn(body)
+    model = body.get("model", "fake-model")
+    usage_in = {"input_tokens": 12, "output_tokens": 0, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+    events = [("message_start", {"type": "message_start", "message": {
+        "id": "msg_fake", "type": "message", "role": "assistant", "model": model, "content": [],
+        "stop_reason": None, "stop_sequence": None, "usage": usage_in}})]
+    for i, block in enumerate(blocks):
+        if block["type"] == "text":
+            events.append(("content_block_start", {"type": "content_block_start", "index": i,
+                                                   "content_block": {"type": "text", "text": ""}}))
+            events.append(("content_block_delta", {"type": "content_block_delta", "index": i,
+                                                   "delta": {"type": "text_delta", "text": block["text"]}}))
+        else:
+            events.append(("content_block_start", {"type": "content_block_start", "index": i, "content_block": {
+                "type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}}))
+            events.append(("content_block_delta", {"type": "content_block_delta", "index": i, "delta": {
+                "type": "input_json_delta", "partial_json": json.dumps(block["input"])}}))
+        events.append(("content_block_stop", {"type": "content_block_stop", "index": i}))
+    events.append(("message_delta", {"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": None},
+                                     "usage": {"output_tokens": 7}}))
+    events.append(("message_stop", {"type": "message_stop"}))
+    handler.send_response(200)
+    handler.send_header("content-type", "text/event-stream")
+    handler.send_header("cache-control", "no-cache")
+    handler.end_headers()
+    for name, data in events:
+        handler.wfile.write(f"event: {name}\ndata: {json.dumps(data)}\n\n".encode())
+        handler.wfile.flush()
+
+
+def anthropic_json(handler, body):
+    blocks, stop = anthropic_turn(body)
+    send_json(handler, 200, {"id": "msg_fake", "type": "message", "role": "assistant",
+                             "model": body.get("model", "fake-model"), "content": blocks, "stop_reason": stop,
+                             "stop_sequence": None, "usage": {"input_tokens": 12, "output_tokens": 7}})
+
+
+# ----------------------------------------------------------------- OpenAI Responses
+
+def responses_has_tool_output(body):
+    items = body.get("input")
+    if isinstance(items, list):
+        return any(isinstance(i, dict) and i.get("type") in ("function_call_output", "custom_tool_call_output",
+                                                               "local_shell_call_output") for i in items)
+    return False
+
+
+def responses_shell_tool(body):
+    for tool in body.get("tools") or []:
+        name = tool.get("name") or tool.get("type", "")
+        if name.lower() in SHELL_TOOL_NAMES:
+            return tool
+    return None
+
+
+def responses_sse(handler, body):
+    model = body.get("model", "fake-model")
+    tool = responses_shell_tool(body)
+    seq = [0]
+
+    def event(data):
+        data["sequence_number"] = seq[0]
+        seq[0] += 1
+        handler.wfile.write(f"event: {data['type']}\ndata: {json.dumps(data)}\n\n".encode())
+        handler.wfile.flush()
+
+    handler.send_response(200)
+    handler.send_header("content-type", "text/event-stream")
+    handler.send_header("cache-control", "no-cache")
+    handler.end_headers()
+    response = {"id": "resp_fake", "object": "response", "model": model, "status": "in_progress", "output": []}
+    event({"type": "response.created", "response": response})
+    if ARGS.scenario == "tool" and tool and not responses_has_tool_output(body):
+        args = shell_args_for(tool.get("parameters"))
+        item = {"type": "function_call", "id": "fc_fake_1", "call_id": "call_fake_1", "name": tool.get("name", "shell"),
+                "arguments": json.dumps(args), "status": "completed"}
+        event({"type": "response.output_item.added", "output_index": 0, "item": dict(item, arguments="")})
+        event({"type": "response.function_call_arguments.delta", "output_index": 0, "item_id": item["id"],
+               "delta": item["arguments"]})
+        event({"type": "response.function_call_arguments.done", "output_index": 0, "item_id": item["id"],
+               "arguments": item["arguments"]})
+        event({"type": "response.output_item.done", "output_index": 0, "item": item})
+        output = [item]
+    else:
+        text = FINAL_TEXT if responses_has_tool_output(body) else PLAIN_TEXT
+        item = {"type": "message", "id": "msg_fake_1", "role": "assistant", "status": "completed",
+                "content": [{"type": "output_text", "text": text, "annotations": []}]}
+        event({"type": "response.output_item.added", "output_index": 0,
+               "item": dict(item, content=[], status="in_progress")})
+        event({"type": "response.content_part.added", "output_index": 0, "item_id": item["id"], "content_index": 0,
+               "part": {"type": "output_text", "text": "", "annotations": []}})
+        event({"type": "response.output_text.delta", "output_index": 0, "item_id": item["id"], "content_index": 0,
+               "delta": text})
+        event({"type": "response.output_text.done", "output_index": 0, "item_id": item["id"], "content_index": 0,
+               "text": text})
+        event({"type": "response.content_part.done", "output_index": 0, "item_id": item["id"], "content_index": 0,
+               "part": item["content"][0]})
+        event({"type": "response.output_item.done", "output_index": 0, "item": item})
+        output = [item]
+    done = dict(response, status="completed", output=output,
+                usage={"input_tokens": 12, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": 7,
+                       "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 19})
+    event({"type": "response.completed", "response": done})
+
+
+# ----------------------------------------------------------------- HTTP
+
+def send_json(handler, status, obj):
+    data = json.dumps(obj).encode()
+    handler.send_response(status)
+    handler.send_header("content-type", "application/json")
+    handler.send_header("content-length", str(len(data)))
+    handler.end_headers()
+    handler.wfile.write(data)
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, fmt, *args):
+        if ARGS.verbose:
+            sys.stderr.write("fake-model: " + (fmt % args) + "\n")
+
+    def do_HEAD(self):
+        self.send_response(200)
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    def do_GET(self):
+        path = self.path.split("?")[0]
+        log_request(path, None)
+        if path.endswith("/models"):
+            send_json(self, 200, {"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
+        else:
+            send_json(self, 200, {})
+
+    def do_POST(self):
+        length = int(self.headers.get("content-length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        try:
+            body = json.loads(raw or b"{}")
+        except ValueError:
+            send_json(self, 400, {"error": {"message": "bad json"}})
+            return
+        path = self.path.split("?")[0]
+        log_request(path, body)
+        # Streaming responses end with the connection.
+        if path.endswith("/messages/count_tokens"):
+            send_json(self, 200, {"input_tokens": 12})
+        elif path.endswith("/messages"):
+            if body.get("stream"):
+                self.close_connection = True
+                anthropic_sse(self, body)
+            else:
+                anthropic_json(self, body)
+        elif path.endswith("/responses"):
+            self.close_connection = True
+            responses_sse(self, body)
+        else:
+            send_json(self, 404, {"error": {"message": f"no fake for {path}"}})
+
+
+def main():
+    global ARGS
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--scenario", choices=["plain", "tool"], default="plain")
+    p.add_argument("--log")
+    p.add_argument("--verbose", action="store_true")
+    ARGS = p.parse_args()
+    server = ThreadingHTTPServer(("127.0.0.1", ARGS.port), Handler)
+    print(f"PORT={server.server_address[1]}", flush=True)
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()
