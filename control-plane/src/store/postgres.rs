@@ -1,7 +1,251 @@
-//! The postgres backend (being built; the contract in `super` is final).
+//! The PostgreSQL backend, shared by any number of replicas.
+//!
+//! Fencing an append against a claim, the argument: the append is one
+//! statement (so one transaction) whose first step locks the run row
+//! `FOR SHARE` *on the condition* that `driver_epoch` equals the writer's
+//! epoch; rows are inserted only if that lock was granted. A claim is an
+//! `UPDATE` of the same row, which takes a lock (`FOR NO KEY UPDATE`) that
+//! conflicts with `FOR SHARE`. So the two serialize on the row:
+//!
+//! - append first: the claim's UPDATE waits until the append commits. Every
+//!   row of the old epoch is in before the new epoch exists.
+//! - claim first: the append's `FOR SHARE` waits for the claim to commit, then
+//!   (READ COMMITTED) re-evaluates its condition on the new row version,
+//!   finds the bumped epoch, locks nothing, and inserts nothing.
+//!
+//! There is no third order, so no row of a superseded epoch lands after the
+//! claim that superseded it. (`FOR KEY SHARE` would NOT do: it does not
+//! conflict with a non-key UPDATE.) A writer paused anywhere - before sending,
+//! or between statements - changes nothing: the check and the insert are the
+//! same statement on the server.
+//!
+//! Tailing: a statement trigger on `run_events` calls `pg_notify` with the
+//! run id; one listener connection per process relays notifications to the
+//! local tailers, which then read the table.
 
-use super::{Error, Result, Stores};
+use std::sync::Arc;
+use std::time::Duration;
 
-pub(super) async fn open(_database_url: &str) -> Result<Stores> {
-    Err(Error::Unavailable("the postgres store backend is not built yet".into()))
+use async_trait::async_trait;
+use sqlx::PgPool;
+use sqlx::postgres::{PgListener, PgPoolOptions};
+use tokio_util::sync::{CancellationToken, DropGuard};
+
+use super::sql::{
+    DefinitionRow, EventRow, InstanceRow, RunRow, epoch_to_db, explain_refusal, impl_shared_stores,
+    instance_columns, not_terminal, run_columns, run_not_found, usage_to_db,
+};
+use super::tail::{self, LogPages, Wake, Wakes};
+use super::{
+    CreatedRun, Definition, DefinitionStore, Epoch, Error, EventLog, FIRST_EPOCH, Instance, InstanceStore,
+    LogSnapshot, NewChunk, NewInstance, NewRun, Offset, Pool, Result, RunFinish, RunId, RunRecord, RunStore,
+    RunUpdate, StoredChunk, Stores, TAIL_POLL_INTERVAL, Tenant, Timestamp, TokenStore, token_hash,
+};
+
+/// The NOTIFY channel of event-log wake-ups (payload: run id).
+const CHANNEL: &str = "sandhold_run_events";
+
+/// How often a racing same-epoch append (a caller bug, not a takeover)
+/// retries after losing the race for the next sequence number.
+const SEQ_CONFLICT_RETRIES: usize = 8;
+
+#[derive(Clone)]
+pub(super) struct PgStore {
+    pool: PgPool,
+    wakes: Wakes,
+    /// Stops the notification relay when the last clone goes away.
+    _relay: Arc<DropGuard>,
+}
+
+pub(super) async fn open(database_url: &str) -> Result<Stores> {
+    let pool = PgPoolOptions::new()
+        .max_connections(10)
+        .acquire_timeout(Duration::from_secs(30))
+        .connect(database_url)
+        .await?;
+    // sqlx takes an advisory lock, so replicas starting together migrate once.
+    sqlx::migrate!("./migrations/postgres").run(&pool).await?;
+    let wakes = tail::wakes();
+    let stop = CancellationToken::new();
+    tokio::spawn(relay_notifications(database_url.to_owned(), wakes.clone(), stop.clone()));
+    let store = Arc::new(PgStore { pool: pool.clone(), wakes, _relay: Arc::new(stop.drop_guard()) });
+    Ok(Stores {
+        runs: store.clone(),
+        events: store.clone(),
+        instances: store.clone(),
+        definitions: store.clone(),
+        tokens: store,
+        pool: Pool::Postgres(pool),
+    })
+}
+
+/// LISTEN on [`CHANNEL`] and wake local tailers. Whenever notifications may
+/// have been missed (connecting, reconnecting) it wakes everyone; the tailers'
+/// one-second poll covers the time the listener is down.
+async fn relay_notifications(database_url: String, wakes: Wakes, stop: CancellationToken) {
+    loop {
+        let listening = async {
+            let mut listener = PgListener::connect(&database_url).await?;
+            listener.listen(CHANNEL).await?;
+            Ok::<_, sqlx::Error>(listener)
+        };
+        let mut listener = tokio::select! {
+            () = stop.cancelled() => return,
+            listening = listening => match listening {
+                Ok(listener) => listener,
+                Err(error) => {
+                    tracing::warn!(%error, "event log listener cannot connect; tailers fall back to polling");
+                    tokio::select! {
+                        () = stop.cancelled() => return,
+                        () = tokio::time::sleep(TAIL_POLL_INTERVAL) => continue,
+                    }
+                }
+            },
+        };
+        let _ = wakes.send(Wake::All);
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                received = listener.try_recv() => match received {
+                    Ok(Some(notification)) => {
+                        let _ = wakes.send(Wake::Run(Arc::from(notification.payload())));
+                    }
+                    // Connection lost; the next call reconnects and re-listens.
+                    Ok(None) => {
+                        let _ = wakes.send(Wake::All);
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, "event log listener failed; reconnecting");
+                        let _ = wakes.send(Wake::All);
+                        break;
+                    }
+                },
+            }
+        }
+    }
+}
+
+impl_shared_stores!(PgStore, sqlx::Postgres);
+
+fn is_unique_violation(error: &sqlx::Error) -> bool {
+    matches!(error, sqlx::Error::Database(db) if db.code().as_deref() == Some("23505"))
+}
+
+impl PgStore {
+    /// One fenced INSERT of the whole batch (see the module docs). Returns
+    /// the sequence numbers it minted, or nothing when the fence refused.
+    async fn insert_fenced(&self, run: &RunId, held: i64, chunks: &[NewChunk]) -> sqlx::Result<Vec<i64>> {
+        let kinds: Vec<&str> = chunks.iter().map(|c| c.kind.as_str()).collect();
+        let payloads: Vec<&[u8]> = chunks.iter().map(|c| c.payload.as_slice()).collect();
+        sqlx::query_scalar(
+            "WITH fence AS ( \
+                 SELECT run_id FROM runs \
+                 WHERE run_id = $1 AND driver_epoch = $2 AND NOT log_closed \
+                 FOR SHARE \
+             ), last AS ( \
+                 SELECT COALESCE(MAX(seq), 0) AS seq FROM run_events WHERE run_id = $1 \
+             ) \
+             INSERT INTO run_events (run_id, seq, epoch, kind, payload, appended_at) \
+             SELECT fence.run_id, last.seq + batch.ordinal, $2, batch.kind, batch.payload, $5 \
+             FROM fence, last, UNNEST($3::text[], $4::bytea[]) WITH ORDINALITY \
+                 AS batch(kind, payload, ordinal) \
+             ORDER BY batch.ordinal \
+             RETURNING seq",
+        )
+        .bind(run.as_str())
+        .bind(held)
+        .bind(kinds)
+        .bind(payloads)
+        .bind(Timestamp::now().as_millis())
+        .fetch_all(&self.pool)
+        .await
+    }
+}
+
+#[async_trait]
+impl EventLog for PgStore {
+    async fn append(&self, run: &RunId, epoch: Epoch, chunks: &[NewChunk]) -> Result<Vec<Offset>> {
+        let held = epoch_to_db(epoch)?;
+        let mut seqs = Vec::new();
+        if !chunks.is_empty() {
+            let mut attempt = 0;
+            seqs = loop {
+                match self.insert_fenced(run, held, chunks).await {
+                    // Two appends of one epoch raced for the same sequence
+                    // numbers; the loser inserted nothing and tries again.
+                    Err(error) if is_unique_violation(&error) && attempt < SEQ_CONFLICT_RETRIES => {
+                        attempt += 1;
+                    }
+                    other => break other?,
+                }
+            };
+        }
+        if seqs.len() != chunks.len() || chunks.is_empty() {
+            // Refused (or an empty batch): say why, from the current row.
+            let fence: Option<(i64, bool)> =
+                sqlx::query_as("SELECT driver_epoch, log_closed FROM runs WHERE run_id = $1")
+                    .bind(run.as_str())
+                    .fetch_optional(&self.pool)
+                    .await?;
+            match fence {
+                None => return Err(run_not_found(run)),
+                Some((current, _)) if current != held => {
+                    return Err(Error::Fenced {
+                        run: run.to_string(),
+                        held: epoch,
+                        current: current as Epoch,
+                    });
+                }
+                Some((_, true)) => return Err(Error::LogClosed(run.to_string())),
+                Some(_) if chunks.is_empty() => return Ok(Vec::new()),
+                Some(_) => {
+                    return Err(Error::Corrupt(format!(
+                        "run {run}: append stored {} of {} chunks",
+                        seqs.len(),
+                        chunks.len()
+                    )));
+                }
+            }
+        }
+        // Local tailers need not wait for the NOTIFY round trip.
+        tail::wake_run(&self.wakes, run);
+        seqs.sort_unstable();
+        seqs.into_iter().map(Offset::from_seq).collect()
+    }
+
+    async fn read(&self, run: &RunId, after: &Offset) -> Result<super::ChunkStream> {
+        self.log_closed_flag(run).await?;
+        Ok(tail::follow(
+            Arc::new(self.clone()) as Arc<dyn LogPages>,
+            &self.wakes,
+            run.clone(),
+            after.clone(),
+            TAIL_POLL_INTERVAL,
+        ))
+    }
+
+    async fn snapshot(&self, run: &RunId) -> Result<LogSnapshot> {
+        let closed = self.log_closed_flag(run).await?;
+        Ok(LogSnapshot { chunks: self.snapshot_chunks(run).await?, closed })
+    }
+
+    async fn close(&self, run: &RunId) -> Result<()> {
+        // The NOTIFY is part of the same statement, so it is sent at commit.
+        let closed: Option<String> = sqlx::query_scalar(
+            "WITH closed AS ( \
+                 UPDATE runs SET log_closed = TRUE, updated_at = $2 WHERE run_id = $1 RETURNING run_id \
+             ) \
+             SELECT run_id FROM closed, LATERAL (SELECT pg_notify($3, closed.run_id)) AS notified",
+        )
+        .bind(run.as_str())
+        .bind(Timestamp::now().as_millis())
+        .bind(CHANNEL)
+        .fetch_optional(&self.pool)
+        .await?;
+        if closed.is_none() {
+            return Err(run_not_found(run));
+        }
+        tail::wake_run(&self.wakes, run);
+        Ok(())
+    }
 }

@@ -1,7 +1,148 @@
-//! The sqlite backend (being built; the contract in `super` is final).
+//! The SQLite backend: the embedded default, one file in WAL mode.
+//!
+//! Fencing: SQLite runs one writer at a time, across processes. An append
+//! opens its transaction with `BEGIN IMMEDIATE`, which takes the write lock
+//! before the epoch is read, so no claim (an `UPDATE` of the run row, itself
+//! a writer) can commit between the check and the insert.
 
-use super::{Error, Result, Stores};
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
 
-pub(super) async fn open(_database_url: &str) -> Result<Stores> {
-    Err(Error::Unavailable("the sqlite store backend is not built yet".into()))
+use async_trait::async_trait;
+use sqlx::SqlitePool;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+
+use super::sql::{
+    DefinitionRow, EventRow, InstanceRow, RunRow, epoch_to_db, explain_refusal, impl_shared_stores,
+    instance_columns, not_terminal, run_columns, run_not_found, usage_to_db,
+};
+use super::tail::{self, LogPages, Wakes};
+use super::{
+    CreatedRun, Definition, DefinitionStore, Epoch, Error, EventLog, FIRST_EPOCH, Instance, InstanceStore,
+    LogSnapshot, NewChunk, NewInstance, NewRun, Offset, Pool, Result, RunFinish, RunId, RunRecord, RunStore,
+    RunUpdate, StoredChunk, Stores, TAIL_POLL_INTERVAL, Tenant, Timestamp, TokenStore, token_hash,
+};
+
+/// Rows per INSERT statement; SQLite caps bound parameters per statement.
+const ROWS_PER_INSERT: usize = 1000;
+
+#[derive(Clone)]
+pub(super) struct SqliteStore {
+    pool: SqlitePool,
+    /// In-process wake-ups; other processes' appends are seen by the poll.
+    wakes: Wakes,
+}
+
+pub(super) async fn open(database_url: &str) -> Result<Stores> {
+    let options = SqliteConnectOptions::from_str(database_url)
+        .map_err(|e| Error::invalid("database_url", e.to_string()))?
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        // Every committed append survives a power loss, not only a crash.
+        .synchronous(SqliteSynchronous::Full)
+        .busy_timeout(Duration::from_secs(30))
+        .foreign_keys(true);
+    let path = options.get_filename();
+    if let Some(parent) = path.parent()
+        && !parent.as_os_str().is_empty()
+        && !path.to_string_lossy().contains(":memory:")
+    {
+        std::fs::create_dir_all(parent)
+            .map_err(|e| Error::Unavailable(format!("creating {}: {e}", parent.display())))?;
+    }
+    let pool = SqlitePoolOptions::new()
+        .max_connections(8)
+        .acquire_timeout(Duration::from_secs(30))
+        .connect_with(options)
+        .await?;
+    sqlx::migrate!("./migrations/sqlite").run(&pool).await?;
+    let store = Arc::new(SqliteStore { pool: pool.clone(), wakes: tail::wakes() });
+    Ok(Stores {
+        runs: store.clone(),
+        events: store.clone(),
+        instances: store.clone(),
+        definitions: store.clone(),
+        tokens: store,
+        pool: Pool::Sqlite(pool),
+    })
+}
+
+impl_shared_stores!(SqliteStore, sqlx::Sqlite);
+
+#[async_trait]
+impl EventLog for SqliteStore {
+    async fn append(&self, run: &RunId, epoch: Epoch, chunks: &[NewChunk]) -> Result<Vec<Offset>> {
+        let held = epoch_to_db(epoch)?;
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let fence: Option<(i64, bool)> =
+            sqlx::query_as("SELECT driver_epoch, log_closed FROM runs WHERE run_id = $1")
+                .bind(run.as_str())
+                .fetch_optional(&mut *tx)
+                .await?;
+        match fence {
+            None => return Err(run_not_found(run)),
+            Some((current, _)) if current != held => {
+                return Err(Error::Fenced { run: run.to_string(), held: epoch, current: current as Epoch });
+            }
+            Some((_, true)) => return Err(Error::LogClosed(run.to_string())),
+            Some(_) => {}
+        }
+        let last: i64 = sqlx::query_scalar("SELECT COALESCE(MAX(seq), 0) FROM run_events WHERE run_id = $1")
+            .bind(run.as_str())
+            .fetch_one(&mut *tx)
+            .await?;
+        let now = Timestamp::now().as_millis();
+        for (group_index, group) in chunks.chunks(ROWS_PER_INSERT).enumerate() {
+            let first_seq = last + 1 + (group_index * ROWS_PER_INSERT) as i64;
+            let mut insert = sqlx::QueryBuilder::<sqlx::Sqlite>::new(
+                "INSERT INTO run_events (run_id, seq, epoch, kind, payload, appended_at) ",
+            );
+            insert.push_values(group.iter().enumerate(), |mut row, (i, chunk)| {
+                row.push_bind(run.as_str())
+                    .push_bind(first_seq + i as i64)
+                    .push_bind(held)
+                    .push_bind(chunk.kind.as_str())
+                    .push_bind(chunk.payload.as_slice())
+                    .push_bind(now);
+            });
+            insert.build().execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
+        if !chunks.is_empty() {
+            tail::wake_run(&self.wakes, run);
+        }
+        (1..=chunks.len() as i64).map(|i| Offset::from_seq(last + i)).collect()
+    }
+
+    async fn read(&self, run: &RunId, after: &Offset) -> Result<super::ChunkStream> {
+        // Unknown runs fail here rather than inside the stream.
+        self.log_closed_flag(run).await?;
+        Ok(tail::follow(
+            Arc::new(self.clone()) as Arc<dyn LogPages>,
+            &self.wakes,
+            run.clone(),
+            after.clone(),
+            TAIL_POLL_INTERVAL,
+        ))
+    }
+
+    async fn snapshot(&self, run: &RunId) -> Result<LogSnapshot> {
+        let closed = self.log_closed_flag(run).await?;
+        Ok(LogSnapshot { chunks: self.snapshot_chunks(run).await?, closed })
+    }
+
+    async fn close(&self, run: &RunId) -> Result<()> {
+        let closed = sqlx::query("UPDATE runs SET log_closed = TRUE, updated_at = $2 WHERE run_id = $1")
+            .bind(run.as_str())
+            .bind(Timestamp::now().as_millis())
+            .execute(&self.pool)
+            .await?
+            .rows_affected();
+        if closed == 0 {
+            return Err(run_not_found(run));
+        }
+        tail::wake_run(&self.wakes, run);
+        Ok(())
+    }
 }

@@ -1,0 +1,640 @@
+//! What both backends share: row types and the queries that read the same in
+//! SQLite and PostgreSQL (`$N` placeholders, `ON CONFLICT`, `RETURNING` and
+//! `TRUE` mean the same in both). The fenced append and close differ and live
+//! in each backend.
+
+use super::{
+    Definition, Epoch, Error, Instance, Offset, Result, RunError, RunId, RunRecord, RunStatus, SentinelKey,
+    StoredChunk, Tenant, Timestamp,
+};
+
+/// Columns of `runs`, in [`RunRow`] order.
+macro_rules! run_columns {
+    () => {
+        "run_id, thread_id, tenant, status, started_at, finished_at, error_code, error_message, usage, \
+         sandbox_key, detached_since, cancel_requested, driver_epoch, sentinel_key, log_closed, updated_at"
+    };
+}
+pub(super) use run_columns;
+
+/// `status NOT IN (<terminal>)`, kept next to [`RunStatus::is_terminal`]'s list.
+macro_rules! not_terminal {
+    () => {
+        "status NOT IN ('completed', 'failed', 'aborted')"
+    };
+}
+pub(super) use not_terminal;
+
+macro_rules! instance_columns {
+    () => {
+        "sandbox_key, tenant, provider, provider_sandbox_id, native_snapshot, created_at, updated_at"
+    };
+}
+pub(super) use instance_columns;
+
+pub(super) fn epoch_to_db(epoch: Epoch) -> Result<i64> {
+    i64::try_from(epoch).map_err(|_| Error::invalid("epoch", format!("{epoch} is out of range")))
+}
+
+fn epoch_from_db(epoch: i64) -> Result<Epoch> {
+    Epoch::try_from(epoch).map_err(|_| Error::Corrupt(format!("negative epoch {epoch}")))
+}
+
+#[derive(sqlx::FromRow)]
+pub(super) struct RunRow {
+    run_id: String,
+    thread_id: String,
+    tenant: String,
+    status: String,
+    started_at: i64,
+    finished_at: Option<i64>,
+    error_code: Option<String>,
+    error_message: Option<String>,
+    usage: Option<String>,
+    sandbox_key: Option<String>,
+    detached_since: Option<i64>,
+    cancel_requested: bool,
+    driver_epoch: i64,
+    sentinel_key: String,
+    log_closed: bool,
+    updated_at: i64,
+}
+
+impl RunRow {
+    pub(super) fn into_record(self) -> Result<RunRecord> {
+        let run_id = RunId::parse(&self.run_id)
+            .map_err(|e| Error::Corrupt(format!("run id {:?}: {e}", self.run_id)))?;
+        let status = RunStatus::parse(&self.status)
+            .ok_or_else(|| Error::Corrupt(format!("run {run_id}: status {:?}", self.status)))?;
+        let usage = self
+            .usage
+            .map(|u| serde_json::from_str(&u))
+            .transpose()
+            .map_err(|e| Error::Corrupt(format!("run {run_id}: usage: {e}")))?;
+        let error = match (self.error_code, self.error_message) {
+            (None, None) => None,
+            (code, message) => {
+                Some(RunError { code: code.unwrap_or_default(), message: message.unwrap_or_default() })
+            }
+        };
+        Ok(RunRecord {
+            thread_id: self.thread_id,
+            tenant: Tenant::new(self.tenant),
+            status,
+            started_at: Timestamp::from_millis(self.started_at),
+            finished_at: self.finished_at.map(Timestamp::from_millis),
+            error,
+            usage,
+            sandbox_key: self.sandbox_key,
+            detached_since: self.detached_since.map(Timestamp::from_millis),
+            cancel_requested: self.cancel_requested,
+            driver_epoch: epoch_from_db(self.driver_epoch)?,
+            sentinel_key: SentinelKey::new(self.sentinel_key),
+            log_closed: self.log_closed,
+            updated_at: Timestamp::from_millis(self.updated_at),
+            run_id,
+        })
+    }
+}
+
+pub(super) fn usage_to_db(usage: &Option<serde_json::Value>) -> Option<String> {
+    usage.as_ref().map(|u| u.to_string())
+}
+
+#[derive(sqlx::FromRow)]
+pub(super) struct EventRow {
+    seq: i64,
+    epoch: i64,
+    kind: String,
+    payload: Vec<u8>,
+    appended_at: i64,
+}
+
+impl EventRow {
+    pub(super) fn into_chunk(self) -> Result<StoredChunk> {
+        Ok(StoredChunk {
+            offset: Offset::from_seq(self.seq)?,
+            epoch: epoch_from_db(self.epoch)?,
+            kind: self.kind,
+            payload: self.payload,
+            appended_at: Timestamp::from_millis(self.appended_at),
+        })
+    }
+}
+
+#[derive(sqlx::FromRow)]
+pub(super) struct InstanceRow {
+    sandbox_key: String,
+    tenant: String,
+    provider: String,
+    provider_sandbox_id: String,
+    native_snapshot: Option<String>,
+    created_at: i64,
+    updated_at: i64,
+}
+
+impl From<InstanceRow> for Instance {
+    fn from(row: InstanceRow) -> Self {
+        Instance {
+            sandbox_key: row.sandbox_key,
+            tenant: Tenant::new(row.tenant),
+            provider: row.provider,
+            provider_sandbox_id: row.provider_sandbox_id,
+            native_snapshot: row.native_snapshot,
+            created_at: Timestamp::from_millis(row.created_at),
+            updated_at: Timestamp::from_millis(row.updated_at),
+        }
+    }
+}
+
+#[derive(sqlx::FromRow)]
+pub(super) struct DefinitionRow {
+    tenant: String,
+    id: String,
+    body: String,
+    created_at: i64,
+    updated_at: i64,
+}
+
+impl DefinitionRow {
+    pub(super) fn into_definition(self) -> Result<Definition> {
+        let body = serde_json::from_str(&self.body)
+            .map_err(|e| Error::Corrupt(format!("definition {:?}: {e}", self.id)))?;
+        Ok(Definition {
+            tenant: Tenant::new(self.tenant),
+            id: self.id,
+            body,
+            created_at: Timestamp::from_millis(self.created_at),
+            updated_at: Timestamp::from_millis(self.updated_at),
+        })
+    }
+}
+
+pub(super) fn run_not_found(run: &RunId) -> Error {
+    Error::NotFound(format!("run {run}"))
+}
+
+/// Why a conditional run update matched no row.
+pub(super) fn explain_refusal(run: &RunId, current: Option<RunRecord>, held: Option<Epoch>) -> Error {
+    match current {
+        None => run_not_found(run),
+        Some(record) => match held {
+            Some(held) if held != record.driver_epoch => {
+                Error::Fenced { run: run.to_string(), held, current: record.driver_epoch }
+            }
+            _ if record.status.is_terminal() => {
+                Error::RunTerminal { run: run.to_string(), status: record.status }
+            }
+            _ => Error::Corrupt(format!("run {run}: conditional update matched nothing")),
+        },
+    }
+}
+
+/// Implements [`super::RunStore`], the shared half of [`super::EventLog`]
+/// ([`super::tail::LogPages`] plus `snapshot`), [`super::InstanceStore`],
+/// [`super::DefinitionStore`] and [`super::TokenStore`] for a backend struct
+/// with a `pool` field of the given database.
+macro_rules! impl_shared_stores {
+    ($store:ty, $db:ty) => {
+        impl $store {
+            async fn fetch_run(&self, run: &RunId) -> Result<Option<RunRecord>> {
+                sqlx::query_as::<_, RunRow>(concat!("SELECT ", run_columns!(), " FROM runs WHERE run_id = $1"))
+                    .bind(run.as_str())
+                    .fetch_optional(&self.pool)
+                    .await?
+                    .map(RunRow::into_record)
+                    .transpose()
+            }
+
+            async fn fetch_runs<'q>(
+                &self,
+                query: sqlx::query::QueryAs<'q, $db, RunRow, <$db as sqlx::Database>::Arguments<'q>>,
+            ) -> Result<Vec<RunRecord>> {
+                query.fetch_all(&self.pool).await?.into_iter().map(RunRow::into_record).collect()
+            }
+
+            async fn snapshot_chunks(&self, run: &RunId) -> Result<Vec<StoredChunk>> {
+                sqlx::query_as::<_, EventRow>(
+                    "SELECT seq, epoch, kind, payload, appended_at FROM run_events \
+                     WHERE run_id = $1 ORDER BY seq",
+                )
+                .bind(run.as_str())
+                .fetch_all(&self.pool)
+                .await?
+                .into_iter()
+                .map(EventRow::into_chunk)
+                .collect()
+            }
+
+            async fn log_closed_flag(&self, run: &RunId) -> Result<bool> {
+                sqlx::query_scalar::<_, bool>("SELECT log_closed FROM runs WHERE run_id = $1")
+                    .bind(run.as_str())
+                    .fetch_optional(&self.pool)
+                    .await?
+                    .ok_or_else(|| run_not_found(run))
+            }
+        }
+
+        #[async_trait]
+        impl RunStore for $store {
+            async fn create_or_resume(&self, new: NewRun) -> Result<CreatedRun> {
+                let inserted = sqlx::query(
+                    "INSERT INTO runs (run_id, thread_id, tenant, status, started_at, sandbox_key, \
+                     driver_epoch, sentinel_key, updated_at) \
+                     VALUES ($1, $2, $3, 'running', $4, $5, $6, $7, $8) ON CONFLICT (run_id) DO NOTHING",
+                )
+                .bind(new.run_id.as_str())
+                .bind(&new.thread_id)
+                .bind(new.tenant.as_str())
+                .bind(new.started_at.as_millis())
+                .bind(&new.sandbox_key)
+                .bind(epoch_to_db(FIRST_EPOCH)?)
+                .bind(new.sentinel_key.expose())
+                .bind(Timestamp::now().as_millis())
+                .execute(&self.pool)
+                .await?
+                .rows_affected();
+                // Runs are never deleted, so the row is there either way.
+                let record = self.fetch_run(&new.run_id).await?.ok_or_else(|| run_not_found(&new.run_id))?;
+                if record.tenant != new.tenant {
+                    return Err(Error::AlreadyExists(format!("run {}", new.run_id)));
+                }
+                Ok(CreatedRun { record, created: inserted == 1 })
+            }
+
+            async fn get(&self, tenant: &Tenant, run: &RunId) -> Result<RunRecord> {
+                match self.fetch_run(run).await? {
+                    Some(record) if &record.tenant == tenant => Ok(record),
+                    _ => Err(run_not_found(run)),
+                }
+            }
+
+            async fn get_unscoped(&self, run: &RunId) -> Result<RunRecord> {
+                self.fetch_run(run).await?.ok_or_else(|| run_not_found(run))
+            }
+
+            async fn update(&self, run: &RunId, update: RunUpdate) -> Result<RunRecord> {
+                if let Some(status) = update.status
+                    && status.is_terminal()
+                {
+                    return Err(Error::invalid("status", format!("{status} is terminal: use finish")));
+                }
+                let mut query = sqlx::QueryBuilder::<$db>::new("UPDATE runs SET updated_at = ");
+                query.push_bind(Timestamp::now().as_millis());
+                if let Some(status) = update.status {
+                    query.push(", status = ").push_bind(status.as_str());
+                }
+                if let Some(sandbox_key) = &update.sandbox_key {
+                    query.push(", sandbox_key = ").push_bind(sandbox_key.clone());
+                }
+                if let Some(detached_since) = update.detached_since {
+                    query.push(", detached_since = ").push_bind(detached_since.map(Timestamp::as_millis));
+                }
+                if update.usage.is_some() {
+                    query.push(", usage = ").push_bind(usage_to_db(&update.usage));
+                }
+                query.push(" WHERE run_id = ").push_bind(run.as_str());
+                if update.status.is_some() {
+                    query.push(concat!(" AND ", not_terminal!()));
+                }
+                query.push(concat!(" RETURNING ", run_columns!()));
+                match query.build_query_as::<RunRow>().fetch_optional(&self.pool).await? {
+                    Some(row) => row.into_record(),
+                    None => Err(explain_refusal(run, self.fetch_run(run).await?, None)),
+                }
+            }
+
+            async fn claim(&self, run: &RunId) -> Result<RunRecord> {
+                // One UPDATE: racing claims serialize on the row and each sees
+                // the other's bump, so every claim gets its own epoch.
+                let row = sqlx::query_as::<_, RunRow>(concat!(
+                    "UPDATE runs SET driver_epoch = driver_epoch + 1, updated_at = $2 \
+                     WHERE run_id = $1 AND ",
+                    not_terminal!(),
+                    " RETURNING ",
+                    run_columns!()
+                ))
+                .bind(run.as_str())
+                .bind(Timestamp::now().as_millis())
+                .fetch_optional(&self.pool)
+                .await?;
+                match row {
+                    Some(row) => row.into_record(),
+                    None => Err(explain_refusal(run, self.fetch_run(run).await?, None)),
+                }
+            }
+
+            async fn finish(&self, run: &RunId, epoch: Epoch, finish: RunFinish) -> Result<RunRecord> {
+                if !finish.status.is_terminal() {
+                    return Err(Error::invalid("status", format!("{} is not terminal", finish.status)));
+                }
+                // The epoch test sits in the UPDATE's WHERE: against a racing
+                // claim (an UPDATE of the same row) the two serialize on the
+                // row, and whichever runs second re-checks the other's result
+                // (PostgreSQL re-evaluates the WHERE on the new row version;
+                // SQLite runs one writer at a time).
+                let row = sqlx::query_as::<_, RunRow>(concat!(
+                    "UPDATE runs SET status = $3, finished_at = $4, error_code = $5, error_message = $6, \
+                     usage = COALESCE($7, usage), updated_at = $8 \
+                     WHERE run_id = $1 AND driver_epoch = $2 AND ",
+                    not_terminal!(),
+                    " RETURNING ",
+                    run_columns!()
+                ))
+                .bind(run.as_str())
+                .bind(epoch_to_db(epoch)?)
+                .bind(finish.status.as_str())
+                .bind(finish.finished_at.as_millis())
+                .bind(finish.error.as_ref().map(|e| e.code.clone()))
+                .bind(finish.error.as_ref().map(|e| e.message.clone()))
+                .bind(usage_to_db(&finish.usage))
+                .bind(Timestamp::now().as_millis())
+                .fetch_optional(&self.pool)
+                .await?;
+                match row {
+                    Some(row) => row.into_record(),
+                    None => Err(explain_refusal(run, self.fetch_run(run).await?, Some(epoch))),
+                }
+            }
+
+            async fn request_cancel(&self, tenant: &Tenant, run: &RunId) -> Result<RunRecord> {
+                let row = sqlx::query_as::<_, RunRow>(concat!(
+                    "UPDATE runs SET cancel_requested = TRUE, updated_at = $3 \
+                     WHERE run_id = $1 AND tenant = $2 AND ",
+                    not_terminal!(),
+                    " RETURNING ",
+                    run_columns!()
+                ))
+                .bind(run.as_str())
+                .bind(tenant.as_str())
+                .bind(Timestamp::now().as_millis())
+                .fetch_optional(&self.pool)
+                .await?;
+                match row {
+                    Some(row) => row.into_record(),
+                    // Unknown, another tenant's, or terminal (returned as is).
+                    None => RunStore::get(self, tenant, run).await,
+                }
+            }
+
+            async fn active_run(&self, tenant: &Tenant, thread_id: &str) -> Result<Option<RunRecord>> {
+                let query = sqlx::query_as::<_, RunRow>(concat!(
+                    "SELECT ",
+                    run_columns!(),
+                    " FROM runs WHERE tenant = $1 AND thread_id = $2 AND ",
+                    not_terminal!(),
+                    " ORDER BY started_at DESC, run_id DESC LIMIT 1"
+                ))
+                .bind(tenant.as_str())
+                .bind(thread_id);
+                Ok(self.fetch_runs(query).await?.into_iter().next())
+            }
+
+            async fn list_by_thread(&self, tenant: &Tenant, thread_id: &str) -> Result<Vec<RunRecord>> {
+                let query = sqlx::query_as::<_, RunRow>(concat!(
+                    "SELECT ",
+                    run_columns!(),
+                    " FROM runs WHERE tenant = $1 AND thread_id = $2 ORDER BY started_at, run_id"
+                ))
+                .bind(tenant.as_str())
+                .bind(thread_id);
+                self.fetch_runs(query).await
+            }
+
+            async fn list_reclaimable(&self, cutoff: Timestamp) -> Result<Vec<RunRecord>> {
+                let query = sqlx::query_as::<_, RunRow>(concat!(
+                    "SELECT ",
+                    run_columns!(),
+                    " FROM runs WHERE status = 'running' AND detached_since IS NOT NULL \
+                     AND detached_since <= $1 ORDER BY detached_since, run_id"
+                ))
+                .bind(cutoff.as_millis());
+                self.fetch_runs(query).await
+            }
+        }
+
+        #[async_trait]
+        impl LogPages for $store {
+            async fn log_closed(&self, run: &RunId) -> Result<bool> {
+                self.log_closed_flag(run).await
+            }
+
+            async fn page_after(&self, run: &RunId, after_seq: i64, limit: i64) -> Result<Vec<StoredChunk>> {
+                sqlx::query_as::<_, EventRow>(
+                    "SELECT seq, epoch, kind, payload, appended_at FROM run_events \
+                     WHERE run_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
+                )
+                .bind(run.as_str())
+                .bind(after_seq)
+                .bind(limit)
+                .fetch_all(&self.pool)
+                .await?
+                .into_iter()
+                .map(EventRow::into_chunk)
+                .collect()
+            }
+        }
+
+        #[async_trait]
+        impl InstanceStore for $store {
+            async fn put(&self, instance: NewInstance) -> Result<Instance> {
+                let now = Timestamp::now().as_millis();
+                let row = sqlx::query_as::<_, InstanceRow>(concat!(
+                    "INSERT INTO instances (",
+                    instance_columns!(),
+                    ") VALUES ($1, $2, $3, $4, $5, $6, $6) ON CONFLICT (sandbox_key) DO UPDATE SET \
+                     tenant = excluded.tenant, provider = excluded.provider, \
+                     provider_sandbox_id = excluded.provider_sandbox_id, \
+                     native_snapshot = excluded.native_snapshot, updated_at = excluded.updated_at \
+                     RETURNING ",
+                    instance_columns!()
+                ))
+                .bind(&instance.sandbox_key)
+                .bind(instance.tenant.as_str())
+                .bind(&instance.provider)
+                .bind(&instance.provider_sandbox_id)
+                .bind(&instance.native_snapshot)
+                .bind(now)
+                .fetch_one(&self.pool)
+                .await?;
+                Ok(row.into())
+            }
+
+            async fn get(&self, sandbox_key: &str) -> Result<Instance> {
+                sqlx::query_as::<_, InstanceRow>(concat!(
+                    "SELECT ",
+                    instance_columns!(),
+                    " FROM instances WHERE sandbox_key = $1"
+                ))
+                .bind(sandbox_key)
+                .fetch_optional(&self.pool)
+                .await?
+                .map(Instance::from)
+                .ok_or_else(|| Error::NotFound(format!("sandbox {sandbox_key}")))
+            }
+
+            async fn set_native_snapshot(&self, sandbox_key: &str, snapshot: Option<String>) -> Result<Instance> {
+                sqlx::query_as::<_, InstanceRow>(concat!(
+                    "UPDATE instances SET native_snapshot = $2, updated_at = $3 WHERE sandbox_key = $1 \
+                     RETURNING ",
+                    instance_columns!()
+                ))
+                .bind(sandbox_key)
+                .bind(snapshot)
+                .bind(Timestamp::now().as_millis())
+                .fetch_optional(&self.pool)
+                .await?
+                .map(Instance::from)
+                .ok_or_else(|| Error::NotFound(format!("sandbox {sandbox_key}")))
+            }
+
+            async fn list(&self, tenant: Option<&Tenant>) -> Result<Vec<Instance>> {
+                let rows = match tenant {
+                    Some(tenant) => {
+                        sqlx::query_as::<_, InstanceRow>(concat!(
+                            "SELECT ",
+                            instance_columns!(),
+                            " FROM instances WHERE tenant = $1 ORDER BY sandbox_key"
+                        ))
+                        .bind(tenant.as_str())
+                        .fetch_all(&self.pool)
+                        .await?
+                    }
+                    None => {
+                        sqlx::query_as::<_, InstanceRow>(concat!(
+                            "SELECT ",
+                            instance_columns!(),
+                            " FROM instances ORDER BY sandbox_key"
+                        ))
+                        .fetch_all(&self.pool)
+                        .await?
+                    }
+                };
+                Ok(rows.into_iter().map(Instance::from).collect())
+            }
+
+            async fn delete(&self, sandbox_key: &str) -> Result<bool> {
+                let deleted = sqlx::query("DELETE FROM instances WHERE sandbox_key = $1")
+                    .bind(sandbox_key)
+                    .execute(&self.pool)
+                    .await?
+                    .rows_affected();
+                Ok(deleted > 0)
+            }
+        }
+
+        #[async_trait]
+        impl DefinitionStore for $store {
+            async fn put(&self, tenant: &Tenant, id: &str, body: serde_json::Value) -> Result<Definition> {
+                if id.is_empty() {
+                    return Err(Error::invalid("definition id", "empty"));
+                }
+                let now = Timestamp::now().as_millis();
+                sqlx::query_as::<_, DefinitionRow>(
+                    "INSERT INTO definitions (tenant, id, body, created_at, updated_at) \
+                     VALUES ($1, $2, $3, $4, $4) ON CONFLICT (tenant, id) DO UPDATE SET \
+                     body = excluded.body, updated_at = excluded.updated_at \
+                     RETURNING tenant, id, body, created_at, updated_at",
+                )
+                .bind(tenant.as_str())
+                .bind(id)
+                .bind(body.to_string())
+                .bind(now)
+                .fetch_one(&self.pool)
+                .await?
+                .into_definition()
+            }
+
+            async fn get(&self, tenant: &Tenant, id: &str) -> Result<Definition> {
+                sqlx::query_as::<_, DefinitionRow>(
+                    "SELECT tenant, id, body, created_at, updated_at FROM definitions \
+                     WHERE tenant = $1 AND id = $2",
+                )
+                .bind(tenant.as_str())
+                .bind(id)
+                .fetch_optional(&self.pool)
+                .await?
+                .ok_or_else(|| Error::NotFound(format!("sandbox definition {id}")))?
+                .into_definition()
+            }
+
+            async fn list(&self, tenant: &Tenant) -> Result<Vec<Definition>> {
+                sqlx::query_as::<_, DefinitionRow>(
+                    "SELECT tenant, id, body, created_at, updated_at FROM definitions \
+                     WHERE tenant = $1 ORDER BY id",
+                )
+                .bind(tenant.as_str())
+                .fetch_all(&self.pool)
+                .await?
+                .into_iter()
+                .map(DefinitionRow::into_definition)
+                .collect()
+            }
+
+            async fn delete(&self, tenant: &Tenant, id: &str) -> Result<bool> {
+                let deleted = sqlx::query("DELETE FROM definitions WHERE tenant = $1 AND id = $2")
+                    .bind(tenant.as_str())
+                    .bind(id)
+                    .execute(&self.pool)
+                    .await?
+                    .rows_affected();
+                Ok(deleted > 0)
+            }
+        }
+
+        #[async_trait]
+        impl TokenStore for $store {
+            async fn put_token(&self, tenant: &Tenant, token: &str) -> Result<()> {
+                if token.is_empty() {
+                    return Err(Error::invalid("token", "empty"));
+                }
+                let hash = token_hash(token);
+                sqlx::query(
+                    "INSERT INTO api_tokens (token_sha256, tenant, created_at) VALUES ($1, $2, $3) \
+                     ON CONFLICT (token_sha256) DO NOTHING",
+                )
+                .bind(&hash)
+                .bind(tenant.as_str())
+                .bind(Timestamp::now().as_millis())
+                .execute(&self.pool)
+                .await?;
+                let owner = sqlx::query_scalar::<_, String>("SELECT tenant FROM api_tokens WHERE token_sha256 = $1")
+                    .bind(&hash)
+                    .fetch_optional(&self.pool)
+                    .await?;
+                match owner {
+                    Some(owner) if owner == tenant.as_str() => Ok(()),
+                    // Deleted in between (Some: another tenant's) - either way not ours.
+                    _ => Err(Error::AlreadyExists("token for another tenant".into())),
+                }
+            }
+
+            async fn tenant_for_token(&self, token: &str) -> Result<Option<Tenant>> {
+                Ok(sqlx::query_scalar::<_, String>("SELECT tenant FROM api_tokens WHERE token_sha256 = $1")
+                    .bind(token_hash(token))
+                    .fetch_optional(&self.pool)
+                    .await?
+                    .map(Tenant::new))
+            }
+
+            async fn list_tenants(&self) -> Result<Vec<Tenant>> {
+                Ok(sqlx::query_scalar::<_, String>("SELECT DISTINCT tenant FROM api_tokens ORDER BY tenant")
+                    .fetch_all(&self.pool)
+                    .await?
+                    .into_iter()
+                    .map(Tenant::new)
+                    .collect())
+            }
+
+            async fn delete_token(&self, token: &str) -> Result<bool> {
+                let deleted = sqlx::query("DELETE FROM api_tokens WHERE token_sha256 = $1")
+                    .bind(token_hash(token))
+                    .execute(&self.pool)
+                    .await?
+                    .rows_affected();
+                Ok(deleted > 0)
+            }
+        }
+    };
+}
+pub(super) use impl_shared_stores;
