@@ -37,9 +37,9 @@ pub fn capabilities() -> Capabilities {
         background_processes: true,
         killable_processes: true,
         writable_stdin: true,
-        journal: false,
-        watch: false,
-        inotify: false,
+        journal: true,
+        watch: true,
+        inotify: true,
         snapshots: false,
     }
 }

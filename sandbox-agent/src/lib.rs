@@ -12,8 +12,11 @@ pub mod confine;
 pub mod fs;
 pub mod info;
 pub mod init;
+pub mod journal;
 pub mod process;
 pub mod server;
 pub mod shell;
+pub mod shim;
+pub mod watch;
 
 pub use server::{AgentOptions, serve};

@@ -8,8 +8,10 @@ use anyhow::Context;
 use shared::proto::agent::v1::Capabilities;
 use shared::proto::agent::v1::fs_service_server::FsServiceServer;
 use shared::proto::agent::v1::info_service_server::InfoServiceServer;
+use shared::proto::agent::v1::journal_service_server::JournalServiceServer;
 use shared::proto::agent::v1::process_service_server::ProcessServiceServer;
 use shared::proto::agent::v1::shell_service_server::ShellServiceServer;
+use shared::proto::agent::v1::watch_service_server::WatchServiceServer;
 use shared::secret::Secret;
 use shared::transport::Address;
 use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
@@ -126,7 +128,9 @@ fn router(
         .add_service(InfoServiceServer::new(crate::info::Info::new(state.clone())))
         .add_service(ProcessServiceServer::new(crate::process::Processes::new(state.clone())))
         .add_service(ShellServiceServer::new(crate::shell::Shells::new(state.clone())))
-        .add_service(FsServiceServer::new(crate::fs::Files::new(state.clone())));
+        .add_service(FsServiceServer::new(crate::fs::Files::new(state.clone())))
+        .add_service(JournalServiceServer::new(crate::journal::Journal::new(state.clone())))
+        .add_service(WatchServiceServer::new(crate::watch::Watch::new(state.clone())));
     Ok(router)
 }
 

@@ -5,6 +5,7 @@
 
 pub mod error;
 pub mod ids;
+pub mod journal;
 pub mod secret;
 pub mod transport;
 

@@ -1,0 +1,221 @@
+//! The run supervisor: `sandhold-agent shim`, started by `StartRun` in its
+//! own session so that nothing that happens to the agent daemon (kill -9
+//! included) reaches it or the command.
+//!
+//! Protocol with the agent, over the shim's stdio:
+//! - stdin: the sentinel key (raw bytes, at most [`MAX_KEY_LEN`]) until EOF.
+//!   Read into memory, turned into the nonce at once, then stdin is replaced
+//!   by `/dev/null`. The key is never in argv, env or a file, and the process
+//!   is made non-dumpable first, so the command (same uid) cannot read it
+//!   through `/proc/<shim>/mem` or ptrace.
+//! - stdout: one status line, `ok <command pid>` or `err <message>`, then it
+//!   is replaced by `/dev/null` so that an agent that goes away can never
+//!   make a later write fail.
+//!
+//! The command's stdout and stderr are the journal files themselves (opened
+//! `O_APPEND`), not pipes through the shim: if the shim dies too, the command
+//! keeps writing and loses nothing. The shim only waits and appends the
+//! sentinel line. It holds an exclusive `flock` on `<run_id>.lock` for its
+//! whole life, which is how any agent (a restarted one included) tells a
+//! live supervisor from a dead one.
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::PathBuf;
+use std::process::{ExitCode, Stdio};
+
+use anyhow::Context;
+use shared::ids::RunId;
+use shared::journal::{self, JournalPaths};
+
+/// Longest accepted sentinel key.
+pub const MAX_KEY_LEN: usize = 4096;
+
+/// Arguments of the hidden `shim` subcommand (built by `StartRun`).
+#[derive(Debug, clap::Args)]
+pub struct ShimArgs {
+    #[arg(long)]
+    pub journal_dir: PathBuf,
+    #[arg(long)]
+    pub run_id: String,
+    /// Working directory of the command (already confined by the agent).
+    #[arg(long)]
+    pub cwd: PathBuf,
+    /// File to use as the command's stdin; `/dev/null` when absent.
+    #[arg(long)]
+    pub stdin_file: Option<PathBuf>,
+    /// Unlink `stdin_file` once the command has it open (it is the run's
+    /// `.in` file in the journal dir).
+    #[arg(long)]
+    pub remove_stdin_file: bool,
+    /// The command's argv.
+    #[arg(last = true, required = true)]
+    pub command: Vec<String>,
+}
+
+/// Exit code recorded for a command killed by `signal` (the shell's
+/// convention).
+pub fn signal_exit_code(signal: i32) -> i32 {
+    128 + signal
+}
+
+/// Acquire an exclusive lock on `file` without blocking.
+pub fn try_lock_exclusive(file: &File) -> std::io::Result<()> {
+    // SAFETY: flock on a valid open descriptor.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// Whether a live process holds the lock at `path` (a missing file: no).
+pub fn lock_is_held(path: &std::path::Path) -> bool {
+    let Ok(file) = File::open(path) else { return false };
+    // SAFETY: flock on a valid open descriptor.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) } == 0 {
+        // SAFETY: as above.
+        unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_UN) };
+        false
+    } else {
+        std::io::Error::last_os_error().raw_os_error() == Some(libc::EWOULDBLOCK)
+    }
+}
+
+struct Started {
+    child: std::process::Child,
+    paths: JournalPaths,
+    nonce: String,
+    // Held until exit: the lock is released by the kernel when we die.
+    _lock: File,
+}
+
+pub fn main(args: ShimArgs) -> ExitCode {
+    // Before the key is in memory: no core dumps, no ptrace or /proc/<pid>/mem
+    // access by processes of the same uid (the command among them).
+    // SAFETY: prctl with integer arguments.
+    unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
+    let mut status = std::io::stdout();
+    let started = match start(&args) {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = writeln!(status, "err {}", format!("{e:#}").replace('\n', " "));
+            let _ = status.flush();
+            return ExitCode::FAILURE;
+        }
+    };
+    let _ = writeln!(status, "ok {}", started.child.id());
+    let _ = status.flush();
+    detach_stdio();
+    match finish(started) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(_) => ExitCode::FAILURE,
+    }
+}
+
+fn read_key() -> anyhow::Result<Vec<u8>> {
+    let mut key = Vec::new();
+    std::io::stdin()
+        .take(MAX_KEY_LEN as u64 + 1)
+        .read_to_end(&mut key)
+        .context("reading the sentinel key")?;
+    anyhow::ensure!(key.len() <= MAX_KEY_LEN, "sentinel key longer than {MAX_KEY_LEN} bytes");
+    Ok(key)
+}
+
+fn start(args: &ShimArgs) -> anyhow::Result<Started> {
+    let run_id = RunId::parse(&args.run_id).context("run id")?;
+    let mut key = read_key()?;
+    let nonce = journal::nonce(&key, &run_id);
+    key.fill(0);
+    drop(key);
+
+    let paths = JournalPaths::new(&args.journal_dir, &run_id);
+    let lock = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&paths.lock)
+        .with_context(|| format!("opening {}", paths.lock.display()))?;
+    try_lock_exclusive(&lock).context("another supervisor holds this run")?;
+    // The agent created the journal (exclusively); never create it here, so
+    // a shim can never start a second life for an old run.
+    let stdout = OpenOptions::new()
+        .append(true)
+        .open(&paths.ndjson)
+        .with_context(|| format!("opening {}", paths.ndjson.display()))?;
+    let stderr = OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(&paths.err)
+        .with_context(|| format!("opening {}", paths.err.display()))?;
+    let stdin = match &args.stdin_file {
+        Some(path) => {
+            let f = File::open(path).with_context(|| format!("opening stdin {}", path.display()))?;
+            if args.remove_stdin_file {
+                let _ = std::fs::remove_file(path);
+            }
+            Stdio::from(f)
+        }
+        None => Stdio::null(),
+    };
+    let (program, rest) = args.command.split_first().context("empty command")?;
+    let child = std::process::Command::new(program)
+        .args(rest)
+        .current_dir(&args.cwd)
+        .stdin(stdin)
+        .stdout(stdout)
+        .stderr(stderr)
+        // Its own group, so a cancel (killpg of the command's pid) does not
+        // take the shim with it: the shim must survive to write the sentinel.
+        .process_group(0)
+        .spawn()
+        .with_context(|| format!("starting {program:?}"))?;
+    Ok(Started { child, paths, nonce, _lock: lock })
+}
+
+/// Point stdin and stdout at /dev/null: the agent's pipes may be gone.
+fn detach_stdio() {
+    if let Ok(null) = OpenOptions::new().read(true).write(true).open("/dev/null") {
+        // SAFETY: dup2 onto the standard descriptors of this process.
+        unsafe {
+            libc::dup2(null.as_raw_fd(), 0);
+            libc::dup2(null.as_raw_fd(), 1);
+        }
+    }
+}
+
+fn finish(mut started: Started) -> anyhow::Result<()> {
+    let status = started.child.wait().context("waiting for the command")?;
+    let code = status.code().unwrap_or_else(|| signal_exit_code(status.signal().unwrap_or(0)));
+    append_sentinel(&started.paths, code, &started.nonce)?;
+    // The hint for listings without a key; written after the sentinel, so a
+    // present hint implies a written sentinel.
+    let tmp = started.paths.exit.with_extension("exit.tmp");
+    std::fs::write(&tmp, code.to_string())?;
+    std::fs::rename(&tmp, &started.paths.exit)?;
+    Ok(())
+}
+
+/// Append the sentinel in a single write, after a newline when the command's
+/// last line lacks one (the sentinel must be a line of its own).
+pub fn append_sentinel(paths: &JournalPaths, code: i32, nonce: &str) -> anyhow::Result<()> {
+    let file = OpenOptions::new().append(true).read(true).open(&paths.ndjson)?;
+    let len = file.metadata()?.len();
+    let mut line = Vec::with_capacity(64);
+    if len > 0 {
+        let mut last = [0u8; 1];
+        file.read_exact_at(&mut last, len - 1)?;
+        if last[0] != b'\n' {
+            line.push(b'\n');
+        }
+    }
+    line.extend_from_slice(journal::sentinel_line(code, nonce).as_bytes());
+    (&file).write_all(&line)?;
+    file.sync_data()?;
+    Ok(())
+}
