@@ -1,5 +1,10 @@
 //! The Sandhold control plane: the public gRPC API, stores, leases,
 //! providers, harness adapters and the run driver.
 
+pub mod admin;
+pub mod auth;
+pub mod cli;
+pub mod config;
 pub mod lease;
+pub mod server;
 pub mod store;

@@ -1,4 +1,6 @@
-fn main() {
-    eprintln!("sandhold: the control plane is not built yet (see the open issues)");
-    std::process::exit(2);
+//! `sandhold`: the control plane server and, later, its command-line client.
+//! Everything lives in the library; see `control_plane::cli`.
+
+fn main() -> std::process::ExitCode {
+    control_plane::cli::main()
 }

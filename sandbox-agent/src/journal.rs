@@ -156,7 +156,8 @@ impl JournalService for Journal {
         let stdin_file = match &req.stdin {
             Some(start_run_request::Stdin::StdinFile(p)) => {
                 let path = self.state.root.resolve(p)?;
-                if !path.is_file() {
+                // A FIFO is fine too (a prompt streamed in by another process).
+                if !std::fs::metadata(&path).is_ok_and(|m| !m.is_dir()) {
                     return Err(
                         Error::invalid_field("stdin_file", "not a file under the sandbox root").into()
                     );

@@ -573,6 +573,9 @@ async fn a_restarted_agent_serves_runs_of_its_predecessor() {
     let flag = dir.path().join("root/go");
     c.start_run(start_req("before", "echo done-before")).await.unwrap();
     follow_all(&mut c, "before", 0, KEY).await;
+    // The supervisor records the exit hint just after the sentinel.
+    let hint = dir.path().join("journal/before.exit");
+    wait_for("exit hint", || hint.exists()).await;
     c.start_run(start_req(
         "across",
         &format!("echo one; while [ ! -e {} ]; do sleep 0.05; done; echo two; exit 4", flag.display()),

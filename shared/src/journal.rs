@@ -99,14 +99,16 @@ pub fn sentinel_line(exit_code: i32, nonce: &str) -> String {
     format!("{{\"__exit\":{exit_code},\"__nonce\":\"{nonce}\"}}\n")
 }
 
-/// The exit code of `line` (without its newline) if it is a sentinel with
-/// exactly the keys `__exit` (an integer that fits an i32) and `__nonce`
+/// The exit code of `line` (without its newline) if it is a sentinel: it
+/// starts as the supervisor writes it (`{"__exit":`), and is a JSON object
+/// with exactly the keys `__exit` (an integer that fits an i32) and `__nonce`
 /// (equal to `nonce`). Anything else, including `1.5`, `"0"`, `null` and
 /// `true`, is an ordinary line.
 pub fn parse_sentinel(line: &[u8], nonce: &str) -> Option<i32> {
-    // Cheap pre-filter: almost every line is not a sentinel.
+    // Cheap pre-filter: almost every line is not a sentinel, and the
+    // supervisor always writes `__exit` first.
     let trimmed = line.strip_suffix(b"\r").unwrap_or(line);
-    if trimmed.len() > 256 || !trimmed.starts_with(b"{") || !contains(trimmed, b"__nonce") {
+    if trimmed.len() > 128 || !trimmed.starts_with(SENTINEL_PREFIX) {
         return None;
     }
     let value: serde_json::Value = serde_json::from_slice(trimmed).ok()?;
@@ -126,9 +128,8 @@ pub fn parse_sentinel(line: &[u8], nonce: &str) -> Option<i32> {
     Some(code)
 }
 
-fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    haystack.windows(needle.len()).any(|w| w == needle)
-}
+/// How every sentinel line starts (the supervisor writes `__exit` first).
+const SENTINEL_PREFIX: &[u8] = b"{\"__exit\":";
 
 /// A valid sentinel found in a journal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,0 +1,28 @@
+//! The one tracing init of the binary: a `RUST_LOG`-style filter, pretty or
+//! JSON lines on stderr, structured fields.
+
+use tracing_subscriber::EnvFilter;
+
+use crate::config::LogFormat;
+
+/// Install the global subscriber. `filter` uses `RUST_LOG` syntax
+/// (`info,control_plane::lease=debug`); an invalid one falls back to `info`
+/// with a warning rather than refusing to start.
+pub fn init(format: LogFormat, filter: &str) {
+    let (env_filter, bad_filter) = match EnvFilter::try_new(filter) {
+        Ok(f) => (f, None),
+        Err(e) => (EnvFilter::new("info"), Some(e)),
+    };
+    let builder = tracing_subscriber::fmt().with_env_filter(env_filter).with_writer(std::io::stderr);
+    let result = match format {
+        LogFormat::Pretty => builder.try_init(),
+        LogFormat::Json => builder.json().flatten_event(true).with_current_span(false).try_init(),
+    };
+    if result.is_err() {
+        // Already installed (tests that start several servers in-process).
+        return;
+    }
+    if let Some(e) = bad_filter {
+        tracing::warn!(filter, error = %e, "invalid log filter, using info");
+    }
+}
