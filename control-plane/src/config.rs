@@ -306,13 +306,13 @@ mod tests {
     #[test]
     fn higher_layers_win_field_by_field() {
         let file: ConfigLayer = toml::from_str(
-            "listen = \"127.0.0.1:1000\"\nlease_ttl_ms = 9000\n[[tokens]]\ntenant = \"a\"\ntoken = \"token-aaaa\"\n",
+            "listen = \"127.0.0.1:1000\"\nlease_ttl_ms = 12000\n[[tokens]]\ntenant = \"a\"\ntoken = \"token-aaaa\"\n",
         )
         .unwrap();
         let flags = ConfigLayer { listen: Some("127.0.0.1:2000".parse().unwrap()), ..Default::default() };
         let merged = ServeConfig::resolve(file.merge(flags)).unwrap();
         assert_eq!(merged.listen.port(), 2000);
-        assert_eq!(merged.lease_ttl, Duration::from_millis(9000));
+        assert_eq!(merged.lease_ttl, Duration::from_millis(12000));
         assert_eq!(merged.tokens.len(), 1);
         assert_eq!(merged.tokens[0].tenant, "a");
     }
