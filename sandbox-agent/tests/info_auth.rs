@@ -26,7 +26,8 @@ async fn missing_wrong_and_foreign_tokens_are_unauthenticated() {
     let agent = TestAgent::start().await;
     let other = TestAgent::start().await;
 
-    let status = InfoServiceClient::new(agent.raw_channel().await).get_info(GetInfoRequest {}).await.unwrap_err();
+    let status =
+        InfoServiceClient::new(agent.raw_channel().await).get_info(GetInfoRequest {}).await.unwrap_err();
     assert_eq!(status.code(), Code::Unauthenticated);
     assert_eq!(shared::error::Error::from_status(&status).code, shared::error::ErrorCode::Unauthenticated);
 
@@ -43,10 +44,11 @@ async fn missing_wrong_and_foreign_tokens_are_unauthenticated() {
         .unwrap_err();
     assert_eq!(status.code(), Code::Unauthenticated);
     // ... and a prefix of the right token is not it either.
-    let status = InfoServiceClient::new(agent.channel_with_token(&agent.token[..agent.token.len() - 1]).await)
-        .get_info(GetInfoRequest {})
-        .await
-        .unwrap_err();
+    let status =
+        InfoServiceClient::new(agent.channel_with_token(&agent.token[..agent.token.len() - 1]).await)
+            .get_info(GetInfoRequest {})
+            .await
+            .unwrap_err();
     assert_eq!(status.code(), Code::Unauthenticated);
 
     agent.stop().await;

@@ -60,11 +60,7 @@ pub fn docker() -> bool {
         .stderr(std::process::Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
-    if ok {
-        true
-    } else {
-        missing("Docker", "`docker info` failed").is_some()
-    }
+    if ok { true } else { missing("Docker", "`docker info` failed").is_some() }
 }
 
 /// A path to an executable on PATH, or a skip/failure as above.
