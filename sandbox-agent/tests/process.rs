@@ -130,7 +130,8 @@ async fn exec_timeout_kills_the_whole_process_group() {
     let agent = TestAgent::start().await;
     let mut c = ProcessServiceClient::new(agent.channel().await);
     let mut req = exec_req(shell("sleep 1000 & echo $! > bg.pid; echo $$ > sh.pid; wait"));
-    req.timeout_ms = Some(500);
+    // Long enough for the pid files to be written on a loaded machine.
+    req.timeout_ms = Some(2_000);
     let r = exec(&mut c, req).await;
     assert!(r.timed_out);
     assert_eq!(code(&r), Some(Exit::Signal(9)));

@@ -245,7 +245,7 @@ async fn a_timeout_kills_the_commands_process_group_and_keeps_the_shell() {
     for sh in shells(&agent) {
         let s = open(&mut c, &sh).await;
         run(&mut c, &s, "mkdir -p kept && cd kept", None).await;
-        let r = run(&mut c, &s, "sleep 1000 & echo bg=$!; sh -c 'echo fg=$$; exec sleep 1000'", Some(1_000))
+        let r = run(&mut c, &s, "sleep 1000 & echo bg=$!; sh -c 'echo fg=$$; exec sleep 1000'", Some(3_000))
             .await;
         assert!(r.exit.timed_out, "{sh}");
         assert!(!r.exit.shell_exited, "{sh}");
