@@ -537,9 +537,11 @@ pub fn default_database_url(data_dir: &std::path::Path) -> String {
 }
 
 impl Stores {
-    /// Connect to `database_url` (`sqlite://<path>`, `sqlite::memory:`,
-    /// `postgres://...` or `postgresql://...`) and apply the embedded
-    /// migrations. A SQLite file and its parent directory are created.
+    /// Connect to `database_url` (`sqlite://<path>`, `postgres://...` or
+    /// `postgresql://...`) and apply the embedded migrations. A SQLite file
+    /// and its parent directory are created. On PostgreSQL this also starts
+    /// the LISTEN task that wakes tailers (needs a Tokio runtime); it stops
+    /// when the last clone of the stores is dropped.
     pub async fn open(database_url: &str) -> Result<Stores> {
         if database_url.starts_with("sqlite:") {
             sqlite::open(database_url).await
