@@ -3,9 +3,11 @@
 
 use std::net::SocketAddr;
 use std::process::{Command, Stdio};
+use std::sync::Arc;
 use std::time::Duration;
 
 use control_plane::config::{ConfigLayer, ServeConfig};
+use control_plane::lease::{Leases, RedisLockStore};
 use control_plane::server::{self, RunningServer};
 use shared::proto::v1::GetServerInfoRequest;
 use shared::proto::v1::admin_service_client::AdminServiceClient;
@@ -204,4 +206,79 @@ async fn sigterm_reports_not_serving_and_exits_zero() {
     let exit = tokio::time::timeout(PATIENCE, child.wait()).await.expect("exits after SIGTERM").unwrap();
     assert_eq!(exit.code(), Some(0), "exit status after SIGTERM:\n{}", log_text());
     assert!(log_text().contains("shutting down gracefully"), "{}", log_text());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_releases_held_leases() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(config(dir.path(), &[])).await;
+    wait_serving(server.local_addr()).await;
+    let leases = server.state().ready().unwrap().leases.clone();
+    let lease = leases.try_acquire("run:shutdown-test").await.unwrap().expect("free lease");
+    let lost = lease.lost();
+    server.stop().await.unwrap();
+    assert!(lost.is_cancelled(), "graceful shutdown fires the holder's token");
+    assert_eq!(leases.held_count(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_url_selects_redis_leases() {
+    let Some(redis_url) = sandhold_tests::services::redis_url() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path(), &[]);
+    cfg.redis_url = Some(redis_url.clone());
+    let server = start(cfg).await;
+    let addr = server.local_addr();
+    wait_serving(addr).await;
+    let info = AdminServiceClient::new(channel(addr).await)
+        .get_server_info(GetServerInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(info.lease_backend, "redis");
+    // A lease taken through the server is held in Redis, for everyone.
+    let leases = server.state().ready().unwrap().leases.clone();
+    let name = format!("run:{}", uuid::Uuid::new_v4().simple());
+    let lease = leases.try_acquire(&name).await.unwrap().unwrap();
+    let options = leases.options().clone();
+    let store = RedisLockStore::connect(&redis_url, options.ttl).await.unwrap();
+    let other = Leases::new(Arc::new(store), options).unwrap();
+    assert!(other.try_acquire(&name).await.unwrap().is_none(), "held across connections");
+    server.stop().await.unwrap();
+    assert!(lease.is_lost());
+    assert!(other.try_acquire(&name).await.unwrap().is_some(), "released in Redis at shutdown");
+}
+
+/// A log pipe whose reader went away (a restarted log collector) must not
+/// stop the server from shutting down cleanly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_with_a_dead_log_pipe_still_exits_zero() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_sandhold"))
+        .args(["serve", "--listen", &addr.to_string(), "--data-dir"])
+        .arg(dir.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    drop(child.stderr.take());
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        if let Ok(ch) = Channel::from_shared(format!("http://{addr}")).unwrap().connect().await {
+            let status = HealthClient::new(ch).check(HealthCheckRequest { service: String::new() }).await;
+            if status.is_ok_and(|s| s.into_inner().status == ServingStatus::Serving as i32) {
+                break;
+            }
+        }
+        assert!(child.try_wait().unwrap().is_none(), "server died with its log pipe closed");
+        assert!(Instant::now() < deadline, "server did not become SERVING");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let pid = child.id().unwrap().to_string();
+    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    let exit = tokio::time::timeout(PATIENCE, child.wait()).await.expect("exits after SIGTERM").unwrap();
+    assert_eq!(exit.code(), Some(0));
 }

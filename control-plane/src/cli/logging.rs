@@ -13,7 +13,13 @@ pub fn init(format: LogFormat, filter: &str) {
         Ok(f) => (f, None),
         Err(e) => (EnvFilter::new("info"), Some(e)),
     };
-    let builder = tracing_subscriber::fmt().with_env_filter(env_filter).with_writer(std::io::stderr);
+    // A closed stderr (a dead log pipe) must not take the server down:
+    // by default the subscriber reports failed writes with `eprintln!`,
+    // which panics when stderr itself is the broken pipe.
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(env_filter)
+        .with_writer(std::io::stderr)
+        .log_internal_errors(false);
     let result = match format {
         LogFormat::Pretty => builder.try_init(),
         LogFormat::Json => builder.json().flatten_event(true).with_current_span(false).try_init(),

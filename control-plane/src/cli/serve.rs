@@ -1,6 +1,7 @@
 //! `sandhold serve`: flags (each with its `SANDHOLD_*` variable), the layer
 //! merge, `--print-config`, signals, and the server's lifetime.
 
+use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -139,7 +140,7 @@ pub(super) fn main(args: ServeArgs) -> ExitCode {
         }
         Err(e) => {
             error!(error = format!("{e:#}"), "server failed");
-            eprintln!("sandhold serve: {e:#}");
+            let _ = writeln!(std::io::stderr(), "sandhold serve: {e:#}");
             ExitCode::FAILURE
         }
     }
@@ -155,8 +156,9 @@ fn watch_signals(shutdown: CancellationToken) -> anyhow::Result<()> {
             _ = term.recv() => "SIGTERM",
             _ = int.recv() => "SIGINT",
         };
-        info!(signal = name, "shutting down gracefully; send it again to exit at once");
+        // Cancel before logging: shutdown must not depend on stderr.
         shutdown.cancel();
+        info!(signal = name, "shutting down gracefully; send it again to exit at once");
         let name = tokio::select! {
             _ = term.recv() => "SIGTERM",
             _ = int.recv() => "SIGINT",

@@ -69,6 +69,7 @@ impl ServerState {
 pub struct RunningServer {
     local_addr: SocketAddr,
     shutdown: CancellationToken,
+    state: ServerState,
     task: JoinHandle<anyhow::Result<()>>,
 }
 
@@ -76,6 +77,11 @@ impl RunningServer {
     /// The bound address (useful with port 0).
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+
+    /// What the services share: the stores and leases once ready.
+    pub fn state(&self) -> ServerState {
+        self.state.clone()
     }
 
     /// Cancelling it begins graceful shutdown.
@@ -165,9 +171,16 @@ pub async fn start(config: ServeConfig, shutdown: CancellationToken) -> anyhow::
         TcpListenerStream::new(listener),
         stop_accepting.clone().cancelled_owned(),
     ));
-    let task =
-        tokio::spawn(lifecycle(config, state, auth, health, shutdown.clone(), stop_accepting, serving));
-    Ok(RunningServer { local_addr, shutdown, task })
+    let task = tokio::spawn(lifecycle(
+        config,
+        state.clone(),
+        auth,
+        health,
+        shutdown.clone(),
+        stop_accepting,
+        serving,
+    ));
+    Ok(RunningServer { local_addr, shutdown, state, task })
 }
 
 async fn set_health(health: &HealthReporter, status: ServingStatus) {
