@@ -2,9 +2,11 @@
 //! providers, harness adapters and the run driver.
 
 pub mod admin;
+pub mod agent;
 pub mod auth;
 pub mod cli;
 pub mod config;
 pub mod lease;
+pub mod provider;
 pub mod server;
 pub mod store;
