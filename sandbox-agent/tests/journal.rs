@@ -241,7 +241,10 @@ async fn the_first_byte_bound_fails_stalled_reads_only() {
     let flag = agent.root.join("go");
     c.start_run(start_req(
         "quiet",
-        &format!("while [ ! -e {} ]; do sleep 0.05; done; echo late", flag.display()),
+        &format!(
+            "n=0; while [ ! -e {} ] && [ $n -lt 1200 ]; do sleep 0.1; n=$((n+1)); done; echo late",
+            flag.display()
+        ),
     ))
     .await
     .unwrap();
@@ -262,7 +265,7 @@ async fn the_first_byte_bound_fails_stalled_reads_only() {
     let flag2 = agent.root.join("go2");
     c.start_run(start_req(
         "slow",
-        &format!("echo first; while [ ! -e {} ]; do sleep 0.05; done; echo second", flag2.display()),
+        &format!("echo first; n=0; while [ ! -e {} ] && [ $n -lt 1200 ]; do sleep 0.1; n=$((n+1)); done; echo second", flag2.display()),
     ))
     .await
     .unwrap();
@@ -286,6 +289,8 @@ async fn the_first_byte_bound_fails_stalled_reads_only() {
     assert!(matches!(&rest[..], [follow_response::Event::Lines(l), follow_response::Event::Exit(e)]
         if l.lines[0].data == b"second" && e.exit_code == 0));
     std::fs::write(&flag, b"").unwrap();
+    let (lines, exit) = follow_all(&mut c, "quiet", 0, KEY).await;
+    assert_eq!((lines, exit.exit_code), (vec![(b"late".to_vec(), 5)], 0));
     agent.stop().await;
 }
 
@@ -306,7 +311,7 @@ async fn forged_sentinels_are_lines_and_never_finish_a_run() {
     ];
     let flag = agent.root.join("done");
     let script = format!(
-        "printf '%s\\n' {}; echo after; while [ ! -e {} ]; do sleep 0.05; done; echo end",
+        "printf '%s\\n' {}; echo after; n=0; while [ ! -e {} ] && [ $n -lt 1200 ]; do sleep 0.1; n=$((n+1)); done; echo end",
         forged.iter().map(|l| format!("'{l}'")).collect::<Vec<_>>().join(" "),
         flag.display()
     );
@@ -480,7 +485,7 @@ async fn partial_lines_wait_for_their_newline_and_a_dropped_follow_stops_nothing
     let flag = agent.root.join("go");
     c.start_run(start_req(
         "partial",
-        &format!("printf 'abc'; while [ ! -e {} ]; do sleep 0.05; done; printf 'def\\n'", flag.display()),
+        &format!("printf 'abc'; n=0; while [ ! -e {} ] && [ $n -lt 1200 ]; do sleep 0.1; n=$((n+1)); done; printf 'def\\n'", flag.display()),
     ))
     .await
     .unwrap();
@@ -578,7 +583,7 @@ async fn a_restarted_agent_serves_runs_of_its_predecessor() {
     wait_for("exit hint", || hint.exists()).await;
     c.start_run(start_req(
         "across",
-        &format!("echo one; while [ ! -e {} ]; do sleep 0.05; done; echo two; exit 4", flag.display()),
+        &format!("echo one; n=0; while [ ! -e {} ] && [ $n -lt 1200 ]; do sleep 0.1; n=$((n+1)); done; echo two; exit 4", flag.display()),
     ))
     .await
     .unwrap();
