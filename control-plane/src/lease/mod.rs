@@ -484,6 +484,44 @@ mod tests {
         assert!(validate_name(&"x".repeat(257)).is_err());
     }
 
+    /// Log lines written while `f` runs on this thread.
+    async fn captured_logs<F: std::future::Future<Output = ()>>(f: F) -> String {
+        #[derive(Clone, Default)]
+        struct Buf(Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Buf {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let buf = Buf::default();
+        let writer = buf.clone();
+        let subscriber =
+            tracing_subscriber::fmt().with_writer(move || writer.clone()).with_ansi(false).finish();
+        let guard = tracing::subscriber::set_default(subscriber);
+        f.await;
+        drop(guard);
+        String::from_utf8(buf.0.lock().unwrap().clone()).unwrap()
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn in_process_leases_warn_next_to_a_shared_database() {
+        let shared = captured_logs(async {
+            let leases = open(None, LeaseOptions::default(), "postgres").await.unwrap();
+            assert_eq!(leases.backend_name(), IN_PROCESS_BACKEND);
+        })
+        .await;
+        assert!(shared.contains("WARN") && shared.contains("cannot be fenced"), "{shared}");
+        let embedded = captured_logs(async {
+            open(None, LeaseOptions::default(), "sqlite").await.unwrap();
+        })
+        .await;
+        assert!(!embedded.contains("cannot be fenced"), "{embedded}");
+    }
+
     #[tokio::test]
     async fn keys_are_namespaced() {
         let opts = LeaseOptions { namespace: "ns:".into(), ..Default::default() };
