@@ -171,7 +171,7 @@ pub async fn start(config: ServeConfig, shutdown: CancellationToken) -> anyhow::
         TcpListenerStream::new(listener),
         stop_accepting.clone().cancelled_owned(),
     ));
-    let task = tokio::spawn(lifecycle(
+    let task = tokio::spawn(supervise(
         config,
         state.clone(),
         auth,
@@ -190,7 +190,7 @@ async fn set_health(health: &HealthReporter, status: ServingStatus) {
 }
 
 /// Readiness, then the wait for shutdown, then the shutdown sequence.
-async fn lifecycle(
+async fn supervise(
     config: ServeConfig,
     state: ServerState,
     auth: Authenticator,
