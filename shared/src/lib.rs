@@ -3,6 +3,7 @@
 //! descriptor sets, the closed set of error codes, run-scoped identifiers and
 //! the secret type.
 
+pub mod chunk;
 pub mod error;
 pub mod ids;
 pub mod journal;
