@@ -6,6 +6,7 @@ pub mod agent;
 pub mod auth;
 pub mod cli;
 pub mod config;
+pub mod harness;
 pub mod lease;
 pub mod provider;
 pub mod server;

@@ -1,0 +1,212 @@
+//! The `command` harness: any program. A stdout line that is a JSON chunk in
+//! the shape of [`shared::chunk::to_json`] (`{"type":"TEXT_MESSAGE_CONTENT",
+//! "message_id":"m","delta":"hi"}`) passes through; every other line is text:
+//! one text message started at the first such line, its content each line
+//! with its newline, ended at the next JSON chunk or at finish.
+
+use shared::chunk::{self, ChunkType};
+
+use super::{CommandSpec, Emitter, HarnessError, HarnessOptions, Translate, prompt_stdin};
+
+pub(super) fn command(options: &HarnessOptions, prompt: &str) -> Result<CommandSpec, HarnessError> {
+    if options.command.is_empty() {
+        return Err(HarnessError::MissingCommand);
+    }
+    let mut argv = options.command.clone();
+    argv.extend(options.extra_args.iter().cloned());
+    // A script reads the prompt on stdin if it wants it.
+    Ok(CommandSpec { argv, env: options.env.clone(), stdin: prompt_stdin(options, prompt) })
+}
+
+#[derive(Debug, Default)]
+pub(super) struct CommandTranslator {
+    /// The text message plain lines go to, while open.
+    text: Option<String>,
+    /// Latest message / tool call a passed-through chunk started, to fill in
+    /// the id of a CONTENT/END line that leaves it out.
+    last_message: String,
+    last_tool_call: String,
+}
+
+impl CommandTranslator {
+    fn end_text(&mut self, em: &mut Emitter) {
+        if let Some(id) = self.text.take() {
+            em.push(em.f.text_end(&id));
+        }
+    }
+
+    fn pass_through(&mut self, em: &mut Emitter, mut c: shared::chunk::Chunk) {
+        self.end_text(em);
+        let ty = c.r#type();
+        match ty {
+            ChunkType::TextMessageStart | ChunkType::ReasoningStart => {
+                if c.message_id.is_empty() {
+                    c.message_id = em.new_id();
+                }
+                self.last_message = c.message_id.clone();
+            }
+            ChunkType::TextMessageContent
+            | ChunkType::TextMessageEnd
+            | ChunkType::ReasoningContent
+            | ChunkType::ReasoningEnd
+                if c.message_id.is_empty() =>
+            {
+                c.message_id = self.last_message.clone();
+            }
+            ChunkType::ToolCallStart => {
+                if c.tool_call_id.is_empty() {
+                    c.tool_call_id = em.new_id();
+                }
+                self.last_tool_call = c.tool_call_id.clone();
+            }
+            ChunkType::ToolCallArgs | ChunkType::ToolCallEnd | ChunkType::ToolCallResult
+                if c.tool_call_id.is_empty() =>
+            {
+                c.tool_call_id = self.last_tool_call.clone();
+            }
+            _ => {}
+        }
+        // The command speaks for this run only, at our clock.
+        let base = em.f.chunk(ty);
+        c.run_id = base.run_id;
+        c.thread_id = base.thread_id;
+        c.timestamp_ms = base.timestamp_ms;
+        em.push(c);
+    }
+}
+
+impl Translate for CommandTranslator {
+    fn line(&mut self, em: &mut Emitter, line: &[u8]) {
+        let trimmed = line.trim_ascii();
+        if trimmed.starts_with(b"{")
+            && let Ok(value) = serde_json::from_slice::<serde_json::Value>(trimmed)
+            && let Some(c) = chunk::from_json(&value)
+        {
+            self.pass_through(em, c);
+            return;
+        }
+        let id = match &self.text {
+            Some(id) => id.clone(),
+            None => {
+                let id = em.start_text();
+                self.text = Some(id.clone());
+                id
+            }
+        };
+        let mut text = String::from_utf8_lossy(line).into_owned();
+        text.push('\n');
+        em.push(em.f.text_content(&id, &text));
+    }
+
+    fn finish(&mut self, em: &mut Emitter, exit_code: i32, stderr_tail: &str) {
+        self.end_text(em);
+        em.finish_from_exit(exit_code, stderr_tail, None, "stop", None);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::*;
+    use super::super::*;
+
+    #[test]
+    fn needs_a_command_and_feeds_the_prompt_on_stdin() {
+        assert_eq!(
+            Harness::Command.command(&HarnessOptions::default(), "p"),
+            Err(HarnessError::MissingCommand)
+        );
+        let options =
+            HarnessOptions { command: vec!["sh".into(), "-c".into(), "cat".into()], ..Default::default() };
+        let spec = Harness::Command.command(&options, "p").unwrap();
+        assert_eq!(spec.argv, ["sh", "-c", "cat"]);
+        assert_eq!(spec.stdin, StdinSpec::Bytes(b"p".to_vec()));
+    }
+
+    #[test]
+    fn plain_lines_are_one_text_message() {
+        let chunks = translate(Harness::Command, "one\n\ntwo", 0, "");
+        assert_eq!(
+            types(&chunks),
+            [
+                "RUN_STARTED",
+                "TEXT_MESSAGE_START",
+                "TEXT_MESSAGE_CONTENT",
+                "TEXT_MESSAGE_CONTENT",
+                "TEXT_MESSAGE_CONTENT",
+                "TEXT_MESSAGE_END",
+                "RUN_FINISHED"
+            ]
+        );
+        let deltas: Vec<_> =
+            chunks.iter().filter(|c| !c.delta.is_empty()).map(|c| c.delta.as_str()).collect();
+        assert_eq!(deltas, ["one\n", "\n", "two\n"]);
+        assert!(chunks[1..6].iter().all(|c| c.message_id == "r-0"));
+        assert_eq!(chunks[6].finish_reason, "stop");
+        assert!(chunks.iter().all(|c| c.run_id == "r" && c.thread_id == "t"));
+    }
+
+    #[test]
+    fn json_chunks_pass_through_with_ids_filled_in() {
+        let journal = r#"{"type":"TEXT_MESSAGE_START"}
+{"type":"TEXT_MESSAGE_CONTENT","delta":"hi","run_id":"other"}
+{"type":"TEXT_MESSAGE_END"}
+{"type":"TOOL_CALL_START","tool_call_id":"c1","tool_name":"ls"}
+{"type":"TOOL_CALL_ARGS","delta":"{}"}
+{"type":"TOOL_CALL_END"}
+{"type":"TOOL_CALL_RESULT","content":"a b","exit_code":0}
+{"type":"CUSTOM","name":"progress","value":{"pct":50}}
+{"type":"NOT_A_CHUNK","delta":"x"}
+{"type":"RUN_FINISHED","finish_reason":"stop","usage":{"input_tokens":3,"output_tokens":4}}"#;
+        let chunks = translate(Harness::Command, journal, 0, "");
+        assert_eq!(
+            types(&chunks),
+            [
+                "RUN_STARTED",
+                "TEXT_MESSAGE_START",
+                "TEXT_MESSAGE_CONTENT",
+                "TEXT_MESSAGE_END",
+                "TOOL_CALL_START",
+                "TOOL_CALL_ARGS",
+                "TOOL_CALL_END",
+                "TOOL_CALL_RESULT",
+                "CUSTOM",
+                "TEXT_MESSAGE_START",
+                "TEXT_MESSAGE_CONTENT",
+                "TEXT_MESSAGE_END",
+                "RUN_FINISHED"
+            ]
+        );
+        assert_eq!(chunks[1].message_id, "r-0");
+        assert_eq!(
+            (chunks[2].message_id.as_str(), chunks[2].delta.as_str(), chunks[2].run_id.as_str()),
+            ("r-0", "hi", "r")
+        );
+        assert_eq!(chunks[3].message_id, "r-0");
+        assert!(chunks[5..8].iter().all(|c| c.tool_call_id == "c1"));
+        assert_eq!(chunks[7].exit_code, Some(0));
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(&chunks[8].value_json).unwrap(),
+            serde_json::json!({"pct": 50})
+        );
+        // A JSON line that is not a chunk is text.
+        assert_eq!(chunks[10].delta, "{\"type\":\"NOT_A_CHUNK\",\"delta\":\"x\"}\n");
+        assert_eq!(chunks[12].usage.as_ref().map(|u| (u.input_tokens, u.output_tokens)), Some((3, 4)));
+    }
+
+    #[test]
+    fn nonzero_exit_is_a_run_error_with_the_stderr_tail() {
+        let chunks = translate(Harness::Command, "partial", 3, "boom\n");
+        assert_eq!(
+            types(&chunks),
+            ["RUN_STARTED", "TEXT_MESSAGE_START", "TEXT_MESSAGE_CONTENT", "TEXT_MESSAGE_END", "RUN_ERROR"]
+        );
+        assert_eq!(chunks[4].error_message, "command exited with code 3: boom");
+    }
+
+    #[test]
+    fn invalid_utf8_is_text_not_a_crash() {
+        let mut t = Harness::Command.translator(&shared::ids::RunId::parse("r").unwrap(), "t", || 0);
+        let chunks = t.feed(b"\xff\xfe ok");
+        assert_eq!(chunks[2].delta, "\u{fffd}\u{fffd} ok\n");
+    }
+}
