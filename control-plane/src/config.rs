@@ -91,6 +91,8 @@ pub struct ConfigLayer {
     pub log_filter: Option<String>,
     pub replica_id: Option<String>,
     pub shutdown_grace_ms: Option<u64>,
+    pub agent_binary: Option<PathBuf>,
+    pub agent_static_binary: Option<PathBuf>,
     #[serde(default, deserialize_with = "file_tokens")]
     pub tokens: Option<Vec<ApiToken>>,
 }
@@ -123,6 +125,8 @@ impl ConfigLayer {
             log_filter: higher.log_filter.or(self.log_filter),
             replica_id: higher.replica_id.or(self.replica_id),
             shutdown_grace_ms: higher.shutdown_grace_ms.or(self.shutdown_grace_ms),
+            agent_binary: higher.agent_binary.or(self.agent_binary),
+            agent_static_binary: higher.agent_static_binary.or(self.agent_static_binary),
             tokens: higher.tokens.or(self.tokens),
         }
     }
@@ -147,6 +151,12 @@ pub struct ServeConfig {
     pub shutdown_grace: Duration,
     /// Empty: single-user mode (loopback only).
     pub tokens: Vec<ApiToken>,
+    /// The `sandhold-agent` of local sandboxes; `None`: next to this
+    /// executable, else on `PATH`.
+    pub agent_binary: Option<PathBuf>,
+    /// The statically linked agent copied into Docker sandboxes; `None`:
+    /// `agent_binary`, and without either the Docker provider is off.
+    pub agent_static_binary: Option<PathBuf>,
 }
 
 /// The user's data directory for Sandhold (e.g. `~/.local/share/sandhold`).
@@ -176,6 +186,8 @@ impl ServeConfig {
                 layer.shutdown_grace_ms.unwrap_or(DEFAULT_SHUTDOWN_GRACE_MS),
             ),
             tokens: layer.tokens.unwrap_or_default(),
+            agent_binary: layer.agent_binary,
+            agent_static_binary: layer.agent_static_binary,
             data_dir,
         };
         config
@@ -216,6 +228,10 @@ impl ServeConfig {
             log_filter: &'a str,
             replica_id: &'a str,
             shutdown_grace_ms: u64,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            agent_binary: Option<&'a Path>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            agent_static_binary: Option<&'a Path>,
             tokens: Vec<FileToken>,
         }
         let printed = Printed {
@@ -229,6 +245,8 @@ impl ServeConfig {
             log_filter: &self.log_filter,
             replica_id: &self.replica_id,
             shutdown_grace_ms: millis(self.shutdown_grace),
+            agent_binary: self.agent_binary.as_deref(),
+            agent_static_binary: self.agent_static_binary.as_deref(),
             tokens: self
                 .tokens
                 .iter()

@@ -9,5 +9,6 @@ pub mod config;
 pub mod harness;
 pub mod lease;
 pub mod provider;
+pub mod sandbox;
 pub mod server;
 pub mod store;

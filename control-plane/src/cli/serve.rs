@@ -65,6 +65,15 @@ pub struct ServeArgs {
     #[arg(long, env = "SANDHOLD_SHUTDOWN_GRACE_MS", value_name = "MS")]
     pub shutdown_grace_ms: Option<u64>,
 
+    /// The sandhold-agent binary of local sandboxes [default: next to this executable, else on PATH].
+    #[arg(long, env = "SANDHOLD_AGENT_BINARY", value_name = "FILE")]
+    pub agent_binary: Option<PathBuf>,
+
+    /// The statically linked sandhold-agent copied into Docker sandboxes
+    /// (scripts/build-agent-static) [default: --agent-binary; none: no Docker provider].
+    #[arg(long, env = "SANDHOLD_AGENT_STATIC_BINARY", value_name = "FILE")]
+    pub agent_static_binary: Option<PathBuf>,
+
     /// API token of a tenant, TENANT=TOKEN; repeatable. The variable takes a
     /// comma-separated list. Without any token the server runs in
     /// single-user mode and only on loopback.
@@ -92,6 +101,8 @@ impl ServeArgs {
             log_filter: self.log_filter.clone(),
             replica_id: self.replica_id.clone(),
             shutdown_grace_ms: self.shutdown_grace_ms,
+            agent_binary: self.agent_binary.clone(),
+            agent_static_binary: self.agent_static_binary.clone(),
             tokens: (!self.tokens.is_empty()).then(|| self.tokens.clone()),
         }
     }

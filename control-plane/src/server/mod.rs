@@ -14,6 +14,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use shared::error::{Error, ErrorCode};
 use shared::proto::v1::admin_service_server::AdminServiceServer;
+use shared::proto::v1::sandbox_service_server::SandboxServiceServer;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::TcpListenerStream;
@@ -152,12 +153,19 @@ pub async fn start(config: ServeConfig, shutdown: CancellationToken) -> anyhow::
         );
     }
 
+    let lifecycle = crate::sandbox::Lifecycle::new(
+        crate::sandbox::providers_from_config(&config).await,
+        Arc::new(crate::sandbox::ShellProvisioner),
+    );
+    tokio::spawn(crate::sandbox::run_idle_sweeper(lifecycle.clone(), shutdown.clone()));
+
     let router = tonic::transport::Server::builder()
         .layer(AuthLayer::new(auth.clone()))
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .add_service(AdminServiceServer::new(AdminApi::new(state.clone())));
+        .add_service(AdminServiceServer::new(AdminApi::new(state.clone())))
+        .add_service(SandboxServiceServer::new(crate::sandbox::SandboxApi::new(state.clone(), lifecycle)));
 
     info!(
         listen = %local_addr,
@@ -187,6 +195,7 @@ async fn set_health(health: &HealthReporter, status: ServingStatus) {
     // "" is the whole server (what a bare `grpc_health_probe` asks).
     health.set_service_status("", status).await;
     health.set_service_status("sandhold.v1.AdminService", status).await;
+    health.set_service_status("sandhold.v1.SandboxService", status).await;
 }
 
 /// Readiness, then the wait for shutdown, then the shutdown sequence.

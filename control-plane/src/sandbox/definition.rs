@@ -1,0 +1,151 @@
+//! Sandbox definitions: validation and their stored form.
+//!
+//! Stored as JSON `{"encoding": "protobuf-hex", "definition": "<hex>"}`: the
+//! protobuf bytes of the `SandboxDefinition` (lossless, and newer fields
+//! survive an older server). A definition holds secret NAMES only; no
+//! request's secret values ever reach this module.
+
+use shared::error::{Error, ErrorCode};
+use shared::proto::v1::{SandboxDefinition, provider_spec, setup_step};
+
+const ENCODING: &str = "protobuf-hex";
+
+pub fn to_stored(definition: &SandboxDefinition) -> serde_json::Value {
+    use prost::Message;
+    serde_json::json!({ "encoding": ENCODING, "definition": hex::encode(definition.encode_to_vec()) })
+}
+
+pub fn from_stored(body: &serde_json::Value) -> Result<SandboxDefinition, Error> {
+    use prost::Message;
+    let corrupt = |why: &str| Error::internal(format!("stored sandbox definition is unreadable: {why}"));
+    if body.get("encoding").and_then(|e| e.as_str()) != Some(ENCODING) {
+        return Err(corrupt("unknown encoding"));
+    }
+    let hex_str = body.get("definition").and_then(|d| d.as_str()).ok_or_else(|| corrupt("no definition"))?;
+    let bytes = hex::decode(hex_str).map_err(|_| corrupt("not hex"))?;
+    SandboxDefinition::decode(bytes.as_slice()).map_err(|_| corrupt("not a SandboxDefinition"))
+}
+
+fn valid_id(id: &str) -> bool {
+    (1..=100).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+}
+
+/// An environment variable / secret name: `[A-Za-z_][A-Za-z0-9_]*`.
+pub fn valid_env_name(name: &str) -> bool {
+    let mut bytes = name.bytes();
+    matches!(bytes.next(), Some(b) if b.is_ascii_alphabetic() || b == b'_')
+        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+/// Every problem of `d` as field violations, in one INVALID_ARGUMENT.
+pub fn validate(d: &SandboxDefinition) -> Result<(), Error> {
+    let mut violations: Vec<(String, String)> = Vec::new();
+    let mut bad = |field: &str, why: &str| violations.push((field.to_string(), why.to_string()));
+    if !valid_id(&d.id) {
+        bad("definition.id", "must be 1-100 characters of [A-Za-z0-9._-]");
+    }
+    match d.provider.as_ref().and_then(|p| p.provider.as_ref()) {
+        None => bad("definition.provider", "required: local or docker"),
+        Some(provider_spec::Provider::Docker(docker)) => {
+            if docker.image.is_empty() {
+                bad("definition.provider.docker.image", "required");
+            }
+            if docker.cpus < 0.0 || !docker.cpus.is_finite() {
+                bad("definition.provider.docker.cpus", "must be a non-negative number");
+            }
+            if docker.pids_limit < 0 {
+                bad("definition.provider.docker.pids_limit", "must not be negative");
+            }
+            for (i, m) in docker.mounts.iter().enumerate() {
+                if m.source.is_empty() || !m.target.starts_with('/') {
+                    bad(
+                        &format!("definition.provider.docker.mounts[{i}]"),
+                        "needs a source and an absolute target",
+                    );
+                }
+            }
+        }
+        Some(provider_spec::Provider::Local(_)) => {}
+    }
+    for name in d.env.keys() {
+        if !valid_env_name(name) {
+            bad(&format!("definition.env[{name}]"), "not a valid variable name");
+        }
+    }
+    for (i, name) in d.secret_names.iter().enumerate() {
+        if !valid_env_name(name) {
+            bad(&format!("definition.secret_names[{i}]"), "not a valid variable name");
+        }
+        if d.env.contains_key(name) {
+            // A secret's value must come with a request, never sit in the
+            // stored definition.
+            bad(
+                &format!("definition.env[{name}]"),
+                "is a declared secret name; pass its value with EnsureSandbox",
+            );
+        }
+    }
+    if let Some(w) = &d.workspace {
+        for (i, step) in w.setup.iter().enumerate() {
+            let ok = match &step.step {
+                Some(setup_step::Step::Serial(cmd)) => !cmd.trim().is_empty(),
+                Some(setup_step::Step::Parallel(g)) => {
+                    !g.commands.is_empty() && g.commands.iter().all(|c| !c.trim().is_empty())
+                }
+                None => false,
+            };
+            if !ok {
+                bad(&format!("definition.workspace.setup[{i}]"), "empty setup step");
+            }
+        }
+    }
+    if violations.is_empty() {
+        return Ok(());
+    }
+    let summary = violations.iter().map(|(f, w)| format!("{f}: {w}")).collect::<Vec<_>>().join("; ");
+    let mut err = Error::new(ErrorCode::InvalidArgument, format!("invalid sandbox definition: {summary}"));
+    for (f, w) in violations {
+        err = err.with_violation(f, w);
+    }
+    Err(err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shared::proto::v1::{DockerProvider, ProviderSpec};
+
+    fn docker(image: &str) -> SandboxDefinition {
+        SandboxDefinition {
+            id: "d-1".into(),
+            provider: Some(ProviderSpec {
+                provider: Some(provider_spec::Provider::Docker(DockerProvider {
+                    image: image.into(),
+                    ..Default::default()
+                })),
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn stored_form_round_trips() {
+        let d = docker("busybox");
+        assert_eq!(from_stored(&to_stored(&d)).unwrap(), d);
+    }
+
+    #[test]
+    fn every_problem_is_a_field_violation() {
+        let mut d = docker("");
+        d.id = "bad id".into();
+        d.secret_names = vec!["TOKEN".into()];
+        d.env.insert("TOKEN".into(), "oops".into());
+        let err = validate(&d).unwrap_err();
+        assert_eq!(err.code, ErrorCode::InvalidArgument);
+        let fields: Vec<&str> = err.field_violations.iter().map(|(f, _)| f.as_str()).collect();
+        assert!(fields.contains(&"definition.id"), "{fields:?}");
+        assert!(fields.contains(&"definition.provider.docker.image"), "{fields:?}");
+        assert!(fields.contains(&"definition.env[TOKEN]"), "{fields:?}");
+        assert!(validate(&docker("busybox")).is_ok());
+    }
+}

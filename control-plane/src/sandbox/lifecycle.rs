@@ -1,0 +1,532 @@
+//! Ensuring a sandbox: resume → restore the native snapshot → create and
+//! provision, under a lease on the sandbox key; and the sandboxes this
+//! replica has live agents for.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use shared::error::{Error, ErrorCode};
+use shared::proto::v1 as api;
+use shared::proto::v1::{EnsureOutcome, EnsurePhase, provider_spec};
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use super::key::{KeyInput, sandbox_key};
+use super::progress::Progress;
+use super::provision::{ProvisionContext, Provisioner, Secrets};
+use crate::agent::AgentClient;
+use crate::lease::Leases;
+use crate::provider::{DockerOptions, MountSpec, Provider, ProviderKind, SandboxSpec, Snapshot};
+use crate::store::{self, Instance, NewInstance, Stores, Tenant, Timestamp};
+
+/// How long a resumed or created sandbox's agent may take to answer.
+const AGENT_DEADLINE: Duration = Duration::from_secs(60);
+
+/// The providers this server can use, by kind.
+#[derive(Debug, Clone, Default)]
+pub struct Providers(HashMap<ProviderKind, Arc<dyn Provider>>);
+
+impl Providers {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn with(mut self, provider: Arc<dyn Provider>) -> Self {
+        self.0.insert(provider.kind(), provider);
+        self
+    }
+
+    pub fn get(&self, kind: ProviderKind) -> Result<&Arc<dyn Provider>, Error> {
+        self.0.get(&kind).ok_or_else(|| {
+            Error::new(
+                ErrorCode::FailedPrecondition,
+                format!("the {kind} provider is not available on this server (see its startup log)"),
+            )
+            .with_meta("provider", kind.as_str())
+        })
+    }
+
+    pub fn by_name(&self, name: &str) -> Result<&Arc<dyn Provider>, Error> {
+        match name {
+            "local" => self.get(ProviderKind::Local),
+            "docker" => self.get(ProviderKind::Docker),
+            other => Err(Error::internal(format!("instance of unknown provider {other:?}"))),
+        }
+    }
+}
+
+/// A sandbox this replica holds a connected agent for. The secrets of its
+/// last ensure live here (memory only) so later calls run with them.
+#[derive(Clone)]
+pub(crate) struct Live {
+    pub agent: AgentClient,
+    pub secrets: Arc<Secrets>,
+    pub provider: ProviderKind,
+    pub provider_id: String,
+    pub definition_id: String,
+    pub thread_id: String,
+    pub keep_alive: Duration,
+    pub destroy_on_complete: bool,
+    pub last_used: Instant,
+}
+
+/// What an ensure was asked for, validated.
+pub struct EnsureInput {
+    pub tenant: Tenant,
+    pub definition: api::SandboxDefinition,
+    pub thread_id: String,
+    pub run_id: String,
+    pub secrets: Secrets,
+}
+
+/// Everything the lifecycle needs. Cheap to clone.
+#[derive(Clone)]
+pub struct Lifecycle {
+    pub(crate) providers: Providers,
+    provisioner: Arc<dyn Provisioner>,
+    live: Arc<Mutex<HashMap<String, Live>>>,
+}
+
+impl Lifecycle {
+    pub fn new(providers: Providers, provisioner: Arc<dyn Provisioner>) -> Self {
+        Self { providers, provisioner, live: Arc::default() }
+    }
+
+    pub(crate) fn live(&self, key: &str) -> Option<Live> {
+        let mut live = self.live.lock().expect("live sandboxes poisoned");
+        let entry = live.get_mut(key)?;
+        entry.last_used = Instant::now();
+        Some(entry.clone())
+    }
+
+    /// Whether the live sandbox `key` asked to be destroyed after a
+    /// successful run (for the run driver); `None` when not live here.
+    pub fn destroy_on_complete(&self, key: &str) -> Option<bool> {
+        self.live.lock().expect("live sandboxes poisoned").get(key).map(|l| l.destroy_on_complete)
+    }
+
+    fn set_live(&self, key: &str, entry: Live) {
+        self.live.lock().expect("live sandboxes poisoned").insert(key.to_string(), entry);
+    }
+
+    pub(crate) fn forget(&self, key: &str) {
+        self.live.lock().expect("live sandboxes poisoned").remove(key);
+    }
+
+    /// Resume, restore or create the sandbox of `input`.
+    pub async fn ensure(
+        &self,
+        stores: &Stores,
+        leases: &Leases,
+        input: EnsureInput,
+        progress: &Progress,
+    ) -> Result<api::EnsureReady, Error> {
+        progress.phase(EnsurePhase::Resolving, "resolving the sandbox key");
+        let definition = &input.definition;
+        let lifecycle = definition.lifecycle.unwrap_or_default();
+        let reuse_none = lifecycle.reuse == api::Reuse::None as i32;
+        if reuse_none && input.run_id.is_empty() {
+            return Err(Error::invalid_field("run_id", "required: the definition has `reuse: none`"));
+        }
+        let key = sandbox_key(
+            definition,
+            KeyInput {
+                tenant: input.tenant.as_str(),
+                thread_id: &input.thread_id,
+                run_id: reuse_none.then_some(input.run_id.as_str()),
+            },
+        );
+        let kind = provider_kind(definition)?;
+        let provider = self.providers.get(kind)?.clone();
+        let workspace = definition.workspace.clone().unwrap_or_default();
+        // Refused before anything is made.
+        self.provisioner.check(&workspace)?;
+        let spec = spec_for(definition, &key, &input.tenant);
+
+        // One ensure per key at a time: concurrent callers wait here and then
+        // find the sandbox the first one made.
+        let cancel = CancellationToken::new();
+        let lease = leases.acquire(&format!("sandbox:{key}"), &cancel).await?.ok_or_else(|| {
+            Error::new(ErrorCode::Cancelled, "ensure cancelled while waiting for the sandbox lease")
+        })?;
+        let result = self
+            .ensure_locked(stores, &input, &key, &spec, provider.as_ref(), &workspace, &lifecycle, progress)
+            .await;
+        let _ = lease.release().await;
+        let (sandbox, outcome, instance) = result?;
+        let secrets = Arc::new(input.secrets);
+        let agent =
+            AgentClient::connect_with_deadline(&sandbox.address, &sandbox.token, AGENT_DEADLINE).await?;
+        self.set_live(
+            &key,
+            Live {
+                agent,
+                secrets,
+                provider: kind,
+                provider_id: sandbox.provider_id.clone(),
+                definition_id: definition.id.clone(),
+                thread_id: input.thread_id.clone(),
+                keep_alive: Duration::from_millis(lifecycle.keep_alive_ms),
+                destroy_on_complete: lifecycle.destroy_on_complete,
+                last_used: Instant::now(),
+            },
+        );
+        info!(sandbox_key = %key, tenant = %input.tenant, outcome = ?outcome, provider = %kind, "sandbox ready");
+        Ok(api::EnsureReady {
+            sandbox_id: key.clone(),
+            outcome: outcome as i32,
+            sandbox: Some(self.describe(&instance)),
+        })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn ensure_locked(
+        &self,
+        stores: &Stores,
+        input: &EnsureInput,
+        key: &str,
+        spec: &SandboxSpec,
+        provider: &dyn Provider,
+        workspace: &api::WorkspaceDefinition,
+        lifecycle: &api::Lifecycle,
+        progress: &Progress,
+    ) -> Result<(crate::provider::Sandbox, EnsureOutcome, Instance), Error> {
+        let existing = match stores.instances.get(key).await {
+            Ok(i) => Some(i),
+            Err(store::Error::NotFound(_)) => None,
+            Err(e) => return Err(e.into()),
+        };
+        let mut snapshot = None;
+        if let Some(instance) = existing {
+            progress.phase(EnsurePhase::Resuming, "resuming the thread's sandbox");
+            if let Some(sandbox) = provider.resume(&instance.provider_sandbox_id).await? {
+                let instance =
+                    self.record(stores, key, input, provider, &sandbox, instance.native_snapshot).await?;
+                return Ok((sandbox, EnsureOutcome::Resumed, instance));
+            }
+            snapshot = instance.native_snapshot.as_deref().and_then(NativeSnapshot::parse);
+        }
+        if let Some(snap) = snapshot {
+            let max_age = Duration::from_millis(lifecycle.snapshot_max_age_ms);
+            let age = Duration::from_millis(
+                u64::try_from(Timestamp::now().as_millis() - snap.taken_at_ms).unwrap_or_default(),
+            );
+            if lifecycle.snapshot_max_age_ms > 0 && age > max_age {
+                info!(sandbox_key = %key, age_ms = age.as_millis() as u64, "native snapshot too old; creating anew");
+                if let Err(e) = provider.delete_snapshot(&Snapshot { id: snap.id.clone() }).await {
+                    warn!(sandbox_key = %key, error = %e.message, "could not delete an expired snapshot");
+                }
+            } else {
+                progress.phase(EnsurePhase::RestoringSnapshot, "restoring the sandbox from its snapshot");
+                match provider.restore(&Snapshot { id: snap.id.clone() }, spec).await {
+                    Ok(sandbox) => {
+                        let instance =
+                            self.record(stores, key, input, provider, &sandbox, Some(snap.encode())).await?;
+                        return Ok((sandbox, EnsureOutcome::SnapshotRestored, instance));
+                    }
+                    Err(e) => {
+                        warn!(sandbox_key = %key, error = %e.message, "restoring the native snapshot failed; creating anew")
+                    }
+                }
+            }
+        }
+
+        progress.phase(EnsurePhase::Creating, format!("creating a {} sandbox", provider.kind()));
+        let sandbox = provider.create(spec).await?;
+        match self.provision(input, provider, &sandbox, workspace, lifecycle, progress).await {
+            Ok(native) => {
+                let instance = self.record(stores, key, input, provider, &sandbox, native).await?;
+                Ok((sandbox, EnsureOutcome::Created, instance))
+            }
+            Err(e) => {
+                // Nothing half-made survives a failed ensure.
+                if let Err(d) = provider.destroy(&sandbox.provider_id).await {
+                    warn!(sandbox_key = %key, error = %d.message, "destroying a half-made sandbox failed");
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Provision a created sandbox, then take the native snapshot when the
+    /// lifecycle asks and the provider can. Returns the snapshot, encoded.
+    async fn provision(
+        &self,
+        input: &EnsureInput,
+        provider: &dyn Provider,
+        sandbox: &crate::provider::Sandbox,
+        workspace: &api::WorkspaceDefinition,
+        lifecycle: &api::Lifecycle,
+        progress: &Progress,
+    ) -> Result<Option<String>, Error> {
+        let agent =
+            AgentClient::connect_with_deadline(&sandbox.address, &sandbox.token, AGENT_DEADLINE).await?;
+        self.provisioner
+            .provision(ProvisionContext { agent: &agent, workspace, secrets: &input.secrets, progress })
+            .await?;
+        // Only a provisioned workspace is worth capturing: restoring a
+        // snapshot of an untouched sandbox is just a slower create.
+        let wants = lifecycle.snapshot != api::SnapshotPolicy::Never as i32 && !workspace.setup.is_empty();
+        if !(wants && provider.capabilities().snapshots) {
+            return Ok(None);
+        }
+        progress.phase(EnsurePhase::Snapshotting, "taking a native snapshot of the provisioned sandbox");
+        let snap = provider.snapshot(&sandbox.provider_id).await?;
+        Ok(Some(NativeSnapshot { taken_at_ms: Timestamp::now().as_millis(), id: snap.id }.encode()))
+    }
+
+    async fn record(
+        &self,
+        stores: &Stores,
+        key: &str,
+        input: &EnsureInput,
+        provider: &dyn Provider,
+        sandbox: &crate::provider::Sandbox,
+        native_snapshot: Option<String>,
+    ) -> Result<Instance, Error> {
+        Ok(stores
+            .instances
+            .put(NewInstance {
+                sandbox_key: key.to_string(),
+                tenant: input.tenant.clone(),
+                provider: provider.kind().as_str().to_string(),
+                provider_sandbox_id: sandbox.provider_id.clone(),
+                native_snapshot,
+            })
+            .await?)
+    }
+
+    /// The public view of an instance (with what this replica knows of it).
+    pub(crate) fn describe(&self, instance: &Instance) -> api::Sandbox {
+        let live = self.live.lock().expect("live sandboxes poisoned").get(&instance.sandbox_key).cloned();
+        let capabilities = self.providers.by_name(&instance.provider).ok().map(|p| {
+            let c = p.capabilities();
+            api::Capabilities {
+                snapshots: c.snapshots,
+                fork: c.fork,
+                background_processes: c.background_processes,
+                killable_processes: c.killable_processes,
+                writable_stdin: c.writable_stdin,
+                durable_filesystem: c.durable_filesystem,
+                network_policy: c.network_policy,
+            }
+        });
+        api::Sandbox {
+            sandbox_id: instance.sandbox_key.clone(),
+            definition_id: live.as_ref().map(|l| l.definition_id.clone()).unwrap_or_default(),
+            thread_id: live.as_ref().map(|l| l.thread_id.clone()).unwrap_or_default(),
+            provider: instance.provider.clone(),
+            provider_sandbox_id: instance.provider_sandbox_id.clone(),
+            created_at_ms: instance.created_at.as_millis(),
+            updated_at_ms: instance.updated_at.as_millis(),
+            capabilities,
+        }
+    }
+
+    /// The tenant's instance `key`, or NOT_FOUND (also for another
+    /// tenant's).
+    pub(crate) async fn instance(
+        &self,
+        stores: &Stores,
+        tenant: &Tenant,
+        key: &str,
+    ) -> Result<Instance, Error> {
+        match stores.instances.get(key).await {
+            Ok(i) if &i.tenant == tenant => Ok(i),
+            Ok(_) | Err(store::Error::NotFound(_)) => Err(not_found(key)),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// A connected agent for the tenant's sandbox `key`: the live one, else
+    /// the provider resumes it (after a server restart; its secrets are then
+    /// gone until the next ensure).
+    pub(crate) async fn agent(&self, stores: &Stores, tenant: &Tenant, key: &str) -> Result<Live, Error> {
+        let instance = self.instance(stores, tenant, key).await?;
+        if let Some(live) = self.live(key)
+            && live.provider_id == instance.provider_sandbox_id
+        {
+            return Ok(live);
+        }
+        let provider = self.providers.by_name(&instance.provider)?;
+        let sandbox = provider.resume(&instance.provider_sandbox_id).await?.ok_or_else(|| {
+            Error::new(
+                ErrorCode::FailedPrecondition,
+                format!("sandbox {key} is not running; call EnsureSandbox to bring it back"),
+            )
+        })?;
+        let agent =
+            AgentClient::connect_with_deadline(&sandbox.address, &sandbox.token, AGENT_DEADLINE).await?;
+        let live = Live {
+            agent,
+            secrets: Arc::default(),
+            provider: provider.kind(),
+            provider_id: sandbox.provider_id,
+            definition_id: String::new(),
+            thread_id: String::new(),
+            keep_alive: Duration::ZERO,
+            destroy_on_complete: false,
+            last_used: Instant::now(),
+        };
+        self.set_live(key, live.clone());
+        Ok(live)
+    }
+
+    /// Destroy the tenant's sandbox `key`: the provider's sandbox, its
+    /// native snapshot, and the instance record.
+    pub async fn destroy(
+        &self,
+        stores: &Stores,
+        leases: &Leases,
+        tenant: &Tenant,
+        key: &str,
+    ) -> Result<(), Error> {
+        self.instance(stores, tenant, key).await?;
+        let cancel = CancellationToken::new();
+        let lease = leases.acquire(&format!("sandbox:{key}"), &cancel).await?.ok_or_else(|| {
+            Error::new(ErrorCode::Cancelled, "destroy cancelled while waiting for the lease")
+        })?;
+        let result = async {
+            // Re-read under the lease: an ensure may have replaced it.
+            let instance = self.instance(stores, tenant, key).await?;
+            let provider = self.providers.by_name(&instance.provider)?;
+            provider.destroy(&instance.provider_sandbox_id).await?;
+            if let Some(snap) = instance.native_snapshot.as_deref().and_then(NativeSnapshot::parse)
+                && let Err(e) = provider.delete_snapshot(&Snapshot { id: snap.id }).await
+            {
+                warn!(sandbox_key = %key, error = %e.message, "could not delete the native snapshot");
+            }
+            stores.instances.delete(key).await?;
+            self.forget(key);
+            info!(sandbox_key = %key, tenant = %tenant, "sandbox destroyed");
+            Ok::<_, Error>(())
+        }
+        .await;
+        let _ = lease.release().await;
+        result
+    }
+
+    /// Live sandboxes idle past their `keep_alive`: forgotten here and
+    /// stopped through their provider, so the next ensure resumes them.
+    pub async fn stop_idle(&self) {
+        let idle: Vec<(String, Live)> = {
+            let live = self.live.lock().expect("live sandboxes poisoned");
+            live.iter()
+                .filter(|(_, l)| !l.keep_alive.is_zero() && l.last_used.elapsed() > l.keep_alive)
+                .map(|(k, l)| (k.clone(), l.clone()))
+                .collect()
+        };
+        for (key, live) in idle {
+            self.forget(&key);
+            let Ok(provider) = self.providers.get(live.provider) else { continue };
+            match provider.stop(&live.provider_id).await {
+                Ok(()) => info!(sandbox_key = %key, "idle sandbox stopped (keep_alive passed)"),
+                Err(e) => warn!(sandbox_key = %key, error = %e.message, "stopping an idle sandbox failed"),
+            }
+        }
+    }
+}
+
+pub(crate) fn not_found(key: &str) -> Error {
+    Error::not_found(format!("sandbox {key} not found"))
+}
+
+fn provider_kind(definition: &api::SandboxDefinition) -> Result<ProviderKind, Error> {
+    match definition.provider.as_ref().and_then(|p| p.provider.as_ref()) {
+        Some(provider_spec::Provider::Local(_)) => Ok(ProviderKind::Local),
+        Some(provider_spec::Provider::Docker(_)) => Ok(ProviderKind::Docker),
+        None => Err(Error::invalid_field("definition.provider", "required")),
+    }
+}
+
+/// What the provider is asked to create. Holds no secret.
+pub(crate) fn spec_for(definition: &api::SandboxDefinition, key: &str, tenant: &Tenant) -> SandboxSpec {
+    let docker = match definition.provider.as_ref().and_then(|p| p.provider.as_ref()) {
+        Some(provider_spec::Provider::Docker(d)) => DockerOptions {
+            image: non_empty(&d.image),
+            user: non_empty(&d.user),
+            workdir: non_empty(&d.workdir),
+            memory_bytes: (d.memory_bytes > 0).then(|| i64::try_from(d.memory_bytes).unwrap_or(i64::MAX)),
+            cpus: (d.cpus > 0.0).then_some(d.cpus),
+            pids_limit: (d.pids_limit > 0).then_some(d.pids_limit),
+            read_only_root: d.read_only_root,
+            network: non_empty(&d.network),
+            mounts: d
+                .mounts
+                .iter()
+                .map(|m| MountSpec {
+                    source: m.source.clone(),
+                    target: m.target.clone(),
+                    read_only: m.read_only,
+                })
+                .collect(),
+        },
+        _ => DockerOptions::default(),
+    };
+    SandboxSpec {
+        key: key.to_string(),
+        tenant: tenant.as_str().to_string(),
+        definition_id: definition.id.clone(),
+        env: definition.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect::<BTreeMap<_, _>>(),
+        docker,
+    }
+}
+
+fn non_empty(s: &str) -> Option<String> {
+    (!s.is_empty()).then(|| s.to_string())
+}
+
+/// A native snapshot as the instance store keeps it: `<taken at, unix
+/// ms>|<provider snapshot id>`, so `snapshot_max_age` can be judged without
+/// asking the provider.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct NativeSnapshot {
+    taken_at_ms: i64,
+    id: String,
+}
+
+impl NativeSnapshot {
+    fn encode(&self) -> String {
+        format!("{}|{}", self.taken_at_ms, self.id)
+    }
+
+    fn parse(s: &str) -> Option<Self> {
+        let (at, id) = s.split_once('|')?;
+        Some(Self { taken_at_ms: at.parse().ok()?, id: id.to_string() })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn native_snapshots_round_trip_through_their_encoding() {
+        let s = NativeSnapshot { taken_at_ms: 1_700_000_000_123, id: "sandhold-snapshot:abc".into() };
+        assert_eq!(NativeSnapshot::parse(&s.encode()), Some(s));
+        assert_eq!(NativeSnapshot::parse("no-separator"), None);
+    }
+
+    #[test]
+    fn the_spec_carries_docker_options_and_no_secret() {
+        let def = api::SandboxDefinition {
+            id: "d".into(),
+            provider: Some(api::ProviderSpec {
+                provider: Some(provider_spec::Provider::Docker(api::DockerProvider {
+                    image: "img".into(),
+                    memory_bytes: 1 << 20,
+                    ..Default::default()
+                })),
+            }),
+            env: [("A".to_string(), "1".to_string())].into(),
+            secret_names: vec!["TOKEN".into()],
+            ..Default::default()
+        };
+        let spec = spec_for(&def, "k", &Tenant::new("t"));
+        assert_eq!(spec.docker.image.as_deref(), Some("img"));
+        assert_eq!(spec.docker.memory_bytes, Some(1 << 20));
+        assert_eq!(spec.docker.network, None, "no network unless asked");
+        assert_eq!(spec.env.len(), 1);
+    }
+}

@@ -1,0 +1,640 @@
+//! `SandboxService` over a real server socket: one lifecycle suite run for
+//! the local provider and for Docker (on the real engine), plus failed
+//! ensures and where secrets must never end up.
+
+mod provider_support;
+
+use std::io::Write;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use control_plane::config::{ConfigLayer, ServeConfig};
+use control_plane::server::RunningServer;
+use shared::proto::v1 as api;
+use shared::proto::v1::sandbox_service_client::SandboxServiceClient;
+use tokio_util::sync::CancellationToken;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::Channel;
+
+const PATIENCE: Duration = Duration::from_secs(180);
+const IMAGE: &str = "sandhold-test-busybox:latest";
+
+type Client = SandboxServiceClient<InterceptedService<Channel, Bearer>>;
+
+#[derive(Clone)]
+struct Bearer(tonic::metadata::MetadataValue<tonic::metadata::Ascii>);
+
+impl tonic::service::Interceptor for Bearer {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        req.metadata_mut().insert("authorization", self.0.clone());
+        Ok(req)
+    }
+}
+
+/// Everything the server logs in this test binary, to search for secrets.
+fn captured_logs() -> &'static Arc<Mutex<Vec<u8>>> {
+    static LOGS: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
+    LOGS.get_or_init(|| {
+        let logs = Arc::new(Mutex::new(Vec::new()));
+        let sink = logs.clone();
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter("debug,h2=info,hyper=info,tower=info,sqlx=info,bollard=info")
+            .with_writer(move || Capture(sink.clone()))
+            .try_init();
+        logs
+    })
+}
+
+struct Capture(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Capture {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+struct Harness {
+    server: Option<RunningServer>,
+    dir: tempfile::TempDir,
+    nonce: String,
+    tenant: String,
+    acme: Client,
+    other: Client,
+}
+
+impl Harness {
+    async fn start() -> Self {
+        captured_logs();
+        let dir = tempfile::Builder::new().prefix("sh").tempdir_in("/tmp").unwrap();
+        let nonce = uuid::Uuid::new_v4().simple().to_string()[..10].to_string();
+        let tenant = format!("acme{nonce}");
+        let agent = provider_support::static_agent();
+        let layer = ConfigLayer {
+            listen: Some("127.0.0.1:0".parse().unwrap()),
+            data_dir: Some(dir.path().to_path_buf()),
+            shutdown_grace_ms: Some(5_000),
+            tokens: Some(vec![
+                format!("{tenant}=tok-a-{nonce}").parse().unwrap(),
+                format!("other{nonce}=tok-b-{nonce}").parse().unwrap(),
+            ]),
+            agent_binary: Some(agent.clone()),
+            agent_static_binary: Some(agent),
+            ..Default::default()
+        };
+        let config = ServeConfig::resolve(layer).unwrap();
+        let server = control_plane::server::start(config, CancellationToken::new()).await.unwrap();
+        let addr = server.local_addr();
+        let channel = Channel::from_shared(format!("http://{addr}")).unwrap().connect().await.unwrap();
+        let client = |token: String| {
+            SandboxServiceClient::with_interceptor(
+                channel.clone(),
+                Bearer(format!("Bearer {token}").parse().unwrap()),
+            )
+        };
+        let acme = client(format!("tok-a-{nonce}"));
+        let other = client(format!("tok-b-{nonce}"));
+        let mut h = Self { server: Some(server), dir, nonce, tenant, acme, other };
+        // Wait for readiness (stores open in the background).
+        let until = std::time::Instant::now() + PATIENCE;
+        loop {
+            match h.acme.list_definitions(api::ListDefinitionsRequest {}).await {
+                Ok(_) => break,
+                Err(s) if s.code() == tonic::Code::Unavailable && std::time::Instant::now() < until => {
+                    tokio::time::sleep(Duration::from_millis(100)).await
+                }
+                Err(s) => panic!("server never became ready: {s}"),
+            }
+        }
+        h
+    }
+
+    async fn stop(&mut self) {
+        if let Some(s) = self.server.take() {
+            s.stop().await.unwrap();
+        }
+    }
+}
+
+/// Removes every container and snapshot image of the test's tenant, also
+/// when the test fails.
+struct DockerCleanup {
+    tenant: String,
+}
+
+impl Drop for DockerCleanup {
+    fn drop(&mut self) {
+        let ids = docker_ids("ps", &format!("label=dev.sandhold.tenant={}", self.tenant));
+        if !ids.is_empty() {
+            let _ = std::process::Command::new("docker").arg("rm").arg("-f").args(&ids).output();
+        }
+        let images = docker_ids("images", &format!("label=dev.sandhold.tenant={}", self.tenant));
+        if !images.is_empty() {
+            let _ = std::process::Command::new("docker").args(["rmi", "-f"]).args(&images).output();
+        }
+    }
+}
+
+fn docker_ids(what: &str, filter: &str) -> Vec<String> {
+    let mut cmd = std::process::Command::new("docker");
+    cmd.arg(what);
+    if what == "ps" {
+        cmd.arg("-a");
+    }
+    let out = cmd.args(["-q", "--filter", filter]).output().expect("docker");
+    String::from_utf8_lossy(&out.stdout).split_whitespace().map(str::to_string).collect()
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Kind {
+    Local,
+    Docker,
+}
+
+fn provider(kind: Kind) -> api::ProviderSpec {
+    let provider = match kind {
+        Kind::Local => api::provider_spec::Provider::Local(api::LocalProvider {}),
+        Kind::Docker => api::provider_spec::Provider::Docker(api::DockerProvider {
+            image: IMAGE.into(),
+            ..Default::default()
+        }),
+    };
+    api::ProviderSpec { provider: Some(provider) }
+}
+
+fn serial(cmd: &str) -> api::SetupStep {
+    api::SetupStep { step: Some(api::setup_step::Step::Serial(cmd.into())) }
+}
+
+fn definition(id: &str, kind: Kind, setup: Vec<api::SetupStep>) -> api::SandboxDefinition {
+    api::SandboxDefinition {
+        id: id.into(),
+        provider: Some(provider(kind)),
+        workspace: Some(api::WorkspaceDefinition { setup, ..Default::default() }),
+        secret_names: vec!["API_TOKEN".into()],
+        env: [("PLAIN".to_string(), "plain-value".to_string())].into(),
+        ..Default::default()
+    }
+}
+
+fn ensure_req(def: &str, thread: &str, secret: &str) -> api::EnsureSandboxRequest {
+    api::EnsureSandboxRequest {
+        definition_id: def.into(),
+        thread_id: thread.into(),
+        secrets: [("API_TOKEN".to_string(), secret.to_string())].into(),
+        run_id: String::new(),
+    }
+}
+
+/// All events of one ensure: the progress in order, then the ready or the
+/// error that ended the stream. Panics if anything follows the end.
+async fn ensure(
+    client: &mut Client,
+    req: api::EnsureSandboxRequest,
+) -> (Vec<api::EnsureProgress>, Result<api::EnsureReady, tonic::Status>) {
+    let mut stream =
+        tokio::time::timeout(PATIENCE, client.ensure_sandbox(req)).await.unwrap().unwrap().into_inner();
+    let mut progress = Vec::new();
+    loop {
+        match tokio::time::timeout(PATIENCE, stream.message()).await.expect("ensure stalled") {
+            Ok(Some(m)) => match m.event.unwrap() {
+                api::ensure_sandbox_response::Event::Progress(p) => progress.push(p),
+                api::ensure_sandbox_response::Event::Ready(r) => {
+                    assert!(stream.message().await.unwrap().is_none(), "nothing after ready");
+                    return (progress, Ok(r));
+                }
+            },
+            Ok(None) => panic!("ensure stream ended without ready or error"),
+            Err(status) => return (progress, Err(status)),
+        }
+    }
+}
+
+fn phases(progress: &[api::EnsureProgress]) -> Vec<api::EnsurePhase> {
+    let mut out: Vec<api::EnsurePhase> = Vec::new();
+    for p in progress {
+        let phase = api::EnsurePhase::try_from(p.phase).unwrap();
+        if out.last() != Some(&phase) {
+            out.push(phase);
+        }
+    }
+    out
+}
+
+async fn sh(client: &mut Client, sandbox: &str, script: &str) -> (i32, String) {
+    let resp = client
+        .exec(api::ExecRequest {
+            sandbox_id: sandbox.into(),
+            command: Some(api::Command { kind: Some(api::command::Kind::Shell(script.into())) }),
+            timeout_ms: Some(60_000),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let code = match resp.status.and_then(|s| s.status) {
+        Some(api::exit_status::Status::Code(c)) => c,
+        other => panic!("no exit code: {other:?}"),
+    };
+    (code, String::from_utf8_lossy(&resp.stdout).into_owned())
+}
+
+async fn lifecycle_suite(kind: Kind) {
+    let mut h = Harness::start().await;
+    let _cleanup = DockerCleanup { tenant: h.tenant.clone() };
+    let secret1 = format!("s3cret-one-{}", h.nonce);
+    let secret2 = format!("s3cret-two-{}", h.nonce);
+    let def = definition(
+        "dev",
+        kind,
+        vec![
+            serial("mkdir -p d && echo one > d/f && echo tok=$API_TOKEN && cd d"),
+            api::SetupStep {
+                step: Some(api::setup_step::Step::Parallel(api::ParallelGroup {
+                    // Parallel commands start from the shell's cwd (d/).
+                    commands: vec!["echo a > a.txt".into(), "echo b > b.txt".into()],
+                })),
+            },
+        ],
+    );
+    h.acme.put_definition(api::PutDefinitionRequest { definition: Some(def.clone()) }).await.unwrap();
+    let got =
+        h.acme.get_definition(api::GetDefinitionRequest { id: "dev".into() }).await.unwrap().into_inner();
+    assert_eq!(got.definition.unwrap(), def);
+
+    // create
+    let (progress, ready) = ensure(&mut h.acme, ensure_req("dev", "t1", &secret1)).await;
+    let ready = ready.expect("first ensure");
+    assert_eq!(ready.outcome, api::EnsureOutcome::Created as i32);
+    let sandbox = ready.sandbox_id.clone();
+    let mut expected = vec![api::EnsurePhase::Resolving, api::EnsurePhase::Creating, api::EnsurePhase::Setup];
+    if kind == Kind::Docker {
+        expected.push(api::EnsurePhase::Snapshotting);
+    }
+    assert_eq!(phases(&progress), expected);
+    let steps: Vec<(u32, u32)> = progress
+        .iter()
+        .filter(|p| p.phase == api::EnsurePhase::Setup as i32)
+        .map(|p| (p.step, p.steps))
+        .collect();
+    assert!(steps.contains(&(1, 2)) && steps.contains(&(2, 2)), "{steps:?}");
+    let lines: Vec<&str> =
+        progress.iter().map(|p| p.output_line.as_str()).filter(|l| !l.is_empty()).collect();
+    assert!(lines.contains(&"tok=[redacted]"), "secret echoed by setup is redacted: {lines:?}");
+    let elapsed: Vec<u64> = progress.iter().map(|p| p.elapsed_ms).collect();
+    assert!(elapsed.windows(2).all(|w| w[0] <= w[1]), "in order: {elapsed:?}");
+    assert_eq!(sh(&mut h.acme, &sandbox, "cat d/f d/a.txt d/b.txt").await, (0, "one\na\nb\n".into()));
+    assert_eq!(
+        sh(&mut h.acme, &sandbox, "echo $PLAIN $API_TOKEN").await.1,
+        format!("plain-value {secret1}\n")
+    );
+    let provider_id = ready.sandbox.as_ref().unwrap().provider_sandbox_id.clone();
+
+    // resume, with a rotated secret: same key, same sandbox, new value
+    let (progress, ready) = ensure(&mut h.acme, ensure_req("dev", "t1", &secret2)).await;
+    let ready = ready.expect("second ensure");
+    assert_eq!(ready.outcome, api::EnsureOutcome::Resumed as i32);
+    assert_eq!(ready.sandbox_id, sandbox, "rotating a secret keeps the key");
+    assert_eq!(ready.sandbox.unwrap().provider_sandbox_id, provider_id);
+    assert_eq!(phases(&progress), vec![api::EnsurePhase::Resolving, api::EnsurePhase::Resuming]);
+    assert_eq!(sh(&mut h.acme, &sandbox, "echo $API_TOKEN").await.1, format!("{secret2}\n"));
+
+    // a changed setup is another sandbox
+    let mut changed = def.clone();
+    changed.id = "dev2".into();
+    h.acme.put_definition(api::PutDefinitionRequest { definition: Some(changed) }).await.unwrap();
+
+    // files
+    let header = api::WriteFileRequest {
+        request: Some(api::write_file_request::Request::Header(api::WriteFileHeader {
+            sandbox_id: sandbox.clone(),
+            path: "up/x.txt".into(),
+            make_parents: true,
+            ..Default::default()
+        })),
+    };
+    let data = |d: &[u8]| api::WriteFileRequest {
+        request: Some(api::write_file_request::Request::Data(d.to_vec())),
+    };
+    let written = h
+        .acme
+        .write_file(futures::stream::iter(vec![header, data(b"hello "), data(b"world")]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(written.bytes_written, 11);
+    let mut read = h
+        .acme
+        .read_file(api::ReadFileRequest {
+            sandbox_id: sandbox.clone(),
+            path: "up/x.txt".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut content = Vec::new();
+    while let Some(chunk) = read.message().await.unwrap() {
+        content.extend(chunk.data);
+    }
+    assert_eq!(content, b"hello world");
+    let stat = h
+        .acme
+        .stat_file(api::StatFileRequest {
+            sandbox_id: sandbox.clone(),
+            path: "up/x.txt".into(),
+            no_follow: false,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .info
+        .unwrap();
+    assert_eq!((stat.size, stat.r#type), (11, api::FileType::File as i32));
+    h.acme
+        .rename_file(api::RenameFileRequest {
+            sandbox_id: sandbox.clone(),
+            from: "up/x.txt".into(),
+            to: "up/y.txt".into(),
+        })
+        .await
+        .unwrap();
+    h.acme
+        .make_dir(api::MakeDirRequest { sandbox_id: sandbox.clone(), path: "up/sub".into(), parents: false })
+        .await
+        .unwrap();
+    let names: Vec<String> = h
+        .acme
+        .list_files(api::ListFilesRequest { sandbox_id: sandbox.clone(), path: "up".into(), depth: 1 })
+        .await
+        .unwrap()
+        .into_inner()
+        .entries
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    assert!(names.contains(&"y.txt".to_string()) && names.contains(&"sub".to_string()), "{names:?}");
+    assert!(!names.contains(&"x.txt".to_string()), "{names:?}");
+    h.acme
+        .remove_file(api::RemoveFileRequest {
+            sandbox_id: sandbox.clone(),
+            path: "up".into(),
+            recursive: true,
+        })
+        .await
+        .unwrap();
+    assert_eq!(sh(&mut h.acme, &sandbox, "test -e up; echo $?").await.1, "1\n");
+
+    // watch
+    let mut watch = h
+        .acme
+        .watch_files(api::WatchFilesRequest {
+            sandbox_id: sandbox.clone(),
+            recursive: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let first = tokio::time::timeout(PATIENCE, watch.message()).await.unwrap().unwrap().unwrap();
+    assert!(matches!(first.kind, Some(api::watch_files_response::Kind::Started(_))));
+    sh(&mut h.acme, &sandbox, "echo w > watched.txt").await;
+    let seen = tokio::time::timeout(PATIENCE, async {
+        loop {
+            let m = watch.message().await.unwrap().unwrap();
+            if let Some(api::watch_files_response::Kind::Event(e)) = m.kind
+                && e.path.ends_with("watched.txt")
+            {
+                return e;
+            }
+        }
+    })
+    .await
+    .expect("a watch event for watched.txt");
+    assert_ne!(seen.r#type, api::FileEventType::Unspecified as i32);
+    drop(watch);
+
+    // exec stream: stdin in, output out, exit code
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tx.send(api::ExecStreamRequest {
+        request: Some(api::exec_stream_request::Request::Start(api::ExecStreamStart {
+            sandbox_id: sandbox.clone(),
+            command: Some(api::Command { kind: Some(api::command::Kind::Shell("cat; exit 3".into())) }),
+            ..Default::default()
+        })),
+    })
+    .await
+    .unwrap();
+    let mut out =
+        h.acme.exec_stream(tokio_stream::wrappers::ReceiverStream::new(rx)).await.unwrap().into_inner();
+    tx.send(api::ExecStreamRequest {
+        request: Some(api::exec_stream_request::Request::Stdin(b"ping".to_vec())),
+    })
+    .await
+    .unwrap();
+    tx.send(api::ExecStreamRequest {
+        request: Some(api::exec_stream_request::Request::CloseStdin(api::CloseStdin {})),
+    })
+    .await
+    .unwrap();
+    let (mut stdout, mut exit) = (Vec::new(), None);
+    while let Some(m) = tokio::time::timeout(PATIENCE, out.message()).await.unwrap().unwrap() {
+        match m.event {
+            Some(api::exec_stream_response::Event::Output(o)) => stdout.extend(o.data),
+            Some(api::exec_stream_response::Event::Exited(x)) => exit = x.status,
+            _ => {}
+        }
+    }
+    assert_eq!(stdout, b"ping");
+    assert_eq!(exit, Some(api::exit_status::Status::Code(3)));
+
+    // tenant isolation: the other tenant sees nothing of it
+    let nf = |r: Result<(), tonic::Status>| assert_eq!(r.unwrap_err().code(), tonic::Code::NotFound);
+    nf(h.other.get_sandbox(api::GetSandboxRequest { sandbox_id: sandbox.clone() }).await.map(drop));
+    nf(h.other
+        .exec(api::ExecRequest {
+            sandbox_id: sandbox.clone(),
+            command: Some(api::Command { kind: Some(api::command::Kind::Shell("true".into())) }),
+            ..Default::default()
+        })
+        .await
+        .map(drop));
+    nf(h.other.destroy_sandbox(api::DestroySandboxRequest { sandbox_id: sandbox.clone() }).await.map(drop));
+    nf(h.other.get_definition(api::GetDefinitionRequest { id: "dev".into() }).await.map(drop));
+    assert!(
+        h.other
+            .list_sandboxes(api::ListSandboxesRequest::default())
+            .await
+            .unwrap()
+            .into_inner()
+            .sandboxes
+            .is_empty()
+    );
+
+    // concurrent ensures of a new thread: one sandbox
+    let mut calls = Vec::new();
+    for _ in 0..4 {
+        let mut c = h.acme.clone();
+        let req = ensure_req("dev", "t-conc", &secret1);
+        calls.push(tokio::spawn(async move { ensure(&mut c, req).await.1.expect("concurrent ensure") }));
+    }
+    let mut readies = Vec::new();
+    for c in calls {
+        readies.push(c.await.unwrap());
+    }
+    let created = readies.iter().filter(|r| r.outcome == api::EnsureOutcome::Created as i32).count();
+    assert_eq!(created, 1, "{readies:?}");
+    assert!(readies.iter().all(|r| r.sandbox_id == readies[0].sandbox_id));
+    assert_ne!(readies[0].sandbox_id, sandbox, "another thread is another sandbox");
+    if kind == Kind::Docker {
+        let key = &readies[0].sandbox_id;
+        assert_eq!(docker_ids("ps", &format!("label=dev.sandhold.sandbox-key={key}")).len(), 1);
+    }
+    let listed =
+        h.acme.list_sandboxes(api::ListSandboxesRequest::default()).await.unwrap().into_inner().sandboxes;
+    assert_eq!(listed.len(), 2);
+
+    // restore from the native snapshot: the container is gone, the image is not
+    if kind == Kind::Docker {
+        let out = std::process::Command::new("docker").args(["rm", "-f", &provider_id]).output().unwrap();
+        assert!(out.status.success());
+        let (progress, ready) = ensure(&mut h.acme, ensure_req("dev", "t1", &secret1)).await;
+        let ready = ready.expect("restore");
+        assert_eq!(ready.outcome, api::EnsureOutcome::SnapshotRestored as i32);
+        assert_eq!(ready.sandbox_id, sandbox);
+        assert!(!phases(&progress).contains(&api::EnsurePhase::Setup), "setup does not run again");
+        assert_eq!(
+            sh(&mut h.acme, &sandbox, "cat d/f; echo $API_TOKEN").await.1,
+            format!("one\n{secret1}\n")
+        );
+    }
+
+    // destroy
+    for id in [sandbox.clone(), readies[0].sandbox_id.clone()] {
+        h.acme.destroy_sandbox(api::DestroySandboxRequest { sandbox_id: id.clone() }).await.unwrap();
+        nf(h.acme.get_sandbox(api::GetSandboxRequest { sandbox_id: id.clone() }).await.map(drop));
+        if kind == Kind::Docker {
+            assert!(docker_ids("ps", &format!("label=dev.sandhold.sandbox-key={id}")).is_empty());
+        }
+    }
+    if kind == Kind::Local {
+        let left = std::fs::read_dir(h.dir.path().join("sandboxes")).unwrap().count();
+        assert_eq!(left, 0, "destroy removes the local sandbox directories");
+    }
+
+    h.stop().await;
+    // Secret values went to sandboxes only: not to the database, not to logs.
+    for secret in [&secret1, &secret2] {
+        for entry in std::fs::read_dir(h.dir.path()).unwrap() {
+            let path = entry.unwrap().path();
+            if path.file_name().unwrap().to_string_lossy().starts_with("sandhold.db") {
+                let bytes = std::fs::read(&path).unwrap();
+                assert!(!contains(&bytes, secret.as_bytes()), "{} holds a secret", path.display());
+            }
+        }
+        let logs = captured_logs().lock().unwrap();
+        assert!(!logs.is_empty(), "logs were captured");
+        assert!(!contains(&logs, secret.as_bytes()), "the server logged a secret");
+    }
+}
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+async fn failed_setup_suite(kind: Kind) {
+    let mut h = Harness::start().await;
+    let _cleanup = DockerCleanup { tenant: h.tenant.clone() };
+    let secret = format!("s3cret-fail-{}", h.nonce);
+    let def_id = format!("failing-{}", h.nonce);
+    let def = definition(
+        &def_id,
+        kind,
+        vec![serial("echo fine"), serial("echo before; echo oops-$API_TOKEN >&2; exit 7")],
+    );
+    h.acme.put_definition(api::PutDefinitionRequest { definition: Some(def) }).await.unwrap();
+    let (progress, result) = ensure(&mut h.acme, ensure_req(&def_id, "t1", &secret)).await;
+    let status = result.expect_err("the setup step fails");
+    assert_eq!(status.code(), tonic::Code::FailedPrecondition, "{status:?}");
+    let msg = status.message();
+    assert!(msg.contains("setup step 2/2") && msg.contains("exit code 7"), "{msg}");
+    assert!(msg.contains("oops-[redacted]") && !msg.contains(&secret), "{msg}");
+    assert!(progress.iter().any(|p| p.output_line == "before"), "step output streamed");
+    let err = shared::error::Error::from_status(&status);
+    assert_eq!(err.metadata.get("exit_code").map(String::as_str), Some("7"));
+    assert_eq!(err.metadata.get("step").map(String::as_str), Some("2"));
+    match kind {
+        Kind::Docker => assert!(
+            docker_ids("ps", &format!("label=dev.sandhold.definition={def_id}")).is_empty(),
+            "a failed ensure leaves no container behind"
+        ),
+        Kind::Local => assert_eq!(std::fs::read_dir(h.dir.path().join("sandboxes")).unwrap().count(), 0),
+    }
+    assert!(
+        h.acme
+            .list_sandboxes(api::ListSandboxesRequest::default())
+            .await
+            .unwrap()
+            .into_inner()
+            .sandboxes
+            .is_empty()
+    );
+
+    // Workspace features of issue #6 are refused before anything is made.
+    let mut git = definition(&format!("git-{}", h.nonce), kind, vec![]);
+    git.workspace.as_mut().unwrap().source = Some(api::Source {
+        source: Some(api::source::Source::Git(api::GitSource {
+            url: "file:///nowhere".into(),
+            ..Default::default()
+        })),
+    });
+    h.acme.put_definition(api::PutDefinitionRequest { definition: Some(git.clone()) }).await.unwrap();
+    let (_, result) = ensure(&mut h.acme, ensure_req(&git.id, "t1", &secret)).await;
+    let status = result.expect_err("git source is not implemented yet");
+    assert_eq!(status.code(), tonic::Code::Unimplemented);
+    assert!(status.message().contains("#6"), "{}", status.message());
+
+    // Invalid definitions are refused with field violations.
+    let mut bad = definition("bad id", kind, vec![]);
+    bad.env.insert("API_TOKEN".into(), "inline".into());
+    let status =
+        h.acme.put_definition(api::PutDefinitionRequest { definition: Some(bad) }).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    let fields: Vec<String> =
+        shared::error::Error::from_status(&status).field_violations.into_iter().map(|(f, _)| f).collect();
+    assert!(
+        fields.contains(&"definition.id".to_string())
+            && fields.contains(&"definition.env[API_TOKEN]".to_string()),
+        "{fields:?}"
+    );
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn local_lifecycle() {
+    lifecycle_suite(Kind::Local).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn docker_lifecycle() {
+    if !sandhold_tests::services::docker() {
+        return;
+    }
+    lifecycle_suite(Kind::Docker).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn local_failed_setup() {
+    failed_setup_suite(Kind::Local).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn docker_failed_setup() {
+    if !sandhold_tests::services::docker() {
+        return;
+    }
+    failed_setup_suite(Kind::Docker).await;
+}
