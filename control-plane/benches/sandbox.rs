@@ -1,0 +1,191 @@
+//! `SandboxService` over a real server socket against plain `docker`
+//! baselines, measured in the same run, printed as a table:
+//!
+//! - cold: `EnsureSandbox` (Docker, no setup) until `ready` vs
+//!   `docker run --rm IMAGE true`
+//! - warm: `EnsureSandbox` of a running sandbox (`resumed`)
+//! - exec: `Exec` of `true` through the control plane vs
+//!   `docker exec CONTAINER true` on the same container
+//!
+//! `cargo bench -p control-plane --bench sandbox` (needs the Docker engine
+//! and the busybox test image; `SANDHOLD_BENCH_ROUNDS` sets the rounds,
+//! default 10).
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use control_plane::config::{ConfigLayer, ServeConfig};
+use shared::proto::v1 as api;
+use shared::proto::v1::sandbox_service_client::SandboxServiceClient;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
+
+const IMAGE: &str = "sandhold-test-busybox:latest";
+
+fn static_agent() -> PathBuf {
+    if let Some(path) = std::env::var_os("SANDHOLD_AGENT_STATIC_BIN") {
+        return PathBuf::from(path);
+    }
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/build-agent-static");
+    let out = std::process::Command::new(script).output().expect("running scripts/build-agent-static");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+}
+
+fn docker_cli(args: &[&str]) {
+    let out = std::process::Command::new("docker").args(args).output().expect("docker");
+    assert!(out.status.success(), "docker {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+struct Row {
+    name: &'static str,
+    samples: Vec<Duration>,
+}
+
+impl Row {
+    fn quantile(&self, q: f64) -> Duration {
+        let mut s = self.samples.clone();
+        s.sort();
+        s[((s.len() - 1) as f64 * q).round() as usize]
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+async fn ensure(client: &mut SandboxServiceClient<Channel>, thread: &str) -> api::EnsureReady {
+    let mut stream = client
+        .ensure_sandbox(api::EnsureSandboxRequest {
+            definition_id: "bench".into(),
+            thread_id: thread.into(),
+            ..Default::default()
+        })
+        .await
+        .expect("ensure")
+        .into_inner();
+    while let Some(m) = stream.message().await.expect("ensure stream") {
+        if let Some(api::ensure_sandbox_response::Event::Ready(r)) = m.event {
+            return r;
+        }
+    }
+    panic!("ensure ended without ready");
+}
+
+#[tokio::main]
+async fn main() {
+    if std::process::Command::new("docker").arg("info").output().map(|o| !o.status.success()).unwrap_or(true)
+    {
+        eprintln!("sandbox bench skipped: the Docker engine is not reachable");
+        return;
+    }
+    let rounds: usize =
+        std::env::var("SANDHOLD_BENCH_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(10);
+    let dir = tempfile::Builder::new().prefix("shb").tempdir_in("/tmp").unwrap();
+    let agent = static_agent();
+    let layer = ConfigLayer {
+        listen: Some("127.0.0.1:0".parse().unwrap()),
+        data_dir: Some(dir.path().to_path_buf()),
+        agent_binary: Some(agent.clone()),
+        agent_static_binary: Some(agent),
+        ..Default::default()
+    };
+    let server = control_plane::server::start(ServeConfig::resolve(layer).unwrap(), CancellationToken::new())
+        .await
+        .unwrap();
+    let channel =
+        Channel::from_shared(format!("http://{}", server.local_addr())).unwrap().connect().await.unwrap();
+    let mut client = SandboxServiceClient::new(channel);
+    let definition = api::SandboxDefinition {
+        id: "bench".into(),
+        provider: Some(api::ProviderSpec {
+            provider: Some(api::provider_spec::Provider::Docker(api::DockerProvider {
+                image: IMAGE.into(),
+                ..Default::default()
+            })),
+        }),
+        ..Default::default()
+    };
+    loop {
+        match client.put_definition(api::PutDefinitionRequest { definition: Some(definition.clone()) }).await
+        {
+            Ok(_) => break,
+            Err(s) if s.code() == tonic::Code::Unavailable => {
+                tokio::time::sleep(Duration::from_millis(50)).await
+            }
+            Err(s) => panic!("put definition: {s}"),
+        }
+    }
+
+    let mut cold = Vec::new();
+    for i in 0..rounds {
+        let thread = format!("cold-{i}");
+        let started = Instant::now();
+        let ready = ensure(&mut client, &thread).await;
+        cold.push(started.elapsed());
+        assert_eq!(ready.outcome, api::EnsureOutcome::Created as i32);
+        client.destroy_sandbox(api::DestroySandboxRequest { sandbox_id: ready.sandbox_id }).await.unwrap();
+    }
+    let mut docker_run = Vec::new();
+    for _ in 0..rounds {
+        let started = Instant::now();
+        docker_cli(&["run", "--rm", "--network", "none", IMAGE, "true"]);
+        docker_run.push(started.elapsed());
+    }
+
+    let ready = ensure(&mut client, "warm").await;
+    let sandbox = ready.sandbox_id.clone();
+    let container = ready.sandbox.unwrap().provider_sandbox_id;
+    let mut warm = Vec::new();
+    for _ in 0..rounds {
+        let started = Instant::now();
+        let r = ensure(&mut client, "warm").await;
+        warm.push(started.elapsed());
+        assert_eq!(r.outcome, api::EnsureOutcome::Resumed as i32);
+    }
+    let mut exec = Vec::new();
+    for _ in 0..rounds {
+        let started = Instant::now();
+        client
+            .exec(api::ExecRequest {
+                sandbox_id: sandbox.clone(),
+                command: Some(api::Command {
+                    kind: Some(api::command::Kind::Argv(api::Argv { args: vec!["true".into()] })),
+                }),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        exec.push(started.elapsed());
+    }
+    let mut docker_exec = Vec::new();
+    for _ in 0..rounds {
+        let started = Instant::now();
+        docker_cli(&["exec", &container, "true"]);
+        docker_exec.push(started.elapsed());
+    }
+    client.destroy_sandbox(api::DestroySandboxRequest { sandbox_id: sandbox }).await.unwrap();
+    server.stop().await.unwrap();
+
+    let rows = [
+        Row { name: "cold EnsureSandbox (docker)", samples: cold },
+        Row { name: "docker run --rm IMAGE true", samples: docker_run },
+        Row { name: "warm EnsureSandbox (resume)", samples: warm },
+        Row { name: "Exec true (control plane)", samples: exec },
+        Row { name: "docker exec CONTAINER true", samples: docker_exec },
+    ];
+    println!("{:<30} {:>6} {:>12} {:>12}", "operation", "n", "median ms", "p95 ms");
+    for r in &rows {
+        println!(
+            "{:<30} {:>6} {:>12.2} {:>12.2}",
+            r.name,
+            r.samples.len(),
+            ms(r.quantile(0.5)),
+            ms(r.quantile(0.95))
+        );
+    }
+    let ratio = |a: &Row, b: &Row| ms(a.quantile(0.5)) / ms(b.quantile(0.5));
+    println!();
+    println!("cold ensure / docker run (median): {:.2}x", ratio(&rows[0], &rows[1]));
+    println!("control-plane Exec / docker exec (median): {:.2}x", ratio(&rows[3], &rows[4]));
+}
