@@ -638,3 +638,39 @@ async fn docker_failed_setup() {
     }
     failed_setup_suite(Kind::Docker).await;
 }
+
+/// An idle sandbox past `keep_alive` is stopped by the server's sweeper;
+/// the next ensure resumes the same sandbox.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn docker_idle_sandbox_is_stopped_after_keep_alive() {
+    if !sandhold_tests::services::docker() {
+        return;
+    }
+    let mut h = Harness::start().await;
+    let _cleanup = DockerCleanup { tenant: h.tenant.clone() };
+    let secret = format!("s3cret-idle-{}", h.nonce);
+    let mut def = definition("idle", Kind::Docker, vec![]);
+    def.lifecycle = Some(api::Lifecycle { keep_alive_ms: 300, ..Default::default() });
+    h.acme.put_definition(api::PutDefinitionRequest { definition: Some(def) }).await.unwrap();
+    let ready = ensure(&mut h.acme, ensure_req("idle", "t1", &secret)).await.1.unwrap();
+    let container = ready.sandbox.unwrap().provider_sandbox_id;
+    let running = || {
+        let out = std::process::Command::new("docker")
+            .args(["inspect", "-f", "{{.State.Running}}", &container])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim() == "true"
+    };
+    assert!(running());
+    let until = std::time::Instant::now() + PATIENCE;
+    while running() {
+        assert!(std::time::Instant::now() < until, "the idle sandbox was never stopped");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let again = ensure(&mut h.acme, ensure_req("idle", "t1", &secret)).await.1.unwrap();
+    assert_eq!(again.outcome, api::EnsureOutcome::Resumed as i32);
+    assert_eq!(again.sandbox.unwrap().provider_sandbox_id, container);
+    assert_eq!(sh(&mut h.acme, &again.sandbox_id, "echo $API_TOKEN").await.1, format!("{secret}\n"));
+    h.acme.destroy_sandbox(api::DestroySandboxRequest { sandbox_id: again.sandbox_id }).await.unwrap();
+    h.stop().await;
+}
