@@ -68,6 +68,10 @@ struct Harness {
 
 impl Harness {
     async fn start() -> Self {
+        Self::start_with(None).await
+    }
+
+    async fn start_with(database_url: Option<String>) -> Self {
         captured_logs();
         let dir = tempfile::Builder::new().prefix("sh").tempdir_in("/tmp").unwrap();
         let nonce = uuid::Uuid::new_v4().simple().to_string()[..10].to_string();
@@ -76,6 +80,7 @@ impl Harness {
         let layer = ConfigLayer {
             listen: Some("127.0.0.1:0".parse().unwrap()),
             data_dir: Some(dir.path().to_path_buf()),
+            database_url,
             shutdown_grace_ms: Some(5_000),
             tokens: Some(vec![
                 format!("{tenant}=tok-a-{nonce}").parse().unwrap(),
@@ -673,4 +678,49 @@ async fn docker_idle_sandbox_is_stopped_after_keep_alive() {
     assert_eq!(sh(&mut h.acme, &again.sandbox_id, "echo $API_TOKEN").await.1, format!("{secret}\n"));
     h.acme.destroy_sandbox(api::DestroySandboxRequest { sandbox_id: again.sandbox_id }).await.unwrap();
     h.stop().await;
+}
+
+/// On PostgreSQL too, a secret passed to ensure and exec is in no table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_stores_no_secret() {
+    let Some(admin_url) = sandhold_tests::services::postgres_url() else { return };
+    let db = control_plane::store::testing::ScratchDatabase::create(&admin_url).await.unwrap();
+    let mut h = Harness::start_with(Some(db.url().to_string())).await;
+    let secret = format!("s3cret-pg-{}", h.nonce);
+    let def = definition("pg", Kind::Local, vec![serial("echo $API_TOKEN > token.txt")]);
+    h.acme.put_definition(api::PutDefinitionRequest { definition: Some(def) }).await.unwrap();
+    let ready = ensure(&mut h.acme, ensure_req("pg", "t1", &secret)).await.1.unwrap();
+    assert_eq!(sh(&mut h.acme, &ready.sandbox_id, "cat token.txt").await.1, format!("{secret}\n"));
+
+    let dump = table_dump(db.url()).await;
+    assert!(dump.contains(&ready.sandbox_id), "the dump sees the instance record");
+    assert!(!dump.contains(&secret), "a secret reached PostgreSQL");
+    h.acme.destroy_sandbox(api::DestroySandboxRequest { sandbox_id: ready.sandbox_id }).await.unwrap();
+    h.stop().await;
+    assert!(!contains(&captured_logs().lock().unwrap(), secret.as_bytes()), "the server logged a secret");
+    db.drop_database().await.unwrap();
+}
+
+/// Every row of every table of the public schema, as text.
+async fn table_dump(url: &str) -> String {
+    use sqlx::{Connection, Row};
+    let mut conn = sqlx::PgConnection::connect(url).await.unwrap();
+    let tables: Vec<String> =
+        sqlx::query("SELECT table_name::text FROM information_schema.tables WHERE table_schema = 'public'")
+            .fetch_all(&mut conn)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|r| r.get::<String, _>(0))
+            .collect();
+    let mut dump = String::new();
+    for table in tables {
+        let rows =
+            sqlx::query(&format!("SELECT t::text FROM \"{table}\" t")).fetch_all(&mut conn).await.unwrap();
+        for r in rows {
+            dump.push_str(&r.get::<String, _>(0));
+            dump.push('\n');
+        }
+    }
+    dump
 }
