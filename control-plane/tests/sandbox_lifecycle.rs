@@ -724,3 +724,39 @@ async fn table_dump(url: &str) -> String {
     }
     dump
 }
+
+/// A sandbox carrying the key's label that the instance store does not know
+/// (a replica died between create and record) is removed by the next
+/// ensure, not left next to the new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn docker_unrecorded_sandbox_of_a_key_is_replaced() {
+    if !sandhold_tests::services::docker() {
+        return;
+    }
+    let mut h = Harness::start().await;
+    let _cleanup = DockerCleanup { tenant: h.tenant.clone() };
+    let def = definition("orphan", Kind::Docker, vec![]);
+    h.acme.put_definition(api::PutDefinitionRequest { definition: Some(def.clone()) }).await.unwrap();
+    let key = control_plane::sandbox::key::sandbox_key(
+        &def,
+        control_plane::sandbox::key::KeyInput { tenant: &h.tenant, thread_id: "t1", run_id: None },
+    );
+    let out = std::process::Command::new("docker")
+        .args(["create", "--network", "none"])
+        .args(["--label", "dev.sandhold.managed=true"])
+        .args(["--label", &format!("dev.sandhold.sandbox-key={key}")])
+        .args(["--label", &format!("dev.sandhold.tenant={}", h.tenant)])
+        .args([IMAGE, "true"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let orphan = String::from_utf8_lossy(&out.stdout).trim().to_string();
+
+    let ready = ensure(&mut h.acme, ensure_req("orphan", "t1", "v")).await.1.unwrap();
+    assert_eq!(ready.sandbox_id, key, "the test computes the server's key");
+    let left = docker_ids("ps", &format!("label=dev.sandhold.sandbox-key={key}"));
+    assert_eq!(left.len(), 1, "{left:?}");
+    assert!(!orphan.starts_with(&left[0]), "the unrecorded container is gone");
+    h.acme.destroy_sandbox(api::DestroySandboxRequest { sandbox_id: key }).await.unwrap();
+    h.stop().await;
+}

@@ -232,6 +232,14 @@ impl Lifecycle {
             }
         }
 
+        // A sandbox of this key the store does not point at was never
+        // finished (a replica died between create and record): remove it
+        // rather than leave an orphan next to the new one.
+        let labels = BTreeMap::from([(crate::provider::LABEL_SANDBOX_KEY.to_string(), key.to_string())]);
+        for orphan in provider.list(&labels).await? {
+            warn!(sandbox_key = %key, provider_id = %orphan.provider_id, "removing an unrecorded sandbox of this key");
+            provider.destroy(&orphan.provider_id).await?;
+        }
         progress.phase(EnsurePhase::Creating, format!("creating a {} sandbox", provider.kind()));
         let sandbox = provider.create(spec).await?;
         match self.provision(input, provider, &sandbox, workspace, lifecycle, progress).await {

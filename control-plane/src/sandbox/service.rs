@@ -313,6 +313,10 @@ impl SandboxService for SandboxApi {
             })),
         };
         tx.send(start).await.map_err(|_| Error::internal("exec stream closed before start"))?;
+        // Held by the response stream: a client that half-closes its side
+        // after `start` must not end the agent's request stream (and with it
+        // the process) while output is still flowing.
+        let hold_open = tx.clone();
         tokio::spawn(async move {
             while let Ok(Some(message)) = inbound.message().await {
                 let request = match message.request {
@@ -333,7 +337,8 @@ impl SandboxService for SandboxApi {
             }
         });
         let outbound = live.agent.process().spawn(ReceiverStream::new(rx)).await?.into_inner();
-        let mapped = outbound.map(|item| {
+        let mapped = outbound.map(move |item| {
+            let _ = &hold_open;
             let event = item?.event.map(|e| match e {
                 agent::spawn_response::Event::Started(s) => {
                     api::exec_stream_response::Event::StartedPid(s.pid)
