@@ -151,7 +151,17 @@ impl Lifecycle {
             Error::new(ErrorCode::Cancelled, "ensure cancelled while waiting for the sandbox lease")
         })?;
         let result = self
-            .ensure_locked(stores, &input, &key, &spec, provider.as_ref(), &workspace, &lifecycle, progress)
+            .ensure_locked(
+                stores,
+                &input,
+                &key,
+                &spec,
+                provider.as_ref(),
+                &workspace,
+                &lifecycle,
+                progress,
+                &lease,
+            )
             .await;
         let _ = lease.release().await;
         let (sandbox, outcome, instance) = result?;
@@ -191,6 +201,7 @@ impl Lifecycle {
         workspace: &api::WorkspaceDefinition,
         lifecycle: &api::Lifecycle,
         progress: &Progress,
+        lease: &crate::lease::Lease,
     ) -> Result<(crate::provider::Sandbox, EnsureOutcome, Instance), Error> {
         let existing = match stores.instances.get(key).await {
             Ok(i) => Some(i),
@@ -201,8 +212,9 @@ impl Lifecycle {
         if let Some(instance) = existing {
             progress.phase(EnsurePhase::Resuming, "resuming the thread's sandbox");
             if let Some(sandbox) = provider.resume(&instance.provider_sandbox_id).await? {
-                let instance =
-                    self.record(stores, key, input, provider, &sandbox, instance.native_snapshot).await?;
+                let instance = self
+                    .record(stores, key, input, provider, &sandbox, instance.native_snapshot, lease)
+                    .await?;
                 return Ok((sandbox, EnsureOutcome::Resumed, instance));
             }
             snapshot = instance.native_snapshot.as_deref().and_then(NativeSnapshot::parse);
@@ -221,8 +233,9 @@ impl Lifecycle {
                 progress.phase(EnsurePhase::RestoringSnapshot, "restoring the sandbox from its snapshot");
                 match provider.restore(&Snapshot { id: snap.id.clone() }, spec).await {
                     Ok(sandbox) => {
-                        let instance =
-                            self.record(stores, key, input, provider, &sandbox, Some(snap.encode())).await?;
+                        let instance = self
+                            .record(stores, key, input, provider, &sandbox, Some(snap.encode()), lease)
+                            .await?;
                         return Ok((sandbox, EnsureOutcome::SnapshotRestored, instance));
                     }
                     Err(e) => {
@@ -244,7 +257,7 @@ impl Lifecycle {
         let sandbox = provider.create(spec).await?;
         match self.provision(input, provider, &sandbox, workspace, lifecycle, progress).await {
             Ok(native) => {
-                let instance = self.record(stores, key, input, provider, &sandbox, native).await?;
+                let instance = self.record(stores, key, input, provider, &sandbox, native, lease).await?;
                 Ok((sandbox, EnsureOutcome::Created, instance))
             }
             Err(e) => {
@@ -284,6 +297,7 @@ impl Lifecycle {
         Ok(Some(NativeSnapshot { taken_at_ms: Timestamp::now().as_millis(), id: snap.id }.encode()))
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn record(
         &self,
         stores: &Stores,
@@ -292,7 +306,16 @@ impl Lifecycle {
         provider: &dyn Provider,
         sandbox: &crate::provider::Sandbox,
         native_snapshot: Option<String>,
+        lease: &crate::lease::Lease,
     ) -> Result<Instance, Error> {
+        // Another replica may own the key by now; recording would overwrite
+        // its sandbox. An unrecorded sandbox is removed by the next ensure.
+        if lease.is_lost() {
+            return Err(Error::new(
+                ErrorCode::LeaseLost,
+                format!("lost the lease on sandbox {key} while ensuring it; retry"),
+            ));
+        }
         Ok(stores
             .instances
             .put(NewInstance {
