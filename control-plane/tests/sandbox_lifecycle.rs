@@ -501,6 +501,16 @@ async fn lifecycle_suite(kind: Kind) {
     let listed =
         h.acme.list_sandboxes(api::ListSandboxesRequest::default()).await.unwrap().into_inner().sandboxes;
     assert_eq!(listed.len(), 2);
+    let by_thread = h
+        .acme
+        .list_sandboxes(api::ListSandboxesRequest { thread_id: "t-conc".into() })
+        .await
+        .unwrap()
+        .into_inner()
+        .sandboxes;
+    assert_eq!(by_thread.len(), 1, "{by_thread:?}");
+    assert_eq!((by_thread[0].thread_id.as_str(), by_thread[0].definition_id.as_str()), ("t-conc", "dev"));
+    assert_eq!(by_thread[0].sandbox_id, readies[0].sandbox_id);
 
     // restore from the native snapshot: the container is gone, the image is not
     if kind == Kind::Docker {

@@ -64,8 +64,6 @@ pub(crate) struct Live {
     pub secrets: Arc<Secrets>,
     pub provider: ProviderKind,
     pub provider_id: String,
-    pub definition_id: String,
-    pub thread_id: String,
     pub keep_alive: Duration,
     pub destroy_on_complete: bool,
     pub last_used: Instant,
@@ -175,8 +173,6 @@ impl Lifecycle {
                 secrets,
                 provider: kind,
                 provider_id: sandbox.provider_id.clone(),
-                definition_id: definition.id.clone(),
-                thread_id: input.thread_id.clone(),
                 keep_alive: Duration::from_millis(lifecycle.keep_alive_ms),
                 destroy_on_complete: lifecycle.destroy_on_complete,
                 last_used: Instant::now(),
@@ -324,13 +320,14 @@ impl Lifecycle {
                 provider: provider.kind().as_str().to_string(),
                 provider_sandbox_id: sandbox.provider_id.clone(),
                 native_snapshot,
+                definition_id: input.definition.id.clone(),
+                thread_id: input.thread_id.clone(),
             })
             .await?)
     }
 
     /// The public view of an instance (with what this replica knows of it).
     pub(crate) fn describe(&self, instance: &Instance) -> api::Sandbox {
-        let live = self.live.lock().expect("live sandboxes poisoned").get(&instance.sandbox_key).cloned();
         let capabilities = self.providers.by_name(&instance.provider).ok().map(|p| {
             let c = p.capabilities();
             api::Capabilities {
@@ -345,8 +342,8 @@ impl Lifecycle {
         });
         api::Sandbox {
             sandbox_id: instance.sandbox_key.clone(),
-            definition_id: live.as_ref().map(|l| l.definition_id.clone()).unwrap_or_default(),
-            thread_id: live.as_ref().map(|l| l.thread_id.clone()).unwrap_or_default(),
+            definition_id: instance.definition_id.clone(),
+            thread_id: instance.thread_id.clone(),
             provider: instance.provider.clone(),
             provider_sandbox_id: instance.provider_sandbox_id.clone(),
             created_at_ms: instance.created_at.as_millis(),
@@ -394,8 +391,6 @@ impl Lifecycle {
             secrets: Arc::default(),
             provider: provider.kind(),
             provider_id: sandbox.provider_id,
-            definition_id: String::new(),
-            thread_id: String::new(),
             keep_alive: Duration::ZERO,
             destroy_on_complete: false,
             last_used: Instant::now(),

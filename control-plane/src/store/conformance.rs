@@ -628,16 +628,20 @@ async fn instances_put_get_list_and_delete(b: &Backend) {
         provider: "docker".into(),
         provider_sandbox_id: id.into(),
         native_snapshot: None,
+        definition_id: format!("def-{id}"),
+        thread_id: format!("thread-{id}"),
     };
     let first = instances.put(new("k1", "acme", "c-1")).await.unwrap();
     assert_eq!(instances.get("k1").await.unwrap(), first);
     assert_eq!(first.provider_sandbox_id, "c-1");
+    assert_eq!((first.definition_id.as_str(), first.thread_id.as_str()), ("def-c-1", "thread-c-1"));
     instances.put(new("k2", "globex", "c-2")).await.unwrap();
     instances.put(new("k0", "acme", "c-0")).await.unwrap();
 
     let replaced = instances.put(new("k1", "acme", "c-1b")).await.unwrap();
     assert_eq!(replaced.created_at, first.created_at, "created_at survives a replace");
     assert_eq!(replaced.provider_sandbox_id, "c-1b");
+    assert_eq!(replaced.thread_id, "thread-c-1b", "a replace updates the thread too");
     let snap = instances.set_native_snapshot("k1", Some("image:abc".into())).await.unwrap();
     assert_eq!(snap.native_snapshot.as_deref(), Some("image:abc"));
     assert_eq!(instances.get("k1").await.unwrap().native_snapshot.as_deref(), Some("image:abc"));

@@ -430,6 +430,9 @@ pub struct Instance {
     pub provider_sandbox_id: String,
     /// The latest provider-native snapshot (e.g. a committed image).
     pub native_snapshot: Option<String>,
+    /// The definition and thread the sandbox was ensured for.
+    pub definition_id: String,
+    pub thread_id: String,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
 }
@@ -441,6 +444,8 @@ pub struct NewInstance {
     pub provider: String,
     pub provider_sandbox_id: String,
     pub native_snapshot: Option<String>,
+    pub definition_id: String,
+    pub thread_id: String,
 }
 
 #[async_trait]

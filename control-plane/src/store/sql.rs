@@ -27,7 +27,8 @@ pub(super) use not_terminal;
 
 macro_rules! instance_columns {
     () => {
-        "sandbox_key, tenant, provider, provider_sandbox_id, native_snapshot, created_at, updated_at"
+        "sandbox_key, tenant, provider, provider_sandbox_id, native_snapshot, definition_id, thread_id, \
+         created_at, updated_at"
     };
 }
 pub(super) use instance_columns;
@@ -129,6 +130,8 @@ pub(super) struct InstanceRow {
     provider: String,
     provider_sandbox_id: String,
     native_snapshot: Option<String>,
+    definition_id: String,
+    thread_id: String,
     created_at: i64,
     updated_at: i64,
 }
@@ -141,6 +144,8 @@ impl From<InstanceRow> for Instance {
             provider: row.provider,
             provider_sandbox_id: row.provider_sandbox_id,
             native_snapshot: row.native_snapshot,
+            definition_id: row.definition_id,
+            thread_id: row.thread_id,
             created_at: Timestamp::from_millis(row.created_at),
             updated_at: Timestamp::from_millis(row.updated_at),
         }
@@ -442,10 +447,11 @@ macro_rules! impl_shared_stores {
                 let row = sqlx::query_as::<_, InstanceRow>(concat!(
                     "INSERT INTO instances (",
                     instance_columns!(),
-                    ") VALUES ($1, $2, $3, $4, $5, $6, $6) ON CONFLICT (sandbox_key) DO UPDATE SET \
+                    ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $8) ON CONFLICT (sandbox_key) DO UPDATE SET \
                      tenant = excluded.tenant, provider = excluded.provider, \
                      provider_sandbox_id = excluded.provider_sandbox_id, \
-                     native_snapshot = excluded.native_snapshot, updated_at = excluded.updated_at \
+                     native_snapshot = excluded.native_snapshot, definition_id = excluded.definition_id, \
+                     thread_id = excluded.thread_id, updated_at = excluded.updated_at \
                      RETURNING ",
                     instance_columns!()
                 ))
@@ -454,6 +460,8 @@ macro_rules! impl_shared_stores {
                 .bind(&instance.provider)
                 .bind(&instance.provider_sandbox_id)
                 .bind(&instance.native_snapshot)
+                .bind(&instance.definition_id)
+                .bind(&instance.thread_id)
                 .bind(now)
                 .fetch_one(&self.pool)
                 .await?;
