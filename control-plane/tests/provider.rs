@@ -289,6 +289,33 @@ async fn local_resume_restarts_an_agent_whose_supervisor_died() {
 }
 
 #[tokio::test]
+async fn local_stop_ends_every_process_and_resume_brings_the_sandbox_back() {
+    let h = local();
+    let sandbox = h.provider.create(&h.spec("stop")).await.unwrap();
+    let agent = connect(&sandbox).await;
+    sh_ok(&agent, "echo kept > f").await;
+    let init_pid: i32 = std::fs::read_to_string(h.dirs.join(&sandbox.provider_id).join("agent.pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+
+    h.provider.stop(&sandbox.provider_id).await.unwrap();
+    assert!(eventually(30, || !PathBuf::from(format!("/proc/{init_pid}")).exists()).await);
+    assert!(
+        control_plane::agent::AgentClient::connect(&sandbox.address, &sandbox.token).await.is_err(),
+        "the agent still answers after stop"
+    );
+    let listed = h.provider.list(&BTreeMap::new()).await.unwrap();
+    assert!(!listed[0].running, "a stopped sandbox is listed as not running");
+    assert!(h.dirs.join(&sandbox.provider_id).is_dir(), "stop keeps the sandbox's directory");
+
+    let revived = h.provider.resume(&sandbox.provider_id).await.unwrap().expect("stopped, not gone");
+    assert_eq!(sh_ok(&connect(&revived).await, "cat f").await, "kept\n");
+    h.provider.destroy(&sandbox.provider_id).await.unwrap();
+}
+
+#[tokio::test]
 async fn local_failed_create_leaves_no_directory() {
     let tmp = tempfile::Builder::new().prefix("sh-f").tempdir_in("/tmp").unwrap();
     let mut options = LocalProviderOptions::new(tmp.path());

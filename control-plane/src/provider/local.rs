@@ -71,6 +71,16 @@ pub struct LocalProvider {
 }
 
 impl LocalProvider {
+    /// Kill the sandbox's init and everything below it (see
+    /// [`kill_sandbox_processes`]); shared by stop and destroy.
+    async fn kill_processes(dir: &Path) -> Result<()> {
+        let dir = dir.to_path_buf();
+        let init = Self::live_init(&dir);
+        tokio::task::spawn_blocking(move || kill_sandbox_processes(init, &dir))
+            .await
+            .map_err(|e| Error::internal(format!("killing the sandbox's processes: {e}")))
+    }
+
     pub fn new(options: LocalProviderOptions) -> Result<Self> {
         let agent_binary = match options.agent_binary {
             Some(path) => path,
@@ -288,16 +298,24 @@ impl Provider for LocalProvider {
         if !dir.exists() {
             return Ok(());
         }
-        let dir_for_kill = dir.clone();
-        let init = Self::live_init(&dir);
-        tokio::task::spawn_blocking(move || kill_sandbox_processes(init, &dir_for_kill))
-            .await
-            .map_err(|e| Error::internal(format!("killing the sandbox's processes: {e}")))?;
+        Self::kill_processes(&dir).await?;
         tokio::fs::remove_dir_all(&dir).await.or_else(|e| match e.kind() {
             std::io::ErrorKind::NotFound => Ok(()),
             _ => Err(io_error(&dir, "removing", e)),
         })?;
         tracing::info!(sandbox_id = %provider_id, "local sandbox destroyed");
+        Ok(())
+    }
+
+    /// Stops every process of the sandbox and keeps its directory;
+    /// [`Provider::resume`] starts a new agent on it.
+    async fn stop(&self, provider_id: &str) -> Result<()> {
+        let dir = self.sandbox_dir(provider_id)?;
+        if !dir.exists() {
+            return Ok(());
+        }
+        Self::kill_processes(&dir).await?;
+        tracing::info!(sandbox_id = %provider_id, "local sandbox stopped");
         Ok(())
     }
 
