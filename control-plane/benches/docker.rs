@@ -9,46 +9,15 @@
 //! `cargo bench -p control-plane --bench docker` (needs the Docker engine and
 //! the busybox test image; `SANDHOLD_BENCH_ROUNDS` sets the rounds, default 10).
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use control_plane::agent::AgentClient;
 use control_plane::provider::{DockerProvider, DockerProviderOptions, Provider, SandboxSpec};
 use shared::proto::agent::v1::{Argv, Command, ExecRequest, command};
 
-const IMAGE: &str = "sandhold-test-busybox:latest";
+mod support;
 
-fn static_agent() -> PathBuf {
-    if let Some(path) = std::env::var_os("SANDHOLD_AGENT_STATIC_BIN") {
-        return PathBuf::from(path);
-    }
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/build-agent-static");
-    let out = std::process::Command::new(script).output().expect("running scripts/build-agent-static");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
-}
-
-fn docker_cli(args: &[&str]) {
-    let out = std::process::Command::new("docker").args(args).output().expect("docker");
-    assert!(out.status.success(), "docker {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-}
-
-struct Row {
-    name: &'static str,
-    samples: Vec<Duration>,
-}
-
-impl Row {
-    fn quantile(&self, q: f64) -> Duration {
-        let mut s = self.samples.clone();
-        s.sort();
-        s[((s.len() - 1) as f64 * q).round() as usize]
-    }
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
-}
+use support::{IMAGE, Row, docker_cli, ms, static_agent};
 
 async fn time<F, Fut>(rounds: usize, mut f: F) -> Vec<Duration>
 where
