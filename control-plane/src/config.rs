@@ -82,6 +82,7 @@ struct FileToken {
 #[serde(deny_unknown_fields)]
 pub struct ConfigLayer {
     pub listen: Option<SocketAddr>,
+    pub metrics_listen: Option<SocketAddr>,
     pub data_dir: Option<PathBuf>,
     pub database_url: Option<String>,
     pub redis_url: Option<String>,
@@ -116,6 +117,7 @@ impl ConfigLayer {
     pub fn merge(self, higher: ConfigLayer) -> ConfigLayer {
         ConfigLayer {
             listen: higher.listen.or(self.listen),
+            metrics_listen: higher.metrics_listen.or(self.metrics_listen),
             data_dir: higher.data_dir.or(self.data_dir),
             database_url: higher.database_url.or(self.database_url),
             redis_url: higher.redis_url.or(self.redis_url),
@@ -136,6 +138,8 @@ impl ConfigLayer {
 #[derive(Debug, Clone)]
 pub struct ServeConfig {
     pub listen: SocketAddr,
+    /// Where Prometheus scrapes `/metrics`; `None`: no metrics endpoint.
+    pub metrics_listen: Option<SocketAddr>,
     pub data_dir: PathBuf,
     /// May carry a password: print through [`redact_url`].
     pub database_url: String,
@@ -175,6 +179,7 @@ impl ServeConfig {
             layer.database_url.unwrap_or_else(|| crate::store::default_database_url(&data_dir));
         let config = ServeConfig {
             listen: layer.listen.unwrap_or_else(|| DEFAULT_LISTEN.parse().expect("valid default address")),
+            metrics_listen: layer.metrics_listen,
             database_url,
             redis_url: layer.redis_url.filter(|u| !u.is_empty()),
             lease_ttl: Duration::from_millis(layer.lease_ttl_ms.unwrap_or(DEFAULT_LEASE_TTL_MS)),
@@ -218,6 +223,8 @@ impl ServeConfig {
         #[derive(Serialize)]
         struct Printed<'a> {
             listen: String,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            metrics_listen: Option<String>,
             data_dir: &'a Path,
             database_url: String,
             #[serde(skip_serializing_if = "Option::is_none")]
@@ -236,6 +243,7 @@ impl ServeConfig {
         }
         let printed = Printed {
             listen: self.listen.to_string(),
+            metrics_listen: self.metrics_listen.map(|a| a.to_string()),
             data_dir: &self.data_dir,
             database_url: redact_url(&self.database_url),
             redis_url: self.redis_url.as_deref().map(redact_url),

@@ -8,6 +8,7 @@ pub mod cli;
 pub mod config;
 pub mod harness;
 pub mod lease;
+pub mod metrics;
 pub mod provider;
 pub mod sandbox;
 pub mod server;

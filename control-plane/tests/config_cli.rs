@@ -113,3 +113,14 @@ fn invalid_settings_fail_with_a_message() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("at most half the ttl"));
 }
+
+#[test]
+fn metrics_endpoint_is_off_unless_set() {
+    let defaults = print_config(&["--data-dir", "/d"], &[]);
+    assert!(!defaults.contains("metrics_listen"), "off by default:\n{defaults}");
+    let env = print_config(&[], &[("SANDHOLD_METRICS_LISTEN", "127.0.0.1:9464")]);
+    assert_eq!(value(&env, "metrics_listen"), "\"127.0.0.1:9464\"");
+    let flag =
+        print_config(&["--metrics-listen", "0.0.0.0:9465"], &[("SANDHOLD_METRICS_LISTEN", "127.0.0.1:9464")]);
+    assert_eq!(value(&flag, "metrics_listen"), "\"0.0.0.0:9465\"", "flag beats env");
+}

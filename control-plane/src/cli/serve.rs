@@ -29,6 +29,11 @@ pub struct ServeArgs {
     #[arg(long, env = "SANDHOLD_LISTEN", value_name = "ADDR")]
     pub listen: Option<SocketAddr>,
 
+    /// Serve Prometheus metrics at http://ADDR/metrics, apart from the gRPC
+    /// port; no token needed, no tenant data [default: off].
+    #[arg(long, env = "SANDHOLD_METRICS_LISTEN", value_name = "ADDR")]
+    pub metrics_listen: Option<SocketAddr>,
+
     /// Data directory [default: the user's data dir + /sandhold].
     #[arg(long, env = "SANDHOLD_DATA_DIR", value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
@@ -92,6 +97,7 @@ impl ServeArgs {
     fn layer(&self) -> ConfigLayer {
         ConfigLayer {
             listen: self.listen,
+            metrics_listen: self.metrics_listen,
             data_dir: self.data_dir.clone(),
             database_url: self.database_url.clone(),
             redis_url: self.redis_url.clone(),

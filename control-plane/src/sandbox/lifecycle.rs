@@ -112,8 +112,24 @@ impl Lifecycle {
         self.live.lock().expect("live sandboxes poisoned").remove(key);
     }
 
-    /// Resume, restore or create the sandbox of `input`.
+    /// Resume, restore or create the sandbox of `input`. Counted in
+    /// `sandhold_sandbox_ensures_total` by outcome (`failed` for any error).
     pub async fn ensure(
+        &self,
+        stores: &Stores,
+        leases: &Leases,
+        input: EnsureInput,
+        progress: &Progress,
+    ) -> Result<api::EnsureReady, Error> {
+        let result = self.ensure_uncounted(stores, leases, input, progress).await;
+        match &result {
+            Ok(ready) => crate::metrics::sandboxes().ensured(ready.outcome()),
+            Err(_) => crate::metrics::sandboxes().ensure_failed(),
+        }
+        result
+    }
+
+    async fn ensure_uncounted(
         &self,
         stores: &Stores,
         leases: &Leases,

@@ -69,6 +69,7 @@ impl ServerState {
 /// A server started with [`start`].
 pub struct RunningServer {
     local_addr: SocketAddr,
+    metrics_addr: Option<SocketAddr>,
     shutdown: CancellationToken,
     state: ServerState,
     task: JoinHandle<anyhow::Result<()>>,
@@ -78,6 +79,11 @@ impl RunningServer {
     /// The bound address (useful with port 0).
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+
+    /// Where `/metrics` is served, when `metrics_listen` is set.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_addr
     }
 
     /// What the services share: the stores and leases once ready.
@@ -144,6 +150,13 @@ pub async fn start(config: ServeConfig, shutdown: CancellationToken) -> anyhow::
         .context("building the reflection service")?;
 
     let state = ServerState::new(config.replica_id.clone());
+    let metrics_addr = match config.metrics_listen {
+        Some(addr) => {
+            let endpoint = crate::metrics::serve_endpoint(addr, state.clone(), shutdown.clone()).await?;
+            Some(endpoint.local_addr())
+        }
+        None => None,
+    };
     let auth = Authenticator::new(config.single_user());
     if config.single_user() {
         info!(
@@ -170,6 +183,7 @@ pub async fn start(config: ServeConfig, shutdown: CancellationToken) -> anyhow::
     info!(
         listen = %local_addr,
         replica_id = %config.replica_id,
+        metrics = metrics_addr.map(|a| format!("http://{a}/metrics")).unwrap_or_else(|| "off".into()),
         database = %redact_url(&config.database_url),
         redis = config.redis_url.as_deref().map(redact_url).unwrap_or_else(|| "none (in-process leases)".into()),
         "sandhold serving"
@@ -188,7 +202,7 @@ pub async fn start(config: ServeConfig, shutdown: CancellationToken) -> anyhow::
         stop_accepting,
         serving,
     ));
-    Ok(RunningServer { local_addr, shutdown, state, task })
+    Ok(RunningServer { local_addr, metrics_addr, shutdown, state, task })
 }
 
 async fn set_health(health: &HealthReporter, status: ServingStatus) {

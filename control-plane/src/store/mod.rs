@@ -574,6 +574,24 @@ impl Stores {
         Ok(())
     }
 
+    /// How many runs are `running` and `interrupted` right now, across
+    /// tenants (for the metrics endpoint). Statuses without runs are 0.
+    pub async fn count_unfinished_runs(&self) -> Result<Vec<(RunStatus, i64)>> {
+        const QUERY: &str = "SELECT status, COUNT(*) FROM runs \
+             WHERE status IN ('running', 'interrupted') GROUP BY status";
+        let rows: Vec<(String, i64)> = match &self.pool {
+            Pool::Sqlite(pool) => sqlx::query_as(QUERY).fetch_all(pool).await?,
+            Pool::Postgres(pool) => sqlx::query_as(QUERY).fetch_all(pool).await?,
+        };
+        Ok([RunStatus::Running, RunStatus::Interrupted]
+            .into_iter()
+            .map(|status| {
+                let n = rows.iter().find(|(s, _)| s == status.as_str()).map_or(0, |(_, n)| *n);
+                (status, n)
+            })
+            .collect())
+    }
+
     /// Close the connections (graceful shutdown). Tailing reads end with an
     /// error afterwards.
     pub async fn close(&self) {

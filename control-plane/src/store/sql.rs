@@ -358,7 +358,13 @@ macro_rules! impl_shared_stores {
                 .await?;
                 match row {
                     Some(row) => row.into_record(),
-                    None => Err(explain_refusal(run, self.fetch_run(run).await?, Some(epoch))),
+                    None => {
+                        let refusal = explain_refusal(run, self.fetch_run(run).await?, Some(epoch));
+                        if matches!(refusal, Error::Fenced { .. }) {
+                            crate::metrics::fencing().refused(crate::metrics::FencedWrite::Finish);
+                        }
+                        Err(refusal)
+                    }
                 }
             }
 
