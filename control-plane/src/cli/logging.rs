@@ -32,3 +32,20 @@ pub fn init(format: LogFormat, filter: &str) {
         tracing::warn!(filter, error = %e, "invalid log filter, using info");
     }
 }
+
+/// The embedded server's subscriber: JSON lines appended to `path`, so the
+/// server's logging never mixes with a command's output.
+pub fn init_to_file(path: &std::path::Path, filter: &str) -> std::io::Result<()> {
+    let file = std::fs::OpenOptions::new().create(true).append(true).open(path)?;
+    let env_filter = EnvFilter::try_new(filter).unwrap_or_else(|_| EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(env_filter)
+        .with_writer(std::sync::Mutex::new(file))
+        .with_ansi(false)
+        .log_internal_errors(false)
+        .json()
+        .flatten_event(true)
+        .with_current_span(false)
+        .try_init();
+    Ok(())
+}

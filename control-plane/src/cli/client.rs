@@ -1,0 +1,228 @@
+//! How the client commands reach a server: `--server` / `SANDHOLD_SERVER`,
+//! or else an embedded server started in this process (SQLite under the data
+//! dir, in-process leases, listening on a random loopback port) that stops
+//! when the command ends.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::Args;
+use shared::proto::v1::run_service_client::RunServiceClient;
+use shared::proto::v1::sandbox_service_client::SandboxServiceClient;
+use tokio_util::sync::CancellationToken;
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::service::Interceptor;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Channel, Endpoint};
+
+use super::output::OutputFormat;
+use crate::config::{ConfigLayer, LogFormat, ServeConfig};
+use crate::server::RunningServer;
+
+/// The variable holding the API token of a `--server` that has tokens. Only
+/// ever read from the environment: a token on the command line would be
+/// visible to every user of the machine.
+pub const TOKEN_VAR: &str = "SANDHOLD_TOKEN";
+
+/// How long a remote server has to accept the connection.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long the embedded server has to open its stores.
+const EMBEDDED_READY_TIMEOUT: Duration = Duration::from_secs(60);
+/// Time box for the embedded server's shutdown when the command ends.
+const EMBEDDED_STOP_GRACE_MS: u64 = 3_000;
+
+/// Flags every client command shares.
+#[derive(Debug, Clone, Args)]
+pub struct ClientArgs {
+    /// The server to talk to: HOST:PORT, http://HOST:PORT or unix:PATH.
+    /// Unset: an embedded server in this process (see --data-dir). The API
+    /// token, if the server has tokens, is read from SANDHOLD_TOKEN.
+    #[arg(long, env = "SANDHOLD_SERVER", value_name = "URL", global = true)]
+    pub server: Option<String>,
+
+    /// human: for people; json: one JSON object per line, for scripts.
+    #[arg(long, env = "SANDHOLD_OUTPUT", value_enum, default_value_t = OutputFormat::Human, global = true)]
+    pub output: OutputFormat,
+
+    #[command(flatten)]
+    pub embedded: EmbeddedArgs,
+}
+
+/// Settings of the embedded server (used when no --server is given). The
+/// same variables as `sandhold serve`, so one environment configures both.
+#[derive(Debug, Clone, Default, Args)]
+#[command(next_help_heading = "Embedded server (without --server)")]
+pub struct EmbeddedArgs {
+    /// Data directory: the SQLite database, local sandboxes, the server log
+    /// (embedded.log) [default: the user's data dir + /sandhold].
+    #[arg(long, env = "SANDHOLD_DATA_DIR", value_name = "DIR", global = true)]
+    pub data_dir: Option<PathBuf>,
+
+    /// The sandhold-agent binary of local sandboxes [default: next to this executable, else on PATH].
+    #[arg(long, env = "SANDHOLD_AGENT_BINARY", value_name = "FILE", global = true)]
+    pub agent_binary: Option<PathBuf>,
+
+    /// The statically linked sandhold-agent copied into Docker sandboxes
+    /// (scripts/build-agent-static) [default: --agent-binary; none: no Docker].
+    #[arg(long, env = "SANDHOLD_AGENT_STATIC_BINARY", value_name = "FILE", global = true)]
+    pub agent_static_binary: Option<PathBuf>,
+}
+
+impl EmbeddedArgs {
+    pub fn config(&self) -> anyhow::Result<ServeConfig> {
+        ServeConfig::resolve(ConfigLayer {
+            listen: Some("127.0.0.1:0".parse().expect("valid address")),
+            data_dir: self.data_dir.clone(),
+            agent_binary: self.agent_binary.clone(),
+            agent_static_binary: self.agent_static_binary.clone(),
+            shutdown_grace_ms: Some(EMBEDDED_STOP_GRACE_MS),
+            log_format: Some(LogFormat::Json),
+            replica_id: Some(format!("embedded-{}", std::process::id())),
+            ..Default::default()
+        })
+    }
+}
+
+/// Adds `authorization: Bearer` when a token is configured.
+#[derive(Clone, Default)]
+pub struct Auth(Option<MetadataValue<Ascii>>);
+
+impl Interceptor for Auth {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(v) = &self.0 {
+            req.metadata_mut().insert("authorization", v.clone());
+        }
+        Ok(req)
+    }
+}
+
+pub type Svc = InterceptedService<Channel, Auth>;
+
+/// A connection to a server, remote or embedded. Call [`Connection::close`]
+/// at the end so an embedded server drains.
+pub struct Connection {
+    channel: Channel,
+    auth: Auth,
+    /// What was connected to, for messages.
+    pub target: String,
+    embedded: Option<RunningServer>,
+}
+
+impl Connection {
+    pub async fn open(args: &ClientArgs) -> anyhow::Result<Self> {
+        let auth = match std::env::var(TOKEN_VAR) {
+            Ok(t) if !t.is_empty() => Auth(Some(
+                format!("Bearer {t}")
+                    .parse()
+                    .map_err(|_| anyhow::anyhow!("{TOKEN_VAR} is not printable ASCII"))?,
+            )),
+            _ => Auth(None),
+        };
+        match args.server.as_deref().filter(|s| !s.is_empty()) {
+            Some(server) => {
+                let channel = connect_remote(server).await?;
+                Ok(Self { channel, auth, target: server.to_string(), embedded: None })
+            }
+            None => Self::embedded(&args.embedded, auth).await,
+        }
+    }
+
+    async fn embedded(args: &EmbeddedArgs, auth: Auth) -> anyhow::Result<Self> {
+        let config = args.config()?;
+        std::fs::create_dir_all(&config.data_dir)
+            .with_context(|| format!("creating the data directory {}", config.data_dir.display()))?;
+        let log = config.data_dir.join("embedded.log");
+        super::logging::init_to_file(&log, &config.log_filter)
+            .with_context(|| format!("opening the embedded server's log {}", log.display()))?;
+        let data_dir = config.data_dir.clone();
+        let server = crate::server::start(config, CancellationToken::new())
+            .await
+            .context("starting the embedded server")?;
+        let deadline = tokio::time::Instant::now() + EMBEDDED_READY_TIMEOUT;
+        while server.state().ready().is_err() {
+            if tokio::time::Instant::now() > deadline {
+                bail!(
+                    "the embedded server did not open its database under {} within {}s; see {}",
+                    data_dir.display(),
+                    EMBEDDED_READY_TIMEOUT.as_secs(),
+                    log.display()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let addr = server.local_addr();
+        let channel = Endpoint::from_shared(format!("http://{addr}"))?
+            .connect()
+            .await
+            .context("connecting to the embedded server")?;
+        Ok(Self {
+            channel,
+            auth,
+            target: format!("embedded server (data dir {})", data_dir.display()),
+            embedded: Some(server),
+        })
+    }
+
+    pub fn sandboxes(&self) -> SandboxServiceClient<Svc> {
+        SandboxServiceClient::with_interceptor(self.channel.clone(), self.auth.clone())
+    }
+
+    pub fn runs(&self) -> RunServiceClient<Svc> {
+        RunServiceClient::with_interceptor(self.channel.clone(), self.auth.clone())
+    }
+
+    pub fn is_embedded(&self) -> bool {
+        self.embedded.is_some()
+    }
+
+    /// Stop the embedded server, if any (time-boxed: running durable runs
+    /// detach and are taken over by the next server on this data dir).
+    pub async fn close(self) {
+        drop(self.channel);
+        if let Some(server) = self.embedded {
+            let _ =
+                tokio::time::timeout(Duration::from_millis(EMBEDDED_STOP_GRACE_MS + 2_000), server.stop())
+                    .await;
+        }
+    }
+}
+
+/// `HOST:PORT`, `http(s)://HOST:PORT` or `unix:PATH`, connected eagerly so a
+/// server that is not there is reported here, with what to do about it.
+async fn connect_remote(server: &str) -> anyhow::Result<Channel> {
+    let unreachable = |e: &dyn std::fmt::Display| {
+        anyhow::anyhow!(
+            "no Sandhold server is reachable at {server}: {e}\n\
+             Start one with `sandhold serve` (it listens on {} by default), point --server / SANDHOLD_SERVER \
+             at a running one, or leave both unset to use an embedded server in this process.",
+            crate::config::DEFAULT_LISTEN
+        )
+    };
+    if let Some(path) = server.strip_prefix("unix:") {
+        let address = shared::transport::Address::Unix(path.into());
+        return tokio::time::timeout(CONNECT_TIMEOUT, shared::transport::connect(&address))
+            .await
+            .map_err(|e| unreachable(&e))?
+            .map_err(|e| unreachable(&source_chain(&e)));
+    }
+    let url = if server.contains("://") { server.to_string() } else { format!("http://{server}") };
+    let endpoint = Endpoint::from_shared(url.clone())
+        .map_err(|e| {
+            anyhow::anyhow!("--server {server:?} is not a valid address ({e}); e.g. 127.0.0.1:7443")
+        })?
+        .connect_timeout(CONNECT_TIMEOUT);
+    endpoint.connect().await.map_err(|e| unreachable(&source_chain(&e)))
+}
+
+/// tonic's transport errors say only "transport error"; the cause is below.
+fn source_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts = vec![e.to_string()];
+    let mut cur = e.source();
+    while let Some(s) = cur {
+        parts.push(s.to_string());
+        cur = s.source();
+    }
+    parts.dedup();
+    parts.join(": ")
+}

@@ -1,0 +1,243 @@
+//! Sandbox definitions for the command line: read from a file (TOML or
+//! JSON), or made from `sandhold run`'s flags.
+//!
+//! The file format is the `sandhold.v1.SandboxDefinition` message in the
+//! proto3 JSON mapping, written as JSON or as the same structure in TOML:
+//! field names as in `proto/sandhold/v1/sandbox.proto` (`secret_names`, or
+//! their lowerCamelCase JSON names), a oneof as a table keyed by the chosen
+//! field (`[provider.docker]`, `{ serial = "npm ci" }`), enums by name
+//! (`reuse = "REUSE_NONE"`). Unknown fields are refused, so a typo does not
+//! pass silently. Example:
+//!
+//! ```toml
+//! id = "node-app"
+//! secret_names = ["ANTHROPIC_API_KEY"]
+//!
+//! [provider.docker]
+//! image = "node:22-bookworm"
+//! network = "bridge"
+//!
+//! [workspace]
+//! source = { git = { url = "https://github.com/acme/app", ref = "main" } }
+//! setup = [{ serial = "npm ci" }, { parallel = { commands = ["npm run build", "npm run lint"] } }]
+//!
+//! [lifecycle]
+//! keep_alive_ms = 600000
+//! ```
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+use prost_reflect::{DeserializeOptions, DynamicMessage};
+use sha2::{Digest, Sha256};
+use shared::proto::v1 as api;
+
+use super::output::POOL;
+
+/// Read a definition file. `.toml` is TOML, `.json` JSON; any other name is
+/// tried as JSON, then TOML.
+pub fn load(path: &Path) -> anyhow::Result<api::SandboxDefinition> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading the definition file {}", path.display()))?;
+    let ext = path.extension().and_then(|e| e.to_str()).unwrap_or_default();
+    let value = match ext {
+        "toml" => from_toml(&text)?,
+        "json" => serde_json::from_str(&text)?,
+        _ => match serde_json::from_str(&text) {
+            Ok(v) => v,
+            Err(_) => from_toml(&text).context("neither JSON nor TOML")?,
+        },
+    };
+    parse(value).with_context(|| format!("the definition file {}", path.display()))
+}
+
+fn from_toml(text: &str) -> anyhow::Result<serde_json::Value> {
+    let value: toml::Value = toml::from_str(text)?;
+    Ok(serde_json::to_value(value)?)
+}
+
+/// A JSON value in the proto3 JSON mapping of `SandboxDefinition`.
+pub fn parse(value: serde_json::Value) -> anyhow::Result<api::SandboxDefinition> {
+    let descriptor =
+        POOL.get_message_by_name("sandhold.v1.SandboxDefinition").expect("SandboxDefinition is in the pool");
+    let dynamic = DynamicMessage::deserialize_with_options(descriptor, value, &DeserializeOptions::new())
+        .map_err(|e| anyhow::anyhow!("not a SandboxDefinition: {e}"))?;
+    let definition: api::SandboxDefinition = dynamic.transcode_to()?;
+    if definition.id.is_empty() {
+        bail!("`id` is missing (the name the definition is stored under)");
+    }
+    Ok(definition)
+}
+
+/// What `sandhold run` builds a definition from when no file is given.
+#[derive(Debug, Clone, Default)]
+pub struct FromFlags {
+    /// `--image`: a Docker sandbox; `None`: local.
+    pub image: Option<String>,
+    /// `--repo`: a git URL or a local path.
+    pub repo: Option<String>,
+    pub setup: Vec<String>,
+    pub secret_names: Vec<String>,
+    /// `--network` for Docker sandboxes.
+    pub network: Option<String>,
+    /// One-off runs (no `--thread`) remove their sandbox once completed.
+    pub destroy_on_complete: bool,
+}
+
+/// Where a local repository is mounted in a Docker sandbox.
+pub const DOCKER_REPO_MOUNT: &str = "/mnt/sandhold-repo";
+
+impl FromFlags {
+    /// The definition, with an id derived from its content: the same flags
+    /// give the same definition (and so the same sandbox for a thread).
+    pub fn build(&self) -> anyhow::Result<api::SandboxDefinition> {
+        let mut docker = self.image.as_ref().map(|image| api::DockerProvider {
+            image: image.clone(),
+            network: self.network.clone().unwrap_or_default(),
+            ..Default::default()
+        });
+        let source = match &self.repo {
+            None => api::source::Source::None(api::NoSource {}),
+            Some(repo) => {
+                let url = match local_repo(repo)? {
+                    None => repo.clone(),
+                    Some(path) => match docker.as_mut() {
+                        // The host path is not visible in a container: mount it.
+                        Some(d) => {
+                            d.mounts.push(api::Mount {
+                                source: path.display().to_string(),
+                                target: DOCKER_REPO_MOUNT.into(),
+                                read_only: true,
+                            });
+                            DOCKER_REPO_MOUNT.to_string()
+                        }
+                        None => path.display().to_string(),
+                    },
+                };
+                api::source::Source::Git(api::GitSource { url, ..Default::default() })
+            }
+        };
+        let provider = match docker {
+            Some(d) => api::provider_spec::Provider::Docker(d),
+            None => api::provider_spec::Provider::Local(api::LocalProvider {}),
+        };
+        let mut definition = api::SandboxDefinition {
+            id: String::new(),
+            provider: Some(api::ProviderSpec { provider: Some(provider) }),
+            workspace: Some(api::WorkspaceDefinition {
+                source: Some(api::Source { source: Some(source) }),
+                setup: self
+                    .setup
+                    .iter()
+                    .map(|s| api::SetupStep { step: Some(api::setup_step::Step::Serial(s.clone())) })
+                    .collect(),
+                ..Default::default()
+            }),
+            lifecycle: Some(api::Lifecycle {
+                destroy_on_complete: self.destroy_on_complete,
+                ..Default::default()
+            }),
+            env: Default::default(),
+            secret_names: self.secret_names.clone(),
+        };
+        definition.secret_names.sort();
+        definition.secret_names.dedup();
+        let digest = Sha256::digest(prost::Message::encode_to_vec(&definition));
+        definition.id = format!("cli-{}", &hex::encode(digest)[..16]);
+        Ok(definition)
+    }
+}
+
+/// `Some(absolute path)` when `repo` names a directory on this machine
+/// rather than a URL.
+fn local_repo(repo: &str) -> anyhow::Result<Option<PathBuf>> {
+    if repo.contains("://") || repo.starts_with("git@") {
+        return Ok(None);
+    }
+    let path = Path::new(repo);
+    if !path.exists() {
+        bail!("--repo {repo:?} is neither a URL (https://, ssh://, file://) nor an existing directory");
+    }
+    Ok(Some(path.canonicalize().with_context(|| format!("resolving --repo {repo}"))?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn toml_files_map_onto_the_definition() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("def.toml");
+        std::fs::write(
+            &file,
+            r#"
+id = "node-app"
+secret_names = ["ANTHROPIC_API_KEY"]
+[provider.docker]
+image = "node:22"
+memory_bytes = 1073741824
+[workspace]
+source = { git = { url = "https://example.invalid/app.git", ref = "main" } }
+setup = [{ serial = "npm ci" }, { parallel = { commands = ["a", "b"] } }]
+[lifecycle]
+reuse = "REUSE_NONE"
+keep_alive_ms = 600000
+"#,
+        )
+        .unwrap();
+        let d = load(&file).unwrap();
+        assert_eq!(d.id, "node-app");
+        assert_eq!(d.secret_names, ["ANTHROPIC_API_KEY"]);
+        let Some(api::provider_spec::Provider::Docker(docker)) = d.provider.unwrap().provider else {
+            panic!("docker provider expected")
+        };
+        assert_eq!(docker.image, "node:22");
+        assert_eq!(docker.memory_bytes, 1 << 30);
+        let ws = d.workspace.unwrap();
+        let Some(api::source::Source::Git(git)) = ws.source.unwrap().source else { panic!("git source") };
+        assert_eq!(git.r#ref, "main");
+        assert_eq!(ws.setup.len(), 2);
+        assert_eq!(ws.setup[0].step, Some(api::setup_step::Step::Serial("npm ci".into())));
+        let lifecycle = d.lifecycle.unwrap();
+        assert_eq!(lifecycle.reuse(), api::Reuse::None);
+        assert_eq!(lifecycle.keep_alive_ms, 600_000);
+    }
+
+    #[test]
+    fn json_files_and_typos() {
+        let d =
+            parse(serde_json::json!({"id": "x", "provider": {"local": {}}, "secretNames": ["A"]})).unwrap();
+        assert_eq!(d.secret_names, ["A"], "lowerCamelCase JSON names work too");
+        let typo = parse(serde_json::json!({"id": "x", "secrets": ["A"]})).unwrap_err();
+        assert!(format!("{typo:#}").contains("secrets"), "{typo:#}");
+        assert!(parse(serde_json::json!({"provider": {"local": {}}})).is_err(), "id is required");
+    }
+
+    #[test]
+    fn flags_give_a_stable_content_addressed_id() {
+        let flags = FromFlags { setup: vec!["echo hi".into()], ..Default::default() };
+        let a = flags.build().unwrap();
+        assert_eq!(a.id, flags.build().unwrap().id);
+        let b = FromFlags { setup: vec!["echo bye".into()], ..Default::default() }.build().unwrap();
+        assert_ne!(a.id, b.id, "different setup, different definition");
+        assert!(matches!(a.provider.unwrap().provider, Some(api::provider_spec::Provider::Local(_))));
+    }
+
+    #[test]
+    fn a_local_repo_is_mounted_into_docker_sandboxes() {
+        let dir = tempfile::tempdir().unwrap();
+        let flags = FromFlags {
+            image: Some("alpine".into()),
+            repo: Some(dir.path().display().to_string()),
+            ..Default::default()
+        };
+        let d = flags.build().unwrap();
+        let Some(api::provider_spec::Provider::Docker(docker)) = d.provider.unwrap().provider else {
+            panic!("docker")
+        };
+        assert_eq!(docker.mounts[0].target, DOCKER_REPO_MOUNT);
+        assert!(docker.mounts[0].read_only);
+        assert!(FromFlags { repo: Some("/no/such/dir".into()), ..Default::default() }.build().is_err());
+    }
+}

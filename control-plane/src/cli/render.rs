@@ -1,0 +1,229 @@
+//! How a run's chunks look on a terminal: assistant text on stdout as it
+//! arrives; on stderr tool calls as one-line summaries, file events dimmed,
+//! warnings, errors and the usage at the end. Under `--output json` each
+//! chunk is one line (see [`chunk_json`]).
+
+use std::collections::HashMap;
+use std::io::{IsTerminal, Write};
+
+use serde_json::Value;
+use shared::chunk::{self, ChunkType};
+use shared::proto::v1::{Chunk, Usage};
+
+use super::progress::clip;
+
+/// How a run ended, as far as its stream told.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Completed,
+    Cancelled,
+    Failed { code: String, message: String },
+}
+
+impl Outcome {
+    /// The terminal chunk's meaning, `None` for any other chunk.
+    pub fn of(c: &Chunk) -> Option<Self> {
+        match c.r#type() {
+            ChunkType::RunFinished => Some(Self::Completed),
+            ChunkType::RunError if c.error_code == "CANCELLED" => Some(Self::Cancelled),
+            ChunkType::RunError => {
+                Some(Self::Failed { code: c.error_code.clone(), message: c.error_message.clone() })
+            }
+            _ => None,
+        }
+    }
+
+    /// The command's exit code: 0 completed, 1 failed, 130 cancelled.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Self::Completed => 0,
+            Self::Failed { .. } => 1,
+            Self::Cancelled => 130,
+        }
+    }
+}
+
+/// One chunk under `--output json`: the chunk's JSON shape
+/// (`shared::chunk::to_json`) plus its `offset` and `timestamp_ms`.
+pub fn chunk_json(offset: &str, c: &Chunk) -> Value {
+    let mut v = chunk::to_json(c);
+    if let Value::Object(m) = &mut v {
+        m.insert("offset".into(), Value::String(offset.to_string()));
+        m.insert("timestamp_ms".into(), c.timestamp_ms.into());
+    }
+    v
+}
+
+/// Renders chunks for people.
+pub struct Renderer {
+    dim: bool,
+    /// Tool calls being streamed: id -> (name, arguments so far).
+    tools: HashMap<String, (String, String)>,
+    /// Whether stdout is at the start of a line.
+    at_line_start: bool,
+}
+
+impl Default for Renderer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Renderer {
+    pub fn new() -> Self {
+        Self { dim: std::io::stderr().is_terminal(), tools: HashMap::new(), at_line_start: true }
+    }
+
+    pub fn chunk(&mut self, c: &Chunk) {
+        match c.r#type() {
+            ChunkType::TextMessageContent => self.text(&c.delta),
+            ChunkType::TextMessageEnd => {}
+            ChunkType::ReasoningContent => self.note(&format!("thinking: {}", clip(&c.delta, 120)), true),
+            ChunkType::ToolCallStart => {
+                self.tools.insert(c.tool_call_id.clone(), (c.tool_name.clone(), String::new()));
+            }
+            ChunkType::ToolCallArgs => {
+                if let Some((_, args)) = self.tools.get_mut(&c.tool_call_id) {
+                    args.push_str(&c.delta);
+                }
+            }
+            ChunkType::ToolCallEnd => {
+                if let Some((name, args)) = self.tools.remove(&c.tool_call_id) {
+                    self.note(&format!("→ {}", tool_summary(&name, &args)), false);
+                }
+            }
+            ChunkType::ToolCallResult if c.is_error || c.exit_code.is_some_and(|e| e != 0) => {
+                let first = c.content.lines().next().unwrap_or_default();
+                let code = c.exit_code.map(|e| format!(" (exit {e})")).unwrap_or_default();
+                self.note(&format!("  ✗ {}{code}", clip(first, 100)), false);
+            }
+            ChunkType::Custom => self.custom(c),
+            ChunkType::RunFinished => {
+                if let Some(u) = &c.usage {
+                    self.note(&usage_line(u), true);
+                }
+            }
+            ChunkType::RunError => {
+                let code =
+                    if c.error_code.is_empty() { String::new() } else { format!(" [{}]", c.error_code) };
+                self.note(&format!("run failed{code}: {}", c.error_message), false);
+            }
+            _ => {}
+        }
+    }
+
+    fn custom(&mut self, c: &Chunk) {
+        let value: Value = serde_json::from_str(&c.value_json).unwrap_or(Value::Null);
+        let s = |k: &str| value.get(k).and_then(Value::as_str).unwrap_or_default().to_string();
+        match c.name.as_str() {
+            "sandbox.file" => self.note(&format!("  {} {}", s("type"), s("path")), true),
+            "file.changed" => self.note(&format!("  changed {}", s("path")), true),
+            "harness.warning" => self.note(&format!("warning: {}", s("message")), false),
+            _ => {}
+        }
+    }
+
+    fn text(&mut self, delta: &str) {
+        if delta.is_empty() {
+            return;
+        }
+        let mut out = std::io::stdout().lock();
+        let _ = out.write_all(delta.as_bytes());
+        let _ = out.flush();
+        self.at_line_start = delta.ends_with('\n');
+    }
+
+    /// A line on stderr, after ending any half-written line of text.
+    fn note(&mut self, line: &str, dim: bool) {
+        if !self.at_line_start {
+            let _ = writeln!(std::io::stdout());
+            self.at_line_start = true;
+        }
+        if dim && self.dim {
+            eprintln!("\x1b[2m{line}\x1b[0m");
+        } else {
+            eprintln!("{line}");
+        }
+    }
+}
+
+/// `Bash: ls -la` from a tool name and its JSON arguments: the most telling
+/// argument when there is one, else the arguments compacted.
+fn tool_summary(name: &str, args: &str) -> String {
+    let parsed: Option<Value> = serde_json::from_str(args).ok();
+    let telling = ["command", "cmd", "file_path", "path", "pattern", "url", "query", "description"];
+    let detail = parsed
+        .as_ref()
+        .and_then(|v| telling.iter().find_map(|k| v.get(*k).and_then(Value::as_str)).map(str::to_string))
+        .or_else(|| parsed.as_ref().map(Value::to_string))
+        .unwrap_or_else(|| args.to_string());
+    let detail = detail.replace('\n', " ");
+    if detail.is_empty() || detail == "{}" {
+        name.to_string()
+    } else {
+        format!("{name}: {}", clip(&detail, 100))
+    }
+}
+
+fn usage_line(u: &Usage) -> String {
+    let mut parts = vec![format!("{} input tokens", u.input_tokens), format!("{} output", u.output_tokens)];
+    if u.cache_read_tokens > 0 || u.cache_write_tokens > 0 {
+        parts.push(format!("cache {} read / {} written", u.cache_read_tokens, u.cache_write_tokens));
+    }
+    if u.reasoning_tokens > 0 {
+        parts.push(format!("{} reasoning", u.reasoning_tokens));
+    }
+    if let Some(cost) = u.cost_usd {
+        parts.push(format!("${cost:.4}"));
+    }
+    format!("usage: {}", parts.join(" · "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chunk(ty: ChunkType) -> Chunk {
+        Chunk { r#type: ty as i32, ..Default::default() }
+    }
+
+    #[test]
+    fn terminal_chunks_map_to_exit_codes() {
+        assert_eq!(Outcome::of(&chunk(ChunkType::RunFinished)).unwrap().exit_code(), 0);
+        let mut e = chunk(ChunkType::RunError);
+        e.error_code = "CANCELLED".into();
+        assert_eq!(Outcome::of(&e).unwrap().exit_code(), 130);
+        e.error_code = "EXIT_CODE".into();
+        assert_eq!(Outcome::of(&e).unwrap().exit_code(), 1);
+        assert_eq!(Outcome::of(&chunk(ChunkType::TextMessageContent)), None);
+    }
+
+    #[test]
+    fn tool_calls_summarize_in_one_line() {
+        assert_eq!(
+            tool_summary("Bash", r#"{"command":"ls -la\nwc -l","description":"x"}"#),
+            "Bash: ls -la wc -l"
+        );
+        assert_eq!(tool_summary("Read", r#"{"file_path":"/w/a.rs"}"#), "Read: /w/a.rs");
+        assert_eq!(tool_summary("Think", "{}"), "Think");
+        assert_eq!(tool_summary("Odd", r#"{"n":1}"#), r#"Odd: {"n":1}"#);
+    }
+
+    #[test]
+    fn usage_shows_what_was_reported() {
+        let u = Usage { input_tokens: 10, output_tokens: 5, cost_usd: Some(0.01), ..Default::default() };
+        assert_eq!(usage_line(&u), "usage: 10 input tokens · 5 output · $0.0100");
+    }
+
+    #[test]
+    fn json_lines_carry_the_offset() {
+        let mut c = chunk(ChunkType::TextMessageContent);
+        c.delta = "hi".into();
+        c.timestamp_ms = 7;
+        let v = chunk_json("42", &c);
+        assert_eq!(v["offset"], "42");
+        assert_eq!(v["type"], "TEXT_MESSAGE_CONTENT");
+        assert_eq!(v["delta"], "hi");
+        assert_eq!(v["timestamp_ms"], 7);
+    }
+}

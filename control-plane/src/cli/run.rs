@@ -1,0 +1,651 @@
+//! `sandhold run`, `attach`, `cancel`, `runs` and `logs`: the clients of
+//! `sandhold.v1.RunService`.
+//!
+//! Runs started here are durable: closing the command (or Ctrl-C once)
+//! detaches and the run goes on; `sandhold attach RUN_ID` comes back to it.
+//! Ctrl-C twice within 2 s cancels it (`CancelRun`). Exit codes: 0 the run
+//! completed, 1 it failed, 130 it was cancelled, 2 the command could not do
+//! what was asked (bad flags, no server, ...). Detaching exits 0.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::{Args, ValueEnum};
+use serde_json::json;
+use shared::proto::v1 as api;
+use tokio::signal::unix::{Signal, SignalKind, signal};
+use tokio::time::Instant;
+use tokio_stream::StreamExt;
+
+use super::client::{ClientArgs, Connection};
+use super::definition_file::{self, FromFlags};
+use super::output::{self, OutputFormat, json_line, message_json, status_error};
+use super::progress::EnsureDisplay;
+use super::render::{Outcome, Renderer, chunk_json};
+
+/// A second Ctrl-C within this window cancels instead of detaching.
+const CANCEL_WINDOW: Duration = Duration::from_secs(2);
+
+/// Exit code when the command itself failed (not the run).
+pub const EXIT_USAGE: u8 = 2;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
+pub enum Harness {
+    /// Any program: the argv after `--`.
+    #[default]
+    Command,
+    ClaudeCode,
+    Codex,
+    Opencode,
+}
+
+impl Harness {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Command => "command",
+            Self::ClaudeCode => "claude-code",
+            Self::Codex => "codex",
+            Self::Opencode => "opencode",
+        }
+    }
+}
+
+/// `NAME=ENV_VAR`: the secret NAME takes the value of the variable ENV_VAR
+/// (`NAME` alone: the variable of the same name). Values never come from
+/// the command line.
+#[derive(Debug, Clone)]
+pub struct SecretRef {
+    pub name: String,
+    pub var: String,
+}
+
+impl std::str::FromStr for SecretRef {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (name, var) = s.split_once('=').unwrap_or((s, s));
+        let ok = |v: &str| !v.is_empty() && v.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !ok(name) || !ok(var) {
+            return Err(format!(
+                "{s:?}: expected NAME=ENV_VAR (e.g. ANTHROPIC_API_KEY=MY_KEY_VAR), letters, digits and _ only; \
+                 the value is read from the environment variable, never from the command line"
+            ));
+        }
+        Ok(Self { name: name.into(), var: var.into() })
+    }
+}
+
+/// Read the secret values from the environment.
+pub fn secret_values(refs: &[SecretRef]) -> anyhow::Result<std::collections::HashMap<String, String>> {
+    refs.iter()
+        .map(|r| match std::env::var(&r.var) {
+            Ok(v) if !v.is_empty() => Ok((r.name.clone(), v)),
+            _ => bail!("--secret {}={}: the environment variable {} is not set", r.name, r.var, r.var),
+        })
+        .collect()
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub client: ClientArgs,
+
+    /// A sandbox definition file (TOML or JSON: a sandhold.v1.SandboxDefinition,
+    /// see the README). Replaces --image/--local/--repo/--setup.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["image", "local", "repo", "setup", "network"])]
+    pub definition: Option<PathBuf>,
+
+    /// Run in a Docker container of this image (the server needs a static agent).
+    #[arg(long, value_name = "IMAGE", conflicts_with = "local")]
+    pub image: Option<String>,
+
+    /// Run in a directory on the server's host. NO isolation (the default
+    /// without --image or --definition).
+    #[arg(long)]
+    pub local: bool,
+
+    /// Check out this git repository (a URL, or a directory on this machine)
+    /// as the workspace.
+    #[arg(long, value_name = "URL_OR_PATH")]
+    pub repo: Option<String>,
+
+    /// A setup command run once when the sandbox is created; repeatable, in order.
+    #[arg(long = "setup", value_name = "CMD")]
+    pub setup: Vec<String>,
+
+    /// Docker network of the container [default: none, no network].
+    #[arg(long, value_name = "NAME")]
+    pub network: Option<String>,
+
+    /// Runs of one thread share a sandbox. Unset: a new thread, whose sandbox
+    /// is removed once the run completes.
+    #[arg(long, value_name = "ID")]
+    pub thread: Option<String>,
+
+    #[arg(long, value_enum, default_value_t = Harness::Command)]
+    pub harness: Harness,
+
+    /// The model, for the agent harnesses.
+    #[arg(long)]
+    pub model: Option<String>,
+
+    /// A secret the sandbox gets as an environment variable, NAME=ENV_VAR:
+    /// its value is read from ENV_VAR here. Repeatable.
+    #[arg(long = "secret", value_name = "NAME=ENV_VAR")]
+    pub secrets: Vec<SecretRef>,
+
+    /// Return as soon as the run is accepted, printing its id.
+    #[arg(long)]
+    pub detach: bool,
+
+    /// The run's id [default: generated].
+    #[arg(long, value_name = "ID")]
+    pub run_id: Option<String>,
+
+    /// The command (harness `command`) or the prompt (the agent harnesses).
+    #[arg(last = true, required = true, value_name = "COMMAND_OR_PROMPT")]
+    pub command: Vec<String>,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct AttachArgs {
+    #[command(flatten)]
+    pub client: ClientArgs,
+    pub run_id: String,
+    /// Resume after this offset (an `offset` of a chunk already seen).
+    #[arg(long, value_name = "OFFSET")]
+    pub from: Option<String>,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct RunIdArgs {
+    #[command(flatten)]
+    pub client: ClientArgs,
+    pub run_id: String,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct RunsArgs {
+    #[command(flatten)]
+    pub client: ClientArgs,
+    /// Only the runs of this thread.
+    #[arg(long, value_name = "ID")]
+    pub thread: Option<String>,
+    /// At most this many, newest first.
+    #[arg(long, default_value_t = 50)]
+    pub limit: u32,
+}
+
+/// Run `body` on a connection, print its error if any, close the connection.
+pub async fn with_connection(
+    client: &ClientArgs,
+    body: impl AsyncFnOnce(&Connection) -> anyhow::Result<u8>,
+) -> ExitCode {
+    let conn = match Connection::open(client).await {
+        Ok(c) => c,
+        Err(e) => {
+            output::print_error(client.output, &e);
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    let result = body(&conn).await;
+    conn.close().await;
+    match result {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            output::print_error(client.output, &e);
+            ExitCode::from(EXIT_USAGE)
+        }
+    }
+}
+
+pub async fn run(args: RunArgs) -> ExitCode {
+    let prepared = match prepare(&args) {
+        Ok(p) => p,
+        Err(e) => {
+            output::print_error(args.client.output, &e);
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    let client = args.client.clone();
+    with_connection(&client, async move |conn| start(conn, &args, prepared).await).await
+}
+
+struct Prepared {
+    definition: api::SandboxDefinition,
+    request: api::StartRunRequest,
+}
+
+fn prepare(args: &RunArgs) -> anyhow::Result<Prepared> {
+    let secrets = secret_values(&args.secrets)?;
+    let definition = match &args.definition {
+        Some(path) => definition_file::load(path)?,
+        None => FromFlags {
+            image: args.image.clone(),
+            repo: args.repo.clone(),
+            setup: args.setup.clone(),
+            secret_names: args.secrets.iter().map(|s| s.name.clone()).collect(),
+            network: args.network.clone(),
+            destroy_on_complete: args.thread.is_none(),
+        }
+        .build()?,
+    };
+    let short = || uuid::Uuid::new_v4().simple().to_string()[..12].to_string();
+    let run_id = args.run_id.clone().unwrap_or_else(|| format!("run-{}", short()));
+    shared::ids::RunId::parse(&run_id).map_err(|e| anyhow::anyhow!("--run-id: {e}"))?;
+    let thread_id = args.thread.clone().unwrap_or_else(|| format!("thread-{}", short()));
+    let mut options =
+        api::HarnessOptions { model: args.model.clone().unwrap_or_default(), ..Default::default() };
+    let prompt = match args.harness {
+        Harness::Command => {
+            options.command = args.command.clone();
+            String::new()
+        }
+        _ => args.command.join(" "),
+    };
+    let request = api::StartRunRequest {
+        thread_id,
+        run_id,
+        definition_id: definition.id.clone(),
+        secrets,
+        harness: args.harness.name().to_string(),
+        options: Some(options),
+        prompt,
+        durable: true,
+        detach_on_disconnect: None,
+        cwd: String::new(),
+    };
+    Ok(Prepared { definition, request })
+}
+
+async fn start(conn: &Connection, args: &RunArgs, prepared: Prepared) -> anyhow::Result<u8> {
+    let format = args.client.output;
+    let Prepared { definition, request } = prepared;
+    conn.sandboxes()
+        .put_definition(api::PutDefinitionRequest { definition: Some(definition) })
+        .await
+        .map_err(status_error)?;
+    let run_id = request.run_id.clone();
+    match format {
+        OutputFormat::Json => json_line(&json!({"run_id": run_id, "thread_id": request.thread_id})),
+        OutputFormat::Human => eprintln!("run {run_id} (thread {})", request.thread_id),
+    }
+    let stream = conn.runs().start_run(request).await.map_err(status_error)?.into_inner();
+    let mut session = Session::new(conn, &run_id, format);
+    if args.detach {
+        return session.until_accepted(stream).await;
+    }
+    session.follow(stream).await
+}
+
+pub async fn attach(args: AttachArgs) -> ExitCode {
+    let client = args.client.clone();
+    with_connection(&client, async move |conn| {
+        let request = api::AttachRunRequest {
+            run_id: args.run_id.clone(),
+            after_offset: args.from.clone().unwrap_or_default(),
+            thread_id: String::new(),
+        };
+        let stream = conn.runs().attach_run(request).await.map_err(status_error)?.into_inner();
+        Session::new(conn, &args.run_id, args.client.output).follow(stream).await
+    })
+    .await
+}
+
+pub async fn cancel(args: RunIdArgs) -> ExitCode {
+    let client = args.client.clone();
+    with_connection(&client, async move |conn| {
+        let response = conn
+            .runs()
+            .cancel_run(api::CancelRunRequest { run_id: args.run_id.clone() })
+            .await
+            .map_err(status_error)?
+            .into_inner();
+        let run = response.run.unwrap_or_default();
+        match args.client.output {
+            OutputFormat::Json => json_line(&message_json(&run, "Run")),
+            OutputFormat::Human => {
+                println!("cancel requested: run {} is {}", run.run_id, status_name(run.status()))
+            }
+        }
+        Ok(0)
+    })
+    .await
+}
+
+pub async fn runs(args: RunsArgs) -> ExitCode {
+    let client = args.client.clone();
+    with_connection(&client, async move |conn| {
+        let response = conn
+            .runs()
+            .list_runs(api::ListRunsRequest {
+                thread_id: args.thread.clone().unwrap_or_default(),
+                limit: args.limit,
+            })
+            .await
+            .map_err(status_error)?
+            .into_inner();
+        match args.client.output {
+            OutputFormat::Json => response.runs.iter().for_each(|r| json_line(&message_json(r, "Run"))),
+            OutputFormat::Human => print_runs(&response.runs),
+        }
+        Ok(0)
+    })
+    .await
+}
+
+/// The stored log, printed and not followed. A terminal run's AttachRun only
+/// replays; a running one's would follow (and could take the run over), so
+/// it is refused until RunService has a read-only call for it.
+pub async fn logs(args: RunIdArgs) -> ExitCode {
+    let client = args.client.clone();
+    with_connection(&client, async move |conn| {
+        let run = conn
+            .runs()
+            .get_run(api::GetRunRequest { run_id: args.run_id.clone() })
+            .await
+            .map_err(status_error)?
+            .into_inner()
+            .run
+            .unwrap_or_default();
+        if run.finished_at_ms.is_none() {
+            bail!(
+                "run {} is {}: `sandhold logs` prints only ended runs for now; `{}` follows it",
+                run.run_id,
+                status_name(run.status()),
+                attach_command(conn, &run.run_id)
+            );
+        }
+        let request = api::AttachRunRequest {
+            run_id: args.run_id.clone(),
+            after_offset: String::new(),
+            thread_id: String::new(),
+        };
+        let mut stream = conn.runs().attach_run(request).await.map_err(status_error)?.into_inner();
+        let mut renderer = Renderer::new();
+        while let Some(event) = stream.next().await {
+            let event = event.map_err(status_error)?;
+            if let Some(api::run_event::Event::Chunk(rc)) = event.event {
+                let chunk = rc.chunk.unwrap_or_default();
+                match args.client.output {
+                    OutputFormat::Json => json_line(&chunk_json(&rc.offset, &chunk)),
+                    OutputFormat::Human => renderer.chunk(&chunk),
+                }
+            }
+        }
+        Ok(0)
+    })
+    .await
+}
+
+fn print_runs(runs: &[api::Run]) {
+    if runs.is_empty() {
+        eprintln!("no runs");
+        return;
+    }
+    println!("{:<24} {:<11} {:<12} {:<24} STARTED", "RUN", "STATUS", "HARNESS", "THREAD");
+    for r in runs {
+        println!(
+            "{:<24} {:<11} {:<12} {:<24} {}",
+            r.run_id,
+            status_name(r.status()),
+            r.harness,
+            r.thread_id,
+            age(r.started_at_ms)
+        );
+    }
+}
+
+pub fn status_name(s: api::RunStatus) -> &'static str {
+    match s {
+        api::RunStatus::Unspecified => "unknown",
+        api::RunStatus::Running => "running",
+        api::RunStatus::Interrupted => "interrupted",
+        api::RunStatus::Completed => "completed",
+        api::RunStatus::Failed => "failed",
+        api::RunStatus::Aborted => "aborted",
+    }
+}
+
+/// `5m ago` from a Unix time in milliseconds.
+pub fn age(ms: i64) -> String {
+    let secs = (shared::chunk::now_ms() - ms).max(0) / 1000;
+    match secs {
+        s if s < 60 => format!("{s}s ago"),
+        s if s < 3600 => format!("{}m ago", s / 60),
+        s if s < 86_400 => format!("{}h ago", s / 3600),
+        s => format!("{}d ago", s / 86_400),
+    }
+}
+
+/// Following one run's stream on behalf of the user: rendering, and what
+/// Ctrl-C means.
+struct Session<'a> {
+    conn: &'a Connection,
+    run_id: String,
+    format: OutputFormat,
+    renderer: Renderer,
+    display: Option<EnsureDisplay>,
+    interrupt: Option<Signal>,
+}
+
+enum Step {
+    Event(Option<Result<api::RunEvent, tonic::Status>>),
+    Interrupt,
+    DetachNow,
+}
+
+impl<'a> Session<'a> {
+    fn new(conn: &'a Connection, run_id: &str, format: OutputFormat) -> Self {
+        Self {
+            conn,
+            run_id: run_id.to_string(),
+            format,
+            renderer: Renderer::new(),
+            display: None,
+            // Without a handler (no signal support) Ctrl-C simply ends the
+            // process, which detaches too.
+            interrupt: signal(SignalKind::interrupt()).ok(),
+        }
+    }
+
+    /// Progress until the first chunk (the run is accepted), then detach.
+    async fn until_accepted(&mut self, mut stream: tonic::Streaming<api::RunEvent>) -> anyhow::Result<u8> {
+        loop {
+            match stream.next().await {
+                Some(Ok(api::RunEvent { event: Some(api::run_event::Event::Progress(p)) })) => {
+                    self.progress(&p)
+                }
+                Some(Ok(api::RunEvent { event: Some(api::run_event::Event::Chunk(_)) })) => break,
+                Some(Ok(_)) => {}
+                Some(Err(status)) => {
+                    self.end_display(None);
+                    return Err(status_error(status));
+                }
+                None => bail!("the server ended the stream before accepting run {}", self.run_id),
+            }
+        }
+        self.end_display(Some("sandbox ready"));
+        match self.format {
+            OutputFormat::Json => json_line(&json!({"run_id": self.run_id, "detached": true})),
+            OutputFormat::Human => {
+                println!("{}", self.run_id);
+                eprintln!("detached; follow it with `{}`", self.attach_hint());
+            }
+        }
+        Ok(0)
+    }
+
+    /// Until the run ends, or the user detaches.
+    async fn follow(&mut self, mut stream: tonic::Streaming<api::RunEvent>) -> anyhow::Result<u8> {
+        let mut first_interrupt: Option<Instant> = None;
+        let mut cancelling = false;
+        loop {
+            let detach_at = first_interrupt.filter(|_| !cancelling).map(|t| t + CANCEL_WINDOW);
+            let step = tokio::select! {
+                event = stream.next() => Step::Event(event),
+                _ = recv(&mut self.interrupt) => Step::Interrupt,
+                _ = sleep_until(detach_at) => Step::DetachNow,
+            };
+            match step {
+                Step::Event(Some(Ok(event))) => {
+                    if let Some(outcome) = self.event(event) {
+                        self.end_display(None);
+                        return Ok(self.finish(outcome));
+                    }
+                }
+                Step::Event(Some(Err(status))) => {
+                    self.end_display(None);
+                    return Err(status_error(status)).with_context(|| {
+                        format!("following run {}; `{}` follows it again", self.run_id, self.attach_hint())
+                    });
+                }
+                Step::Event(None) => {
+                    self.end_display(None);
+                    bail!(
+                        "the stream of run {} ended before the run did; `{}` follows it again",
+                        self.run_id,
+                        self.attach_hint()
+                    );
+                }
+                Step::Interrupt => match first_interrupt {
+                    Some(t) if t.elapsed() <= CANCEL_WINDOW && !cancelling => {
+                        cancelling = true;
+                        self.note(&format!("cancelling run {}", self.run_id));
+                        self.conn
+                            .runs()
+                            .cancel_run(api::CancelRunRequest { run_id: self.run_id.clone() })
+                            .await
+                            .map_err(status_error)?;
+                    }
+                    Some(_) if cancelling => {
+                        self.note("still cancelling; waiting for the run to stop");
+                    }
+                    _ => {
+                        first_interrupt = Some(Instant::now());
+                        self.note("detaching in 2 s (the run keeps going); press Ctrl-C again to cancel it");
+                    }
+                },
+                Step::DetachNow => {
+                    self.end_display(None);
+                    match self.format {
+                        OutputFormat::Json => json_line(&json!({"run_id": self.run_id, "detached": true})),
+                        OutputFormat::Human => {
+                            eprintln!(
+                                "detached from run {}; come back with `{}`",
+                                self.run_id,
+                                self.attach_hint()
+                            )
+                        }
+                    }
+                    return Ok(0);
+                }
+            }
+        }
+    }
+
+    /// Handle one event; `Some` once the run has ended.
+    fn event(&mut self, event: api::RunEvent) -> Option<Outcome> {
+        match event.event? {
+            api::run_event::Event::Progress(p) => {
+                self.progress(&p);
+                None
+            }
+            api::run_event::Event::Chunk(rc) => {
+                let chunk = rc.chunk.unwrap_or_default();
+                self.end_display(Some("sandbox ready"));
+                match self.format {
+                    OutputFormat::Json => json_line(&chunk_json(&rc.offset, &chunk)),
+                    OutputFormat::Human => self.renderer.chunk(&chunk),
+                }
+                Outcome::of(&chunk)
+            }
+        }
+    }
+
+    fn progress(&mut self, p: &api::EnsureProgress) {
+        match self.format {
+            OutputFormat::Json => json_line(&json!({"progress": message_json(p, "EnsureProgress")})),
+            OutputFormat::Human => self.display.get_or_insert_with(EnsureDisplay::new).update(p),
+        }
+    }
+
+    fn end_display(&mut self, message: Option<&str>) {
+        if let Some(mut d) = self.display.take() {
+            match message {
+                Some(m) => d.finish(m),
+                None => d.abandon(),
+            }
+        }
+    }
+
+    fn note(&mut self, line: &str) {
+        if let Some(d) = &mut self.display {
+            d.abandon();
+            self.display = None;
+        }
+        match self.format {
+            OutputFormat::Json => json_line(&json!({"notice": line, "run_id": self.run_id})),
+            OutputFormat::Human => eprintln!("{line}"),
+        }
+    }
+
+    fn finish(&self, outcome: Outcome) -> u8 {
+        match self.format {
+            OutputFormat::Json => {}
+            OutputFormat::Human => match &outcome {
+                Outcome::Completed => {}
+                Outcome::Cancelled => eprintln!("run {} cancelled", self.run_id),
+                Outcome::Failed { .. } => eprintln!("run {} failed", self.run_id),
+            },
+        }
+        outcome.exit_code()
+    }
+
+    fn attach_hint(&self) -> String {
+        attach_command(self.conn, &self.run_id)
+    }
+}
+
+/// The command that comes back to a run.
+pub fn attach_command(conn: &Connection, run_id: &str) -> String {
+    if conn.is_embedded() {
+        format!("sandhold attach {run_id}")
+    } else {
+        format!("sandhold attach --server {} {run_id}", conn.target)
+    }
+}
+
+async fn recv(signal: &mut Option<Signal>) {
+    match signal {
+        Some(s) => {
+            s.recv().await;
+        }
+        None => std::future::pending().await,
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secret_refs_name_variables_not_values() {
+        let r: SecretRef = "ANTHROPIC_API_KEY=MY_VAR".parse().unwrap();
+        assert_eq!((r.name.as_str(), r.var.as_str()), ("ANTHROPIC_API_KEY", "MY_VAR"));
+        let same: SecretRef = "TOKEN".parse().unwrap();
+        assert_eq!(same.var, "TOKEN");
+        assert!("A=sk-ant-123-value with spaces".parse::<SecretRef>().is_err());
+        let missing = secret_values(&["X=SANDHOLD_TEST_SURELY_UNSET_VAR".parse().unwrap()]).unwrap_err();
+        assert!(missing.to_string().contains("SANDHOLD_TEST_SURELY_UNSET_VAR is not set"), "{missing}");
+    }
+}

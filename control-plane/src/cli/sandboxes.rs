@@ -1,0 +1,273 @@
+//! `sandhold sandboxes ls|rm`, `sandhold exec` and `sandhold definitions
+//! apply|ls|rm`: the clients of `sandhold.v1.SandboxService`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::bail;
+use clap::{Args, Subcommand};
+use serde_json::json;
+use shared::proto::v1 as api;
+use tokio_stream::StreamExt;
+
+use super::client::ClientArgs;
+use super::definition_file;
+use super::output::{OutputFormat, json_line, message_json, status_error};
+use super::run::{SecretRef, age, secret_values, with_connection};
+
+#[derive(Debug, Clone, Subcommand)]
+pub enum SandboxesCommand {
+    /// List the sandboxes.
+    Ls {
+        #[command(flatten)]
+        client: ClientArgs,
+        /// Only the sandboxes of this thread.
+        #[arg(long, value_name = "ID")]
+        thread: Option<String>,
+    },
+    /// Destroy a sandbox (its processes, files and container), or all of them.
+    Rm {
+        #[command(flatten)]
+        client: ClientArgs,
+        #[arg(required_unless_present = "all", conflicts_with = "all")]
+        sandbox_id: Option<String>,
+        #[arg(long)]
+        all: bool,
+    },
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ExecArgs {
+    #[command(flatten)]
+    pub client: ClientArgs,
+    /// The sandbox (an id from `sandhold sandboxes ls`).
+    pub sandbox_id: String,
+    /// Working directory, relative to the workspace root.
+    #[arg(long, value_name = "DIR")]
+    pub cwd: Option<String>,
+    /// A secret for the process, NAME=ENV_VAR (value read from ENV_VAR here). Repeatable.
+    #[arg(long = "secret", value_name = "NAME=ENV_VAR")]
+    pub secrets: Vec<SecretRef>,
+    /// The program and its arguments (no shell; use `sh -c '...'` for one).
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
+#[derive(Debug, Clone, Subcommand)]
+pub enum DefinitionsCommand {
+    /// Store a definition from a file (TOML or JSON), replacing one of the same id.
+    Apply {
+        #[command(flatten)]
+        client: ClientArgs,
+        file: PathBuf,
+    },
+    /// List the stored definitions.
+    Ls {
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Delete a definition.
+    Rm {
+        #[command(flatten)]
+        client: ClientArgs,
+        id: String,
+    },
+}
+
+pub async fn sandboxes(command: SandboxesCommand) -> ExitCode {
+    match command {
+        SandboxesCommand::Ls { client, thread } => {
+            let format = client.output;
+            with_connection(&client, async move |conn| {
+                let list = conn
+                    .sandboxes()
+                    .list_sandboxes(api::ListSandboxesRequest { thread_id: thread.unwrap_or_default() })
+                    .await
+                    .map_err(status_error)?
+                    .into_inner()
+                    .sandboxes;
+                match format {
+                    OutputFormat::Json => list.iter().for_each(|s| json_line(&message_json(s, "Sandbox"))),
+                    OutputFormat::Human if list.is_empty() => eprintln!("no sandboxes"),
+                    OutputFormat::Human => {
+                        println!(
+                            "{:<64} {:<8} {:<24} {:<24} CREATED",
+                            "SANDBOX", "PROVIDER", "DEFINITION", "THREAD"
+                        );
+                        for s in &list {
+                            println!(
+                                "{:<64} {:<8} {:<24} {:<24} {}",
+                                s.sandbox_id,
+                                s.provider,
+                                s.definition_id,
+                                s.thread_id,
+                                age(s.created_at_ms)
+                            );
+                        }
+                    }
+                }
+                Ok(0)
+            })
+            .await
+        }
+        SandboxesCommand::Rm { client, sandbox_id, all } => {
+            let format = client.output;
+            with_connection(&client, async move |conn| {
+                let ids = match sandbox_id {
+                    Some(id) if !all => vec![id],
+                    _ => conn
+                        .sandboxes()
+                        .list_sandboxes(api::ListSandboxesRequest::default())
+                        .await
+                        .map_err(status_error)?
+                        .into_inner()
+                        .sandboxes
+                        .into_iter()
+                        .map(|s| s.sandbox_id)
+                        .collect(),
+                };
+                for id in ids {
+                    conn.sandboxes()
+                        .destroy_sandbox(api::DestroySandboxRequest { sandbox_id: id.clone() })
+                        .await
+                        .map_err(status_error)?;
+                    match format {
+                        OutputFormat::Json => json_line(&json!({"removed": id})),
+                        OutputFormat::Human => println!("removed {id}"),
+                    }
+                }
+                Ok(0)
+            })
+            .await
+        }
+    }
+}
+
+/// Runs the command with its output streamed; exits with its exit code
+/// (128 + N for a signal).
+pub async fn exec(args: ExecArgs) -> ExitCode {
+    let client = args.client.clone();
+    let format = client.output;
+    with_connection(&client, async move |conn| {
+        let secrets = secret_values(&args.secrets)?;
+        let start = api::ExecStreamStart {
+            sandbox_id: args.sandbox_id.clone(),
+            command: Some(api::Command {
+                kind: Some(api::command::Kind::Argv(api::Argv { args: args.command.clone() })),
+            }),
+            cwd: args.cwd.clone().unwrap_or_default(),
+            env: Default::default(),
+            secrets,
+        };
+        let requests = tokio_stream::iter([
+            api::ExecStreamRequest { request: Some(api::exec_stream_request::Request::Start(start)) },
+            api::ExecStreamRequest {
+                request: Some(api::exec_stream_request::Request::CloseStdin(api::CloseStdin {})),
+            },
+        ])
+        // Keep the request stream open: closing it would end the call.
+        .chain(tokio_stream::pending());
+        let mut responses = conn.sandboxes().exec_stream(requests).await.map_err(status_error)?.into_inner();
+        while let Some(response) = responses.next().await {
+            let response = response.map_err(status_error)?;
+            if format == OutputFormat::Json {
+                json_line(&message_json(&response, "ExecStreamResponse"));
+            }
+            match response.event {
+                Some(api::exec_stream_response::Event::Output(o)) if format == OutputFormat::Human => {
+                    use std::io::Write;
+                    if o.stream() == api::OutputStream::Stderr {
+                        let _ = std::io::stderr().write_all(&o.data);
+                    } else {
+                        let mut out = std::io::stdout().lock();
+                        let _ = out.write_all(&o.data);
+                        let _ = out.flush();
+                    }
+                }
+                Some(api::exec_stream_response::Event::Exited(status)) => {
+                    return Ok(match status.status {
+                        Some(api::exit_status::Status::Code(c)) => u8::try_from(c).unwrap_or(1),
+                        Some(api::exit_status::Status::Signal(s)) => u8::try_from(128 + s).unwrap_or(1),
+                        None => 1,
+                    });
+                }
+                _ => {}
+            }
+        }
+        bail!("the server ended the stream before the command exited")
+    })
+    .await
+}
+
+pub async fn definitions(command: DefinitionsCommand) -> ExitCode {
+    match command {
+        DefinitionsCommand::Apply { client, file } => {
+            let format = client.output;
+            with_connection(&client, async move |conn| {
+                let definition = definition_file::load(&file)?;
+                let stored = conn
+                    .sandboxes()
+                    .put_definition(api::PutDefinitionRequest { definition: Some(definition) })
+                    .await
+                    .map_err(status_error)?
+                    .into_inner()
+                    .definition
+                    .unwrap_or_default();
+                match format {
+                    OutputFormat::Json => json_line(&message_json(&stored, "SandboxDefinition")),
+                    OutputFormat::Human => println!("applied definition {}", stored.id),
+                }
+                Ok(0)
+            })
+            .await
+        }
+        DefinitionsCommand::Ls { client } => {
+            let format = client.output;
+            with_connection(&client, async move |conn| {
+                let list = conn
+                    .sandboxes()
+                    .list_definitions(api::ListDefinitionsRequest {})
+                    .await
+                    .map_err(status_error)?
+                    .into_inner()
+                    .definitions;
+                match format {
+                    OutputFormat::Json => {
+                        list.iter().for_each(|d| json_line(&message_json(d, "SandboxDefinition")))
+                    }
+                    OutputFormat::Human if list.is_empty() => eprintln!("no definitions"),
+                    OutputFormat::Human => {
+                        println!("{:<24} {:<8} DETAIL", "DEFINITION", "PROVIDER");
+                        for d in &list {
+                            let (provider, detail) =
+                                match d.provider.as_ref().and_then(|p| p.provider.as_ref()) {
+                                    Some(api::provider_spec::Provider::Docker(docker)) => {
+                                        ("docker", docker.image.clone())
+                                    }
+                                    _ => ("local", String::new()),
+                                };
+                            println!("{:<24} {:<8} {}", d.id, provider, detail);
+                        }
+                    }
+                }
+                Ok(0)
+            })
+            .await
+        }
+        DefinitionsCommand::Rm { client, id } => {
+            let format = client.output;
+            with_connection(&client, async move |conn| {
+                conn.sandboxes()
+                    .delete_definition(api::DeleteDefinitionRequest { id: id.clone() })
+                    .await
+                    .map_err(status_error)?;
+                match format {
+                    OutputFormat::Json => json_line(&json!({"removed": id})),
+                    OutputFormat::Human => println!("removed definition {id}"),
+                }
+                Ok(0)
+            })
+            .await
+        }
+    }
+}
