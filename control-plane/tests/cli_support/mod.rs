@@ -1,0 +1,212 @@
+//! Running the real `sandhold` binary as a user would: the CLI against a
+//! spawned `sandhold serve`, or with its embedded server.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// Bound for anything that should happen "soon" on a loaded machine.
+pub const PATIENCE: Duration = Duration::from_secs(120);
+
+/// The agent every sandbox of these tests runs (static: it also serves
+/// Docker images).
+pub fn agent() -> PathBuf {
+    super::provider_support::static_agent()
+}
+
+/// `sandhold` with only the variables a test sets: none of the caller's
+/// `SANDHOLD_*` leak in, the data dir is the test's.
+pub fn sandhold(data_dir: &Path) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sandhold"));
+    for (k, _) in std::env::vars() {
+        if k.starts_with("SANDHOLD_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.env("SANDHOLD_DATA_DIR", data_dir).env("SANDHOLD_AGENT_BINARY", agent()).stdin(Stdio::null());
+    cmd
+}
+
+/// A `sandhold serve` process on a free loopback port, stopped on drop.
+pub struct Served {
+    pub child: Child,
+    pub addr: String,
+    pub dir: tempfile::TempDir,
+}
+
+impl Served {
+    pub fn start(tokens: &[&str]) -> Self {
+        let dir = tempfile::Builder::new().prefix("sh-cli").tempdir_in("/tmp").unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let addr = format!("127.0.0.1:{port}");
+        let log = std::fs::File::create(dir.path().join("serve.log")).unwrap();
+        let mut cmd = sandhold(&dir.path().join("data"));
+        cmd.args(["serve", "--listen", &addr, "--shutdown-grace-ms", "3000"])
+            .stdout(Stdio::null())
+            .stderr(log);
+        for t in tokens {
+            cmd.args(["--token", t]);
+        }
+        let child = cmd.spawn().expect("spawning sandhold serve");
+        let served = Self { child, addr, dir };
+        served.wait_ready(tokens.first().map(|t| t.split_once('=').unwrap().1));
+        served
+    }
+
+    /// Until the stores answer (a CLI call succeeds).
+    fn wait_ready(&self, token: Option<&str>) {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let mut cmd = self.cli();
+            if let Some(t) = token {
+                cmd.env("SANDHOLD_TOKEN", t);
+            }
+            let out = cmd.args(["definitions", "ls"]).output().unwrap();
+            if out.status.success() {
+                return;
+            }
+            assert!(Instant::now() < deadline, "server never became ready: {}", self.log());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// The CLI pointed at this server.
+    pub fn cli(&self) -> Command {
+        let mut cmd = sandhold(&self.dir.path().join("client-data"));
+        cmd.env("SANDHOLD_SERVER", &self.addr);
+        cmd
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("serve.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Every stdout line of a JSON-output command, parsed.
+pub fn json_lines(out: &Output) -> Vec<Value> {
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect()
+}
+
+pub fn ok(out: &Output) -> &Output {
+    assert!(
+        out.status.success(),
+        "exit {:?}\nstdout: {}\nstderr: {}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+pub fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+pub fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A spawned CLI whose stdout lines arrive on a channel as they are printed.
+pub struct Live {
+    pub child: Child,
+    lines: mpsc::Receiver<String>,
+    pub seen: Vec<String>,
+}
+
+impl Live {
+    pub fn spawn(mut cmd: Command) -> Self {
+        let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+        let (tx, lines) = mpsc::channel();
+        let out = child.stdout.take().unwrap();
+        let tx2 = tx.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let err = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(err).lines().map_while(Result::ok) {
+                let _ = tx2.send(format!("stderr: {line}"));
+            }
+        });
+        Self { child, lines, seen: Vec::new() }
+    }
+
+    /// The first line (stdout, or `stderr: ...`) `pred` accepts; panics
+    /// after [`PATIENCE`].
+    pub fn until(&mut self, what: &str, pred: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    self.seen.push(line.clone());
+                    if pred(&line) {
+                        return line;
+                    }
+                }
+                Err(_) => panic!("no line {what} within {PATIENCE:?}; saw:\n{}", self.seen.join("\n")),
+            }
+        }
+    }
+
+    pub fn signal(&self, signal: nix::sys::signal::Signal) {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.child.id() as i32), signal).unwrap();
+    }
+
+    /// Exit code, after draining what is left of the output.
+    pub fn wait(&mut self, within: Duration) -> Option<i32> {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                std::thread::sleep(Duration::from_millis(100));
+                while let Ok(line) = self.lines.try_recv() {
+                    self.seen.push(line);
+                }
+                return status.code();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "still running after {within:?}; saw:\n{}",
+                self.seen.join("\n")
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
