@@ -40,6 +40,6 @@ pub fn capabilities() -> Capabilities {
         journal: true,
         watch: true,
         inotify: true,
-        snapshots: false,
+        snapshots: true,
     }
 }

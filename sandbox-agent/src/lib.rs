@@ -17,6 +17,7 @@ pub mod process;
 pub mod server;
 pub mod shell;
 pub mod shim;
+pub mod snapshot;
 pub mod watch;
 
 pub use server::{AgentOptions, serve};

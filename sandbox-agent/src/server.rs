@@ -11,6 +11,7 @@ use shared::proto::agent::v1::info_service_server::InfoServiceServer;
 use shared::proto::agent::v1::journal_service_server::JournalServiceServer;
 use shared::proto::agent::v1::process_service_server::ProcessServiceServer;
 use shared::proto::agent::v1::shell_service_server::ShellServiceServer;
+use shared::proto::agent::v1::snapshot_service_server::SnapshotServiceServer;
 use shared::proto::agent::v1::watch_service_server::WatchServiceServer;
 use shared::secret::Secret;
 use shared::transport::Address;
@@ -130,7 +131,8 @@ fn router(
         .add_service(ShellServiceServer::new(crate::shell::Shells::new(state.clone())))
         .add_service(FsServiceServer::new(crate::fs::Files::new(state.clone())))
         .add_service(JournalServiceServer::new(crate::journal::Journal::new(state.clone())))
-        .add_service(WatchServiceServer::new(crate::watch::Watch::new(state.clone())));
+        .add_service(WatchServiceServer::new(crate::watch::Watch::new(state.clone())))
+        .add_service(SnapshotServiceServer::new(crate::snapshot::Snapshots::new(state.clone())));
     Ok(router)
 }
 

@@ -8,6 +8,7 @@ pub mod error;
 pub mod ids;
 pub mod journal;
 pub mod secret;
+pub mod snapshot;
 pub mod transport;
 
 /// Generated protobuf and gRPC code.
