@@ -138,7 +138,7 @@ impl Lifecycle {
     ) -> Result<api::EnsureReady, Error> {
         progress.phase(EnsurePhase::Resolving, "resolving the sandbox key");
         let definition = &input.definition;
-        let lifecycle = definition.lifecycle.unwrap_or_default();
+        let lifecycle = definition.lifecycle.clone().unwrap_or_default();
         let reuse_none = lifecycle.reuse == api::Reuse::None as i32;
         if reuse_none && input.run_id.is_empty() {
             return Err(Error::invalid_field("run_id", "required: the definition has `reuse: none`"));
@@ -199,6 +199,7 @@ impl Lifecycle {
             sandbox_id: key.clone(),
             outcome: outcome as i32,
             sandbox: Some(self.describe(&instance)),
+            restored_checkpoint_id: String::new(),
         })
     }
 

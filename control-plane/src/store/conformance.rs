@@ -16,15 +16,15 @@ use super::*;
 /// condition holds.
 const DEADLINE: Duration = Duration::from_secs(60);
 
-struct Backend {
-    stores: Stores,
+pub(super) struct Backend {
+    pub(super) stores: Stores,
     url: String,
     _dir: Option<tempfile::TempDir>,
     scratch: Option<ScratchDatabase>,
 }
 
 impl Backend {
-    async fn sqlite() -> Option<Backend> {
+    pub(super) async fn sqlite() -> Option<Backend> {
         let dir = tempfile::tempdir().unwrap();
         let url = default_database_url(&dir.path().join("data"));
         let stores = Stores::open(&url).await.unwrap();
@@ -32,7 +32,7 @@ impl Backend {
         Some(Backend { stores, url, _dir: Some(dir), scratch: None })
     }
 
-    async fn postgres() -> Option<Backend> {
+    pub(super) async fn postgres() -> Option<Backend> {
         let admin_url = sandhold_tests::services::postgres_url()?;
         let scratch = ScratchDatabase::create(&admin_url).await.unwrap();
         let url = scratch.url().to_owned();
@@ -41,7 +41,7 @@ impl Backend {
         Some(Backend { stores, url, _dir: None, scratch: Some(scratch) })
     }
 
-    async fn finish(self) {
+    pub(super) async fn finish(self) {
         self.stores.close().await;
         if let Some(scratch) = self.scratch {
             scratch.drop_database().await.unwrap();
@@ -56,7 +56,7 @@ impl Backend {
     /// Everything the database holds for `table`, as text: the raw file
     /// bytes for SQLite (main file and WAL), every row cast to text for
     /// PostgreSQL.
-    async fn raw_dump(&self, table: &str) -> String {
+    pub(super) async fn raw_dump(&self, table: &str) -> String {
         match self.stores.backend_name() {
             "sqlite" => {
                 let path = self.url.trim_start_matches("sqlite://");

@@ -25,6 +25,20 @@ pub enum Error {
     #[error("run {run} is already {status}")]
     RunTerminal { run: String, status: RunStatus },
 
+    /// A newer writer claimed the snapshot thread: this save is superseded.
+    #[error(
+        "a newer writer claimed the snapshots of thread {thread}: writer epoch {held}, current epoch {current}"
+    )]
+    WriterLost { thread: String, held: u64, current: u64 },
+
+    /// The thread's head moved since the writer claimed it.
+    #[error("the head of thread {thread} moved from {expected:?} to {current:?}")]
+    StaleHead { thread: String, expected: Option<String>, current: Option<String> },
+
+    /// The destination of a fork already has checkpoints or runs.
+    #[error("{0}")]
+    NotEmpty(String),
+
     /// The run's event log was closed; nothing more may be appended.
     #[error("event log of run {0} is closed")]
     LogClosed(String),
@@ -60,6 +74,9 @@ impl Error {
             Self::Fenced { .. } => ErrorCode::ClaimLost,
             Self::RunTerminal { .. } => ErrorCode::RunTerminal,
             Self::LogClosed(_) => ErrorCode::FailedPrecondition,
+            Self::WriterLost { .. } => ErrorCode::SnapshotWriterLost,
+            Self::StaleHead { .. } => ErrorCode::SnapshotStaleHead,
+            Self::NotEmpty(_) => ErrorCode::FailedPrecondition,
             Self::Invalid { .. } => ErrorCode::InvalidArgument,
             Self::Unavailable(_) => ErrorCode::Unavailable,
             Self::Corrupt(_) | Self::Database(_) | Self::Migrate(_) => ErrorCode::Internal,
@@ -97,6 +114,16 @@ impl From<Error> for ApiError {
                     .with_meta("current_epoch", current.to_string());
             }
             Error::RunTerminal { status, .. } => api = api.with_meta("status", status.as_str()),
+            Error::WriterLost { held, current, .. } => {
+                api = api
+                    .with_meta("held_epoch", held.to_string())
+                    .with_meta("current_epoch", current.to_string());
+            }
+            Error::StaleHead { expected, current, .. } => {
+                api = api
+                    .with_meta("expected_head", expected.unwrap_or_default())
+                    .with_meta("current_head", current.unwrap_or_default());
+            }
             Error::Invalid { field, reason } => api = api.with_violation(field, reason),
             _ => {}
         }

@@ -18,6 +18,9 @@
 //! fence latches by construction. [`LogWriter`] additionally latches in
 //! memory so a superseded writer stops without another round trip.
 
+pub mod blob;
+mod checkpoint;
+mod checkpoint_sql;
 mod error;
 mod postgres;
 mod sql;
@@ -28,6 +31,8 @@ mod writer;
 
 #[cfg(test)]
 mod conformance;
+#[cfg(test)]
+mod snapshot_conformance;
 
 use std::fmt;
 use std::sync::Arc;
@@ -38,6 +43,8 @@ use futures::stream::BoxStream;
 use serde::{Deserialize, Serialize};
 pub use shared::ids::RunId;
 
+pub use blob::{BlobStats, BlobStore, DirBlobStore, PgBlobStore};
+pub use checkpoint::{Checkpoint, CheckpointStore, DeleteBlobs, NewCheckpoint, WriterClaim};
 pub use error::{Error, Result};
 pub use writer::LogWriter;
 
@@ -527,6 +534,11 @@ pub struct Stores {
     pub instances: Arc<dyn InstanceStore>,
     pub definitions: Arc<dyn DefinitionStore>,
     pub tokens: Arc<dyn TokenStore>,
+    /// Portable snapshot checkpoints, heads and blob references.
+    pub checkpoints: Arc<dyn CheckpointStore>,
+    /// Portable snapshot blobs: a directory beside the SQLite file, or a
+    /// table of the PostgreSQL database.
+    pub blobs: Arc<dyn BlobStore>,
     pool: Pool,
 }
 

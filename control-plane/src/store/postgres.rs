@@ -31,6 +31,10 @@ use sqlx::PgPool;
 use sqlx::postgres::{PgListener, PgPoolOptions};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
+use super::checkpoint_sql::{
+    CheckpointRow, REFS_PER_INSERT, checkpoint_columns, checkpoint_not_found, impl_checkpoint_store,
+    new_checkpoint_id, to_db,
+};
 use super::sql::{
     DefinitionRow, EventRow, InstanceRow, RunRow, epoch_to_db, explain_refusal, impl_shared_stores,
     instance_columns, not_terminal, run_columns, run_not_found, usage_to_db,
@@ -68,13 +72,16 @@ pub(super) async fn open(database_url: &str) -> Result<Stores> {
     let wakes = tail::wakes();
     let stop = CancellationToken::new();
     tokio::spawn(relay_notifications(database_url.to_owned(), wakes.clone(), stop.clone()));
+    let blobs: Arc<dyn super::BlobStore> = Arc::new(super::PgBlobStore::new(pool.clone()));
     let store = Arc::new(PgStore { pool: pool.clone(), wakes, _relay: Arc::new(stop.drop_guard()) });
     Ok(Stores {
         runs: store.clone(),
         events: store.clone(),
         instances: store.clone(),
         definitions: store.clone(),
-        tokens: store,
+        tokens: store.clone(),
+        checkpoints: store,
+        blobs,
         pool: Pool::Postgres(pool),
     })
 }
@@ -126,6 +133,12 @@ async fn relay_notifications(database_url: String, wakes: Wakes, stop: Cancellat
 }
 
 impl_shared_stores!(PgStore, sqlx::Postgres);
+// Pinning takes the snapshot GC lock shared, a sweep exclusively (both for
+// the transaction only): pins never wait for each other, and a sweep's
+// deletions and a pin never interleave.
+impl_checkpoint_store!(PgStore, sqlx::Postgres, begin: "BEGIN", for_update: " FOR UPDATE",
+    sweep_lock: "SELECT pg_advisory_xact_lock(91570100388176)",
+    pin_lock: "SELECT pg_advisory_xact_lock_shared(91570100388176)");
 
 fn is_unique_violation(error: &sqlx::Error) -> bool {
     matches!(error, sqlx::Error::Database(db) if db.code().as_deref() == Some("23505"))

@@ -13,6 +13,10 @@ use async_trait::async_trait;
 use sqlx::SqlitePool;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 
+use super::checkpoint_sql::{
+    CheckpointRow, REFS_PER_INSERT, checkpoint_columns, checkpoint_not_found, impl_checkpoint_store,
+    new_checkpoint_id, to_db,
+};
 use super::sql::{
     DefinitionRow, EventRow, InstanceRow, RunRow, epoch_to_db, explain_refusal, impl_shared_stores,
     instance_columns, not_terminal, run_columns, run_not_found, usage_to_db,
@@ -43,7 +47,7 @@ pub(super) async fn open(database_url: &str) -> Result<Stores> {
         .synchronous(SqliteSynchronous::Full)
         .busy_timeout(Duration::from_secs(30))
         .foreign_keys(true);
-    let path = options.get_filename();
+    let path = options.get_filename().to_path_buf();
     if let Some(parent) = path.parent()
         && !parent.as_os_str().is_empty()
         && !path.to_string_lossy().contains(":memory:")
@@ -58,17 +62,28 @@ pub(super) async fn open(database_url: &str) -> Result<Stores> {
         .await?;
     sqlx::migrate!("./migrations/sqlite").run(&pool).await?;
     let store = Arc::new(SqliteStore { pool: pool.clone(), wakes: tail::wakes() });
+    // Blobs live beside the database file, under the data dir.
+    let blob_dir = if path.to_string_lossy().contains(":memory:") || path.as_os_str().is_empty() {
+        std::env::temp_dir().join(format!("sandhold-snapshot-blobs-{}", uuid::Uuid::new_v4().simple()))
+    } else {
+        path.parent().unwrap_or(std::path::Path::new(".")).join("snapshot-blobs")
+    };
+    let blobs: Arc<dyn super::BlobStore> = Arc::new(super::DirBlobStore::open(&blob_dir)?);
     Ok(Stores {
         runs: store.clone(),
         events: store.clone(),
         instances: store.clone(),
         definitions: store.clone(),
-        tokens: store,
+        tokens: store.clone(),
+        checkpoints: store,
+        blobs,
         pool: Pool::Sqlite(pool),
     })
 }
 
 impl_shared_stores!(SqliteStore, sqlx::Sqlite);
+impl_checkpoint_store!(SqliteStore, sqlx::Sqlite, begin: "BEGIN IMMEDIATE", for_update: "",
+    sweep_lock: "SELECT 1", pin_lock: "SELECT 1");
 
 #[async_trait]
 impl EventLog for SqliteStore {

@@ -1,0 +1,397 @@
+//! The conformance suites of [`BlobStore`] (directory and PostgreSQL) and
+//! [`CheckpointStore`] (SQLite and PostgreSQL), including garbage
+//! collection racing saves.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::{FutureExt, StreamExt};
+use sha2::Digest;
+
+use super::conformance::Backend;
+use super::*;
+
+fn sha(data: &[u8]) -> String {
+    hex::encode(sha2::Sha256::digest(data))
+}
+
+// ---------------------------------------------------------------- blobs
+
+/// A blob store under test, with a way to look at its raw storage.
+struct BlobBackend {
+    blobs: Arc<dyn BlobStore>,
+    backend: Backend,
+}
+
+impl BlobBackend {
+    async fn dir() -> Option<Self> {
+        let backend = Backend::sqlite().await?;
+        assert_eq!(backend.stores.blobs.backend_name(), "dir");
+        Some(Self { blobs: backend.stores.blobs.clone(), backend })
+    }
+
+    async fn postgres() -> Option<Self> {
+        let backend = Backend::postgres().await?;
+        assert_eq!(backend.stores.blobs.backend_name(), "postgres");
+        Some(Self { blobs: backend.stores.blobs.clone(), backend })
+    }
+
+    async fn finish(self) {
+        self.backend.finish().await;
+    }
+
+    /// Every byte the store keeps, concatenated.
+    async fn raw_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        for h in self.blobs.list().await.unwrap() {
+            out.extend(read_all(self.blobs.as_ref(), &h).await);
+        }
+        if self.blobs.backend_name() == "postgres" {
+            out.extend(self.backend.raw_dump("snapshot_blobs").await.into_bytes());
+        }
+        out
+    }
+}
+
+async fn read_all(blobs: &dyn BlobStore, hash: &str) -> Vec<u8> {
+    let mut stream = blobs.read(hash).await.unwrap();
+    let mut out = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        out.extend(chunk.unwrap());
+    }
+    out
+}
+
+async fn blobs_round_trip_small_large_and_empty(b: &BlobBackend) {
+    let blobs = b.blobs.as_ref();
+    let large: Vec<u8> = (0..(blob::READ_CHUNK * 2 + 123)).map(|i| (i % 251) as u8).collect();
+    for data in [b"hello".to_vec(), large, Vec::new()] {
+        let h = sha(&data);
+        assert_eq!(blobs.missing(std::slice::from_ref(&h)).await.unwrap(), vec![h.clone()]);
+        assert!(blobs.put(&h, Bytes::from(data.clone())).await.unwrap(), "newly stored");
+        assert!(!blobs.put(&h, Bytes::from(data.clone())).await.unwrap(), "second put is a no-op");
+        assert!(blobs.missing(std::slice::from_ref(&h)).await.unwrap().is_empty());
+        assert_eq!(blobs.size(&h).await.unwrap(), data.len() as u64);
+        assert_eq!(read_all(blobs, &h).await, data);
+    }
+    let stats = blobs.stats().await.unwrap();
+    assert_eq!(stats.count, 3);
+    assert_eq!(stats.bytes, 5 + (blob::READ_CHUNK * 2 + 123) as u64);
+}
+
+async fn blobs_refuse_bytes_that_do_not_match_their_name(b: &BlobBackend) {
+    let blobs = b.blobs.as_ref();
+    let claimed = sha(b"the real bytes");
+    let err = blobs.put(&claimed, Bytes::from_static(b"forged bytes")).await.unwrap_err();
+    assert!(matches!(err, Error::Invalid { .. }), "{err:?}");
+    assert!(matches!(blobs.read(&claimed).await.err(), Some(Error::NotFound(_))));
+    assert!(matches!(blobs.size(&claimed).await, Err(Error::NotFound(_))));
+    assert!(matches!(blobs.put("../../etc/passwd", Bytes::new()).await, Err(Error::Invalid { .. })));
+    assert!(!String::from_utf8_lossy(&b.raw_bytes().await).contains("forged bytes"));
+    assert_eq!(blobs.stats().await.unwrap().count, 0);
+}
+
+async fn blobs_list_and_delete(b: &BlobBackend) {
+    let blobs = b.blobs.as_ref();
+    let mut hashes = BTreeSet::new();
+    for i in 0..5 {
+        let data = format!("blob {i}").into_bytes();
+        let h = sha(&data);
+        blobs.put(&h, Bytes::from(data)).await.unwrap();
+        hashes.insert(h);
+    }
+    let listed: BTreeSet<String> = blobs.list().await.unwrap().into_iter().collect();
+    assert_eq!(listed, hashes);
+    let gone: Vec<String> = hashes.iter().take(2).cloned().collect();
+    assert_eq!(blobs.delete(&gone).await.unwrap(), 2);
+    assert_eq!(blobs.delete(&gone).await.unwrap(), 0, "absent blobs are ignored");
+    assert_eq!(blobs.missing(&gone).await.unwrap().len(), 2);
+    assert_eq!(blobs.list().await.unwrap().len(), 3);
+}
+
+macro_rules! blob_suite {
+    ($($case:ident),* $(,)?) => {
+        mod blob_dir {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    let Some(b) = super::BlobBackend::dir().await else { return };
+                    super::$case(&b).await;
+                    b.finish().await;
+                }
+            )*
+        }
+        mod blob_postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    let Some(b) = super::BlobBackend::postgres().await else { return };
+                    super::$case(&b).await;
+                    b.finish().await;
+                }
+            )*
+        }
+    };
+}
+
+blob_suite!(
+    blobs_round_trip_small_large_and_empty,
+    blobs_refuse_bytes_that_do_not_match_their_name,
+    blobs_list_and_delete,
+);
+
+// ---------------------------------------------------------------- checkpoints
+
+fn tenant(name: &str) -> Tenant {
+    Tenant::new(name)
+}
+
+fn new_checkpoint(label: &str, blobs: &[&str]) -> NewCheckpoint {
+    NewCheckpoint {
+        run_id: format!("run-{label}"),
+        label: label.into(),
+        manifest: format!("manifest of {label}").into_bytes(),
+        blobs: blobs.iter().map(|b| sha(b.as_bytes())).collect(),
+        file_count: blobs.len() as u64,
+        dir_count: 0,
+        total_bytes: 10,
+        uploaded_bytes: 5,
+    }
+}
+
+async fn save(b: &Backend, t: &Tenant, thread: &str, label: &str, blobs: &[&str]) -> Checkpoint {
+    let cps = b.stores.checkpoints.as_ref();
+    let claim = cps.claim_writer(t, thread).await.unwrap();
+    cps.commit(&claim, new_checkpoint(label, blobs), "no-pin").await.unwrap()
+}
+
+async fn checkpoints_commit_moves_the_head_and_lists_in_order(b: &Backend) {
+    let cps = b.stores.checkpoints.as_ref();
+    let acme = tenant("acme");
+    assert_eq!(cps.head(&acme, "t1").await.unwrap(), None);
+    let first = save(b, &acme, "t1", "one", &["a"]).await;
+    assert_eq!(first.parent_id, None);
+    assert_eq!((first.label.as_str(), first.run_id.as_str(), first.file_count), ("one", "run-one", 1));
+    let second = save(b, &acme, "t1", "two", &["a", "b"]).await;
+    assert_eq!(second.parent_id.as_deref(), Some(first.checkpoint_id.as_str()));
+    assert_eq!(cps.head(&acme, "t1").await.unwrap().unwrap().checkpoint_id, second.checkpoint_id);
+    let listed: Vec<String> = cps.list(&acme, "t1").await.unwrap().into_iter().map(|c| c.label).collect();
+    assert_eq!(listed, ["one", "two"]);
+    let (got, manifest) = cps.get(&acme, "t1", &first.checkpoint_id).await.unwrap();
+    assert_eq!((got, manifest), (first.clone(), b"manifest of one".to_vec()));
+
+    // Tenant and thread scoped.
+    let other = tenant("globex");
+    assert!(matches!(cps.get(&other, "t1", &first.checkpoint_id).await, Err(Error::NotFound(_))));
+    assert!(matches!(cps.get(&acme, "t2", &first.checkpoint_id).await, Err(Error::NotFound(_))));
+    assert!(cps.list(&other, "t1").await.unwrap().is_empty());
+    assert_eq!(cps.head(&other, "t1").await.unwrap(), None);
+    assert!(matches!(cps.delete(&other, "t1", &first.checkpoint_id).await, Err(Error::NotFound(_))));
+    assert!(matches!(cps.fork(&other, "t1", &first.checkpoint_id, "t9").await, Err(Error::NotFound(_))));
+
+    // Deleting the head makes the newest remaining one the head.
+    cps.delete(&acme, "t1", &second.checkpoint_id).await.unwrap();
+    assert_eq!(cps.head(&acme, "t1").await.unwrap().unwrap().checkpoint_id, first.checkpoint_id);
+    cps.delete(&acme, "t1", &first.checkpoint_id).await.unwrap();
+    assert_eq!(cps.head(&acme, "t1").await.unwrap(), None);
+    assert!(matches!(cps.delete(&acme, "t1", &first.checkpoint_id).await, Err(Error::NotFound(_))));
+}
+
+async fn checkpoints_a_superseded_writer_is_fenced_and_a_moved_head_is_stale(b: &Backend) {
+    let cps = b.stores.checkpoints.as_ref();
+    let acme = tenant("acme");
+    let base = save(b, &acme, "t", "base", &["a"]).await;
+    let old = cps.claim_writer(&acme, "t").await.unwrap();
+    let new = cps.claim_writer(&acme, "t").await.unwrap();
+    assert!(new.epoch > old.epoch);
+    let err = cps.commit(&old, new_checkpoint("old", &["x"]), "p").await.unwrap_err();
+    assert!(matches!(err, Error::WriterLost { .. }), "{err:?}");
+    assert_eq!(shared::error::Error::from(err).code, shared::error::ErrorCode::SnapshotWriterLost);
+    let won = cps.commit(&new, new_checkpoint("new", &["y"]), "p").await.unwrap();
+    assert_eq!(won.parent_id.as_deref(), Some(base.checkpoint_id.as_str()));
+    let err = cps.commit(&new, new_checkpoint("again", &["z"]), "p").await.unwrap_err();
+    assert!(matches!(err, Error::StaleHead { .. }), "a claim commits once: {err:?}");
+
+    // A delete moves the head under a live claim.
+    let claim = cps.claim_writer(&acme, "t").await.unwrap();
+    cps.delete(&acme, "t", &won.checkpoint_id).await.unwrap();
+    let err = cps.commit(&claim, new_checkpoint("late", &["z"]), "p").await.unwrap_err();
+    assert!(matches!(err, Error::StaleHead { .. }), "{err:?}");
+    assert_eq!(shared::error::Error::from(err).code, shared::error::ErrorCode::SnapshotStaleHead);
+    let labels: Vec<String> = cps.list(&acme, "t").await.unwrap().into_iter().map(|c| c.label).collect();
+    assert_eq!(labels, ["base"], "nothing of a refused writer landed");
+    assert!(!b.raw_dump("snapshot_checkpoints").await.contains("manifest of old"));
+}
+
+async fn checkpoints_racing_writers_one_wins(b: &Backend) {
+    let acme = tenant("acme");
+    for round in 0..10 {
+        let thread = format!("race-{round}");
+        let claims =
+            futures::future::join_all((0..2).map(|_| b.stores.checkpoints.claim_writer(&acme, &thread)))
+                .await;
+        let commits = futures::future::join_all(claims.into_iter().enumerate().map(|(i, c)| {
+            let cps = b.stores.checkpoints.clone();
+            async move { cps.commit(&c.unwrap(), new_checkpoint(&format!("w{i}"), &["a"]), "p").await }
+        }))
+        .await;
+        let won = commits.iter().filter(|c| c.is_ok()).count();
+        let fenced = commits.iter().filter(|c| matches!(c, Err(Error::WriterLost { .. }))).count();
+        assert_eq!((won, fenced), (1, 1), "round {round}: {commits:?}");
+        assert_eq!(b.stores.checkpoints.list(&acme, &thread).await.unwrap().len(), 1);
+    }
+}
+
+async fn checkpoints_fork_copies_the_chosen_checkpoint_into_an_empty_thread(b: &Backend) {
+    let cps = b.stores.checkpoints.as_ref();
+    let acme = tenant("acme");
+    let first = save(b, &acme, "src", "first", &["a"]).await;
+    let _latest = save(b, &acme, "src", "latest", &["b"]).await;
+    let copy = cps.fork(&acme, "src", &first.checkpoint_id, "dst").await.unwrap();
+    assert_eq!(copy.thread_id, "dst");
+    assert_eq!(copy.forked_from.as_deref(), Some(first.checkpoint_id.as_str()));
+    assert_eq!(copy.label, "first", "the chosen checkpoint, not the latest");
+    assert_eq!(cps.head(&acme, "dst").await.unwrap().unwrap().checkpoint_id, copy.checkpoint_id);
+    let (_, manifest) = cps.get(&acme, "dst", &copy.checkpoint_id).await.unwrap();
+    assert_eq!(manifest, b"manifest of first");
+
+    // Not into a thread that has checkpoints, nor one that has runs.
+    let err = cps.fork(&acme, "src", &first.checkpoint_id, "dst").await.unwrap_err();
+    assert!(matches!(err, Error::NotEmpty(_)), "{err:?}");
+    b.stores
+        .runs
+        .create_or_resume(NewRun {
+            run_id: RunId::parse("run-in-busy").unwrap(),
+            thread_id: "busy".into(),
+            tenant: acme.clone(),
+            sentinel_key: SentinelKey::new("k"),
+            sandbox_key: None,
+            started_at: Timestamp::now(),
+        })
+        .await
+        .unwrap();
+    let err = cps.fork(&acme, "src", &first.checkpoint_id, "busy").await.unwrap_err();
+    assert!(matches!(err, Error::NotEmpty(_)), "{err:?}");
+    assert!(cps.list(&acme, "busy").await.unwrap().is_empty(), "a refused fork leaves nothing");
+
+    // The copy keeps its blobs alive after the source is gone.
+    cps.delete(&acme, "src", &first.checkpoint_id).await.unwrap();
+    let stored = vec![sha(b"a"), sha(b"b"), sha(b"c")];
+    let deleted = cps.sweep(stored, Duration::from_secs(3600), &|_| async { Ok(0) }.boxed()).await.unwrap();
+    assert_eq!(deleted, [sha(b"c")]);
+}
+
+async fn checkpoints_sweep_spares_referenced_and_pinned_blobs(b: &Backend) {
+    let cps = b.stores.checkpoints.as_ref();
+    let acme = tenant("acme");
+    save(b, &acme, "t", "one", &["kept"]).await;
+    cps.pin_blobs("save-1", &[sha(b"pinned")]).await.unwrap();
+    let stored = vec![sha(b"kept"), sha(b"pinned"), sha(b"garbage")];
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let record = seen.clone();
+    let delete = move |hashes: Vec<String>| {
+        let record = record.clone();
+        async move {
+            let n = hashes.len() as u64;
+            record.lock().unwrap().extend(hashes);
+            Ok(n)
+        }
+        .boxed()
+    };
+    assert_eq!(
+        cps.sweep(stored.clone(), Duration::from_secs(3600), &delete).await.unwrap(),
+        [sha(b"garbage")]
+    );
+    assert_eq!(*seen.lock().unwrap(), [sha(b"garbage")]);
+    // An expired pin protects nothing; an unpinned blob neither.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(cps.sweep(stored.clone(), Duration::from_millis(1), &delete).await.unwrap().len(), 2);
+    cps.pin_blobs("save-2", &[sha(b"pinned")]).await.unwrap();
+    cps.unpin("save-2").await.unwrap();
+    assert!(cps.sweep(stored, Duration::from_secs(3600), &delete).await.unwrap().contains(&sha(b"pinned")));
+}
+
+/// A save (pin, ask what is missing, upload, commit) racing a sweep: the
+/// committed checkpoint's blob is always there afterwards.
+async fn checkpoints_sweep_racing_a_save_never_loses_a_committed_blob(b: &Backend) {
+    let acme = tenant("acme");
+    let blobs = b.stores.blobs.clone();
+    let cps = b.stores.checkpoints.clone();
+    for round in 0..20 {
+        let data = format!("round {round}").into_bytes();
+        let h = sha(&data);
+        // Left unreferenced by an earlier, deleted checkpoint.
+        blobs.put(&h, Bytes::from(data.clone())).await.unwrap();
+        let saving = {
+            let (blobs, cps, acme, h, data) =
+                (blobs.clone(), cps.clone(), acme.clone(), h.clone(), data.clone());
+            tokio::spawn(async move {
+                let pin = format!("pin-{round}");
+                let claim = cps.claim_writer(&acme, "gc").await.unwrap();
+                cps.pin_blobs(&pin, std::slice::from_ref(&h)).await.unwrap();
+                for missing in blobs.missing(std::slice::from_ref(&h)).await.unwrap() {
+                    blobs.put(&missing, Bytes::from(data.clone())).await.unwrap();
+                }
+                let mut new = new_checkpoint("gc", &[]);
+                new.blobs = vec![h];
+                cps.commit(&claim, new, &pin).await.unwrap();
+            })
+        };
+        let sweeping = {
+            let (blobs, cps) = (blobs.clone(), cps.clone());
+            tokio::spawn(async move {
+                let stored = blobs.list().await.unwrap();
+                let delete = |hashes: Vec<String>| {
+                    let blobs = blobs.clone();
+                    async move { blobs.delete(&hashes).await }.boxed()
+                };
+                cps.sweep(stored, Duration::from_secs(3600), &delete).await.unwrap()
+            })
+        };
+        saving.await.unwrap();
+        sweeping.await.unwrap();
+        assert!(
+            blobs.missing(std::slice::from_ref(&h)).await.unwrap().is_empty(),
+            "round {round}: blob lost"
+        );
+        // Unreference it again for the next round.
+        let head = cps.head(&acme, "gc").await.unwrap().unwrap();
+        cps.delete(&acme, "gc", &head.checkpoint_id).await.unwrap();
+    }
+}
+
+macro_rules! checkpoint_suite {
+    ($($case:ident),* $(,)?) => {
+        mod checkpoints_sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    let Some(b) = super::Backend::sqlite().await else { return };
+                    super::$case(&b).await;
+                    b.finish().await;
+                }
+            )*
+        }
+        mod checkpoints_postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    let Some(b) = super::Backend::postgres().await else { return };
+                    super::$case(&b).await;
+                    b.finish().await;
+                }
+            )*
+        }
+    };
+}
+
+checkpoint_suite!(
+    checkpoints_commit_moves_the_head_and_lists_in_order,
+    checkpoints_a_superseded_writer_is_fenced_and_a_moved_head_is_stale,
+    checkpoints_racing_writers_one_wins,
+    checkpoints_fork_copies_the_chosen_checkpoint_into_an_empty_thread,
+    checkpoints_sweep_spares_referenced_and_pinned_blobs,
+    checkpoints_sweep_racing_a_save_never_loses_a_committed_blob,
+);
