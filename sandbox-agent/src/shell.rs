@@ -306,10 +306,11 @@ impl ShellSession {
         &self,
         command: &str,
         timeout: Duration,
+        end_shell_on_timeout: bool,
         sink: &mut Sink,
     ) -> Result<ShellCommandExit, Error> {
         let mut io = self.io.lock().await;
-        self.run_locked(&mut io, command, timeout, sink).await
+        self.run_locked(&mut io, command, timeout, end_shell_on_timeout, sink).await
     }
 
     async fn run_locked(
@@ -317,6 +318,7 @@ impl ShellSession {
         io: &mut ShellIo,
         command: &str,
         timeout: Duration,
+        end_shell_on_timeout: bool,
         sink: &mut Sink,
     ) -> Result<ShellCommandExit, Error> {
         if command.contains('\0') {
@@ -406,10 +408,17 @@ impl ShellSession {
                     }
                 }
                 _ = tokio::time::sleep_until(deadline), if waiting && !timed_out => {
-                    tracing::debug!(pid = self.pid, "shell command timed out, killing its processes");
                     timed_out = true;
-                    child::kill_group_except(self.pid, self.pid).await;
-                    kill_shell_at = Some(Instant::now() + KILL_GRACE);
+                    if end_shell_on_timeout {
+                        // Killing only the running process would let the
+                        // shell go on with the rest of the command.
+                        tracing::debug!(pid = self.pid, "shell command timed out, killing the shell");
+                        self.terminate();
+                    } else {
+                        tracing::debug!(pid = self.pid, "shell command timed out, killing its processes");
+                        child::kill_group_except(self.pid, self.pid).await;
+                        kill_shell_at = Some(Instant::now() + KILL_GRACE);
+                    }
                 }
                 _ = sink.closed(), if waiting && !abandoned => {
                     tracing::debug!(pid = self.pid, "shell client gone, killing the command's processes");
@@ -450,7 +459,7 @@ impl ShellSession {
         // a child's environment otherwise.
         for probe in ["command env -0", "command cat /proc/self/environ"] {
             let mut sink = Sink::Capture(Vec::new());
-            let exit = self.run_locked(&mut io, probe, STATE_CAPTURE_TIMEOUT, &mut sink).await?;
+            let exit = self.run_locked(&mut io, probe, STATE_CAPTURE_TIMEOUT, false, &mut sink).await?;
             if exit.shell_exited {
                 return Err(shell_exited_error());
             }
@@ -652,7 +661,7 @@ impl ShellService for Shells {
         let sessions = self.sessions.clone();
         tokio::spawn(async move {
             let mut sink = Sink::Client(tx.clone());
-            let result = session.run(&req.command, timeout, &mut sink).await;
+            let result = session.run(&req.command, timeout, req.end_shell_on_timeout, &mut sink).await;
             match result {
                 Ok(exit) => {
                     if exit.shell_exited {

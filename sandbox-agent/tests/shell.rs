@@ -49,7 +49,17 @@ struct Ran {
 }
 
 async fn run(c: &mut Client, session: &str, command: &str, timeout_ms: Option<u64>) -> Ran {
-    let req = RunInShellRequest { session_id: session.into(), command: command.into(), timeout_ms };
+    let req = RunInShellRequest {
+        session_id: session.into(),
+        command: command.into(),
+        timeout_ms,
+        end_shell_on_timeout: false,
+    };
+    run_request(c, req).await
+}
+
+async fn run_request(c: &mut Client, req: RunInShellRequest) -> Ran {
+    let command = req.command.clone();
     let mut stream = c.run_in_shell(req).await.unwrap().into_inner();
     let mut ran = Ran::default();
     let mut exits = 0;
@@ -210,7 +220,12 @@ async fn exit_ends_the_session_and_a_new_one_can_be_opened() {
         let bg: u32 = r.stdout.lines().next().unwrap().strip_prefix("bg=").unwrap().parse().unwrap();
         // The dead shell's leftovers are killed with it.
         wait_gone(bg).await;
-        let req = RunInShellRequest { session_id: s.clone(), command: "true".into(), timeout_ms: None };
+        let req = RunInShellRequest {
+            session_id: s.clone(),
+            command: "true".into(),
+            timeout_ms: None,
+            end_shell_on_timeout: false,
+        };
         assert_eq!(c.run_in_shell(req).await.unwrap_err().code(), Code::NotFound, "{sh}");
         let s2 = open(&mut c, &sh).await;
         assert_eq!(run(&mut c, &s2, "echo again", None).await.stdout, "again\n", "{sh}");
@@ -259,6 +274,28 @@ async fn a_timeout_kills_the_commands_process_group_and_keeps_the_shell() {
         let r = run(&mut c, &s, "pwd", None).await;
         assert_eq!(r.stdout, format!("{}\n", agent.root.join("kept").display()), "{sh}");
         c.close_shell(CloseShellRequest { session_id: s }).await.unwrap();
+    }
+    agent.stop().await;
+}
+
+/// Setup's mode: the rest of a timed-out compound command must not run, so
+/// the shell ends with it.
+#[tokio::test]
+async fn a_timeout_can_end_the_shell_so_the_rest_of_the_command_never_runs() {
+    let agent = TestAgent::start().await;
+    let mut c = ShellServiceClient::new(agent.channel().await);
+    for sh in shells(&agent) {
+        let s = open(&mut c, &sh).await;
+        let req = RunInShellRequest {
+            session_id: s.clone(),
+            command: "sleep 2; echo late > late.txt".into(),
+            timeout_ms: Some(300),
+            end_shell_on_timeout: true,
+        };
+        let r = run_request(&mut c, req).await;
+        assert!(r.exit.timed_out && r.exit.shell_exited, "{sh}: {:?}", r.exit);
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert!(!agent.root.join("late.txt").exists(), "{sh}: the rest of the command ran");
     }
     agent.stop().await;
 }
@@ -314,7 +351,12 @@ async fn shell_failures() {
         let desc = format!("{req:?}");
         assert_eq!(c.open_shell(req).await.unwrap_err().code(), expected, "{desc}");
     }
-    let req = RunInShellRequest { session_id: "nope".into(), command: "true".into(), timeout_ms: None };
+    let req = RunInShellRequest {
+        session_id: "nope".into(),
+        command: "true".into(),
+        timeout_ms: None,
+        end_shell_on_timeout: false,
+    };
     assert_eq!(c.run_in_shell(req).await.unwrap_err().code(), Code::NotFound);
     let req =
         RunParallelRequest { session_id: "nope".into(), commands: vec!["true".into()], timeout_ms: None };
@@ -322,7 +364,12 @@ async fn shell_failures() {
     let s = open(&mut c, "").await;
     let req = RunParallelRequest { session_id: s.clone(), commands: vec![], timeout_ms: None };
     assert_eq!(c.run_parallel(req).await.unwrap_err().code(), Code::InvalidArgument);
-    let req = RunInShellRequest { session_id: s.clone(), command: "a\0b".into(), timeout_ms: None };
+    let req = RunInShellRequest {
+        session_id: s.clone(),
+        command: "a\0b".into(),
+        timeout_ms: None,
+        end_shell_on_timeout: false,
+    };
     assert_eq!(c.run_in_shell(req).await.unwrap_err().code(), Code::InvalidArgument);
 
     // Env and cwd given at open hold for the session.
