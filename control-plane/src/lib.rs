@@ -13,3 +13,4 @@ pub mod provider;
 pub mod sandbox;
 pub mod server;
 pub mod store;
+pub mod workspace;

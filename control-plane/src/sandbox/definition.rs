@@ -99,11 +99,20 @@ pub fn validate(d: &SandboxDefinition) -> Result<(), Error> {
             }
         }
     }
+    if let Some(w) = &d.workspace {
+        violations.extend(crate::workspace::violations(w, Some(&d.secret_names), "definition.workspace"));
+    }
+    refuse("sandbox definition", violations)
+}
+
+/// `Ok` without violations, else one INVALID_ARGUMENT carrying each as a
+/// field violation.
+pub(crate) fn refuse(what: &str, violations: Vec<(String, String)>) -> Result<(), Error> {
     if violations.is_empty() {
         return Ok(());
     }
     let summary = violations.iter().map(|(f, w)| format!("{f}: {w}")).collect::<Vec<_>>().join("; ");
-    let mut err = Error::new(ErrorCode::InvalidArgument, format!("invalid sandbox definition: {summary}"));
+    let mut err = Error::new(ErrorCode::InvalidArgument, format!("invalid {what}: {summary}"));
     for (f, w) in violations {
         err = err.with_violation(f, w);
     }

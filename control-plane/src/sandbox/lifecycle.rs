@@ -301,7 +301,8 @@ impl Lifecycle {
             .await?;
         // Only a provisioned workspace is worth capturing: restoring a
         // snapshot of an untouched sandbox is just a slower create.
-        let wants = lifecycle.snapshot != api::SnapshotPolicy::Never as i32 && !workspace.setup.is_empty();
+        let wants = lifecycle.snapshot != api::SnapshotPolicy::Never as i32
+            && crate::workspace::provisions_anything(workspace);
         if !(wants && provider.capabilities().snapshots) {
             return Ok(None);
         }

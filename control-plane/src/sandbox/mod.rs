@@ -22,7 +22,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 pub use lifecycle::{EnsureInput, Lifecycle, Providers};
-pub use provision::{Provisioner, ShellProvisioner};
+pub use provision::Provisioner;
+pub use provision::Secrets;
 pub use service::SandboxApi;
 
 use crate::config::ServeConfig;

@@ -168,7 +168,7 @@ pub async fn start(config: ServeConfig, shutdown: CancellationToken) -> anyhow::
 
     let lifecycle = crate::sandbox::Lifecycle::new(
         crate::sandbox::providers_from_config(&config).await,
-        Arc::new(crate::sandbox::ShellProvisioner),
+        Arc::new(crate::workspace::WorkspaceProvisioner),
     );
     tokio::spawn(crate::sandbox::run_idle_sweeper(lifecycle.clone(), shutdown.clone()));
 

@@ -1,0 +1,354 @@
+//! Workspace provisioning: what a `WorkspaceDefinition` says, made real in a
+//! freshly created sandbox through its agent.
+//!
+//! In order, right after the sandbox is created (the lifecycle's
+//! [`Provisioner`] seam):
+//!
+//! 1. **Source** ([`git`]): clone the git source into the workspace root,
+//!    shallow unless told otherwise; skipped when `.git` is already there.
+//! 2. **Package manager** ([`package_manager`]): the definition's, else
+//!    detected from lockfiles, exposed to setup as
+//!    `$SANDHOLD_PACKAGE_MANAGER`.
+//! 3. **Setup** ([`setup`]): serial steps and parallel groups on the agent's
+//!    persistent shell, each step bounded by `setup_step_timeout_ms`.
+//! 4. **Projection** ([`instructions`], [`skills`]): `AGENTS.md` and its
+//!    aliases, file and git skills, and the MCP config files of every
+//!    harness unless one of them carries a secret.
+//!
+//! Before each run, [`project_for_run`] rewrites the secret-bearing files
+//! for the run's harness with the current secret values and says what of
+//! the workspace that harness cannot use. Secret values reach the sandbox
+//! only: errors and progress pass through the [`Redactor`].
+
+mod git;
+mod instructions;
+mod package_manager;
+mod remote;
+mod setup;
+mod skills;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use shared::error::{Error, ErrorCode};
+use shared::proto::v1::{EnsurePhase, WorkspaceDefinition, git_source, header_value, skill, source};
+use shared::secret::Secret;
+
+use crate::agent::AgentClient;
+use crate::harness::Harness;
+use crate::sandbox::definition::valid_env_name;
+use crate::sandbox::provision::{ProvisionContext, Provisioner, Redactor, Secrets};
+use remote::Remote;
+
+/// Builds workspaces: git source, setup, instructions and skills.
+#[derive(Debug, Default, Clone)]
+pub struct WorkspaceProvisioner;
+
+#[async_trait]
+impl Provisioner for WorkspaceProvisioner {
+    fn check(&self, workspace: &WorkspaceDefinition) -> Result<(), Error> {
+        crate::sandbox::definition::refuse("workspace", violations(workspace, None, "workspace"))
+    }
+
+    async fn provision(&self, ctx: ProvisionContext<'_>) -> Result<(), Error> {
+        self.check(ctx.workspace)?;
+        let w = ctx.workspace;
+        let redactor = Redactor::new(ctx.secrets);
+        let remote = Remote { agent: ctx.agent, redactor: &redactor };
+        let timeout =
+            w.setup_step_timeout_ms.map(Duration::from_millis).unwrap_or(setup::DEFAULT_STEP_TIMEOUT);
+
+        if let Some(source::Source::Git(g)) = w.source.as_ref().and_then(|s| s.source.as_ref()) {
+            let shown = git::display_url(&g.url);
+            if remote.exists(".git").await? {
+                ctx.progress.phase(
+                    EnsurePhase::Cloning,
+                    format!("{shown}: the workspace is already a git checkout; not cloning"),
+                );
+            } else {
+                ctx.progress.phase(EnsurePhase::Cloning, format!("cloning {shown}"));
+                let history = match g.history {
+                    Some(git_source::History::Full(true)) => git::History::Full,
+                    Some(git_source::History::Depth(d)) if d > 0 => git::History::Depth(d),
+                    _ => git::History::Depth(1),
+                };
+                let token = auth_token(ctx.secrets, &g.auth_secret, "the git source")?;
+                let clone = git::Clone { url: &g.url, git_ref: &g.r#ref, history, into: ".", token };
+                git::clone(&remote, &clone, timeout).await?;
+            }
+        }
+
+        let manager = package_manager::detect(&remote, &w.package_manager).await?;
+        let env: HashMap<String, String> =
+            manager.iter().map(|m| (package_manager::VARIABLE.to_string(), m.clone())).collect();
+        setup::run(&ctx, env, timeout, &redactor).await?;
+
+        let text = instructions::render(w, manager.as_deref());
+        if text.is_none() && !skills::any(w) {
+            return Ok(());
+        }
+        ctx.progress.phase(EnsurePhase::Projecting, "writing instructions and skills");
+        if let Some(text) = text {
+            let linked = instructions::write(&remote, &text).await?;
+            if !linked {
+                ctx.progress.phase(
+                    EnsurePhase::Projecting,
+                    "symlinks are not possible here: CLAUDE.md and GEMINI.md are copies of AGENTS.md",
+                );
+            }
+        }
+        skills::write_file_skills(&remote, w).await?;
+        for note in skills::install_git_skills(&remote, w, ctx.secrets, timeout).await? {
+            ctx.progress.phase(EnsurePhase::Projecting, note);
+        }
+        if skills::mcp_is_secret_bearing(w) {
+            ctx.progress.phase(
+                EnsurePhase::Projecting,
+                "MCP config carries secrets: written before each run, for that run's harness only",
+            );
+        } else {
+            for warning in skills::project_mcp(&remote, w, ctx.secrets, &skills::AGENT_HARNESSES).await? {
+                ctx.progress.phase(EnsurePhase::Projecting, warning);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Right before each run: (re)write the secret-bearing files of the
+/// workspace for `harness` with the current secret values, and return what
+/// of the workspace `harness` cannot use, as warnings (never an error).
+pub async fn project_for_run(
+    agent: &AgentClient,
+    workspace: &WorkspaceDefinition,
+    secrets: &Secrets,
+    harness: Harness,
+) -> Result<Vec<String>, Error> {
+    let redactor = Redactor::new(secrets);
+    let remote = Remote { agent, redactor: &redactor };
+    let mut warnings = skills::warnings(workspace, harness);
+    if skills::mcp_is_secret_bearing(workspace) {
+        warnings.extend(skills::project_mcp(&remote, workspace, secrets, &[harness]).await?);
+    }
+    Ok(warnings)
+}
+
+/// Whether provisioning leaves anything in the sandbox worth a native
+/// snapshot.
+pub fn provisions_anything(w: &WorkspaceDefinition) -> bool {
+    matches!(w.source.as_ref().and_then(|s| s.source.as_ref()), Some(source::Source::Git(_)))
+        || !w.setup.is_empty()
+        || !w.instructions.is_empty()
+        || !w.scripts.is_empty()
+        || skills::any(w)
+}
+
+/// The value of the secret `name` (none when `name` is empty); an error
+/// naming it, never a value, when the request did not pass it.
+fn auth_token<'a>(secrets: &'a Secrets, name: &str, what: &str) -> Result<Option<&'a Secret>, Error> {
+    if name.is_empty() {
+        return Ok(None);
+    }
+    secrets.get(name).map(Some).ok_or_else(|| {
+        Error::new(
+            ErrorCode::FailedPrecondition,
+            format!("{what} authenticates with the secret {name}, which was not passed with the request"),
+        )
+        .with_meta("secret", name)
+    })
+}
+
+/// A path relative to the workspace root that stays inside it.
+fn valid_relative_path(p: &str) -> bool {
+    !p.is_empty()
+        && !p.starts_with('/')
+        && !p.contains('\0')
+        && p.trim_end_matches('/').split('/').all(|c| !c.is_empty() && c != ".." && c != ".")
+}
+
+/// A skill or server name: `[A-Za-z0-9_-][A-Za-z0-9._-]*`, 1-64 chars.
+fn valid_name(n: &str) -> bool {
+    (1..=64).contains(&n.len())
+        && !n.starts_with('.')
+        && n.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+}
+
+/// Every problem of a workspace definition as `(field, why)`, fields under
+/// `prefix`. With `declared`, secrets the workspace refers to must be
+/// among them.
+pub fn violations(
+    w: &WorkspaceDefinition,
+    declared: Option<&[String]>,
+    prefix: &str,
+) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    let mut bad = |field: String, why: &str| out.push((format!("{prefix}.{field}"), why.to_string()));
+    let secret_ref = |field: String, name: &str, bad: &mut dyn FnMut(String, &str)| {
+        if !valid_env_name(name) {
+            bad(field, "not a valid secret name");
+        } else if declared.is_some_and(|d| !d.iter().any(|s| s == name)) {
+            bad(field, "names a secret the definition does not declare in secret_names");
+        }
+    };
+    if let Some(source::Source::Git(g)) = w.source.as_ref().and_then(|s| s.source.as_ref()) {
+        if g.url.trim().is_empty() {
+            bad("source.git.url".into(), "required");
+        }
+        if g.history == Some(git_source::History::Depth(0)) {
+            bad("source.git.depth".into(), "must be at least 1 (or use full)");
+        }
+        if !g.auth_secret.is_empty() {
+            secret_ref("source.git.auth_secret".into(), &g.auth_secret, &mut bad);
+        }
+    }
+    if w.setup_step_timeout_ms == Some(0) {
+        bad("setup_step_timeout_ms".into(), "must be positive (unset: 30 minutes)");
+    }
+    for (name, command) in &w.scripts {
+        if !valid_name(name) {
+            bad(format!("scripts[{name}]"), "script names are 1-64 characters of [A-Za-z0-9._-]");
+        }
+        if command.trim().is_empty() || command.contains('\n') || command.contains('`') {
+            bad(format!("scripts[{name}]"), "a script is one non-empty line without backticks");
+        }
+    }
+    if !w.package_manager.is_empty() && !valid_name(&w.package_manager) {
+        bad("package_manager".into(), "a name such as pnpm, yarn, bun or npm");
+    }
+    let mut names = std::collections::HashSet::new();
+    for (i, s) in w.skills.iter().enumerate() {
+        let field = |f: &str| format!("skills[{i}]{f}");
+        match &s.skill {
+            None => bad(field(""), "empty skill"),
+            Some(skill::Skill::File(f)) => {
+                if !valid_relative_path(&f.path) {
+                    bad(field(".file.path"), "a relative path inside the workspace");
+                }
+            }
+            Some(skill::Skill::Git(g)) => {
+                name_and_url(&mut names, "git", &g.name, &g.url, &field(".git"), &mut bad);
+                if !g.into.is_empty() && !valid_relative_path(&g.into) {
+                    bad(field(".git.into"), "a relative path inside the workspace");
+                }
+                if !g.auth_secret.is_empty() {
+                    secret_ref(field(".git.auth_secret"), &g.auth_secret, &mut bad);
+                }
+            }
+            Some(skill::Skill::Mcp(m)) => {
+                name_and_url(&mut names, "mcp", &m.name, &m.url, &field(".mcp"), &mut bad);
+                for (header, value) in &m.headers {
+                    let hf = field(&format!(".mcp.headers[{header}]"));
+                    if header.is_empty()
+                        || !header.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_".contains(&b))
+                    {
+                        bad(hf.clone(), "not a valid header name");
+                    }
+                    match &value.value {
+                        None => bad(hf, "needs a literal, secret or bearer_secret"),
+                        Some(header_value::Value::Literal(_)) => {}
+                        Some(header_value::Value::Secret(s) | header_value::Value::BearerSecret(s)) => {
+                            secret_ref(hf, s, &mut bad)
+                        }
+                    }
+                }
+            }
+            Some(skill::Skill::Named(n)) => {
+                if n.trim().is_empty() {
+                    bad(field(".named"), "required");
+                }
+            }
+        }
+    }
+    out
+}
+
+/// A git or MCP skill's name (valid, unique per kind) and URL (present).
+fn name_and_url(
+    names: &mut std::collections::HashSet<(&'static str, String)>,
+    kind: &'static str,
+    name: &str,
+    url: &str,
+    field: &str,
+    bad: &mut dyn FnMut(String, &str),
+) {
+    if !valid_name(name) {
+        bad(format!("{field}.name"), "1-64 characters of [A-Za-z0-9._-], not starting with a dot");
+    } else if !names.insert((kind, name.to_string())) {
+        bad(format!("{field}.name"), "two skills of this kind have this name");
+    }
+    if url.trim().is_empty() {
+        bad(format!("{field}.url"), "required");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shared::proto::v1::{GitSource, HeaderValue, McpSkill, Skill, Source};
+
+    #[test]
+    fn problems_are_field_violations_and_secrets_must_be_declared() {
+        let w = WorkspaceDefinition {
+            source: Some(Source {
+                source: Some(source::Source::Git(GitSource {
+                    url: String::new(),
+                    history: Some(git_source::History::Depth(0)),
+                    auth_secret: "GH".into(),
+                    ..Default::default()
+                })),
+            }),
+            skills: vec![
+                Skill {
+                    skill: Some(skill::Skill::File(shared::proto::v1::FileSkill {
+                        path: "../x".into(),
+                        content: String::new(),
+                    })),
+                },
+                Skill {
+                    skill: Some(skill::Skill::Mcp(McpSkill {
+                        name: "m".into(),
+                        url: "https://m".into(),
+                        headers: [(
+                            "Authorization".to_string(),
+                            HeaderValue {
+                                value: Some(header_value::Value::BearerSecret("MCP_TOKEN".into())),
+                            },
+                        )]
+                        .into(),
+                    })),
+                },
+            ],
+            ..Default::default()
+        };
+        let declared = vec!["GH".to_string()];
+        let fields: Vec<String> = violations(&w, Some(&declared), "w").into_iter().map(|(f, _)| f).collect();
+        assert_eq!(
+            fields,
+            vec![
+                "w.source.git.url",
+                "w.source.git.depth",
+                "w.skills[0].file.path",
+                "w.skills[1].mcp.headers[Authorization]",
+            ]
+        );
+        assert_eq!(
+            violations(&w, None, "w").len(),
+            3,
+            "undeclared secrets are only checked with a definition"
+        );
+        let err = WorkspaceProvisioner.check(&w).unwrap_err();
+        assert_eq!(err.code, ErrorCode::InvalidArgument);
+        assert!(WorkspaceProvisioner.check(&WorkspaceDefinition::default()).is_ok());
+    }
+
+    #[test]
+    fn paths_stay_inside_the_workspace() {
+        for ok in ["a", "a/b.md", ".claude/x", "dir/"] {
+            assert!(valid_relative_path(ok), "{ok}");
+        }
+        for bad in ["", "/etc/x", "a/../../b", "..", "./a", "a//b"] {
+            assert!(!valid_relative_path(bad), "{bad}");
+        }
+    }
+}

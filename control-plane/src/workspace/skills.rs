@@ -1,0 +1,408 @@
+//! Skills, projected per harness.
+//!
+//! | skill | Claude Code | Codex | OpenCode |
+//! |---|---|---|---|
+//! | file | the file | the file | the file |
+//! | git | `.claude/skills/<name>` | `.codex/skills/<name>` | warning |
+//! | MCP | `.mcp.json` | `.codex/config.toml` | `opencode.json` |
+//! | named | warning | warning | warning |
+//!
+//! A git skill is cloned at depth 1 into its `into` path (default
+//! `.sandhold/skills/<name>`); every folder holding a `SKILL.md` up to 6
+//! levels deep is linked (copied where links fail) into each harness's
+//! skills folder under the folder's name (the skill's own name for a
+//! `SKILL.md` at the top). MCP servers are merged into a config file the
+//! repository may already have. A config file with a header drawn from a
+//! secret is secret-bearing: it is written only right before a run, for
+//! that run's harness, with the secret's current value, so it never sits
+//! in a native snapshot taken after setup.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use shared::error::{Error, ErrorCode};
+use shared::proto::v1::{McpSkill, Skill, WorkspaceDefinition, header_value, skill};
+
+use super::git::{self, History};
+use super::remote::Remote;
+use crate::harness::Harness;
+use crate::sandbox::provision::Secrets;
+
+/// How deep under a git skill's folder `SKILL.md` files are looked for.
+const SKILL_SEARCH_DEPTH: u32 = 6;
+
+/// Where a git skill is cloned, relative to the workspace root.
+pub(crate) fn git_skill_dir(s: &shared::proto::v1::GitSkill) -> String {
+    if s.into.is_empty() {
+        format!(".sandhold/skills/{}", s.name)
+    } else {
+        s.into.trim_end_matches('/').to_string()
+    }
+}
+
+/// The skills folder of a harness, if it has one.
+fn skills_folder(harness: Harness) -> Option<&'static str> {
+    match harness {
+        Harness::ClaudeCode => Some(".claude/skills"),
+        Harness::Codex => Some(".codex/skills"),
+        Harness::OpenCode | Harness::Command => None,
+    }
+}
+
+/// The MCP config file of a harness, if it reads one.
+pub(crate) fn mcp_file(harness: Harness) -> Option<&'static str> {
+    match harness {
+        Harness::ClaudeCode => Some(".mcp.json"),
+        Harness::Codex => Some(".codex/config.toml"),
+        Harness::OpenCode => Some("opencode.json"),
+        Harness::Command => None,
+    }
+}
+
+/// The harnesses skills are projected for (`command` runs anything and
+/// reads none of these files).
+pub(crate) const AGENT_HARNESSES: [Harness; 3] = [Harness::ClaudeCode, Harness::Codex, Harness::OpenCode];
+
+fn mcp_skills(w: &WorkspaceDefinition) -> impl Iterator<Item = &McpSkill> {
+    w.skills.iter().filter_map(|s| match &s.skill {
+        Some(skill::Skill::Mcp(m)) => Some(m),
+        _ => None,
+    })
+}
+
+/// Whether the MCP config files carry a secret's value.
+pub(crate) fn mcp_is_secret_bearing(w: &WorkspaceDefinition) -> bool {
+    mcp_skills(w).any(|m| {
+        m.headers.values().any(|h| {
+            matches!(h.value, Some(header_value::Value::Secret(_) | header_value::Value::BearerSecret(_)))
+        })
+    })
+}
+
+/// What `harness` cannot use of the workspace's skills, as warnings.
+pub(crate) fn warnings(w: &WorkspaceDefinition, harness: Harness) -> Vec<String> {
+    if harness == Harness::Command {
+        return Vec::new();
+    }
+    let name = harness.name();
+    let mut out = Vec::new();
+    for s in &w.skills {
+        match &s.skill {
+            Some(skill::Skill::Named(n)) => out
+                .push(format!("skill {n:?} skipped: {name} has no skill registry Sandhold can install from")),
+            Some(skill::Skill::Git(g)) if skills_folder(harness).is_none() => {
+                out.push(format!("git skill {:?} skipped: {name} has no skills folder", g.name))
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// Header values of one MCP server, secrets resolved.
+fn resolve_headers(m: &McpSkill, secrets: &Secrets) -> Result<BTreeMap<String, String>, Error> {
+    let secret = |name: &str, header: &str| {
+        secrets.get(name).map(|s| s.expose().to_string()).ok_or_else(|| {
+            Error::new(
+                ErrorCode::FailedPrecondition,
+                format!(
+                    "MCP skill {:?}: header {header:?} needs the secret {name}, which was not passed with the request",
+                    m.name
+                ),
+            )
+            .with_meta("secret", name)
+        })
+    };
+    let mut out = BTreeMap::new();
+    for (header, value) in &m.headers {
+        let v = match &value.value {
+            Some(header_value::Value::Literal(v)) => v.clone(),
+            Some(header_value::Value::Secret(s)) => secret(s, header)?,
+            Some(header_value::Value::BearerSecret(s)) => format!("Bearer {}", secret(s, header)?),
+            None => continue,
+        };
+        out.insert(header.clone(), v);
+    }
+    Ok(out)
+}
+
+struct Server {
+    name: String,
+    url: String,
+    headers: BTreeMap<String, String>,
+}
+
+/// `existing` (a file the workspace may already have) with the servers
+/// merged in, in the harness's format; `Err(why)` when `existing` cannot be
+/// read as that format.
+fn merged_config(harness: Harness, existing: Option<&[u8]>, servers: &[Server]) -> Result<Vec<u8>, String> {
+    match harness {
+        Harness::Codex => {
+            let mut doc: toml::Table = match existing {
+                Some(b) => std::str::from_utf8(b)
+                    .map_err(|e| e.to_string())
+                    .and_then(|s| s.parse::<toml::Table>().map_err(|e| e.to_string()))?,
+                None => toml::Table::new(),
+            };
+            let table = doc
+                .entry("mcp_servers")
+                .or_insert_with(|| toml::Value::Table(toml::Table::new()))
+                .as_table_mut()
+                .ok_or("mcp_servers is not a table")?;
+            for s in servers {
+                let mut entry = toml::Table::new();
+                entry.insert("url".into(), toml::Value::String(s.url.clone()));
+                if !s.headers.is_empty() {
+                    let headers =
+                        s.headers.iter().map(|(k, v)| (k.clone(), toml::Value::String(v.clone()))).collect();
+                    entry.insert("http_headers".into(), toml::Value::Table(headers));
+                }
+                table.insert(s.name.clone(), toml::Value::Table(entry));
+            }
+            toml::to_string(&doc).map(String::into_bytes).map_err(|e| e.to_string())
+        }
+        Harness::ClaudeCode | Harness::OpenCode => {
+            let mut doc: Value = match existing {
+                Some(b) => serde_json::from_slice(b).map_err(|e| e.to_string())?,
+                None if harness == Harness::OpenCode => {
+                    json!({ "$schema": "https://opencode.ai/config.json" })
+                }
+                None => json!({}),
+            };
+            let key = if harness == Harness::ClaudeCode { "mcpServers" } else { "mcp" };
+            let root = doc.as_object_mut().ok_or("not a JSON object")?;
+            let table = root
+                .entry(key)
+                .or_insert_with(|| json!({}))
+                .as_object_mut()
+                .ok_or(format!("{key} is not an object"))?;
+            for s in servers {
+                let entry = if harness == Harness::ClaudeCode {
+                    json!({ "type": "http", "url": s.url, "headers": s.headers })
+                } else {
+                    json!({ "type": "remote", "url": s.url, "enabled": true, "headers": s.headers })
+                };
+                table.insert(s.name.clone(), entry);
+            }
+            let mut out = serde_json::to_vec_pretty(&doc).map_err(|e| e.to_string())?;
+            out.push(b'\n');
+            Ok(out)
+        }
+        Harness::Command => Err("the command harness reads no MCP config".into()),
+    }
+}
+
+/// Write the MCP config of each of `harnesses` (when the workspace has MCP
+/// skills). Returns warnings for config files that could not be merged.
+pub(crate) async fn project_mcp(
+    remote: &Remote<'_>,
+    w: &WorkspaceDefinition,
+    secrets: &Secrets,
+    harnesses: &[Harness],
+) -> Result<Vec<String>, Error> {
+    let servers = mcp_skills(w)
+        .map(|m| {
+            Ok(Server { name: m.name.clone(), url: m.url.clone(), headers: resolve_headers(m, secrets)? })
+        })
+        .collect::<Result<Vec<_>, Error>>()?;
+    let mut warnings = Vec::new();
+    if servers.is_empty() {
+        return Ok(warnings);
+    }
+    for &harness in harnesses {
+        let Some(path) = mcp_file(harness) else { continue };
+        let existing = remote.read(path).await?;
+        match merged_config(harness, existing.as_deref(), &servers) {
+            Ok(bytes) => remote.write(path, &bytes, Some(0o600)).await?,
+            Err(why) => warnings.push(format!(
+                "MCP skills skipped for {}: the workspace's {path} is not valid ({why})",
+                harness.name()
+            )),
+        }
+    }
+    Ok(warnings)
+}
+
+/// Write each file skill.
+pub(crate) async fn write_file_skills(remote: &Remote<'_>, w: &WorkspaceDefinition) -> Result<(), Error> {
+    for s in &w.skills {
+        if let Some(skill::Skill::File(f)) = &s.skill {
+            remote.write(&f.path, f.content.as_bytes(), None).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Clone each git skill (unless already there) and link its skill folders
+/// into every harness's skills folder.
+pub(crate) async fn install_git_skills(
+    remote: &Remote<'_>,
+    w: &WorkspaceDefinition,
+    secrets: &Secrets,
+    timeout: Duration,
+) -> Result<Vec<String>, Error> {
+    let mut notes = Vec::new();
+    for s in &w.skills {
+        let Some(skill::Skill::Git(g)) = &s.skill else { continue };
+        let dir = git_skill_dir(g);
+        if !remote.exists(&format!("{dir}/.git")).await? {
+            let token = super::auth_token(secrets, &g.auth_secret, &format!("git skill {:?}", g.name))?;
+            let clone =
+                git::Clone { url: &g.url, git_ref: &g.r#ref, history: History::Depth(1), into: &dir, token };
+            git::clone(remote, &clone, timeout).await?;
+        }
+        let found = skill_folders(remote, &dir, &g.name).await?;
+        if found.is_empty() {
+            notes.push(format!(
+                "git skill {:?}: no SKILL.md within {SKILL_SEARCH_DEPTH} levels of {dir}",
+                g.name
+            ));
+        }
+        for (name, folder) in found {
+            for harness in AGENT_HARNESSES {
+                let Some(base) = skills_folder(harness) else { continue };
+                let link = format!("{base}/{name}");
+                remote.link_or_copy(&relative_target(&link, &folder), &link, &folder).await?;
+            }
+        }
+    }
+    Ok(notes)
+}
+
+/// `(skill name, folder)` for each `SKILL.md` under `dir`, shallowest
+/// first; a name seen twice keeps its first folder.
+async fn skill_folders(
+    remote: &Remote<'_>,
+    dir: &str,
+    top_name: &str,
+) -> Result<Vec<(String, String)>, Error> {
+    let mut paths: Vec<String> = remote
+        .list(dir, SKILL_SEARCH_DEPTH)
+        .await?
+        .into_iter()
+        .filter(|e| e.name == "SKILL.md" && !e.path.split('/').any(|c| c == ".git"))
+        .map(|e| e.path)
+        .collect();
+    paths.sort_by_key(|p| (p.matches('/').count(), p.clone()));
+    let mut out: Vec<(String, String)> = Vec::new();
+    for path in paths {
+        let folder = path.strip_suffix("/SKILL.md").unwrap_or(dir).to_string();
+        let name = if folder == dir {
+            top_name.to_string()
+        } else {
+            folder.rsplit('/').next().unwrap_or(top_name).to_string()
+        };
+        if !out.iter().any(|(n, _)| *n == name) {
+            out.push((name, folder));
+        }
+    }
+    Ok(out)
+}
+
+/// The symlink target that makes `link` point at `target` (both relative
+/// to the workspace root).
+fn relative_target(link: &str, target: &str) -> String {
+    let ups = link.matches('/').count();
+    format!("{}{target}", "../".repeat(ups))
+}
+
+/// Whether the workspace has any skill at all.
+pub(crate) fn any(w: &WorkspaceDefinition) -> bool {
+    w.skills.iter().any(|s: &Skill| s.skill.is_some())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shared::proto::v1::{GitSkill, HeaderValue};
+    use shared::secret::Secret;
+
+    fn mcp(headers: Vec<(&str, header_value::Value)>) -> WorkspaceDefinition {
+        WorkspaceDefinition {
+            skills: vec![Skill {
+                skill: Some(skill::Skill::Mcp(McpSkill {
+                    name: "docs".into(),
+                    url: "https://mcp.example/x".into(),
+                    headers: headers
+                        .into_iter()
+                        .map(|(k, v)| (k.to_string(), HeaderValue { value: Some(v) }))
+                        .collect(),
+                })),
+            }],
+            ..Default::default()
+        }
+    }
+
+    fn servers(w: &WorkspaceDefinition, secrets: &Secrets) -> Vec<Server> {
+        mcp_skills(w)
+            .map(|m| Server {
+                name: m.name.clone(),
+                url: m.url.clone(),
+                headers: resolve_headers(m, secrets).unwrap(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn configs_per_harness_merge_into_what_is_there() {
+        let w = mcp(vec![("Authorization", header_value::Value::BearerSecret("TOK".into()))]);
+        let secrets: Secrets = [("TOK".to_string(), Secret::new("v-123"))].into();
+        let s = servers(&w, &secrets);
+        let claude: Value = serde_json::from_slice(
+            &merged_config(Harness::ClaudeCode, Some(br#"{"mcpServers":{"old":{"url":"u"}},"x":1}"#), &s)
+                .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(claude["mcpServers"]["docs"]["headers"]["Authorization"], "Bearer v-123");
+        assert_eq!(claude["mcpServers"]["old"]["url"], "u", "servers already there are kept");
+        assert_eq!(claude["x"], 1);
+        let codex =
+            String::from_utf8(merged_config(Harness::Codex, Some(b"model = \"m\"\n"), &s).unwrap()).unwrap();
+        let parsed: toml::Table = codex.parse().unwrap();
+        assert_eq!(parsed["model"].as_str(), Some("m"));
+        assert_eq!(parsed["mcp_servers"]["docs"]["url"].as_str(), Some("https://mcp.example/x"));
+        assert_eq!(
+            parsed["mcp_servers"]["docs"]["http_headers"]["Authorization"].as_str(),
+            Some("Bearer v-123")
+        );
+        let opencode: Value =
+            serde_json::from_slice(&merged_config(Harness::OpenCode, None, &s).unwrap()).unwrap();
+        assert_eq!(opencode["mcp"]["docs"]["type"], "remote");
+        assert_eq!(opencode["mcp"]["docs"]["headers"]["Authorization"], "Bearer v-123");
+        assert!(merged_config(Harness::ClaudeCode, Some(b"not json"), &s).is_err());
+    }
+
+    #[test]
+    fn a_missing_secret_is_named_without_a_value() {
+        let w = mcp(vec![("X-Key", header_value::Value::Secret("KEY".into()))]);
+        let m = mcp_skills(&w).next().unwrap();
+        let err = resolve_headers(m, &Secrets::new()).unwrap_err();
+        assert_eq!(err.code, ErrorCode::FailedPrecondition);
+        assert!(err.message.contains("KEY"), "{}", err.message);
+        assert!(mcp_is_secret_bearing(&w));
+        assert!(!mcp_is_secret_bearing(&mcp(vec![("X", header_value::Value::Literal("l".into()))])));
+    }
+
+    #[test]
+    fn what_a_harness_lacks_is_a_warning() {
+        let w = WorkspaceDefinition {
+            skills: vec![
+                Skill { skill: Some(skill::Skill::Named("tanstack".into())) },
+                Skill { skill: Some(skill::Skill::Git(GitSkill { name: "g".into(), ..Default::default() })) },
+            ],
+            ..Default::default()
+        };
+        assert_eq!(warnings(&w, Harness::ClaudeCode).len(), 1);
+        let open = warnings(&w, Harness::OpenCode);
+        assert_eq!(open.len(), 2, "{open:?}");
+        assert!(open[1].contains("\"g\"") && open[1].contains("opencode"), "{open:?}");
+        assert!(warnings(&w, Harness::Command).is_empty());
+    }
+
+    #[test]
+    fn links_point_back_up_to_the_root() {
+        assert_eq!(relative_target(".claude/skills/a", ".sandhold/skills/g/a"), "../../.sandhold/skills/g/a");
+        assert_eq!(relative_target("CLAUDE.md", "AGENTS.md"), "AGENTS.md");
+    }
+}
