@@ -94,6 +94,7 @@ fn headline(p: &EnsureProgress) -> String {
         EnsurePhase::Resolving => "resolving the definition",
         EnsurePhase::Resuming => "resuming the sandbox",
         EnsurePhase::RestoringSnapshot => "restoring the snapshot",
+        EnsurePhase::RestoringCheckpoint => "restoring the checkpoint",
         EnsurePhase::Creating => "creating the sandbox",
         EnsurePhase::Cloning => "cloning the repository",
         EnsurePhase::Setup => "setup",
