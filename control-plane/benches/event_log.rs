@@ -101,6 +101,7 @@ async fn new_run(stores: &Stores, id: &str) -> RunId {
             sentinel_key: SentinelKey::new("k"),
             sandbox_key: None,
             started_at: Timestamp::now(),
+            spec: None,
         })
         .await
         .unwrap();

@@ -137,6 +137,7 @@ fn round(
         sentinel_key: SentinelKey::new("k"),
         sandbox_key: None,
         started_at: Timestamp::now(),
+        spec: None,
     }))
     .unwrap();
 

@@ -120,6 +120,7 @@ fn new_run(id: &str, tenant_name: &str, thread: &str, started_at: i64) -> NewRun
         sentinel_key: SentinelKey::new(format!("key-of-{id}")),
         sandbox_key: Some(format!("sbx-{id}")),
         started_at: Timestamp::from_millis(started_at),
+        spec: Some(serde_json::json!({"harness": "command", "n": started_at})),
     }
 }
 
@@ -405,6 +406,17 @@ async fn runs_active_run_and_list_by_thread(b: &Backend) {
         .map(|r| r.run_id.to_string())
         .collect();
     assert_eq!(listed, ["a", "b", "c", "d"]);
+    let recent: Vec<String> = runs
+        .list_recent(&tenant("acme"), 3)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.run_id.to_string())
+        .collect();
+    assert_eq!(recent, ["other-thread", "d", "c"], "newest first, every thread, limited");
+    assert!(runs.list_recent(&tenant("globex"), 10).await.unwrap().is_empty(), "another tenant's runs");
+    let d = runs.get(&tenant("acme"), &run_id("d")).await.unwrap();
+    assert_eq!(d.spec, Some(serde_json::json!({"harness": "command", "n": 4_000})), "the spec round-trips");
 
     runs.finish(&run_id("c"), FIRST_EPOCH, finish_completed()).await.unwrap();
     runs.finish(&run_id("b"), FIRST_EPOCH, finish_completed()).await.unwrap();

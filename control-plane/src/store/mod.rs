@@ -223,6 +223,9 @@ pub struct RunRecord {
     /// No more appends; tailers end once they have read everything.
     pub log_closed: bool,
     pub updated_at: Timestamp,
+    /// What started the run (opaque to the store): harness, definition,
+    /// durability. Never a secret.
+    pub spec: Option<serde_json::Value>,
 }
 
 /// What [`RunStore::create_or_resume`] needs to create a run.
@@ -234,6 +237,8 @@ pub struct NewRun {
     pub sentinel_key: SentinelKey,
     pub sandbox_key: Option<String>,
     pub started_at: Timestamp,
+    /// See [`RunRecord::spec`].
+    pub spec: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -307,6 +312,9 @@ pub trait RunStore: Send + Sync {
 
     /// Runs of the thread, oldest first.
     async fn list_by_thread(&self, tenant: &Tenant, thread_id: &str) -> Result<Vec<RunRecord>>;
+
+    /// The tenant's newest `limit` runs, newest first.
+    async fn list_recent(&self, tenant: &Tenant, limit: u32) -> Result<Vec<RunRecord>>;
 
     /// Runs still `running` and detached at or before `cutoff` (inclusive),
     /// oldest detachment first, across all tenants.

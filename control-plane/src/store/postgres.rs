@@ -37,7 +37,7 @@ use super::checkpoint_sql::{
 };
 use super::sql::{
     DefinitionRow, EventRow, InstanceRow, RunRow, epoch_to_db, explain_refusal, impl_shared_stores,
-    instance_columns, not_terminal, run_columns, run_not_found, usage_to_db,
+    instance_columns, json_to_db, not_terminal, run_columns, run_not_found,
 };
 use super::tail::{self, LogPages, Wake, Wakes};
 use super::{

@@ -12,7 +12,7 @@ use super::{
 macro_rules! run_columns {
     () => {
         "run_id, thread_id, tenant, status, started_at, finished_at, error_code, error_message, usage, \
-         sandbox_key, detached_since, cancel_requested, driver_epoch, sentinel_key, log_closed, updated_at"
+         sandbox_key, detached_since, cancel_requested, driver_epoch, sentinel_key, log_closed, updated_at, spec"
     };
 }
 pub(super) use run_columns;
@@ -59,6 +59,7 @@ pub(super) struct RunRow {
     sentinel_key: String,
     log_closed: bool,
     updated_at: i64,
+    spec: Option<String>,
 }
 
 impl RunRow {
@@ -72,6 +73,11 @@ impl RunRow {
             .map(|u| serde_json::from_str(&u))
             .transpose()
             .map_err(|e| Error::Corrupt(format!("run {run_id}: usage: {e}")))?;
+        let spec = self
+            .spec
+            .map(|u| serde_json::from_str(&u))
+            .transpose()
+            .map_err(|e| Error::Corrupt(format!("run {run_id}: spec: {e}")))?;
         let error = match (self.error_code, self.error_message) {
             (None, None) => None,
             (code, message) => {
@@ -93,12 +99,13 @@ impl RunRow {
             sentinel_key: SentinelKey::new(self.sentinel_key),
             log_closed: self.log_closed,
             updated_at: Timestamp::from_millis(self.updated_at),
+            spec,
             run_id,
         })
     }
 }
 
-pub(super) fn usage_to_db(usage: &Option<serde_json::Value>) -> Option<String> {
+pub(super) fn json_to_db(usage: &Option<serde_json::Value>) -> Option<String> {
     usage.as_ref().map(|u| u.to_string())
 }
 
@@ -245,8 +252,8 @@ macro_rules! impl_shared_stores {
             async fn create_or_resume(&self, new: NewRun) -> Result<CreatedRun> {
                 let inserted = sqlx::query(
                     "INSERT INTO runs (run_id, thread_id, tenant, status, started_at, sandbox_key, \
-                     driver_epoch, sentinel_key, updated_at) \
-                     VALUES ($1, $2, $3, 'running', $4, $5, $6, $7, $8) ON CONFLICT (run_id) DO NOTHING",
+                     driver_epoch, sentinel_key, updated_at, spec) \
+                     VALUES ($1, $2, $3, 'running', $4, $5, $6, $7, $8, $9) ON CONFLICT (run_id) DO NOTHING",
                 )
                 .bind(new.run_id.as_str())
                 .bind(&new.thread_id)
@@ -256,6 +263,7 @@ macro_rules! impl_shared_stores {
                 .bind(epoch_to_db(FIRST_EPOCH)?)
                 .bind(new.sentinel_key.expose())
                 .bind(Timestamp::now().as_millis())
+                .bind(json_to_db(&new.spec))
                 .execute(&self.pool)
                 .await?
                 .rows_affected();
@@ -296,7 +304,7 @@ macro_rules! impl_shared_stores {
                     query.push(", detached_since = ").push_bind(detached_since.map(Timestamp::as_millis));
                 }
                 if update.usage.is_some() {
-                    query.push(", usage = ").push_bind(usage_to_db(&update.usage));
+                    query.push(", usage = ").push_bind(json_to_db(&update.usage));
                 }
                 query.push(" WHERE run_id = ").push_bind(run.as_str());
                 if update.status.is_some() {
@@ -352,7 +360,7 @@ macro_rules! impl_shared_stores {
                 .bind(finish.finished_at.as_millis())
                 .bind(finish.error.as_ref().map(|e| e.code.clone()))
                 .bind(finish.error.as_ref().map(|e| e.message.clone()))
-                .bind(usage_to_db(&finish.usage))
+                .bind(json_to_db(&finish.usage))
                 .bind(Timestamp::now().as_millis())
                 .fetch_optional(&self.pool)
                 .await?;
@@ -409,6 +417,17 @@ macro_rules! impl_shared_stores {
                 ))
                 .bind(tenant.as_str())
                 .bind(thread_id);
+                self.fetch_runs(query).await
+            }
+
+            async fn list_recent(&self, tenant: &Tenant, limit: u32) -> Result<Vec<RunRecord>> {
+                let query = sqlx::query_as::<_, RunRow>(concat!(
+                    "SELECT ",
+                    run_columns!(),
+                    " FROM runs WHERE tenant = $1 ORDER BY started_at DESC, run_id DESC LIMIT $2"
+                ))
+                .bind(tenant.as_str())
+                .bind(i64::from(limit));
                 self.fetch_runs(query).await
             }
 
