@@ -166,6 +166,12 @@ impl Error {
         Self::new(ErrorCode::Unimplemented, message)
     }
 
+    /// Prefix the message with what was being done when it happened.
+    pub fn context(mut self, doing: impl std::fmt::Display) -> Self {
+        self.message = format!("{doing}: {}", self.message);
+        self
+    }
+
     pub fn with_meta(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
         self.metadata.insert(key.into(), value.into());
         self

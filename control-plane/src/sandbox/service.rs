@@ -109,6 +109,44 @@ fn file_info(i: agent::FileInfo) -> api::FileInfo {
     }
 }
 
+/// Validate what an ensure is asked for: the tenant's stored definition and
+/// exactly the secrets it declares.
+pub(crate) async fn ensure_input(
+    ready: &crate::server::Ready,
+    tenant: Tenant,
+    definition_id: &str,
+    thread_id: String,
+    run_id: String,
+    secrets: HashMap<String, String>,
+) -> Result<EnsureInput, Error> {
+    let stored = ready
+        .stores
+        .definitions
+        .get(&tenant, required("definition_id", definition_id)?)
+        .await
+        .map_err(|e| match e {
+            store::Error::NotFound(_) => Error::not_found(format!("definition {definition_id} not found")),
+            other => other.into(),
+        })?;
+    let definition = definition::from_stored(&stored.body)?;
+    let secrets = secrets_of("secrets", secrets)?;
+    for name in secrets.keys() {
+        if !definition.secret_names.contains(name) {
+            return Err(Error::invalid_field(
+                format!("secrets[{name}]"),
+                "not a secret name the definition declares",
+            ));
+        }
+    }
+    if let Some(missing) = definition.secret_names.iter().find(|n| !secrets.contains_key(*n)) {
+        return Err(Error::invalid_field(
+            format!("secrets[{missing}]"),
+            "declared by the definition, not given",
+        ));
+    }
+    Ok(EnsureInput { tenant, definition, thread_id, run_id, secrets })
+}
+
 fn required<'a>(field: &str, value: &'a str) -> Result<&'a str, Error> {
     if value.is_empty() { Err(Error::invalid_field(field, "required")) } else { Ok(value) }
 }
@@ -172,36 +210,8 @@ impl SandboxService for SandboxApi {
         let tenant = tenant_of(&request)?;
         let req = request.into_inner();
         let ready = self.state.ready()?;
-        let stored = ready
-            .stores
-            .definitions
-            .get(&tenant, required("definition_id", &req.definition_id)?)
-            .await
-            .map_err(|e| match e {
-                store::Error::NotFound(_) => {
-                    Error::not_found(format!("definition {} not found", req.definition_id))
-                }
-                other => other.into(),
-            })?;
-        let definition = definition::from_stored(&stored.body)?;
-        let secrets = secrets_of("secrets", req.secrets)?;
-        for name in secrets.keys() {
-            if !definition.secret_names.contains(name) {
-                return Err(Error::invalid_field(
-                    format!("secrets[{name}]"),
-                    "not a secret name the definition declares",
-                )
-                .into());
-            }
-        }
-        if let Some(missing) = definition.secret_names.iter().find(|n| !secrets.contains_key(*n)) {
-            return Err(Error::invalid_field(
-                format!("secrets[{missing}]"),
-                "declared by the definition, not given",
-            )
-            .into());
-        }
-        let input = EnsureInput { tenant, definition, thread_id: req.thread_id, run_id: req.run_id, secrets };
+        let input =
+            ensure_input(ready, tenant, &req.definition_id, req.thread_id, req.run_id, req.secrets).await?;
         let (tx, rx) = mpsc::unbounded_channel();
         let progress = Progress::new(tx.clone());
         let (stores, leases) = (ready.stores.clone(), ready.leases.clone());
