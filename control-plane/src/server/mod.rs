@@ -14,6 +14,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use shared::error::{Error, ErrorCode};
 use shared::proto::v1::admin_service_server::AdminServiceServer;
+use shared::proto::v1::run_service_server::RunServiceServer;
 use shared::proto::v1::sandbox_service_server::SandboxServiceServer;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
@@ -178,7 +179,16 @@ pub async fn start(config: ServeConfig, shutdown: CancellationToken) -> anyhow::
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(AdminServiceServer::new(AdminApi::new(state.clone())))
-        .add_service(SandboxServiceServer::new(crate::sandbox::SandboxApi::new(state.clone(), lifecycle)));
+        .add_service(SandboxServiceServer::new(crate::sandbox::SandboxApi::new(
+            state.clone(),
+            lifecycle.clone(),
+        )))
+        .add_service(RunServiceServer::new(crate::runs::RunApi::new(crate::runs::Runs::new(
+            state.clone(),
+            lifecycle,
+            shutdown.clone(),
+            crate::runs::RunOptions::default(),
+        ))));
 
     info!(
         listen = %local_addr,
@@ -210,6 +220,7 @@ async fn set_health(health: &HealthReporter, status: ServingStatus) {
     health.set_service_status("", status).await;
     health.set_service_status("sandhold.v1.AdminService", status).await;
     health.set_service_status("sandhold.v1.SandboxService", status).await;
+    health.set_service_status("sandhold.v1.RunService", status).await;
 }
 
 /// Readiness, then the wait for shutdown, then the shutdown sequence.

@@ -1,0 +1,723 @@
+//! Driving one run: sandbox, journal, translation, alignment, appends, and
+//! exactly one way to end.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::{FutureExt, StreamExt};
+use prost::Message;
+use shared::chunk::{self, ChunkFactory, FILE_CHANGED, SANDBOX_FILE};
+use shared::error::{Error, ErrorCode};
+use shared::proto::agent::v1 as agent;
+use shared::proto::v1::{Chunk, ChunkType};
+use tokio::sync::mpsc;
+use tracing::{debug, info, warn};
+
+use super::align::Aligner;
+use super::{Drive, RunSpec, Runs, StopReason};
+use crate::agent::AgentClient;
+use crate::harness::{CommandSpec, Harness, Translator};
+use crate::lease::Lease;
+use crate::sandbox::provision::Redactor;
+use crate::sandbox::provision::Secrets;
+use crate::sandbox::{EnsureInput, progress::Progress};
+use crate::store::{
+    self, LogWriter, NewChunk, RunError, RunFinish, RunId, RunStatus, RunUpdate, Tenant, Timestamp,
+};
+
+/// `sandbox.file` chunks allowed in a row between two translated chunks:
+/// kept under the aligner's limit of out-of-band chunks in a row, so a
+/// successor can always skip them. Further file events in the same gap are
+/// dropped (counted in the log).
+const FILE_EVENT_BUDGET: usize = 48;
+/// `file.changed` chunks after a run, at most (the rest are summarized in a
+/// `harness.warning`).
+const MAX_CHANGED_FILES: usize = 40;
+/// Bytes of one file's diff kept in its `file.changed` chunk.
+const MAX_DIFF_BYTES: usize = 64 << 10;
+/// Store writes that fail are retried this many times before the run fails.
+const STORE_ATTEMPTS: u32 = 5;
+
+/// What a fresh run needs before its journal exists.
+pub(crate) struct FreshStart {
+    pub input: EnsureInput,
+    pub command: CommandSpec,
+    pub progress: Progress,
+}
+
+/// One drive: who drives, under which epoch, for which run.
+pub(crate) struct DriveCtx {
+    pub run: RunId,
+    pub tenant: Tenant,
+    pub thread_id: String,
+    pub spec: RunSpec,
+    pub harness: Harness,
+    pub sentinel_key: Vec<u8>,
+    pub writer: LogWriter,
+    pub lease: Lease,
+    /// `lease.lost()`, kept to select on.
+    pub lease_lost: tokio_util::sync::CancellationToken,
+    pub drive: Drive,
+}
+
+/// How a drive ended.
+#[derive(Debug)]
+pub(crate) enum Ending {
+    /// The journal's sentinel was read.
+    Exited { terminal: Chunk },
+    /// Cancelled, or the client of a run that does not detach left.
+    Stopped(StopReason),
+    /// A failure: the run fails with it.
+    Failed(Error),
+    /// The server is shutting down: another replica takes over.
+    Detach,
+    /// Lease lost or fenced by a successor: write nothing more.
+    Superseded(String),
+}
+
+/// The state of the pump between journal reads.
+struct Pump {
+    translator: Translator,
+    aligner: Aligner,
+    factory: ChunkFactory,
+    /// Translated terminal chunk, held back until the exit is known so that
+    /// `file.changed` chunks come before it.
+    held_terminal: Option<Chunk>,
+    from_byte: u64,
+    /// Out-of-band chunks appended since the last translated one.
+    out_of_band_run: usize,
+    dropped_file_events: u64,
+    redactor: Redactor,
+}
+
+impl Runs {
+    /// Drive `ctx`'s run to one ending and act on it. Never panics out, never
+    /// leaves the run `running` unless another driver (or a shutdown
+    /// detach) is meant to take it on.
+    pub(crate) async fn drive(self, ctx: DriveCtx, fresh: Option<FreshStart>) {
+        let started = Instant::now();
+        let ending = match AssertUnwindSafe(self.drive_to_end(&ctx, fresh)).catch_unwind().await {
+            Ok(ending) => ending,
+            Err(panic) => {
+                let what = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
+                Ending::Failed(Error::internal(format!("the run driver panicked: {what}")))
+            }
+        };
+        info!(run_id = %ctx.run, epoch = ctx.writer.epoch(), ending = ?ending_name(&ending),
+            elapsed_ms = started.elapsed().as_millis() as u64, "drive ended");
+        self.conclude(&ctx, ending).await;
+        self.unregister(&ctx.run);
+        let DriveCtx { lease, .. } = ctx;
+        let _ = lease.release().await;
+    }
+
+    async fn drive_to_end(&self, ctx: &DriveCtx, fresh: Option<FreshStart>) -> Ending {
+        let ready = match self.inner.state.ready() {
+            Ok(r) => r,
+            Err(e) => return Ending::Failed(e),
+        };
+        let (key, agent, secrets) = match fresh {
+            Some(start) => match self.start_fresh(ctx, start).await {
+                Ok(started) => started,
+                Err(ending) => return ending,
+            },
+            None => {
+                let record = match ready.stores.runs.get_unscoped(&ctx.run).await {
+                    Ok(r) => r,
+                    Err(e) => return Ending::Failed(e.into()),
+                };
+                if record.cancel_requested {
+                    return Ending::Stopped(StopReason::Cancel);
+                }
+                let Some(key) = record.sandbox_key else {
+                    return Ending::Failed(Error::new(
+                        ErrorCode::FailedPrecondition,
+                        "the server that started this run stopped before its sandbox was ready",
+                    ));
+                };
+                match self.reconnect(ctx, &key).await {
+                    Ok((agent, secrets)) => (key, agent, secrets),
+                    Err(ending) => return ending,
+                }
+            }
+        };
+        self.pump(ctx, &key, agent, &secrets).await
+    }
+
+    /// Ensure the sandbox and start the journaled command.
+    async fn start_fresh(
+        &self,
+        ctx: &DriveCtx,
+        start: FreshStart,
+    ) -> Result<(String, AgentClient, Arc<Secrets>), Ending> {
+        let ready = self.inner.state.ready().map_err(Ending::Failed)?;
+        let FreshStart { input, command, progress } = start;
+        let ensured = self
+            .inner
+            .lifecycle
+            .ensure(&ready.stores, &ready.leases, input, &progress)
+            .await
+            .map_err(Ending::Failed)?;
+        drop(progress); // ends the progress part of StartRun's stream
+        let key = ensured.sandbox_id;
+        let update = RunUpdate { sandbox_key: Some(Some(key.clone())), ..Default::default() };
+        ready.stores.runs.update(&ctx.run, update).await.map_err(|e| Ending::Failed(e.into()))?;
+        let live =
+            self.inner.lifecycle.agent(&ready.stores, &ctx.tenant, &key).await.map_err(Ending::Failed)?;
+        if ctx.drive.stop.is_cancelled() {
+            // Stopped while the sandbox was being made: nothing to start.
+            return Ok((key, live.agent, live.secrets));
+        }
+        let mut request = command.start_run_request(&ctx.run, &ctx.spec.cwd, ctx.sentinel_key.clone());
+        for (name, value) in live.secrets.iter() {
+            request.env.entry(name.clone()).or_insert_with(|| value.expose().to_string());
+        }
+        live.agent.journal().start_run(request).await.map_err(|status| {
+            Ending::Failed(Error::from_status(&status).context("starting the run in the sandbox"))
+        })?;
+        Ok((key, live.agent, live.secrets))
+    }
+
+    /// A connected agent for the sandbox, retried within the budget.
+    async fn reconnect(&self, ctx: &DriveCtx, key: &str) -> Result<(AgentClient, Arc<Secrets>), Ending> {
+        let ready = self.inner.state.ready().map_err(Ending::Failed)?;
+        let deadline = Instant::now() + self.inner.options.reconnect_budget;
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            match self.inner.lifecycle.agent(&ready.stores, &ctx.tenant, key).await {
+                Ok(live) => return Ok((live.agent, live.secrets)),
+                Err(e) if e.code == ErrorCode::NotFound || Instant::now() >= deadline => {
+                    return Err(Ending::Failed(e.context("reaching the run's sandbox")));
+                }
+                Err(e) => {
+                    debug!(run_id = %ctx.run, error = %e.message, "sandbox agent unreachable; retrying")
+                }
+            }
+            if let Some(ending) = self.interrupted(ctx, backoff).await {
+                return Err(ending);
+            }
+            backoff = (backoff * 2).min(Duration::from_secs(2));
+        }
+    }
+
+    /// Wait `d` unless the drive must end first.
+    async fn interrupted(&self, ctx: &DriveCtx, d: Duration) -> Option<Ending> {
+        tokio::select! {
+            biased;
+            _ = self.inner.shutdown.cancelled() => Some(Ending::Detach),
+            _ = ctx.lease_lost.cancelled() => Some(Ending::Superseded("the run's lease was lost".into())),
+            _ = ctx.drive.stop.cancelled() => Some(Ending::Stopped(ctx.drive.reason().unwrap_or(StopReason::Cancel))),
+            _ = tokio::time::sleep(d) => None,
+        }
+    }
+
+    /// Follow the journal from byte 0 to its sentinel, appending what the
+    /// log does not hold yet.
+    async fn pump(&self, ctx: &DriveCtx, key: &str, mut agent: AgentClient, secrets: &Secrets) -> Ending {
+        let ready = match self.inner.state.ready() {
+            Ok(r) => r,
+            Err(e) => return Ending::Failed(e),
+        };
+        let stored = match ready.stores.events.snapshot(&ctx.run).await {
+            Ok(s) => s.chunks,
+            Err(e) => return Ending::Failed(e.into()),
+        };
+        let stored = match stored.iter().map(decode_chunk).collect::<Result<Vec<_>, _>>() {
+            Ok(s) => s,
+            Err(e) => return Ending::Failed(e),
+        };
+        let mut pump = Pump {
+            translator: self.translator(ctx),
+            aligner: Aligner::new(stored),
+            factory: ChunkFactory::new(&ctx.run, &ctx.thread_id, chunk::now_ms),
+            held_terminal: None,
+            from_byte: 0,
+            out_of_band_run: 0,
+            dropped_file_events: 0,
+            redactor: Redactor::new(secrets),
+        };
+        let (file_tx, mut file_rx) = mpsc::channel::<Vec<agent::FileEvent>>(64);
+        let watcher = tokio::spawn(watch_files(agent.clone(), ctx.spec.cwd.clone(), file_tx));
+        let ending = 'follow: loop {
+            let request = agent::FollowRequest {
+                run_id: ctx.run.to_string(),
+                from_byte: pump.from_byte,
+                sentinel_key: ctx.sentinel_key.clone(),
+                // Agents think for minutes without a byte; liveness is
+                // judged by probing the supervisor instead.
+                first_byte_timeout_ms: Some(0),
+            };
+            let mut stream = match agent.journal().follow(request).await {
+                Ok(s) => s.into_inner(),
+                Err(status) if status.code() == tonic::Code::NotFound => {
+                    break Ending::Failed(Error::new(
+                        ErrorCode::FailedPrecondition,
+                        "the run's journal does not exist in its sandbox: the server that started the run \
+                         stopped before the command was started",
+                    ));
+                }
+                Err(status) => {
+                    debug!(run_id = %ctx.run, error = %status.message(), "follow failed; reconnecting");
+                    match self.reconnect(ctx, key).await {
+                        Ok((a, _)) => agent = a,
+                        Err(ending) => break ending,
+                    }
+                    if let Some(ending) = self.interrupted(ctx, Duration::from_millis(200)).await {
+                        break ending;
+                    }
+                    continue;
+                }
+            };
+            let mut cancel_poll = tokio::time::interval(self.inner.options.cancel_poll);
+            cancel_poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut last_activity = Instant::now();
+            let mut unknown_probes = 0u32;
+            loop {
+                tokio::select! {
+                    biased;
+                    _ = self.inner.shutdown.cancelled() => break 'follow Ending::Detach,
+                    _ = ctx.lease_lost.cancelled() => {
+                        break 'follow Ending::Superseded("the run's lease was lost".into());
+                    }
+                    _ = ctx.drive.stop.cancelled() => {
+                        break 'follow Ending::Stopped(ctx.drive.reason().unwrap_or(StopReason::Cancel));
+                    }
+                    _ = cancel_poll.tick() => {
+                        match ready.stores.runs.get_unscoped(&ctx.run).await {
+                            Ok(r) if r.cancel_requested => break 'follow Ending::Stopped(StopReason::Cancel),
+                            Ok(r) if r.driver_epoch != ctx.writer.epoch() => {
+                                break 'follow Ending::Superseded(format!("run claimed at epoch {}", r.driver_epoch));
+                            }
+                            Ok(_) => {}
+                            Err(e) => debug!(run_id = %ctx.run, error = %e, "cancel check failed"),
+                        }
+                        if last_activity.elapsed() >= self.inner.options.liveness_probe {
+                            last_activity = Instant::now();
+                            match probe(&agent, ctx).await {
+                                Some(agent::RunState::Unknown) => unknown_probes += 1,
+                                Some(_) => unknown_probes = 0,
+                                None => {}
+                            }
+                            if unknown_probes >= 2 {
+                                break 'follow Ending::Failed(Error::new(
+                                    ErrorCode::FailedPrecondition,
+                                    "the run's supervisor in the sandbox is gone and left no exit sentinel",
+                                ));
+                            }
+                        }
+                    }
+                    Some(events) = file_rx.recv() => {
+                        if let Err(ending) = self.file_events(ctx, &mut pump, events).await {
+                            break 'follow ending;
+                        }
+                    }
+                    message = stream.next() => match message {
+                        Some(Ok(agent::FollowResponse { event: Some(agent::follow_response::Event::Lines(lines)) })) => {
+                            last_activity = Instant::now();
+                            unknown_probes = 0;
+                            if let Err(ending) = self.lines(ctx, &mut pump, lines.lines).await {
+                                break 'follow ending;
+                            }
+                        }
+                        Some(Ok(agent::FollowResponse { event: Some(agent::follow_response::Event::Exit(exit)) })) => {
+                            let stderr = String::from_utf8_lossy(&exit.stderr_tail).into_owned();
+                            break 'follow self.exited(ctx, &mut pump, &agent, exit.exit_code, &stderr).await;
+                        }
+                        Some(Ok(_)) => {}
+                        Some(Err(status)) => {
+                            debug!(run_id = %ctx.run, error = %status.message(), "follow broke; reconnecting");
+                            break;
+                        }
+                        None => break,
+                    },
+                }
+            }
+            match self.reconnect(ctx, key).await {
+                Ok((a, _)) => agent = a,
+                Err(ending) => break ending,
+            }
+        };
+        watcher.abort();
+        if pump.dropped_file_events > 0 {
+            info!(run_id = %ctx.run, dropped = pump.dropped_file_events, "file events over the per-gap budget were dropped");
+        }
+        ending
+    }
+
+    fn translator(&self, ctx: &DriveCtx) -> Translator {
+        ctx.harness.translator(&ctx.run, &ctx.thread_id, chunk::now_ms)
+    }
+
+    /// Translate, align and append one batch of journal lines.
+    async fn lines(
+        &self,
+        ctx: &DriveCtx,
+        pump: &mut Pump,
+        lines: Vec<agent::JournalLine>,
+    ) -> Result<(), Ending> {
+        let mut batch = Vec::new();
+        for line in &lines {
+            for c in pump.translator.feed(&line.data) {
+                if chunk::is_terminal(&c) {
+                    pump.held_terminal = Some(c);
+                } else if pump.aligner.offer(&c).map_err(Ending::Failed)? {
+                    batch.push(c);
+                }
+            }
+        }
+        if let Some(last) = lines.last() {
+            pump.from_byte = last.end_offset;
+        }
+        if !batch.is_empty() {
+            pump.out_of_band_run = 0;
+            self.append(ctx, &batch).await?;
+        }
+        Ok(())
+    }
+
+    async fn file_events(
+        &self,
+        ctx: &DriveCtx,
+        pump: &mut Pump,
+        events: Vec<agent::FileEvent>,
+    ) -> Result<(), Ending> {
+        let mut batch = Vec::new();
+        for e in events {
+            let kind = match agent::FileEventType::try_from(e.r#type) {
+                Ok(agent::FileEventType::Create) => "create",
+                Ok(agent::FileEventType::Change) => "change",
+                Ok(agent::FileEventType::Delete) => "delete",
+                Ok(agent::FileEventType::Rename) => "rename",
+                _ => continue,
+            };
+            if pump.out_of_band_run + batch.len() >= FILE_EVENT_BUDGET {
+                pump.dropped_file_events += 1;
+                continue;
+            }
+            let value = serde_json::json!({"type": kind, "path": e.path, "timestamp": e.timestamp_ms});
+            batch.push(pump.factory.custom(SANDBOX_FILE, &value));
+        }
+        if batch.is_empty() {
+            return Ok(());
+        }
+        pump.out_of_band_run += batch.len();
+        // Out of band: never offered to the aligner (a replay does not
+        // produce them; the aligner skips the stored ones).
+        if pump.aligner.caught_up() { self.append(ctx, &batch).await } else { Ok(()) }
+    }
+
+    /// The sentinel was read: the rest of the translation, the workspace's
+    /// changes, then the terminal chunk.
+    async fn exited(
+        &self,
+        ctx: &DriveCtx,
+        pump: &mut Pump,
+        agent: &AgentClient,
+        exit_code: i32,
+        stderr_tail: &str,
+    ) -> Ending {
+        let mut batch = Vec::new();
+        for c in pump.translator.finish(exit_code, stderr_tail) {
+            if chunk::is_terminal(&c) {
+                pump.held_terminal.get_or_insert(c);
+            } else {
+                match pump.aligner.offer(&c) {
+                    Ok(true) => batch.push(c),
+                    Ok(false) => {}
+                    Err(e) => return Ending::Failed(e),
+                }
+            }
+        }
+        for c in changed_files(agent, &ctx.spec.cwd, &pump.factory, &pump.redactor).await {
+            match pump.aligner.offer(&c) {
+                Ok(true) => batch.push(c),
+                Ok(false) => {}
+                Err(e) => return Ending::Failed(e),
+            }
+        }
+        let terminal = pump.held_terminal.take().unwrap_or_else(|| {
+            // Translator::finish always yields one; keep the run closable anyway.
+            pump.factory.run_error("the run ended without a terminal event", "INTERNAL")
+        });
+        match pump.aligner.offer(&terminal) {
+            Ok(true) => batch.push(terminal.clone()),
+            Ok(false) => {}
+            Err(e) => return Ending::Failed(e),
+        }
+        if let Err(e) = pump.aligner.finish() {
+            return Ending::Failed(e);
+        }
+        if let Err(ending) = self.append(ctx, &batch).await {
+            return ending;
+        }
+        Ending::Exited { terminal }
+    }
+
+    /// Append chunks under this drive's epoch, retrying store hiccups.
+    async fn append(&self, ctx: &DriveCtx, chunks: &[Chunk]) -> Result<(), Ending> {
+        let encoded: Vec<NewChunk> = chunks.iter().map(encode_chunk).collect();
+        let mut attempt = 0;
+        loop {
+            match ctx.writer.append(&encoded).await {
+                Ok(_) => return Ok(()),
+                Err(e @ (store::Error::Fenced { .. } | store::Error::LogClosed(_))) => {
+                    return Err(Ending::Superseded(e.to_string()));
+                }
+                Err(e) if attempt + 1 < STORE_ATTEMPTS && is_transient(&e) => {
+                    attempt += 1;
+                    warn!(run_id = %ctx.run, attempt, error = %e, "append failed; retrying");
+                    if let Some(ending) = self.interrupted(ctx, Duration::from_millis(200 << attempt)).await {
+                        return Err(ending);
+                    }
+                }
+                Err(e) => return Err(Ending::Failed(e.into())),
+            }
+        }
+    }
+
+    /// Act on how the drive ended: terminal chunk, status, log, sandbox.
+    async fn conclude(&self, ctx: &DriveCtx, ending: Ending) {
+        let Ok(ready) = self.inner.state.ready() else { return };
+        let (status, error, usage, appended) = match ending {
+            Ending::Superseded(why) => {
+                info!(run_id = %ctx.run, epoch = ctx.writer.epoch(), reason = %why, "no longer the run's driver; writing nothing");
+                return;
+            }
+            Ending::Detach => {
+                if let Err(e) = self.mark_detached(&ctx.run).await {
+                    warn!(run_id = %ctx.run, error = %e.message, "could not mark the run detached at shutdown");
+                }
+                info!(run_id = %ctx.run, "shutting down: run detached for another replica to take over");
+                return;
+            }
+            Ending::Exited { terminal } => match terminal.r#type() {
+                ChunkType::RunError => (
+                    RunStatus::Failed,
+                    Some(RunError {
+                        code: terminal.error_code.clone(),
+                        message: terminal.error_message.clone(),
+                    }),
+                    None,
+                    true,
+                ),
+                _ => (RunStatus::Completed, None, terminal.usage.as_ref().map(super::usage_to_json), true),
+            },
+            Ending::Stopped(reason) => {
+                // The CLI dies with its sandbox: destroying it is the one
+                // stop every provider can do, also for a wedged agent.
+                if let Some(key) = self.sandbox_key(ctx).await
+                    && let Err(e) =
+                        self.inner.lifecycle.destroy(&ready.stores, &ready.leases, &ctx.tenant, &key).await
+                    && e.code != ErrorCode::NotFound
+                {
+                    warn!(run_id = %ctx.run, sandbox_key = %key, error = %e.message, "could not destroy the sandbox of a stopped run");
+                }
+                (
+                    RunStatus::Aborted,
+                    Some(RunError { code: reason.code().into(), message: reason.message().into() }),
+                    None,
+                    false,
+                )
+            }
+            Ending::Failed(e) => {
+                warn!(run_id = %ctx.run, code = e.code.reason(), error = %e.message, "run failed");
+                (
+                    RunStatus::Failed,
+                    Some(RunError { code: e.code.reason().into(), message: e.message }),
+                    None,
+                    false,
+                )
+            }
+        };
+        if !appended {
+            let error = error.as_ref().expect("a stop or failure carries its error");
+            let factory = ChunkFactory::new(&ctx.run, &ctx.thread_id, chunk::now_ms);
+            let chunk = factory.run_error(&error.message, &error.code);
+            if let Err(Ending::Superseded(why)) = self.append(ctx, &[chunk]).await {
+                info!(run_id = %ctx.run, reason = %why, "superseded before the terminal chunk; writing nothing");
+                return;
+            }
+        }
+        let finish = RunFinish { status, error, usage, finished_at: Timestamp::now() };
+        match ready.stores.runs.finish(&ctx.run, ctx.writer.epoch(), finish).await {
+            Ok(_) | Err(store::Error::RunTerminal { .. }) => {}
+            Err(store::Error::Fenced { .. }) => {
+                info!(run_id = %ctx.run, "superseded before the terminal status; writing nothing");
+                return;
+            }
+            Err(e) => {
+                // The record stays running: a successor or the reaper closes it.
+                warn!(run_id = %ctx.run, error = %e, "could not write the terminal status");
+                return;
+            }
+        }
+        if let Err(e) = ready.stores.events.close(&ctx.run).await {
+            warn!(run_id = %ctx.run, error = %e, "could not close the run's log");
+        }
+        info!(run_id = %ctx.run, status = %status, "run finished");
+        if status == RunStatus::Completed {
+            self.after_completion(ctx).await;
+        }
+        self.drop_journal(ctx).await;
+    }
+
+    async fn sandbox_key(&self, ctx: &DriveCtx) -> Option<String> {
+        let ready = self.inner.state.ready().ok()?;
+        ready.stores.runs.get_unscoped(&ctx.run).await.ok()?.sandbox_key
+    }
+
+    /// A completed run's sandbox goes when its definition says so.
+    async fn after_completion(&self, ctx: &DriveCtx) {
+        let Some(key) = self.sandbox_key(ctx).await else { return };
+        if self.inner.lifecycle.destroy_on_complete(&key) == Some(true) {
+            let Ok(ready) = self.inner.state.ready() else { return };
+            if let Err(e) =
+                self.inner.lifecycle.destroy(&ready.stores, &ready.leases, &ctx.tenant, &key).await
+            {
+                warn!(run_id = %ctx.run, sandbox_key = %key, error = %e.message, "destroy_on_complete failed");
+            }
+        }
+    }
+
+    /// The journal of a terminal run is no longer needed.
+    async fn drop_journal(&self, ctx: &DriveCtx) {
+        let Some(key) = self.sandbox_key(ctx).await else { return };
+        let Some(live) = self.inner.lifecycle.live(&key) else { return };
+        let request = agent::DeleteJournalsRequest { run_ids: vec![ctx.run.to_string()] };
+        if let Err(status) = live.agent.journal().delete_journals(request).await {
+            debug!(run_id = %ctx.run, error = %status.message(), "could not delete the journal");
+        }
+    }
+}
+
+fn ending_name(e: &Ending) -> &'static str {
+    match e {
+        Ending::Exited { .. } => "exited",
+        Ending::Stopped(StopReason::Cancel) => "cancelled",
+        Ending::Stopped(StopReason::Disconnected) => "disconnected",
+        Ending::Failed(_) => "failed",
+        Ending::Detach => "detached",
+        Ending::Superseded(_) => "superseded",
+    }
+}
+
+fn is_transient(e: &store::Error) -> bool {
+    matches!(e, store::Error::Unavailable(_) | store::Error::Database(_))
+}
+
+/// How a chunk is stored: its protobuf encoding, kind = its type name.
+pub(crate) fn encode_chunk(c: &Chunk) -> NewChunk {
+    NewChunk::new(chunk::type_name(c.r#type()), c.encode_to_vec())
+}
+
+pub(crate) fn decode_chunk(stored: &store::StoredChunk) -> Result<Chunk, Error> {
+    Chunk::decode(stored.payload.as_slice()).map_err(|e| {
+        Error::internal(format!("stored chunk at offset {} does not decode: {e}", stored.offset))
+    })
+}
+
+async fn probe(agent: &AgentClient, ctx: &DriveCtx) -> Option<agent::RunState> {
+    let request =
+        agent::ProbeExitRequest { run_id: ctx.run.to_string(), sentinel_key: ctx.sentinel_key.clone() };
+    let response = agent.journal().probe_exit(request).await.ok()?.into_inner();
+    agent::RunState::try_from(response.state).ok()
+}
+
+/// File events of the run's workspace while it runs, until the receiver
+/// goes. Best effort: a sandbox that cannot watch yields no events.
+async fn watch_files(agent: AgentClient, cwd: String, tx: mpsc::Sender<Vec<agent::FileEvent>>) {
+    let request = agent::WatchRequest {
+        path: if cwd.is_empty() { ".".into() } else { cwd },
+        recursive: true,
+        coalesce_ms: Some(100),
+        ..Default::default()
+    };
+    let mut stream = match agent.watch().watch(request).await {
+        Ok(s) => s.into_inner(),
+        Err(status) => {
+            debug!(error = %status.message(), "file watch unavailable");
+            return;
+        }
+    };
+    while let Some(Ok(message)) = stream.next().await {
+        if let Some(agent::watch_response::Kind::Events(events)) = message.kind
+            && tx.send(events.events).await.is_err()
+        {
+            return;
+        }
+    }
+}
+
+/// `git status` of the run's workspace after it ended, as `file.changed`
+/// chunks (path, diff). Nothing when it is not a git work tree or git is
+/// missing.
+async fn changed_files(
+    agent: &AgentClient,
+    cwd: &str,
+    factory: &ChunkFactory,
+    redactor: &Redactor,
+) -> Vec<Chunk> {
+    // NUL-separated: path, diff, path, diff, ... Untracked files diff
+    // against /dev/null.
+    const SCRIPT: &str = r#"git rev-parse --is-inside-work-tree >/dev/null 2>&1 || exit 0
+max=$1; limit=$2; n=0
+printf 'total\0'
+{ git -c core.quotepath=off diff --name-only HEAD 2>/dev/null || git -c core.quotepath=off diff --name-only; git -c core.quotepath=off ls-files --others --exclude-standard; } | sort -u > "${TMPDIR:-/tmp}/.sandhold-changed.$$"
+printf '%s\0' "$(wc -l < "${TMPDIR:-/tmp}/.sandhold-changed.$$")"
+while IFS= read -r f; do
+  n=$((n+1)); [ "$n" -gt "$max" ] && break
+  printf '%s\0' "$f"
+  if git ls-files --error-unmatch -- "$f" >/dev/null 2>&1; then git -c core.quotepath=off diff HEAD -- "$f" 2>/dev/null | head -c "$limit"
+  else git -c core.quotepath=off diff --no-index -- /dev/null "$f" 2>/dev/null | head -c "$limit"; fi
+  printf '\0'
+done < "${TMPDIR:-/tmp}/.sandhold-changed.$$"
+rm -f "${TMPDIR:-/tmp}/.sandhold-changed.$$"
+"#;
+    let request = agent::ExecRequest {
+        command: Some(agent::Command {
+            kind: Some(agent::command::Kind::Argv(agent::Argv {
+                args: vec![
+                    "sh".into(),
+                    "-c".into(),
+                    SCRIPT.into(),
+                    "sh".into(),
+                    MAX_CHANGED_FILES.to_string(),
+                    MAX_DIFF_BYTES.to_string(),
+                ],
+            })),
+        }),
+        cwd: cwd.to_owned(),
+        timeout_ms: Some(30_000),
+        ..Default::default()
+    };
+    let out = match agent.process().exec(request).await {
+        Ok(r) => r.into_inner().stdout,
+        Err(status) => {
+            debug!(error = %status.message(), "git diff after the run failed");
+            return Vec::new();
+        }
+    };
+    let mut fields = out.split(|b| *b == 0).map(|f| String::from_utf8_lossy(f).into_owned());
+    let total: usize = match (fields.next(), fields.next()) {
+        (Some(t), Some(n)) if t == "total" => n.trim().parse().unwrap_or(0),
+        _ => return Vec::new(), // not a git work tree
+    };
+    let rest: Vec<String> = fields.collect();
+    let mut chunks = Vec::new();
+    for pair in rest.chunks(2) {
+        if let [path, diff] = pair {
+            let value = serde_json::json!({"path": path, "diff": redactor.redact(diff)});
+            chunks.push(factory.custom(FILE_CHANGED, &value));
+        }
+    }
+    if total > chunks.len() {
+        let message = format!("{} more changed files are not listed", total - chunks.len());
+        chunks.push(factory.warning(&message, None));
+    }
+    chunks
+}

@@ -1,0 +1,442 @@
+//! `sandhold.v1.RunService`. Every call is scoped to the caller's tenant;
+//! another tenant's run is NOT_FOUND.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use futures::{Stream, StreamExt, stream};
+use rand::RngCore;
+use shared::chunk::{self, ChunkFactory, RUN_ACCEPTED};
+use shared::error::{Error, ErrorCode};
+use shared::proto::v1 as api;
+use shared::proto::v1::run_service_server::RunService;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status};
+use tracing::{debug, info};
+
+use super::driver::{DriveCtx, FreshStart, decode_chunk, encode_chunk};
+use super::{RunSpec, Runs, StopReason, run_to_api};
+use crate::auth::tenant_of;
+use crate::harness::{Harness, HarnessOptions};
+use crate::sandbox::progress::Progress;
+use crate::sandbox::service::ensure_input;
+use crate::store::{self, FIRST_EPOCH, LogWriter, NewRun, Offset, RunId, SentinelKey, Tenant, Timestamp};
+
+type EventStream = Pin<Box<dyn Stream<Item = Result<api::RunEvent, Status>> + Send + 'static>>;
+
+/// Unset `ListRunsRequest.limit`.
+const DEFAULT_LIST_LIMIT: u32 = 100;
+const MAX_LIST_LIMIT: u32 = 1000;
+
+#[derive(Clone)]
+pub struct RunApi {
+    runs: Runs,
+}
+
+impl RunApi {
+    pub fn new(runs: Runs) -> Self {
+        Self { runs }
+    }
+}
+
+fn run_id_field(field: &str, raw: &str) -> Result<RunId, Error> {
+    if raw.is_empty() {
+        return Err(Error::invalid_field(field, "required"));
+    }
+    RunId::parse(raw).map_err(|e| Error::invalid_field(field, e.to_string()))
+}
+
+pub(crate) fn options_from_api(o: api::HarnessOptions) -> HarnessOptions {
+    let some = |s: String| (!s.is_empty()).then_some(s);
+    HarnessOptions {
+        program: some(o.program),
+        command: o.command,
+        model: some(o.model),
+        resume_session_id: some(o.resume_session_id),
+        permission_mode: some(o.permission_mode),
+        max_turns: (o.max_turns > 0).then_some(o.max_turns),
+        allowed_tools: o.allowed_tools,
+        disallowed_tools: o.disallowed_tools,
+        system_prompt: some(o.system_prompt),
+        mcp_config_path: some(o.mcp_config_path),
+        include_partial_messages: o.include_partial_messages,
+        sandbox_mode: some(o.sandbox_mode),
+        config_overrides: o.config_overrides.into_iter().map(|c| (c.key, c.value)).collect(),
+        extra_args: o.extra_args,
+        env: o.env.into_iter().collect(),
+        prompt_file: None,
+    }
+}
+
+fn new_sentinel_key() -> SentinelKey {
+    let mut bytes = [0u8; 32];
+    rand::thread_rng().fill_bytes(&mut bytes);
+    SentinelKey::new(hex::encode(bytes))
+}
+
+impl Runs {
+    /// The run's log after `after`, then what is appended, until it closes
+    /// or the server shuts down.
+    fn log_stream(&self, run: RunId, after: Offset) -> Result<EventStream, Error> {
+        let events = self.inner.state.ready()?.stores.events.clone();
+        let log = stream::once(async move { events.read(&run, &after).await })
+            .map(|read| match read {
+                Ok(chunks) => chunks
+                    .map(|stored| {
+                        let stored = stored.map_err(Error::from)?;
+                        let chunk = decode_chunk(&stored)?;
+                        Ok(api::RunEvent {
+                            event: Some(api::run_event::Event::Chunk(api::RunChunk {
+                                offset: stored.offset.to_string(),
+                                chunk: Some(chunk),
+                            })),
+                        })
+                    })
+                    .map(|r: Result<api::RunEvent, Error>| r.map_err(Status::from))
+                    .left_stream(),
+                Err(e) => stream::once(async move { Err(Status::from(Error::from(e))) }).right_stream(),
+            })
+            .flatten()
+            .take_until(self.inner.shutdown.clone().cancelled_owned());
+        Ok(Box::pin(log))
+    }
+
+    /// Count `inner` as a client of `run` until it ends or is dropped.
+    fn client_stream(&self, run: RunId, inner: EventStream) -> (EventStream, CancellationToken) {
+        self.client_arrived(&run);
+        let gone = CancellationToken::new();
+        let stream = ClientStream { inner, runs: self.clone(), run, gone: gone.clone() };
+        (Box::pin(stream), gone)
+    }
+
+    /// Try to become the driver of a running run. `Ok(true)` when it is
+    /// driven here now (or ended); `Ok(false)` when another replica holds
+    /// its lease.
+    pub(crate) async fn try_take_over(&self, run: &RunId) -> Result<bool, Error> {
+        if self.registry().drives.contains_key(run.as_str()) {
+            return Ok(true);
+        }
+        let ready = self.inner.state.ready()?;
+        let Some(lease) = ready.leases.try_acquire(&format!("run:{run}")).await? else {
+            return Ok(false);
+        };
+        let record = match ready.stores.runs.claim(run).await {
+            Ok(r) => r,
+            Err(store::Error::RunTerminal { .. } | store::Error::NotFound(_)) => {
+                let _ = lease.release().await;
+                return Ok(true);
+            }
+            Err(e) => {
+                let _ = lease.release().await;
+                return Err(e.into());
+            }
+        };
+        let spec = RunSpec::of(&record)?;
+        let harness = Harness::parse(&spec.harness).map_err(|e| Error::internal(e.to_string()))?;
+        let Some(drive) = self.register(run, spec.detach_on_disconnect) else {
+            let _ = lease.release().await;
+            return Ok(true);
+        };
+        info!(run_id = %run, epoch = record.driver_epoch, "taking the run over");
+        let ctx = DriveCtx {
+            run: run.clone(),
+            tenant: record.tenant.clone(),
+            thread_id: record.thread_id.clone(),
+            spec,
+            harness,
+            sentinel_key: record.sentinel_key.expose().as_bytes().to_vec(),
+            writer: LogWriter::new(ready.stores.events.clone(), run.clone(), record.driver_epoch),
+            lease_lost: lease.lost(),
+            lease,
+            drive,
+        };
+        tokio::spawn(self.clone().drive(ctx, None));
+        Ok(true)
+    }
+
+    /// Keep trying to drive `run` until it is driven here, it ended, or
+    /// `until` fires (the attached client left).
+    fn keep_taking_over(&self, run: RunId, until: CancellationToken) {
+        let runs = self.clone();
+        tokio::spawn(async move {
+            loop {
+                match runs.try_take_over(&run).await {
+                    Ok(true) => return,
+                    Ok(false) => {}
+                    Err(e) => debug!(run_id = %run, error = %e.message, "takeover attempt failed"),
+                }
+                tokio::select! {
+                    _ = until.cancelled() => return,
+                    _ = runs.inner.shutdown.cancelled() => return,
+                    _ = tokio::time::sleep(runs.inner.options.takeover_retry) => {}
+                }
+            }
+        });
+    }
+}
+
+/// A client's stream; its end (or drop, when the client goes away) is
+/// reported to [`Runs::client_left`].
+struct ClientStream {
+    inner: EventStream,
+    runs: Runs,
+    run: RunId,
+    gone: CancellationToken,
+}
+
+impl Stream for ClientStream {
+    type Item = Result<api::RunEvent, Status>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.inner.as_mut().poll_next(cx)
+    }
+}
+
+impl Drop for ClientStream {
+    fn drop(&mut self) {
+        self.gone.cancel();
+        self.runs.client_left(&self.run);
+    }
+}
+
+#[tonic::async_trait]
+impl RunService for RunApi {
+    type StartRunStream = EventStream;
+
+    async fn start_run(
+        &self,
+        request: Request<api::StartRunRequest>,
+    ) -> Result<Response<Self::StartRunStream>, Status> {
+        let tenant = tenant_of(&request)?;
+        let req = request.into_inner();
+        let runs = &self.runs;
+        if req.thread_id.is_empty() {
+            return Err(Error::invalid_field("thread_id", "required").into());
+        }
+        let harness =
+            Harness::parse(&req.harness).map_err(|e| Error::invalid_field("harness", e.to_string()))?;
+        let options = options_from_api(req.options.unwrap_or_default());
+        let command = harness
+            .command(&options, &req.prompt)
+            .map_err(|e| Error::new(ErrorCode::InvalidArgument, e.to_string()))?;
+        let run = if req.run_id.is_empty() {
+            if req.durable {
+                return Err(Error::invalid_field(
+                    "run_id",
+                    "required for a durable run: its journal and event ids derive from it",
+                )
+                .into());
+            }
+            RunId::parse(&format!("run-{}", uuid::Uuid::new_v4().simple())).expect("a valid run id")
+        } else {
+            run_id_field("run_id", &req.run_id)?
+        };
+        let ready = runs.inner.state.ready()?;
+        let input = ensure_input(
+            ready,
+            tenant.clone(),
+            &req.definition_id,
+            req.thread_id.clone(),
+            run.to_string(),
+            req.secrets,
+        )
+        .await?;
+        let spec = RunSpec {
+            harness: harness.name().to_owned(),
+            definition_id: req.definition_id.clone(),
+            durable: req.durable,
+            detach_on_disconnect: req.detach_on_disconnect.unwrap_or(req.durable),
+            cwd: req.cwd,
+        };
+        // The lease first: from the record's creation on, an attach on
+        // another replica must see the run as driven.
+        let already = || Error::new(ErrorCode::AlreadyExists, format!("run {run} already exists"));
+        let Some(lease) = ready.leases.try_acquire(&format!("run:{run}")).await.map_err(Error::from)? else {
+            return Err(already().into());
+        };
+        let sentinel_key = new_sentinel_key();
+        let created = ready
+            .stores
+            .runs
+            .create_or_resume(NewRun {
+                run_id: run.clone(),
+                thread_id: req.thread_id.clone(),
+                tenant: tenant.clone(),
+                sentinel_key: sentinel_key.clone(),
+                sandbox_key: None,
+                started_at: Timestamp::now(),
+                spec: Some(serde_json::to_value(&spec).expect("a spec serializes")),
+            })
+            .await;
+        let created = match created {
+            Ok(c) if c.created => c,
+            Ok(_) | Err(store::Error::AlreadyExists(_)) => {
+                let _ = lease.release().await;
+                return Err(already().into());
+            }
+            Err(e) => {
+                let _ = lease.release().await;
+                return Err(Error::from(e).into());
+            }
+        };
+        let writer = LogWriter::new(ready.stores.events.clone(), run.clone(), FIRST_EPOCH);
+        if spec.durable {
+            let accepted = ChunkFactory::new(&run, &req.thread_id, chunk::now_ms)
+                .custom(RUN_ACCEPTED, &serde_json::json!({}));
+            if let Err(e) = writer.append(&[encode_chunk(&accepted)]).await {
+                // Nothing was started: fail the record so it is not left running.
+                let finish = store::RunFinish {
+                    status: store::RunStatus::Failed,
+                    error: Some(store::RunError { code: "UNAVAILABLE".into(), message: e.to_string() }),
+                    usage: None,
+                    finished_at: Timestamp::now(),
+                };
+                let _ = ready.stores.runs.finish(&run, FIRST_EPOCH, finish).await;
+                let _ = ready.stores.events.close(&run).await;
+                let _ = lease.release().await;
+                return Err(Error::from(e).into());
+            }
+        }
+        let drive = runs.register(&run, spec.detach_on_disconnect).expect("a new run is not driven yet");
+        let (progress_tx, progress_rx) = mpsc::unbounded_channel();
+        let ctx = DriveCtx {
+            run: run.clone(),
+            tenant,
+            thread_id: req.thread_id,
+            harness,
+            sentinel_key: created.record.sentinel_key.expose().as_bytes().to_vec(),
+            writer,
+            lease_lost: lease.lost(),
+            lease,
+            drive,
+            spec,
+        };
+        info!(run_id = %run, harness = harness.name(), durable = ctx.spec.durable, "run accepted");
+        let fresh = FreshStart { input, command, progress: Progress::new(progress_tx) };
+        let log = runs.log_stream(run.clone(), Offset::start())?;
+        tokio::spawn(runs.clone().drive(ctx, Some(fresh)));
+        let progress = UnboundedReceiverStream::new(progress_rx).filter_map(|item| async move {
+            match item {
+                Ok(api::EnsureSandboxResponse {
+                    event: Some(api::ensure_sandbox_response::Event::Progress(p)),
+                }) => Some(Ok(api::RunEvent { event: Some(api::run_event::Event::Progress(p)) })),
+                Ok(_) => None,
+                Err(status) => Some(Err(status)),
+            }
+        });
+        let (stream, _gone) = runs.client_stream(run, Box::pin(progress.chain(log)));
+        Ok(Response::new(stream))
+    }
+
+    type AttachRunStream = EventStream;
+
+    async fn attach_run(
+        &self,
+        request: Request<api::AttachRunRequest>,
+    ) -> Result<Response<Self::AttachRunStream>, Status> {
+        let tenant = tenant_of(&request)?;
+        let req = request.into_inner();
+        let run = run_id_field("run_id", &req.run_id)?;
+        let after = if req.after_offset.is_empty() {
+            Offset::start()
+        } else {
+            Offset::parse(&req.after_offset)
+                .map_err(|e| Error::invalid_field("after_offset", e.to_string()))?
+        };
+        let record = self.runs.record(&tenant, &run).await?;
+        if !req.thread_id.is_empty() && req.thread_id != record.thread_id {
+            return Err(
+                Error::invalid_field("thread_id", format!("run {run} is not a run of this thread")).into()
+            );
+        }
+        let log = self.runs.log_stream(run.clone(), after)?;
+        let (stream, gone) = self.runs.client_stream(run.clone(), log);
+        if !record.status.is_terminal() {
+            self.runs.mark_attached(&record).await;
+            self.runs.keep_taking_over(run, gone);
+        }
+        Ok(Response::new(stream))
+    }
+
+    async fn cancel_run(
+        &self,
+        request: Request<api::CancelRunRequest>,
+    ) -> Result<Response<api::CancelRunResponse>, Status> {
+        let tenant = tenant_of(&request)?;
+        let run = run_id_field("run_id", &request.into_inner().run_id)?;
+        let ready = self.runs.inner.state.ready()?;
+        let record =
+            ready.stores.runs.request_cancel(&tenant, &run).await.map_err(|e| not_found_as(e, &run))?;
+        if !record.status.is_terminal() {
+            info!(run_id = %run, "cancel requested");
+            if !self.runs.stop_local(&run, StopReason::Cancel) {
+                // Driven elsewhere: that driver sees the record within its
+                // cancel poll. Driven nowhere: drive it here to stop it.
+                if let Err(e) = self.runs.try_take_over(&run).await {
+                    debug!(run_id = %run, error = %e.message, "could not take the cancelled run over");
+                }
+            }
+        }
+        Ok(Response::new(api::CancelRunResponse { run: Some(run_to_api(&record)) }))
+    }
+
+    async fn get_run(
+        &self,
+        request: Request<api::GetRunRequest>,
+    ) -> Result<Response<api::GetRunResponse>, Status> {
+        let tenant = tenant_of(&request)?;
+        let run = run_id_field("run_id", &request.into_inner().run_id)?;
+        let record = self.runs.record(&tenant, &run).await?;
+        Ok(Response::new(api::GetRunResponse { run: Some(run_to_api(&record)) }))
+    }
+
+    async fn list_runs(
+        &self,
+        request: Request<api::ListRunsRequest>,
+    ) -> Result<Response<api::ListRunsResponse>, Status> {
+        let tenant = tenant_of(&request)?;
+        let req = request.into_inner();
+        let limit = if req.limit == 0 { DEFAULT_LIST_LIMIT } else { req.limit.min(MAX_LIST_LIMIT) };
+        let stores = &self.runs.inner.state.ready()?.stores;
+        let records = if req.thread_id.is_empty() {
+            stores.runs.list_recent(&tenant, limit).await.map_err(Error::from)?
+        } else {
+            let mut all = stores.runs.list_by_thread(&tenant, &req.thread_id).await.map_err(Error::from)?;
+            all.reverse();
+            all.truncate(limit as usize);
+            all
+        };
+        Ok(Response::new(api::ListRunsResponse { runs: records.iter().map(run_to_api).collect() }))
+    }
+
+    async fn get_active_run(
+        &self,
+        request: Request<api::GetActiveRunRequest>,
+    ) -> Result<Response<api::GetActiveRunResponse>, Status> {
+        let tenant = tenant_of(&request)?;
+        let req = request.into_inner();
+        if req.thread_id.is_empty() {
+            return Err(Error::invalid_field("thread_id", "required").into());
+        }
+        let stores = &self.runs.inner.state.ready()?.stores;
+        let active = stores.runs.active_run(&tenant, &req.thread_id).await.map_err(Error::from)?;
+        Ok(Response::new(api::GetActiveRunResponse { run: active.as_ref().map(run_to_api) }))
+    }
+}
+
+fn not_found_as(e: store::Error, run: &RunId) -> Error {
+    match e {
+        store::Error::NotFound(_) => Error::not_found(format!("run {run} not found")),
+        other => other.into(),
+    }
+}
+
+impl Runs {
+    /// The tenant's run, or NOT_FOUND (also for another tenant's).
+    async fn record(&self, tenant: &Tenant, run: &RunId) -> Result<store::RunRecord, Error> {
+        let stores = &self.inner.state.ready()?.stores;
+        stores.runs.get(tenant, run).await.map_err(|e| not_found_as(e, run))
+    }
+}

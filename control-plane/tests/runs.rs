@@ -1,0 +1,325 @@
+//! RunService end to end: the real `sandhold` binary driving real
+//! `sandhold-agent`s on the local provider and on Docker.
+
+mod provider_support;
+mod run_support;
+
+use std::time::{Duration, Instant};
+
+use rand::Rng;
+use run_support::*;
+use shared::proto::v1 as api;
+
+struct Setup {
+    _dir: tempfile::TempDir,
+    server: ServerProcess,
+    tenant: String,
+    token: String,
+    nonce: String,
+}
+
+async fn setup(kind: Kind) -> Setup {
+    if kind == Kind::Docker {
+        provider_support::ensure_test_image();
+    }
+    let dir = tempfile::Builder::new().prefix("runs").tempdir_in("/tmp").unwrap();
+    let nonce = uuid::Uuid::new_v4().simple().to_string()[..10].to_string();
+    let tenant = format!("t{nonce}");
+    let token = format!("tok-{nonce}");
+    let opts = ServerOptions {
+        data_dir: dir.path().join("data"),
+        tokens: vec![format!("{tenant}={token}"), format!("other{nonce}=other-{nonce}")],
+        ..Default::default()
+    };
+    let server = ServerProcess::start(&opts).await;
+    let mut sandboxes = server.sandboxes(&token).await;
+    put_definition(&mut sandboxes, definition("def", kind)).await;
+    Setup { _dir: dir, server, tenant, token, nonce }
+}
+
+/// A durable run of 5,000 numbered lines; the client drops at a random
+/// point and attaches again from the last offset it received: the union is
+/// every line exactly once, in order.
+async fn disconnect_and_reattach(kind: Kind) {
+    let s = setup(kind).await;
+    let _cleanup = DockerCleanup(s.tenant.clone());
+    let mut runs = s.server.runs(&s.token).await;
+    let run_id = format!("run-{}", s.nonce);
+    let script = numbered_lines(5000, 100, "0.05");
+    let drop_after = rand::thread_rng().gen_range(50..4500usize);
+
+    let mut first = Seen::default();
+    {
+        let mut stream =
+            runs.start_run(command_run(&run_id, "thread-1", "def", &script)).await.unwrap().into_inner();
+        let ended = read_until(&mut stream, &mut first, |seen| seen.line_numbers().len() >= drop_after)
+            .await
+            .unwrap_or_else(|e| panic!("start stream failed: {e}\n{}", s.server.log_text()));
+        assert!(!ended, "the run ended before the client dropped");
+    } // the stream (the client) is gone here
+    let first_lines = first.line_numbers();
+    assert_eq!(first.chunks[0].1.name, "run.accepted", "a durable run starts with run.accepted");
+
+    // Disconnecting never cancels: the record says running and detached.
+    let detached = eventually(Duration::from_secs(20), || {
+        let mut runs = runs.clone();
+        let run_id = run_id.clone();
+        async move {
+            let r = runs.get_run(api::GetRunRequest { run_id }).await.unwrap().into_inner().run.unwrap();
+            r.detached_since_ms.is_some() || r.status != api::RunStatus::Running as i32
+        }
+    })
+    .await;
+    assert!(detached, "the record was never marked detached");
+
+    let mut second = Seen::default();
+    let mut stream = runs
+        .attach_run(api::AttachRunRequest {
+            run_id: run_id.clone(),
+            after_offset: first.last_offset().unwrap(),
+            thread_id: "thread-1".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(read_until(&mut stream, &mut second, |_| false).await.unwrap(), "attach ends with the run");
+
+    let mut all = first_lines.clone();
+    all.extend(second.line_numbers());
+    let expected: Vec<u32> = (1..=5000).collect();
+    assert_eq!(all.len(), 5000, "every line exactly once (dropped after {})", first_lines.len());
+    assert_eq!(all, expected, "in order");
+    let offsets: Vec<&String> = first.chunks.iter().chain(&second.chunks).map(|(o, _)| o).collect();
+    let mut unique = offsets.clone();
+    unique.dedup();
+    assert_eq!(unique.len(), offsets.len(), "no chunk delivered twice");
+    let terminal = second.terminal().expect("a terminal chunk");
+    assert_eq!(terminal.r#type(), api::ChunkType::RunFinished);
+    let record =
+        runs.get_run(api::GetRunRequest { run_id: run_id.clone() }).await.unwrap().into_inner().run.unwrap();
+    assert_eq!(record.status, api::RunStatus::Completed as i32, "{record:?}");
+    assert!(record.finished_at_ms.is_some());
+
+    // Attaching from the start replays the same log, then ends.
+    let mut replay = Seen::default();
+    let mut stream = runs
+        .attach_run(api::AttachRunRequest { run_id: run_id.clone(), ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(read_until(&mut stream, &mut replay, |_| false).await.unwrap());
+    assert_eq!(replay.line_numbers(), expected);
+    assert_eq!(replay.chunks.len(), first.chunks.len() + second.chunks.len());
+
+    cancel_stops_at_once(&s, &mut runs, kind).await;
+}
+
+/// `CancelRun` on a second run: its process is gone within a second, the
+/// container removed, the record `aborted`, a RUN_ERROR at the end.
+async fn cancel_stops_at_once(s: &Setup, runs: &mut Runs, kind: Kind) {
+    let run_id = format!("cancel-{}", s.nonce);
+    let marker = format!("marker{}", s.nonce);
+    let script = format!("echo started; sleep 1000; echo {marker}");
+    let mut stream =
+        runs.start_run(command_run(&run_id, "thread-2", "def", &script)).await.unwrap().into_inner();
+    let mut seen = Seen::default();
+    read_until(&mut stream, &mut seen, |seen| seen.has_text("started")).await.unwrap();
+    let sandbox = runs.get_run(api::GetRunRequest { run_id: run_id.clone() }).await.unwrap().into_inner();
+    let sandbox_id = sandbox.run.unwrap().sandbox_id;
+    assert!(!sandbox_id.is_empty(), "the record names its sandbox");
+    let tenant_label = format!("dev.sandhold.sandbox-key={sandbox_id}");
+    match kind {
+        Kind::Local => assert!(process_with_marker(&marker), "the run's shell is running"),
+        Kind::Docker => assert!(!docker_running(&tenant_label).is_empty(), "the container runs"),
+    }
+
+    let cancelled_at = Instant::now();
+    runs.cancel_run(api::CancelRunRequest { run_id: run_id.clone() }).await.unwrap();
+    let stopped = eventually(Duration::from_secs(5), || {
+        let gone = match kind {
+            Kind::Local => !process_with_marker(&marker),
+            Kind::Docker => docker_running(&tenant_label).is_empty(),
+        };
+        async move { gone }
+    })
+    .await;
+    let took = cancelled_at.elapsed();
+    assert!(stopped, "the run's process survived the cancel:\n{}", tail(&s.server.log_text()));
+    assert!(took <= Duration::from_secs(1), "the cancel took {took:?} to stop the process");
+    if kind == Kind::Docker {
+        let removed =
+            eventually(Duration::from_secs(30), || async { docker_containers(&tenant_label).is_empty() })
+                .await;
+        assert!(removed, "the container was not removed");
+    }
+
+    assert!(read_until(&mut stream, &mut seen, |_| false).await.unwrap(), "the stream ends");
+    let terminal = seen.terminal().expect("a terminal chunk");
+    assert_eq!(terminal.r#type(), api::ChunkType::RunError);
+    assert_eq!(terminal.error_code, "CANCELLED");
+    let record = runs.get_run(api::GetRunRequest { run_id }).await.unwrap().into_inner().run.unwrap();
+    assert_eq!(record.status, api::RunStatus::Aborted as i32);
+    assert!(record.cancel_requested);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn local_durable_run_disconnect_reattach_and_cancel() {
+    disconnect_and_reattach(Kind::Local).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn docker_durable_run_disconnect_reattach_and_cancel() {
+    if !sandhold_tests::services::docker() {
+        return;
+    }
+    disconnect_and_reattach(Kind::Docker).await;
+}
+
+/// Bad requests are refused before anything is created; another tenant's
+/// run does not exist.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn run_requests_are_validated_and_tenant_scoped() {
+    let s = setup(Kind::Local).await;
+    let mut runs = s.server.runs(&s.token).await;
+
+    let mut durable_without_id = command_run("", "thread", "def", "true");
+    durable_without_id.run_id.clear();
+    let err = runs.start_run(durable_without_id).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err}");
+    assert!(err.message().contains("run_id"), "{err}");
+
+    let mut no_harness = command_run("r-x", "thread", "def", "true");
+    no_harness.harness = "nope".into();
+    assert_eq!(runs.start_run(no_harness).await.unwrap_err().code(), tonic::Code::InvalidArgument);
+    let mut no_command = command_run("r-y", "thread", "def", "true");
+    no_command.options = None;
+    assert_eq!(runs.start_run(no_command).await.unwrap_err().code(), tonic::Code::InvalidArgument);
+    let unknown_def = command_run("r-z", "thread", "missing", "true");
+    assert_eq!(runs.start_run(unknown_def).await.unwrap_err().code(), tonic::Code::NotFound);
+
+    // A run that completes; its id cannot be used again.
+    let run_id = format!("once-{}", s.nonce);
+    let mut stream =
+        runs.start_run(command_run(&run_id, "thread", "def", "echo hello")).await.unwrap().into_inner();
+    let mut seen = Seen::default();
+    assert!(read_until(&mut stream, &mut seen, |_| false).await.unwrap());
+    assert!(seen.has_text("hello"));
+    let again = runs.start_run(command_run(&run_id, "thread", "def", "echo again")).await.unwrap_err();
+    assert_eq!(again.code(), tonic::Code::AlreadyExists);
+
+    // Wrong thread on attach: INVALID_ARGUMENT; unknown run: NOT_FOUND.
+    let wrong_thread = api::AttachRunRequest {
+        run_id: run_id.clone(),
+        after_offset: String::new(),
+        thread_id: "another-thread".into(),
+    };
+    assert_eq!(runs.attach_run(wrong_thread).await.unwrap_err().code(), tonic::Code::InvalidArgument);
+    let unknown = api::AttachRunRequest { run_id: "nope".into(), ..Default::default() };
+    assert_eq!(runs.attach_run(unknown).await.unwrap_err().code(), tonic::Code::NotFound);
+
+    // Another tenant sees nothing.
+    let mut other = s.server.runs(&format!("other-{}", s.nonce)).await;
+    let get = other.get_run(api::GetRunRequest { run_id: run_id.clone() }).await.unwrap_err();
+    assert_eq!(get.code(), tonic::Code::NotFound);
+    let attach =
+        other.attach_run(api::AttachRunRequest { run_id: run_id.clone(), ..Default::default() }).await;
+    assert_eq!(attach.unwrap_err().code(), tonic::Code::NotFound);
+    assert_eq!(
+        other.cancel_run(api::CancelRunRequest { run_id: run_id.clone() }).await.unwrap_err().code(),
+        tonic::Code::NotFound
+    );
+    let listed = other.list_runs(api::ListRunsRequest::default()).await.unwrap().into_inner();
+    assert!(listed.runs.is_empty());
+
+    // Listing and the active run.
+    let listed = runs.list_runs(api::ListRunsRequest { thread_id: "thread".into(), limit: 0 }).await.unwrap();
+    let ids: Vec<String> = listed.into_inner().runs.into_iter().map(|r| r.run_id).collect();
+    assert_eq!(ids, std::slice::from_ref(&run_id));
+    let active = runs.get_active_run(api::GetActiveRunRequest { thread_id: "thread".into() }).await.unwrap();
+    assert!(active.into_inner().run.is_none(), "the only run completed");
+}
+
+/// A failing command fails the run with its exit code; a non-durable run
+/// whose client leaves is aborted and its sandbox destroyed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn failures_and_non_durable_disconnects_end_the_run() {
+    let s = setup(Kind::Local).await;
+    let mut runs = s.server.runs(&s.token).await;
+
+    let failing = format!("fail-{}", s.nonce);
+    let mut stream = runs
+        .start_run(command_run(&failing, "thread", "def", "echo about to fail; exit 3"))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut seen = Seen::default();
+    assert!(read_until(&mut stream, &mut seen, |_| false).await.unwrap());
+    let terminal = seen.terminal().unwrap();
+    assert_eq!(terminal.r#type(), api::ChunkType::RunError, "{terminal:?}");
+    let record =
+        runs.get_run(api::GetRunRequest { run_id: failing }).await.unwrap().into_inner().run.unwrap();
+    assert_eq!(record.status, api::RunStatus::Failed as i32);
+
+    let marker = format!("nd{}", s.nonce);
+    let mut request =
+        command_run("", "thread-nd", "def", &format!("echo started; sleep 1000; echo {marker}"));
+    request.durable = false;
+    let mut stream = runs.start_run(request).await.unwrap().into_inner();
+    let mut seen = Seen::default();
+    read_until(&mut stream, &mut seen, |seen| seen.has_text("started")).await.unwrap();
+    let run_id = seen.chunks[0].1.run_id.clone();
+    assert!(run_id.starts_with("run-"), "a generated id: {run_id}");
+    assert!(process_with_marker(&marker));
+    drop(stream);
+    let gone = eventually(Duration::from_secs(20), || {
+        let gone = !process_with_marker(&marker);
+        async move { gone }
+    })
+    .await;
+    assert!(gone, "a non-durable run survived its client");
+    let record = wait_terminal(&mut runs, &run_id).await;
+    assert_eq!(record.status, api::RunStatus::Aborted as i32);
+    assert_eq!(record.error.unwrap().code, "CLIENT_DISCONNECTED");
+    assert!(!record.cancel_requested, "a disconnect is never recorded as a cancel");
+}
+
+fn tail(log: &str) -> String {
+    let lines: Vec<&str> = log.lines().collect();
+    lines[lines.len().saturating_sub(60)..].join("\n")
+}
+
+/// File events while the run is active (`sandbox.file`), the workspace's
+/// git diff after it (`file.changed`), both before the terminal chunk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn file_events_and_changes_are_reported() {
+    if sandhold_tests::services::program("git").is_none() {
+        return;
+    }
+    let s = setup(Kind::Local).await;
+    let mut runs = s.server.runs(&s.token).await;
+    let script = "git init -q . && git -c user.email=t@example.com -c user.name=t commit -q --allow-empty -m init \
+                  && echo first; sleep 0.5; echo hello > notes.txt; sleep 1; echo done";
+    let run_id = format!("files-{}", s.nonce);
+    let mut stream =
+        runs.start_run(command_run(&run_id, "thread", "def", script)).await.unwrap().into_inner();
+    let mut seen = Seen::default();
+    assert!(read_until(&mut stream, &mut seen, |_| false).await.unwrap());
+    let custom = |name: &str| -> Vec<serde_json::Value> {
+        seen.chunks
+            .iter()
+            .filter(|(_, c)| c.r#type() == api::ChunkType::Custom && c.name == name)
+            .map(|(_, c)| serde_json::from_str(&c.value_json).unwrap())
+            .collect()
+    };
+    let files = custom("sandbox.file");
+    assert!(
+        files.iter().any(|v| v["path"].as_str().is_some_and(|p| p.ends_with("notes.txt"))),
+        "no sandbox.file event for notes.txt: {files:?}"
+    );
+    let changed = custom("file.changed");
+    let notes: Vec<_> = changed.iter().filter(|v| v["path"] == "notes.txt").collect();
+    assert_eq!(notes.len(), 1, "{changed:?}");
+    assert!(notes[0]["diff"].as_str().unwrap().contains("+hello"), "{changed:?}");
+    let last = &seen.chunks.last().unwrap().1;
+    assert_eq!(last.r#type(), api::ChunkType::RunFinished, "the terminal chunk comes last");
+}
