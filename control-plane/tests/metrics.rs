@@ -196,6 +196,7 @@ async fn scrapes_move_with_activity() {
             sentinel_key: SentinelKey::new("k"),
             sandbox_key: None,
             started_at: Timestamp::now(),
+            spec: None,
         })
         .await
         .unwrap();

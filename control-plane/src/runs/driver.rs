@@ -97,6 +97,7 @@ impl Runs {
     /// detach) is meant to take it on.
     pub(crate) async fn drive(self, ctx: DriveCtx, fresh: Option<FreshStart>) {
         let started = Instant::now();
+        let _active = crate::metrics::drives().start();
         let ending = match AssertUnwindSafe(self.drive_to_end(&ctx, fresh)).catch_unwind().await {
             Ok(ending) => ending,
             Err(panic) => {
@@ -361,6 +362,7 @@ impl Runs {
         lines: Vec<agent::JournalLine>,
     ) -> Result<(), Ending> {
         let mut batch = Vec::new();
+        crate::metrics::journal().read(lines.iter().map(|l| l.data.len() as u64 + 1).sum());
         for line in &lines {
             for c in pump.translator.feed(&line.data) {
                 if chunk::is_terminal(&c) {
@@ -560,6 +562,7 @@ impl Runs {
             warn!(run_id = %ctx.run, error = %e, "could not close the run's log");
         }
         info!(run_id = %ctx.run, status = %status, "run finished");
+        crate::metrics::runs().finished(status);
         if status == RunStatus::Completed {
             self.after_completion(ctx).await;
         }

@@ -140,6 +140,7 @@ impl Runs {
             return Ok(true);
         };
         info!(run_id = %run, epoch = record.driver_epoch, "taking the run over");
+        crate::metrics::takeovers().inc();
         let ctx = DriveCtx {
             run: run.clone(),
             tenant: record.tenant.clone(),
@@ -314,6 +315,7 @@ impl RunService for RunApi {
             spec,
         };
         info!(run_id = %run, harness = harness.name(), durable = ctx.spec.durable, "run accepted");
+        crate::metrics::runs().started();
         let fresh = FreshStart { input, command, progress: Progress::new(progress_tx) };
         let log = runs.log_stream(run.clone(), Offset::start())?;
         tokio::spawn(runs.clone().drive(ctx, Some(fresh)));

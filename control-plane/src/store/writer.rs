@@ -95,6 +95,7 @@ mod tests {
                 sentinel_key: SentinelKey::new("k"),
                 sandbox_key: None,
                 started_at: Timestamp::now(),
+                spec: None,
             })
             .await
             .unwrap();
