@@ -269,6 +269,7 @@ async fn checkpoints_fork_copies_the_chosen_checkpoint_into_an_empty_thread(b: &
             sentinel_key: SentinelKey::new("k"),
             sandbox_key: None,
             started_at: Timestamp::now(),
+            spec: None,
         })
         .await
         .unwrap();
