@@ -323,3 +323,37 @@ async fn file_events_and_changes_are_reported() {
     let last = &seen.chunks.last().unwrap().1;
     assert_eq!(last.r#type(), api::ChunkType::RunFinished, "the terminal chunk comes last");
 }
+
+/// A skill the run's harness cannot use becomes a `harness.warning` chunk
+/// of the run, not an error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn skills_a_harness_lacks_are_warnings_of_the_run() {
+    let s = setup(Kind::Local).await;
+    let mut sandboxes = s.server.sandboxes(&s.token).await;
+    let mut def = definition("with-skill", Kind::Local);
+    def.workspace = Some(api::WorkspaceDefinition {
+        skills: vec![api::Skill { skill: Some(api::skill::Skill::Named("pdf-tools".into())) }],
+        ..Default::default()
+    });
+    put_definition(&mut sandboxes, def).await;
+    let mut runs = s.server.runs(&s.token).await;
+    // The Claude Code adapter with `true` standing in for the CLI: the run
+    // itself is empty; the warning comes from projecting its skills.
+    let request = api::StartRunRequest {
+        thread_id: "thread".into(),
+        run_id: format!("skills-{}", s.nonce),
+        definition_id: "with-skill".into(),
+        harness: "claude-code".into(),
+        options: Some(api::HarnessOptions { program: "true".into(), ..Default::default() }),
+        prompt: "hello".into(),
+        durable: true,
+        ..Default::default()
+    };
+    let mut stream = runs.start_run(request).await.unwrap().into_inner();
+    let mut seen = Seen::default();
+    assert!(read_until(&mut stream, &mut seen, |_| false).await.unwrap());
+    let warnings: Vec<&api::Chunk> =
+        seen.chunks.iter().map(|(_, c)| c).filter(|c| c.name == "harness.warning").collect();
+    assert!(warnings.iter().any(|w| w.value_json.contains("pdf-tools")), "{:?}", seen.chunks);
+    assert!(seen.terminal().is_some());
+}

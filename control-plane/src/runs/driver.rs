@@ -158,6 +158,7 @@ impl Runs {
     ) -> Result<(String, AgentClient, Arc<Secrets>), Ending> {
         let ready = self.inner.state.ready().map_err(Ending::Failed)?;
         let FreshStart { input, command, progress } = start;
+        let workspace = input.definition.workspace.clone().unwrap_or_default();
         let ensured = self
             .inner
             .lifecycle
@@ -173,6 +174,16 @@ impl Runs {
         if ctx.drive.stop.is_cancelled() {
             // Stopped while the sandbox was being made: nothing to start.
             return Ok((key, live.agent, live.secrets));
+        }
+        // Files that carry secrets are written for each run, for its harness
+        // only; what the harness cannot use is a warning, not an error.
+        let warnings = crate::workspace::project_for_run(&live.agent, &workspace, &live.secrets, ctx.harness)
+            .await
+            .map_err(|e| Ending::Failed(e.context("projecting skills for the run")))?;
+        if !warnings.is_empty() {
+            let factory = ChunkFactory::new(&ctx.run, &ctx.thread_id, chunk::now_ms);
+            let chunks: Vec<Chunk> = warnings.iter().map(|w| factory.warning(w, None)).collect();
+            self.append(ctx, &chunks).await?;
         }
         let mut request = command.start_run_request(&ctx.run, &ctx.spec.cwd, ctx.sentinel_key.clone());
         for (name, value) in live.secrets.iter() {
