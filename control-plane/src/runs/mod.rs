@@ -31,7 +31,7 @@ use shared::proto::v1 as api;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
-pub use service::RunApi;
+pub use service::{RunApi, Takeover};
 
 use crate::sandbox::Lifecycle;
 use crate::server::ServerState;

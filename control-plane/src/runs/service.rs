@@ -111,22 +111,21 @@ impl Runs {
         (Box::pin(stream), gone)
     }
 
-    /// Try to become the driver of a running run. `Ok(true)` when it is
-    /// driven here now (or ended); `Ok(false)` when another replica holds
-    /// its lease.
-    pub(crate) async fn try_take_over(&self, run: &RunId) -> Result<bool, Error> {
+    /// Try to become the driver of a running run: take its lease, claim it
+    /// (bump the epoch) and drive it on from its journal.
+    pub async fn try_take_over(&self, run: &RunId) -> Result<Takeover, Error> {
         if self.registry().drives.contains_key(run.as_str()) {
-            return Ok(true);
+            return Ok(Takeover::AlreadyHere);
         }
         let ready = self.inner.state.ready()?;
         let Some(lease) = ready.leases.try_acquire(&format!("run:{run}")).await? else {
-            return Ok(false);
+            return Ok(Takeover::HeldElsewhere);
         };
         let record = match ready.stores.runs.claim(run).await {
             Ok(r) => r,
             Err(store::Error::RunTerminal { .. } | store::Error::NotFound(_)) => {
                 let _ = lease.release().await;
-                return Ok(true);
+                return Ok(Takeover::Ended);
             }
             Err(e) => {
                 let _ = lease.release().await;
@@ -137,7 +136,7 @@ impl Runs {
         let harness = Harness::parse(&spec.harness).map_err(|e| Error::internal(e.to_string()))?;
         let Some(drive) = self.register(run, spec.detach_on_disconnect) else {
             let _ = lease.release().await;
-            return Ok(true);
+            return Ok(Takeover::AlreadyHere);
         };
         info!(run_id = %run, epoch = record.driver_epoch, "taking the run over");
         crate::metrics::takeovers().inc();
@@ -153,8 +152,7 @@ impl Runs {
             lease,
             drive,
         };
-        tokio::spawn(self.clone().drive(ctx, None));
-        Ok(true)
+        Ok(Takeover::Driving(tokio::spawn(self.clone().drive(ctx, None))))
     }
 
     /// Keep trying to drive `run` until it is driven here, it ended, or
@@ -164,8 +162,8 @@ impl Runs {
         tokio::spawn(async move {
             loop {
                 match runs.try_take_over(&run).await {
-                    Ok(true) => return,
-                    Ok(false) => {}
+                    Ok(Takeover::HeldElsewhere) => {}
+                    Ok(_) => return,
                     Err(e) => debug!(run_id = %run, error = %e.message, "takeover attempt failed"),
                 }
                 tokio::select! {
@@ -176,6 +174,19 @@ impl Runs {
             }
         });
     }
+}
+
+/// What [`Runs::try_take_over`] found.
+#[derive(Debug)]
+pub enum Takeover {
+    /// This replica drives the run now; the handle ends with the drive.
+    Driving(tokio::task::JoinHandle<()>),
+    /// This replica already drives it.
+    AlreadyHere,
+    /// Another replica holds the run's lease.
+    HeldElsewhere,
+    /// The run is terminal (or unknown): nothing to drive.
+    Ended,
 }
 
 /// A client's stream; its end (or drop, when the client goes away) is

@@ -173,6 +173,12 @@ pub async fn start(config: ServeConfig, shutdown: CancellationToken) -> anyhow::
     );
     tokio::spawn(crate::sandbox::run_idle_sweeper(lifecycle.clone(), shutdown.clone()));
 
+    let runs = crate::runs::Runs::new(
+        state.clone(),
+        lifecycle.clone(),
+        shutdown.clone(),
+        crate::runs::RunOptions::default(),
+    );
     let router = tonic::transport::Server::builder()
         .layer(AuthLayer::new(auth.clone()))
         .add_service(health_service)
@@ -183,12 +189,7 @@ pub async fn start(config: ServeConfig, shutdown: CancellationToken) -> anyhow::
             state.clone(),
             lifecycle.clone(),
         )))
-        .add_service(RunServiceServer::new(crate::runs::RunApi::new(crate::runs::Runs::new(
-            state.clone(),
-            lifecycle,
-            shutdown.clone(),
-            crate::runs::RunOptions::default(),
-        ))));
+        .add_service(RunServiceServer::new(crate::runs::RunApi::new(runs.clone())));
 
     info!(
         listen = %local_addr,
