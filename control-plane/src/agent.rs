@@ -13,6 +13,7 @@ use shared::proto::agent::v1::info_service_client::InfoServiceClient;
 use shared::proto::agent::v1::journal_service_client::JournalServiceClient;
 use shared::proto::agent::v1::process_service_client::ProcessServiceClient;
 use shared::proto::agent::v1::shell_service_client::ShellServiceClient;
+use shared::proto::agent::v1::snapshot_service_client::SnapshotServiceClient;
 use shared::proto::agent::v1::watch_service_client::WatchServiceClient;
 use shared::proto::agent::v1::{GetInfoRequest, GetInfoResponse};
 use shared::secret::Secret;
@@ -147,6 +148,10 @@ impl AgentClient {
 
     pub fn watch(&self) -> WatchServiceClient<AuthedChannel> {
         WatchServiceClient::new(self.channel.clone())
+    }
+
+    pub fn snapshot(&self) -> SnapshotServiceClient<AuthedChannel> {
+        SnapshotServiceClient::new(self.channel.clone())
     }
 
     /// Ask the agent again (e.g. to see whether its daemon restarted: the

@@ -13,5 +13,6 @@ pub mod provider;
 pub mod runs;
 pub mod sandbox;
 pub mod server;
+pub mod snapshot;
 pub mod store;
 pub mod workspace;

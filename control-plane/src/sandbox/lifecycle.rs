@@ -177,8 +177,25 @@ impl Lifecycle {
                 &lease,
             )
             .await;
+        // A new sandbox (not a resumed one: that is never overwritten) of a
+        // thread with portable snapshots starts from its latest checkpoint.
+        let result = match result {
+            Ok((sandbox, outcome, instance)) if outcome != EnsureOutcome::Resumed => {
+                match self.restore_checkpoint(stores, &input, &sandbox, progress).await {
+                    Ok(restored) => Ok((sandbox, outcome, instance, restored)),
+                    Err(e) => {
+                        if let Err(d) = provider.destroy(&sandbox.provider_id).await {
+                            warn!(sandbox_key = %key, error = %d.message, "destroying a sandbox whose restore failed");
+                        }
+                        let _ = stores.instances.delete(&key).await;
+                        Err(e)
+                    }
+                }
+            }
+            other => other.map(|(sandbox, outcome, instance)| (sandbox, outcome, instance, None)),
+        };
         let _ = lease.release().await;
-        let (sandbox, outcome, instance) = result?;
+        let (sandbox, outcome, instance, restored) = result?;
         let secrets = Arc::new(input.secrets);
         let agent =
             AgentClient::connect_with_deadline(&sandbox.address, &sandbox.token, AGENT_DEADLINE).await?;
@@ -199,8 +216,28 @@ impl Lifecycle {
             sandbox_id: key.clone(),
             outcome: outcome as i32,
             sandbox: Some(self.describe(&instance)),
-            restored_checkpoint_id: String::new(),
+            restored_checkpoint_id: restored.unwrap_or_default(),
         })
+    }
+
+    /// Restore the thread's latest portable checkpoint into the new
+    /// `sandbox` when the definition enables portable snapshots.
+    async fn restore_checkpoint(
+        &self,
+        stores: &Stores,
+        input: &EnsureInput,
+        sandbox: &crate::provider::Sandbox,
+        progress: &Progress,
+    ) -> Result<Option<String>, Error> {
+        if !crate::snapshot::enabled(&input.definition)
+            || stores.checkpoints.head(&input.tenant, &input.thread_id).await?.is_none()
+        {
+            return Ok(None);
+        }
+        progress.phase(EnsurePhase::RestoringCheckpoint, "restoring the thread's latest checkpoint");
+        let agent =
+            AgentClient::connect_with_deadline(&sandbox.address, &sandbox.token, AGENT_DEADLINE).await?;
+        crate::snapshot::restore_latest(stores, &agent, &input.tenant, &input.thread_id).await
     }
 
     #[allow(clippy::too_many_arguments)]

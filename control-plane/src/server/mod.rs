@@ -16,6 +16,7 @@ use shared::error::{Error, ErrorCode};
 use shared::proto::v1::admin_service_server::AdminServiceServer;
 use shared::proto::v1::run_service_server::RunServiceServer;
 use shared::proto::v1::sandbox_service_server::SandboxServiceServer;
+use shared::proto::v1::snapshot_service_server::SnapshotServiceServer;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::TcpListenerStream;
@@ -172,6 +173,7 @@ pub async fn start(config: ServeConfig, shutdown: CancellationToken) -> anyhow::
         Arc::new(crate::workspace::WorkspaceProvisioner),
     );
     tokio::spawn(crate::sandbox::run_idle_sweeper(lifecycle.clone(), shutdown.clone()));
+    tokio::spawn(crate::snapshot::run_gc_sweeper(state.clone(), shutdown.clone()));
 
     let runs = crate::runs::Runs::new(
         state.clone(),
@@ -185,6 +187,10 @@ pub async fn start(config: ServeConfig, shutdown: CancellationToken) -> anyhow::
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(AdminServiceServer::new(AdminApi::new(state.clone())))
+        .add_service(SnapshotServiceServer::new(crate::snapshot::SnapshotApi::new(
+            state.clone(),
+            lifecycle.clone(),
+        )))
         .add_service(SandboxServiceServer::new(crate::sandbox::SandboxApi::new(
             state.clone(),
             lifecycle.clone(),
@@ -222,6 +228,7 @@ async fn set_health(health: &HealthReporter, status: ServingStatus) {
     health.set_service_status("sandhold.v1.AdminService", status).await;
     health.set_service_status("sandhold.v1.SandboxService", status).await;
     health.set_service_status("sandhold.v1.RunService", status).await;
+    health.set_service_status("sandhold.v1.SnapshotService", status).await;
 }
 
 /// Readiness, then the wait for shutdown, then the shutdown sequence.
