@@ -14,6 +14,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
 use serde_json::json;
+use shared::chunk::ChunkType;
 use shared::proto::v1 as api;
 use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::time::Instant;
@@ -373,6 +374,9 @@ pub async fn logs(args: RunIdArgs) -> ExitCode {
                     OutputFormat::Json => json_line(&chunk_json(&rc.offset, &chunk)),
                     OutputFormat::Human => renderer.chunk(&chunk),
                 }
+                if Outcome::of(&chunk).is_some() {
+                    break;
+                }
             }
         }
         Ok(0)
@@ -458,7 +462,18 @@ impl<'a> Session<'a> {
                 Some(Ok(api::RunEvent { event: Some(api::run_event::Event::Progress(p)) })) => {
                     self.progress(&p)
                 }
-                Some(Ok(api::RunEvent { event: Some(api::run_event::Event::Chunk(_)) })) => break,
+                Some(Ok(api::RunEvent { event: Some(api::run_event::Event::Chunk(rc)) })) => {
+                    // An embedded server stops when this command returns: wait
+                    // until the command runs in its journal (the first
+                    // translated chunk), so the run does not depend on us.
+                    let accepted_only = rc
+                        .chunk
+                        .as_ref()
+                        .is_some_and(|c| c.r#type() == ChunkType::Custom && c.name == "run.accepted");
+                    if !(accepted_only && self.conn.is_embedded()) {
+                        break;
+                    }
+                }
                 Some(Ok(_)) => {}
                 Some(Err(status)) => {
                     self.end_display(None);

@@ -1,0 +1,158 @@
+//! The README cannot drift from what works: its fenced blocks marked
+//! ```` ```sh test ```` are executed (the real binaries, an embedded server
+//! on a temporary data dir), and its `sandhold serve` settings table is
+//! checked against the clap definitions, flag by flag and variable by
+//! variable.
+
+mod cli_support;
+mod provider_support;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use clap::CommandFactory;
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+fn readme() -> String {
+    std::fs::read_to_string(repo_root().join("README.md")).unwrap()
+}
+
+/// The text of one `## heading` section.
+fn section<'a>(text: &'a str, heading: &str) -> &'a str {
+    let start = text.find(&format!("\n## {heading}\n")).unwrap_or_else(|| panic!("no section {heading}"));
+    let rest = &text[start + 1..];
+    let end = rest[3..].find("\n## ").map(|i| i + 3).unwrap_or(rest.len());
+    &rest[..end]
+}
+
+/// Blocks fenced with ```` ```sh test ````, with the line they start on.
+fn test_blocks(text: &str) -> Vec<(usize, String)> {
+    let mut blocks = Vec::new();
+    let mut current: Option<(usize, String)> = None;
+    for (n, line) in text.lines().enumerate() {
+        match &mut current {
+            None if line.trim() == "```sh test" => current = Some((n + 1, String::new())),
+            Some(_) if line.trim() == "```" => blocks.push(current.take().unwrap()),
+            Some((_, body)) => {
+                body.push_str(line);
+                body.push('\n');
+            }
+            None => {}
+        }
+    }
+    assert!(current.is_none(), "an unterminated ```sh test block");
+    blocks
+}
+
+/// `--flag` -> its variable, from the README's settings table.
+fn documented_settings(text: &str) -> BTreeMap<String, String> {
+    let code = |cell: &str| cell.split('`').nth(1).map(str::to_string);
+    section(text, "Start the server")
+        .lines()
+        .filter(|l| l.starts_with("| `--"))
+        .map(|l| {
+            let cells: Vec<&str> = l.split(" | ").collect();
+            let flag = code(cells[0]).unwrap().split_whitespace().next().unwrap().to_string();
+            (flag, code(cells[1]).unwrap_or_default())
+        })
+        .collect()
+}
+
+#[test]
+fn the_serve_settings_table_matches_the_flags() {
+    let cli = control_plane::cli::Cli::command();
+    let serve = cli.find_subcommand("serve").unwrap();
+    let actual: BTreeMap<String, String> = serve
+        .get_arguments()
+        .filter_map(|a| {
+            let env = a.get_env()?.to_string_lossy().into_owned();
+            Some((format!("--{}", a.get_long()?), env))
+        })
+        .collect();
+    assert!(actual.len() > 10, "clap's view of serve: {actual:?}");
+    let documented = documented_settings(&readme());
+    assert_eq!(
+        documented, actual,
+        "README.md's `sandhold serve` table (left) must list every flag with its variable (right)"
+    );
+}
+
+#[test]
+fn the_cli_reference_names_every_command_and_variable() {
+    let text = readme();
+    let reference = section(&text, "CLI reference");
+    let cli = control_plane::cli::Cli::command();
+    for sub in cli.get_subcommands() {
+        let name = format!("`sandhold {}", sub.get_name());
+        assert!(reference.contains(&name), "the CLI reference lacks {name}`");
+    }
+    let run = cli.find_subcommand("run").unwrap();
+    for arg in run.get_arguments() {
+        if let Some(env) = arg.get_env() {
+            let env = env.to_string_lossy();
+            assert!(reference.contains(&*env), "the CLI reference lacks {env}");
+        }
+        if let Some(long) =
+            arg.get_long().filter(|l| !["help", "agent-binary", "agent-static-binary"].contains(l))
+        {
+            assert!(text.contains(&format!("--{long}")), "the README never mentions run --{long}");
+        }
+    }
+    assert!(reference.contains(control_plane::cli::TOKEN_VAR));
+}
+
+#[test]
+fn the_readme_commands_work() {
+    let blocks = test_blocks(&readme());
+    assert!(blocks.len() >= 4, "README test blocks: {blocks:?}");
+    let dir = tempfile::Builder::new().prefix("sh-readme").tempdir_in("/tmp").unwrap();
+    // What the README calls `sandhold` is on PATH, as it tells readers to do.
+    let bin = dir.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_sandhold"), bin.join("sandhold")).unwrap();
+    std::os::unix::fs::symlink(cli_support::agent(), bin.join("sandhold-agent")).unwrap();
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+    let tmp = dir.path().join("tmp");
+    std::fs::create_dir(&tmp).unwrap();
+
+    for (line, body) in blocks {
+        let mut cmd = Command::new("bash");
+        cmd.arg("-euo").arg("pipefail").arg("-c").arg(&body).current_dir(repo_root());
+        for (k, _) in std::env::vars() {
+            if k.starts_with("SANDHOLD_") {
+                cmd.env_remove(k);
+            }
+        }
+        let out = cmd
+            .env("PATH", &path)
+            .env("TMPDIR", &tmp)
+            .env("SANDHOLD_DATA_DIR", dir.path().join("data"))
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success(),
+            "README.md block at line {line} failed ({:?}):\n{body}\nstdout:\n{stdout}\nstderr:\n{stderr}",
+            out.status.code()
+        );
+        // Outcomes the text promises, not only exit codes.
+        if body.contains("--repo .") {
+            assert!(
+                stdout.contains("Cargo.toml"),
+                "the main job lists the cloned repository:\n{stdout}\n{stderr}"
+            );
+        }
+        if body.contains("sandhold cancel") {
+            assert!(stdout.contains("exit code 130"), "cancel ends the run with 130:\n{stdout}\n{stderr}");
+        }
+        if body.contains("step $i") {
+            assert!(stdout.contains("step 1\nstep 2\nstep 3\n"), "attach shows the whole run:\n{stdout}");
+        }
+    }
+}
