@@ -172,3 +172,127 @@ fn the_embedded_server_keeps_its_state_in_the_data_dir() {
     assert!(data.join("sandhold.db").is_file(), "SQLite under the data dir");
     assert!(data.join("embedded.log").is_file(), "the server's log goes to a file, not the terminal");
 }
+
+/// `run --output json`: the run id first, then the chunks with offsets,
+/// ending with the terminal one; the exit code is the run's.
+fn run_json_and_exit_codes(cli: impl Fn() -> std::process::Command) {
+    let out =
+        cli().args(["run", "--output", "json", "--", "sh", "-c", "echo hello; echo world"]).output().unwrap();
+    let lines = json_lines(ok(&out));
+    let run_id = lines[0]["run_id"].as_str().expect("first line names the run").to_string();
+    let chunks: Vec<_> = lines.iter().filter(|l| l.get("type").is_some()).collect();
+    let text: String = chunks
+        .iter()
+        .filter(|c| c["type"] == "TEXT_MESSAGE_CONTENT")
+        .map(|c| c["delta"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(text, "hello\nworld\n");
+    assert_eq!(chunks.last().unwrap()["type"], "RUN_FINISHED", "{lines:?}");
+    assert!(chunks.iter().all(|c| c["run_id"] == run_id.as_str() && c["offset"].is_string()));
+    let offsets: Vec<u64> = chunks.iter().map(|c| c["offset"].as_str().unwrap().parse().unwrap()).collect();
+    assert!(offsets.windows(2).all(|w| w[0] < w[1]), "offsets grow: {offsets:?}");
+
+    let failed =
+        cli().args(["run", "--output", "json", "--", "sh", "-c", "echo partial; exit 3"]).output().unwrap();
+    assert_eq!(failed.status.code(), Some(1), "a failed run exits 1: {}", stderr(&failed));
+    let last = json_lines(&failed).pop().unwrap();
+    assert_eq!(last["type"], "RUN_ERROR", "{last}");
+
+    // The human form: text on stdout, the rest on stderr.
+    let human = cli().args(["run", "--", "sh", "-c", "echo plain-text"]).output().unwrap();
+    assert_eq!(stdout(ok(&human)), "plain-text\n");
+
+    // The run is listed and its stored log printed again.
+    let runs = json_lines(ok(&cli().args(["runs", "--output", "json"]).output().unwrap()));
+    let listed = runs.iter().find(|r| r["run_id"] == run_id.as_str()).expect("listed");
+    assert_eq!(listed["status"], "RUN_STATUS_COMPLETED");
+    let logs = cli().args(["logs", &run_id]).output().unwrap();
+    assert_eq!(stdout(ok(&logs)), "hello\nworld\n");
+}
+
+#[test]
+fn run_against_a_served_server() {
+    let server = Served::start(&[]);
+    run_json_and_exit_codes(|| server.cli());
+}
+
+#[test]
+fn run_on_the_embedded_server() {
+    let dir = tempfile::Builder::new().prefix("sh-cli").tempdir_in("/tmp").unwrap();
+    let data = dir.path().join("data");
+    run_json_and_exit_codes(|| sandhold(&data));
+}
+
+const TICKING: &str = "i=0; while [ $i -lt 600 ]; do i=$((i+1)); echo tick $i; sleep 0.1; done";
+
+/// SIGINT once detaches (the run goes on, attach picks it up again);
+/// `cancel` stops it and the attached CLI exits 130.
+#[test]
+fn sigint_detaches_attach_follows_cancel_ends() {
+    use nix::sys::signal::Signal;
+    let server = Served::start(&[]);
+    let mut cmd = server.cli();
+    cmd.args(["run", "--output", "json", "--", "sh", "-c", TICKING]);
+    let mut live = cli_support::Live::spawn(cmd);
+    let first = live.until("with the run id", |l| l.contains("\"run_id\""));
+    let run_id =
+        serde_json::from_str::<serde_json::Value>(&first).unwrap()["run_id"].as_str().unwrap().to_string();
+    live.until("tick 3", |l| l.contains("tick 3\\n"));
+    live.signal(Signal::SIGINT);
+    let code = live.wait(Duration::from_secs(20));
+    assert_eq!(code, Some(0), "one Ctrl-C detaches: {:?}", live.seen);
+    assert!(live.seen.iter().any(|l| l.contains("\"detached\":true")), "{:?}", live.seen);
+
+    // Still running: attach from the start sees ticks the detached CLI never did.
+    let mut attach = server.cli();
+    attach.args(["attach", "--output", "json", &run_id]);
+    let mut attached = cli_support::Live::spawn(attach);
+    attached.until("a tick after the detach", |l| l.contains("tick 40\\n"));
+    let cancel =
+        json_lines(ok(&server.cli().args(["cancel", "--output", "json", &run_id]).output().unwrap()));
+    assert_eq!(cancel[0]["cancel_requested"], true, "{cancel:?}");
+    assert_eq!(attached.wait(Duration::from_secs(60)), Some(130), "cancelled: {:?}", attached.seen.last());
+    let last: serde_json::Value =
+        serde_json::from_str(attached.seen.iter().rev().find(|l| l.starts_with('{')).expect("a JSON line"))
+            .unwrap();
+    assert_eq!(last["error_code"], "CANCELLED", "{last}");
+    let runs = json_lines(ok(&server.cli().args(["runs", "--output", "json"]).output().unwrap()));
+    assert_eq!(runs[0]["status"], "RUN_STATUS_ABORTED");
+}
+
+/// SIGINT twice within 2 s cancels; the CLI exits 130.
+#[test]
+fn two_sigints_cancel_the_run() {
+    use nix::sys::signal::Signal;
+    let server = Served::start(&[]);
+    let mut cmd = server.cli();
+    cmd.args(["run", "--", "sh", "-c", TICKING]);
+    let mut live = cli_support::Live::spawn(cmd);
+    live.until("tick 2", |l| l == "tick 2");
+    live.signal(Signal::SIGINT);
+    live.until("the detach notice", |l| l.contains("press Ctrl-C again"));
+    live.signal(Signal::SIGINT);
+    assert_eq!(live.wait(Duration::from_secs(60)), Some(130), "{:?}", live.seen);
+    assert!(live.seen.iter().any(|l| l.contains("cancelled")), "{:?}", live.seen);
+    let runs = json_lines(ok(&server.cli().args(["runs", "--output", "json"]).output().unwrap()));
+    assert_eq!(runs[0]["status"], "RUN_STATUS_ABORTED");
+}
+
+/// `--detach` prints the run id once the run is accepted; on the embedded
+/// server, `attach` in a later process takes the run over and follows it.
+#[test]
+fn detach_then_attach_on_the_embedded_server() {
+    let dir = tempfile::Builder::new().prefix("sh-cli").tempdir_in("/tmp").unwrap();
+    let data = dir.path().join("data");
+    let out = sandhold(&data)
+        .args(["run", "--detach", "--", "sh", "-c", "for i in 1 2 3; do echo step $i; sleep 1; done"])
+        .output()
+        .unwrap();
+    let run_id = stdout(ok(&out)).trim().to_string();
+    assert!(run_id.starts_with("run-"), "{run_id:?}");
+    let attached = sandhold(&data).args(["attach", &run_id]).output().unwrap();
+    assert_eq!(stdout(ok(&attached)), "step 1\nstep 2\nstep 3\n");
+    let json = sandhold(&data).args(["run", "--detach", "--output", "json", "--", "true"]).output().unwrap();
+    let last = json_lines(ok(&json)).pop().unwrap();
+    assert!(last["run_id"].is_string() && last["detached"] == true, "{last}");
+}

@@ -103,6 +103,10 @@ impl Renderer {
                     self.note(&usage_line(u), true);
                 }
             }
+            // The command says "cancelled" itself, with the run id.
+            ChunkType::RunError if c.error_code == "CANCELLED" => {}
+            // The command says "cancelled" itself, with the run id.
+            ChunkType::RunError if c.error_code == "CANCELLED" => {}
             ChunkType::RunError => {
                 let code =
                     if c.error_code.is_empty() { String::new() } else { format!(" [{}]", c.error_code) };

@@ -457,20 +457,41 @@ impl<'a> Session<'a> {
 
     /// Progress until the first chunk (the run is accepted), then detach.
     async fn until_accepted(&mut self, mut stream: tonic::Streaming<api::RunEvent>) -> anyhow::Result<u8> {
+        // An embedded server stops when this command returns, and a run whose
+        // command has not started by then fails. So there, wait for the
+        // first translated chunk, or else for the sandbox to be recorded on
+        // the run and a moment for the journal to start (the stream has no
+        // event for "the command runs" before it prints something).
+        let embedded = self.conn.is_embedded();
+        let mut accepted = false;
+        let conn = self.conn;
+        let run_id = self.run_id.clone();
+        let started = sandbox_recorded(conn, &run_id);
+        tokio::pin!(started);
         loop {
-            match stream.next().await {
+            let event = tokio::select! {
+                event = stream.next() => event,
+                _ = &mut started, if embedded && accepted => break,
+            };
+            match event {
                 Some(Ok(api::RunEvent { event: Some(api::run_event::Event::Progress(p)) })) => {
                     self.progress(&p)
                 }
                 Some(Ok(api::RunEvent { event: Some(api::run_event::Event::Chunk(rc)) })) => {
-                    // An embedded server stops when this command returns: wait
-                    // until the command runs in its journal (the first
-                    // translated chunk), so the run does not depend on us.
-                    let accepted_only = rc
-                        .chunk
-                        .as_ref()
-                        .is_some_and(|c| c.r#type() == ChunkType::Custom && c.name == "run.accepted");
-                    if !(accepted_only && self.conn.is_embedded()) {
+                    let chunk = rc.chunk.unwrap_or_default();
+                    if let Some(outcome) = Outcome::of(&chunk) {
+                        // Over before we could detach (a failed setup, ...).
+                        self.end_display(None);
+                        if self.format == OutputFormat::Json {
+                            json_line(&chunk_json(&rc.offset, &chunk));
+                        } else {
+                            self.renderer.chunk(&chunk);
+                        }
+                        return Ok(self.finish(outcome));
+                    }
+                    accepted = true;
+                    let accepted_only = chunk.r#type() == ChunkType::Custom && chunk.name == "run.accepted";
+                    if !(accepted_only && embedded) {
                         break;
                     }
                 }
@@ -621,6 +642,19 @@ impl<'a> Session<'a> {
 
     fn attach_hint(&self) -> String {
         attach_command(self.conn, &self.run_id)
+    }
+}
+
+/// Once the run's record names its sandbox, plus time for the journal to
+/// start (the driver records the sandbox, then starts the command).
+async fn sandbox_recorded(conn: &Connection, run_id: &str) {
+    loop {
+        let run = conn.runs().get_run(api::GetRunRequest { run_id: run_id.to_string() }).await;
+        if run.is_ok_and(|r| r.into_inner().run.is_some_and(|r| !r.sandbox_id.is_empty())) {
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
