@@ -18,6 +18,7 @@
 //! fenced it off.
 
 pub mod align;
+pub mod cancel;
 pub mod driver;
 pub mod service;
 
@@ -31,6 +32,7 @@ use shared::proto::v1 as api;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
+pub use cancel::CancelBus;
 pub use service::{RunApi, Takeover};
 
 use crate::sandbox::Lifecycle;
@@ -157,7 +159,10 @@ struct Inner {
     /// Server shutdown: drives detach, streams end.
     shutdown: CancellationToken,
     options: RunOptions,
+    cancels: CancelBus,
     registry: Mutex<Registry>,
+    /// Every drive task, so shutdown can wait for them to detach.
+    drives: tokio_util::task::TaskTracker,
 }
 
 impl Runs {
@@ -166,12 +171,32 @@ impl Runs {
         lifecycle: Lifecycle,
         shutdown: CancellationToken,
         options: RunOptions,
+        cancels: CancelBus,
     ) -> Self {
-        Self { inner: Arc::new(Inner { state, lifecycle, shutdown, options, registry: Mutex::default() }) }
+        Self {
+            inner: Arc::new(Inner {
+                state,
+                lifecycle,
+                shutdown,
+                options,
+                cancels,
+                registry: Mutex::default(),
+                drives: tokio_util::task::TaskTracker::new(),
+            }),
+        }
     }
 
     fn registry(&self) -> std::sync::MutexGuard<'_, Registry> {
         self.inner.registry.lock().expect("run registry poisoned")
+    }
+
+    /// Wait (at most `within`) for every drive to end; at shutdown they
+    /// detach, and the stores must stay open until they have.
+    pub async fn drain(&self, within: Duration) {
+        self.inner.drives.close();
+        if tokio::time::timeout(within, self.inner.drives.wait()).await.is_err() {
+            warn!(still_driving = self.driving(), "drives did not end in time at shutdown");
+        }
     }
 
     /// Number of runs this replica drives now.

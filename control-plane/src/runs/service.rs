@@ -4,7 +4,7 @@
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use futures::{Stream, StreamExt, stream};
+use futures::{Stream, StreamExt};
 use rand::RngCore;
 use shared::chunk::{self, ChunkFactory, RUN_ACCEPTED};
 use shared::error::{Error, ErrorCode};
@@ -81,26 +81,39 @@ impl Runs {
     /// or the server shuts down.
     fn log_stream(&self, run: RunId, after: Offset) -> Result<EventStream, Error> {
         let events = self.inner.state.ready()?.stores.events.clone();
-        let log = stream::once(async move { events.read(&run, &after).await })
-            .map(|read| match read {
-                Ok(chunks) => chunks
-                    .map(|stored| {
-                        let stored = stored.map_err(Error::from)?;
-                        let chunk = decode_chunk(&stored)?;
-                        Ok(api::RunEvent {
-                            event: Some(api::run_event::Event::Chunk(api::RunChunk {
-                                offset: stored.offset.to_string(),
-                                chunk: Some(chunk),
-                            })),
-                        })
-                    })
-                    .map(|r: Result<api::RunEvent, Error>| r.map_err(Status::from))
-                    .left_stream(),
-                Err(e) => stream::once(async move { Err(Status::from(Error::from(e))) }).right_stream(),
-            })
-            .flatten()
-            .take_until(self.inner.shutdown.clone().cancelled_owned());
-        Ok(Box::pin(log))
+        let shutdown = self.inner.shutdown.clone();
+        let stream = async_stream::stream! {
+            let mut chunks = match events.read(&run, &after).await {
+                Ok(chunks) => chunks,
+                Err(e) => {
+                    yield Err(Status::from(Error::from(e)));
+                    return;
+                }
+            };
+            loop {
+                tokio::select! {
+                    biased;
+                    // A server going away ends the stream with UNAVAILABLE,
+                    // never with a clean end a client could take for the
+                    // run's end.
+                    _ = shutdown.cancelled() => {
+                        yield Err(Status::unavailable(
+                            "the server is shutting down: attach again (any replica) after the last offset received",
+                        ));
+                        break;
+                    }
+                    item = chunks.next() => match item {
+                        None => break,
+                        Some(Err(e)) => {
+                            yield Err(Status::from(Error::from(e)));
+                            break;
+                        }
+                        Some(Ok(stored)) => yield chunk_event(&stored).map_err(Status::from),
+                    },
+                }
+            }
+        };
+        Ok(Box::pin(stream))
     }
 
     /// Count `inner` as a client of `run` until it ends or is dropped.
@@ -152,7 +165,7 @@ impl Runs {
             lease,
             drive,
         };
-        Ok(Takeover::Driving(tokio::spawn(self.clone().drive(ctx, None))))
+        Ok(Takeover::Driving(self.inner.drives.spawn(self.clone().drive(ctx, None))))
     }
 
     /// Keep trying to drive `run` until it is driven here, it ended, or
@@ -174,6 +187,15 @@ impl Runs {
             }
         });
     }
+}
+
+fn chunk_event(stored: &store::StoredChunk) -> Result<api::RunEvent, Error> {
+    Ok(api::RunEvent {
+        event: Some(api::run_event::Event::Chunk(api::RunChunk {
+            offset: stored.offset.to_string(),
+            chunk: Some(decode_chunk(stored)?),
+        })),
+    })
 }
 
 /// What [`Runs::try_take_over`] found.
@@ -329,7 +351,7 @@ impl RunService for RunApi {
         crate::metrics::runs().started();
         let fresh = FreshStart { input, command, progress: Progress::new(progress_tx) };
         let log = runs.log_stream(run.clone(), Offset::start())?;
-        tokio::spawn(runs.clone().drive(ctx, Some(fresh)));
+        runs.inner.drives.spawn(runs.clone().drive(ctx, Some(fresh)));
         let progress = UnboundedReceiverStream::new(progress_rx).filter_map(|item| async move {
             match item {
                 Ok(api::EnsureSandboxResponse {
@@ -385,8 +407,10 @@ impl RunService for RunApi {
         if !record.status.is_terminal() {
             info!(run_id = %run, "cancel requested");
             if !self.runs.stop_local(&run, StopReason::Cancel) {
-                // Driven elsewhere: that driver sees the record within its
-                // cancel poll. Driven nowhere: drive it here to stop it.
+                // Driven elsewhere: tell that driver now (it would also see
+                // the record within its poll). Driven nowhere: drive it
+                // here to stop it.
+                self.runs.inner.cancels.publish(&run).await;
                 if let Err(e) = self.runs.try_take_over(&run).await {
                     debug!(run_id = %run, error = %e.message, "could not take the cancelled run over");
                 }

@@ -180,7 +180,10 @@ pub async fn start(config: ServeConfig, shutdown: CancellationToken) -> anyhow::
         lifecycle.clone(),
         shutdown.clone(),
         crate::runs::RunOptions::default(),
+        crate::runs::CancelBus::new(config.redis_url.as_deref(), "sandhold")
+            .context("the Redis URL for cancel notifications")?,
     );
+    runs.listen_for_cancels(shutdown.clone());
     let router = tonic::transport::Server::builder()
         .layer(AuthLayer::new(auth.clone()))
         .add_service(health_service)
@@ -216,8 +219,8 @@ pub async fn start(config: ServeConfig, shutdown: CancellationToken) -> anyhow::
         auth,
         health,
         shutdown.clone(),
-        stop_accepting,
-        serving,
+        Serving { stop_accepting, task: serving },
+        runs,
     ));
     Ok(RunningServer { local_addr, metrics_addr, shutdown, state, task })
 }
@@ -231,6 +234,12 @@ async fn set_health(health: &HealthReporter, status: ServingStatus) {
     health.set_service_status("sandhold.v1.SnapshotService", status).await;
 }
 
+/// The gRPC server task and the token that stops it accepting.
+struct Serving {
+    stop_accepting: CancellationToken,
+    task: JoinHandle<Result<(), tonic::transport::Error>>,
+}
+
 /// Readiness, then the wait for shutdown, then the shutdown sequence.
 async fn supervise(
     config: ServeConfig,
@@ -238,9 +247,10 @@ async fn supervise(
     auth: Authenticator,
     health: HealthReporter,
     shutdown: CancellationToken,
-    stop_accepting: CancellationToken,
-    mut serving: JoinHandle<Result<(), tonic::transport::Error>>,
+    serving: Serving,
+    runs: crate::runs::Runs,
 ) -> anyhow::Result<()> {
+    let Serving { stop_accepting, task: mut serving } = serving;
     let grace = config.shutdown_grace;
     let mut readiness =
         tokio::spawn(become_ready(config, state.clone(), auth, health.clone(), shutdown.clone()));
@@ -285,6 +295,8 @@ async fn supervise(
             serving.abort();
         }
     }
+    // Drives detach on the shutdown token; they need the stores to say so.
+    runs.drain(Duration::from_secs(5)).await;
     if let Ok(ready) = state.ready() {
         let _ = tokio::time::timeout(Duration::from_secs(5), ready.stores.close()).await;
     }

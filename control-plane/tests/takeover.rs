@@ -1,0 +1,398 @@
+//! Takeover across replicas, end to end: three real `sandhold serve`
+//! processes on loopback ports sharing PostgreSQL, Redis and a data dir (the
+//! local provider's sandboxes), real agents, and faults: SIGKILL and SIGSTOP
+//! of the driving replica, SIGKILL of the sandbox agent, a rewritten
+//! journal, and a cancel landing on another replica.
+
+mod provider_support;
+mod run_support;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use run_support::*;
+use shared::proto::v1 as api;
+
+/// Short leases so a dead driver is replaced within seconds.
+const LEASE_TTL_MS: u64 = 2000;
+const LEASE_RENEW_MS: u64 = 500;
+
+struct Cluster {
+    _dir: tempfile::TempDir,
+    data_dir: PathBuf,
+    database_url: String,
+    replicas: Vec<ServerProcess>,
+    token: String,
+    nonce: String,
+}
+
+impl Cluster {
+    async fn start(n: usize) -> Option<Self> {
+        let database_url = sandhold_tests::services::postgres_url()?;
+        let redis_url = sandhold_tests::services::redis_url()?;
+        let dir = tempfile::Builder::new().prefix("takeover").tempdir_in("/tmp").unwrap();
+        let nonce = uuid::Uuid::new_v4().simple().to_string()[..10].to_string();
+        let token = format!("tok-{nonce}");
+        let data_dir = dir.path().join("data");
+        let mut replicas = Vec::new();
+        for i in 0..n {
+            replicas.push(
+                ServerProcess::start(&Self::options(&data_dir, &database_url, &redis_url, &nonce, i)).await,
+            );
+        }
+        let mut sandboxes = replicas[0].sandboxes(&token).await;
+        put_definition(&mut sandboxes, definition("def", Kind::Local)).await;
+        Some(Self { _dir: dir, data_dir, database_url, replicas, token, nonce })
+    }
+
+    fn options(data_dir: &Path, database_url: &str, redis_url: &str, nonce: &str, i: usize) -> ServerOptions {
+        ServerOptions {
+            data_dir: data_dir.to_path_buf(),
+            database_url: Some(database_url.to_string()),
+            redis_url: Some(redis_url.to_string()),
+            replica_id: Some(format!("r{i}-{}", &nonce[..4])),
+            lease_ttl_ms: Some(LEASE_TTL_MS),
+            lease_renew_ms: Some(LEASE_RENEW_MS),
+            tokens: vec![format!("t{nonce}=tok-{nonce}")],
+        }
+    }
+
+    fn logs(&self) -> String {
+        self.replicas.iter().map(|r| format!("=== {}\n{}", r.addr, tail(&r.log_text(), 40))).collect()
+    }
+}
+
+fn tail(log: &str, n: usize) -> String {
+    let lines: Vec<&str> = log.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// Continue reading a run's stream until it ends or breaks; when it breaks
+/// (the replica went away), reattach through `next` from the last offset
+/// seen and read to the end.
+async fn continue_with_failover(
+    first: &mut tonic::Streaming<api::RunEvent>,
+    next: &mut Runs,
+    run_id: &str,
+    mut seen: Seen,
+) -> Seen {
+    match read_until(first, &mut seen, |_| false).await {
+        Ok(true) => {
+            assert!(seen.terminal().is_some(), "a stream ended cleanly before the run did");
+            return seen;
+        }
+        Ok(false) => unreachable!(),
+        Err(_) => {} // the replica went away
+    }
+    let after = seen.last_offset().unwrap_or_default();
+    let request = api::AttachRunRequest { run_id: run_id.into(), after_offset: after, ..Default::default() };
+    let mut stream = match next.attach_run(request).await {
+        Ok(s) => s.into_inner(),
+        Err(status) => panic!("attach failed: {status}"),
+    };
+    match read_until(&mut stream, &mut seen, |_| false).await {
+        Ok(true) => seen,
+        Ok(false) => unreachable!(),
+        Err(status) => panic!("the successor's stream broke: {status}"),
+    }
+}
+
+fn assert_every_line_once(seen: &Seen, n: u32, what: &str) {
+    let lines = seen.line_numbers();
+    let expected: Vec<u32> = (1..=n).collect();
+    assert_eq!(lines.len(), n as usize, "{what}: every line exactly once");
+    assert_eq!(lines, expected, "{what}: in order");
+    let mut offsets: Vec<&String> = seen.chunks.iter().map(|(o, _)| o).collect();
+    let len = offsets.len();
+    offsets.dedup();
+    assert_eq!(offsets.len(), len, "{what}: no offset twice");
+    let terminal = seen.terminal().unwrap_or_else(|| panic!("{what}: no terminal chunk"));
+    assert_eq!(terminal.r#type(), api::ChunkType::RunFinished, "{what}: {terminal:?}");
+}
+
+/// 20 durable runs driven by replica 0; it is SIGKILLed mid-stream; each
+/// client reattaches through replica 1 or 2 from its last offset. Every run
+/// completes and every client sees every line exactly once, in order. Five
+/// rounds, killing at a different moment each time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn killed_driver_is_replaced_and_nothing_is_lost_or_doubled() {
+    const RUNS: usize = 20;
+    const LINES: u32 = 300;
+    for (round, kill_after) in [0u64, 250, 600, 1000, 1500].into_iter().enumerate() {
+        let Some(mut cluster) = Cluster::start(3).await else { return };
+        let script = numbered_lines(LINES, 10, "0.1");
+        let mut clients = Vec::new();
+        let (streaming_tx, mut streaming_rx) = tokio::sync::mpsc::channel::<()>(RUNS);
+        for i in 0..RUNS {
+            let mut driver = cluster.replicas[0].runs(&cluster.token).await;
+            let mut successor = cluster.replicas[1 + i % 2].runs(&cluster.token).await;
+            let run_id = format!("kill{round}-{i}-{}", cluster.nonce);
+            let thread = format!("thread-{}", i % 4);
+            let stream =
+                driver.start_run(command_run(&run_id, &thread, "def", &script)).await.unwrap().into_inner();
+            let streaming = streaming_tx.clone();
+            clients.push(tokio::spawn(async move {
+                let mut stream = stream;
+                let mut seen = Seen::default();
+                let early = read_until(&mut stream, &mut seen, |s| !s.line_numbers().is_empty()).await;
+                let _ = streaming.send(()).await;
+                let seen = match early {
+                    Ok(true) => seen,
+                    _ => continue_with_failover(&mut stream, &mut successor, &run_id, seen).await,
+                };
+                (run_id, seen)
+            }));
+        }
+        // Kill mid-stream: once every run is producing, after a delay that
+        // differs per round.
+        for _ in 0..RUNS {
+            tokio::time::timeout(PATIENCE, streaming_rx.recv()).await.expect("every run streams");
+        }
+        tokio::time::sleep(Duration::from_millis(kill_after)).await;
+        cluster.replicas[0].kill9().await;
+        for client in clients {
+            let (run_id, seen) = tokio::time::timeout(PATIENCE, client)
+                .await
+                .unwrap_or_else(|_| panic!("round {round}: a client never finished:\n{}", cluster.logs()))
+                .unwrap();
+            assert_every_line_once(
+                &seen,
+                LINES,
+                &format!("round {round} (kill after {kill_after} ms) run {run_id}"),
+            );
+            let mut runs = cluster.replicas[1].runs(&cluster.token).await;
+            let record = wait_terminal(&mut runs, &run_id).await;
+            assert_eq!(record.status, api::RunStatus::Completed as i32, "{run_id}: {record:?}");
+        }
+    }
+}
+
+/// The driver is paused (SIGSTOP) past its lease; a successor takes over;
+/// when the old driver resumes, nothing it writes lands: the log's epochs
+/// never go back, and the record is completed by the successor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn paused_driver_is_fenced_after_it_resumes() {
+    let Some(cluster) = Cluster::start(2).await else { return };
+    let run_id = format!("pause-{}", cluster.nonce);
+    let mut driver = cluster.replicas[0].runs(&cluster.token).await;
+    let mut successor = cluster.replicas[1].runs(&cluster.token).await;
+    const LINES: u32 = 200;
+    let script = numbered_lines(LINES, 10, "0.1");
+    let mut stream =
+        driver.start_run(command_run(&run_id, "thread", "def", &script)).await.unwrap().into_inner();
+    let mut seen = Seen::default();
+    read_until(&mut stream, &mut seen, |s| s.line_numbers().len() >= 20).await.unwrap();
+    drop(stream);
+
+    cluster.replicas[0].signal("-STOP");
+    // Attach through the successor while the driver is frozen: once the
+    // lease runs out the successor drives.
+    let request = api::AttachRunRequest {
+        run_id: run_id.clone(),
+        after_offset: seen.last_offset().unwrap(),
+        ..Default::default()
+    };
+    let mut attached = successor.attach_run(request).await.unwrap().into_inner();
+    let took_over = {
+        let mut more = Seen::default();
+        let r = read_until(&mut attached, &mut more, |m| m.line_numbers().len() >= 40).await;
+        seen.chunks.extend(more.chunks);
+        r
+    };
+    assert!(took_over.is_ok(), "the successor never delivered:\n{}", cluster.logs());
+    tokio::time::sleep(Duration::from_millis(LEASE_TTL_MS * 2)).await;
+    cluster.replicas[0].signal("-CONT");
+    assert!(read_until(&mut attached, &mut seen, |_| false).await.unwrap());
+    assert_every_line_once(&seen, LINES, "paused driver");
+
+    // Epochs in log order never decrease: nothing of epoch 1 after epoch 2.
+    let pool = sqlx::PgPool::connect(&cluster.database_url).await.unwrap();
+    let epochs: Vec<i64> = sqlx::query_scalar("SELECT epoch FROM run_events WHERE run_id = $1 ORDER BY seq")
+        .bind(&run_id)
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert!(epochs.windows(2).all(|w| w[0] <= w[1]), "an old epoch landed after the claim: {epochs:?}");
+    assert!(epochs.last().copied().unwrap_or(0) >= 2, "the successor wrote under a new epoch: {epochs:?}");
+    tokio::time::sleep(Duration::from_millis(LEASE_TTL_MS)).await;
+    let record = wait_terminal(&mut successor, &run_id).await;
+    assert_eq!(record.status, api::RunStatus::Completed as i32, "{record:?}\n{}", cluster.logs());
+    assert!(
+        cluster.replicas[0].log_text().contains("writing nothing"),
+        "the old driver did not notice it was superseded:\n{}",
+        cluster.logs()
+    );
+}
+
+/// The sandbox agent and the driving replica die together; the agent's
+/// init restarts it, a successor takes over, and the run completes with
+/// nothing lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn agent_and_driver_killed_together() {
+    let Some(mut cluster) = Cluster::start(2).await else { return };
+    let run_id = format!("agent-{}", cluster.nonce);
+    let mut driver = cluster.replicas[0].runs(&cluster.token).await;
+    let mut successor = cluster.replicas[1].runs(&cluster.token).await;
+    const LINES: u32 = 200;
+    let script = numbered_lines(LINES, 10, "0.1");
+    let mut stream =
+        driver.start_run(command_run(&run_id, "thread", "def", &script)).await.unwrap().into_inner();
+    let mut seen = Seen::default();
+    read_until(&mut stream, &mut seen, |s| s.line_numbers().len() >= 30).await.unwrap();
+
+    let agents = agent_daemons(&cluster.data_dir);
+    assert!(!agents.is_empty(), "no agent daemon found under {}", cluster.data_dir.display());
+    for pid in &agents {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(*pid), nix::sys::signal::Signal::SIGKILL);
+    }
+    cluster.replicas[0].kill9().await;
+    let seen = continue_with_failover(&mut stream, &mut successor, &run_id, seen).await;
+    assert_every_line_once(&seen, LINES, "agent and driver killed");
+    let record = wait_terminal(&mut successor, &run_id).await;
+    assert_eq!(record.status, api::RunStatus::Completed as i32, "{record:?}");
+    let restarted = agent_daemons(&cluster.data_dir);
+    assert!(restarted.iter().all(|p| !agents.contains(p)), "the agent daemon was restarted");
+}
+
+/// A cancel sent to replica B stops the run replica A drives at once: the
+/// CLI is dead within a second, the record `aborted`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cancel_through_another_replica_stops_the_run_at_once() {
+    let Some(cluster) = Cluster::start(2).await else { return };
+    let run_id = format!("xcancel-{}", cluster.nonce);
+    let marker = format!("xc{}", cluster.nonce);
+    let mut driver = cluster.replicas[0].runs(&cluster.token).await;
+    let mut other = cluster.replicas[1].runs(&cluster.token).await;
+    let script = format!("echo started; sleep 1000; echo {marker}");
+    let mut stream =
+        driver.start_run(command_run(&run_id, "thread", "def", &script)).await.unwrap().into_inner();
+    let mut seen = Seen::default();
+    read_until(&mut stream, &mut seen, |s| s.has_text("started")).await.unwrap();
+    assert!(process_with_marker(&marker));
+
+    let at = Instant::now();
+    other.cancel_run(api::CancelRunRequest { run_id: run_id.clone() }).await.unwrap();
+    let dead = eventually(Duration::from_secs(5), || {
+        let dead = !process_with_marker(&marker);
+        async move { dead }
+    })
+    .await;
+    let took = at.elapsed();
+    assert!(dead, "the CLI survived the cancel:\n{}", cluster.logs());
+    assert!(took <= Duration::from_secs(1), "the remote cancel took {took:?}:\n{}", cluster.logs());
+    assert!(read_until(&mut stream, &mut seen, |_| false).await.unwrap());
+    assert_eq!(seen.terminal().unwrap().error_code, "CANCELLED");
+    let record = wait_terminal(&mut other, &run_id).await;
+    assert_eq!(record.status, api::RunStatus::Aborted as i32);
+}
+
+/// A journal rewritten under a stored log: the successor's replay diverges,
+/// the run fails with REPLAY_DIVERGED, and nothing past the stored prefix is
+/// delivered but the error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn rewritten_journal_fails_the_run_with_replay_diverged() {
+    let Some(mut cluster) = Cluster::start(2).await else { return };
+    let run_id = format!("diverge-{}", cluster.nonce);
+    let mut driver = cluster.replicas[0].runs(&cluster.token).await;
+    let mut successor = cluster.replicas[1].runs(&cluster.token).await;
+    let script = numbered_lines(100, 5, "0.2");
+    let mut stream =
+        driver.start_run(command_run(&run_id, "thread", "def", &script)).await.unwrap().into_inner();
+    let mut seen = Seen::default();
+    read_until(&mut stream, &mut seen, |s| s.line_numbers().len() >= 10).await.unwrap();
+    cluster.replicas[0].kill9().await;
+    let stored_before = seen.chunks.len();
+
+    let journal = find_journal(&cluster.data_dir, &run_id).expect("the run's journal");
+    let text = std::fs::read_to_string(&journal).unwrap();
+    std::fs::write(&journal, text.replacen("line 3\n", "line 9999\n", 1)).unwrap();
+
+    let request = api::AttachRunRequest { run_id: run_id.clone(), ..Default::default() };
+    let mut attached = successor.attach_run(request).await.unwrap().into_inner();
+    let mut replay = Seen::default();
+    assert!(read_until(&mut attached, &mut replay, |_| false).await.unwrap());
+    let terminal = replay.terminal().expect("a terminal chunk");
+    assert_eq!(terminal.error_code, "REPLAY_DIVERGED", "{terminal:?}\n{}", cluster.logs());
+    assert!(!replay.has_text("line 9999"), "the rewritten line was delivered");
+    // What the stored log held (at least what the client saw), then only the error.
+    let after_prefix: Vec<&api::Chunk> = replay.chunks.iter().skip(stored_before).map(|(_, c)| c).collect();
+    assert!(
+        after_prefix.iter().all(|c| c.r#type() != api::ChunkType::TextMessageContent
+            || replay.chunks[..stored_before].iter().all(|(_, p)| p.delta != c.delta)),
+        "chunks past the divergence were delivered"
+    );
+    let last = &replay.chunks.last().unwrap().1;
+    assert_eq!(last.r#type(), api::ChunkType::RunError);
+    let record = wait_terminal(&mut successor, &run_id).await;
+    assert_eq!(record.status, api::RunStatus::Failed as i32);
+    assert_eq!(record.error.unwrap().code, "REPLAY_DIVERGED");
+}
+
+/// Pids of agent daemons (`sandhold-agent serve`, not `init`) of sandboxes
+/// under `data_dir`.
+fn agent_daemons(data_dir: &Path) -> Vec<i32> {
+    let needle = data_dir.to_string_lossy().into_owned();
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else { continue };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else { continue };
+        let args: Vec<String> =
+            cmdline.split(|b| *b == 0).map(|a| String::from_utf8_lossy(a).into_owned()).collect();
+        if args.first().is_some_and(|a| a.ends_with("sandhold-agent"))
+            && args.get(1).is_some_and(|a| a == "serve")
+            && args.iter().any(|a| a.contains(&needle))
+        {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+fn find_journal(data_dir: &Path, run_id: &str) -> Option<PathBuf> {
+    let sandboxes = data_dir.join("sandboxes");
+    for entry in std::fs::read_dir(sandboxes).ok()?.flatten() {
+        let candidate = entry.path().join("journal").join(format!("{run_id}.ndjson"));
+        if candidate.exists() {
+            return Some(candidate);
+        }
+    }
+    None
+}
+
+/// SIGTERM detaches the runs a replica drives instead of failing them; the
+/// client gets UNAVAILABLE, reattaches elsewhere, and the run completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn graceful_shutdown_detaches_runs_for_another_replica() {
+    let Some(mut cluster) = Cluster::start(2).await else { return };
+    let run_id = format!("term-{}", cluster.nonce);
+    let mut driver = cluster.replicas[0].runs(&cluster.token).await;
+    let mut successor = cluster.replicas[1].runs(&cluster.token).await;
+    const LINES: u32 = 150;
+    let script = numbered_lines(LINES, 10, "0.1");
+    let mut stream =
+        driver.start_run(command_run(&run_id, "thread", "def", &script)).await.unwrap().into_inner();
+    let mut seen = Seen::default();
+    read_until(&mut stream, &mut seen, |s| s.line_numbers().len() >= 20).await.unwrap();
+    cluster.replicas[0].signal("-TERM");
+    let ended = read_until(&mut stream, &mut seen, |_| false).await;
+    let status = ended.expect_err("the stream ends with an error at shutdown, not cleanly");
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status}");
+    let exit = cluster.replicas[0].wait_exit().await;
+    assert_eq!(exit.code(), Some(0), "{}", cluster.logs());
+    assert!(
+        cluster.replicas[0].log_text().contains("run detached for another replica"),
+        "{}",
+        cluster.logs()
+    );
+
+    let request = api::AttachRunRequest {
+        run_id: run_id.clone(),
+        after_offset: seen.last_offset().unwrap(),
+        ..Default::default()
+    };
+    let mut attached = successor.attach_run(request).await.unwrap().into_inner();
+    assert!(read_until(&mut attached, &mut seen, |_| false).await.unwrap());
+    assert_every_line_once(&seen, LINES, "after a graceful shutdown");
+    let record = wait_terminal(&mut successor, &run_id).await;
+    assert_eq!(record.status, api::RunStatus::Completed as i32);
+}
