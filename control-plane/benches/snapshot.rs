@@ -1,0 +1,144 @@
+//! Portable snapshots against `tar c | tar x` of the same tree, measured in
+//! the same run, printed as a table:
+//!
+//! - capture: `snapshot::save` of a tree (default 200 MB in 20,000 files)
+//!   from a local sandbox's agent into the SQLite + directory stores
+//! - restore: `snapshot::restore` of that checkpoint into a second sandbox
+//! - tar: `tar -C src -cf - . | tar -C dst -xf -`
+//! - second capture after changing 10 files: the bytes it stored
+//!
+//! `cargo bench -p control-plane --bench snapshot`; `SANDHOLD_BENCH_FILES`
+//! and `SANDHOLD_BENCH_FILE_BYTES` change the tree (default 20000 x 10240).
+
+use std::io::Write;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use control_plane::agent::AgentClient;
+use control_plane::provider::{LocalProvider, LocalProviderOptions, Provider, SandboxSpec};
+use control_plane::sandbox::provision::Secrets;
+use control_plane::snapshot::{self, SaveRequest};
+use control_plane::store::{Stores, Tenant, default_database_url};
+use rand::RngCore;
+
+mod support;
+
+fn env_or(name: &str, default: usize) -> usize {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+/// `files` files of `bytes` random bytes each, 100 per directory.
+fn make_tree(root: &Path, files: usize, bytes: usize) {
+    let mut rng = rand::thread_rng();
+    let mut buf = vec![0u8; bytes];
+    for i in 0..files {
+        let dir = root.join(format!("d{:03}", i / 100));
+        if i % 100 == 0 {
+            std::fs::create_dir_all(&dir).unwrap();
+        }
+        rng.fill_bytes(&mut buf);
+        std::fs::File::create(dir.join(format!("f{i:05}.dat"))).unwrap().write_all(&buf).unwrap();
+    }
+}
+
+fn mb_per_s(bytes: u64, d: Duration) -> f64 {
+    bytes as f64 / 1e6 / d.as_secs_f64()
+}
+
+#[tokio::main]
+async fn main() {
+    let files = env_or("SANDHOLD_BENCH_FILES", 20_000);
+    let file_bytes = env_or("SANDHOLD_BENCH_FILE_BYTES", 10_240);
+    let total = (files * file_bytes) as u64;
+    let dir = tempfile::Builder::new().prefix("snapb").tempdir_in("/tmp").unwrap();
+    let stores = Stores::open(&default_database_url(&dir.path().join("data"))).await.unwrap();
+    let mut options = LocalProviderOptions::new(dir.path().join("data"));
+    options.agent_binary = Some(support::static_agent());
+    let provider = LocalProvider::new(options).unwrap();
+    let spec = |key: &str| SandboxSpec { key: key.into(), tenant: "bench".into(), ..Default::default() };
+    let source = provider.create(&spec("source")).await.unwrap();
+    let target = provider.create(&spec("target")).await.unwrap();
+    let source_agent = AgentClient::connect(&source.address, &source.token).await.unwrap();
+    let target_agent = AgentClient::connect(&target.address, &target.token).await.unwrap();
+    let source_root = std::path::PathBuf::from(&source_agent.handshake().root);
+    make_tree(&source_root, files, file_bytes);
+    let tenant = Tenant::new("bench");
+    let secrets = Secrets::new();
+    let save = |label: &'static str| {
+        let req = SaveRequest {
+            tenant: &tenant,
+            thread_id: "bench",
+            run_id: "",
+            label,
+            policy: Default::default(),
+            secrets: &secrets,
+        };
+        snapshot::save(&stores, &source_agent, req)
+    };
+
+    // Baseline: tar of the same tree into a fresh directory.
+    let tar_dst = dir.path().join("tar-dst");
+    std::fs::create_dir_all(&tar_dst).unwrap();
+    let started = Instant::now();
+    let status = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("tar -C '{}' -cf - . | tar -C '{}' -xf -", source_root.display(), tar_dst.display()))
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let tar = started.elapsed();
+
+    let started = Instant::now();
+    let first = save("first").await.unwrap();
+    let capture = started.elapsed();
+
+    let started = Instant::now();
+    let restored =
+        snapshot::restore(&stores, &target_agent, &tenant, "bench", &first.checkpoint_id).await.unwrap();
+    let restore = started.elapsed();
+    assert_eq!(restored.files_written as usize, files);
+
+    let before = stores.blobs.stats().await.unwrap();
+    for i in 0..10 {
+        let path = source_root.join(format!("d{:03}/f{:05}.dat", (i * 97) / 100, i * 97));
+        let mut f = std::fs::OpenOptions::new().append(true).open(path).unwrap();
+        f.write_all(b"changed").unwrap();
+    }
+    let started = Instant::now();
+    let second = save("second").await.unwrap();
+    let recapture = started.elapsed();
+    let after = stores.blobs.stats().await.unwrap();
+
+    println!(
+        "portable snapshots: {files} files x {file_bytes} B = {:.0} MB (local sandboxes, SQLite + dir blobs)",
+        total as f64 / 1e6
+    );
+    println!("| operation | time | MB/s |");
+    println!("|---|---:|---:|");
+    println!("| `tar c \\| tar x` (baseline) | {:.2} s | {:.0} |", tar.as_secs_f64(), mb_per_s(total, tar));
+    println!(
+        "| capture (first save: hash + upload all) | {:.2} s | {:.0} |",
+        capture.as_secs_f64(),
+        mb_per_s(total, capture)
+    );
+    println!(
+        "| restore into a new sandbox | {:.2} s | {:.0} |",
+        restore.as_secs_f64(),
+        mb_per_s(total, restore)
+    );
+    println!(
+        "| capture after changing 10 files | {:.2} s | {:.0} |",
+        recapture.as_secs_f64(),
+        mb_per_s(total, recapture)
+    );
+    println!();
+    println!(
+        "second capture: {} bytes uploaded, blob store grew by {} bytes in {} blobs (first capture stored {} bytes)",
+        second.uploaded_bytes,
+        after.bytes - before.bytes,
+        after.count - before.count,
+        first.uploaded_bytes
+    );
+    let _ = provider.destroy(&source.provider_id).await;
+    let _ = provider.destroy(&target.provider_id).await;
+}
