@@ -138,6 +138,15 @@ fn errors_say_what_to_do_next() {
     let line = &json_lines(&json)[0];
     assert!(line["error"]["message"].as_str().unwrap().contains(&url), "{line}");
 
+    // Docker not reachable: the error names the socket it tried.
+    let out = sandhold(&dir.path().join("data"))
+        .env("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+        .args(["run", "--image", "busybox", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("unix:///nonexistent/docker.sock"), "{}", stderr(&out));
+
     let bad = dir.path().join("bad.toml");
     std::fs::write(&bad, "id = \"x\"\nsecrets = [\"A\"]\n").unwrap();
     let out = sandhold(dir.path()).args(["definitions", "apply"]).arg(&bad).output().unwrap();

@@ -591,7 +591,13 @@ impl<'a> Session<'a> {
             }
             api::run_event::Event::Chunk(rc) => {
                 let chunk = rc.chunk.unwrap_or_default();
-                self.end_display(Some("sandbox ready"));
+                // `run.accepted` may come before the sandbox is ready.
+                let accepted = chunk.r#type() == ChunkType::Custom && chunk.name == "run.accepted";
+                if Outcome::of(&chunk).is_some() {
+                    self.end_display(None);
+                } else if !accepted {
+                    self.end_display(Some("sandbox ready"));
+                }
                 match self.format {
                     OutputFormat::Json => json_line(&chunk_json(&rc.offset, &chunk)),
                     OutputFormat::Human => self.renderer.chunk(&chunk),

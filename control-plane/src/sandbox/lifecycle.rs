@@ -23,9 +23,10 @@ use crate::store::{self, Instance, NewInstance, Stores, Tenant, Timestamp};
 /// How long a resumed or created sandbox's agent may take to answer.
 const AGENT_DEADLINE: Duration = Duration::from_secs(60);
 
-/// The providers this server can use, by kind.
+/// The providers this server can use, by kind, and why the others are off
+/// (so a request for one says what to fix, not only "see the log").
 #[derive(Debug, Clone, Default)]
-pub struct Providers(HashMap<ProviderKind, Arc<dyn Provider>>);
+pub struct Providers(HashMap<ProviderKind, Arc<dyn Provider>>, HashMap<ProviderKind, String>);
 
 impl Providers {
     pub fn new() -> Self {
@@ -37,11 +38,18 @@ impl Providers {
         self
     }
 
+    /// Record why `kind` is off.
+    pub fn without(mut self, kind: ProviderKind, reason: impl Into<String>) -> Self {
+        self.1.insert(kind, reason.into());
+        self
+    }
+
     pub fn get(&self, kind: ProviderKind) -> Result<&Arc<dyn Provider>, Error> {
         self.0.get(&kind).ok_or_else(|| {
+            let why = self.1.get(&kind).map(String::as_str).unwrap_or("see the server's startup log");
             Error::new(
                 ErrorCode::FailedPrecondition,
-                format!("the {kind} provider is not available on this server (see its startup log)"),
+                format!("the {kind} provider is not available on this server: {why}"),
             )
             .with_meta("provider", kind.as_str())
         })

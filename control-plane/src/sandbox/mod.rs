@@ -27,7 +27,9 @@ pub use provision::Secrets;
 pub use service::SandboxApi;
 
 use crate::config::ServeConfig;
-use crate::provider::{DockerProvider, DockerProviderOptions, LocalProvider, LocalProviderOptions};
+use crate::provider::{
+    DockerProvider, DockerProviderOptions, LocalProvider, LocalProviderOptions, ProviderKind,
+};
 
 /// How often idle sandboxes are looked for.
 const IDLE_SWEEP_EVERY: Duration = Duration::from_secs(10);
@@ -45,16 +47,29 @@ pub async fn providers_from_config(config: &ServeConfig) -> Providers {
             warn!("local provider enabled: its sandboxes are NOT isolated from this host (development only)");
             providers = providers.with(Arc::new(p));
         }
-        Err(e) => warn!(error = %e.message, "local provider unavailable"),
+        Err(e) => {
+            warn!(error = %e.message, "local provider unavailable");
+            providers = providers.without(ProviderKind::Local, e.message);
+        }
     }
     let static_agent = config.agent_static_binary.clone().or_else(|| config.agent_binary.clone());
     match static_agent {
-        None => info!("docker provider disabled: no --agent-static-binary configured"),
+        None => {
+            info!("docker provider disabled: no --agent-static-binary configured");
+            providers = providers.without(
+                ProviderKind::Docker,
+                "no static agent is configured (--agent-static-binary / SANDHOLD_AGENT_STATIC_BINARY; \
+                 build one with scripts/build-agent-static)",
+            );
+        }
         Some(agent) => {
             let options = DockerProviderOptions::new(agent, config.data_dir.join("docker"));
             match DockerProvider::connect(options).await {
                 Ok(p) => providers = providers.with(Arc::new(p)),
-                Err(e) => warn!(error = %e.message, "docker provider unavailable"),
+                Err(e) => {
+                    warn!(error = %e.message, "docker provider unavailable");
+                    providers = providers.without(ProviderKind::Docker, e.message);
+                }
             }
         }
     }
