@@ -1,20 +1,59 @@
-//! `sandhold.v1.AdminService`: operator calls. For now identity: who the
-//! caller is and what this server is.
+//! `sandhold.v1.AdminService`: operator calls. Identity (who the caller is
+//! and what this server is) and the reaper's on-demand sweep.
 
 use shared::proto::v1::admin_service_server::AdminService;
-use shared::proto::v1::{GetServerInfoRequest, GetServerInfoResponse};
+use shared::proto::v1::{GetServerInfoRequest, GetServerInfoResponse, SweepRequest, SweepResponse, SweptRun};
 use tonic::{Request, Response, Status};
 
 use crate::auth::tenant_of;
+use crate::metrics::SweepOutcome;
+use crate::reaper::{Reaper, Scope, Tally};
 use crate::server::ServerState;
+use crate::store::Tenant;
 
 pub struct AdminApi {
     state: ServerState,
+    reaper: Reaper,
+    /// Tenants whose sweep covers every tenant.
+    operators: Vec<String>,
+    single_user: bool,
 }
 
 impl AdminApi {
-    pub fn new(state: ServerState) -> Self {
-        Self { state }
+    pub fn new(state: ServerState, reaper: Reaper, operators: Vec<String>, single_user: bool) -> Self {
+        Self { state, reaper, operators, single_user }
+    }
+
+    /// An operator (or the single user, who is every tenant there is)
+    /// sweeps everything; any other tenant only what is its own.
+    fn scope_of(&self, tenant: &Tenant) -> Scope {
+        if self.single_user || self.operators.iter().any(|o| o == tenant.as_str()) {
+            Scope::All
+        } else {
+            Scope::Tenant(tenant.clone())
+        }
+    }
+}
+
+pub fn tally_to_api(scope: &Scope, tally: &Tally) -> SweepResponse {
+    SweepResponse {
+        outcomes: SweepOutcome::PER_RUN.iter().map(|o| (o.as_str().to_string(), tally.count(*o))).collect(),
+        runs: tally
+            .runs
+            .iter()
+            .map(|r| SweptRun {
+                run_id: r.run_id.to_string(),
+                outcome: r.outcome.as_str().to_string(),
+                detail: r.detail.clone(),
+                terminalized_anyway: r.terminalized_anyway,
+            })
+            .collect(),
+        journals_pruned: tally.journals_pruned,
+        journals_kept: tally.journals_kept,
+        sandboxes_reclaimed: tally.sandboxes_reclaimed,
+        truncated: tally.truncated,
+        scope: scope.name().to_string(),
+        elapsed_ms: tally.elapsed.as_millis() as u64,
     }
 }
 
@@ -33,5 +72,12 @@ impl AdminService for AdminApi {
             store_backend: ready.stores.backend_name().to_string(),
             lease_backend: ready.leases.backend_name().to_string(),
         }))
+    }
+
+    async fn sweep(&self, request: Request<SweepRequest>) -> Result<Response<SweepResponse>, Status> {
+        let tenant = tenant_of(&request)?;
+        let scope = self.scope_of(&tenant);
+        let tally = self.reaper.sweep(&scope).await?;
+        Ok(Response::new(tally_to_api(&scope, &tally)))
     }
 }

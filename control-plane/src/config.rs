@@ -24,6 +24,15 @@ pub const DEFAULT_LEASE_TTL_MS: u64 = 15_000;
 pub const DEFAULT_LEASE_RENEW_MS: u64 = 5_000;
 pub const DEFAULT_SHUTDOWN_GRACE_MS: u64 = 10_000;
 pub const DEFAULT_LOG_FILTER: &str = "info";
+/// The reaper's defaults (see [`crate::reaper::ReaperOptions`]).
+pub const DEFAULT_SWEEP_INTERVAL_MS: u64 = 60_000;
+/// 30 minutes: a detached run still producing after this is cancelled.
+pub const DEFAULT_DETACHED_RUN_TTL_MS: u64 = 30 * 60_000;
+pub const DEFAULT_SWEEP_MAX_RUNS: u32 = 100;
+pub const DEFAULT_SWEEP_RUN_BUDGET_MS: u64 = 120_000;
+pub const DEFAULT_ORPHAN_JOURNAL_AGE_MS: u64 = 24 * 60 * 60_000;
+pub const DEFAULT_SWEEP_MAX_JOURNAL_DELETIONS: u32 = 1_000;
+pub const DEFAULT_ORPHAN_SANDBOX_GRACE_MS: u64 = 10 * 60_000;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -94,6 +103,14 @@ pub struct ConfigLayer {
     pub shutdown_grace_ms: Option<u64>,
     pub agent_binary: Option<PathBuf>,
     pub agent_static_binary: Option<PathBuf>,
+    pub sweep_interval_ms: Option<u64>,
+    pub detached_run_ttl_ms: Option<u64>,
+    pub sweep_max_runs: Option<u32>,
+    pub sweep_run_budget_ms: Option<u64>,
+    pub orphan_journal_age_ms: Option<u64>,
+    pub sweep_max_journal_deletions: Option<u32>,
+    pub orphan_sandbox_grace_ms: Option<u64>,
+    pub operator_tenants: Option<Vec<String>>,
     #[serde(default, deserialize_with = "file_tokens")]
     pub tokens: Option<Vec<ApiToken>>,
 }
@@ -129,6 +146,16 @@ impl ConfigLayer {
             shutdown_grace_ms: higher.shutdown_grace_ms.or(self.shutdown_grace_ms),
             agent_binary: higher.agent_binary.or(self.agent_binary),
             agent_static_binary: higher.agent_static_binary.or(self.agent_static_binary),
+            sweep_interval_ms: higher.sweep_interval_ms.or(self.sweep_interval_ms),
+            detached_run_ttl_ms: higher.detached_run_ttl_ms.or(self.detached_run_ttl_ms),
+            sweep_max_runs: higher.sweep_max_runs.or(self.sweep_max_runs),
+            sweep_run_budget_ms: higher.sweep_run_budget_ms.or(self.sweep_run_budget_ms),
+            orphan_journal_age_ms: higher.orphan_journal_age_ms.or(self.orphan_journal_age_ms),
+            sweep_max_journal_deletions: higher
+                .sweep_max_journal_deletions
+                .or(self.sweep_max_journal_deletions),
+            orphan_sandbox_grace_ms: higher.orphan_sandbox_grace_ms.or(self.orphan_sandbox_grace_ms),
+            operator_tenants: higher.operator_tenants.or(self.operator_tenants),
             tokens: higher.tokens.or(self.tokens),
         }
     }
@@ -161,6 +188,11 @@ pub struct ServeConfig {
     /// The statically linked agent copied into Docker sandboxes; `None`:
     /// `agent_binary`, and without either the Docker provider is off.
     pub agent_static_binary: Option<PathBuf>,
+    /// The reaper: schedule, TTL and bounds of a sweep.
+    pub reaper: crate::reaper::ReaperOptions,
+    /// Tenants whose `AdminService.Sweep` covers every tenant (operators);
+    /// anyone else's covers only their own.
+    pub operator_tenants: Vec<String>,
 }
 
 /// The user's data directory for Sandhold (e.g. `~/.local/share/sandhold`).
@@ -193,8 +225,29 @@ impl ServeConfig {
             tokens: layer.tokens.unwrap_or_default(),
             agent_binary: layer.agent_binary,
             agent_static_binary: layer.agent_static_binary,
+            reaper: crate::reaper::ReaperOptions {
+                interval: Duration::from_millis(layer.sweep_interval_ms.unwrap_or(DEFAULT_SWEEP_INTERVAL_MS)),
+                detached_run_ttl: Duration::from_millis(
+                    layer.detached_run_ttl_ms.unwrap_or(DEFAULT_DETACHED_RUN_TTL_MS),
+                ),
+                max_runs: layer.sweep_max_runs.unwrap_or(DEFAULT_SWEEP_MAX_RUNS),
+                run_budget: Duration::from_millis(
+                    layer.sweep_run_budget_ms.unwrap_or(DEFAULT_SWEEP_RUN_BUDGET_MS),
+                ),
+                orphan_journal_age: Duration::from_millis(
+                    layer.orphan_journal_age_ms.unwrap_or(DEFAULT_ORPHAN_JOURNAL_AGE_MS),
+                ),
+                max_journal_deletions: layer
+                    .sweep_max_journal_deletions
+                    .unwrap_or(DEFAULT_SWEEP_MAX_JOURNAL_DELETIONS),
+                orphan_sandbox_grace: Duration::from_millis(
+                    layer.orphan_sandbox_grace_ms.unwrap_or(DEFAULT_ORPHAN_SANDBOX_GRACE_MS),
+                ),
+            },
+            operator_tenants: layer.operator_tenants.unwrap_or_default(),
             data_dir,
         };
+        config.reaper.validate().map_err(|e| anyhow::anyhow!(e))?;
         config
             .lease_options()
             .validate()
@@ -239,6 +292,14 @@ impl ServeConfig {
             agent_binary: Option<&'a Path>,
             #[serde(skip_serializing_if = "Option::is_none")]
             agent_static_binary: Option<&'a Path>,
+            sweep_interval_ms: u64,
+            detached_run_ttl_ms: u64,
+            sweep_max_runs: u32,
+            sweep_run_budget_ms: u64,
+            orphan_journal_age_ms: u64,
+            sweep_max_journal_deletions: u32,
+            orphan_sandbox_grace_ms: u64,
+            operator_tenants: &'a [String],
             tokens: Vec<FileToken>,
         }
         let printed = Printed {
@@ -255,6 +316,14 @@ impl ServeConfig {
             shutdown_grace_ms: millis(self.shutdown_grace),
             agent_binary: self.agent_binary.as_deref(),
             agent_static_binary: self.agent_static_binary.as_deref(),
+            sweep_interval_ms: millis(self.reaper.interval),
+            detached_run_ttl_ms: millis(self.reaper.detached_run_ttl),
+            sweep_max_runs: self.reaper.max_runs,
+            sweep_run_budget_ms: millis(self.reaper.run_budget),
+            orphan_journal_age_ms: millis(self.reaper.orphan_journal_age),
+            sweep_max_journal_deletions: self.reaper.max_journal_deletions,
+            orphan_sandbox_grace_ms: millis(self.reaper.orphan_sandbox_grace),
+            operator_tenants: &self.operator_tenants,
             tokens: self
                 .tokens
                 .iter()
@@ -361,6 +430,10 @@ mod tests {
         assert!("a=short".parse::<ApiToken>().is_err());
         assert!("bad tenant=long-enough".parse::<ApiToken>().is_err());
         assert!(toml::from_str::<ConfigLayer>("unknown_key = 1").is_err());
+        let layer = ConfigLayer { detached_run_ttl_ms: Some(0), ..Default::default() };
+        assert!(ServeConfig::resolve(layer).is_err(), "a zero detached-run TTL would expire every run");
+        let layer = ConfigLayer { sweep_run_budget_ms: Some(0), ..Default::default() };
+        assert!(ServeConfig::resolve(layer).is_err());
     }
 
     #[test]

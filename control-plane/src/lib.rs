@@ -10,6 +10,7 @@ pub mod harness;
 pub mod lease;
 pub mod metrics;
 pub mod provider;
+pub mod reaper;
 pub mod runs;
 pub mod sandbox;
 pub mod server;

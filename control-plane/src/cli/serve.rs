@@ -79,6 +79,51 @@ pub struct ServeArgs {
     #[arg(long, env = "SANDHOLD_AGENT_STATIC_BINARY", value_name = "FILE")]
     pub agent_static_binary: Option<PathBuf>,
 
+    /// How often this server's reaper sweeps (one replica at a time, under a
+    /// lease), in milliseconds; 0: never on a schedule, only through
+    /// AdminService.Sweep [default: 60000].
+    #[arg(long, env = "SANDHOLD_SWEEP_INTERVAL_MS", value_name = "MS")]
+    pub sweep_interval_ms: Option<u64>,
+
+    /// How long a detached durable run may keep producing before a sweep
+    /// cancels it, in milliseconds [default: 1800000, 30 minutes].
+    #[arg(long, env = "SANDHOLD_DETACHED_RUN_TTL_MS", value_name = "MS")]
+    pub detached_run_ttl_ms: Option<u64>,
+
+    /// Detached runs one sweep handles at most, oldest first [default: 100].
+    #[arg(long, env = "SANDHOLD_SWEEP_MAX_RUNS", value_name = "N")]
+    pub sweep_max_runs: Option<u32>,
+
+    /// Time a sweep gives one run's drive to its terminal state, in
+    /// milliseconds [default: 120000].
+    #[arg(long, env = "SANDHOLD_SWEEP_RUN_BUDGET_MS", value_name = "MS")]
+    pub sweep_run_budget_ms: Option<u64>,
+
+    /// A journal with no run record is deleted only when older than this,
+    /// in milliseconds [default: 86400000, one day].
+    #[arg(long, env = "SANDHOLD_ORPHAN_JOURNAL_AGE_MS", value_name = "MS")]
+    pub orphan_journal_age_ms: Option<u64>,
+
+    /// Journals one sweep deletes at most [default: 1000].
+    #[arg(long, env = "SANDHOLD_SWEEP_MAX_JOURNAL_DELETIONS", value_name = "N")]
+    pub sweep_max_journal_deletions: Option<u32>,
+
+    /// A sandbox with no instance record and no live run is destroyed once
+    /// it is older than this, in milliseconds [default: 600000].
+    #[arg(long, env = "SANDHOLD_ORPHAN_SANDBOX_GRACE_MS", value_name = "MS")]
+    pub orphan_sandbox_grace_ms: Option<u64>,
+
+    /// A tenant whose AdminService.Sweep covers every tenant; repeatable
+    /// (the variable takes a comma-separated list). Other tenants' sweeps
+    /// cover their own runs and sandboxes only [default: none].
+    #[arg(
+        long = "operator-tenant",
+        env = "SANDHOLD_OPERATOR_TENANTS",
+        value_name = "TENANT",
+        value_delimiter = ','
+    )]
+    pub operator_tenants: Vec<String>,
+
     /// API token of a tenant, TENANT=TOKEN; repeatable. The variable takes a
     /// comma-separated list. Without any token the server runs in
     /// single-user mode and only on loopback.
@@ -109,6 +154,14 @@ impl ServeArgs {
             shutdown_grace_ms: self.shutdown_grace_ms,
             agent_binary: self.agent_binary.clone(),
             agent_static_binary: self.agent_static_binary.clone(),
+            sweep_interval_ms: self.sweep_interval_ms,
+            detached_run_ttl_ms: self.detached_run_ttl_ms,
+            sweep_max_runs: self.sweep_max_runs,
+            sweep_run_budget_ms: self.sweep_run_budget_ms,
+            orphan_journal_age_ms: self.orphan_journal_age_ms,
+            sweep_max_journal_deletions: self.sweep_max_journal_deletions,
+            orphan_sandbox_grace_ms: self.orphan_sandbox_grace_ms,
+            operator_tenants: (!self.operator_tenants.is_empty()).then(|| self.operator_tenants.clone()),
             tokens: (!self.tokens.is_empty()).then(|| self.tokens.clone()),
         }
     }

@@ -40,41 +40,69 @@ pub use endpoint::{MetricsEndpoint, serve as serve_endpoint};
 use crate::store::RunStatus;
 
 /// Outcomes the reaper reports (`sandhold_sweep_outcomes_total{outcome}`).
-/// Closed so a typo cannot start a new series.
+/// Closed so a typo cannot start a new series. The first eight are what a
+/// sweep did with one detached run (see [`crate::reaper`]); the last two
+/// count journals and orphaned sandboxes it removed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum SweepOutcome {
-    /// A detached run whose journal had finished, driven to its terminal state.
+    /// The journal had finished: driven to its terminal state, sandbox reclaimed.
     Finalized,
-    /// A detached run still running in its sandbox: left alone.
-    StillRunning,
-    /// A detached run whose sandbox could not say (`ProbeExit` unknown).
+    /// Still running past the detached-run TTL: cancelled, sandbox destroyed.
+    Expired,
+    /// Still running within the TTL: left alone.
+    Producing,
+    /// The sandbox could not say (`ProbeExit` unknown, agent unreachable): left alone.
     Unknown,
-    /// A sandbox of a terminal run destroyed.
-    SandboxReclaimed,
-    /// A journal of a terminal run deleted.
+    /// Another replica holds the run's lease (or it ended meanwhile): left alone.
+    NotClaimed,
+    /// The drive did not end within the per-run budget: stopped, record terminal anyway.
+    BudgetExceeded,
+    /// Terminal, but destroying its sandbox failed.
+    ReclaimFailed,
+    /// Handling the run failed; the next sweep tries again.
+    Failed,
+    /// A journal of a terminal run (or an old orphan) deleted.
     JournalPruned,
-    /// Handling one item failed; the next sweep tries again.
-    Error,
+    /// An orphaned sandbox (no instance record, no live run) destroyed.
+    SandboxReclaimed,
 }
 
 impl SweepOutcome {
-    pub const ALL: [SweepOutcome; 6] = [
+    /// What a sweep can do with one detached run.
+    pub const PER_RUN: [SweepOutcome; 8] = [
         Self::Finalized,
-        Self::StillRunning,
+        Self::Expired,
+        Self::Producing,
         Self::Unknown,
-        Self::SandboxReclaimed,
-        Self::JournalPruned,
-        Self::Error,
+        Self::NotClaimed,
+        Self::BudgetExceeded,
+        Self::ReclaimFailed,
+        Self::Failed,
     ];
+
+    pub const ALL: [SweepOutcome; 10] = {
+        let mut all = [Self::JournalPruned; 10];
+        let mut i = 0;
+        while i < Self::PER_RUN.len() {
+            all[i] = Self::PER_RUN[i];
+            i += 1;
+        }
+        all[9] = Self::SandboxReclaimed;
+        all
+    };
 
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Finalized => "finalized",
-            Self::StillRunning => "still_running",
+            Self::Expired => "expired",
+            Self::Producing => "producing",
             Self::Unknown => "unknown",
-            Self::SandboxReclaimed => "sandbox_reclaimed",
+            Self::NotClaimed => "not_claimed",
+            Self::BudgetExceeded => "budget_exceeded",
+            Self::ReclaimFailed => "reclaim_failed",
+            Self::Failed => "failed",
             Self::JournalPruned => "journal_pruned",
-            Self::Error => "error",
+            Self::SandboxReclaimed => "sandbox_reclaimed",
         }
     }
 }

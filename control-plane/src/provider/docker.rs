@@ -724,10 +724,13 @@ impl Provider for DockerProvider {
         let mut found: Vec<ListedSandbox> = containers
             .into_iter()
             .filter_map(|c| {
+                let labels = c.labels.unwrap_or_default();
                 Some(ListedSandbox {
                     provider_id: c.id?,
-                    labels: c.labels.unwrap_or_default().into_iter().collect(),
+                    own: self.host_dir_of(&labels).is_some(),
+                    labels: labels.into_iter().collect(),
                     running: c.state == Some(bollard::models::ContainerSummaryStateEnum::RUNNING),
+                    created_at: c.created.map(|secs| crate::store::Timestamp::from_millis(secs * 1000)),
                 })
             })
             .collect();

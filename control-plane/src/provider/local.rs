@@ -335,6 +335,11 @@ impl Provider for LocalProvider {
                     provider_id: id,
                     labels: own,
                     running: Self::live_init(&dir).is_some(),
+                    own: true,
+                    created_at: std::fs::metadata(dir.join("labels.json"))
+                        .and_then(|m| m.modified())
+                        .ok()
+                        .map(crate::store::Timestamp::from),
                 });
             }
         }

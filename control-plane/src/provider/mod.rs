@@ -136,6 +136,15 @@ pub struct ListedSandbox {
     pub labels: BTreeMap<String, String>,
     /// Whether its agent (local) or container (Docker) is running.
     pub running: bool,
+    /// When the provider made it, when it can tell (Docker: the container's
+    /// creation; local: when its labels were written). The reaper's grace
+    /// period for orphans counts from here.
+    pub created_at: Option<crate::store::Timestamp>,
+    /// Made by this provider instance: its state lives under this server's
+    /// data dir (local: always; Docker: the container's host dir is in our
+    /// state dir). Another deployment sharing a Docker engine lists
+    /// sandboxes that are not ours; the reaper never destroys those.
+    pub own: bool,
 }
 
 /// A provider-native snapshot (Docker: a committed image).

@@ -230,6 +230,13 @@ impl Runs {
         }
     }
 
+    /// Stop a drive of this replica as a cancel would (the reaper's time
+    /// budget for it ran out): the sandbox is destroyed and the record
+    /// `aborted`. False when this replica drives no such run.
+    pub fn stop_overrun(&self, run: &RunId) -> bool {
+        self.stop_local(run, StopReason::Cancel)
+    }
+
     /// A client began streaming `run` from this replica.
     fn client_arrived(&self, run: &RunId) {
         *self.registry().clients.entry(run.to_string()).or_default() += 1;

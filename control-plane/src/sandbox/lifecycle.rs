@@ -55,6 +55,11 @@ impl Providers {
         })
     }
 
+    /// Every provider of this server.
+    pub fn all(&self) -> impl Iterator<Item = &Arc<dyn Provider>> {
+        self.0.values()
+    }
+
     pub fn by_name(&self, name: &str) -> Result<&Arc<dyn Provider>, Error> {
         match name {
             "local" => self.get(ProviderKind::Local),

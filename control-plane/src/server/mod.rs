@@ -184,12 +184,21 @@ pub async fn start(config: ServeConfig, shutdown: CancellationToken) -> anyhow::
             .context("the Redis URL for cancel notifications")?,
     );
     runs.listen_for_cancels(shutdown.clone());
+    let reaper = crate::reaper::Reaper::new(
+        state.clone(),
+        lifecycle.clone(),
+        runs.clone(),
+        config.reaper.clone(),
+        config.single_user(),
+    );
+    tokio::spawn(reaper.clone().run(shutdown.clone()));
+    let admin = AdminApi::new(state.clone(), reaper, config.operator_tenants.clone(), config.single_user());
     let router = tonic::transport::Server::builder()
         .layer(AuthLayer::new(auth.clone()))
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .add_service(AdminServiceServer::new(AdminApi::new(state.clone())))
+        .add_service(AdminServiceServer::new(admin))
         .add_service(SnapshotServiceServer::new(crate::snapshot::SnapshotApi::new(
             state.clone(),
             lifecycle.clone(),

@@ -470,6 +470,23 @@ async fn runs_reclaimable_cutoff_is_inclusive(b: &Backend) {
     );
 }
 
+async fn runs_unfinished_in_sandbox_across_tenants(b: &Backend) {
+    let runs = &b.stores.runs;
+    let in_box = |id: &str, owner: &str, key: &str, at: i64| {
+        let mut new = new_run(id, owner, "t", at);
+        new.sandbox_key = Some(key.to_string());
+        new
+    };
+    runs.create_or_resume(in_box("first", "acme", "box", 1)).await.unwrap();
+    runs.create_or_resume(in_box("second", "globex", "box", 2)).await.unwrap();
+    runs.create_or_resume(in_box("done", "acme", "box", 3)).await.unwrap();
+    runs.create_or_resume(in_box("elsewhere", "acme", "other-box", 4)).await.unwrap();
+    runs.finish(&run_id("done"), FIRST_EPOCH, finish_completed()).await.unwrap();
+    let ids = |records: Vec<RunRecord>| records.into_iter().map(|r| r.run_id.to_string()).collect::<Vec<_>>();
+    assert_eq!(ids(runs.unfinished_in_sandbox("box").await.unwrap()), ["first", "second"]);
+    assert!(runs.unfinished_in_sandbox("no-such-box").await.unwrap().is_empty());
+}
+
 // ---------------------------------------------------------------- EventLog
 
 async fn log_append_mints_ordered_offsets_and_snapshot_returns_them(b: &Backend) {
@@ -758,6 +775,7 @@ conformance_suite!(
     runs_request_cancel_records_intent_only,
     runs_active_run_and_list_by_thread,
     runs_reclaimable_cutoff_is_inclusive,
+    runs_unfinished_in_sandbox_across_tenants,
     log_append_mints_ordered_offsets_and_snapshot_returns_them,
     log_read_from_first_and_middle_offsets,
     log_stale_append_is_refused_after_a_claim_and_stays_refused,

@@ -319,6 +319,10 @@ pub trait RunStore: Send + Sync {
     /// Runs still `running` and detached at or before `cutoff` (inclusive),
     /// oldest detachment first, across all tenants.
     async fn list_reclaimable(&self, cutoff: Timestamp) -> Result<Vec<RunRecord>>;
+
+    /// Runs not terminal yet whose sandbox is `sandbox_key`, across all
+    /// tenants: the reaper keeps a sandbox some run still lives in.
+    async fn unfinished_in_sandbox(&self, sandbox_key: &str) -> Result<Vec<RunRecord>>;
 }
 
 // ---------------------------------------------------------------- event log

@@ -441,6 +441,18 @@ macro_rules! impl_shared_stores {
                 .bind(cutoff.as_millis());
                 self.fetch_runs(query).await
             }
+
+            async fn unfinished_in_sandbox(&self, sandbox_key: &str) -> Result<Vec<RunRecord>> {
+                let query = sqlx::query_as::<_, RunRow>(concat!(
+                    "SELECT ",
+                    run_columns!(),
+                    " FROM runs WHERE sandbox_key = $1 AND ",
+                    not_terminal!(),
+                    " ORDER BY started_at, run_id"
+                ))
+                .bind(sandbox_key);
+                self.fetch_runs(query).await
+            }
         }
 
         #[async_trait]

@@ -7,6 +7,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use shared::proto::v1 as api;
+use shared::proto::v1::admin_service_client::AdminServiceClient;
 use shared::proto::v1::run_service_client::RunServiceClient;
 use shared::proto::v1::sandbox_service_client::SandboxServiceClient;
 use tonic::service::interceptor::InterceptedService;
@@ -27,6 +28,7 @@ impl tonic::service::Interceptor for Bearer {
 
 pub type Runs = RunServiceClient<InterceptedService<Channel, Bearer>>;
 pub type Sandboxes = SandboxServiceClient<InterceptedService<Channel, Bearer>>;
+pub type Admin = AdminServiceClient<InterceptedService<Channel, Bearer>>;
 
 /// Options of one server process.
 #[derive(Clone, Debug, Default)]
@@ -40,6 +42,8 @@ pub struct ServerOptions {
     pub lease_renew_ms: Option<u64>,
     /// `tenant=token` pairs.
     pub tokens: Vec<String>,
+    /// More `sandhold serve` flags (e.g. the reaper's).
+    pub extra_args: Vec<String>,
 }
 
 /// A `sandhold serve` child process on a loopback port, killed on drop. Its
@@ -87,6 +91,7 @@ impl ServerProcess {
         if !opts.tokens.is_empty() {
             cmd.env("SANDHOLD_TOKENS", opts.tokens.join(","));
         }
+        cmd.args(&opts.extra_args);
         let child = cmd.spawn().expect("spawning sandhold serve");
         let mut server = Self { addr, log, child };
         server.wait_ready().await;
@@ -131,6 +136,10 @@ impl ServerProcess {
 
     pub async fn sandboxes(&self, token: &str) -> Sandboxes {
         SandboxServiceClient::with_interceptor(self.channel().await, bearer(token))
+    }
+
+    pub async fn admin(&self, token: &str) -> Admin {
+        AdminServiceClient::with_interceptor(self.channel().await, bearer(token))
     }
 
     /// SIGKILL, no goodbye.
