@@ -54,6 +54,7 @@ impl Cluster {
             lease_ttl_ms: Some(LEASE_TTL_MS),
             lease_renew_ms: Some(LEASE_RENEW_MS),
             tokens: vec![format!("t{nonce}=tok-{nonce}")],
+            ..Default::default()
         }
     }
 
