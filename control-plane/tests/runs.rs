@@ -72,12 +72,31 @@ async fn disconnect_and_reattach(kind: Kind) {
     .await;
     assert!(detached, "the record was never marked detached");
 
+    // A read-only look ends by itself with what is stored now, and drives
+    // nothing.
+    let mut stored = Seen::default();
+    let mut look = runs
+        .attach_run(api::AttachRunRequest {
+            run_id: run_id.clone(),
+            after_offset: first.last_offset().unwrap(),
+            thread_id: String::new(),
+            stored_only: true,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(read_until(&mut look, &mut stored, |_| false).await.unwrap(), "stored_only ends by itself");
+    if let Some(n) = stored.line_numbers().first() {
+        assert_eq!(*n as usize, first_lines.len() + 1, "stored_only starts right after the offset");
+    }
+
     let mut second = Seen::default();
     let mut stream = runs
         .attach_run(api::AttachRunRequest {
             run_id: run_id.clone(),
             after_offset: first.last_offset().unwrap(),
             thread_id: "thread-1".into(),
+            stored_only: false,
         })
         .await
         .unwrap()
@@ -212,6 +231,7 @@ async fn run_requests_are_validated_and_tenant_scoped() {
         run_id: run_id.clone(),
         after_offset: String::new(),
         thread_id: "another-thread".into(),
+        stored_only: false,
     };
     assert_eq!(runs.attach_run(wrong_thread).await.unwrap_err().code(), tonic::Code::InvalidArgument);
     let unknown = api::AttachRunRequest { run_id: "nope".into(), ..Default::default() };

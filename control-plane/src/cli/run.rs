@@ -288,6 +288,7 @@ pub async fn attach(args: AttachArgs) -> ExitCode {
             run_id: args.run_id.clone(),
             after_offset: args.from.clone().unwrap_or_default(),
             thread_id: String::new(),
+            stored_only: false,
         };
         let stream = conn.runs().attach_run(request).await.map_err(status_error)?.into_inner();
         Session::new(conn, &args.run_id, args.client.output).follow(stream).await
@@ -337,32 +338,16 @@ pub async fn runs(args: RunsArgs) -> ExitCode {
     .await
 }
 
-/// The stored log, printed and not followed. A terminal run's AttachRun only
-/// replays; a running one's would follow (and could take the run over), so
-/// it is refused until RunService has a read-only call for it.
+/// The stored log, printed and not followed: a read-only look that never
+/// takes the run over, also while it is going.
 pub async fn logs(args: RunIdArgs) -> ExitCode {
     let client = args.client.clone();
     with_connection(&client, async move |conn| {
-        let run = conn
-            .runs()
-            .get_run(api::GetRunRequest { run_id: args.run_id.clone() })
-            .await
-            .map_err(status_error)?
-            .into_inner()
-            .run
-            .unwrap_or_default();
-        if run.finished_at_ms.is_none() {
-            bail!(
-                "run {} is {}: `sandhold logs` prints only ended runs for now; `{}` follows it",
-                run.run_id,
-                status_name(run.status()),
-                attach_command(conn, &run.run_id)
-            );
-        }
         let request = api::AttachRunRequest {
             run_id: args.run_id.clone(),
             after_offset: String::new(),
             thread_id: String::new(),
+            stored_only: true,
         };
         let mut stream = conn.runs().attach_run(request).await.map_err(status_error)?.into_inner();
         let mut renderer = Renderer::new();

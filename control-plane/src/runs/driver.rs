@@ -585,9 +585,13 @@ impl Runs {
         ready.stores.runs.get_unscoped(&ctx.run).await.ok()?.sandbox_key
     }
 
-    /// A completed run's sandbox goes when its definition says so.
+    /// After a completed run: a portable checkpoint when the definition
+    /// asks for them, then the sandbox goes when the definition says so.
     async fn after_completion(&self, ctx: &DriveCtx) {
         let Some(key) = self.sandbox_key(ctx).await else { return };
+        if let Err(e) = self.checkpoint(ctx, &key).await {
+            warn!(run_id = %ctx.run, error = %e.message, "could not save the checkpoint after the run");
+        }
         if self.inner.lifecycle.destroy_on_complete(&key) == Some(true) {
             let Ok(ready) = self.inner.state.ready() else { return };
             if let Err(e) =
@@ -596,6 +600,27 @@ impl Runs {
                 warn!(run_id = %ctx.run, sandbox_key = %key, error = %e.message, "destroy_on_complete failed");
             }
         }
+    }
+
+    async fn checkpoint(&self, ctx: &DriveCtx, key: &str) -> Result<(), Error> {
+        let ready = self.inner.state.ready()?;
+        let stored = ready.stores.definitions.get(&ctx.tenant, &ctx.spec.definition_id).await?;
+        let definition = crate::sandbox::definition::from_stored(&stored.body)?;
+        let live = self.inner.lifecycle.agent(&ready.stores, &ctx.tenant, key).await?;
+        let saved = crate::snapshot::checkpoint_after_run(
+            &ready.stores,
+            &live.agent,
+            &ctx.tenant,
+            &ctx.thread_id,
+            ctx.run.as_str(),
+            &definition,
+            &live.secrets,
+        )
+        .await?;
+        if let Some(checkpoint) = saved {
+            info!(run_id = %ctx.run, checkpoint = ?checkpoint, "checkpoint saved after the run");
+        }
+        Ok(())
     }
 
     /// The journal of a terminal run is no longer needed.

@@ -108,7 +108,21 @@ impl Runs {
                             yield Err(Status::from(Error::from(e)));
                             break;
                         }
-                        Some(Ok(stored)) => yield chunk_event(&stored).map_err(Status::from),
+                        Some(Ok(stored)) => {
+                            let event = chunk_event(&stored).map_err(Status::from);
+                            // Nothing follows a terminal chunk: end here even
+                            // if the log was never closed (its driver died
+                            // between the terminal chunk and the close).
+                            let terminal = matches!(
+                                &event,
+                                Ok(api::RunEvent { event: Some(api::run_event::Event::Chunk(c)) })
+                                    if c.chunk.as_ref().is_some_and(shared::chunk::is_terminal)
+                            );
+                            yield event;
+                            if terminal {
+                                break;
+                            }
+                        }
                     },
                 }
             }
@@ -385,6 +399,17 @@ impl RunService for RunApi {
             return Err(
                 Error::invalid_field("thread_id", format!("run {run} is not a run of this thread")).into()
             );
+        }
+        if req.stored_only {
+            let stored =
+                self.runs.inner.state.ready()?.stores.events.snapshot(&run).await.map_err(Error::from)?;
+            let events: Vec<Result<api::RunEvent, Status>> = stored
+                .chunks
+                .iter()
+                .filter(|c| c.offset > after)
+                .map(|c| chunk_event(c).map_err(Status::from))
+                .collect();
+            return Ok(Response::new(Box::pin(tokio_stream::iter(events))));
         }
         let log = self.runs.log_stream(run.clone(), after)?;
         let (stream, gone) = self.runs.client_stream(run.clone(), log);
