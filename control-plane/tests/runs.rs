@@ -114,8 +114,7 @@ async fn disconnect_and_reattach(kind: Kind) {
     assert_eq!(unique.len(), offsets.len(), "no chunk delivered twice");
     let terminal = second.terminal().expect("a terminal chunk");
     assert_eq!(terminal.r#type(), api::ChunkType::RunFinished);
-    let record =
-        runs.get_run(api::GetRunRequest { run_id: run_id.clone() }).await.unwrap().into_inner().run.unwrap();
+    let record = wait_terminal(&mut runs, &run_id).await;
     assert_eq!(record.status, api::RunStatus::Completed as i32, "{record:?}");
     assert!(record.finished_at_ms.is_some());
 
@@ -176,7 +175,7 @@ async fn cancel_stops_at_once(s: &Setup, runs: &mut Runs, kind: Kind) {
     let terminal = seen.terminal().expect("a terminal chunk");
     assert_eq!(terminal.r#type(), api::ChunkType::RunError);
     assert_eq!(terminal.error_code, "CANCELLED");
-    let record = runs.get_run(api::GetRunRequest { run_id }).await.unwrap().into_inner().run.unwrap();
+    let record = wait_terminal(runs, &run_id).await;
     assert_eq!(record.status, api::RunStatus::Aborted as i32);
     assert!(record.cancel_requested);
 }
@@ -223,6 +222,7 @@ async fn run_requests_are_validated_and_tenant_scoped() {
     let mut seen = Seen::default();
     assert!(read_until(&mut stream, &mut seen, |_| false).await.unwrap());
     assert!(seen.has_text("hello"));
+    wait_terminal(&mut runs, &run_id).await;
     let again = runs.start_run(command_run(&run_id, "thread", "def", "echo again")).await.unwrap_err();
     assert_eq!(again.code(), tonic::Code::AlreadyExists);
 
@@ -276,8 +276,8 @@ async fn failures_and_non_durable_disconnects_end_the_run() {
     assert!(read_until(&mut stream, &mut seen, |_| false).await.unwrap());
     let terminal = seen.terminal().unwrap();
     assert_eq!(terminal.r#type(), api::ChunkType::RunError, "{terminal:?}");
-    let record =
-        runs.get_run(api::GetRunRequest { run_id: failing }).await.unwrap().into_inner().run.unwrap();
+    // The stream ends at the terminal chunk; the record follows it.
+    let record = wait_terminal(&mut runs, &failing).await;
     assert_eq!(record.status, api::RunStatus::Failed as i32);
 
     let marker = format!("nd{}", s.nonce);
