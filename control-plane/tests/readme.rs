@@ -156,3 +156,24 @@ fn the_readme_commands_work() {
         }
     }
 }
+
+/// The API guide's error table lists every reason of the closed set with
+/// the gRPC code it travels as.
+#[test]
+fn the_api_guide_lists_every_error_reason() {
+    let text = readme();
+    let guide = section(&text, "API guide");
+    for code in shared::error::ErrorCode::ALL {
+        let grpc = format!("{:?}", code.grpc_code());
+        let upper: String = grpc
+            .chars()
+            .enumerate()
+            .flat_map(|(i, c)| {
+                let sep = (c.is_uppercase() && i > 0).then_some('_');
+                sep.into_iter().chain(c.to_uppercase())
+            })
+            .collect();
+        let row = format!("| `{}` | {} |", code.reason(), upper);
+        assert!(guide.contains(&row), "README's API guide lacks the row starting {row:?}");
+    }
+}
