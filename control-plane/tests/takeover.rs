@@ -85,12 +85,8 @@ async fn continue_with_failover(
         Ok(false) => unreachable!(),
         Err(_) => {} // the replica went away
     }
-    let after = seen.last_offset().unwrap_or_default();
-    let request = api::AttachRunRequest { run_id: run_id.into(), after_offset: after, ..Default::default() };
-    let mut stream = match next.attach_run(request).await {
-        Ok(s) => s.into_inner(),
-        Err(status) => panic!("attach failed: {status}"),
-    };
+    let mut stream =
+        attach_after(next, run_id, &seen).await.unwrap_or_else(|status| panic!("attach failed: {status}"));
     match read_until(&mut stream, &mut seen, |_| false).await {
         Ok(true) => seen,
         Ok(false) => unreachable!(),
@@ -179,21 +175,13 @@ async fn paused_driver_is_fenced_after_it_resumes() {
     let mut successor = cluster.replicas[1].runs(&cluster.token).await;
     const LINES: u32 = 200;
     let script = numbered_lines(LINES, 10, "0.1");
-    let mut stream =
-        driver.start_run(command_run(&run_id, "thread", "def", &script)).await.unwrap().into_inner();
-    let mut seen = Seen::default();
-    read_until(&mut stream, &mut seen, |s| s.line_numbers().len() >= 20).await.unwrap();
+    let (stream, mut seen) = start_and_read(&mut driver, &run_id, "thread", &script, 20).await;
     drop(stream);
 
     cluster.replicas[0].signal("-STOP");
     // Attach through the successor while the driver is frozen: once the
     // lease runs out the successor drives.
-    let request = api::AttachRunRequest {
-        run_id: run_id.clone(),
-        after_offset: seen.last_offset().unwrap(),
-        ..Default::default()
-    };
-    let mut attached = successor.attach_run(request).await.unwrap().into_inner();
+    let mut attached = attach_after(&mut successor, &run_id, &seen).await.unwrap();
     let took_over = {
         let mut more = Seen::default();
         let r = read_until(&mut attached, &mut more, |m| m.line_numbers().len() >= 40).await;
@@ -236,10 +224,7 @@ async fn agent_and_driver_killed_together() {
     let mut successor = cluster.replicas[1].runs(&cluster.token).await;
     const LINES: u32 = 200;
     let script = numbered_lines(LINES, 10, "0.1");
-    let mut stream =
-        driver.start_run(command_run(&run_id, "thread", "def", &script)).await.unwrap().into_inner();
-    let mut seen = Seen::default();
-    read_until(&mut stream, &mut seen, |s| s.line_numbers().len() >= 30).await.unwrap();
+    let (mut stream, seen) = start_and_read(&mut driver, &run_id, "thread", &script, 30).await;
 
     let agents = agent_daemons(&cluster.data_dir);
     assert!(!agents.is_empty(), "no agent daemon found under {}", cluster.data_dir.display());
@@ -297,10 +282,7 @@ async fn rewritten_journal_fails_the_run_with_replay_diverged() {
     let mut driver = cluster.replicas[0].runs(&cluster.token).await;
     let mut successor = cluster.replicas[1].runs(&cluster.token).await;
     let script = numbered_lines(100, 5, "0.2");
-    let mut stream =
-        driver.start_run(command_run(&run_id, "thread", "def", &script)).await.unwrap().into_inner();
-    let mut seen = Seen::default();
-    read_until(&mut stream, &mut seen, |s| s.line_numbers().len() >= 10).await.unwrap();
+    let (_stream, seen) = start_and_read(&mut driver, &run_id, "thread", &script, 10).await;
     cluster.replicas[0].kill9().await;
     let stored_before = seen.chunks.len();
 
@@ -370,10 +352,7 @@ async fn graceful_shutdown_detaches_runs_for_another_replica() {
     let mut successor = cluster.replicas[1].runs(&cluster.token).await;
     const LINES: u32 = 150;
     let script = numbered_lines(LINES, 10, "0.1");
-    let mut stream =
-        driver.start_run(command_run(&run_id, "thread", "def", &script)).await.unwrap().into_inner();
-    let mut seen = Seen::default();
-    read_until(&mut stream, &mut seen, |s| s.line_numbers().len() >= 20).await.unwrap();
+    let (mut stream, mut seen) = start_and_read(&mut driver, &run_id, "thread", &script, 20).await;
     cluster.replicas[0].signal("-TERM");
     let ended = read_until(&mut stream, &mut seen, |_| false).await;
     let status = ended.expect_err("the stream ends with an error at shutdown, not cleanly");
@@ -386,12 +365,7 @@ async fn graceful_shutdown_detaches_runs_for_another_replica() {
         cluster.logs()
     );
 
-    let request = api::AttachRunRequest {
-        run_id: run_id.clone(),
-        after_offset: seen.last_offset().unwrap(),
-        ..Default::default()
-    };
-    let mut attached = successor.attach_run(request).await.unwrap().into_inner();
+    let mut attached = attach_after(&mut successor, &run_id, &seen).await.unwrap();
     assert!(read_until(&mut attached, &mut seen, |_| false).await.unwrap());
     assert_every_line_once(&seen, LINES, "after a graceful shutdown");
     let record = wait_terminal(&mut successor, &run_id).await;

@@ -496,6 +496,12 @@ impl Runs {
     /// Act on how the drive ended: terminal chunk, status, log, sandbox.
     async fn conclude(&self, ctx: &DriveCtx, ending: Ending) {
         let Ok(ready) = self.inner.state.ready() else { return };
+        // Read once: the stop, the completion and the journal cleanup all
+        // act on the same sandbox.
+        let key = match &ending {
+            Ending::Superseded(_) | Ending::Detach => None,
+            _ => self.sandbox_key(ctx).await,
+        };
         let (status, error, usage, appended) = match ending {
             Ending::Superseded(why) => {
                 info!(run_id = %ctx.run, epoch = ctx.writer.epoch(), reason = %why, "no longer the run's driver; writing nothing");
@@ -523,9 +529,9 @@ impl Runs {
             Ending::Stopped(reason) => {
                 // The CLI dies with its sandbox: destroying it is the one
                 // stop every provider can do, also for a wedged agent.
-                if let Some(key) = self.sandbox_key(ctx).await
+                if let Some(key) = &key
                     && let Err(e) =
-                        self.inner.lifecycle.destroy(&ready.stores, &ready.leases, &ctx.tenant, &key).await
+                        self.inner.lifecycle.destroy(&ready.stores, &ready.leases, &ctx.tenant, key).await
                     && e.code != ErrorCode::NotFound
                 {
                     warn!(run_id = %ctx.run, sandbox_key = %key, error = %e.message, "could not destroy the sandbox of a stopped run");
@@ -574,10 +580,11 @@ impl Runs {
         }
         info!(run_id = %ctx.run, status = %status, "run finished");
         crate::metrics::runs().finished(status);
+        let Some(key) = key else { return };
         if status == RunStatus::Completed {
-            self.after_completion(ctx).await;
+            self.after_completion(ctx, &key).await;
         }
-        self.drop_journal(ctx).await;
+        self.drop_journal(ctx, &key).await;
     }
 
     async fn sandbox_key(&self, ctx: &DriveCtx) -> Option<String> {
@@ -587,15 +594,13 @@ impl Runs {
 
     /// After a completed run: a portable checkpoint when the definition
     /// asks for them, then the sandbox goes when the definition says so.
-    async fn after_completion(&self, ctx: &DriveCtx) {
-        let Some(key) = self.sandbox_key(ctx).await else { return };
-        if let Err(e) = self.checkpoint(ctx, &key).await {
+    async fn after_completion(&self, ctx: &DriveCtx, key: &str) {
+        if let Err(e) = self.checkpoint(ctx, key).await {
             warn!(run_id = %ctx.run, error = %e.message, "could not save the checkpoint after the run");
         }
-        if self.inner.lifecycle.destroy_on_complete(&key) == Some(true) {
+        if self.inner.lifecycle.destroy_on_complete(key) == Some(true) {
             let Ok(ready) = self.inner.state.ready() else { return };
-            if let Err(e) =
-                self.inner.lifecycle.destroy(&ready.stores, &ready.leases, &ctx.tenant, &key).await
+            if let Err(e) = self.inner.lifecycle.destroy(&ready.stores, &ready.leases, &ctx.tenant, key).await
             {
                 warn!(run_id = %ctx.run, sandbox_key = %key, error = %e.message, "destroy_on_complete failed");
             }
@@ -624,9 +629,8 @@ impl Runs {
     }
 
     /// The journal of a terminal run is no longer needed.
-    async fn drop_journal(&self, ctx: &DriveCtx) {
-        let Some(key) = self.sandbox_key(ctx).await else { return };
-        let Some(live) = self.inner.lifecycle.live(&key) else { return };
+    async fn drop_journal(&self, ctx: &DriveCtx, key: &str) {
+        let Some(live) = self.inner.lifecycle.live(key) else { return };
         let request = agent::DeleteJournalsRequest { run_ids: vec![ctx.run.to_string()] };
         if let Err(status) = live.agent.journal().delete_journals(request).await {
             debug!(run_id = %ctx.run, error = %status.message(), "could not delete the journal");

@@ -339,3 +339,32 @@ pub async fn wait_terminal(runs: &mut Runs, run_id: &str) -> api::Run {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// Attach to `run_id` right after the last chunk `seen` holds.
+pub async fn attach_after(
+    runs: &mut Runs,
+    run_id: &str,
+    seen: &Seen,
+) -> Result<tonic::Streaming<api::RunEvent>, tonic::Status> {
+    let request = api::AttachRunRequest {
+        run_id: run_id.into(),
+        after_offset: seen.last_offset().unwrap_or_default(),
+        ..Default::default()
+    };
+    Ok(runs.attach_run(request).await?.into_inner())
+}
+
+/// Start a durable `command` run of `script` on thread `thread` and read
+/// until it has printed `lines` numbered lines.
+pub async fn start_and_read(
+    runs: &mut Runs,
+    run_id: &str,
+    thread: &str,
+    script: &str,
+    lines: usize,
+) -> (tonic::Streaming<api::RunEvent>, Seen) {
+    let mut stream = runs.start_run(command_run(run_id, thread, "def", script)).await.unwrap().into_inner();
+    let mut seen = Seen::default();
+    read_until(&mut stream, &mut seen, |s| s.line_numbers().len() >= lines).await.unwrap();
+    (stream, seen)
+}
