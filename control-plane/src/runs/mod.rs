@@ -326,6 +326,7 @@ pub fn run_to_api(record: &RunRecord) -> api::Run {
         sandbox_id: record.sandbox_key.clone().unwrap_or_default(),
         detached_since_ms: record.detached_since.map(Timestamp::as_millis),
         cancel_requested: record.cancel_requested,
+        forked_from_run: record.forked_from_run.as_ref().map(RunId::to_string).unwrap_or_default(),
     }
 }
 

@@ -5,7 +5,6 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use futures::{Stream, StreamExt};
-use rand::RngCore;
 use shared::chunk::{self, ChunkFactory, RUN_ACCEPTED};
 use shared::error::{Error, ErrorCode};
 use shared::proto::v1 as api;
@@ -68,12 +67,6 @@ pub(crate) fn options_from_api(o: api::HarnessOptions) -> HarnessOptions {
         env: o.env.into_iter().collect(),
         prompt_file: None,
     }
-}
-
-fn new_sentinel_key() -> SentinelKey {
-    let mut bytes = [0u8; 32];
-    rand::thread_rng().fill_bytes(&mut bytes);
-    SentinelKey::new(hex::encode(bytes))
 }
 
 impl Runs {
@@ -277,7 +270,7 @@ impl RunService for RunApi {
                 )
                 .into());
             }
-            RunId::parse(&format!("run-{}", uuid::Uuid::new_v4().simple())).expect("a valid run id")
+            store::generated_run_id()
         } else {
             run_id_field("run_id", &req.run_id)?
         };
@@ -304,7 +297,7 @@ impl RunService for RunApi {
         let Some(lease) = ready.leases.try_acquire(&format!("run:{run}")).await.map_err(Error::from)? else {
             return Err(already().into());
         };
-        let sentinel_key = new_sentinel_key();
+        let sentinel_key = SentinelKey::random();
         let created = ready
             .stores
             .runs

@@ -158,7 +158,7 @@ impl SnapshotService for SnapshotApi {
         let tenant = tenant_of(&req)?;
         let req = req.into_inner();
         let ready = self.state.ready()?;
-        let copy = ready
+        let fork = ready
             .stores
             .checkpoints
             .fork(
@@ -169,8 +169,11 @@ impl SnapshotService for SnapshotApi {
             )
             .await
             .map_err(Error::from)?;
-        let id = copy.checkpoint_id.clone();
-        Ok(Response::new(api::ForkSnapshotResponse { checkpoint: Some(to_api(copy, Some(&id))) }))
+        let id = fork.checkpoint.checkpoint_id.clone();
+        Ok(Response::new(api::ForkSnapshotResponse {
+            checkpoint: Some(to_api(fork.checkpoint, Some(&id))),
+            run_ids: fork.runs.iter().map(ToString::to_string).collect(),
+        }))
     }
 
     async fn read_artifact(

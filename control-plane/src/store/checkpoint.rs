@@ -63,6 +63,17 @@ pub struct NewCheckpoint {
     pub uploaded_bytes: u64,
 }
 
+/// What a fork made in the new thread.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fork {
+    /// The copy of the chosen checkpoint: the new thread's head.
+    pub checkpoint: Checkpoint,
+    /// The copied conversation, oldest first: one run per terminal run of
+    /// the source thread that started at or before the chosen checkpoint
+    /// was written, under a fresh id, with its whole event log.
+    pub runs: Vec<super::RunId>,
+}
+
 /// The right to write the thread's next checkpoint, until a newer claim.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WriterClaim {
@@ -102,16 +113,23 @@ pub trait CheckpointStore: Send + Sync {
         checkpoint_id: &str,
     ) -> Result<(Checkpoint, Vec<u8>)>;
 
-    /// Copy the checkpoint into `new_thread_id` as its head, atomically.
+    /// Copy the checkpoint into `new_thread_id` as its head, together with
+    /// the thread's conversation up to it, in one transaction: every
+    /// terminal run of the source thread that started at or before the
+    /// checkpoint was written becomes a run of the new thread under a fresh
+    /// id ([`super::RunRecord::forked_from_run`] names the source), with the
+    /// same status, times, error, usage, spec and event log (same offsets,
+    /// kinds and payloads), no sandbox, a closed log and a fresh sentinel
+    /// key. Runs still going, and runs that started later, are not copied.
     /// [`super::Error::NotEmpty`] when the destination has a checkpoint or a
-    /// run.
+    /// run (nothing is copied then).
     async fn fork(
         &self,
         tenant: &Tenant,
         thread_id: &str,
         checkpoint_id: &str,
         new_thread_id: &str,
-    ) -> Result<Checkpoint>;
+    ) -> Result<Fork>;
 
     /// Delete the checkpoint (and its blob references); a deleted head is
     /// replaced by the newest remaining checkpoint.

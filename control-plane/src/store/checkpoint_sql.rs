@@ -240,13 +240,13 @@ macro_rules! impl_checkpoint_store {
                 thread_id: &str,
                 checkpoint_id: &str,
                 new_thread_id: &str,
-            ) -> Result<super::Checkpoint> {
+            ) -> Result<super::Fork> {
                 if new_thread_id.is_empty() {
                     return Err(Error::invalid("new_thread_id", "empty"));
                 }
                 let mut tx = self.pool.begin_with($begin).await?;
-                let exists: Option<String> = sqlx::query_scalar(
-                    "SELECT checkpoint_id FROM snapshot_checkpoints \
+                let written_at: Option<i64> = sqlx::query_scalar(
+                    "SELECT created_at FROM snapshot_checkpoints \
                      WHERE tenant = $1 AND thread_id = $2 AND checkpoint_id = $3",
                 )
                 .bind(tenant.as_str())
@@ -254,9 +254,9 @@ macro_rules! impl_checkpoint_store {
                 .bind(checkpoint_id)
                 .fetch_optional(&mut *tx)
                 .await?;
-                if exists.is_none() {
+                let Some(written_at) = written_at else {
                     return Err(checkpoint_not_found(thread_id, checkpoint_id));
-                }
+                };
                 let now = Timestamp::now().as_millis();
                 sqlx::query(
                     "INSERT INTO snapshot_threads (tenant, thread_id, head, writer_epoch, updated_at) \
@@ -309,6 +309,47 @@ macro_rules! impl_checkpoint_store {
                 .bind(checkpoint_id)
                 .execute(&mut *tx)
                 .await?;
+                // The conversation up to the checkpoint. A terminal run's log
+                // is complete: its driver appends nothing after the terminal
+                // status, and a terminal run cannot be claimed again.
+                let sources: Vec<String> = sqlx::query_scalar(concat!(
+                    "SELECT run_id FROM runs WHERE tenant = $1 AND thread_id = $2 AND started_at <= $3 AND ",
+                    terminal!(),
+                    " ORDER BY started_at, run_id"
+                ))
+                .bind(tenant.as_str())
+                .bind(thread_id)
+                .bind(written_at)
+                .fetch_all(&mut *tx)
+                .await?;
+                let mut runs = Vec::with_capacity(sources.len());
+                for source in sources {
+                    let copy = super::generated_run_id();
+                    sqlx::query(
+                        "INSERT INTO runs (run_id, thread_id, tenant, status, started_at, finished_at, \
+                         error_code, error_message, usage, sandbox_key, detached_since, cancel_requested, \
+                         driver_epoch, sentinel_key, log_closed, updated_at, spec, forked_from_run) \
+                         SELECT $1, $2, tenant, status, started_at, finished_at, error_code, error_message, \
+                         usage, NULL, NULL, FALSE, driver_epoch, $3, TRUE, $4, spec, run_id \
+                         FROM runs WHERE run_id = $5",
+                    )
+                    .bind(copy.as_str())
+                    .bind(new_thread_id)
+                    .bind(super::SentinelKey::random().expose())
+                    .bind(now)
+                    .bind(&source)
+                    .execute(&mut *tx)
+                    .await?;
+                    sqlx::query(
+                        "INSERT INTO run_events (run_id, seq, epoch, kind, payload, appended_at) \
+                         SELECT $1, seq, epoch, kind, payload, appended_at FROM run_events WHERE run_id = $2",
+                    )
+                    .bind(copy.as_str())
+                    .bind(&source)
+                    .execute(&mut *tx)
+                    .await?;
+                    runs.push(copy);
+                }
                 // Fences any writer that claimed the empty thread meanwhile.
                 sqlx::query(
                     "UPDATE snapshot_threads SET head = $3, writer_epoch = writer_epoch + 1, updated_at = $4 \
@@ -321,7 +362,7 @@ macro_rules! impl_checkpoint_store {
                 .execute(&mut *tx)
                 .await?;
                 tx.commit().await?;
-                Ok(row.into())
+                Ok(super::Fork { checkpoint: row.into(), runs })
             }
 
             async fn delete(&self, tenant: &Tenant, thread_id: &str, checkpoint_id: &str) -> Result<()> {

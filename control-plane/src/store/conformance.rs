@@ -112,7 +112,7 @@ fn run_id(name: &str) -> RunId {
     RunId::parse(name).unwrap()
 }
 
-fn new_run(id: &str, tenant_name: &str, thread: &str, started_at: i64) -> NewRun {
+pub(super) fn new_run(id: &str, tenant_name: &str, thread: &str, started_at: i64) -> NewRun {
     NewRun {
         run_id: run_id(id),
         thread_id: thread.into(),
@@ -130,7 +130,7 @@ async fn create(stores: &Stores, id: &str) -> RunRecord {
     created.record
 }
 
-fn chunks(prefix: &str, n: usize) -> Vec<NewChunk> {
+pub(super) fn chunks(prefix: &str, n: usize) -> Vec<NewChunk> {
     (0..n).map(|i| NewChunk::new(format!("{prefix}.kind"), format!("{prefix}-{i}").into_bytes())).collect()
 }
 

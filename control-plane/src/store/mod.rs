@@ -44,7 +44,7 @@ use serde::{Deserialize, Serialize};
 pub use shared::ids::RunId;
 
 pub use blob::{BlobStats, BlobStore, DirBlobStore, PgBlobStore};
-pub use checkpoint::{Checkpoint, CheckpointStore, DeleteBlobs, NewCheckpoint, WriterClaim};
+pub use checkpoint::{Checkpoint, CheckpointStore, DeleteBlobs, Fork, NewCheckpoint, WriterClaim};
 pub use error::{Error, Result};
 pub use writer::LogWriter;
 
@@ -190,6 +190,14 @@ impl SentinelKey {
         Self(key.into())
     }
 
+    /// A fresh key: 32 random bytes, hex.
+    pub fn random() -> Self {
+        use rand::RngCore;
+        let mut bytes = [0u8; 32];
+        rand::thread_rng().fill_bytes(&mut bytes);
+        Self(hex::encode(bytes))
+    }
+
     pub fn expose(&self) -> &str {
         &self.0
     }
@@ -226,6 +234,14 @@ pub struct RunRecord {
     /// What started the run (opaque to the store): harness, definition,
     /// durability. Never a secret.
     pub spec: Option<serde_json::Value>,
+    /// Set on a copy made by a snapshot fork ([`CheckpointStore::fork`]):
+    /// the run of the source thread it was copied from.
+    pub forked_from_run: Option<RunId>,
+}
+
+/// A run id nobody chose: `run-<32 hex>`.
+pub fn generated_run_id() -> RunId {
+    RunId::parse(&format!("run-{}", uuid::Uuid::new_v4().simple())).expect("a valid run id")
 }
 
 /// What [`RunStore::create_or_resume`] needs to create a run.

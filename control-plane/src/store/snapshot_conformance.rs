@@ -10,7 +10,7 @@ use bytes::Bytes;
 use futures::{FutureExt, StreamExt};
 use sha2::Digest;
 
-use super::conformance::Backend;
+use super::conformance::{Backend, chunks, new_run};
 use super::*;
 
 fn sha(data: &[u8]) -> String {
@@ -249,7 +249,9 @@ async fn checkpoints_fork_copies_the_chosen_checkpoint_into_an_empty_thread(b: &
     let acme = tenant("acme");
     let first = save(b, &acme, "src", "first", &["a"]).await;
     let _latest = save(b, &acme, "src", "latest", &["b"]).await;
-    let copy = cps.fork(&acme, "src", &first.checkpoint_id, "dst").await.unwrap();
+    let fork = cps.fork(&acme, "src", &first.checkpoint_id, "dst").await.unwrap();
+    assert!(fork.runs.is_empty(), "the source thread has no runs");
+    let copy = fork.checkpoint;
     assert_eq!(copy.thread_id, "dst");
     assert_eq!(copy.forked_from.as_deref(), Some(first.checkpoint_id.as_str()));
     assert_eq!(copy.label, "first", "the chosen checkpoint, not the latest");
@@ -282,6 +284,123 @@ async fn checkpoints_fork_copies_the_chosen_checkpoint_into_an_empty_thread(b: &
     let stored = vec![sha(b"a"), sha(b"b"), sha(b"c")];
     let deleted = cps.sweep(stored, Duration::from_secs(3600), &|_| async { Ok(0) }.boxed()).await.unwrap();
     assert_eq!(deleted, [sha(b"c")]);
+}
+
+/// A run of `thread` started at `started_at` with `n` chunks, ended with
+/// `status` (left running when not terminal).
+async fn run_with_log(
+    b: &Backend,
+    (id, tenant_name, thread): (&str, &str, &str),
+    started_at: i64,
+    n: usize,
+    status: RunStatus,
+) -> RunRecord {
+    let run = RunId::parse(id).unwrap();
+    b.stores.runs.create_or_resume(new_run(id, tenant_name, thread, started_at)).await.unwrap();
+    b.stores.events.append(&run, FIRST_EPOCH, &chunks(id, n)).await.unwrap();
+    if status.is_terminal() {
+        let finish = RunFinish {
+            status,
+            error: (status != RunStatus::Completed)
+                .then(|| RunError { code: "BOOM".into(), message: format!("{id} broke") }),
+            usage: Some(serde_json::json!({"input_tokens": n})),
+            finished_at: Timestamp::from_millis(started_at + 500),
+        };
+        b.stores.runs.finish(&run, FIRST_EPOCH, finish).await.unwrap();
+        b.stores.events.close(&run).await.unwrap();
+    }
+    b.stores.runs.get_unscoped(&run).await.unwrap()
+}
+
+/// How many runs the tenant has, across threads.
+async fn run_count(b: &Backend, t: &Tenant) -> usize {
+    b.stores.runs.list_recent(t, 10_000).await.unwrap().len()
+}
+
+async fn checkpoints_fork_copies_the_conversation_up_to_the_checkpoint(b: &Backend) {
+    let cps = b.stores.checkpoints.as_ref();
+    let acme = tenant("acme");
+    let now = Timestamp::now().as_millis();
+    let done = run_with_log(b, ("src-done", "acme", "src"), now - 3_000, 5, RunStatus::Completed).await;
+    let failed = run_with_log(b, ("src-failed", "acme", "src"), now - 2_000, 3, RunStatus::Failed).await;
+    let going = run_with_log(b, ("src-going", "acme", "src"), now - 1_000, 2, RunStatus::Running).await;
+    // Another tenant's run of a thread of the same name is not this thread's.
+    run_with_log(b, ("other-done", "globex", "src"), now - 3_000, 1, RunStatus::Completed).await;
+    let checkpoint = save(b, &acme, "src", "mid", &["a"]).await;
+    // Started after the checkpoint was written: not part of it.
+    run_with_log(b, ("src-later", "acme", "src"), now + 60_000, 4, RunStatus::Completed).await;
+
+    let fork = cps.fork(&acme, "src", &checkpoint.checkpoint_id, "dst").await.unwrap();
+    let copies = b.stores.runs.list_by_thread(&acme, "dst").await.unwrap();
+    assert_eq!(copies.iter().map(|r| r.run_id.clone()).collect::<Vec<_>>(), fork.runs);
+    let sources: Vec<Option<&str>> =
+        copies.iter().map(|r| r.forked_from_run.as_ref().map(RunId::as_str)).collect();
+    assert_eq!(
+        sources,
+        [Some("src-done"), Some("src-failed")],
+        "ended runs up to the checkpoint, oldest first"
+    );
+    for (copy, source) in copies.iter().zip([&done, &failed]) {
+        assert_ne!(copy.run_id, source.run_id, "a fresh id");
+        assert_eq!((copy.thread_id.as_str(), &copy.tenant), ("dst", &acme));
+        assert_eq!(
+            (copy.status, copy.started_at, copy.finished_at, &copy.error, &copy.usage, &copy.spec),
+            (
+                source.status,
+                source.started_at,
+                source.finished_at,
+                &source.error,
+                &source.usage,
+                &source.spec
+            )
+        );
+        assert_eq!((copy.sandbox_key.as_deref(), copy.detached_since), (None, None));
+        assert!(copy.log_closed && !copy.cancel_requested);
+        assert_ne!(copy.sentinel_key, source.sentinel_key, "a fresh sentinel key");
+        assert_eq!(copy.sentinel_key.expose().len(), 64);
+        let (copied, original) = (
+            b.stores.events.snapshot(&copy.run_id).await.unwrap(),
+            b.stores.events.snapshot(&source.run_id).await.unwrap(),
+        );
+        assert_eq!(copied.chunks, original.chunks, "the same log: offsets, epochs, kinds, payloads, times");
+        assert!(copied.closed);
+        // A tailing read of the copy replays the log and ends.
+        let read: Vec<StoredChunk> = b
+            .stores
+            .events
+            .read(&copy.run_id, &Offset::start())
+            .await
+            .unwrap()
+            .map(|c| c.unwrap())
+            .collect()
+            .await;
+        assert_eq!(read, original.chunks);
+        let theirs = b.stores.runs.get(&tenant("globex"), &copy.run_id).await;
+        assert!(matches!(theirs, Err(Error::NotFound(_))), "{theirs:?}");
+    }
+    assert_eq!(b.stores.runs.active_run(&acme, "dst").await.unwrap(), None);
+    let untouched = b.stores.runs.get_unscoped(&going.run_id).await.unwrap();
+    assert_eq!(untouched, going, "the source is not changed");
+
+    // A fork of the fork copies the copies, naming them.
+    let again = cps.fork(&acme, "dst", &fork.checkpoint.checkpoint_id, "dst2").await.unwrap();
+    let second: Vec<RunRecord> = b.stores.runs.list_by_thread(&acme, "dst2").await.unwrap();
+    assert_eq!(second.iter().map(|r| r.run_id.clone()).collect::<Vec<_>>(), again.runs);
+    assert_eq!(second.iter().map(|r| r.forked_from_run.clone().unwrap()).collect::<Vec<_>>(), fork.runs,);
+
+    // Refused forks copy nothing: into a thread with runs, into one with a
+    // checkpoint, and another tenant's checkpoint.
+    let before = (run_count(b, &acme).await, run_count(b, &tenant("globex")).await);
+    let err = cps.fork(&acme, "src", &checkpoint.checkpoint_id, "dst").await.unwrap_err();
+    assert!(matches!(err, Error::NotEmpty(_)), "{err:?}");
+    save(b, &acme, "has-checkpoint", "x", &["b"]).await;
+    let err = cps.fork(&acme, "src", &checkpoint.checkpoint_id, "has-checkpoint").await.unwrap_err();
+    assert!(matches!(err, Error::NotEmpty(_)), "{err:?}");
+    let err = cps.fork(&tenant("globex"), "src", &checkpoint.checkpoint_id, "theirs").await.unwrap_err();
+    assert!(matches!(err, Error::NotFound(_)), "{err:?}");
+    assert_eq!((run_count(b, &acme).await, run_count(b, &tenant("globex")).await), before);
+    assert!(b.stores.runs.list_by_thread(&acme, "has-checkpoint").await.unwrap().is_empty());
+    assert_eq!(b.stores.runs.list_by_thread(&acme, "dst").await.unwrap(), copies);
 }
 
 async fn checkpoints_sweep_spares_referenced_and_pinned_blobs(b: &Backend) {
@@ -393,6 +512,7 @@ checkpoint_suite!(
     checkpoints_a_superseded_writer_is_fenced_and_a_moved_head_is_stale,
     checkpoints_racing_writers_one_wins,
     checkpoints_fork_copies_the_chosen_checkpoint_into_an_empty_thread,
+    checkpoints_fork_copies_the_conversation_up_to_the_checkpoint,
     checkpoints_sweep_spares_referenced_and_pinned_blobs,
     checkpoints_sweep_racing_a_save_never_loses_a_committed_blob,
 );

@@ -12,7 +12,8 @@ use super::{
 macro_rules! run_columns {
     () => {
         "run_id, thread_id, tenant, status, started_at, finished_at, error_code, error_message, usage, \
-         sandbox_key, detached_since, cancel_requested, driver_epoch, sentinel_key, log_closed, updated_at, spec"
+         sandbox_key, detached_since, cancel_requested, driver_epoch, sentinel_key, log_closed, updated_at, spec, \
+         forked_from_run"
     };
 }
 pub(super) use run_columns;
@@ -24,6 +25,14 @@ macro_rules! not_terminal {
     };
 }
 pub(super) use not_terminal;
+
+/// `status IN (<terminal>)`, the complement of [`not_terminal`].
+macro_rules! terminal {
+    () => {
+        "status IN ('completed', 'failed', 'aborted')"
+    };
+}
+pub(super) use terminal;
 
 macro_rules! instance_columns {
     () => {
@@ -60,6 +69,7 @@ pub(super) struct RunRow {
     log_closed: bool,
     updated_at: i64,
     spec: Option<String>,
+    forked_from_run: Option<String>,
 }
 
 impl RunRow {
@@ -78,6 +88,11 @@ impl RunRow {
             .map(|u| serde_json::from_str(&u))
             .transpose()
             .map_err(|e| Error::Corrupt(format!("run {run_id}: spec: {e}")))?;
+        let forked_from_run = self
+            .forked_from_run
+            .map(|r| RunId::parse(&r))
+            .transpose()
+            .map_err(|e| Error::Corrupt(format!("run {run_id}: forked_from_run: {e}")))?;
         let error = match (self.error_code, self.error_message) {
             (None, None) => None,
             (code, message) => {
@@ -100,6 +115,7 @@ impl RunRow {
             log_closed: self.log_closed,
             updated_at: Timestamp::from_millis(self.updated_at),
             spec,
+            forked_from_run,
             run_id,
         })
     }

@@ -19,7 +19,7 @@ use super::checkpoint_sql::{
 };
 use super::sql::{
     DefinitionRow, EventRow, InstanceRow, RunRow, epoch_to_db, explain_refusal, impl_shared_stores,
-    instance_columns, json_to_db, not_terminal, run_columns, run_not_found,
+    instance_columns, json_to_db, not_terminal, run_columns, run_not_found, terminal,
 };
 use super::tail::{self, LogPages, Wakes};
 use super::{
