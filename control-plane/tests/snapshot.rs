@@ -1,17 +1,21 @@
 //! `SnapshotService` and the lifecycle's restore over a real server: a
 //! workspace captured in a Docker sandbox comes back byte for byte (minus
 //! exclusions, secrets zeroed) in a local one; forks copy the chosen
-//! checkpoint into empty threads only; saves racing on one thread are
-//! fenced; another tenant sees nothing.
+//! checkpoint into empty threads only, with the conversation (runs and
+//! their event logs) up to it; two saves racing on one thread: one wins,
+//! the other is fenced; another tenant sees nothing.
 
 mod provider_support;
+mod run_support;
 mod sandbox_support;
 
 use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
 
 use sandbox_support::{Bearer, DockerCleanup};
 use shared::error::{Error, ErrorCode};
 use shared::proto::v1 as api;
+use shared::proto::v1::run_service_client::RunServiceClient;
 use shared::proto::v1::snapshot_service_client::SnapshotServiceClient;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
@@ -19,13 +23,16 @@ use tonic::transport::Channel;
 const SECRET: &str = "sk-test-5f1e0c9a7b3d";
 
 type Snapshots = SnapshotServiceClient<InterceptedService<Channel, Bearer>>;
+type Runs = RunServiceClient<InterceptedService<Channel, Bearer>>;
 
-/// The `SandboxService` test server, with `SnapshotService` clients of
-/// both tenants beside its `SandboxService` ones.
+/// The `SandboxService` test server, with `SnapshotService` and
+/// `RunService` clients of both tenants beside its `SandboxService` ones.
 struct Harness {
     inner: sandbox_support::Harness,
     acme: Snapshots,
     other: Snapshots,
+    runs: Runs,
+    other_runs: Runs,
 }
 
 impl Harness {
@@ -33,15 +40,13 @@ impl Harness {
         let inner = sandbox_support::Harness::start().await;
         let addr = inner.server.as_ref().unwrap().local_addr();
         let channel = Channel::from_shared(format!("http://{addr}")).unwrap().connect().await.unwrap();
-        let client = |token: String| {
-            SnapshotServiceClient::with_interceptor(
-                channel.clone(),
-                Bearer(format!("Bearer {token}").parse().unwrap()),
-            )
-        };
-        let acme = client(format!("tok-a-{}", inner.nonce));
-        let other = client(format!("tok-b-{}", inner.nonce));
-        Self { inner, acme, other }
+        let bearer = |token: String| Bearer(format!("Bearer {token}").parse().unwrap());
+        let (a, b) = (format!("tok-a-{}", inner.nonce), format!("tok-b-{}", inner.nonce));
+        let acme = SnapshotServiceClient::with_interceptor(channel.clone(), bearer(a.clone()));
+        let other = SnapshotServiceClient::with_interceptor(channel.clone(), bearer(b.clone()));
+        let runs = RunServiceClient::with_interceptor(channel.clone(), bearer(a));
+        let other_runs = RunServiceClient::with_interceptor(channel.clone(), bearer(b));
+        Self { inner, acme, other, runs, other_runs }
     }
 
     async fn stop(&mut self) {
@@ -83,16 +88,50 @@ impl Harness {
     }
 
     async fn save(&mut self, thread: &str, label: &str) -> Result<api::Checkpoint, Error> {
-        self.acme
-            .save_snapshot(api::SaveSnapshotRequest {
-                thread_id: thread.into(),
-                run_id: format!("run-{label}"),
-                label: label.into(),
-                sandbox_id: String::new(),
-            })
-            .await
-            .map(|r| r.into_inner().checkpoint.unwrap())
-            .map_err(|s| Error::from_status(&s))
+        save(&mut self.acme, thread, label).await
+    }
+
+    /// A durable `command` run of `sh -c script` on `thread`, read to its
+    /// end; returns the chunks it streamed, with their offsets.
+    async fn run(&mut self, thread: &str, run_id: &str, script: &str) -> Vec<(String, api::Chunk)> {
+        let mut req = run_support::command_run(run_id, thread, "local", script);
+        req.secrets = [("API_TOKEN".to_string(), SECRET.to_string())].into();
+        let stream = self.runs.start_run(req).await.unwrap().into_inner();
+        let chunks = read_chunks(stream).await;
+        let record = self.wait_run(run_id).await;
+        assert_eq!(record.status, api::RunStatus::Completed as i32, "{record:?}");
+        chunks
+    }
+
+    async fn wait_run(&mut self, run_id: &str) -> api::Run {
+        let deadline = Instant::now() + sandbox_support::PATIENCE;
+        loop {
+            let run = self.runs.get_run(api::GetRunRequest { run_id: run_id.into() }).await.unwrap();
+            let run = run.into_inner().run.unwrap();
+            if run.status != api::RunStatus::Running as i32 {
+                return run;
+            }
+            assert!(Instant::now() < deadline, "run {run_id} stayed running");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The checkpoint saved after run `run_id` of `thread`, once it is there.
+    async fn checkpoint_after(&mut self, thread: &str, run_id: &str) -> api::Checkpoint {
+        let deadline = Instant::now() + sandbox_support::PATIENCE;
+        loop {
+            if let Some(c) = self.list(thread).await.into_iter().find(|c| c.run_id == run_id) {
+                return c;
+            }
+            assert!(Instant::now() < deadline, "no checkpoint after run {run_id}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Everything AttachRun replays of a run (it ends: the run is terminal).
+    async fn attach(&mut self, run_id: &str) -> Vec<(String, api::Chunk)> {
+        let req = api::AttachRunRequest { run_id: run_id.into(), ..Default::default() };
+        read_chunks(self.runs.attach_run(req).await.unwrap().into_inner()).await
     }
 
     async fn artifact(&mut self, thread: &str, checkpoint: &str, path: &str) -> Result<Vec<u8>, Error> {
@@ -119,6 +158,36 @@ impl Harness {
         let mut out = Vec::new();
         walk(&self.inner.dir.path().join("snapshot-blobs"), &mut out);
         out
+    }
+}
+
+async fn save(c: &mut Snapshots, thread: &str, label: &str) -> Result<api::Checkpoint, Error> {
+    save_status(c, thread, label).await.map_err(|s| Error::from_status(&s))
+}
+
+async fn save_status(c: &mut Snapshots, thread: &str, label: &str) -> Result<api::Checkpoint, tonic::Status> {
+    c.save_snapshot(api::SaveSnapshotRequest {
+        thread_id: thread.into(),
+        run_id: format!("run-{label}"),
+        label: label.into(),
+        sandbox_id: String::new(),
+    })
+    .await
+    .map(|r| r.into_inner().checkpoint.unwrap())
+}
+
+/// The chunks of a run stream, with their offsets, until it ends.
+async fn read_chunks(mut stream: tonic::Streaming<api::RunEvent>) -> Vec<(String, api::Chunk)> {
+    let mut out = Vec::new();
+    loop {
+        let message = tokio::time::timeout(sandbox_support::PATIENCE, stream.message())
+            .await
+            .expect("run stream stalled")
+            .unwrap();
+        let Some(event) = message else { return out };
+        if let Some(api::run_event::Event::Chunk(c)) = event.event {
+            out.push((c.offset, c.chunk.unwrap()));
+        }
     }
 }
 
@@ -285,31 +354,6 @@ async fn forks_copy_the_chosen_checkpoint_saves_are_fenced_and_tenants_are_apart
     assert_eq!(again.restored_checkpoint_id, "");
     assert_eq!(h.sh(&b.sandbox_id, "cat notes.txt").await, "live\n");
 
-    // Saves racing on one thread: each one wins or is fenced, never both land half.
-    let saves = futures::future::join_all((0..4).map(|i| {
-        let mut snapshots = h.acme.clone();
-        async move {
-            snapshots
-                .save_snapshot(api::SaveSnapshotRequest {
-                    thread_id: "a".into(),
-                    run_id: String::new(),
-                    label: format!("race-{i}"),
-                    sandbox_id: String::new(),
-                })
-                .await
-                .map_err(|s| Error::from_status(&s))
-        }
-    }))
-    .await;
-    let won = saves.iter().filter(|s| s.is_ok()).count();
-    for s in &saves {
-        if let Err(e) = s {
-            assert!(matches!(e.code, ErrorCode::SnapshotWriterLost | ErrorCode::SnapshotStaleHead), "{e}");
-        }
-    }
-    assert!(won >= 1);
-    assert_eq!(h.list("a").await.len(), 3 + won, "exactly the winners landed");
-
     // Another tenant sees nothing and can touch nothing.
     let other = &mut h.other;
     let listed = other.list_snapshots(api::ListSnapshotsRequest { thread_id: "a".into() }).await.unwrap();
@@ -334,5 +378,126 @@ async fn forks_copy_the_chosen_checkpoint_saves_are_fenced_and_tenants_are_apart
     // Deleting checkpoints; the head moves back; garbage goes.
     h.acme.delete_snapshot(delete).await.unwrap();
     assert!(h.list("a").await.iter().all(|c| c.checkpoint_id != one.checkpoint_id));
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_fork_copies_the_conversation_up_to_the_checkpoint() {
+    let mut h = Harness::start().await;
+    h.define("local", api::provider_spec::Provider::Local(api::LocalProvider {})).await;
+    let first = h.run("src", "conv-1", "echo one; echo first > notes.txt").await;
+    h.checkpoint_after("src", "conv-1").await;
+    let second = h.run("src", "conv-2", "echo two >&2; echo two; exit 0").await;
+    let chosen = h.checkpoint_after("src", "conv-2").await;
+    // Timestamps are milliseconds: the next run starts strictly later.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    h.run("src", "conv-3", "echo three").await;
+    h.checkpoint_after("src", "conv-3").await;
+
+    let fork = h
+        .acme
+        .fork_snapshot(api::ForkSnapshotRequest {
+            thread_id: "src".into(),
+            checkpoint_id: chosen.checkpoint_id.clone(),
+            new_thread_id: "dst".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(fork.run_ids.len(), 2, "{fork:?}");
+    let listed = h
+        .runs
+        .list_runs(api::ListRunsRequest { thread_id: "dst".into(), ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner()
+        .runs;
+    // Newest first: the runs up to the chosen checkpoint, not the later one.
+    let ids: Vec<(&str, &str)> =
+        listed.iter().map(|r| (r.run_id.as_str(), r.forked_from_run.as_str())).collect();
+    assert_eq!(
+        ids,
+        [(fork.run_ids[1].as_str(), "conv-2"), (fork.run_ids[0].as_str(), "conv-1")],
+        "{listed:?}"
+    );
+    for (copy, (source, streamed)) in listed.iter().rev().zip([("conv-1", &first), ("conv-2", &second)]) {
+        let original = h.runs.get_run(api::GetRunRequest { run_id: source.into() }).await.unwrap();
+        let original = original.into_inner().run.unwrap();
+        assert_eq!(copy.thread_id, "dst");
+        assert_eq!(copy.status, api::RunStatus::Completed as i32);
+        assert_eq!(
+            (copy.started_at_ms, copy.finished_at_ms, &copy.usage, &copy.harness, &copy.definition_id),
+            (
+                original.started_at_ms,
+                original.finished_at_ms,
+                &original.usage,
+                &original.harness,
+                &original.definition_id
+            )
+        );
+        assert_eq!((copy.sandbox_id.as_str(), copy.detached_since_ms), ("", None));
+        // AttachRun replays the source's chunks, offsets included, and ends.
+        let replayed = h.attach(&copy.run_id).await;
+        assert_eq!(&replayed, streamed, "the copy of {source} replays what the run streamed");
+        assert_eq!(replayed, h.attach(source).await);
+        assert!(replayed.iter().any(|(_, c)| c.r#type() == api::ChunkType::RunFinished));
+    }
+    let active = h.runs.get_active_run(api::GetActiveRunRequest { thread_id: "dst".into() }).await.unwrap();
+    assert_eq!(active.into_inner().run, None, "copies are ended runs");
+
+    // Another tenant sees none of it.
+    let theirs = h
+        .other_runs
+        .list_runs(api::ListRunsRequest { thread_id: "dst".into(), ..Default::default() })
+        .await
+        .unwrap();
+    assert!(theirs.into_inner().runs.is_empty());
+    let err = h.other_runs.get_run(api::GetRunRequest { run_id: fork.run_ids[0].clone() }).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::NotFound);
+    let req = api::AttachRunRequest { run_id: fork.run_ids[0].clone(), ..Default::default() };
+    assert_eq!(h.other_runs.attach_run(req).await.unwrap_err().code(), tonic::Code::NotFound);
+
+    // The forked thread goes on from the copied checkpoint.
+    let dst = h.ensure("local", "dst").await;
+    assert_eq!(dst.restored_checkpoint_id, fork.checkpoint.unwrap().checkpoint_id);
+    assert_eq!(h.sh(&dst.sandbox_id, "cat notes.txt").await, "first\n");
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_saves_racing_on_one_thread_one_wins_the_other_is_fenced() {
+    let mut h = Harness::start().await;
+    h.define("local", api::provider_spec::Provider::Local(api::LocalProvider {})).await;
+    let sandbox = h.ensure("local", "race").await.sandbox_id;
+    // 10 MB to hash: each capture takes far longer (seconds) than the two
+    // claims are apart (milliseconds), so both saves hold a claim before
+    // either commits.
+    h.sh(&sandbox, "mkdir d && for i in $(seq 1 10); do head -c 1000000 /dev/urandom > d/f$i; done").await;
+    for round in 0..3 {
+        h.sh(&sandbox, &format!("echo {round} > round.txt")).await;
+        let before = h.list("race").await.len();
+        let (mut a, mut b) = (h.acme.clone(), h.acme.clone());
+        let (one, two) = tokio::join!(save_status(&mut a, "race", "a"), save_status(&mut b, "race", "b"));
+        let (winner, loser) = match (one, two) {
+            (Ok(w), Err(l)) | (Err(l), Ok(w)) => (w, l),
+            other => panic!("round {round}: not one winner and one fenced save: {other:?}"),
+        };
+        // `from_status` takes the code from the ErrorInfo reason (ABORTED
+        // alone would read as CLAIM_LOST).
+        let reason = Error::from_status(&loser).code;
+        assert!(
+            matches!(reason, ErrorCode::SnapshotWriterLost | ErrorCode::SnapshotStaleHead),
+            "round {round}: the loser's ErrorInfo reason is not a fence: {loser:?}"
+        );
+        assert_eq!(loser.code(), tonic::Code::Aborted);
+        let listed = h.list("race").await;
+        assert_eq!(listed.len(), before + 1, "round {round}: only the winner landed");
+        let head: Vec<&str> = listed.iter().filter(|c| c.head).map(|c| c.checkpoint_id.as_str()).collect();
+        assert_eq!(head, [winner.checkpoint_id.as_str()], "round {round}: the head is the winner's");
+        assert_eq!(
+            h.artifact("race", &winner.checkpoint_id, "round.txt").await.unwrap(),
+            format!("{round}\n").into_bytes()
+        );
+    }
     h.stop().await;
 }
