@@ -10,10 +10,9 @@
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
-use control_plane::store::testing::ScratchDatabase;
+use control_plane::store::testing::{ScratchDatabase, bare_run};
 use control_plane::store::{
-    EventLog, FIRST_EPOCH, LogWriter, NewChunk, NewRun, Offset, RunId, SentinelKey, Stores, Tenant,
-    Timestamp, default_database_url,
+    EventLog, FIRST_EPOCH, LogWriter, NewChunk, Offset, RunId, Stores, Timestamp, default_database_url,
 };
 use futures::StreamExt;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
@@ -92,19 +91,7 @@ fn chunk_batch(size: usize, tag: usize) -> Vec<NewChunk> {
 
 async fn new_run(stores: &Stores, id: &str) -> RunId {
     let run = RunId::parse(id).unwrap();
-    stores
-        .runs
-        .create_or_resume(NewRun {
-            run_id: run.clone(),
-            thread_id: "bench".into(),
-            tenant: Tenant::new("bench"),
-            sentinel_key: SentinelKey::new("k"),
-            sandbox_key: None,
-            started_at: Timestamp::now(),
-            spec: None,
-        })
-        .await
-        .unwrap();
+    stores.runs.create_or_resume(bare_run(run.clone(), "bench", "bench")).await.unwrap();
     run
 }
 

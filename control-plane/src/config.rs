@@ -97,6 +97,8 @@ pub struct ConfigLayer {
     pub redis_url: Option<String>,
     pub lease_ttl_ms: Option<u64>,
     pub lease_renew_ms: Option<u64>,
+    pub takeover_quiet_ms: Option<u64>,
+    pub takeover_quiet_max_ms: Option<u64>,
     pub log_format: Option<LogFormat>,
     pub log_filter: Option<String>,
     pub replica_id: Option<String>,
@@ -140,6 +142,8 @@ impl ConfigLayer {
             redis_url: higher.redis_url.or(self.redis_url),
             lease_ttl_ms: higher.lease_ttl_ms.or(self.lease_ttl_ms),
             lease_renew_ms: higher.lease_renew_ms.or(self.lease_renew_ms),
+            takeover_quiet_ms: higher.takeover_quiet_ms.or(self.takeover_quiet_ms),
+            takeover_quiet_max_ms: higher.takeover_quiet_max_ms.or(self.takeover_quiet_max_ms),
             log_format: higher.log_format.or(self.log_format),
             log_filter: higher.log_filter.or(self.log_filter),
             replica_id: higher.replica_id.or(self.replica_id),
@@ -174,6 +178,8 @@ pub struct ServeConfig {
     pub redis_url: Option<String>,
     pub lease_ttl: Duration,
     pub lease_renew_every: Duration,
+    /// A takeover's wait for the stored log to stop growing (0: none).
+    pub takeover_quiet: crate::runs::quiet::QuietGate,
     pub log_format: LogFormat,
     pub log_filter: String,
     /// Identifies this replica in `GetServerInfo` and logs.
@@ -216,6 +222,13 @@ impl ServeConfig {
             redis_url: layer.redis_url.filter(|u| !u.is_empty()),
             lease_ttl: Duration::from_millis(layer.lease_ttl_ms.unwrap_or(DEFAULT_LEASE_TTL_MS)),
             lease_renew_every: Duration::from_millis(layer.lease_renew_ms.unwrap_or(DEFAULT_LEASE_RENEW_MS)),
+            takeover_quiet: {
+                let default = crate::runs::quiet::QuietGate::default();
+                crate::runs::quiet::QuietGate {
+                    window: layer.takeover_quiet_ms.map_or(default.window, Duration::from_millis),
+                    max_wait: layer.takeover_quiet_max_ms.map_or(default.max_wait, Duration::from_millis),
+                }
+            },
             log_format: layer.log_format.unwrap_or_default(),
             log_filter: layer.log_filter.unwrap_or_else(|| DEFAULT_LOG_FILTER.into()),
             replica_id: layer.replica_id.unwrap_or_else(default_replica_id),
@@ -248,6 +261,7 @@ impl ServeConfig {
             data_dir,
         };
         config.reaper.validate().map_err(|e| anyhow::anyhow!(e))?;
+        config.takeover_quiet.validate().map_err(|e| anyhow::anyhow!(e))?;
         config
             .lease_options()
             .validate()
@@ -284,6 +298,8 @@ impl ServeConfig {
             redis_url: Option<String>,
             lease_ttl_ms: u64,
             lease_renew_ms: u64,
+            takeover_quiet_ms: u64,
+            takeover_quiet_max_ms: u64,
             log_format: LogFormat,
             log_filter: &'a str,
             replica_id: &'a str,
@@ -310,6 +326,8 @@ impl ServeConfig {
             redis_url: self.redis_url.as_deref().map(redact_url),
             lease_ttl_ms: millis(self.lease_ttl),
             lease_renew_ms: millis(self.lease_renew_every),
+            takeover_quiet_ms: millis(self.takeover_quiet.window),
+            takeover_quiet_max_ms: millis(self.takeover_quiet.max_wait),
             log_format: self.log_format,
             log_filter: &self.log_filter,
             replica_id: &self.replica_id,
@@ -420,6 +438,21 @@ mod tests {
         assert!(c.listen.ip().is_loopback());
         assert!(c.redis_url.is_none());
         assert!(c.single_user());
+    }
+
+    #[test]
+    fn the_takeover_quiet_window_is_off_unless_set_and_needs_a_longer_bound() {
+        let c = ServeConfig::resolve(ConfigLayer::default()).unwrap();
+        assert!(c.takeover_quiet.window.is_zero());
+        let file: ConfigLayer =
+            toml::from_str("takeover_quiet_ms = 2000\ntakeover_quiet_max_ms = 9000\n").unwrap();
+        let c = ServeConfig::resolve(file).unwrap();
+        assert_eq!(c.takeover_quiet.window, Duration::from_secs(2));
+        assert_eq!(c.takeover_quiet.max_wait, Duration::from_secs(9));
+        assert!(c.to_redacted_toml().contains("takeover_quiet_ms = 2000"));
+        let layer = ConfigLayer { takeover_quiet_ms: Some(40_000), ..Default::default() };
+        let err = ServeConfig::resolve(layer).unwrap_err().to_string();
+        assert!(err.contains("--takeover-quiet-max-ms"), "{err}");
     }
 
     #[test]

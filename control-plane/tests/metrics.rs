@@ -10,7 +10,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use control_plane::metrics::sample;
-use control_plane::store::{NewRun, RunId, SentinelKey, Stores, Tenant, Timestamp};
+use control_plane::store::testing::bare_run;
+use control_plane::store::{RunId, Stores};
 use shared::proto::v1 as api;
 use shared::proto::v1::sandbox_service_client::SandboxServiceClient;
 use tonic::transport::Channel;
@@ -189,15 +190,7 @@ async fn scrapes_move_with_activity() {
         Stores::open(&format!("sqlite://{}/sandhold.db", server.dir.path().display())).await.unwrap();
     stores
         .runs
-        .create_or_resume(NewRun {
-            run_id: RunId::parse("metrics-e2e").unwrap(),
-            thread_id: "t1".into(),
-            tenant: Tenant::new("default"),
-            sentinel_key: SentinelKey::new("k"),
-            sandbox_key: None,
-            started_at: Timestamp::now(),
-            spec: None,
-        })
+        .create_or_resume(bare_run(RunId::parse("metrics-e2e").unwrap(), "default", "t1"))
         .await
         .unwrap();
     stores.close().await;

@@ -28,6 +28,11 @@ struct Cluster {
 
 impl Cluster {
     async fn start(n: usize) -> Option<Self> {
+        Self::start_with(n, &[]).await
+    }
+
+    /// `n` replicas, each also given `extra` `sandhold serve` flags.
+    async fn start_with(n: usize, extra: &[&str]) -> Option<Self> {
         let database_url = sandhold_tests::services::postgres_url()?;
         let redis_url = sandhold_tests::services::redis_url()?;
         let dir = tempfile::Builder::new().prefix("takeover").tempdir_in("/tmp").unwrap();
@@ -36,9 +41,9 @@ impl Cluster {
         let data_dir = dir.path().join("data");
         let mut replicas = Vec::new();
         for i in 0..n {
-            replicas.push(
-                ServerProcess::start(&Self::options(&data_dir, &database_url, &redis_url, &nonce, i)).await,
-            );
+            let mut options = Self::options(&data_dir, &database_url, &redis_url, &nonce, i);
+            options.extra_args = extra.iter().map(|a| a.to_string()).collect();
+            replicas.push(ServerProcess::start(&options).await);
         }
         let mut sandboxes = replicas[0].sandboxes(&token).await;
         put_definition(&mut sandboxes, definition("def", Kind::Local)).await;
@@ -211,6 +216,47 @@ async fn paused_driver_is_fenced_after_it_resumes() {
         "the old driver did not notice it was superseded:\n{}",
         cluster.logs()
     );
+}
+
+/// With a quiet window configured (`--takeover-quiet-ms`), a successor
+/// waits it out after its claim before it reads the stored log and drives
+/// on: its first new chunk comes no sooner than the window after the kill
+/// (without the window it comes within the lease TTL plus a retry), and
+/// still nothing is lost or doubled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_quiet_window_holds_the_successor_back_for_the_window() {
+    const QUIET_MS: u64 = 5_000;
+    let flags = ["--takeover-quiet-ms", "5000", "--takeover-quiet-max-ms", "20000"];
+    let Some(mut cluster) = Cluster::start_with(2, &flags).await else { return };
+    let run_id = format!("quiet-{}", cluster.nonce);
+    let mut driver = cluster.replicas[0].runs(&cluster.token).await;
+    let mut successor = cluster.replicas[1].runs(&cluster.token).await;
+    const LINES: u32 = 150;
+    let (stream, mut seen) =
+        start_and_read(&mut driver, &run_id, "thread", &numbered_lines(LINES, 10, "0.1"), 20).await;
+    drop(stream);
+
+    let killed_at = Instant::now();
+    cluster.replicas[0].kill9().await;
+    let pool = sqlx::PgPool::connect(&cluster.database_url).await.unwrap();
+    let stored_at_kill: i64 = sqlx::query_scalar("SELECT MAX(seq) FROM run_events WHERE run_id = $1")
+        .bind(&run_id)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    let mut attached = attach_after(&mut successor, &run_id, &seen).await.unwrap();
+    let past_kill = |s: &Seen| s.chunks.iter().any(|(o, _)| o.parse::<i64>().unwrap() > stored_at_kill);
+    let delivered = read_until(&mut attached, &mut seen, past_kill).await;
+    let first_new_after = killed_at.elapsed();
+    assert!(delivered.is_ok(), "the successor never delivered:\n{}", cluster.logs());
+    assert!(
+        first_new_after >= Duration::from_millis(QUIET_MS),
+        "the successor drove on {first_new_after:?} after the kill, inside its {QUIET_MS} ms quiet window"
+    );
+    assert!(read_until(&mut attached, &mut seen, |_| false).await.unwrap());
+    assert_every_line_once(&seen, LINES, "quiet window");
+    let record = wait_terminal(&mut successor, &run_id).await;
+    assert_eq!(record.status, api::RunStatus::Completed as i32, "{record:?}\n{}", cluster.logs());
 }
 
 /// The sandbox agent and the driving replica die together; the agent's

@@ -54,6 +54,17 @@ pub struct ServeArgs {
     #[arg(long, env = "SANDHOLD_LEASE_RENEW_MS", value_name = "MS")]
     pub lease_renew_ms: Option<u64>,
 
+    /// A takeover first waits until the run's stored log gained nothing for
+    /// this long, in milliseconds; 0 = no wait (appends are fenced against
+    /// the claim, so none is needed) [default: 0].
+    #[arg(long, env = "SANDHOLD_TAKEOVER_QUIET_MS", value_name = "MS")]
+    pub takeover_quiet_ms: Option<u64>,
+
+    /// A log still growing this long into a takeover's wait fails the run
+    /// with CLAIM_LOST, in milliseconds [default: 30000].
+    #[arg(long, env = "SANDHOLD_TAKEOVER_QUIET_MAX_MS", value_name = "MS")]
+    pub takeover_quiet_max_ms: Option<u64>,
+
     /// Log line format [default: pretty].
     #[arg(long, env = "SANDHOLD_LOG_FORMAT", value_enum)]
     pub log_format: Option<LogFormat>,
@@ -148,6 +159,8 @@ impl ServeArgs {
             redis_url: self.redis_url.clone(),
             lease_ttl_ms: self.lease_ttl_ms,
             lease_renew_ms: self.lease_renew_ms,
+            takeover_quiet_ms: self.takeover_quiet_ms,
+            takeover_quiet_max_ms: self.takeover_quiet_max_ms,
             log_format: self.log_format,
             log_filter: self.log_filter.clone(),
             replica_id: self.replica_id.clone(),

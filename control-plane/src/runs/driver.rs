@@ -135,6 +135,11 @@ impl Runs {
                 if record.cancel_requested {
                     return Ending::Stopped(StopReason::Cancel);
                 }
+                match self.inner.options.quiet.wait(ready.stores.events.as_ref(), &ctx.run).await {
+                    Ok(0) => {}
+                    Ok(grew) => info!(run_id = %ctx.run, grew, "the stored log grew after the claim"),
+                    Err(e) => return Ending::Failed(e),
+                }
                 let Some(key) = record.sandbox_key else {
                     return Ending::Failed(Error::new(
                         ErrorCode::FailedPrecondition,

@@ -20,6 +20,7 @@
 pub mod align;
 pub mod cancel;
 pub mod driver;
+pub mod quiet;
 pub mod service;
 
 use std::collections::HashMap;
@@ -79,6 +80,9 @@ pub struct RunOptions {
     /// How often an attach whose run another replica holds tries to take
     /// the drive over.
     pub takeover_retry: Duration,
+    /// How long a takeover waits for the stored log to stop growing before
+    /// it reads it (default: no wait; the fence makes it unnecessary).
+    pub quiet: quiet::QuietGate,
 }
 
 impl Default for RunOptions {
@@ -88,6 +92,7 @@ impl Default for RunOptions {
             liveness_probe: Duration::from_secs(5),
             reconnect_budget: Duration::from_secs(60),
             takeover_retry: Duration::from_secs(1),
+            quiet: quiet::QuietGate::default(),
         }
     }
 }

@@ -179,7 +179,7 @@ pub async fn start(config: ServeConfig, shutdown: CancellationToken) -> anyhow::
         state.clone(),
         lifecycle.clone(),
         shutdown.clone(),
-        crate::runs::RunOptions::default(),
+        crate::runs::RunOptions { quiet: config.takeover_quiet, ..Default::default() },
         crate::runs::CancelBus::new(config.redis_url.as_deref(), "sandhold")
             .context("the Redis URL for cancel notifications")?,
     );

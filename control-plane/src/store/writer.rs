@@ -72,9 +72,8 @@ impl LogWriter {
 mod tests {
     use super::*;
     use crate::metrics::{registry, sample};
-    use crate::store::{
-        FIRST_EPOCH, NewChunk, NewRun, RunFinish, RunStatus, SentinelKey, Stores, Tenant, Timestamp,
-    };
+    use crate::store::testing::bare_run;
+    use crate::store::{FIRST_EPOCH, NewChunk, RunFinish, RunStatus, Stores, Timestamp};
 
     fn value(series: &str) -> f64 {
         let text = registry().encode();
@@ -86,19 +85,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let stores = Stores::open(&crate::store::default_database_url(dir.path())).await.unwrap();
         let run = RunId::parse("metrics-run").unwrap();
-        stores
-            .runs
-            .create_or_resume(NewRun {
-                run_id: run.clone(),
-                thread_id: "t".into(),
-                tenant: Tenant::new("acme"),
-                sentinel_key: SentinelKey::new("k"),
-                sandbox_key: None,
-                started_at: Timestamp::now(),
-                spec: None,
-            })
-            .await
-            .unwrap();
+        stores.runs.create_or_resume(bare_run(run.clone(), "acme", "t")).await.unwrap();
         assert_eq!(
             stores.count_unfinished_runs().await.unwrap(),
             [(RunStatus::Running, 1), (RunStatus::Interrupted, 0)]
