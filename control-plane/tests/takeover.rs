@@ -318,6 +318,42 @@ async fn cancel_through_another_replica_stops_the_run_at_once() {
     assert_eq!(record.status, api::RunStatus::Aborted as i32);
 }
 
+/// A cancel recorded without its notification (the pub/sub message lost,
+/// or published before the driver subscribed) is found by the driver at
+/// its next check of the record, which comes at least every second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_recorded_cancel_whose_message_was_missed_still_stops_the_run() {
+    let Some(cluster) = Cluster::start(1).await else { return };
+    let run_id = format!("silentcancel-{}", cluster.nonce);
+    let marker = format!("sc{}", cluster.nonce);
+    let mut driver = cluster.replicas[0].runs(&cluster.token).await;
+    let script = format!("echo started; sleep 1000; echo {marker}");
+    let mut stream =
+        driver.start_run(command_run(&run_id, "thread", "def", &script)).await.unwrap().into_inner();
+    let mut seen = Seen::default();
+    read_until(&mut stream, &mut seen, |s| s.has_text("started")).await.unwrap();
+    assert!(process_with_marker(&marker));
+
+    // Record the cancel the way CancelRun does, but publish nothing.
+    let pool = sqlx::PgPool::connect(&cluster.database_url).await.unwrap();
+    let updated = sqlx::query("UPDATE runs SET cancel_requested = TRUE WHERE run_id = $1")
+        .bind(&run_id)
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert_eq!(updated.rows_affected(), 1);
+    let dead = eventually(Duration::from_secs(10), || {
+        let dead = !process_with_marker(&marker);
+        async move { dead }
+    })
+    .await;
+    assert!(dead, "the driver never found the recorded cancel:\n{}", cluster.logs());
+    assert!(read_until(&mut stream, &mut seen, |_| false).await.unwrap());
+    assert_eq!(seen.terminal().unwrap().error_code, "CANCELLED");
+    let record = wait_terminal(&mut driver, &run_id).await;
+    assert_eq!(record.status, api::RunStatus::Aborted as i32);
+}
+
 /// A journal rewritten under a stored log: the successor's replay diverges,
 /// the run fails with REPLAY_DIVERGED, and nothing past the stored prefix is
 /// delivered but the error.
