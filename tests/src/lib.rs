@@ -5,4 +5,5 @@
 //! when `SANDHOLD_REQUIRE_SERVICES=1` (set by `scripts/test`): then a missing
 //! service is a failure, so CI can never pass by skipping.
 
+pub mod auth;
 pub mod services;

@@ -16,15 +16,7 @@ use tonic::transport::Channel;
 pub const PATIENCE: Duration = Duration::from_secs(180);
 pub const IMAGE: &str = "sandhold-test-busybox:latest";
 
-#[derive(Clone)]
-pub struct Bearer(tonic::metadata::MetadataValue<tonic::metadata::Ascii>);
-
-impl tonic::service::Interceptor for Bearer {
-    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
-        req.metadata_mut().insert("authorization", self.0.clone());
-        Ok(req)
-    }
-}
+pub use sandhold_tests::auth::{Bearer, bearer};
 
 pub type Runs = RunServiceClient<InterceptedService<Channel, Bearer>>;
 pub type Sandboxes = SandboxServiceClient<InterceptedService<Channel, Bearer>>;
@@ -157,10 +149,6 @@ impl ServerProcess {
     pub async fn wait_exit(&mut self) -> std::process::ExitStatus {
         tokio::time::timeout(PATIENCE, self.child.wait()).await.expect("server exits").unwrap()
     }
-}
-
-pub fn bearer(token: &str) -> Bearer {
-    Bearer(format!("Bearer {token}").parse().unwrap())
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]

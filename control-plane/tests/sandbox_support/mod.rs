@@ -23,15 +23,7 @@ pub const BUSYBOX: &str = "sandhold-test-busybox:latest";
 
 pub type Client = SandboxServiceClient<InterceptedService<Channel, Bearer>>;
 
-#[derive(Clone)]
-pub struct Bearer(pub tonic::metadata::MetadataValue<tonic::metadata::Ascii>);
-
-impl tonic::service::Interceptor for Bearer {
-    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
-        req.metadata_mut().insert("authorization", self.0.clone());
-        Ok(req)
-    }
-}
+pub use sandhold_tests::auth::{Bearer, bearer};
 
 /// Everything the server logs in this test binary, to search for secrets.
 pub fn captured_logs() -> &'static Arc<Mutex<Vec<u8>>> {
@@ -96,12 +88,7 @@ impl Harness {
         let server = control_plane::server::start(config, CancellationToken::new()).await.unwrap();
         let addr = server.local_addr();
         let channel = Channel::from_shared(format!("http://{addr}")).unwrap().connect().await.unwrap();
-        let client = |token: String| {
-            SandboxServiceClient::with_interceptor(
-                channel.clone(),
-                Bearer(format!("Bearer {token}").parse().unwrap()),
-            )
-        };
+        let client = |token: String| SandboxServiceClient::with_interceptor(channel.clone(), bearer(&token));
         let acme = client(format!("tok-a-{nonce}"));
         let other = client(format!("tok-b-{nonce}"));
         let mut h = Self { server: Some(server), dir, nonce, tenant, acme, other };
