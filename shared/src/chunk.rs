@@ -238,22 +238,43 @@ pub fn to_json(chunk: &Chunk) -> Value {
         m.insert("exit_code".into(), code.into());
     }
     if let Some(u) = &chunk.usage {
-        let mut um = Map::new();
-        um.insert("input_tokens".into(), u.input_tokens.into());
-        um.insert("output_tokens".into(), u.output_tokens.into());
-        um.insert("cache_read_tokens".into(), u.cache_read_tokens.into());
-        um.insert("cache_write_tokens".into(), u.cache_write_tokens.into());
-        um.insert("reasoning_tokens".into(), u.reasoning_tokens.into());
-        if let Some(c) = u.cost_usd.and_then(serde_json::Number::from_f64) {
-            um.insert("cost_usd".into(), Value::Number(c));
-        }
-        m.insert("usage".into(), Value::Object(um));
+        m.insert("usage".into(), usage_to_json(u));
     }
     if chunk.r#type() == ChunkType::Custom {
         let value = serde_json::from_str(&chunk.value_json).unwrap_or(Value::Null);
         m.insert("value".into(), value);
     }
     Value::Object(m)
+}
+
+/// The JSON shape of token usage, as in a chunk's `usage` and a run
+/// record's: every counter, and `cost_usd` when known.
+pub fn usage_to_json(u: &Usage) -> Value {
+    let mut um = Map::new();
+    um.insert("input_tokens".into(), u.input_tokens.into());
+    um.insert("output_tokens".into(), u.output_tokens.into());
+    um.insert("cache_read_tokens".into(), u.cache_read_tokens.into());
+    um.insert("cache_write_tokens".into(), u.cache_write_tokens.into());
+    um.insert("reasoning_tokens".into(), u.reasoning_tokens.into());
+    if let Some(c) = u.cost_usd.and_then(serde_json::Number::from_f64) {
+        um.insert("cost_usd".into(), Value::Number(c));
+    }
+    Value::Object(um)
+}
+
+/// Reads [`usage_to_json`]'s shape; `None` unless `value` is an object.
+/// Missing or mistyped counters read as 0.
+pub fn usage_from_json(value: &Value) -> Option<Usage> {
+    let o = value.as_object()?;
+    let n = |k: &str| o.get(k).and_then(Value::as_u64).unwrap_or(0);
+    Some(Usage {
+        input_tokens: n("input_tokens"),
+        output_tokens: n("output_tokens"),
+        cache_read_tokens: n("cache_read_tokens"),
+        cache_write_tokens: n("cache_write_tokens"),
+        reasoning_tokens: n("reasoning_tokens"),
+        cost_usd: o.get("cost_usd").and_then(Value::as_f64),
+    })
 }
 
 /// Reads the JSON line shape of [`to_json`]. `None` unless `value` is an
@@ -264,15 +285,7 @@ pub fn from_json(value: &Value) -> Option<Chunk> {
     let obj = value.as_object()?;
     let ty = parse_type_name(obj.get("type")?.as_str()?)?;
     let s = |k: &str| obj.get(k).and_then(Value::as_str).unwrap_or_default().to_owned();
-    let u = |o: &Map<String, Value>, k: &str| o.get(k).and_then(Value::as_u64).unwrap_or(0);
-    let usage = obj.get("usage").and_then(Value::as_object).map(|o| Usage {
-        input_tokens: u(o, "input_tokens"),
-        output_tokens: u(o, "output_tokens"),
-        cache_read_tokens: u(o, "cache_read_tokens"),
-        cache_write_tokens: u(o, "cache_write_tokens"),
-        reasoning_tokens: u(o, "reasoning_tokens"),
-        cost_usd: o.get("cost_usd").and_then(Value::as_f64),
-    });
+    let usage = obj.get("usage").and_then(usage_from_json);
     let (name, value_json) = if ty == ChunkType::Custom {
         (s("name"), obj.get("value").unwrap_or(&Value::Null).to_string())
     } else {
@@ -458,6 +471,20 @@ mod tests {
             name: "custom".into(),
             value_json: r#"{"a":1,"b":[true,null]}"#.into(),
         }
+    }
+
+    #[test]
+    fn usage_round_trips_through_its_json_shape() {
+        let usage = Usage {
+            input_tokens: 10,
+            output_tokens: 20,
+            cache_read_tokens: 3,
+            cache_write_tokens: 4,
+            reasoning_tokens: 5,
+            cost_usd: Some(0.25),
+        };
+        assert_eq!(usage_from_json(&usage_to_json(&usage)), Some(usage));
+        assert_eq!(usage_from_json(&serde_json::json!("not usage")), None);
     }
 
     #[test]

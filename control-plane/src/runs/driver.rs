@@ -529,7 +529,12 @@ impl Runs {
                     None,
                     true,
                 ),
-                _ => (RunStatus::Completed, None, terminal.usage.as_ref().map(super::usage_to_json), true),
+                _ => (
+                    RunStatus::Completed,
+                    None,
+                    terminal.usage.as_ref().map(shared::chunk::usage_to_json),
+                    true,
+                ),
             },
             Ending::Stopped(reason) => {
                 // The CLI dies with its sandbox: destroying it is the one

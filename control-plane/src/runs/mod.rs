@@ -327,7 +327,7 @@ pub fn run_to_api(record: &RunRecord) -> api::Run {
             .error
             .as_ref()
             .map(|e| api::RunFailure { code: e.code.clone(), message: e.message.clone() }),
-        usage: record.usage.as_ref().map(usage_from_json),
+        usage: record.usage.as_ref().and_then(shared::chunk::usage_from_json),
         sandbox_id: record.sandbox_key.clone().unwrap_or_default(),
         detached_since_ms: record.detached_since.map(Timestamp::as_millis),
         cancel_requested: record.cancel_requested,
@@ -342,42 +342,5 @@ fn status_to_api(status: RunStatus) -> api::RunStatus {
         RunStatus::Completed => api::RunStatus::Completed,
         RunStatus::Failed => api::RunStatus::Failed,
         RunStatus::Aborted => api::RunStatus::Aborted,
-    }
-}
-
-/// Usage as the record keeps it: the `usage` object of the chunk JSON shape.
-pub fn usage_to_json(usage: &api::Usage) -> serde_json::Value {
-    let chunk =
-        api::Chunk { r#type: api::ChunkType::RunFinished as i32, usage: Some(*usage), ..Default::default() };
-    shared::chunk::to_json(&chunk).get("usage").cloned().unwrap_or_default()
-}
-
-pub fn usage_from_json(value: &serde_json::Value) -> api::Usage {
-    let n = |k: &str| value.get(k).and_then(serde_json::Value::as_u64).unwrap_or(0);
-    api::Usage {
-        input_tokens: n("input_tokens"),
-        output_tokens: n("output_tokens"),
-        cache_read_tokens: n("cache_read_tokens"),
-        cache_write_tokens: n("cache_write_tokens"),
-        reasoning_tokens: n("reasoning_tokens"),
-        cost_usd: value.get("cost_usd").and_then(serde_json::Value::as_f64),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn usage_round_trips_through_the_record_shape() {
-        let usage = api::Usage {
-            input_tokens: 10,
-            output_tokens: 20,
-            cache_read_tokens: 3,
-            cache_write_tokens: 4,
-            reasoning_tokens: 5,
-            cost_usd: Some(0.25),
-        };
-        assert_eq!(usage_from_json(&usage_to_json(&usage)), usage);
     }
 }
