@@ -94,7 +94,9 @@ async fn main() {
 
     let started = Instant::now();
     let restored =
-        snapshot::restore(&stores, &target_agent, &tenant, "bench", &first.checkpoint_id).await.unwrap();
+        snapshot::restore(&stores, &target_agent, &tenant, "bench", &first.checkpoint_id, Default::default())
+            .await
+            .unwrap();
     let restore = started.elapsed();
     assert_eq!(restored.files_written as usize, files);
 

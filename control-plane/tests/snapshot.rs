@@ -3,7 +3,9 @@
 //! exclusions, secrets zeroed) in a local one; forks copy the chosen
 //! checkpoint into empty threads only, with the conversation (runs and
 //! their event logs) up to it; two saves racing on one thread: one wins,
-//! the other is fenced; another tenant sees nothing.
+//! the other is fenced; another tenant sees nothing; a restore into a new
+//! sandbox removes what provisioning brought back and the checkpoint lacks,
+//! and leaves excluded paths as provisioning made them.
 
 mod provider_support;
 mod run_support;
@@ -54,10 +56,25 @@ impl Harness {
     }
 
     async fn define(&mut self, id: &str, provider: api::provider_spec::Provider) {
+        self.define_with_setup(id, provider, None).await;
+    }
+
+    /// With `setup`, every new sandbox runs it (before any restore).
+    async fn define_with_setup(
+        &mut self,
+        id: &str,
+        provider: api::provider_spec::Provider,
+        setup: Option<&str>,
+    ) {
+        let workspace = setup.map(|setup| api::WorkspaceDefinition {
+            setup: vec![api::SetupStep { step: Some(api::setup_step::Step::Serial(setup.into())) }],
+            ..Default::default()
+        });
         let definition = api::SandboxDefinition {
             id: id.into(),
             provider: Some(api::ProviderSpec { provider: Some(provider) }),
             secret_names: vec!["API_TOKEN".into()],
+            workspace,
             lifecycle: Some(api::Lifecycle {
                 portable_snapshots: Some(api::PortableSnapshots { enabled: true, ..Default::default() }),
                 ..Default::default()
@@ -499,5 +516,48 @@ async fn two_saves_racing_on_one_thread_one_wins_the_other_is_fenced() {
             format!("{round}\n").into_bytes()
         );
     }
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_restore_removes_what_the_checkpoint_lacks_and_keeps_excluded_paths() {
+    let mut h = Harness::start().await;
+    // Provisioning makes these in every new sandbox of the thread, before
+    // the restore (as a git clone would bring back a deleted file).
+    let setup = "printf base > tracked.txt && printf old > gone.txt && mkdir -p stale/deep node_modules/pkg .git && \
+                 printf s > stale/deep/s.txt && printf dep > node_modules/pkg/i.js && printf E=1 > .env && \
+                 printf ref > .git/HEAD";
+    let local = api::provider_spec::Provider::Local(api::LocalProvider {});
+    h.define_with_setup("local", local, Some(setup)).await;
+    let first = h.ensure("local", "t").await;
+    h.sh(
+        &first.sandbox_id,
+        "rm gone.txt && rm -r stale && echo changed > tracked.txt && echo mine > node_modules/pkg/i.js && \
+         echo E=2 > .env",
+    )
+    .await;
+    let saved = h.save("t", "after edits").await.unwrap();
+    h.inner
+        .acme
+        .destroy_sandbox(api::DestroySandboxRequest { sandbox_id: first.sandbox_id.clone() })
+        .await
+        .unwrap();
+
+    let second = h.ensure("local", "t").await;
+    assert_eq!(second.outcome, api::EnsureOutcome::Created as i32);
+    assert_eq!(second.restored_checkpoint_id, saved.checkpoint_id);
+    let probe = "for f in tracked.txt gone.txt stale node_modules/pkg/i.js .env .git/HEAD; do \
+                 if [ -f \"$f\" ]; then echo \"$f=$(cat \"$f\")\"; elif [ -e \"$f\" ]; then echo \"$f is there\"; \
+                 else echo \"$f absent\"; fi; done";
+    assert_eq!(
+        h.sh(&second.sandbox_id, probe).await,
+        "tracked.txt=changed\n\
+         gone.txt absent\n\
+         stale absent\n\
+         node_modules/pkg/i.js=dep\n\
+         .env=E=1\n\
+         .git/HEAD=ref\n",
+        "the checkpoint's files, nothing it lacks, and the excluded paths as provisioning made them"
+    );
     h.stop().await;
 }

@@ -11,11 +11,13 @@
 //!
 //! Restore stages every blob outside the root (beside the journal dir),
 //! checks the manifest (`shared::snapshot::check_manifest`), every blob's
-//! size and SHA-256, that every referenced blob arrived, and that no target
-//! path runs through a symlink or collides with an entry of another kind,
-//! before it writes the first byte under the root.
+//! size and SHA-256 and that every referenced blob arrived, then plans the
+//! change against the workspace as it is (see [`plan`]): what to remove so
+//! that the workspace ends up equal to the checkpoint outside the policy's
+//! exclusions, which are never touched. Only when all of that passed does
+//! it remove the first entry or write the first byte under the root.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::Read;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -406,37 +408,196 @@ impl Incoming {
     }
 }
 
-/// Check where each entry would go: inside the root, through no symlink,
-/// and not onto an entry of another kind.
-fn check_targets(root: &Root, entries: &[ManifestEntry]) -> Result<(), Error> {
-    for entry in entries {
-        let path = entry.path.as_str();
-        let expected = root.path().join(path);
-        let resolved = root.resolve_no_follow(path).map_err(|e| refuse(format!("{path:?}: {e}")))?;
-        if resolved != expected {
-            return Err(refuse(format!("{path:?} runs through a symlink")));
+/// What a workspace entry is, by `lstat`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Found {
+    File,
+    Dir,
+    /// A symlink, device, socket or FIFO.
+    Other,
+}
+
+impl Found {
+    fn of(ft: &std::fs::FileType) -> Self {
+        if ft.is_dir() {
+            Found::Dir
+        } else if ft.is_file() {
+            Found::File
+        } else {
+            Found::Other
         }
-        for ancestor in self_and_ancestors(path).skip(1) {
-            match std::fs::symlink_metadata(root.path().join(ancestor)) {
-                Ok(m) if !m.is_dir() => {
-                    return Err(refuse(format!("{path:?}: {ancestor:?} exists and is not a directory")));
-                }
-                _ => {}
+    }
+
+    fn of_entry(entry: &ManifestEntry) -> Self {
+        if entry.kind == EntryKind::Directory as i32 { Found::Dir } else { Found::File }
+    }
+}
+
+/// The parent of a relative path (`""` at the top).
+fn parent_of(path: &str) -> &str {
+    path.rsplit_once('/').map_or("", |(parent, _)| parent)
+}
+
+/// Whether the policy leaves `path` out, itself or through an ancestor (a
+/// capture skips an excluded directory with everything below it).
+fn excluded_at(policy: &Policy, path: &str) -> bool {
+    self_and_ancestors(path).any(|p| policy.excluded(p))
+}
+
+/// The workspace as a restore finds it, outside the policy's exclusions.
+#[derive(Debug, Default)]
+struct Workspace {
+    /// Every entry the policy does not exclude, by path.
+    entries: BTreeMap<String, Found>,
+    /// Directories holding, somewhere below, an entry that is left alone:
+    /// an excluded one, or one whose name is not UTF-8 (no manifest can
+    /// name it). They are never removed.
+    holds_untouched: HashSet<String>,
+}
+
+/// Walk the root without following anything, skipping excluded subtrees.
+fn scan(root: &Path, policy: &Policy) -> Result<Workspace, Error> {
+    let mut found = Workspace::default();
+    scan_dir(root, "", policy, &mut found)?;
+    Ok(found)
+}
+
+fn scan_dir(dir: &Path, rel: &str, policy: &Policy, out: &mut Workspace) -> Result<(), Error> {
+    let shown = if rel.is_empty() { "." } else { rel };
+    for entry in std::fs::read_dir(dir).map_err(|e| io_error(e, shown))? {
+        let entry = entry.map_err(|e| io_error(e, shown))?;
+        let name = entry.file_name();
+        let path =
+            name.to_str().map(|name| if rel.is_empty() { name.to_string() } else { format!("{rel}/{name}") });
+        let Some(path) = path.filter(|p| !policy.excluded(p)) else {
+            if !rel.is_empty() {
+                out.holds_untouched.extend(self_and_ancestors(rel).map(str::to_string));
             }
+            continue;
+        };
+        // `DirEntry::file_type` does not follow a symlink.
+        let found = Found::of(&entry.file_type().map_err(|e| io_error(e, &path))?);
+        if found == Found::Dir {
+            scan_dir(&entry.path(), &path, policy, out)?;
         }
-        let is_dir = entry.kind == EntryKind::Directory as i32;
-        match std::fs::symlink_metadata(&expected) {
-            Err(_) => {}
-            Ok(m) if m.file_type().is_symlink() => {
-                return Err(refuse(format!("{path:?} exists as a symlink")));
+        out.entries.insert(path, found);
+    }
+    Ok(())
+}
+
+/// What a restore changes, decided before the first change.
+#[derive(Debug)]
+struct Plan {
+    /// Workspace paths to remove first, outermost only, in path order.
+    remove: Vec<(String, Found)>,
+    /// The manifest entries to write (none at an excluded path).
+    write: Vec<ManifestEntry>,
+    /// Manifest entries not written: the policy excludes their path.
+    excluded: u64,
+}
+
+/// Plan a restore of `entries` (a checked manifest) into the workspace at
+/// `root`, so that afterwards the workspace holds exactly those entries
+/// outside the paths `policy` excludes, which stay as they are:
+///
+/// - a manifest entry at an excluded path is not written;
+/// - a workspace entry of the same kind as the manifest's at its path, or a
+///   directory the manifest's entries lie in, stays (a file is overwritten);
+/// - one of another kind there (a directory where the checkpoint has a
+///   file, a symlink where it has a directory, ...) is removed, with
+///   everything in it; a directory in the way that holds an excluded path
+///   refuses the restore;
+/// - one the manifest lacks is removed when the policy would capture it
+///   (a symlink or special file included), a directory only once nothing
+///   stays in it.
+///
+/// Then every target is checked against the planned tree: each ancestor a
+/// directory (never a symlink) or gone, the entry itself absent or of its
+/// kind.
+fn plan(root: &Path, policy: &Policy, entries: Vec<ManifestEntry>) -> Result<Plan, Error> {
+    let (write, left_out): (Vec<_>, Vec<_>) =
+        entries.into_iter().partition(|e| !excluded_at(policy, &e.path));
+    let mut wanted: HashMap<&str, Found> = HashMap::new();
+    for entry in &write {
+        wanted.extend(self_and_ancestors(&entry.path).skip(1).map(|a| (a, Found::Dir)));
+    }
+    wanted.extend(write.iter().map(|e| (e.path.as_str(), Found::of_entry(e))));
+    let workspace = scan(root, policy)?;
+    // Children come before their parents in reverse path order, so a
+    // directory is decided once everything in it is.
+    let mut keeps_something: HashSet<&str> = HashSet::new();
+    let mut removed: HashMap<&str, Found> = HashMap::new();
+    for (path, &found) in workspace.entries.iter().rev() {
+        let path = path.as_str();
+        let remove = match wanted.get(path) {
+            Some(&want) if want == found => false,
+            Some(_) if found == Found::Dir && workspace.holds_untouched.contains(path) => {
+                return Err(refuse(format!(
+                    "{path:?} is a directory in the way of the checkpoint's entry, and holds paths \
+                     the snapshot policy excludes"
+                )));
             }
-            Ok(m) if is_dir && !m.is_dir() => {
-                return Err(refuse(format!("{path:?} exists and is not a directory")));
+            Some(_) => true,
+            None if found == Found::Dir => {
+                policy.included(path)
+                    && !keeps_something.contains(path)
+                    && !workspace.holds_untouched.contains(path)
             }
-            Ok(m) if !is_dir && !m.is_file() => {
-                return Err(refuse(format!("{path:?} exists and is not a file")));
+            None => policy.included(path),
+        };
+        if remove {
+            removed.insert(path, found);
+        } else {
+            keeps_something.insert(parent_of(path));
+        }
+    }
+    let gone = |path: &str| self_and_ancestors(path).any(|p| removed.contains_key(p));
+    for entry in &write {
+        check_target(root, entry, &gone)?;
+    }
+    let mut remove: Vec<(String, Found)> = removed
+        .iter()
+        .filter(|(path, _)| !self_and_ancestors(path).skip(1).any(|p| removed.contains_key(p)))
+        .map(|(path, found)| (path.to_string(), *found))
+        .collect();
+    remove.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(Plan { remove, write, excluded: left_out.len() as u64 })
+}
+
+/// Check where `entry` would go in the planned tree (`gone` says what the
+/// plan removes): inside the root through directories only, and not onto
+/// an entry of another kind.
+fn check_target(root: &Path, entry: &ManifestEntry, gone: &dyn Fn(&str) -> bool) -> Result<(), Error> {
+    let path = entry.path.as_str();
+    for ancestor in self_and_ancestors(path).skip(1).filter(|a| !gone(a)) {
+        match std::fs::symlink_metadata(root.join(ancestor)) {
+            Ok(m) if !m.is_dir() => {
+                return Err(refuse(format!("{path:?}: {ancestor:?} exists and is not a directory")));
             }
-            Ok(_) => {}
+            _ => {}
+        }
+    }
+    if gone(path) {
+        return Ok(());
+    }
+    match std::fs::symlink_metadata(root.join(path)) {
+        Ok(m) if Found::of(&m.file_type()) != Found::of_entry(entry) => {
+            Err(refuse(format!("{path:?} exists as another kind of entry")))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Remove the planned paths (a directory with everything in it; a symlink
+/// itself, never what it points to).
+fn remove_paths(root: &Path, remove: &[(String, Found)]) -> Result<(), Error> {
+    for (path, found) in remove {
+        let abs = root.join(path);
+        let result =
+            if *found == Found::Dir { std::fs::remove_dir_all(&abs) } else { std::fs::remove_file(&abs) };
+        match result {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io_error(e, path)),
+            _ => {}
         }
     }
     Ok(())
@@ -582,6 +743,7 @@ impl SnapshotService for Snapshots {
             Some(RestoreRequest { request: Some(restore_request::Request::Header(h)) }) => h,
             _ => return Err(Error::invalid_field("header", "the first message must carry the header").into()),
         };
+        let policy = Policy::compile(&header.policy.clone().unwrap_or_default())?;
         let staging = Staging::new(&self.staging_parent)?;
         let mut entries: Vec<ManifestEntry> = Vec::new();
         let mut summary: Option<ManifestSummary> = None;
@@ -673,8 +835,12 @@ impl SnapshotService for Snapshots {
         }
         let root = self.root.clone();
         let response = blocking(move || {
-            check_targets(&root, &entries)?;
-            let response = write_entries(&root, &staging, &entries)?;
+            let plan = plan(root.path(), &policy, entries)?;
+            // Verified and planned: the first change to the workspace.
+            remove_paths(root.path(), &plan.remove)?;
+            let mut response = write_entries(&root, &staging, &plan.write)?;
+            response.paths_removed = plan.remove.len() as u64;
+            response.entries_excluded = plan.excluded;
             drop(staging);
             Ok(response)
         })
@@ -683,6 +849,8 @@ impl SnapshotService for Snapshots {
             files = response.files_written,
             dirs = response.dirs_created,
             bytes = response.bytes_written,
+            removed = response.paths_removed,
+            excluded = response.entries_excluded,
             "snapshot restored"
         );
         Ok(Response::new(response))

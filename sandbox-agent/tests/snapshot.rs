@@ -1,6 +1,7 @@
 //! `SnapshotService` through the real tonic stack: capture (policy,
 //! unsupported entries, secret zeroing) and restore (hostile manifests are
-//! refused with nothing written).
+//! refused with nothing written; a restore leaves the workspace equal to the
+//! checkpoint outside the policy's exclusions, which stay untouched).
 
 mod common;
 
@@ -14,7 +15,7 @@ use shared::error::{Error, ErrorCode};
 use shared::proto::agent::v1::snapshot_service_client::SnapshotServiceClient;
 use shared::proto::agent::v1::{
     BlobRef, CapturePolicy, CaptureRequest, EntryKind, ManifestEntry, ReadBlobsRequest, RestoreBlob,
-    RestoreEntries, RestoreHeader, RestoreRequest, restore_request,
+    RestoreEntries, RestoreHeader, RestoreRequest, RestoreResponse, restore_request,
 };
 use shared::transport::AuthedChannel;
 
@@ -69,11 +70,16 @@ async fn read_blobs(
     blobs
 }
 
-fn restore_messages(entries: &[ManifestEntry], blobs: &[(String, Vec<u8>)]) -> Vec<RestoreRequest> {
+fn restore_messages(
+    entries: &[ManifestEntry],
+    blobs: &[(String, Vec<u8>)],
+    policy: Option<CapturePolicy>,
+) -> Vec<RestoreRequest> {
     let mut msgs = vec![RestoreRequest {
         request: Some(restore_request::Request::Header(RestoreHeader {
             entry_count: entries.len() as u64,
             blob_count: blobs.len() as u64,
+            policy,
         })),
     }];
     msgs.push(RestoreRequest {
@@ -95,10 +101,27 @@ async fn restore(
     entries: &[ManifestEntry],
     blobs: &[(String, Vec<u8>)],
 ) -> Result<(), Error> {
-    c.restore(futures::stream::iter(restore_messages(entries, blobs)))
+    restore_under(c, entries, blobs, None).await.map(drop)
+}
+
+async fn restore_under(
+    c: &mut Client,
+    entries: &[ManifestEntry],
+    blobs: &[(String, Vec<u8>)],
+    policy: Option<CapturePolicy>,
+) -> Result<RestoreResponse, Error> {
+    c.restore(futures::stream::iter(restore_messages(entries, blobs, policy)))
         .await
-        .map(drop)
+        .map(|r| r.into_inner())
         .map_err(|s| Error::from_status(&s))
+}
+
+/// Capture `agent`'s workspace under `policy` with every blob.
+async fn capture_all(agent: &TestAgent, policy: CapturePolicy) -> (Vec<ManifestEntry>, Blobs) {
+    let mut c = client(agent).await;
+    let entries = capture(&mut c, policy, &[]).await.unwrap();
+    let blobs = read_blobs(&mut c, &entries, &[]).await.into_iter().collect();
+    (entries, blobs)
 }
 
 fn write(root: &Path, rel: &str, data: &[u8]) {
@@ -107,13 +130,18 @@ fn write(root: &Path, rel: &str, data: &[u8]) {
     std::fs::write(p, data).unwrap();
 }
 
-/// Every entry below `root` with its bytes (directories as `None`).
+/// Every entry below `root` with its bytes (directories as `None`, a
+/// symlink as `symlink to <target>`, never followed).
 fn tree(root: &Path) -> BTreeMap<String, Option<Vec<u8>>> {
     fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<String, Option<Vec<u8>>>) {
         for e in std::fs::read_dir(dir).unwrap() {
             let p = e.unwrap().path();
             let rel = p.strip_prefix(root).unwrap().to_string_lossy().into_owned();
-            if p.is_dir() {
+            let meta = std::fs::symlink_metadata(&p).unwrap();
+            if meta.is_symlink() {
+                let target = std::fs::read_link(&p).unwrap();
+                out.insert(rel, Some(format!("symlink to {}", target.display()).into_bytes()));
+            } else if meta.is_dir() {
                 out.insert(rel, None);
                 walk(root, &p, out);
             } else {
@@ -270,6 +298,7 @@ async fn secret_values_are_zeroed_before_hashing_and_in_every_blob() {
 async fn hostile_manifests_are_refused_with_nothing_written() {
     let agent = TestAgent::start().await;
     write(&agent.root, "existing.txt", b"before");
+    write(&agent.root, "pkg/node_modules/a.js", b"excluded");
     let before = tree(&agent.root);
     let mut c = client(&agent).await;
     let good = b"good bytes".to_vec();
@@ -313,8 +342,8 @@ async fn hostile_manifests_are_refused_with_nothing_written() {
             vec![blob(&other), blob(&good)],
         ),
         (
-            "file over an existing file's path",
-            vec![file_entry("ok.txt", &other), file_entry("existing.txt/x", &good)],
+            "a directory in the way holding an excluded path",
+            vec![file_entry("ok.txt", &other), file_entry("pkg", &good)],
             vec![blob(&other), blob(&good)],
         ),
         ("unlisted blob", vec![file_entry("ok.txt", &other)], vec![blob(&other), blob(&good)]),
@@ -334,14 +363,122 @@ async fn hostile_manifests_are_refused_with_nothing_written() {
         .collect();
     assert!(staging.is_empty(), "staging dirs are removed");
 
-    // A symlink in the way is refused too.
-    std::os::unix::fs::symlink("/tmp", agent.root.join("out")).unwrap();
-    let err = restore(&mut c, &[file_entry("out/x.txt", &good)], &[blob(&good)]).await.unwrap_err();
-    assert_eq!(err.code, ErrorCode::InvalidArgument, "{err}");
-    assert!(!Path::new("/tmp/x.txt").exists() || std::fs::read("/tmp/x.txt").unwrap() != good);
-
-    // And the valid manifest goes through.
+    // And the valid manifest goes through: what it lacks goes, what the
+    // policy excludes stays.
     restore(&mut c, &[file_entry("a/b.txt", &good)], &[blob(&good)]).await.unwrap();
-    assert_eq!(std::fs::read(agent.root.join("a/b.txt")).unwrap(), good);
+    let after = tree(&agent.root);
+    let paths: Vec<&str> = after.keys().map(String::as_str).collect();
+    assert_eq!(paths, ["a", "a/b.txt", "pkg", "pkg/node_modules", "pkg/node_modules/a.js"]);
+    assert_eq!(after["a/b.txt"].as_deref(), Some(good.as_slice()));
     agent.stop().await;
+}
+
+/// Excluded by the default policy, by path (itself or an ancestor).
+fn excluded(path: &str) -> bool {
+    let mut p = path;
+    loop {
+        if shared::snapshot::default_excluded(p) || shared::snapshot::always_excluded(p) {
+            return true;
+        }
+        match p.rsplit_once('/') {
+            Some((parent, _)) => p = parent,
+            None => return false,
+        }
+    }
+}
+
+#[tokio::test]
+async fn restore_leaves_the_workspace_equal_to_the_checkpoint_outside_exclusions() {
+    let source = TestAgent::start().await;
+    let target = TestAgent::start().await;
+    let outside = tempfile::tempdir().unwrap();
+    write(outside.path(), "keep.txt", b"outside the sandbox");
+    // The checkpoint.
+    let s = &source.root;
+    write(s, "kept.txt", b"new");
+    write(s, "dir/sub/file.txt", b"deep");
+    std::fs::create_dir_all(s.join("empty-dir")).unwrap();
+    write(s, "x", b"x is a file now");
+    write(s, "y/z.txt", b"y is a directory now");
+    write(s, "web/index.html", b"<html>");
+    write(s, "out/x.txt", b"in a directory where a symlink was");
+    // What a new sandbox holds after provisioning.
+    let t = &target.root;
+    write(t, "kept.txt", b"old");
+    write(t, "gone.txt", b"deleted before the checkpoint");
+    write(t, "stale/deep/s.txt", b"a whole tree the checkpoint lacks");
+    std::fs::create_dir_all(t.join("empty-stale")).unwrap();
+    write(t, "x/inner.txt", b"a directory where the checkpoint has a file");
+    write(t, "y", b"a file where the checkpoint has a directory");
+    write(t, "web/old.js", b"old");
+    std::os::unix::fs::symlink(outside.path(), t.join("link")).unwrap();
+    std::os::unix::fs::symlink(outside.path(), t.join("out")).unwrap();
+    // Excluded: left exactly as they are.
+    write(t, ".git/HEAD", b"ref: refs/heads/main");
+    write(t, "node_modules/p/i.js", b"dep");
+    write(t, ".env", b"E=1");
+    write(t, "stale2/node_modules/m.js", b"only excluded paths below");
+    write(t, "CLAUDE.md", b"instructions");
+    write(t, shared::snapshot::PROJECTION_MARKER, b"{}");
+    let split = |tree: BTreeMap<String, Option<Vec<u8>>>| -> (BTreeMap<_, _>, BTreeMap<_, _>) {
+        tree.into_iter().partition(|(p, _)| excluded(p))
+    };
+    let (excluded_before, _) = split(tree(t));
+
+    let (entries, blobs) = capture_all(&source, CapturePolicy::default()).await;
+    let mut c = client(&target).await;
+    let response = restore_under(&mut c, &entries, &blobs, None).await.unwrap();
+    // gone.txt, stale, empty-stale, x, y, web/old.js, link, out.
+    assert_eq!((response.paths_removed, response.entries_excluded), (8, 0), "{response:?}");
+
+    let (excluded_after, managed) = split(tree(t));
+    assert_eq!(excluded_after, excluded_before, "excluded paths are untouched");
+    let (_, mut expected) = split(tree(s));
+    // Directories that hold only excluded paths stay.
+    expected.insert(".sandhold".into(), None);
+    expected.insert("stale2".into(), None);
+    assert_eq!(managed, expected);
+    assert_eq!(tree(outside.path()).keys().collect::<Vec<_>>(), ["keep.txt"], "no write through a link");
+    // A capture of the restored workspace is the checkpoint again (plus
+    // those directories, as empty ones).
+    let (again, _) = capture_all(&target, CapturePolicy::default()).await;
+    let extra: Vec<&str> = again.iter().filter(|e| !entries.contains(e)).map(|e| e.path.as_str()).collect();
+    assert_eq!(extra, [".sandhold", "stale2"]);
+    assert!(entries.iter().all(|e| again.contains(e)));
+    source.stop().await;
+    target.stop().await;
+}
+
+#[tokio::test]
+async fn restore_writes_nothing_at_excluded_paths_and_removes_only_what_the_policy_includes() {
+    let source = TestAgent::start().await;
+    let target = TestAgent::start().await;
+    let outside = tempfile::tempdir().unwrap();
+    let s = &source.root;
+    write(s, ".git/config", b"captured under a policy that kept .git");
+    write(s, "node_modules/x.txt", b"would go through the link");
+    write(s, "src/a.rs", b"fn a() {}");
+    let keep_everything =
+        CapturePolicy { exclude: vec!["nothing-is-called-this".into()], ..Default::default() };
+    let (entries, blobs) = capture_all(&source, keep_everything).await;
+    assert_eq!(entries.len(), 3);
+
+    let t = &target.root;
+    write(t, ".git/config", b"the sandbox's own");
+    std::os::unix::fs::symlink(outside.path(), t.join("node_modules")).unwrap();
+    write(t, "src/old.rs", b"included and not in the checkpoint");
+    write(t, "docs/readme.md", b"not included: not the snapshot's business");
+    let policy = CapturePolicy { include: vec!["src/**".into()], ..Default::default() };
+    let mut c = client(&target).await;
+    let response = restore_under(&mut c, &entries, &blobs, Some(policy)).await.unwrap();
+    assert_eq!((response.files_written, response.entries_excluded, response.paths_removed), (1, 2, 1));
+    let after = tree(t);
+    assert_eq!(after[".git/config"].as_deref(), Some(&b"the sandbox's own"[..]));
+    assert!(after["node_modules"].as_ref().unwrap().starts_with(b"symlink to "), "{after:?}");
+    assert!(tree(outside.path()).is_empty(), "nothing written through the excluded link");
+    assert_eq!(after["src/a.rs"].as_deref(), Some(&b"fn a() {}"[..]));
+    assert!(!after.contains_key("src/old.rs"));
+    assert_eq!(after["docs/readme.md"].as_deref(), Some(&b"not included: not the snapshot's business"[..]));
+    source.stop().await;
+    target.stop().await;
 }

@@ -7,8 +7,10 @@
 //!   against its hash on the way in), and commit checkpoint, blob
 //!   references and the new head in one transaction
 //!   ([`crate::store::CheckpointStore::commit`]).
-//! - **Restore** ([`restore`]): stream the manifest and every blob to the
-//!   agent of a *new* sandbox, which verifies all of it before writing.
+//! - **Restore** ([`restore`]): stream the manifest, the policy and every
+//!   blob to the agent of a *new* sandbox, which verifies all of it before
+//!   changing anything, then removes what the checkpoint lacks (outside
+//!   the policy's exclusions) and writes the rest.
 //!   The lifecycle calls [`restore_latest`] when it had to make a new
 //!   sandbox for a thread with portable snapshots enabled.
 //! - **After a run** ([`checkpoint_after_run`]): the run pump's hook.
@@ -207,21 +209,27 @@ async fn upload(
 }
 
 /// Restore checkpoint `checkpoint_id` of the tenant's thread into the
-/// (new, private) sandbox behind `agent`.
+/// (new, private) sandbox behind `agent`, leaving its workspace equal to
+/// the checkpoint outside what `policy` excludes (which stays untouched):
+/// what provisioning put there and the checkpoint lacks is removed.
 pub async fn restore(
     stores: &Stores,
     agent: &AgentClient,
     tenant: &Tenant,
     thread_id: &str,
     checkpoint_id: &str,
+    policy: agent::CapturePolicy,
 ) -> Result<agent::RestoreResponse, Error> {
     let (_, manifest) = stores.checkpoints.get(tenant, thread_id, checkpoint_id).await?;
     let entries = agent::CaptureResponse::decode(manifest.as_slice())
         .map_err(|e| Error::internal(format!("checkpoint {checkpoint_id}: unreadable manifest: {e}")))?
         .entries;
     let summary = shared::snapshot::check_manifest(&entries)?;
-    let header =
-        agent::RestoreHeader { entry_count: entries.len() as u64, blob_count: summary.blobs.len() as u64 };
+    let header = agent::RestoreHeader {
+        entry_count: entries.len() as u64,
+        blob_count: summary.blobs.len() as u64,
+        policy: Some(policy),
+    };
     let batches: Vec<Vec<agent::ManifestEntry>> =
         entries.chunks(ENTRIES_PER_MESSAGE).map(<[_]>::to_vec).collect();
     let hashes: Vec<String> = summary.blobs.into_keys().collect();
@@ -232,7 +240,14 @@ pub async fn restore(
         .await
         .map_err(|s| agent_error(&format!("restoring checkpoint {checkpoint_id}"), s))?
         .into_inner();
-    info!(tenant = %tenant, thread_id, checkpoint_id, files = response.files_written, "checkpoint restored");
+    info!(
+        tenant = %tenant,
+        thread_id,
+        checkpoint_id,
+        files = response.files_written,
+        removed = response.paths_removed,
+        "checkpoint restored"
+    );
     Ok(response)
 }
 
@@ -285,15 +300,18 @@ fn restore_requests(
 }
 
 /// Restore the thread's head checkpoint, if it has one, into the new
-/// sandbox behind `agent`; returns the checkpoint restored.
+/// sandbox behind `agent`, under the definition's snapshot policy (the one
+/// its later captures use); returns the checkpoint restored.
 pub async fn restore_latest(
     stores: &Stores,
     agent: &AgentClient,
     tenant: &Tenant,
     thread_id: &str,
+    definition: &api::SandboxDefinition,
 ) -> Result<Option<String>, Error> {
     let Some(head) = stores.checkpoints.head(tenant, thread_id).await? else { return Ok(None) };
-    restore(stores, agent, tenant, thread_id, &head.checkpoint_id).await?;
+    let policy = capture_policy(portable(definition));
+    restore(stores, agent, tenant, thread_id, &head.checkpoint_id, policy).await?;
     Ok(Some(head.checkpoint_id))
 }
 
