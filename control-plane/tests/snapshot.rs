@@ -14,7 +14,7 @@ mod sandbox_support;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use sandbox_support::{Bearer, DockerCleanup};
+use sandbox_support::{Bearer, DockerCleanup, bearer};
 use shared::error::{Error, ErrorCode};
 use shared::proto::v1 as api;
 use shared::proto::v1::run_service_client::RunServiceClient;
@@ -42,12 +42,11 @@ impl Harness {
         let inner = sandbox_support::Harness::start().await;
         let addr = inner.server.as_ref().unwrap().local_addr();
         let channel = Channel::from_shared(format!("http://{addr}")).unwrap().connect().await.unwrap();
-        let bearer = |token: String| Bearer(format!("Bearer {token}").parse().unwrap());
-        let (a, b) = (format!("tok-a-{}", inner.nonce), format!("tok-b-{}", inner.nonce));
-        let acme = SnapshotServiceClient::with_interceptor(channel.clone(), bearer(a.clone()));
-        let other = SnapshotServiceClient::with_interceptor(channel.clone(), bearer(b.clone()));
-        let runs = RunServiceClient::with_interceptor(channel.clone(), bearer(a));
-        let other_runs = RunServiceClient::with_interceptor(channel.clone(), bearer(b));
+        let (a, b) = (bearer(&format!("tok-a-{}", inner.nonce)), bearer(&format!("tok-b-{}", inner.nonce)));
+        let acme = SnapshotServiceClient::with_interceptor(channel.clone(), a.clone());
+        let other = SnapshotServiceClient::with_interceptor(channel.clone(), b.clone());
+        let runs = RunServiceClient::with_interceptor(channel.clone(), a);
+        let other_runs = RunServiceClient::with_interceptor(channel.clone(), b);
         Self { inner, acme, other, runs, other_runs }
     }
 
