@@ -15,6 +15,7 @@ use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
 use super::align::Aligner;
+use super::coalesce::Coalesced;
 use super::{Drive, RunSpec, Runs, StopReason};
 use crate::agent::AgentClient;
 use crate::harness::{CommandSpec, Harness, Translator};
@@ -270,7 +271,7 @@ impl Runs {
                 first_byte_timeout_ms: Some(0),
             };
             let mut stream = match agent.journal().follow(request).await {
-                Ok(s) => s.into_inner(),
+                Ok(s) => Coalesced::new(s.into_inner()),
                 Err(status) if status.code() == tonic::Code::NotFound => {
                     break Ending::Failed(Error::new(
                         ErrorCode::FailedPrecondition,

@@ -19,6 +19,7 @@
 
 pub mod align;
 pub mod cancel;
+pub mod coalesce;
 pub mod driver;
 pub mod quiet;
 pub mod service;
