@@ -7,7 +7,8 @@
 //! that turn) and `AdminService.Sweep` runs one on demand (waiting for the
 //! lease). Each run it touches is also taken through its own run lease by
 //! [`Runs::try_take_over`], so even two sweeps at once cannot act on one run
-//! twice.
+//! twice: a sweep whose drive was superseded (its record claimed again at a
+//! later epoch) counts the run `not_claimed` and leaves it to the successor.
 //!
 //! Per detached run (oldest detachment first, at most
 //! [`ReaperOptions::max_runs`]), the journal is probed (`ProbeExit`; an
@@ -20,7 +21,7 @@
 //! | running, detached for less than the TTL | nothing | `producing` |
 //! | running, detached for the TTL or longer | record a cancel, drive it (the driver destroys the sandbox, writes `aborted`) | `expired` |
 //! | unknown, agent unreachable, no sandbox | nothing | `unknown` |
-//! | another replica holds the run's lease, or it ended meanwhile | nothing (an expired run's cancel is recorded for its holder) | `not_claimed` |
+//! | another replica holds the run's lease, took it over during the sweep, or it ended (or a client came back) meanwhile | nothing (an expired run's cancel is recorded for its holder) | `not_claimed` |
 //! | anything else failed | nothing more | `failed` |
 //!
 //! Journals: in every sandbox the provider reports running, each journal
@@ -331,14 +332,31 @@ impl Reaper {
                 break;
             }
             let report = self.sweep_run(ready, record, now).await;
-            debug!(run_id = %report.run_id, outcome = report.outcome.as_str(), detail = %report.detail, "swept a run");
+            if matches!(report.outcome, SweepOutcome::Failed | SweepOutcome::ReclaimFailed) {
+                warn!(run_id = %report.run_id, outcome = report.outcome.as_str(), detail = %report.detail, "swept a run");
+            } else {
+                debug!(run_id = %report.run_id, outcome = report.outcome.as_str(), detail = %report.detail, "swept a run");
+            }
             tally.runs.push(report);
         }
         Ok(())
     }
 
-    async fn sweep_run(&self, ready: &Ready, record: RunRecord, now: Timestamp) -> RunReport {
-        let run = record.run_id.clone();
+    async fn sweep_run(&self, ready: &Ready, listed: RunRecord, now: Timestamp) -> RunReport {
+        let run = listed.run_id.clone();
+        // The list is as old as the sweep: a run handled before this one may
+        // have taken long enough for this one to end, or for its client to
+        // come back, meanwhile.
+        let record = match ready.stores.runs.get_unscoped(&run).await {
+            Ok(r) if r.status.is_terminal() => {
+                return RunReport::new(&run, SweepOutcome::NotClaimed, "the run ended meanwhile");
+            }
+            Ok(r) if r.detached_since.is_none() => {
+                return RunReport::new(&run, SweepOutcome::NotClaimed, "a client attached meanwhile");
+            }
+            Ok(r) => r,
+            Err(e) => return RunReport::new(&run, SweepOutcome::Failed, format!("reading the record: {e}")),
+        };
         let Some(key) = record.sandbox_key.clone() else {
             return RunReport::new(&run, SweepOutcome::Unknown, "the run has no sandbox recorded");
         };
@@ -439,8 +457,8 @@ impl Reaper {
     /// `Err` carries the report of a run this sweep could not drive.
     async fn take_over_and_wait(&self, ready: &Ready, record: &RunRecord) -> Result<Driven, RunReport> {
         let run = &record.run_id;
-        let handle = match self.inner.runs.try_take_over(run).await {
-            Ok(Takeover::Driving(handle)) => handle,
+        let (handle, epoch) = match self.inner.runs.try_take_over(run).await {
+            Ok(Takeover::Driving { drive, epoch }) => (drive, epoch),
             Ok(Takeover::HeldElsewhere) => {
                 return Err(RunReport::new(
                     run,
@@ -480,11 +498,23 @@ impl Reaper {
             }
         };
         match ready.stores.runs.get_unscoped(run).await {
+            // Claimed again after this sweep's claim: this drive was
+            // superseded (its lease ran out, say, while this replica was
+            // paused) and wrote nothing more; the successor ends the run and
+            // counts it.
+            Ok(r) if r.driver_epoch != epoch => Err(RunReport::new(
+                run,
+                SweepOutcome::NotClaimed,
+                format!(
+                    "another replica took the run over during the sweep (epoch {} after this sweep's {epoch})",
+                    r.driver_epoch
+                ),
+            )),
             Ok(r) if r.status.is_terminal() => Ok(if overran { Driven::Overran } else { Driven::Terminal }),
             Ok(_) => Err(RunReport::new(
                 run,
                 SweepOutcome::Failed,
-                "the drive ended without a terminal state (superseded, or the server is shutting down)",
+                "the drive ended without a terminal state (its lease was lost, or the server is shutting down)",
             )),
             Err(e) => Err(RunReport::new(run, SweepOutcome::Failed, format!("reading the record: {e}"))),
         }

@@ -13,7 +13,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use super::driver::{DriveCtx, FreshStart, decode_chunk, encode_chunk};
 use super::{RunSpec, Runs, StopReason, run_to_api};
@@ -148,6 +148,8 @@ impl Runs {
                 return Ok(Takeover::Ended);
             }
             Err(e) => {
+                // The API error keeps store internals out; the log has them.
+                warn!(run_id = %run, error = %e, "could not claim the run");
                 let _ = lease.release().await;
                 return Err(e.into());
             }
@@ -172,7 +174,8 @@ impl Runs {
             lease,
             drive,
         };
-        Ok(Takeover::Driving(self.inner.drives.spawn(self.clone().drive(ctx, None))))
+        let epoch = record.driver_epoch;
+        Ok(Takeover::Driving { drive: self.inner.drives.spawn(self.clone().drive(ctx, None)), epoch })
     }
 
     /// Keep trying to drive `run` until it is driven here, it ended, or
@@ -208,8 +211,10 @@ fn chunk_event(stored: &store::StoredChunk) -> Result<api::RunEvent, Error> {
 /// What [`Runs::try_take_over`] found.
 #[derive(Debug)]
 pub enum Takeover {
-    /// This replica drives the run now; the handle ends with the drive.
-    Driving(tokio::task::JoinHandle<()>),
+    /// This replica drives the run now, under `epoch` (a record left at
+    /// another epoch was finished or is driven by someone else); the handle
+    /// ends with the drive.
+    Driving { drive: tokio::task::JoinHandle<()>, epoch: store::Epoch },
     /// This replica already drives it.
     AlreadyHere,
     /// Another replica holds the run's lease.
