@@ -1,19 +1,27 @@
 //! The reaper end to end: real `sandhold serve` replicas (PostgreSQL and
 //! Redis shared), real agents in Docker and local sandboxes, sweeps through
-//! `AdminService.Sweep` and on the server's own schedule.
+//! `AdminService.Sweep` and on the server's own schedule. Every per-run
+//! outcome is produced by real means: a dead driver, a lease held through
+//! the real lease store, a drive longer than its budget, a sandbox
+//! directory made immutable, a PostgreSQL trigger refusing one row's
+//! updates, a replica paused past its leases.
 
 mod provider_support;
 mod run_support;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
+use control_plane::lease::{LeaseOptions, Leases, RedisLockStore};
 use control_plane::store::testing::ScratchDatabase;
 use run_support::*;
 use shared::proto::v1 as api;
+use sqlx::PgPool;
 
 const LEASE_TTL_MS: u64 = 2000;
+const LEASE_RENEW_MS: u64 = 500;
 
 fn flags(pairs: &[(&str, &str)]) -> Vec<String> {
     pairs.iter().flat_map(|(k, v)| [format!("--{k}"), v.to_string()]).collect()
@@ -28,11 +36,88 @@ async fn sweep(admin: &mut Admin) -> api::SweepResponse {
 }
 
 fn outcome_of(tally: &api::SweepResponse, run_id: &str) -> Option<String> {
-    tally.runs.iter().find(|r| r.run_id == run_id).map(|r| r.outcome.clone())
+    entry_of(tally, run_id).map(|r| r.outcome.clone())
+}
+
+fn entry_of<'a>(tally: &'a api::SweepResponse, run_id: &str) -> Option<&'a api::SweptRun> {
+    tally.runs.iter().find(|r| r.run_id == run_id)
 }
 
 fn sum(tallies: &[&api::SweepResponse], outcome: &str) -> u64 {
     tallies.iter().map(|t| t.outcomes.get(outcome).copied().unwrap_or(0)).sum()
+}
+
+/// One deployment: a scratch PostgreSQL database and Redis shared by its
+/// replicas, one data dir (so local sandboxes are shared too), two tenants.
+struct Deployment {
+    db: ScratchDatabase,
+    redis_url: String,
+    dir: tempfile::TempDir,
+    nonce: String,
+    token: String,
+    other_token: String,
+}
+
+impl Deployment {
+    async fn create() -> Option<Self> {
+        let admin_url = sandhold_tests::services::postgres_url()?;
+        let redis_url = sandhold_tests::services::redis_url()?;
+        let db = ScratchDatabase::create(&admin_url).await.unwrap();
+        let dir = tempfile::Builder::new().prefix("reaper").tempdir_in("/tmp").unwrap();
+        let nonce = uuid::Uuid::new_v4().simple().to_string()[..10].to_string();
+        let (token, other_token) = (format!("tok-{nonce}"), format!("other-{nonce}"));
+        Some(Self { db, redis_url, dir, nonce, token, other_token })
+    }
+
+    fn tenant(&self) -> String {
+        format!("t{}", self.nonce)
+    }
+
+    fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    /// Replica `name`: short leases, no scheduled sweep, then `more` flags.
+    async fn start(&self, name: &str, more: &[(&str, &str)]) -> ServerProcess {
+        let mut extra_args = flags(&[("sweep-interval-ms", "0")]);
+        extra_args.extend(flags(more));
+        ServerProcess::start(&ServerOptions {
+            data_dir: self.data_dir(),
+            database_url: Some(self.db.url().to_string()),
+            redis_url: Some(self.redis_url.clone()),
+            replica_id: Some(format!("{name}-{}", self.nonce)),
+            lease_ttl_ms: Some(LEASE_TTL_MS),
+            lease_renew_ms: Some(LEASE_RENEW_MS),
+            tokens: vec![
+                format!("{}={}", self.tenant(), self.token),
+                format!("other{}={}", self.nonce, self.other_token),
+            ],
+            extra_args,
+        })
+        .await
+    }
+
+    /// A deployment whose replica `a` (the driver the tests kill) has put
+    /// the local definition `def`.
+    async fn local() -> Option<(Self, ServerProcess)> {
+        let dep = Self::create().await?;
+        let a = dep.start("a", &[]).await;
+        put_definition(&mut a.sandboxes(&dep.token).await, definition("def", Kind::Local)).await;
+        Some((dep, a))
+    }
+
+    /// The file the `gated` scripts wait for.
+    fn gate(&self) -> PathBuf {
+        self.dir.path().join("gate")
+    }
+
+    async fn pool(&self) -> PgPool {
+        PgPool::connect(self.db.url()).await.unwrap()
+    }
+
+    async fn tear_down(self) {
+        let _ = self.db.drop_database().await;
+    }
 }
 
 /// Start a durable run on `server`, read until its first line, drop the
@@ -54,6 +139,109 @@ async fn start_and_detach(runs: &mut Runs, run_id: &str, thread: &str, script: &
     get_run(runs, run_id).await
 }
 
+/// A run script that prints `start`, waits until `gate` exists, then runs
+/// `body`. The gate path in its command line tells when it is gone.
+fn gated(gate: &Path, body: &str) -> String {
+    format!("echo start; while [ ! -e '{}' ]; do sleep 0.1; done; {body}", gate.display())
+}
+
+/// Kill `driver`, open `gate`, and wait until every script waiting on it
+/// exited and the dead driver's leases ran out: its runs are finished in
+/// their sandboxes, detached, with nobody driving them.
+async fn finish_without_driver(driver: &mut ServerProcess, gate: &Path) {
+    driver.kill9().await;
+    let killed = Instant::now();
+    std::fs::write(gate, "").unwrap();
+    let marker = gate.display().to_string();
+    let exited = eventually(PATIENCE, || {
+        let gone = !process_with_marker(&marker);
+        async move { gone }
+    })
+    .await;
+    assert!(exited, "the run scripts never exited");
+    // The exit sentinel follows the exit; the leases end a TTL after the kill.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::time::sleep(Duration::from_millis(LEASE_TTL_MS + 500).saturating_sub(killed.elapsed())).await;
+}
+
+/// The whole log of a run, read through `runs` to its end.
+async fn whole_log(runs: &mut Runs, run_id: &str) -> Seen {
+    let mut log = Seen::default();
+    let request = api::AttachRunRequest { run_id: run_id.into(), ..Default::default() };
+    let mut stream = runs.attach_run(request).await.unwrap().into_inner();
+    assert!(read_until(&mut stream, &mut log, |_| false).await.unwrap(), "the log of {run_id} ends");
+    log
+}
+
+fn text_lines(log: &Seen) -> Vec<&str> {
+    log.chunks
+        .iter()
+        .filter(|(_, c)| c.r#type() == api::ChunkType::TextMessageContent)
+        .map(|(_, c)| c.delta.trim_end())
+        .collect()
+}
+
+fn terminal_chunks(log: &Seen) -> Vec<&api::Chunk> {
+    log.chunks
+        .iter()
+        .map(|(_, c)| c)
+        .filter(|c| matches!(c.r#type(), api::ChunkType::RunFinished | api::ChunkType::RunError))
+        .collect()
+}
+
+/// What PostgreSQL holds of a run, read behind the servers' backs.
+#[derive(Debug, Clone, PartialEq)]
+struct Stored {
+    status: String,
+    driver_epoch: i64,
+    cancel_requested: bool,
+    log_closed: bool,
+    /// (epoch, kind) of every chunk, in log order.
+    events: Vec<(i64, String)>,
+}
+
+async fn stored(pool: &PgPool, run_id: &str) -> Stored {
+    let (status, driver_epoch, cancel_requested, log_closed): (String, i64, bool, bool) = sqlx::query_as(
+        "SELECT status, driver_epoch, cancel_requested, log_closed FROM runs WHERE run_id = $1",
+    )
+    .bind(run_id)
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    let events = sqlx::query_as("SELECT epoch, kind FROM run_events WHERE run_id = $1 ORDER BY seq")
+        .bind(run_id)
+        .fetch_all(pool)
+        .await
+        .unwrap();
+    Stored { status, driver_epoch, cancel_requested, log_closed, events }
+}
+
+impl Stored {
+    fn terminal_chunks(&self) -> usize {
+        self.events.iter().filter(|(_, k)| k == "RUN_FINISHED" || k == "RUN_ERROR").count()
+    }
+}
+
+/// The sandbox directory of the local sandbox `key`.
+async fn local_sandbox_dir(dep: &Deployment, sandboxes: &mut Sandboxes, key: &str) -> PathBuf {
+    let sandbox = sandboxes
+        .get_sandbox(api::GetSandboxRequest { sandbox_id: key.into() })
+        .await
+        .unwrap()
+        .into_inner()
+        .sandbox
+        .unwrap();
+    dep.data_dir().join("sandboxes").join(sandbox.provider_sandbox_id)
+}
+
+/// Log lines of all `replicas` saying sandbox `key` was destroyed.
+fn destroys(replicas: &[&ServerProcess], key: &str) -> usize {
+    replicas
+        .iter()
+        .map(|r| r.log_text().lines().filter(|l| l.contains("sandbox destroyed") && l.contains(key)).count())
+        .sum()
+}
+
 fn container_of(key: &str) -> Vec<String> {
     docker_containers(&format!("dev.sandhold.sandbox-key={key}"))
 }
@@ -63,31 +251,16 @@ fn container_of(key: &str) -> Vec<String> {
 /// sweep at once, then one with a short TTL sweeps again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn detached_runs_are_finalized_left_alone_or_expired_once() {
-    let Some(admin_url) = sandhold_tests::services::postgres_url() else { return };
-    let Some(redis_url) = sandhold_tests::services::redis_url() else { return };
+    let Some(dep) = Deployment::create().await else { return };
     if !sandhold_tests::services::docker() {
         return;
     }
     provider_support::ensure_test_image();
-    let db = ScratchDatabase::create(&admin_url).await.unwrap();
-    let dir = tempfile::Builder::new().prefix("reaper").tempdir_in("/tmp").unwrap();
-    let nonce = uuid::Uuid::new_v4().simple().to_string()[..10].to_string();
-    let tenant = format!("t{nonce}");
-    let token = format!("tok-{nonce}");
-    let other_token = format!("other-{nonce}");
-    let _cleanup = DockerCleanup(tenant.clone());
-    let replica = |name: &str, ttl_ms: &str| ServerOptions {
-        data_dir: dir.path().join("data"),
-        database_url: Some(db.url().to_string()),
-        redis_url: Some(redis_url.clone()),
-        replica_id: Some(format!("{name}-{nonce}")),
-        lease_ttl_ms: Some(LEASE_TTL_MS),
-        lease_renew_ms: Some(500),
-        tokens: vec![format!("{tenant}={token}"), format!("other{nonce}={other_token}")],
-        extra_args: flags(&[("sweep-interval-ms", "0"), ("detached-run-ttl-ms", ttl_ms)]),
-    };
+    let (nonce, token, other_token) = (dep.nonce.clone(), dep.token.clone(), dep.other_token.clone());
+    let _cleanup = DockerCleanup(dep.tenant());
+    let long_ttl = [("detached-run-ttl-ms", "3600000")];
 
-    let mut a = ServerProcess::start(&replica("a", "3600000")).await;
+    let mut a = dep.start("a", &long_ttl).await;
     let mut sandboxes = a.sandboxes(&token).await;
     put_definition(&mut sandboxes, definition("def", Kind::Docker)).await;
     let mut runs_a = a.runs(&token).await;
@@ -105,8 +278,8 @@ async fn detached_runs_are_finalized_left_alone_or_expired_once() {
         .unwrap();
     assert!(removed.status.success());
 
-    let b = ServerProcess::start(&replica("b", "3600000")).await;
-    let c = ServerProcess::start(&replica("c", "3600000")).await;
+    let b = dep.start("b", &long_ttl).await;
+    let c = dep.start("c", &long_ttl).await;
     // The fin run has written its sentinel, and A's leases have run out.
     tokio::time::sleep(Duration::from_secs(10).saturating_sub(fin_started.elapsed())).await;
     tokio::time::sleep(Duration::from_millis(LEASE_TTL_MS + 500)).await;
@@ -135,27 +308,9 @@ async fn detached_runs_are_finalized_left_alone_or_expired_once() {
     let record = get_run(&mut runs_b, &fin).await;
     assert_eq!(record.status, api::RunStatus::Completed as i32, "{record:?}");
     assert!(container_of(&fin_run.sandbox_id).is_empty(), "the finished run's sandbox is gone");
-    let mut log = Seen::default();
-    let mut stream = runs_b
-        .attach_run(api::AttachRunRequest { run_id: fin.clone(), ..Default::default() })
-        .await
-        .unwrap()
-        .into_inner();
-    assert!(read_until(&mut stream, &mut log, |_| false).await.unwrap());
-    let lines: Vec<&str> = log
-        .chunks
-        .iter()
-        .filter(|(_, c)| c.r#type() == api::ChunkType::TextMessageContent)
-        .map(|(_, c)| c.delta.trim_end())
-        .collect();
-    assert_eq!(lines.iter().filter(|l| **l == "start").count(), 1, "{lines:?}");
-    assert_eq!(lines.iter().filter(|l| **l == "done").count(), 1, "{lines:?}");
-    let terminals = log
-        .chunks
-        .iter()
-        .filter(|(_, c)| matches!(c.r#type(), api::ChunkType::RunFinished | api::ChunkType::RunError))
-        .count();
-    assert_eq!(terminals, 1, "one terminal chunk: nothing was appended twice");
+    let log = whole_log(&mut runs_b, &fin).await;
+    assert_eq!(text_lines(&log), ["start", "done"], "every line once");
+    assert_eq!(terminal_chunks(&log).len(), 1, "one terminal chunk: nothing was appended twice");
 
     // Producing: untouched.
     let record = get_run(&mut runs_b, &prod).await;
@@ -174,7 +329,7 @@ async fn detached_runs_are_finalized_left_alone_or_expired_once() {
         .expect("the unreachable sandbox's record is kept");
 
     // A replica with a short TTL: the producing run is now past it.
-    let d = ServerProcess::start(&replica("d", "1000")).await;
+    let d = dep.start("d", &[("detached-run-ttl-ms", "1000")]).await;
     let td = sweep(&mut d.admin(&token).await).await;
     let context = format!("{td:?}\nd log:\n{}", d.log_text());
     assert_eq!(outcome_of(&td, &prod).as_deref(), Some("expired"), "{context}");
@@ -187,7 +342,497 @@ async fn detached_runs_are_finalized_left_alone_or_expired_once() {
     assert_eq!(get_run(&mut runs_b, &unk).await.status, api::RunStatus::Running as i32);
 
     drop((b, c, d));
-    let _ = db.drop_database().await;
+    dep.tear_down().await;
+}
+
+/// `not_claimed`: runs whose lease a live holder has are left to it. One
+/// finished run whose lease is held through the real lease store (Redis),
+/// as a replica driving it would: the sweep leaves it exactly as it was,
+/// and finalizes it once the lease is free. One still producing past the
+/// TTL, driven by a live replica: the sweep writes nothing to it; the
+/// cancel it records is carried out by that replica, its driver.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn runs_held_by_a_live_holder_are_not_claimed() {
+    let Some((dep, mut a1)) = Deployment::local().await else { return }; // drives `held`, then dies
+    let (nonce, token, gate) = (dep.nonce.clone(), dep.token.clone(), dep.gate());
+    let a2 = dep.start("a2", &[]).await; // drives `live` throughout
+    let (held, live) = (format!("held-{nonce}"), format!("live-{nonce}"));
+    let held_run =
+        start_and_detach(&mut a1.runs(&token).await, &held, "th-held", &gated(&gate, "echo done")).await;
+    let live_run =
+        start_and_detach(&mut a2.runs(&token).await, &live, "th-live", "echo start; sleep 600").await;
+    finish_without_driver(&mut a1, &gate).await;
+
+    // Another holder takes `held`'s lease, the way any replica takes it.
+    let store = RedisLockStore::connect(&dep.redis_url, Duration::from_millis(LEASE_TTL_MS)).await.unwrap();
+    let options = LeaseOptions {
+        ttl: Duration::from_millis(LEASE_TTL_MS),
+        renew_every: Duration::from_millis(LEASE_RENEW_MS),
+        ..Default::default()
+    };
+    let holder = Leases::new(Arc::new(store), options).unwrap();
+    let lease = holder.try_acquire(&format!("run:{held}")).await.unwrap().expect("a1's lease ran out");
+
+    let pool = dep.pool().await;
+    let (held_before, live_before) = (stored(&pool, &held).await, stored(&pool, &live).await);
+    let b = dep.start("b", &[("detached-run-ttl-ms", "1000")]).await;
+    let mut runs_b = b.runs(&token).await;
+    let held_dir = local_sandbox_dir(&dep, &mut b.sandboxes(&token).await, &held_run.sandbox_id).await;
+    let t = sweep(&mut b.admin(&token).await).await;
+    let context = format!("{t:?}\nb log:\n{}\na2 log:\n{}", b.log_text(), a2.log_text());
+    assert_eq!(outcome_of(&t, &held).as_deref(), Some("not_claimed"), "{context}");
+    assert_eq!(outcome_of(&t, &live).as_deref(), Some("not_claimed"), "{context}");
+    assert_eq!(t.runs.len(), 2, "{context}");
+    assert!(entry_of(&t, &held).unwrap().detail.contains("another replica holds"), "{context}");
+    assert!(entry_of(&t, &live).unwrap().detail.contains("cancel is recorded"), "{context}");
+
+    // `held`: exactly as it was: running, no cancel, no claim, no chunk,
+    // its sandbox still there.
+    assert_eq!(stored(&pool, &held).await, held_before, "{context}");
+    assert_eq!(held_before.status, "running");
+    assert!(!held_before.cancel_requested);
+    assert!(held_dir.join("workspace").is_dir(), "the held run's sandbox is kept");
+
+    // `live`: the sweep claimed nothing and appended nothing; its driver
+    // a2 saw the recorded cancel and ended the run itself.
+    let record = wait_terminal(&mut runs_b, &live).await;
+    assert_eq!(record.status, api::RunStatus::Aborted as i32, "{record:?}\n{context}");
+    assert_eq!(record.error.as_ref().unwrap().code, "CANCELLED");
+    let live_after = stored(&pool, &live).await;
+    assert_eq!(live_after.driver_epoch, live_before.driver_epoch, "nobody else claimed it");
+    assert!(
+        live_after.events.iter().all(|(epoch, _)| *epoch == live_before.driver_epoch),
+        "every chunk is a2's: {:?}",
+        live_after.events
+    );
+    assert_eq!(live_after.terminal_chunks(), 1);
+    assert!(a2.log_text().contains("run finished"), "a2 ended the run:\n{context}");
+    assert_eq!(destroys(&[&b], &live_run.sandbox_id), 0, "the sweep destroyed nothing of a2's run");
+
+    // Once the holder lets go, the next sweep finalizes `held`.
+    assert!(lease.release().await.unwrap());
+    let t = sweep(&mut b.admin(&token).await).await;
+    assert_eq!(outcome_of(&t, &held).as_deref(), Some("finalized"), "{t:?}\n{}", b.log_text());
+    assert_eq!(outcome_of(&t, &live), None, "a terminal run is not swept");
+    assert_eq!(get_run(&mut runs_b, &held).await.status, api::RunStatus::Completed as i32);
+    assert_eq!(text_lines(&whole_log(&mut runs_b, &held).await), ["start", "done"]);
+    assert!(!held_dir.exists(), "the finalized run's sandbox is gone");
+
+    drop((a2, b));
+    dep.tear_down().await;
+}
+
+/// `budget_exceeded`: the drive of a finished run (50,000 lines its log
+/// does not hold yet) takes longer than `--sweep-run-budget-ms`. The sweep
+/// stops it as a cancel, and what is left is consistent: the record
+/// `aborted` (CANCELLED), the log the replayed prefix in order plus one
+/// CANCELLED terminal chunk, closed; the sandbox and its record gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_drive_over_the_budget_is_stopped_and_left_terminal() {
+    const LINES: u32 = 50_000;
+    let Some((dep, mut a)) = Deployment::local().await else { return };
+    let (nonce, token, gate) = (dep.nonce.clone(), dep.token.clone(), dep.gate());
+    let slow = format!("slow-{nonce}");
+    let body = format!("seq 1 {LINES} | sed 's/^/line /'");
+    let run = start_and_detach(&mut a.runs(&token).await, &slow, "th", &gated(&gate, &body)).await;
+    let mut sandboxes = a.sandboxes(&token).await;
+    let dir = local_sandbox_dir(&dep, &mut sandboxes, &run.sandbox_id).await;
+    finish_without_driver(&mut a, &gate).await;
+
+    let b = dep.start("b", &[("sweep-run-budget-ms", "300")]).await;
+    let t = sweep(&mut b.admin(&token).await).await;
+    let context = format!("{t:?}\nb log:\n{}", b.log_text());
+    let entry = entry_of(&t, &slow).unwrap_or_else(|| panic!("not swept: {context}"));
+    assert_eq!(entry.outcome, "budget_exceeded", "{context}");
+    assert!(entry.terminalized_anyway, "{context}");
+    assert_eq!(t.outcomes.get("budget_exceeded"), Some(&1));
+
+    let mut runs_b = b.runs(&token).await;
+    let record = get_run(&mut runs_b, &slow).await;
+    assert_eq!(record.status, api::RunStatus::Aborted as i32, "{record:?}\n{context}");
+    assert_eq!(record.error.as_ref().unwrap().code, "CANCELLED");
+    assert!(record.cancel_requested);
+    let log = whole_log(&mut runs_b, &slow).await;
+    let lines = log.line_numbers();
+    let replayed = lines.len() as u32;
+    assert!(replayed < LINES, "the drive was cut short ({replayed} lines)");
+    assert_eq!(lines, (1..=replayed).collect::<Vec<_>>(), "a prefix of the journal, in order, once");
+    let terminals = terminal_chunks(&log);
+    assert_eq!(terminals.len(), 1);
+    assert_eq!(terminals[0].error_code, "CANCELLED");
+    assert_eq!(&log.chunks.last().unwrap().1, terminals[0], "nothing after the terminal chunk");
+    let pool = dep.pool().await;
+    let after = stored(&pool, &slow).await;
+    assert!(after.log_closed, "the log is closed");
+    assert_eq!(after.terminal_chunks(), 1);
+    assert!(!dir.exists(), "the sandbox is destroyed");
+    let mut sandboxes = b.sandboxes(&token).await;
+    let gone = sandboxes.get_sandbox(api::GetSandboxRequest { sandbox_id: run.sandbox_id.clone() }).await;
+    assert_eq!(gone.unwrap_err().code(), tonic::Code::NotFound, "and its record with it");
+
+    let again = sweep(&mut b.admin(&token).await).await;
+    assert_eq!(outcome_of(&again, &slow), None, "a terminal run is not swept again");
+    drop(b);
+    dep.tear_down().await;
+}
+
+/// Makes a directory immutable (`chattr +i`: not even root can remove its
+/// entries) until dropped.
+struct Immutable(PathBuf);
+
+impl Immutable {
+    fn set(dir: &Path) -> Result<Self, String> {
+        let out =
+            std::process::Command::new("chattr").arg("+i").arg(dir).output().map_err(|e| e.to_string())?;
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+        }
+        Ok(Self(dir.to_path_buf()))
+    }
+}
+
+impl Drop for Immutable {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("chattr").arg("-i").arg(&self.0).status();
+    }
+}
+
+/// `reclaim_failed`: a finished run is finalized but its sandbox directory
+/// cannot be removed (immutable). The record is terminal and the log whole;
+/// the sandbox stays, with its instance record, for an operator (a later
+/// sweep does not retry it: the run is terminal).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_sandbox_that_cannot_be_destroyed_is_reclaim_failed() {
+    let Some((dep, mut a)) = Deployment::local().await else { return };
+    let probe = dep.dir.path().join("immutable-probe");
+    std::fs::create_dir_all(&probe).unwrap();
+    if let Err(why) = Immutable::set(&probe) {
+        assert!(!sandhold_tests::services::required(), "chattr +i is required (root, ext4/xfs): {why}");
+        eprintln!("skipping: cannot make a directory immutable: {why}");
+        return;
+    }
+    let (nonce, token, gate) = (dep.nonce.clone(), dep.token.clone(), dep.gate());
+    let stuck = format!("stuck-{nonce}");
+    let run = start_and_detach(&mut a.runs(&token).await, &stuck, "th", &gated(&gate, "echo done")).await;
+    let mut sandboxes = a.sandboxes(&token).await;
+    let dir = local_sandbox_dir(&dep, &mut sandboxes, &run.sandbox_id).await;
+    finish_without_driver(&mut a, &gate).await;
+
+    let immutable = Immutable::set(&dir).unwrap();
+    let b = dep.start("b", &[]).await;
+    let t = sweep(&mut b.admin(&token).await).await;
+    let context = format!("{t:?}\nb log:\n{}", b.log_text());
+    let entry = entry_of(&t, &stuck).unwrap_or_else(|| panic!("not swept: {context}"));
+    assert_eq!(entry.outcome, "reclaim_failed", "{context}");
+    assert!(entry.detail.contains("reclaiming the run's sandbox"), "{context}");
+    assert!(!entry.terminalized_anyway);
+
+    let mut runs_b = b.runs(&token).await;
+    let record = get_run(&mut runs_b, &stuck).await;
+    assert_eq!(record.status, api::RunStatus::Completed as i32, "{record:?}\n{context}");
+    let log = whole_log(&mut runs_b, &stuck).await;
+    assert_eq!(text_lines(&log), ["start", "done"]);
+    assert_eq!(terminal_chunks(&log).len(), 1);
+    assert!(stored(&dep.pool().await, &stuck).await.log_closed);
+    assert!(dir.exists(), "the sandbox directory is still there");
+    b.sandboxes(&token)
+        .await
+        .get_sandbox(api::GetSandboxRequest { sandbox_id: run.sandbox_id.clone() })
+        .await
+        .expect("the instance record is kept: the sandbox still exists");
+    assert_eq!(destroys(&[&b], &run.sandbox_id), 0);
+
+    let again = sweep(&mut b.admin(&token).await).await;
+    assert_eq!(outcome_of(&again, &stuck), None, "a terminal run is not swept again");
+    assert!(dir.exists(), "nor is its sandbox retried");
+
+    // Once the cause is gone, an operator destroys it.
+    drop(immutable);
+    let request = api::DestroySandboxRequest { sandbox_id: run.sandbox_id.clone() };
+    b.sandboxes(&token).await.destroy_sandbox(request).await.expect("destroy by hand");
+    assert!(!dir.exists());
+    drop(b);
+    dep.tear_down().await;
+}
+
+/// `failed`: PostgreSQL refuses every update of one run's row (a trigger
+/// raising an error), so the sweep cannot claim it. That run is `failed`
+/// and left as it was; the run after it in the same sweep is finalized.
+/// With the trigger gone, the next sweep finalizes the first one too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_store_error_fails_one_run_and_the_sweep_goes_on() {
+    let Some((dep, mut a)) = Deployment::local().await else { return };
+    let (nonce, token, gate) = (dep.nonce.clone(), dep.token.clone(), dep.gate());
+    let (broken, fine) = (format!("broken-{nonce}"), format!("fine-{nonce}"));
+    let mut runs_a = a.runs(&token).await;
+    // Detached in this order: the sweep handles `broken` first.
+    let broken_run = start_and_detach(&mut runs_a, &broken, "th-broken", &gated(&gate, "echo done")).await;
+    let fine_run = start_and_detach(&mut runs_a, &fine, "th-fine", &gated(&gate, "echo done")).await;
+    let mut sandboxes = a.sandboxes(&token).await;
+    let broken_dir = local_sandbox_dir(&dep, &mut sandboxes, &broken_run.sandbox_id).await;
+    let fine_dir = local_sandbox_dir(&dep, &mut sandboxes, &fine_run.sandbox_id).await;
+    finish_without_driver(&mut a, &gate).await;
+
+    let pool = dep.pool().await;
+    sqlx::raw_sql(&format!(
+        "CREATE FUNCTION refuse_update() RETURNS trigger LANGUAGE plpgsql AS $$ \
+         BEGIN RAISE EXCEPTION 'update refused by the test'; END $$; \
+         CREATE TRIGGER refuse_update BEFORE UPDATE ON runs FOR EACH ROW \
+         WHEN (OLD.run_id = '{broken}') EXECUTE FUNCTION refuse_update();"
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
+    let broken_before = stored(&pool, &broken).await;
+
+    let b = dep.start("b", &[]).await;
+    let t = sweep(&mut b.admin(&token).await).await;
+    let context = format!("{t:?}\nb log:\n{}", b.log_text());
+    let order: Vec<(&str, &str)> = t.runs.iter().map(|r| (r.run_id.as_str(), r.outcome.as_str())).collect();
+    assert_eq!(order, [(broken.as_str(), "failed"), (fine.as_str(), "finalized")], "{context}");
+    // Store internals stay in the server's log, out of the API.
+    assert_eq!(entry_of(&t, &broken).unwrap().detail, "internal store error", "{context}");
+    assert!(b.log_text().contains("update refused by the test"), "{context}");
+
+    assert_eq!(stored(&pool, &broken).await, broken_before, "the failed run is left as it was");
+    assert!(broken_dir.join("workspace").is_dir(), "its sandbox is kept");
+    let mut runs_b = b.runs(&token).await;
+    assert_eq!(get_run(&mut runs_b, &fine).await.status, api::RunStatus::Completed as i32);
+    assert!(!fine_dir.exists(), "the run after the failure was finalized and reclaimed");
+
+    sqlx::raw_sql("DROP TRIGGER refuse_update ON runs").execute(&pool).await.unwrap();
+    let t = sweep(&mut b.admin(&token).await).await;
+    assert_eq!(outcome_of(&t, &broken).as_deref(), Some("finalized"), "{t:?}\n{}", b.log_text());
+    assert_eq!(get_run(&mut runs_b, &broken).await.status, api::RunStatus::Completed as i32);
+    assert_eq!(text_lines(&whole_log(&mut runs_b, &broken).await), ["start", "done"]);
+    assert!(!broken_dir.exists());
+    drop(b);
+    dep.tear_down().await;
+}
+
+/// Whether a line of `server`'s log holds every one of `needles`.
+fn logged(server: &ServerProcess, needles: &[&str]) -> bool {
+    server.log_text().lines().any(|l| needles.iter().all(|n| l.contains(n)))
+}
+
+fn signal_pid(pid: i32, signal: nix::sys::signal::Signal) {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal).unwrap();
+}
+
+/// A run that ends while the sweep is busy with an earlier one is counted
+/// `not_claimed` from its fresh record. The earlier run's agent is paused
+/// (SIGSTOP), so the sweep waits on its probe; meanwhile a client attaches
+/// to the later run through another replica, which drives it to its end.
+/// The sweep, reaching it, neither probes nor drives it (its journal is
+/// gone by then: it would be `unknown`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_run_that_ends_during_the_sweep_is_not_claimed() {
+    use nix::sys::signal::Signal;
+    let Some((dep, mut a)) = Deployment::local().await else { return };
+    let (nonce, token, gate) = (dep.nonce.clone(), dep.token.clone(), dep.gate());
+    let (stalled, ended) = (format!("stalled-{nonce}"), format!("ended-{nonce}"));
+    let mut runs_a = a.runs(&token).await;
+    let stalled_run = start_and_detach(&mut runs_a, &stalled, "th-stalled", &gated(&gate, "echo done")).await;
+    start_and_detach(&mut runs_a, &ended, "th-ended", &gated(&gate, "echo done")).await;
+    let stalled_dir = local_sandbox_dir(&dep, &mut a.sandboxes(&token).await, &stalled_run.sandbox_id).await;
+    finish_without_driver(&mut a, &gate).await;
+    let (b, c) = (dep.start("b", &[]).await, dep.start("c", &[]).await);
+
+    let agent = agent_daemons(&stalled_dir);
+    assert_eq!(agent.len(), 1, "the stalled run's agent daemon: {agent:?}");
+    signal_pid(agent[0], Signal::SIGSTOP);
+    let mut admin_b = b.admin(&token).await;
+    let b_sweep = tokio::spawn(async move { sweep(&mut admin_b).await });
+    let sweeping = eventually(Duration::from_secs(20), || {
+        let sweeping = logged(&b, &["lease acquired", "reaper:sweep"]);
+        async move { sweeping }
+    })
+    .await;
+    assert!(sweeping, "B never started its sweep:\n{}", b.log_text());
+    tokio::time::sleep(Duration::from_millis(500)).await; // B listed both runs
+
+    let mut runs_c = c.runs(&token).await;
+    let log = whole_log(&mut runs_c, &ended).await;
+    assert_eq!(text_lines(&log), ["start", "done"]);
+    assert_eq!(wait_terminal(&mut runs_c, &ended).await.status, api::RunStatus::Completed as i32);
+    signal_pid(agent[0], Signal::SIGCONT);
+    let t = tokio::time::timeout(PATIENCE, b_sweep).await.expect("B's sweep ends").unwrap();
+
+    let context = format!("{t:?}\nb log:\n{}", b.log_text());
+    let order: Vec<(&str, &str)> = t.runs.iter().map(|r| (r.run_id.as_str(), r.outcome.as_str())).collect();
+    assert_eq!(order, [(stalled.as_str(), "finalized"), (ended.as_str(), "not_claimed")], "{context}");
+    assert_eq!(entry_of(&t, &ended).unwrap().detail, "the run ended meanwhile", "{context}");
+    assert!(logged(&c, &["run finished", &ended]), "C ended it:\n{}", c.log_text());
+    drop((b, c));
+    dep.tear_down().await;
+}
+
+/// Record every status change of a run in `status_writes` (a trigger).
+async fn audit_status_writes(pool: &PgPool) {
+    sqlx::raw_sql(
+        "CREATE TABLE status_writes (run_id TEXT, old_status TEXT, new_status TEXT, epoch BIGINT); \
+         CREATE FUNCTION audit_status() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+         INSERT INTO status_writes VALUES (NEW.run_id, OLD.status, NEW.status, NEW.driver_epoch); \
+         RETURN NEW; END $$; \
+         CREATE TRIGGER audit_status AFTER UPDATE ON runs FOR EACH ROW \
+         WHEN (OLD.status IS DISTINCT FROM NEW.status) EXECUTE FUNCTION audit_status();",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+/// (old status, new status, epoch) of every status change of `run_id`.
+async fn status_writes(pool: &PgPool, run_id: &str) -> Vec<(String, String, i64)> {
+    sqlx::query_as("SELECT old_status, new_status, epoch FROM status_writes WHERE run_id = $1")
+        .bind(run_id)
+        .fetch_all(pool)
+        .await
+        .unwrap()
+}
+
+/// Each of `runs` was finalized exactly once over all `tallies` (any other
+/// entry of it says `not_claimed`: left alone), with one status write, one
+/// terminal chunk after every line once, and one destroy of its sandbox.
+async fn assert_finalized_once(
+    pool: &PgPool,
+    reader: &mut Runs,
+    tallies: &[&api::SweepResponse],
+    replicas: &[&ServerProcess],
+    runs: &[(String, String)],
+    lines: u32,
+    context: &str,
+) {
+    for (run_id, key) in runs {
+        let outcomes: Vec<&str> = tallies
+            .iter()
+            .flat_map(|t| t.runs.iter())
+            .filter(|r| &r.run_id == run_id)
+            .map(|r| r.outcome.as_str())
+            .collect();
+        assert_eq!(outcomes.iter().filter(|o| **o == "finalized").count(), 1, "{run_id}: {context}");
+        assert!(outcomes.iter().all(|o| *o == "finalized" || *o == "not_claimed"), "{run_id}: {context}");
+        let writes = status_writes(pool, run_id).await;
+        assert_eq!(writes.len(), 1, "{run_id}: one status write: {writes:?}");
+        assert_eq!((writes[0].0.as_str(), writes[0].1.as_str()), ("running", "completed"));
+        let log = whole_log(reader, run_id).await;
+        assert_eq!(
+            log.line_numbers(),
+            (1..=lines).collect::<Vec<_>>(),
+            "{run_id}: every line once, in order"
+        );
+        let terminals = terminal_chunks(&log);
+        assert_eq!(terminals.len(), 1, "{run_id}: one terminal chunk");
+        assert_eq!(terminals[0].r#type(), api::ChunkType::RunFinished);
+        assert_eq!(stored(pool, run_id).await.terminal_chunks(), 1, "{run_id}: one terminal chunk stored");
+        assert_eq!(destroys(replicas, key), 1, "{run_id}: its sandbox destroyed once: {context}");
+    }
+}
+
+/// Start `n` durable runs on `driver` that finish behind `gate`, each
+/// printing `lines` numbered lines; (run id, sandbox key) of each, in the
+/// order they were detached.
+async fn gated_runs(
+    driver: &ServerProcess,
+    token: &str,
+    prefix: &str,
+    n: usize,
+    lines: u32,
+    gate: &Path,
+) -> Vec<(String, String)> {
+    let mut runs = driver.runs(token).await;
+    let body = format!("seq 1 {lines} | sed 's/^/line /'");
+    let mut started = Vec::new();
+    for i in 0..n {
+        let run_id = format!("{prefix}{i}");
+        let run = start_and_detach(&mut runs, &run_id, &format!("th-{run_id}"), &gated(gate, &body)).await;
+        started.push((run_id, run.sandbox_id));
+    }
+    started
+}
+
+/// Two replicas sweep at the same moment through `AdminService.Sweep`:
+/// the sweep lease makes them take turns, and every run is finalized
+/// exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_sweeps_at_once_finalize_each_run_once() {
+    let Some((dep, mut a)) = Deployment::local().await else { return };
+    let (token, gate) = (dep.token.clone(), dep.gate());
+    let runs = gated_runs(&a, &token, &format!("once-{}-", dep.nonce), 4, 200, &gate).await;
+    let (b, c) = (dep.start("b", &[]).await, dep.start("c", &[]).await);
+    let pool = dep.pool().await;
+    audit_status_writes(&pool).await;
+    finish_without_driver(&mut a, &gate).await;
+
+    let (mut admin_b, mut admin_c) = (b.admin(&token).await, c.admin(&token).await);
+    let (tb, tc) = tokio::join!(sweep(&mut admin_b), sweep(&mut admin_c));
+    let context = format!("b: {tb:?}\nc: {tc:?}\nb log:\n{}\nc log:\n{}", b.log_text(), c.log_text());
+    assert_eq!(sum(&[&tb, &tc], "finalized"), 4, "{context}");
+    let mut reader = b.runs(&token).await;
+    assert_finalized_once(&pool, &mut reader, &[&tb, &tc], &[&a, &b, &c], &runs, 200, &context).await;
+    drop((b, c));
+    dep.tear_down().await;
+}
+
+/// Sweeps that really overlap: replica B is paused (SIGSTOP) in the middle
+/// of driving a run for its sweep, past its sweep lease and the run's
+/// lease. Replica C's sweep then gets the sweep lease and takes the runs
+/// over, run lease by run lease. When B resumes, its drive is fenced off
+/// and its sweep counts the run `not_claimed`: each run is finalized once,
+/// by C, with one status write, one terminal chunk and one destroy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_sweep_paused_past_its_leases_does_nothing_twice() {
+    const LINES: u32 = 10_000;
+    let Some((dep, mut a)) = Deployment::local().await else { return };
+    let (token, gate) = (dep.token.clone(), dep.gate());
+    let runs = gated_runs(&a, &token, &format!("paused-{}-", dep.nonce), 2, LINES, &gate).await;
+    let (b, c) = (dep.start("b", &[]).await, dep.start("c", &[]).await);
+    let pool = dep.pool().await;
+    audit_status_writes(&pool).await;
+    finish_without_driver(&mut a, &gate).await;
+    let first = runs[0].0.clone();
+    let a_epoch = stored(&pool, &first).await.driver_epoch;
+
+    let mut admin_b = b.admin(&token).await;
+    let b_sweep = tokio::spawn(async move { sweep(&mut admin_b).await });
+    // B claimed the first run: it is driving it (replaying the journal).
+    let driving = eventually(PATIENCE, || {
+        let pool = pool.clone();
+        let first = first.clone();
+        async move {
+            let (status, epoch): (String, i64) =
+                sqlx::query_as("SELECT status, driver_epoch FROM runs WHERE run_id = $1")
+                    .bind(&first)
+                    .fetch_one(&pool)
+                    .await
+                    .unwrap();
+            status == "running" && epoch > a_epoch
+        }
+    })
+    .await;
+    assert!(driving, "B never drove the first run:\n{}", b.log_text());
+    b.signal("-STOP");
+    let paused = stored(&pool, &first).await;
+    assert_eq!(paused.status, "running", "B was paused mid-drive");
+    // Past B's sweep lease and its run lease.
+    tokio::time::sleep(Duration::from_millis(LEASE_TTL_MS + 1000)).await;
+    let tc = sweep(&mut c.admin(&token).await).await;
+    b.signal("-CONT");
+    let tb = tokio::time::timeout(PATIENCE, b_sweep).await.expect("B's sweep ends").unwrap();
+
+    let context = format!("b: {tb:?}\nc: {tc:?}\nb log:\n{}\nc log:\n{}", b.log_text(), c.log_text());
+    assert_eq!(sum(&[&tc], "finalized"), 2, "C finalized both: {context}");
+    let b_first = entry_of(&tb, &first).unwrap_or_else(|| panic!("B reports the run it drove: {context}"));
+    assert_eq!(b_first.outcome, "not_claimed", "{context}");
+    assert!(b_first.detail.contains("took the run over"), "{context}");
+    assert!(tb.truncated, "B's sweep stopped when it found its lease lost: {context}");
+    assert!(b.log_text().contains("writing nothing"), "B's drive was fenced off: {context}");
+    let mut reader = c.runs(&token).await;
+    assert_finalized_once(&pool, &mut reader, &[&tb, &tc], &[&a, &b, &c], &runs, LINES, &context).await;
+    let finished_at = status_writes(&pool, &first).await[0].2;
+    assert!(finished_at > paused.driver_epoch, "the status was written by C, after B's claim");
+    drop((b, c));
+    dep.tear_down().await;
 }
 
 fn write_labels(dir: &Path, tenant: &str, key: &str, age: Duration) {

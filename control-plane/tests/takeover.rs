@@ -393,26 +393,6 @@ async fn rewritten_journal_fails_the_run_with_replay_diverged() {
     assert_eq!(record.error.unwrap().code, "REPLAY_DIVERGED");
 }
 
-/// Pids of agent daemons (`sandhold-agent serve`, not `init`) of sandboxes
-/// under `data_dir`.
-fn agent_daemons(data_dir: &Path) -> Vec<i32> {
-    let needle = data_dir.to_string_lossy().into_owned();
-    let mut pids = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else { continue };
-        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else { continue };
-        let args: Vec<String> =
-            cmdline.split(|b| *b == 0).map(|a| String::from_utf8_lossy(a).into_owned()).collect();
-        if args.first().is_some_and(|a| a.ends_with("sandhold-agent"))
-            && args.get(1).is_some_and(|a| a == "serve")
-            && args.iter().any(|a| a.contains(&needle))
-        {
-            pids.push(pid);
-        }
-    }
-    pids
-}
-
 fn find_journal(data_dir: &Path, run_id: &str) -> Option<PathBuf> {
     let sandboxes = data_dir.join("sandboxes");
     for entry in std::fs::read_dir(sandboxes).ok()?.flatten() {

@@ -356,3 +356,23 @@ pub async fn start_and_read(
     read_until(&mut stream, &mut seen, |s| s.line_numbers().len() >= lines).await.unwrap();
     (stream, seen)
 }
+
+/// Pids of agent daemons (`sandhold-agent serve`, not `init`) of sandboxes
+/// under `data_dir`.
+pub fn agent_daemons(data_dir: &Path) -> Vec<i32> {
+    let needle = data_dir.to_string_lossy().into_owned();
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else { continue };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else { continue };
+        let args: Vec<String> =
+            cmdline.split(|b| *b == 0).map(|a| String::from_utf8_lossy(a).into_owned()).collect();
+        if args.first().is_some_and(|a| a.ends_with("sandhold-agent"))
+            && args.get(1).is_some_and(|a| a == "serve")
+            && args.iter().any(|a| a.contains(&needle))
+        {
+            pids.push(pid);
+        }
+    }
+    pids
+}
