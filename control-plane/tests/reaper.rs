@@ -50,6 +50,8 @@ fn sum(tallies: &[&api::SweepResponse], outcome: &str) -> u64 {
 /// One deployment: a scratch PostgreSQL database and Redis shared by its
 /// replicas, one data dir (so local sandboxes are shared too), two tenants.
 struct Deployment {
+    /// First: dropped before `dir`.
+    _local: LocalCleanup,
     db: ScratchDatabase,
     redis_url: String,
     dir: tempfile::TempDir,
@@ -66,7 +68,8 @@ impl Deployment {
         let dir = tempfile::Builder::new().prefix("reaper").tempdir_in("/tmp").unwrap();
         let nonce = uuid::Uuid::new_v4().simple().to_string()[..10].to_string();
         let (token, other_token) = (format!("tok-{nonce}"), format!("other-{nonce}"));
-        Some(Self { db, redis_url, dir, nonce, token, other_token })
+        let _local = LocalCleanup(dir.path().to_path_buf());
+        Some(Self { _local, db, redis_url, dir, nonce, token, other_token })
     }
 
     fn tenant(&self) -> String {
@@ -865,6 +868,7 @@ const HOURS_2: Duration = Duration::from_secs(2 * 3600);
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn journals_and_orphaned_sandboxes_are_pruned_within_scope() {
     let dir = tempfile::Builder::new().prefix("reaper").tempdir_in("/tmp").unwrap();
+    let _cleanup = LocalCleanup(dir.path().to_path_buf());
     let data = dir.path().join("data");
     let nonce = uuid::Uuid::new_v4().simple().to_string()[..10].to_string();
     let (tenant, token) = (format!("t{nonce}"), format!("tok-{nonce}"));
@@ -967,6 +971,7 @@ async fn journals_and_orphaned_sandboxes_are_pruned_within_scope() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_server_sweeps_on_its_own_schedule() {
     let dir = tempfile::Builder::new().prefix("reaper").tempdir_in("/tmp").unwrap();
+    let _cleanup = LocalCleanup(dir.path().to_path_buf());
     let data = dir.path().join("data");
     let metrics_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let server = ServerProcess::start(&ServerOptions {

@@ -357,22 +357,58 @@ pub async fn start_and_read(
     (stream, seen)
 }
 
-/// Pids of agent daemons (`sandhold-agent serve`, not `init`) of sandboxes
-/// under `data_dir`.
-pub fn agent_daemons(data_dir: &Path) -> Vec<i32> {
-    let needle = data_dir.to_string_lossy().into_owned();
-    let mut pids = Vec::new();
+/// Processes whose command line or working directory lies under `dir`,
+/// with their arguments (this test process excluded).
+fn processes_under(dir: &Path) -> Vec<(i32, Vec<String>)> {
+    let needle = dir.to_string_lossy().into_owned();
+    let own = std::process::id() as i32;
+    let mut found = Vec::new();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
         let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else { continue };
         let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else { continue };
         let args: Vec<String> =
             cmdline.split(|b| *b == 0).map(|a| String::from_utf8_lossy(a).into_owned()).collect();
-        if args.first().is_some_and(|a| a.ends_with("sandhold-agent"))
-            && args.get(1).is_some_and(|a| a == "serve")
-            && args.iter().any(|a| a.contains(&needle))
-        {
-            pids.push(pid);
+        let in_dir = std::fs::read_link(entry.path().join("cwd")).is_ok_and(|cwd| cwd.starts_with(dir));
+        if pid != own && (in_dir || args.iter().any(|a| a.contains(&needle))) {
+            found.push((pid, args));
         }
     }
-    pids
+    found
+}
+
+/// Pids of agent daemons (`sandhold-agent serve`, not `init`) of sandboxes
+/// under `data_dir`.
+pub fn agent_daemons(data_dir: &Path) -> Vec<i32> {
+    processes_under(data_dir)
+        .into_iter()
+        .filter(|(_, args)| {
+            args.first().is_some_and(|a| a.ends_with("sandhold-agent"))
+                && args.get(1).is_some_and(|a| a == "serve")
+        })
+        .map(|(pid, _)| pid)
+        .collect()
+}
+
+/// Kills whatever local sandboxes under a data dir left running (their
+/// agents and commands outlive the servers that started them), also when
+/// the test fails. Drop it before the directory goes.
+pub struct LocalCleanup(pub PathBuf);
+
+impl Drop for LocalCleanup {
+    fn drop(&mut self) {
+        // Again while supervisors restart what was killed under them.
+        for _ in 0..5 {
+            let left = processes_under(&self.0);
+            if left.is_empty() {
+                return;
+            }
+            for (pid, _) in left {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
 }
