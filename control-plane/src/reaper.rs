@@ -312,6 +312,7 @@ impl Reaper {
         lease: &Lease,
         tally: &mut Tally,
     ) -> Result<(), Error> {
+        self.detach_driverless(ready, scope).await;
         let now = Timestamp::now();
         let mut detached: Vec<RunRecord> = ready
             .stores
@@ -340,6 +341,43 @@ impl Reaper {
             tally.runs.push(report);
         }
         Ok(())
+    }
+
+    /// A run whose driver died while no client was attached anywhere is
+    /// never marked detached (that happens when a client leaves), so it
+    /// would never be swept. Every running, undetached run whose lease is
+    /// free (no replica drives it) is marked detached now, while this sweep
+    /// holds its lease; the rest of the sweep then treats it as any
+    /// detached run (finished: finalized; producing: the TTL counts from
+    /// now). A client attaching later clears the mark again.
+    async fn detach_driverless(&self, ready: &Ready, scope: &Scope) {
+        let candidates = match ready.stores.runs.list_undetached_running(self.inner.options.max_runs).await {
+            Ok(c) => c,
+            Err(e) => {
+                warn!(error = %e, "could not list undetached runs");
+                return;
+            }
+        };
+        for record in candidates.into_iter().filter(|r| scope.covers(&r.tenant)) {
+            let run = &record.run_id;
+            let lease = match ready.leases.try_acquire(&format!("run:{run}")).await {
+                Ok(Some(lease)) => lease,
+                Ok(None) => continue, // driven
+                Err(e) => {
+                    debug!(run_id = %run, error = %e, "could not probe the run's lease");
+                    continue;
+                }
+            };
+            match self.inner.runs.mark_detached(run).await {
+                Ok(()) => {
+                    info!(run_id = %run, "no replica drives this run and no client waits on it: marked detached")
+                }
+                Err(e) => {
+                    warn!(run_id = %run, error = %e.message, "could not mark a driverless run detached")
+                }
+            }
+            let _ = lease.release().await;
+        }
     }
 
     async fn sweep_run(&self, ready: &Ready, listed: RunRecord, now: Timestamp) -> RunReport {

@@ -18,10 +18,13 @@ const LEASE_TTL_MS: u64 = 2000;
 const LEASE_RENEW_MS: u64 = 500;
 
 struct Cluster {
+    replicas: Vec<ServerProcess>,
+    /// Before the directory: the local sandboxes outlive their servers.
+    _local: LocalCleanup,
     _dir: tempfile::TempDir,
     data_dir: PathBuf,
     database_url: String,
-    replicas: Vec<ServerProcess>,
+    redis_url: String,
     token: String,
     nonce: String,
 }
@@ -47,7 +50,8 @@ impl Cluster {
         }
         let mut sandboxes = replicas[0].sandboxes(&token).await;
         put_definition(&mut sandboxes, definition("def", Kind::Local)).await;
-        Some(Self { _dir: dir, data_dir, database_url, replicas, token, nonce })
+        let _local = LocalCleanup(dir.path().to_path_buf());
+        Some(Self { replicas, _local, _dir: dir, data_dir, database_url, redis_url, token, nonce })
     }
 
     fn options(data_dir: &Path, database_url: &str, redis_url: &str, nonce: &str, i: usize) -> ServerOptions {
@@ -121,7 +125,11 @@ async fn killed_driver_is_replaced_and_nothing_is_lost_or_doubled() {
     const RUNS: usize = 20;
     const LINES: u32 = 300;
     for (round, kill_after) in [0u64, 250, 600, 1000, 1500].into_iter().enumerate() {
-        let Some(mut cluster) = Cluster::start(3).await else { return };
+        // A run whose client read its end just before the kill has nobody
+        // attached to take it over; the reaper finishes its record.
+        let Some(mut cluster) = Cluster::start_with(3, &["--sweep-interval-ms", "1000"]).await else {
+            return;
+        };
         let script = numbered_lines(LINES, 10, "0.1");
         let mut clients = Vec::new();
         let (streaming_tx, mut streaming_rx) = tokio::sync::mpsc::channel::<()>(RUNS);
@@ -352,6 +360,104 @@ async fn a_recorded_cancel_whose_message_was_missed_still_stops_the_run() {
     assert_eq!(seen.terminal().unwrap().error_code, "CANCELLED");
     let record = wait_terminal(&mut driver, &run_id).await;
     assert_eq!(record.status, api::RunStatus::Aborted as i32);
+}
+
+/// A driver that dies between its run's terminal chunk and its terminal
+/// status leaves a log that ends while the record says running. A client
+/// attached elsewhere reads to the end and leaves while the dead driver's
+/// lease still holds; its replica goes on trying without it and, once the
+/// lease runs out, replays the log to its end and writes the status,
+/// appending nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_run_whose_driver_died_before_its_status_is_finished_after_its_client_left() {
+    use control_plane::lease::{LeaseOptions, Leases, RedisLockStore};
+
+    // No scheduled sweep: the attach's replica must finish it by itself.
+    let Some(cluster) = Cluster::start_with(2, &["--sweep-interval-ms", "0"]).await else { return };
+    let run_id = format!("unfinished-{}", cluster.nonce);
+    let mut first = cluster.replicas[0].runs(&cluster.token).await;
+    let mut other = cluster.replicas[1].runs(&cluster.token).await;
+    let mut stream = first
+        .start_run(command_run(&run_id, "thread", "def", "echo line 1; echo line 2"))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut seen = Seen::default();
+    assert!(read_until(&mut stream, &mut seen, |_| false).await.unwrap());
+    assert_eq!(wait_terminal(&mut first, &run_id).await.status, api::RunStatus::Completed as i32);
+
+    // The state a driver killed after its terminal chunk leaves: the status
+    // and the close were never written, and its lease has not run out.
+    let pool = sqlx::PgPool::connect(&cluster.database_url).await.unwrap();
+    sqlx::query(
+        "UPDATE runs SET status = 'running', finished_at = NULL, usage = NULL, log_closed = FALSE \
+         WHERE run_id = $1",
+    )
+    .bind(&run_id)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let events_before: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM run_events WHERE run_id = $1")
+        .bind(&run_id)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    let store =
+        RedisLockStore::connect(&cluster.redis_url, Duration::from_millis(LEASE_TTL_MS)).await.unwrap();
+    let options = LeaseOptions {
+        ttl: Duration::from_millis(LEASE_TTL_MS),
+        renew_every: Duration::from_millis(LEASE_RENEW_MS),
+        ..Default::default()
+    };
+    let dead_driver = Leases::new(std::sync::Arc::new(store), options).unwrap();
+    let lease = dead_driver.try_acquire(&format!("run:{run_id}")).await.unwrap().expect("the lease is free");
+
+    let mut attached = attach_after(&mut other, &run_id, &Seen::default()).await.unwrap();
+    let mut again = Seen::default();
+    assert!(read_until(&mut attached, &mut again, |_| false).await.unwrap());
+    assert_eq!(seen.line_numbers(), [1, 2]);
+    assert_eq!(again.line_numbers(), [1, 2]);
+    drop(attached);
+    tokio::time::sleep(Duration::from_millis(LEASE_TTL_MS)).await;
+    let _ = lease.release().await;
+
+    let record = wait_terminal(&mut other, &run_id).await;
+    assert_eq!(record.status, api::RunStatus::Completed as i32, "{record:?}\n{}", cluster.logs());
+    let events_after: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM run_events WHERE run_id = $1")
+        .bind(&run_id)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(events_after, events_before, "the finishing replay appended to a complete log");
+}
+
+/// The driver dies and its client never comes back: nobody attached would
+/// take the run over, and nobody marked it detached. The reaper of another
+/// replica finds it running with a free lease, marks it detached, and once
+/// the command finished drives it to its end: completed, every line once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_run_left_with_no_driver_and_no_client_is_finished_by_the_reaper() {
+    let Some(mut cluster) = Cluster::start_with(2, &["--sweep-interval-ms", "1000"]).await else { return };
+    let run_id = format!("driverless-{}", cluster.nonce);
+    let mut driver = cluster.replicas[0].runs(&cluster.token).await;
+    const LINES: u32 = 30;
+    let (stream, _) =
+        start_and_read(&mut driver, &run_id, "thread", &numbered_lines(LINES, 10, "1"), 5).await;
+    drop(stream);
+    cluster.replicas[0].kill9().await;
+
+    let mut other = cluster.replicas[1].runs(&cluster.token).await;
+    let record = wait_terminal(&mut other, &run_id).await;
+    assert_eq!(record.status, api::RunStatus::Completed as i32, "{record:?}\n{}", cluster.logs());
+    assert!(
+        cluster.replicas[1].log_text().contains("marked detached"),
+        "finished by something other than the reaper:\n{}",
+        cluster.logs()
+    );
+    let mut seen = Seen::default();
+    let mut log = attach_after(&mut other, &run_id, &Seen::default()).await.unwrap();
+    assert!(read_until(&mut log, &mut seen, |_| false).await.unwrap());
+    assert_every_line_once(&seen, LINES, "driverless run");
 }
 
 /// A journal rewritten under a stored log: the successor's replay diverges,

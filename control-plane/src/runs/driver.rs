@@ -123,9 +123,12 @@ impl Runs {
             Ok(r) => r,
             Err(e) => return Ending::Failed(e),
         };
-        let (key, agent, secrets) = match fresh {
+        let (key, agent, secrets, stored) = match fresh {
             Some(start) => match self.start_fresh(ctx, start).await {
-                Ok(started) => started,
+                Ok((key, agent, secrets)) => match self.stored_log(ctx).await {
+                    Ok(stored) => (key, agent, secrets, stored),
+                    Err(e) => return Ending::Failed(e),
+                },
                 Err(ending) => return ending,
             },
             None => {
@@ -133,13 +136,24 @@ impl Runs {
                     Ok(r) => r,
                     Err(e) => return Ending::Failed(e.into()),
                 };
-                if record.cancel_requested {
-                    return Ending::Stopped(StopReason::Cancel);
-                }
                 match self.inner.options.quiet.wait(ready.stores.events.as_ref(), &ctx.run).await {
                     Ok(0) => {}
                     Ok(grew) => info!(run_id = %ctx.run, grew, "the stored log grew after the claim"),
                     Err(e) => return Ending::Failed(e),
+                }
+                let stored = match self.stored_log(ctx).await {
+                    Ok(stored) => stored,
+                    Err(e) => return Ending::Failed(e),
+                };
+                // Its driver died between the terminal chunk and the status:
+                // the run is over, whatever its journal or sandbox became,
+                // and only the record is left to finish.
+                if let Some(terminal) = stored.last().filter(|c| chunk::is_terminal(c)) {
+                    info!(run_id = %ctx.run, "the stored log is complete; finishing the record");
+                    return Ending::Exited { terminal: terminal.clone() };
+                }
+                if record.cancel_requested {
+                    return Ending::Stopped(StopReason::Cancel);
                 }
                 let Some(key) = record.sandbox_key else {
                     return Ending::Failed(Error::new(
@@ -148,12 +162,19 @@ impl Runs {
                     ));
                 };
                 match self.reconnect(ctx, &key).await {
-                    Ok((agent, secrets)) => (key, agent, secrets),
+                    Ok((agent, secrets)) => (key, agent, secrets, stored),
                     Err(ending) => return ending,
                 }
             }
         };
-        self.pump(ctx, &key, agent, &secrets).await
+        self.pump(ctx, &key, agent, &secrets, stored).await
+    }
+
+    /// The run's stored log, decoded.
+    async fn stored_log(&self, ctx: &DriveCtx) -> Result<Vec<Chunk>, Error> {
+        let ready = self.inner.state.ready()?;
+        let stored = ready.stores.events.snapshot(&ctx.run).await?.chunks;
+        stored.iter().map(decode_chunk).collect()
     }
 
     /// Ensure the sandbox and start the journaled command.
@@ -236,17 +257,16 @@ impl Runs {
 
     /// Follow the journal from byte 0 to its sentinel, appending what the
     /// log does not hold yet.
-    async fn pump(&self, ctx: &DriveCtx, key: &str, mut agent: AgentClient, secrets: &Secrets) -> Ending {
+    async fn pump(
+        &self,
+        ctx: &DriveCtx,
+        key: &str,
+        mut agent: AgentClient,
+        secrets: &Secrets,
+        stored: Vec<Chunk>,
+    ) -> Ending {
         let ready = match self.inner.state.ready() {
             Ok(r) => r,
-            Err(e) => return Ending::Failed(e),
-        };
-        let stored = match ready.stores.events.snapshot(&ctx.run).await {
-            Ok(s) => s.chunks,
-            Err(e) => return Ending::Failed(e.into()),
-        };
-        let stored = match stored.iter().map(decode_chunk).collect::<Result<Vec<_>, _>>() {
-            Ok(s) => s,
             Err(e) => return Ending::Failed(e),
         };
         let mut pump = Pump {

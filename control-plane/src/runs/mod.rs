@@ -284,7 +284,7 @@ impl Runs {
     }
 
     /// Set `detached_since` on a running run that has none.
-    async fn mark_detached(&self, run: &RunId) -> Result<(), Error> {
+    pub(crate) async fn mark_detached(&self, run: &RunId) -> Result<(), Error> {
         let ready = self.inner.state.ready()?;
         let record = ready.stores.runs.get_unscoped(run).await?;
         if record.status.is_terminal() || record.detached_since.is_some() {

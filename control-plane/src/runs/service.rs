@@ -3,6 +3,7 @@
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use futures::{Stream, StreamExt};
 use shared::chunk::{self, ChunkFactory, RUN_ACCEPTED};
@@ -28,6 +29,9 @@ type EventStream = Pin<Box<dyn Stream<Item = Result<api::RunEvent, Status>> + Se
 /// Unset `ListRunsRequest.limit`.
 const DEFAULT_LIST_LIMIT: u32 = 100;
 const MAX_LIST_LIMIT: u32 = 1000;
+/// How long an attach whose client left at the run's end keeps trying to
+/// take the run over to write its status: well past any lease TTL.
+const FINISH_ORPHANED_FOR: Duration = Duration::from_secs(120);
 
 #[derive(Clone)]
 pub struct RunApi {
@@ -71,8 +75,9 @@ pub(crate) fn options_from_api(o: api::HarnessOptions) -> HarnessOptions {
 
 impl Runs {
     /// The run's log after `after`, then what is appended, until it closes
-    /// or the server shuts down.
-    fn log_stream(&self, run: RunId, after: Offset) -> Result<EventStream, Error> {
+    /// or the server shuts down. `ended` fires when the stream reaches the
+    /// run's terminal chunk.
+    fn log_stream(&self, run: RunId, after: Offset, ended: CancellationToken) -> Result<EventStream, Error> {
         let events = self.inner.state.ready()?.stores.events.clone();
         let shutdown = self.inner.shutdown.clone();
         let stream = async_stream::stream! {
@@ -111,6 +116,9 @@ impl Runs {
                                 Ok(api::RunEvent { event: Some(api::run_event::Event::Chunk(c)) })
                                     if c.chunk.as_ref().is_some_and(shared::chunk::is_terminal)
                             );
+                            if terminal {
+                                ended.cancel();
+                            }
                             yield event;
                             if terminal {
                                 break;
@@ -180,17 +188,44 @@ impl Runs {
 
     /// Keep trying to drive `run` until it is driven here, it ended, or
     /// `until` fires (the attached client left).
-    fn keep_taking_over(&self, run: RunId, until: CancellationToken) {
+    ///
+    /// A client that leaves after the terminal chunk (`log_ended`) while
+    /// the run is not terminal yet saw a driver die between its terminal
+    /// chunk and its terminal status: then the attempts go on without the
+    /// client (for [`FINISH_ORPHANED_FOR`] at most) until a takeover can
+    /// replay the log to its end and write the status.
+    fn keep_taking_over(&self, run: RunId, until: CancellationToken, log_ended: CancellationToken) {
         let runs = self.clone();
         tokio::spawn(async move {
+            let mut give_up_at: Option<tokio::time::Instant> = None;
             loop {
                 match runs.try_take_over(&run).await {
                     Ok(Takeover::HeldElsewhere) => {}
+                    Ok(Takeover::Driving { .. }) if !until.is_cancelled() => {
+                        // Its client is here: whoever marked it detached
+                        // while it had no driver (the reaper) was wrong now.
+                        if let Ok(ready) = runs.inner.state.ready()
+                            && let Ok(record) = ready.stores.runs.get_unscoped(&run).await
+                        {
+                            runs.mark_attached(&record).await;
+                        }
+                        return;
+                    }
                     Ok(_) => return,
                     Err(e) => debug!(run_id = %run, error = %e.message, "takeover attempt failed"),
                 }
+                if give_up_at.is_some_and(|at| tokio::time::Instant::now() >= at) {
+                    warn!(run_id = %run, "the run's log ended but its status was never written; left to the reaper");
+                    return;
+                }
                 tokio::select! {
-                    _ = until.cancelled() => return,
+                    _ = until.cancelled(), if give_up_at.is_none() => {
+                        if !log_ended.is_cancelled() {
+                            return;
+                        }
+                        debug!(run_id = %run, "the client left at the run's end; finishing its record");
+                        give_up_at = Some(tokio::time::Instant::now() + FINISH_ORPHANED_FOR);
+                    }
                     _ = runs.inner.shutdown.cancelled() => return,
                     _ = tokio::time::sleep(runs.inner.options.takeover_retry) => {}
                 }
@@ -362,7 +397,7 @@ impl RunService for RunApi {
         info!(run_id = %run, harness = harness.name(), durable = ctx.spec.durable, "run accepted");
         crate::metrics::runs().started();
         let fresh = FreshStart { input, command, progress: Progress::new(progress_tx) };
-        let log = runs.log_stream(run.clone(), Offset::start())?;
+        let log = runs.log_stream(run.clone(), Offset::start(), CancellationToken::new())?;
         runs.inner.drives.spawn(runs.clone().drive(ctx, Some(fresh)));
         let progress = UnboundedReceiverStream::new(progress_rx).filter_map(|item| async move {
             match item {
@@ -409,11 +444,12 @@ impl RunService for RunApi {
                 .collect();
             return Ok(Response::new(Box::pin(tokio_stream::iter(events))));
         }
-        let log = self.runs.log_stream(run.clone(), after)?;
+        let log_ended = CancellationToken::new();
+        let log = self.runs.log_stream(run.clone(), after, log_ended.clone())?;
         let (stream, gone) = self.runs.client_stream(run.clone(), log);
         if !record.status.is_terminal() {
             self.runs.mark_attached(&record).await;
-            self.runs.keep_taking_over(run, gone);
+            self.runs.keep_taking_over(run, gone, log_ended);
         }
         Ok(Response::new(stream))
     }

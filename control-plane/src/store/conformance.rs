@@ -468,6 +468,14 @@ async fn runs_reclaimable_cutoff_is_inclusive(b: &Backend) {
         ["before", "globex", "at"],
         "running, detached at or before the cutoff, oldest first"
     );
+
+    let undetached: Vec<String> =
+        runs.list_undetached_running(10).await.unwrap().into_iter().map(|r| r.run_id.to_string()).collect();
+    assert_eq!(undetached, ["attached"], "running and not detached, any tenant");
+    runs.create_or_resume(new_run("attached-too", "globex", "t", 0)).await.unwrap();
+    let first: Vec<String> =
+        runs.list_undetached_running(1).await.unwrap().into_iter().map(|r| r.run_id.to_string()).collect();
+    assert_eq!(first, ["attached-too"], "oldest start first, at most the limit");
 }
 
 async fn runs_unfinished_in_sandbox_across_tenants(b: &Backend) {

@@ -336,6 +336,11 @@ pub trait RunStore: Send + Sync {
     /// oldest detachment first, across all tenants.
     async fn list_reclaimable(&self, cutoff: Timestamp) -> Result<Vec<RunRecord>>;
 
+    /// Runs still `running` and not detached, across all tenants, oldest
+    /// start first, at most `limit`: the reaper looks among them for runs
+    /// no replica drives (their driver died with no client left).
+    async fn list_undetached_running(&self, limit: u32) -> Result<Vec<RunRecord>>;
+
     /// Runs not terminal yet whose sandbox is `sandbox_key`, across all
     /// tenants: the reaper keeps a sandbox some run still lives in.
     async fn unfinished_in_sandbox(&self, sandbox_key: &str) -> Result<Vec<RunRecord>>;

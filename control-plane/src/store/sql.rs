@@ -458,6 +458,17 @@ macro_rules! impl_shared_stores {
                 self.fetch_runs(query).await
             }
 
+            async fn list_undetached_running(&self, limit: u32) -> Result<Vec<RunRecord>> {
+                let query = sqlx::query_as::<_, RunRow>(concat!(
+                    "SELECT ",
+                    run_columns!(),
+                    " FROM runs WHERE status = 'running' AND detached_since IS NULL \
+                     ORDER BY started_at, run_id LIMIT $1"
+                ))
+                .bind(i64::from(limit));
+                self.fetch_runs(query).await
+            }
+
             async fn unfinished_in_sandbox(&self, sandbox_key: &str) -> Result<Vec<RunRecord>> {
                 let query = sqlx::query_as::<_, RunRow>(concat!(
                     "SELECT ",
