@@ -17,15 +17,12 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use control_plane::agent::AgentClient;
-use control_plane::config::{ConfigLayer, ServeConfig};
 use control_plane::provider::{LocalProvider, LocalProviderOptions, Provider, SandboxSpec};
 use shared::proto::agent::v1 as agent;
 use shared::proto::v1 as api;
 use shared::proto::v1::run_service_client::RunServiceClient;
 use shared::proto::v1::sandbox_service_client::SandboxServiceClient;
-use support::{Row, ms, static_agent};
-use tokio_util::sync::CancellationToken;
-use tonic::transport::Channel;
+use support::{Row, embedded_server, ms, static_agent};
 
 fn script(lines: usize) -> Vec<String> {
     let program = format!(
@@ -55,19 +52,7 @@ struct Outcome {
 
 async fn pipeline(lines: usize, database_url: Option<String>, label: &str) -> Outcome {
     let dir = tempfile::Builder::new().prefix("shp").tempdir_in("/tmp").unwrap();
-    let agent = static_agent();
-    let layer = ConfigLayer {
-        listen: Some("127.0.0.1:0".parse().unwrap()),
-        data_dir: Some(dir.path().to_path_buf()),
-        database_url,
-        agent_binary: Some(agent.clone()),
-        ..Default::default()
-    };
-    let server = control_plane::server::start(ServeConfig::resolve(layer).unwrap(), CancellationToken::new())
-        .await
-        .unwrap();
-    let channel =
-        Channel::from_shared(format!("http://{}", server.local_addr())).unwrap().connect().await.unwrap();
+    let (server, channel) = embedded_server(dir.path(), database_url).await;
     let mut sandboxes = SandboxServiceClient::new(channel.clone());
     let mut runs = RunServiceClient::new(channel).max_decoding_message_size(64 << 20);
     let definition = api::SandboxDefinition {

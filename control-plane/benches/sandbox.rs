@@ -13,15 +13,13 @@
 
 use std::time::{Duration, Instant};
 
-use control_plane::config::{ConfigLayer, ServeConfig};
 use shared::proto::v1 as api;
 use shared::proto::v1::sandbox_service_client::SandboxServiceClient;
-use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 
 mod support;
 
-use support::{IMAGE, Row, docker_cli, ms, static_agent};
+use support::{IMAGE, Row, docker_cli, embedded_server, ms};
 
 async fn ensure(client: &mut SandboxServiceClient<Channel>, thread: &str) -> api::EnsureReady {
     let mut stream = client
@@ -51,19 +49,7 @@ async fn main() {
     let rounds: usize =
         std::env::var("SANDHOLD_BENCH_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(10);
     let dir = tempfile::Builder::new().prefix("shb").tempdir_in("/tmp").unwrap();
-    let agent = static_agent();
-    let layer = ConfigLayer {
-        listen: Some("127.0.0.1:0".parse().unwrap()),
-        data_dir: Some(dir.path().to_path_buf()),
-        agent_binary: Some(agent.clone()),
-        agent_static_binary: Some(agent),
-        ..Default::default()
-    };
-    let server = control_plane::server::start(ServeConfig::resolve(layer).unwrap(), CancellationToken::new())
-        .await
-        .unwrap();
-    let channel =
-        Channel::from_shared(format!("http://{}", server.local_addr())).unwrap().connect().await.unwrap();
+    let (server, channel) = embedded_server(dir.path(), None).await;
     let mut client = SandboxServiceClient::new(channel);
     let definition = api::SandboxDefinition {
         id: "bench".into(),

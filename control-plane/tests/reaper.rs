@@ -11,10 +11,8 @@ mod run_support;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use control_plane::lease::{LeaseOptions, Leases, RedisLockStore};
 use control_plane::store::testing::ScratchDatabase;
 use run_support::*;
 use shared::proto::v1 as api;
@@ -156,11 +154,7 @@ async fn finish_without_driver(driver: &mut ServerProcess, gate: &Path) {
     let killed = Instant::now();
     std::fs::write(gate, "").unwrap();
     let marker = gate.display().to_string();
-    let exited = eventually(PATIENCE, || {
-        let gone = !process_with_marker(&marker);
-        async move { gone }
-    })
-    .await;
+    let exited = process_gone_within(&marker, PATIENCE).await;
     assert!(exited, "the run scripts never exited");
     // The exit sentinel follows the exit; the leases end a TTL after the kill.
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -367,13 +361,7 @@ async fn runs_held_by_a_live_holder_are_not_claimed() {
     finish_without_driver(&mut a1, &gate).await;
 
     // Another holder takes `held`'s lease, the way any replica takes it.
-    let store = RedisLockStore::connect(&dep.redis_url, Duration::from_millis(LEASE_TTL_MS)).await.unwrap();
-    let options = LeaseOptions {
-        ttl: Duration::from_millis(LEASE_TTL_MS),
-        renew_every: Duration::from_millis(LEASE_RENEW_MS),
-        ..Default::default()
-    };
-    let holder = Leases::new(Arc::new(store), options).unwrap();
+    let holder = lease_holder(&dep.redis_url, LEASE_TTL_MS, LEASE_RENEW_MS).await;
     let lease = holder.try_acquire(&format!("run:{held}")).await.unwrap().expect("a1's lease ran out");
 
     let pool = dep.pool().await;

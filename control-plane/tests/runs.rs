@@ -137,7 +137,7 @@ async fn disconnect_and_reattach(kind: Kind) {
 async fn cancel_stops_at_once(s: &Setup, runs: &mut Runs, kind: Kind) {
     let run_id = format!("cancel-{}", s.nonce);
     let marker = format!("marker{}", s.nonce);
-    let script = format!("echo started; sleep 1000; echo {marker}");
+    let script = sleeper(&marker);
     let mut stream =
         runs.start_run(command_run(&run_id, "thread-2", "def", &script)).await.unwrap().into_inner();
     let mut seen = Seen::default();
@@ -281,8 +281,7 @@ async fn failures_and_non_durable_disconnects_end_the_run() {
     assert_eq!(record.status, api::RunStatus::Failed as i32);
 
     let marker = format!("nd{}", s.nonce);
-    let mut request =
-        command_run("", "thread-nd", "def", &format!("echo started; sleep 1000; echo {marker}"));
+    let mut request = command_run("", "thread-nd", "def", &sleeper(&marker));
     request.durable = false;
     let mut stream = runs.start_run(request).await.unwrap().into_inner();
     let mut seen = Seen::default();
@@ -291,11 +290,7 @@ async fn failures_and_non_durable_disconnects_end_the_run() {
     assert!(run_id.starts_with("run-"), "a generated id: {run_id}");
     assert!(process_with_marker(&marker));
     drop(stream);
-    let gone = eventually(Duration::from_secs(20), || {
-        let gone = !process_with_marker(&marker);
-        async move { gone }
-    })
-    .await;
+    let gone = process_gone_within(&marker, Duration::from_secs(20)).await;
     assert!(gone, "a non-durable run survived its client");
     let record = wait_terminal(&mut runs, &run_id).await;
     assert_eq!(record.status, api::RunStatus::Aborted as i32);

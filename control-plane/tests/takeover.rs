@@ -303,20 +303,18 @@ async fn cancel_through_another_replica_stops_the_run_at_once() {
     let marker = format!("xc{}", cluster.nonce);
     let mut driver = cluster.replicas[0].runs(&cluster.token).await;
     let mut other = cluster.replicas[1].runs(&cluster.token).await;
-    let script = format!("echo started; sleep 1000; echo {marker}");
-    let mut stream =
-        driver.start_run(command_run(&run_id, "thread", "def", &script)).await.unwrap().into_inner();
+    let mut stream = driver
+        .start_run(command_run(&run_id, "thread", "def", &sleeper(&marker)))
+        .await
+        .unwrap()
+        .into_inner();
     let mut seen = Seen::default();
     read_until(&mut stream, &mut seen, |s| s.has_text("started")).await.unwrap();
     assert!(process_with_marker(&marker));
 
     let at = Instant::now();
     other.cancel_run(api::CancelRunRequest { run_id: run_id.clone() }).await.unwrap();
-    let dead = eventually(Duration::from_secs(5), || {
-        let dead = !process_with_marker(&marker);
-        async move { dead }
-    })
-    .await;
+    let dead = process_gone_within(&marker, Duration::from_secs(5)).await;
     let took = at.elapsed();
     assert!(dead, "the CLI survived the cancel:\n{}", cluster.logs());
     assert!(took <= Duration::from_secs(1), "the remote cancel took {took:?}:\n{}", cluster.logs());
@@ -335,9 +333,11 @@ async fn a_recorded_cancel_whose_message_was_missed_still_stops_the_run() {
     let run_id = format!("silentcancel-{}", cluster.nonce);
     let marker = format!("sc{}", cluster.nonce);
     let mut driver = cluster.replicas[0].runs(&cluster.token).await;
-    let script = format!("echo started; sleep 1000; echo {marker}");
-    let mut stream =
-        driver.start_run(command_run(&run_id, "thread", "def", &script)).await.unwrap().into_inner();
+    let mut stream = driver
+        .start_run(command_run(&run_id, "thread", "def", &sleeper(&marker)))
+        .await
+        .unwrap()
+        .into_inner();
     let mut seen = Seen::default();
     read_until(&mut stream, &mut seen, |s| s.has_text("started")).await.unwrap();
     assert!(process_with_marker(&marker));
@@ -350,11 +350,7 @@ async fn a_recorded_cancel_whose_message_was_missed_still_stops_the_run() {
         .await
         .unwrap();
     assert_eq!(updated.rows_affected(), 1);
-    let dead = eventually(Duration::from_secs(10), || {
-        let dead = !process_with_marker(&marker);
-        async move { dead }
-    })
-    .await;
+    let dead = process_gone_within(&marker, Duration::from_secs(10)).await;
     assert!(dead, "the driver never found the recorded cancel:\n{}", cluster.logs());
     assert!(read_until(&mut stream, &mut seen, |_| false).await.unwrap());
     assert_eq!(seen.terminal().unwrap().error_code, "CANCELLED");
@@ -370,8 +366,6 @@ async fn a_recorded_cancel_whose_message_was_missed_still_stops_the_run() {
 /// appending nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_run_whose_driver_died_before_its_status_is_finished_after_its_client_left() {
-    use control_plane::lease::{LeaseOptions, Leases, RedisLockStore};
-
     // No scheduled sweep: the attach's replica must finish it by itself.
     let Some(cluster) = Cluster::start_with(2, &["--sweep-interval-ms", "0"]).await else { return };
     let run_id = format!("unfinished-{}", cluster.nonce);
@@ -402,14 +396,7 @@ async fn a_run_whose_driver_died_before_its_status_is_finished_after_its_client_
         .fetch_one(&pool)
         .await
         .unwrap();
-    let store =
-        RedisLockStore::connect(&cluster.redis_url, Duration::from_millis(LEASE_TTL_MS)).await.unwrap();
-    let options = LeaseOptions {
-        ttl: Duration::from_millis(LEASE_TTL_MS),
-        renew_every: Duration::from_millis(LEASE_RENEW_MS),
-        ..Default::default()
-    };
-    let dead_driver = Leases::new(std::sync::Arc::new(store), options).unwrap();
+    let dead_driver = lease_holder(&cluster.redis_url, LEASE_TTL_MS, LEASE_RENEW_MS).await;
     let lease = dead_driver.try_acquire(&format!("run:{run_id}")).await.unwrap().expect("the lease is free");
 
     let mut attached = attach_after(&mut other, &run_id, &Seen::default()).await.unwrap();

@@ -281,6 +281,34 @@ pub fn process_with_marker(marker: &str) -> bool {
     })
 }
 
+/// A command that says `started` and then sleeps, its command line marked
+/// with `marker` so the test can find its process.
+pub fn sleeper(marker: &str) -> String {
+    format!("echo started; sleep 1000; echo {marker}")
+}
+
+/// Whether the process marked `marker` is gone within `within`.
+pub async fn process_gone_within(marker: &str, within: Duration) -> bool {
+    eventually(within, || {
+        let gone = !process_with_marker(marker);
+        async move { gone }
+    })
+    .await
+}
+
+/// A lease holder of its own on the Redis lease store the servers share,
+/// taking leases the way any replica does.
+pub async fn lease_holder(redis_url: &str, ttl_ms: u64, renew_ms: u64) -> control_plane::lease::Leases {
+    use control_plane::lease::{LeaseOptions, Leases, RedisLockStore};
+    let store = RedisLockStore::connect(redis_url, Duration::from_millis(ttl_ms)).await.unwrap();
+    let options = LeaseOptions {
+        ttl: Duration::from_millis(ttl_ms),
+        renew_every: Duration::from_millis(renew_ms),
+        ..Default::default()
+    };
+    Leases::new(std::sync::Arc::new(store), options).unwrap()
+}
+
 pub fn docker_containers(label: &str) -> Vec<String> {
     let out = std::process::Command::new("docker")
         .args(["ps", "-a", "-q", "--filter", &format!("label={label}")])
