@@ -1,15 +1,17 @@
 //! The Sandhold control plane: the public gRPC API, stores, leases,
 //! providers, harness adapters and the run driver.
 
-pub mod admin;
 pub mod agent;
+pub mod api;
 pub mod auth;
 pub mod cli;
 pub mod config;
+pub mod context;
 pub mod harness;
 pub mod lease;
 pub mod metrics;
 pub mod provider;
+pub mod provision;
 pub mod reaper;
 pub mod runs;
 pub mod sandbox;

@@ -213,7 +213,7 @@ async fn shutdown_releases_held_leases() {
     let dir = tempfile::tempdir().unwrap();
     let server = start(config(dir.path(), &[])).await;
     wait_serving(server.local_addr()).await;
-    let leases = server.state().ready().unwrap().leases.clone();
+    let leases = server.context().unwrap().leases.clone();
     let lease = leases.try_acquire("run:shutdown-test").await.unwrap().expect("free lease");
     let lost = lease.lost();
     server.stop().await.unwrap();
@@ -237,7 +237,7 @@ async fn redis_url_selects_redis_leases() {
         .into_inner();
     assert_eq!(info.lease_backend, "redis");
     // A lease taken through the server is held in Redis, for everyone.
-    let leases = server.state().ready().unwrap().leases.clone();
+    let leases = server.context().unwrap().leases.clone();
     let name = format!("run:{}", uuid::Uuid::new_v4().simple());
     let lease = leases.try_acquire(&name).await.unwrap().unwrap();
     let options = leases.options().clone();

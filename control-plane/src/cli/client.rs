@@ -140,7 +140,7 @@ impl Connection {
             .await
             .context("starting the embedded server")?;
         let deadline = tokio::time::Instant::now() + EMBEDDED_READY_TIMEOUT;
-        while server.state().ready().is_err() {
+        while server.context().is_none() {
             if tokio::time::Instant::now() > deadline {
                 bail!(
                     "the embedded server did not open its database under {} within {}s; see {}",

@@ -15,6 +15,7 @@
 //! writes (see `store`). The lease decides who *should* drive; the epoch
 //! makes sure a holder that lost it without noticing cannot corrupt anything.
 
+mod cancel;
 mod in_process;
 mod redis_store;
 
@@ -31,6 +32,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+pub use cancel::CancelBus;
 pub use in_process::InProcessLockStore;
 pub use redis_store::RedisLockStore;
 

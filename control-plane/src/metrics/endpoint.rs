@@ -18,13 +18,14 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
-use crate::server::ServerState;
+use futures::future::BoxFuture;
+use tokio_util::task::TaskTracker;
 
 const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
-/// Bound for the database sample taken at each scrape: a slow database must
-/// not make the scrape itself time out (the gauges keep their last value).
-const SAMPLE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Refreshes the gauges sampled at scrape time (the server's: runs by
+/// status from the database).
+pub type Sampler = std::sync::Arc<dyn Fn() -> BoxFuture<'static, ()> + Send + Sync>;
 
 /// A bound, serving metrics endpoint.
 pub struct MetricsEndpoint {
@@ -41,12 +42,14 @@ impl MetricsEndpoint {
 /// Bind `addr` and serve `GET /metrics` until `shutdown` fires.
 pub async fn serve(
     addr: SocketAddr,
-    state: ServerState,
+    sampler: Sampler,
     shutdown: CancellationToken,
+    tasks: &TaskTracker,
 ) -> anyhow::Result<MetricsEndpoint> {
     let listener = TcpListener::bind(addr).await.with_context(|| format!("metrics: listening on {addr}"))?;
     let local_addr = listener.local_addr()?;
-    tokio::spawn(async move {
+    let connections = tasks.clone();
+    tasks.spawn(async move {
         loop {
             let (stream, peer) = tokio::select! {
                 _ = shutdown.cancelled() => return,
@@ -59,10 +62,10 @@ pub async fn serve(
                     }
                 },
             };
-            let state = state.clone();
+            let sampler = sampler.clone();
             let shutdown = shutdown.clone();
-            tokio::spawn(async move {
-                let service = service_fn(move |req| respond(req, state.clone()));
+            connections.spawn(async move {
+                let service = service_fn(move |req| respond(req, sampler.clone()));
                 let conn = http1::Builder::new().serve_connection(TokioIo::new(stream), service);
                 tokio::select! {
                     _ = shutdown.cancelled() => {}
@@ -76,10 +79,10 @@ pub async fn serve(
     Ok(MetricsEndpoint { local_addr })
 }
 
-async fn respond(req: Request<Incoming>, state: ServerState) -> Result<Response<Full<Bytes>>, Infallible> {
+async fn respond(req: Request<Incoming>, sampler: Sampler) -> Result<Response<Full<Bytes>>, Infallible> {
     let (status, content_type, body) = match (req.method(), req.uri().path()) {
         (&Method::GET, "/metrics") => {
-            sample_database(&state).await;
+            sampler().await;
             (StatusCode::OK, CONTENT_TYPE, super::registry().encode())
         }
         (_, "/metrics") => {
@@ -93,18 +96,4 @@ async fn respond(req: Request<Incoming>, state: ServerState) -> Result<Response<
         .body(Full::new(Bytes::from(body)))
         .expect("static response parts are valid");
     Ok(response)
-}
-
-/// Refresh the gauges that come from the database, if the stores are open.
-async fn sample_database(state: &ServerState) {
-    let Ok(ready) = state.ready() else { return };
-    match tokio::time::timeout(SAMPLE_TIMEOUT, ready.stores.count_unfinished_runs()).await {
-        Ok(Ok(counts)) => {
-            for (status, n) in counts {
-                super::runs().set_current(status, n);
-            }
-        }
-        Ok(Err(e)) => debug!(error = %e, "metrics: counting runs failed; keeping the last sample"),
-        Err(_) => debug!("metrics: counting runs timed out; keeping the last sample"),
-    }
 }

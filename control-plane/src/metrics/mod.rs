@@ -13,11 +13,11 @@
 //! | `sandhold_runs` | gauge | `status` = running, interrupted | sampled from the database at each scrape (cluster-wide: every replica reports the same number) |
 //! | `sandhold_drives_active` | gauge | | the run pump: hold the guard of [`drives()`]`.start()` while driving a run |
 //! | `sandhold_takeovers_total` | counter | | the run pump after a successful claim of a run another driver had: [`takeovers()`]`.inc()` |
-//! | `sandhold_fencing_refusals_total` | counter | `write` = append, finish | the stores: an append ([`crate::store::LogWriter`]) or terminal write refused because the run was claimed again |
+//! | `sandhold_fencing_refusals_total` | counter | `write` = append, finish | the stores: an append (the store's `LogWriter`) or terminal write refused because the run was claimed again |
 //! | `sandhold_journal_read_bytes_total` | counter | | the run pump, per journal line read from a sandbox agent: [`journal()`]`.read(bytes)` |
-//! | `sandhold_event_log_append_seconds` | histogram | | [`crate::store::LogWriter::append`]: one observation per batch, refused ones included |
+//! | `sandhold_event_log_append_seconds` | histogram | | the store's `LogWriter::append`: one observation per batch, refused ones included |
 //! | `sandhold_sweep_outcomes_total` | counter | `outcome` | the reaper, per run or journal it handled: [`sweeps()`]`.outcome(outcome)` |
-//! | `sandhold_sandbox_ensures_total` | counter | `outcome` = created, resumed, snapshot_restored, failed | [`crate::sandbox::Lifecycle::ensure`] |
+//! | `sandhold_sandbox_ensures_total` | counter | `outcome` = created, resumed, snapshot_restored, failed | the sandbox lifecycle's `ensure` |
 //! | `sandhold_build_info` | gauge (1) | `version` | at start |
 //!
 //! The exposition format is OpenMetrics text (Prometheus scrapes it as is).
@@ -35,13 +35,17 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
 use shared::proto::v1::EnsureOutcome;
 
-pub use endpoint::{MetricsEndpoint, serve as serve_endpoint};
+pub use endpoint::{MetricsEndpoint, Sampler, serve as serve_endpoint};
 
-use crate::store::RunStatus;
+/// Run statuses a run ends in: the `status` values of
+/// `sandhold_runs_finished_total` (the store's `RunStatus` names).
+pub const TERMINAL_STATUSES: [&str; 3] = ["completed", "failed", "aborted"];
+/// Run statuses before the end: the `status` values of `sandhold_runs`.
+pub const UNFINISHED_STATUSES: [&str; 2] = ["running", "interrupted"];
 
 /// Outcomes the reaper reports (`sandhold_sweep_outcomes_total{outcome}`).
 /// Closed so a typo cannot start a new series. The first eight are what a
-/// sweep did with one detached run (see [`crate::reaper`]); the last two
+/// sweep did with one detached run (see the reaper); the last two
 /// count journals and orphaned sandboxes it removed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum SweepOutcome {
@@ -158,16 +162,18 @@ impl RunMetrics {
 
     /// This replica wrote the run's terminal status. Non-terminal statuses
     /// are ignored (they are not outcomes).
-    pub fn finished(&self, status: RunStatus) {
-        if status.is_terminal() {
-            self.finished.get_or_create(&StatusLabel { status: status.as_str() }).inc();
+    pub fn finished(&self, status: &str) {
+        if let Some(status) = TERMINAL_STATUSES.into_iter().find(|s| *s == status) {
+            self.finished.get_or_create(&StatusLabel { status }).inc();
         }
     }
 
     /// Set the sampled number of runs in `status` (the endpoint does this
     /// from the database at each scrape).
-    pub fn set_current(&self, status: RunStatus, count: i64) {
-        self.current.get_or_create(&StatusLabel { status: status.as_str() }).set(count);
+    pub fn set_current(&self, status: &str, count: i64) {
+        if let Some(status) = UNFINISHED_STATUSES.into_iter().find(|s| *s == status) {
+            self.current.get_or_create(&StatusLabel { status }).set(count);
+        }
     }
 }
 
@@ -342,12 +348,11 @@ impl Metrics {
 
         // Every closed label value exists from the start at zero, so a rate
         // over a series that has not moved yet is 0 rather than absent.
-        for status in RunStatus::ALL {
-            if status.is_terminal() {
-                let _ = runs.finished.get_or_create(&StatusLabel { status: status.as_str() });
-            } else {
-                let _ = runs.current.get_or_create(&StatusLabel { status: status.as_str() });
-            }
+        for status in TERMINAL_STATUSES {
+            let _ = runs.finished.get_or_create(&StatusLabel { status });
+        }
+        for status in UNFINISHED_STATUSES {
+            let _ = runs.current.get_or_create(&StatusLabel { status });
         }
         for write in [FencedWrite::Append, FencedWrite::Finish] {
             let _ = fencing.refusals.get_or_create(&WriteLabel { write: write.as_str() });
@@ -423,9 +428,18 @@ pub fn sandboxes() -> &'static SandboxMetrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::RunStatus;
 
     fn sample(text: &str, series: &str) -> f64 {
         super::sample(text, series).unwrap_or_else(|| panic!("{series} missing in:\n{text}"))
+    }
+
+    #[test]
+    fn status_labels_are_the_store_statuses() {
+        let (terminal, unfinished): (Vec<RunStatus>, Vec<RunStatus>) =
+            RunStatus::ALL.into_iter().partition(|s| s.is_terminal());
+        assert_eq!(terminal.iter().map(|s| s.as_str()).collect::<Vec<_>>(), TERMINAL_STATUSES);
+        assert_eq!(unfinished.iter().map(|s| s.as_str()).collect::<Vec<_>>(), UNFINISHED_STATUSES);
     }
 
     #[test]
@@ -435,9 +449,9 @@ mod tests {
         let m = Metrics::new();
         let before = m.encode();
         m.runs.started();
-        m.runs.finished(RunStatus::Failed);
-        m.runs.finished(RunStatus::Running); // not an outcome: ignored
-        m.runs.set_current(RunStatus::Running, 7);
+        m.runs.finished(RunStatus::Failed.as_str());
+        m.runs.finished(RunStatus::Running.as_str()); // not an outcome: ignored
+        m.runs.set_current(RunStatus::Running.as_str(), 7);
         let drive = m.drives.start();
         m.takeovers.inc();
         m.fencing.refused(FencedWrite::Finish);

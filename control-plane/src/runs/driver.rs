@@ -20,9 +20,10 @@ use super::{Drive, RunSpec, Runs, StopReason};
 use crate::agent::AgentClient;
 use crate::harness::{CommandSpec, Harness, Translator};
 use crate::lease::Lease;
-use crate::sandbox::provision::Redactor;
-use crate::sandbox::provision::Secrets;
-use crate::sandbox::{EnsureInput, progress::Progress};
+use crate::provision::Progress;
+use crate::provision::Redactor;
+use crate::provision::Secrets;
+use crate::sandbox::EnsureInput;
 use crate::store::{
     self, LogWriter, NewChunk, RunError, RunFinish, RunId, RunStatus, RunUpdate, Tenant, Timestamp,
 };
@@ -119,10 +120,7 @@ impl Runs {
     }
 
     async fn drive_to_end(&self, ctx: &DriveCtx, fresh: Option<FreshStart>) -> Ending {
-        let ready = match self.inner.state.ready() {
-            Ok(r) => r,
-            Err(e) => return Ending::Failed(e),
-        };
+        let cx = &self.inner.ctx;
         let (key, agent, secrets, stored) = match fresh {
             Some(start) => match self.start_fresh(ctx, start).await {
                 Ok((key, agent, secrets)) => match self.stored_log(ctx).await {
@@ -132,11 +130,11 @@ impl Runs {
                 Err(ending) => return ending,
             },
             None => {
-                let record = match ready.stores.runs.get_unscoped(&ctx.run).await {
+                let record = match cx.stores.runs.get_unscoped(&ctx.run).await {
                     Ok(r) => r,
                     Err(e) => return Ending::Failed(e.into()),
                 };
-                match self.inner.options.quiet.wait(ready.stores.events.as_ref(), &ctx.run).await {
+                match self.inner.options.quiet.wait(cx.stores.events.as_ref(), &ctx.run).await {
                     Ok(0) => {}
                     Ok(grew) => info!(run_id = %ctx.run, grew, "the stored log grew after the claim"),
                     Err(e) => return Ending::Failed(e),
@@ -172,8 +170,8 @@ impl Runs {
 
     /// The run's stored log, decoded.
     async fn stored_log(&self, ctx: &DriveCtx) -> Result<Vec<Chunk>, Error> {
-        let ready = self.inner.state.ready()?;
-        let stored = ready.stores.events.snapshot(&ctx.run).await?.chunks;
+        let cx = &self.inner.ctx;
+        let stored = cx.stores.events.snapshot(&ctx.run).await?.chunks;
         stored.iter().map(decode_chunk).collect()
     }
 
@@ -183,21 +181,22 @@ impl Runs {
         ctx: &DriveCtx,
         start: FreshStart,
     ) -> Result<(String, AgentClient, Arc<Secrets>), Ending> {
-        let ready = self.inner.state.ready().map_err(Ending::Failed)?;
+        let cx = &self.inner.ctx;
         let FreshStart { input, command, progress } = start;
         let workspace = input.definition.workspace.clone().unwrap_or_default();
         let ensured = self
             .inner
+            .ctx
             .lifecycle
-            .ensure(&ready.stores, &ready.leases, input, &progress)
+            .ensure(&cx.stores, &cx.leases, input, &progress)
             .await
             .map_err(Ending::Failed)?;
         drop(progress); // ends the progress part of StartRun's stream
         let key = ensured.sandbox_id;
         let update = RunUpdate { sandbox_key: Some(Some(key.clone())), ..Default::default() };
-        ready.stores.runs.update(&ctx.run, update).await.map_err(|e| Ending::Failed(e.into()))?;
+        cx.stores.runs.update(&ctx.run, update).await.map_err(|e| Ending::Failed(e.into()))?;
         let live =
-            self.inner.lifecycle.agent(&ready.stores, &ctx.tenant, &key).await.map_err(Ending::Failed)?;
+            self.inner.ctx.lifecycle.agent(&cx.stores, &ctx.tenant, &key).await.map_err(Ending::Failed)?;
         if ctx.drive.stop.is_cancelled() {
             // Stopped while the sandbox was being made: nothing to start.
             return Ok((key, live.agent, live.secrets));
@@ -224,11 +223,11 @@ impl Runs {
 
     /// A connected agent for the sandbox, retried within the budget.
     async fn reconnect(&self, ctx: &DriveCtx, key: &str) -> Result<(AgentClient, Arc<Secrets>), Ending> {
-        let ready = self.inner.state.ready().map_err(Ending::Failed)?;
+        let cx = &self.inner.ctx;
         let deadline = Instant::now() + self.inner.options.reconnect_budget;
         let mut backoff = Duration::from_millis(100);
         loop {
-            match self.inner.lifecycle.agent(&ready.stores, &ctx.tenant, key).await {
+            match self.inner.ctx.lifecycle.agent(&cx.stores, &ctx.tenant, key).await {
                 Ok(live) => return Ok((live.agent, live.secrets)),
                 Err(e) if e.code == ErrorCode::NotFound || Instant::now() >= deadline => {
                     return Err(Ending::Failed(e.context("reaching the run's sandbox")));
@@ -248,7 +247,7 @@ impl Runs {
     async fn interrupted(&self, ctx: &DriveCtx, d: Duration) -> Option<Ending> {
         tokio::select! {
             biased;
-            _ = self.inner.shutdown.cancelled() => Some(Ending::Detach),
+            _ = self.inner.ctx.shutdown.cancelled() => Some(Ending::Detach),
             _ = ctx.lease_lost.cancelled() => Some(Ending::Superseded("the run's lease was lost".into())),
             _ = ctx.drive.stop.cancelled() => Some(Ending::Stopped(ctx.drive.reason().unwrap_or(StopReason::Cancel))),
             _ = tokio::time::sleep(d) => None,
@@ -265,10 +264,7 @@ impl Runs {
         secrets: &Secrets,
         stored: Vec<Chunk>,
     ) -> Ending {
-        let ready = match self.inner.state.ready() {
-            Ok(r) => r,
-            Err(e) => return Ending::Failed(e),
-        };
+        let cx = &self.inner.ctx;
         let mut pump = Pump {
             translator: self.translator(ctx),
             aligner: Aligner::new(stored),
@@ -318,7 +314,7 @@ impl Runs {
             loop {
                 tokio::select! {
                     biased;
-                    _ = self.inner.shutdown.cancelled() => break 'follow Ending::Detach,
+                    _ = self.inner.ctx.shutdown.cancelled() => break 'follow Ending::Detach,
                     _ = ctx.lease_lost.cancelled() => {
                         break 'follow Ending::Superseded("the run's lease was lost".into());
                     }
@@ -326,7 +322,7 @@ impl Runs {
                         break 'follow Ending::Stopped(ctx.drive.reason().unwrap_or(StopReason::Cancel));
                     }
                     _ = cancel_poll.tick() => {
-                        match ready.stores.runs.get_unscoped(&ctx.run).await {
+                        match cx.stores.runs.get_unscoped(&ctx.run).await {
                             Ok(r) if r.cancel_requested => break 'follow Ending::Stopped(StopReason::Cancel),
                             Ok(r) if r.driver_epoch != ctx.writer.epoch() => {
                                 break 'follow Ending::Superseded(format!("run claimed at epoch {}", r.driver_epoch));
@@ -521,7 +517,7 @@ impl Runs {
 
     /// Act on how the drive ended: terminal chunk, status, log, sandbox.
     async fn conclude(&self, ctx: &DriveCtx, ending: Ending) {
-        let Ok(ready) = self.inner.state.ready() else { return };
+        let cx = &self.inner.ctx;
         // Read once: the stop, the completion and the journal cleanup all
         // act on the same sandbox.
         let key = match &ending {
@@ -562,7 +558,7 @@ impl Runs {
                 // stop every provider can do, also for a wedged agent.
                 if let Some(key) = &key
                     && let Err(e) =
-                        self.inner.lifecycle.destroy(&ready.stores, &ready.leases, &ctx.tenant, key).await
+                        self.inner.ctx.lifecycle.destroy(&cx.stores, &cx.leases, &ctx.tenant, key).await
                     && e.code != ErrorCode::NotFound
                 {
                     warn!(run_id = %ctx.run, sandbox_key = %key, error = %e.message, "could not destroy the sandbox of a stopped run");
@@ -594,7 +590,7 @@ impl Runs {
             }
         }
         let finish = RunFinish { status, error, usage, finished_at: Timestamp::now() };
-        match ready.stores.runs.finish(&ctx.run, ctx.writer.epoch(), finish).await {
+        match cx.stores.runs.finish(&ctx.run, ctx.writer.epoch(), finish).await {
             Ok(_) | Err(store::Error::RunTerminal { .. }) => {}
             Err(store::Error::Fenced { .. }) => {
                 info!(run_id = %ctx.run, "superseded before the terminal status; writing nothing");
@@ -606,11 +602,11 @@ impl Runs {
                 return;
             }
         }
-        if let Err(e) = ready.stores.events.close(&ctx.run).await {
+        if let Err(e) = cx.stores.events.close(&ctx.run).await {
             warn!(run_id = %ctx.run, error = %e, "could not close the run's log");
         }
         info!(run_id = %ctx.run, status = %status, "run finished");
-        crate::metrics::runs().finished(status);
+        crate::metrics::runs().finished(status.as_str());
         let Some(key) = key else { return };
         if status == RunStatus::Completed {
             self.after_completion(ctx, &key).await;
@@ -619,8 +615,8 @@ impl Runs {
     }
 
     async fn sandbox_key(&self, ctx: &DriveCtx) -> Option<String> {
-        let ready = self.inner.state.ready().ok()?;
-        ready.stores.runs.get_unscoped(&ctx.run).await.ok()?.sandbox_key
+        let cx = &self.inner.ctx;
+        cx.stores.runs.get_unscoped(&ctx.run).await.ok()?.sandbox_key
     }
 
     /// After a completed run: a portable checkpoint when the definition
@@ -629,22 +625,21 @@ impl Runs {
         if let Err(e) = self.checkpoint(ctx, key).await {
             warn!(run_id = %ctx.run, error = %e.message, "could not save the checkpoint after the run");
         }
-        if self.inner.lifecycle.destroy_on_complete(key) == Some(true) {
-            let Ok(ready) = self.inner.state.ready() else { return };
-            if let Err(e) = self.inner.lifecycle.destroy(&ready.stores, &ready.leases, &ctx.tenant, key).await
-            {
+        if self.inner.ctx.lifecycle.destroy_on_complete(key) == Some(true) {
+            let cx = &self.inner.ctx;
+            if let Err(e) = self.inner.ctx.lifecycle.destroy(&cx.stores, &cx.leases, &ctx.tenant, key).await {
                 warn!(run_id = %ctx.run, sandbox_key = %key, error = %e.message, "destroy_on_complete failed");
             }
         }
     }
 
     async fn checkpoint(&self, ctx: &DriveCtx, key: &str) -> Result<(), Error> {
-        let ready = self.inner.state.ready()?;
-        let stored = ready.stores.definitions.get(&ctx.tenant, &ctx.spec.definition_id).await?;
+        let cx = &self.inner.ctx;
+        let stored = cx.stores.definitions.get(&ctx.tenant, &ctx.spec.definition_id).await?;
         let definition = crate::sandbox::definition::from_stored(&stored.body)?;
-        let live = self.inner.lifecycle.agent(&ready.stores, &ctx.tenant, key).await?;
+        let live = self.inner.ctx.lifecycle.agent(&cx.stores, &ctx.tenant, key).await?;
         let saved = crate::snapshot::checkpoint_after_run(
-            &ready.stores,
+            &cx.stores,
             &live.agent,
             &ctx.tenant,
             &ctx.thread_id,
@@ -661,7 +656,7 @@ impl Runs {
 
     /// The journal of a terminal run is no longer needed.
     async fn drop_journal(&self, ctx: &DriveCtx, key: &str) {
-        let Some(live) = self.inner.lifecycle.live(key) else { return };
+        let Some(live) = self.inner.ctx.lifecycle.live(key) else { return };
         let request = agent::DeleteJournalsRequest { run_ids: vec![ctx.run.to_string()] };
         if let Err(status) = live.agent.journal().delete_journals(request).await {
             debug!(run_id = %ctx.run, error = %status.message(), "could not delete the journal");

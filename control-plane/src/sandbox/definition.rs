@@ -5,7 +5,9 @@
 //! survive an older server). A definition holds secret NAMES only; no
 //! request's secret values ever reach this module.
 
-use shared::error::{Error, ErrorCode};
+use shared::error::Error;
+
+use crate::provision::{refuse, valid_env_name};
 use shared::proto::v1::{SandboxDefinition, provider_spec, setup_step};
 
 const ENCODING: &str = "protobuf-hex";
@@ -28,13 +30,6 @@ pub fn from_stored(body: &serde_json::Value) -> Result<SandboxDefinition, Error>
 
 fn valid_id(id: &str) -> bool {
     (1..=100).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
-}
-
-/// An environment variable / secret name: `[A-Za-z_][A-Za-z0-9_]*`.
-pub fn valid_env_name(name: &str) -> bool {
-    let mut bytes = name.bytes();
-    matches!(bytes.next(), Some(b) if b.is_ascii_alphabetic() || b == b'_')
-        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
 }
 
 /// Every problem of `d` as field violations, in one INVALID_ARGUMENT.
@@ -107,21 +102,10 @@ pub fn validate(d: &SandboxDefinition) -> Result<(), Error> {
 
 /// `Ok` without violations, else one INVALID_ARGUMENT carrying each as a
 /// field violation.
-pub(crate) fn refuse(what: &str, violations: Vec<(String, String)>) -> Result<(), Error> {
-    if violations.is_empty() {
-        return Ok(());
-    }
-    let summary = violations.iter().map(|(f, w)| format!("{f}: {w}")).collect::<Vec<_>>().join("; ");
-    let mut err = Error::new(ErrorCode::InvalidArgument, format!("invalid {what}: {summary}"));
-    for (f, w) in violations {
-        err = err.with_violation(f, w);
-    }
-    Err(err)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use shared::error::ErrorCode;
     use shared::proto::v1::{DockerProvider, ProviderSpec};
 
     fn docker(image: &str) -> SandboxDefinition {

@@ -13,11 +13,11 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::key::{KeyInput, sandbox_key};
-use super::progress::Progress;
-use super::provision::{ProvisionContext, Provisioner, Secrets};
 use crate::agent::AgentClient;
 use crate::lease::Leases;
 use crate::provider::{DockerOptions, MountSpec, Provider, ProviderKind, SandboxSpec, Snapshot};
+use crate::provision::Progress;
+use crate::provision::{ProvisionContext, Provisioner, Secrets};
 use crate::store::{self, Instance, NewInstance, Stores, Tenant, Timestamp};
 
 /// How long a resumed or created sandbox's agent may take to answer.

@@ -7,12 +7,15 @@
 //! leases, stop accepting, drain in-flight calls within a time box, close
 //! the stores.
 
+mod gate;
+mod providers;
+mod ready;
+
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use anyhow::{Context, bail};
-use shared::error::{Error, ErrorCode};
+use anyhow::{Context as _, bail};
 use shared::proto::v1::admin_service_server::AdminServiceServer;
 use shared::proto::v1::run_service_server::RunServiceServer;
 use shared::proto::v1::sandbox_service_server::SandboxServiceServer;
@@ -21,51 +24,35 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
-use tracing::{error, info, warn};
+use tracing::{info, warn};
 
-use crate::admin::AdminApi;
+pub use providers::providers_from_config;
+
 use crate::auth::{AuthLayer, Authenticator, SINGLE_USER_TENANT};
 use crate::config::{ServeConfig, redact_url};
-use crate::lease::{self, LeaseError, Leases};
-use crate::store::{self, Stores, Tenant};
+use crate::context::Context;
+use crate::runs::Runs;
+use gate::{Slot, gate};
 
-/// How often a ready server re-checks its database for health.
-const HEALTH_CHECK_EVERY: Duration = Duration::from_secs(5);
+/// How long shutdown waits for the background loops to stop.
+const LOOPS_GRACE: Duration = Duration::from_secs(5);
 
-/// What exists once the server is ready.
-pub struct Ready {
-    pub stores: Stores,
-    pub leases: Leases,
+/// Where the built services go once the stores are open.
+struct Slots {
+    admin: Slot<AdminServiceServer<crate::api::AdminApi>>,
+    snapshot: Slot<SnapshotServiceServer<crate::api::SnapshotApi>>,
+    sandbox: Slot<SandboxServiceServer<crate::api::SandboxApi>>,
+    runs: Slot<RunServiceServer<crate::api::RunApi>>,
 }
 
-/// State shared by the services. Cheap to clone.
-#[derive(Clone)]
-pub struct ServerState {
-    inner: Arc<StateInner>,
-}
-
-struct StateInner {
-    replica_id: String,
-    ready: OnceLock<Ready>,
-}
-
-impl ServerState {
-    fn new(replica_id: String) -> Self {
-        Self { inner: Arc::new(StateInner { replica_id, ready: OnceLock::new() }) }
-    }
-
-    pub fn replica_id(&self) -> &str {
-        &self.inner.replica_id
-    }
-
-    /// The stores and leases, or UNAVAILABLE while the server is starting.
-    pub fn ready(&self) -> Result<&Ready, Error> {
-        self.inner.ready.get().ok_or_else(|| {
-            Error::new(ErrorCode::Unavailable, "the server is starting: stores are not ready yet")
-        })
-    }
+/// What exists once the server is ready: the context and the run driver
+/// (shutdown drains its drives).
+struct Built {
+    cx: Context,
+    runs: Runs,
 }
 
 /// A server started with [`start`].
@@ -73,7 +60,7 @@ pub struct RunningServer {
     local_addr: SocketAddr,
     metrics_addr: Option<SocketAddr>,
     shutdown: CancellationToken,
-    state: ServerState,
+    built: Arc<OnceLock<Built>>,
     task: JoinHandle<anyhow::Result<()>>,
 }
 
@@ -88,9 +75,9 @@ impl RunningServer {
         self.metrics_addr
     }
 
-    /// What the services share: the stores and leases once ready.
-    pub fn state(&self) -> ServerState {
-        self.state.clone()
+    /// What the services share, once the stores are open.
+    pub fn context(&self) -> Option<Context> {
+        self.built.get().map(|b| b.cx.clone())
     }
 
     /// Cancelling it begins graceful shutdown.
@@ -129,7 +116,8 @@ fn check_exposure(config: &ServeConfig) -> anyhow::Result<()> {
 }
 
 /// Bind and begin serving; returns once the socket accepts connections.
-/// Readiness (stores, leases) follows in the background.
+/// The public services answer UNAVAILABLE until the stores and leases are
+/// open and the services are built, in the background.
 pub async fn start(config: ServeConfig, shutdown: CancellationToken) -> anyhow::Result<RunningServer> {
     check_exposure(&config)?;
     let listener =
@@ -151,10 +139,13 @@ pub async fn start(config: ServeConfig, shutdown: CancellationToken) -> anyhow::
         .build_v1alpha()
         .context("building the reflection service")?;
 
-    let state = ServerState::new(config.replica_id.clone());
+    // Every background loop runs on this set; shutdown waits for it.
+    let loops = TaskTracker::new();
+    let built: Arc<OnceLock<Built>> = Arc::default();
     let metrics_addr = match config.metrics_listen {
         Some(addr) => {
-            let endpoint = crate::metrics::serve_endpoint(addr, state.clone(), shutdown.clone()).await?;
+            let sampler = ready::run_count_sampler(built.clone());
+            let endpoint = crate::metrics::serve_endpoint(addr, sampler, shutdown.clone(), &loops).await?;
             Some(endpoint.local_addr())
         }
         None => None,
@@ -168,46 +159,20 @@ pub async fn start(config: ServeConfig, shutdown: CancellationToken) -> anyhow::
         );
     }
 
-    let lifecycle = crate::sandbox::Lifecycle::new(
-        crate::sandbox::providers_from_config(&config).await,
-        Arc::new(crate::workspace::WorkspaceProvisioner),
-    );
-    tokio::spawn(crate::sandbox::run_idle_sweeper(lifecycle.clone(), shutdown.clone()));
-    tokio::spawn(crate::snapshot::run_gc_sweeper(state.clone(), shutdown.clone()));
-
-    let runs = crate::runs::Runs::new(
-        state.clone(),
-        lifecycle.clone(),
-        shutdown.clone(),
-        crate::runs::RunOptions { quiet: config.takeover_quiet, ..Default::default() },
-        crate::runs::CancelBus::new(config.redis_url.as_deref(), "sandhold")
-            .context("the Redis URL for cancel notifications")?,
-    );
-    runs.listen_for_cancels(shutdown.clone());
-    let reaper = crate::reaper::Reaper::new(
-        state.clone(),
-        lifecycle.clone(),
-        runs.clone(),
-        config.reaper.clone(),
-        config.single_user(),
-    );
-    tokio::spawn(reaper.clone().run(shutdown.clone()));
-    let admin = AdminApi::new(state.clone(), reaper, config.operator_tenants.clone(), config.single_user());
+    let (admin, admin_slot) = gate();
+    let (snapshot, snapshot_slot) = gate();
+    let (sandbox, sandbox_slot) = gate();
+    let (runs, runs_slot) = gate();
+    let slots = Slots { admin: admin_slot, snapshot: snapshot_slot, sandbox: sandbox_slot, runs: runs_slot };
     let router = tonic::transport::Server::builder()
         .layer(AuthLayer::new(auth.clone()))
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .add_service(AdminServiceServer::new(admin))
-        .add_service(SnapshotServiceServer::new(crate::snapshot::SnapshotApi::new(
-            state.clone(),
-            lifecycle.clone(),
-        )))
-        .add_service(SandboxServiceServer::new(crate::sandbox::SandboxApi::new(
-            state.clone(),
-            lifecycle.clone(),
-        )))
-        .add_service(RunServiceServer::new(crate::runs::RunApi::new(runs.clone())));
+        .add_service(admin)
+        .add_service(snapshot)
+        .add_service(sandbox)
+        .add_service(runs);
 
     info!(
         listen = %local_addr,
@@ -222,16 +187,24 @@ pub async fn start(config: ServeConfig, shutdown: CancellationToken) -> anyhow::
         TcpListenerStream::new(listener),
         stop_accepting.clone().cancelled_owned(),
     ));
+    let readiness = ready::Readiness {
+        config: config.clone(),
+        auth,
+        health: health.clone(),
+        shutdown: shutdown.clone(),
+        slots,
+        built: built.clone(),
+        loops: loops.clone(),
+    };
     let task = tokio::spawn(supervise(
         config,
-        state.clone(),
-        auth,
+        readiness,
         health,
         shutdown.clone(),
         Serving { stop_accepting, task: serving },
-        runs,
+        loops,
     ));
-    Ok(RunningServer { local_addr, metrics_addr, shutdown, state, task })
+    Ok(RunningServer { local_addr, metrics_addr, shutdown, built, task })
 }
 
 async fn set_health(health: &HealthReporter, status: ServingStatus) {
@@ -252,17 +225,16 @@ struct Serving {
 /// Readiness, then the wait for shutdown, then the shutdown sequence.
 async fn supervise(
     config: ServeConfig,
-    state: ServerState,
-    auth: Authenticator,
+    readiness: ready::Readiness,
     health: HealthReporter,
     shutdown: CancellationToken,
     serving: Serving,
-    runs: crate::runs::Runs,
+    loops: TaskTracker,
 ) -> anyhow::Result<()> {
     let Serving { stop_accepting, task: mut serving } = serving;
     let grace = config.shutdown_grace;
-    let mut readiness =
-        tokio::spawn(become_ready(config, state.clone(), auth, health.clone(), shutdown.clone()));
+    let built = readiness.built.clone();
+    let mut readiness = tokio::spawn(readiness.run());
 
     let mut outcome: anyhow::Result<()> = Ok(());
     let mut readiness_done = false;
@@ -279,7 +251,7 @@ async fn supervise(
         r = &mut readiness => {
             readiness_done = true;
             if let Ok(Err(e)) | Err(e) = r.map_err(anyhow::Error::new) {
-                error!(error = format!("{e:#}"), "cannot become ready; shutting down");
+                tracing::error!(error = format!("{e:#}"), "cannot become ready; shutting down");
                 outcome = Err(e);
             }
         }
@@ -292,8 +264,8 @@ async fn supervise(
         let _ = readiness.await;
     }
     set_health(&health, ServingStatus::NotServing).await;
-    if let Ok(ready) = state.ready() {
-        ready.leases.release_all().await;
+    if let Some(b) = built.get() {
+        b.cx.leases.release_all().await;
     }
     stop_accepting.cancel();
     match tokio::time::timeout(grace, &mut serving).await {
@@ -305,107 +277,15 @@ async fn supervise(
         }
     }
     // Drives detach on the shutdown token; they need the stores to say so.
-    runs.drain(Duration::from_secs(5)).await;
-    if let Ok(ready) = state.ready() {
-        let _ = tokio::time::timeout(Duration::from_secs(5), ready.stores.close()).await;
+    if let Some(b) = built.get() {
+        b.runs.drain(Duration::from_secs(5)).await;
+    }
+    loops.close();
+    if tokio::time::timeout(LOOPS_GRACE, loops.wait()).await.is_err() {
+        warn!(still_running = loops.len(), "background loops did not stop in time at shutdown");
+    }
+    if let Some(b) = built.get() {
+        let _ = tokio::time::timeout(Duration::from_secs(5), b.cx.stores.close()).await;
     }
     outcome
-}
-
-/// Open the stores and the leases (retrying while they are unreachable),
-/// register the configured tokens, report SERVING, then keep health in step
-/// with the database. Returns `Err` only for what retrying cannot fix.
-async fn become_ready(
-    config: ServeConfig,
-    state: ServerState,
-    auth: Authenticator,
-    health: HealthReporter,
-    shutdown: CancellationToken,
-) -> anyhow::Result<()> {
-    let database = redact_url(&config.database_url);
-    let Some(stores) = retry("stores", &shutdown, || async {
-        match Stores::open(&config.database_url).await {
-            Ok(s) => Ok(Ok(s)),
-            Err(store::Error::Invalid { field, reason }) => {
-                Err(anyhow::anyhow!("{field}: {reason} ({database})"))
-            }
-            Err(e) => Ok(Err(e.to_string())),
-        }
-    })
-    .await?
-    else {
-        return Ok(());
-    };
-    let Some(leases) = retry("leases", &shutdown, || async {
-        match lease::open(config.redis_url.as_deref(), config.lease_options(), stores.backend_name()).await {
-            Ok(l) => Ok(Ok(l)),
-            Err(LeaseError::Invalid(e)) => Err(anyhow::anyhow!(e)),
-            Err(e) => Ok(Err(e.to_string())),
-        }
-    })
-    .await?
-    else {
-        return Ok(());
-    };
-    for t in &config.tokens {
-        stores
-            .tokens
-            .put_token(&Tenant::new(&t.tenant), t.token.expose())
-            .await
-            .with_context(|| format!("registering the API token of tenant {:?}", t.tenant))?;
-    }
-    auth.set_token_store(stores.tokens.clone());
-    info!(
-        store_backend = stores.backend_name(),
-        lease_backend = leases.backend_name(),
-        tenants = config.tokens.len(),
-        "stores ready"
-    );
-    let stores_for_health = stores.clone();
-    let _ = state.inner.ready.set(Ready { stores, leases });
-
-    let mut serving = false;
-    loop {
-        let ok = stores_for_health.ping().await.is_ok();
-        if ok != serving {
-            if ok {
-                info!("health SERVING");
-            } else {
-                warn!("database stopped answering; health NOT_SERVING");
-            }
-            set_health(&health, if ok { ServingStatus::Serving } else { ServingStatus::NotServing }).await;
-            serving = ok;
-        }
-        tokio::select! {
-            _ = shutdown.cancelled() => return Ok(()),
-            _ = tokio::time::sleep(HEALTH_CHECK_EVERY) => {}
-        }
-    }
-}
-
-/// Call `attempt` until it yields a value, backing off between transient
-/// failures (`Ok(Err(why))`); `Err` is fatal. `Ok(None)` if shut down first.
-async fn retry<T, F, Fut>(
-    what: &str,
-    shutdown: &CancellationToken,
-    mut attempt: F,
-) -> anyhow::Result<Option<T>>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = anyhow::Result<Result<T, String>>>,
-{
-    let mut delay = Duration::from_millis(100);
-    loop {
-        match attempt().await? {
-            Ok(value) => return Ok(Some(value)),
-            Err(why) => {
-                warn!(what, error = %why, retry_in_ms = delay.as_millis() as u64, "not reachable yet, retrying")
-            }
-        }
-        tokio::select! {
-            _ = shutdown.cancelled() => return Ok(None),
-            _ = tokio::time::sleep(delay) => {}
-        }
-        delay = (delay * 2).min(Duration::from_secs(5));
-    }
 }

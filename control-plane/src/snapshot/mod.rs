@@ -6,7 +6,7 @@
 //!   blob of it, upload only the blobs the blob store lacks (each verified
 //!   against its hash on the way in), and commit checkpoint, blob
 //!   references and the new head in one transaction
-//!   ([`crate::store::CheckpointStore::commit`]).
+//!   (`store::CheckpointStore::commit`).
 //! - **Restore** ([`restore`]): stream the manifest, the policy and every
 //!   blob to the agent of a *new* sandbox, which verifies all of it before
 //!   changing anything, then removes what the checkpoint lacks (outside
@@ -22,8 +22,6 @@
 //! occurrence in a captured file is zeroed before hashing; no value reaches
 //! a store, a log line or an error.
 
-pub mod service;
-
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
@@ -35,11 +33,8 @@ use shared::proto::v1 as api;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-pub use service::SnapshotApi;
-
 use crate::agent::AgentClient;
-use crate::sandbox::provision::Secrets;
-use crate::server::ServerState;
+use crate::provision::Secrets;
 use crate::store::{Checkpoint, NewCheckpoint, Stores, Tenant};
 
 /// A save's pins protect its blobs this long; a save that takes longer may
@@ -356,14 +351,13 @@ pub async fn collect_garbage(stores: &Stores) -> Result<Vec<String>, Error> {
 
 /// Collect garbage every [`GC_EVERY`] until `shutdown` (safe on every
 /// replica at once: sweeps exclude each other and every save's pins).
-pub async fn run_gc_sweeper(state: ServerState, shutdown: CancellationToken) {
+pub async fn run_gc_sweeper(stores: Stores, shutdown: CancellationToken) {
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(GC_EVERY) => {}
         }
-        let Ok(ready) = state.ready() else { continue };
-        match collect_garbage(&ready.stores).await {
+        match collect_garbage(&stores).await {
             Ok(gone) if !gone.is_empty() => {
                 info!(blobs = gone.len(), "unreferenced snapshot blobs collected")
             }

@@ -37,8 +37,8 @@ use shared::secret::Secret;
 
 use crate::agent::AgentClient;
 use crate::harness::Harness;
-use crate::sandbox::definition::valid_env_name;
-use crate::sandbox::provision::{ProvisionContext, Provisioner, Redactor, Secrets};
+use crate::provision::valid_env_name;
+use crate::provision::{ProvisionContext, Provisioner, Redactor, Secrets};
 use remote::Remote;
 
 /// Builds workspaces: git source, setup, instructions and skills.
@@ -48,7 +48,7 @@ pub struct WorkspaceProvisioner;
 #[async_trait]
 impl Provisioner for WorkspaceProvisioner {
     fn check(&self, workspace: &WorkspaceDefinition) -> Result<(), Error> {
-        crate::sandbox::definition::refuse("workspace", violations(workspace, None, "workspace"))
+        crate::provision::refuse("workspace", violations(workspace, None, "workspace"))
     }
 
     async fn provision(&self, ctx: ProvisionContext<'_>) -> Result<(), Error> {

@@ -9,7 +9,7 @@ use shared::error::{Error, ErrorCode};
 use shared::proto::agent::v1 as agent;
 
 use crate::agent::AgentClient;
-use crate::sandbox::provision::Redactor;
+use crate::provision::Redactor;
 
 /// How a process ended, with its captured output.
 #[derive(Debug)]

@@ -11,8 +11,8 @@ use shared::error::{Error, ErrorCode};
 use shared::proto::agent::v1 as agent;
 use shared::proto::v1::{EnsurePhase, EnsureProgress, setup_step};
 
-use crate::sandbox::progress::Progress;
-use crate::sandbox::provision::{ProvisionContext, Redactor};
+use crate::provision::Progress;
+use crate::provision::{ProvisionContext, Redactor};
 
 /// Unset `setup_step_timeout_ms`: 30 minutes.
 pub(crate) const DEFAULT_STEP_TIMEOUT: Duration = Duration::from_secs(30 * 60);

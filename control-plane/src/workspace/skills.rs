@@ -27,7 +27,7 @@ use shared::proto::v1::{McpSkill, Skill, WorkspaceDefinition, header_value, skil
 use super::git::{self, History};
 use super::remote::Remote;
 use crate::harness::Harness;
-use crate::sandbox::provision::Secrets;
+use crate::provision::Secrets;
 
 /// How deep under a git skill's folder `SKILL.md` files are looked for.
 const SKILL_SEARCH_DEPTH: u32 = 6;

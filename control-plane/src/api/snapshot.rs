@@ -13,28 +13,24 @@ use shared::proto::v1 as api;
 use shared::proto::v1::snapshot_service_server::SnapshotService;
 use tonic::{Request, Response, Status};
 
-use super::{SaveRequest, capture_policy};
 use crate::auth::tenant_of;
-use crate::sandbox::Lifecycle;
-use crate::server::ServerState;
+use crate::context::Context;
+use crate::sandbox::ensure::required;
+use crate::snapshot::{self, SaveRequest, capture_policy};
 use crate::store::{Checkpoint, Instance, Tenant};
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 
+/// Built from the context: the stores and the lifecycle.
 #[derive(Clone)]
 pub struct SnapshotApi {
-    state: ServerState,
-    lifecycle: Lifecycle,
+    cx: Context,
 }
 
 impl SnapshotApi {
-    pub fn new(state: ServerState, lifecycle: Lifecycle) -> Self {
-        Self { state, lifecycle }
+    pub fn new(cx: Context) -> Self {
+        Self { cx }
     }
-}
-
-fn required<'a>(field: &str, value: &'a str) -> Result<&'a str, Error> {
-    if value.is_empty() { Err(Error::invalid_field(field, "required")) } else { Ok(value) }
 }
 
 pub(crate) fn to_api(c: Checkpoint, head: Option<&str>) -> api::Checkpoint {
@@ -91,10 +87,9 @@ impl SnapshotService for SnapshotApi {
     ) -> Result<Response<api::SaveSnapshotResponse>, Status> {
         let tenant = tenant_of(&req)?;
         let req = req.into_inner();
-        let ready = self.state.ready()?;
         let thread_id = required("thread_id", &req.thread_id)?;
-        let instance = sandbox_of_thread(&ready.stores, &tenant, thread_id, &req.sandbox_id).await?;
-        let stored = ready.stores.definitions.get(&tenant, &instance.definition_id).await?;
+        let instance = sandbox_of_thread(&self.cx.stores, &tenant, thread_id, &req.sandbox_id).await?;
+        let stored = self.cx.stores.definitions.get(&tenant, &instance.definition_id).await?;
         let definition = crate::sandbox::definition::from_stored(&stored.body)?;
         let lifecycle = definition.lifecycle.clone().unwrap_or_default();
         if lifecycle.reuse == api::Reuse::None as i32 {
@@ -104,7 +99,7 @@ impl SnapshotService for SnapshotApi {
             )
             .into());
         }
-        let live = self.lifecycle.agent(&ready.stores, &tenant, &instance.sandbox_key).await?;
+        let live = self.cx.lifecycle.agent(&self.cx.stores, &tenant, &instance.sandbox_key).await?;
         // Without the secret values nothing could be zeroed: refuse rather
         // than store them.
         if let Some(name) = definition.secret_names.iter().find(|n| !live.secrets.contains_key(*n)) {
@@ -118,8 +113,8 @@ impl SnapshotService for SnapshotApi {
             .into());
         }
         let policy = capture_policy(lifecycle.portable_snapshots.as_ref());
-        let checkpoint = super::save(
-            &ready.stores,
+        let checkpoint = snapshot::save(
+            &self.cx.stores,
             &live.agent,
             SaveRequest {
                 tenant: &tenant,
@@ -141,11 +136,10 @@ impl SnapshotService for SnapshotApi {
     ) -> Result<Response<api::ListSnapshotsResponse>, Status> {
         let tenant = tenant_of(&req)?;
         let req = req.into_inner();
-        let ready = self.state.ready()?;
         let thread_id = required("thread_id", &req.thread_id)?;
-        let head = ready.stores.checkpoints.head(&tenant, thread_id).await.map_err(Error::from)?;
+        let head = self.cx.stores.checkpoints.head(&tenant, thread_id).await.map_err(Error::from)?;
         let head = head.map(|h| h.checkpoint_id);
-        let checkpoints = ready.stores.checkpoints.list(&tenant, thread_id).await.map_err(Error::from)?;
+        let checkpoints = self.cx.stores.checkpoints.list(&tenant, thread_id).await.map_err(Error::from)?;
         Ok(Response::new(api::ListSnapshotsResponse {
             checkpoints: checkpoints.into_iter().map(|c| to_api(c, head.as_deref())).collect(),
         }))
@@ -157,8 +151,8 @@ impl SnapshotService for SnapshotApi {
     ) -> Result<Response<api::ForkSnapshotResponse>, Status> {
         let tenant = tenant_of(&req)?;
         let req = req.into_inner();
-        let ready = self.state.ready()?;
-        let fork = ready
+        let fork = self
+            .cx
             .stores
             .checkpoints
             .fork(
@@ -182,14 +176,13 @@ impl SnapshotService for SnapshotApi {
     ) -> Result<Response<Self::ReadArtifactStream>, Status> {
         let tenant = tenant_of(&req)?;
         let req = req.into_inner();
-        let ready = self.state.ready()?;
         let thread_id = required("thread_id", &req.thread_id)?;
         let checkpoint_id = required("checkpoint_id", &req.checkpoint_id)?;
         let path = req.path.trim_start_matches("./");
         shared::snapshot::check_path(path).map_err(|why| Error::invalid_field("path", why))?;
         // Checks that the checkpoint is this tenant's and this thread's.
         let (_, manifest) =
-            ready.stores.checkpoints.get(&tenant, thread_id, checkpoint_id).await.map_err(Error::from)?;
+            self.cx.stores.checkpoints.get(&tenant, thread_id, checkpoint_id).await.map_err(Error::from)?;
         let entries = agent::CaptureResponse::decode(manifest.as_slice())
             .map_err(|e| Error::internal(format!("checkpoint {checkpoint_id}: unreadable manifest: {e}")))?
             .entries;
@@ -198,7 +191,7 @@ impl SnapshotService for SnapshotApi {
                 .into_iter()
                 .find(|e| e.path == path && e.kind == agent::EntryKind::File as i32)
                 .ok_or_else(|| Error::not_found(format!("no file {path:?} in checkpoint {checkpoint_id}")))?;
-        let mut blob = super::blob_bytes(&ready.stores, &entry.sha256).await?;
+        let mut blob = snapshot::blob_bytes(&self.cx.stores, &entry.sha256).await?;
         let info =
             api::ArtifactInfo { path: entry.path, size: entry.size, mode: entry.mode, sha256: entry.sha256 };
         let stream = async_stream::try_stream! {
@@ -226,8 +219,7 @@ impl SnapshotService for SnapshotApi {
     ) -> Result<Response<api::DeleteSnapshotResponse>, Status> {
         let tenant = tenant_of(&req)?;
         let req = req.into_inner();
-        let ready = self.state.ready()?;
-        ready
+        self.cx
             .stores
             .checkpoints
             .delete(

@@ -10,51 +10,37 @@ use shared::error::Error;
 use shared::proto::agent::v1 as agent;
 use shared::proto::v1 as api;
 use shared::proto::v1::sandbox_service_server::SandboxService;
-use shared::secret::Secret;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::{ReceiverStream, UnboundedReceiverStream};
 use tonic::{Request, Response, Status, Streaming};
 
-use super::definition::{self, valid_env_name};
-use super::lifecycle::{EnsureInput, Lifecycle, Live};
-use super::progress::Progress;
-use super::provision::Secrets;
 use crate::auth::tenant_of;
-use crate::server::ServerState;
-use crate::store::{self, Tenant};
+use crate::context::Context;
+use crate::provision::{Progress, valid_env_name};
+use crate::sandbox::definition;
+use crate::sandbox::ensure::{ensure_input, required, secrets_of};
+use crate::sandbox::lifecycle::Live;
+use crate::store::Tenant;
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 
 /// A `WriteFile` without a declared size is buffered up to this many bytes.
 const MAX_BUFFERED_UPLOAD: usize = 64 << 20;
 
+/// Built from the context: the stores, the leases and the lifecycle.
 #[derive(Clone)]
 pub struct SandboxApi {
-    state: ServerState,
-    lifecycle: Lifecycle,
+    cx: Context,
 }
 
 impl SandboxApi {
-    pub fn new(state: ServerState, lifecycle: Lifecycle) -> Self {
-        Self { state, lifecycle }
+    pub fn new(cx: Context) -> Self {
+        Self { cx }
     }
 
     async fn live(&self, tenant: &Tenant, sandbox_id: &str) -> Result<Live, Status> {
-        let ready = self.state.ready()?;
-        Ok(self.lifecycle.agent(&ready.stores, tenant, sandbox_id).await?)
+        Ok(self.cx.lifecycle.agent(&self.cx.stores, tenant, sandbox_id).await?)
     }
-}
-
-/// Secret values by name from a request, checked to be valid names.
-fn secrets_of(field: &str, raw: HashMap<String, String>) -> Result<Secrets, Error> {
-    let mut out = Secrets::new();
-    for (name, value) in raw {
-        if !valid_env_name(&name) {
-            return Err(Error::invalid_field(format!("{field}[{name}]"), "not a valid variable name"));
-        }
-        out.insert(name, Secret::new(value));
-    }
-    Ok(out)
 }
 
 /// The environment of a process: the ensure's secrets, then the call's
@@ -109,48 +95,6 @@ fn file_info(i: agent::FileInfo) -> api::FileInfo {
     }
 }
 
-/// Validate what an ensure is asked for: the tenant's stored definition and
-/// exactly the secrets it declares.
-pub(crate) async fn ensure_input(
-    ready: &crate::server::Ready,
-    tenant: Tenant,
-    definition_id: &str,
-    thread_id: String,
-    run_id: String,
-    secrets: HashMap<String, String>,
-) -> Result<EnsureInput, Error> {
-    let stored = ready
-        .stores
-        .definitions
-        .get(&tenant, required("definition_id", definition_id)?)
-        .await
-        .map_err(|e| match e {
-            store::Error::NotFound(_) => Error::not_found(format!("definition {definition_id} not found")),
-            other => other.into(),
-        })?;
-    let definition = definition::from_stored(&stored.body)?;
-    let secrets = secrets_of("secrets", secrets)?;
-    for name in secrets.keys() {
-        if !definition.secret_names.contains(name) {
-            return Err(Error::invalid_field(
-                format!("secrets[{name}]"),
-                "not a secret name the definition declares",
-            ));
-        }
-    }
-    if let Some(missing) = definition.secret_names.iter().find(|n| !secrets.contains_key(*n)) {
-        return Err(Error::invalid_field(
-            format!("secrets[{missing}]"),
-            "declared by the definition, not given",
-        ));
-    }
-    Ok(EnsureInput { tenant, definition, thread_id, run_id, secrets })
-}
-
-fn required<'a>(field: &str, value: &'a str) -> Result<&'a str, Error> {
-    if value.is_empty() { Err(Error::invalid_field(field, "required")) } else { Ok(value) }
-}
-
 #[tonic::async_trait]
 impl SandboxService for SandboxApi {
     async fn put_definition(
@@ -161,8 +105,7 @@ impl SandboxService for SandboxApi {
         let definition =
             request.into_inner().definition.ok_or_else(|| Error::invalid_field("definition", "required"))?;
         definition::validate(&definition)?;
-        let ready = self.state.ready()?;
-        ready.stores.definitions.put(&tenant, &definition.id, definition::to_stored(&definition)).await?;
+        self.cx.stores.definitions.put(&tenant, &definition.id, definition::to_stored(&definition)).await?;
         Ok(Response::new(api::PutDefinitionResponse { definition: Some(definition) }))
     }
 
@@ -172,7 +115,7 @@ impl SandboxService for SandboxApi {
     ) -> Result<Response<api::GetDefinitionResponse>, Status> {
         let tenant = tenant_of(&request)?;
         let id = request.into_inner().id;
-        let stored = self.state.ready()?.stores.definitions.get(&tenant, required("id", &id)?).await?;
+        let stored = self.cx.stores.definitions.get(&tenant, required("id", &id)?).await?;
         Ok(Response::new(api::GetDefinitionResponse {
             definition: Some(definition::from_stored(&stored.body)?),
         }))
@@ -183,7 +126,7 @@ impl SandboxService for SandboxApi {
         request: Request<api::ListDefinitionsRequest>,
     ) -> Result<Response<api::ListDefinitionsResponse>, Status> {
         let tenant = tenant_of(&request)?;
-        let stored = self.state.ready()?.stores.definitions.list(&tenant).await?;
+        let stored = self.cx.stores.definitions.list(&tenant).await?;
         let definitions =
             stored.iter().map(|d| definition::from_stored(&d.body)).collect::<Result<_, _>>()?;
         Ok(Response::new(api::ListDefinitionsResponse { definitions }))
@@ -195,7 +138,7 @@ impl SandboxService for SandboxApi {
     ) -> Result<Response<api::DeleteDefinitionResponse>, Status> {
         let tenant = tenant_of(&request)?;
         let id = request.into_inner().id;
-        if !self.state.ready()?.stores.definitions.delete(&tenant, required("id", &id)?).await? {
+        if !self.cx.stores.definitions.delete(&tenant, required("id", &id)?).await? {
             return Err(Error::not_found(format!("definition {id} not found")).into());
         }
         Ok(Response::new(api::DeleteDefinitionResponse {}))
@@ -209,13 +152,13 @@ impl SandboxService for SandboxApi {
     ) -> Result<Response<Self::EnsureSandboxStream>, Status> {
         let tenant = tenant_of(&request)?;
         let req = request.into_inner();
-        let ready = self.state.ready()?;
         let input =
-            ensure_input(ready, tenant, &req.definition_id, req.thread_id, req.run_id, req.secrets).await?;
+            ensure_input(&self.cx.stores, tenant, &req.definition_id, req.thread_id, req.run_id, req.secrets)
+                .await?;
         let (tx, rx) = mpsc::unbounded_channel();
         let progress = Progress::new(tx.clone());
-        let (stores, leases) = (ready.stores.clone(), ready.leases.clone());
-        let lifecycle = self.lifecycle.clone();
+        let (stores, leases) = (self.cx.stores.clone(), self.cx.leases.clone());
+        let lifecycle = self.cx.lifecycle.clone();
         // Detached from the call: a client that leaves mid-ensure must not
         // leave a half-made sandbox behind.
         tokio::spawn(async move {
@@ -223,11 +166,11 @@ impl SandboxService for SandboxApi {
                 Ok(ready) => Ok(api::EnsureSandboxResponse {
                     event: Some(api::ensure_sandbox_response::Event::Ready(ready)),
                 }),
-                Err(e) => Err(Status::from(e)),
+                Err(e) => Err(e),
             };
             let _ = tx.send(last);
         });
-        Ok(Response::new(Box::pin(UnboundedReceiverStream::new(rx))))
+        Ok(Response::new(Box::pin(UnboundedReceiverStream::new(rx).map(|item| item.map_err(Status::from)))))
     }
 
     async fn get_sandbox(
@@ -236,9 +179,9 @@ impl SandboxService for SandboxApi {
     ) -> Result<Response<api::GetSandboxResponse>, Status> {
         let tenant = tenant_of(&request)?;
         let id = request.into_inner().sandbox_id;
-        let ready = self.state.ready()?;
-        let instance = self.lifecycle.instance(&ready.stores, &tenant, required("sandbox_id", &id)?).await?;
-        Ok(Response::new(api::GetSandboxResponse { sandbox: Some(self.lifecycle.describe(&instance)) }))
+        let instance =
+            self.cx.lifecycle.instance(&self.cx.stores, &tenant, required("sandbox_id", &id)?).await?;
+        Ok(Response::new(api::GetSandboxResponse { sandbox: Some(self.cx.lifecycle.describe(&instance)) }))
     }
 
     async fn list_sandboxes(
@@ -247,11 +190,10 @@ impl SandboxService for SandboxApi {
     ) -> Result<Response<api::ListSandboxesResponse>, Status> {
         let tenant = tenant_of(&request)?;
         let thread = request.into_inner().thread_id;
-        let ready = self.state.ready()?;
-        let instances = ready.stores.instances.list(Some(&tenant)).await?;
+        let instances = self.cx.stores.instances.list(Some(&tenant)).await?;
         let sandboxes = instances
             .iter()
-            .map(|i| self.lifecycle.describe(i))
+            .map(|i| self.cx.lifecycle.describe(i))
             .filter(|s| thread.is_empty() || s.thread_id == thread)
             .collect();
         Ok(Response::new(api::ListSandboxesResponse { sandboxes }))
@@ -263,8 +205,10 @@ impl SandboxService for SandboxApi {
     ) -> Result<Response<api::DestroySandboxResponse>, Status> {
         let tenant = tenant_of(&request)?;
         let id = request.into_inner().sandbox_id;
-        let ready = self.state.ready()?;
-        self.lifecycle.destroy(&ready.stores, &ready.leases, &tenant, required("sandbox_id", &id)?).await?;
+        self.cx
+            .lifecycle
+            .destroy(&self.cx.stores, &self.cx.leases, &tenant, required("sandbox_id", &id)?)
+            .await?;
         Ok(Response::new(api::DestroySandboxResponse {}))
     }
 

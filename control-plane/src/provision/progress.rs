@@ -5,7 +5,7 @@ use std::time::Instant;
 use shared::proto::v1::{EnsurePhase, EnsureProgress, EnsureSandboxResponse, ensure_sandbox_response};
 use tokio::sync::mpsc;
 
-pub(crate) type EnsureItem = Result<EnsureSandboxResponse, tonic::Status>;
+pub type EnsureItem = Result<EnsureSandboxResponse, shared::error::Error>;
 
 /// Sends progress events in order. A client that went away does not stop
 /// the ensure (a half-made sandbox must still be finished or cleaned up):
@@ -18,7 +18,7 @@ pub struct Progress {
 }
 
 impl Progress {
-    pub(crate) fn new(tx: mpsc::UnboundedSender<EnsureItem>) -> Self {
+    pub fn new(tx: mpsc::UnboundedSender<EnsureItem>) -> Self {
         Self { tx: Some(tx), started: Instant::now() }
     }
 

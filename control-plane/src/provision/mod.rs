@@ -1,20 +1,26 @@
-//! The seam between the lifecycle and workspace provisioning.
+//! The seam between the sandbox lifecycle and workspace provisioning, and
+//! what both sides of it share: the secrets of a live sandbox, the
+//! [`Redactor`] for text leaving the server, the ensure [`Progress`] stream,
+//! and field validation.
 //!
-//! The lifecycle calls a [`Provisioner`] once, right after a sandbox was
-//! created (never on resume or restore: a snapshot already holds the
-//! provisioned workspace). The implementation is
-//! [`crate::workspace::WorkspaceProvisioner`]: git source, setup over the
-//! agent's persistent shell, instructions and skills.
+//! The lifecycle (module `sandbox`) calls a [`Provisioner`] once, right
+//! after a sandbox was created (never on resume or restore: a snapshot
+//! already holds the provisioned workspace). The implementation is the
+//! `workspace` module's `WorkspaceProvisioner`: git source, setup over the
+//! agent's persistent shell, instructions and skills. This module sits below
+//! both, so neither imports the other's internals.
+
+mod progress;
 
 use std::collections::BTreeMap;
 
 use async_trait::async_trait;
-use shared::error::Error;
+use shared::error::{Error, ErrorCode};
 use shared::proto::v1::WorkspaceDefinition;
 use shared::secret::Secret;
 
-use super::progress::Progress;
 use crate::agent::AgentClient;
+pub use progress::{EnsureItem, Progress};
 
 /// Secret values by name, for one live sandbox. Never stored.
 pub type Secrets = BTreeMap<String, Secret>;
@@ -63,6 +69,26 @@ impl Redactor {
         }
         out
     }
+}
+
+/// An environment variable / secret name: `[A-Za-z_][A-Za-z0-9_]*`.
+pub fn valid_env_name(name: &str) -> bool {
+    let mut bytes = name.bytes();
+    matches!(bytes.next(), Some(b) if b.is_ascii_alphabetic() || b == b'_')
+        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+/// `Ok` without violations; else every `(field, why)` in one INVALID_ARGUMENT.
+pub fn refuse(what: &str, violations: Vec<(String, String)>) -> Result<(), Error> {
+    if violations.is_empty() {
+        return Ok(());
+    }
+    let summary = violations.iter().map(|(f, w)| format!("{f}: {w}")).collect::<Vec<_>>().join("; ");
+    let mut err = Error::new(ErrorCode::InvalidArgument, format!("invalid {what}: {summary}"));
+    for (f, w) in violations {
+        err = err.with_violation(f, w);
+    }
+    Err(err)
 }
 
 #[cfg(test)]

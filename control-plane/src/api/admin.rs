@@ -6,13 +6,13 @@ use shared::proto::v1::{GetServerInfoRequest, GetServerInfoResponse, SweepReques
 use tonic::{Request, Response, Status};
 
 use crate::auth::tenant_of;
+use crate::context::Context;
 use crate::metrics::SweepOutcome;
 use crate::reaper::{Reaper, Scope, Tally};
-use crate::server::ServerState;
 use crate::store::Tenant;
 
 pub struct AdminApi {
-    state: ServerState,
+    cx: Context,
     reaper: Reaper,
     /// Tenants whose sweep covers every tenant.
     operators: Vec<String>,
@@ -20,8 +20,8 @@ pub struct AdminApi {
 }
 
 impl AdminApi {
-    pub fn new(state: ServerState, reaper: Reaper, operators: Vec<String>, single_user: bool) -> Self {
-        Self { state, reaper, operators, single_user }
+    pub fn new(cx: Context, reaper: Reaper, operators: Vec<String>, single_user: bool) -> Self {
+        Self { cx, reaper, operators, single_user }
     }
 
     /// An operator (or the single user, who is every tenant there is)
@@ -64,13 +64,12 @@ impl AdminService for AdminApi {
         request: Request<GetServerInfoRequest>,
     ) -> Result<Response<GetServerInfoResponse>, Status> {
         let tenant = tenant_of(&request)?;
-        let ready = self.state.ready()?;
         Ok(Response::new(GetServerInfoResponse {
             server_version: env!("CARGO_PKG_VERSION").to_string(),
             tenant: tenant.to_string(),
-            replica_id: self.state.replica_id().to_string(),
-            store_backend: ready.stores.backend_name().to_string(),
-            lease_backend: ready.leases.backend_name().to_string(),
+            replica_id: self.cx.replica_id.clone(),
+            store_backend: self.cx.stores.backend_name().to_string(),
+            lease_backend: self.cx.leases.backend_name().to_string(),
         }))
     }
 

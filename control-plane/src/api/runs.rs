@@ -1,0 +1,172 @@
+//! `sandhold.v1.RunService`: request fields in, [`Runs`] operations, their
+//! results and [`runs::Error`] out as messages and statuses. Every call is
+//! scoped to the caller's tenant; another tenant's run is NOT_FOUND.
+
+use futures::StreamExt;
+use shared::proto::v1 as api;
+use shared::proto::v1::run_service_server::RunService;
+use tonic::{Request, Response, Status};
+
+use crate::auth::tenant_of;
+use crate::harness::HarnessOptions;
+use crate::runs::{self, RunEvents, RunSpec, Runs, StartRun};
+use crate::store::{RunId, RunRecord, RunStatus, Timestamp};
+
+impl From<runs::Error> for Status {
+    fn from(e: runs::Error) -> Self {
+        shared::error::Error::from(e).into()
+    }
+}
+
+type EventStream =
+    std::pin::Pin<Box<dyn futures::Stream<Item = Result<api::RunEvent, Status>> + Send + 'static>>;
+
+fn to_status_stream(events: RunEvents) -> EventStream {
+    Box::pin(events.map(|event| event.map_err(Status::from)))
+}
+
+#[derive(Clone)]
+pub struct RunApi {
+    runs: Runs,
+}
+
+impl RunApi {
+    pub fn new(runs: Runs) -> Self {
+        Self { runs }
+    }
+}
+
+pub(crate) fn options_from_api(o: api::HarnessOptions) -> HarnessOptions {
+    let some = |s: String| (!s.is_empty()).then_some(s);
+    HarnessOptions {
+        program: some(o.program),
+        command: o.command,
+        model: some(o.model),
+        resume_session_id: some(o.resume_session_id),
+        permission_mode: some(o.permission_mode),
+        max_turns: (o.max_turns > 0).then_some(o.max_turns),
+        allowed_tools: o.allowed_tools,
+        disallowed_tools: o.disallowed_tools,
+        system_prompt: some(o.system_prompt),
+        mcp_config_path: some(o.mcp_config_path),
+        include_partial_messages: o.include_partial_messages,
+        sandbox_mode: some(o.sandbox_mode),
+        config_overrides: o.config_overrides.into_iter().map(|c| (c.key, c.value)).collect(),
+        extra_args: o.extra_args,
+        env: o.env.into_iter().collect(),
+        prompt_file: None,
+    }
+}
+
+/// The API view of a record.
+pub fn run_to_api(record: &RunRecord) -> api::Run {
+    let spec = RunSpec::of(record).ok();
+    api::Run {
+        run_id: record.run_id.to_string(),
+        thread_id: record.thread_id.clone(),
+        status: status_to_api(record.status) as i32,
+        harness: spec.as_ref().map(|s| s.harness.clone()).unwrap_or_default(),
+        definition_id: spec.as_ref().map(|s| s.definition_id.clone()).unwrap_or_default(),
+        durable: spec.as_ref().is_some_and(|s| s.durable),
+        started_at_ms: record.started_at.as_millis(),
+        finished_at_ms: record.finished_at.map(Timestamp::as_millis),
+        error: record
+            .error
+            .as_ref()
+            .map(|e| api::RunFailure { code: e.code.clone(), message: e.message.clone() }),
+        usage: record.usage.as_ref().and_then(shared::chunk::usage_from_json),
+        sandbox_id: record.sandbox_key.clone().unwrap_or_default(),
+        detached_since_ms: record.detached_since.map(Timestamp::as_millis),
+        cancel_requested: record.cancel_requested,
+        forked_from_run: record.forked_from_run.as_ref().map(RunId::to_string).unwrap_or_default(),
+    }
+}
+
+fn status_to_api(status: RunStatus) -> api::RunStatus {
+    match status {
+        RunStatus::Running => api::RunStatus::Running,
+        RunStatus::Interrupted => api::RunStatus::Interrupted,
+        RunStatus::Completed => api::RunStatus::Completed,
+        RunStatus::Failed => api::RunStatus::Failed,
+        RunStatus::Aborted => api::RunStatus::Aborted,
+    }
+}
+
+#[tonic::async_trait]
+impl RunService for RunApi {
+    type StartRunStream = EventStream;
+
+    async fn start_run(
+        &self,
+        request: Request<api::StartRunRequest>,
+    ) -> Result<Response<Self::StartRunStream>, Status> {
+        let tenant = tenant_of(&request)?;
+        let req = request.into_inner();
+        let start = StartRun {
+            tenant,
+            thread_id: req.thread_id,
+            run_id: req.run_id,
+            harness: req.harness,
+            options: options_from_api(req.options.unwrap_or_default()),
+            prompt: req.prompt,
+            definition_id: req.definition_id,
+            secrets: req.secrets,
+            durable: req.durable,
+            detach_on_disconnect: req.detach_on_disconnect,
+            cwd: req.cwd,
+        };
+        Ok(Response::new(to_status_stream(self.runs.start(start).await?)))
+    }
+
+    type AttachRunStream = EventStream;
+
+    async fn attach_run(
+        &self,
+        request: Request<api::AttachRunRequest>,
+    ) -> Result<Response<Self::AttachRunStream>, Status> {
+        let tenant = tenant_of(&request)?;
+        let req = request.into_inner();
+        let events = self
+            .runs
+            .attach(&tenant, &req.run_id, &req.thread_id, &req.after_offset, req.stored_only)
+            .await?;
+        Ok(Response::new(to_status_stream(events)))
+    }
+
+    async fn cancel_run(
+        &self,
+        request: Request<api::CancelRunRequest>,
+    ) -> Result<Response<api::CancelRunResponse>, Status> {
+        let tenant = tenant_of(&request)?;
+        let record = self.runs.cancel(&tenant, &request.into_inner().run_id).await?;
+        Ok(Response::new(api::CancelRunResponse { run: Some(run_to_api(&record)) }))
+    }
+
+    async fn get_run(
+        &self,
+        request: Request<api::GetRunRequest>,
+    ) -> Result<Response<api::GetRunResponse>, Status> {
+        let tenant = tenant_of(&request)?;
+        let record = self.runs.get(&tenant, &request.into_inner().run_id).await?;
+        Ok(Response::new(api::GetRunResponse { run: Some(run_to_api(&record)) }))
+    }
+
+    async fn list_runs(
+        &self,
+        request: Request<api::ListRunsRequest>,
+    ) -> Result<Response<api::ListRunsResponse>, Status> {
+        let tenant = tenant_of(&request)?;
+        let req = request.into_inner();
+        let records = self.runs.list(&tenant, &req.thread_id, req.limit).await?;
+        Ok(Response::new(api::ListRunsResponse { runs: records.iter().map(run_to_api).collect() }))
+    }
+
+    async fn get_active_run(
+        &self,
+        request: Request<api::GetActiveRunRequest>,
+    ) -> Result<Response<api::GetActiveRunResponse>, Status> {
+        let tenant = tenant_of(&request)?;
+        let active = self.runs.active(&tenant, &request.into_inner().thread_id).await?;
+        Ok(Response::new(api::GetActiveRunResponse { run: active.as_ref().map(run_to_api) }))
+    }
+}

@@ -1,0 +1,26 @@
+//! What the services of one replica share once its stores are open: the
+//! replica's id, the stores, the leases, the sandbox lifecycle, the cancel
+//! bus and the shutdown signal. Built once by `server` after start-up (or by
+//! a test, with real SQLite stores and the local provider), then handed to
+//! the domain components that need it. Nothing here reaches up: the context
+//! sits right above the mechanisms it holds and below every service built
+//! from it. Metrics are process-wide (`metrics::registry()`), not carried.
+
+use tokio_util::sync::CancellationToken;
+
+use crate::lease::{CancelBus, Leases};
+use crate::sandbox::Lifecycle;
+use crate::store::Stores;
+
+/// Cheap to clone: every field is a handle.
+#[derive(Clone)]
+pub struct Context {
+    pub replica_id: String,
+    pub stores: Stores,
+    pub leases: Leases,
+    pub lifecycle: Lifecycle,
+    /// Tells the replica that drives a run that it was cancelled elsewhere.
+    pub cancels: CancelBus,
+    /// Server shutdown: drives detach, streams end, loops stop.
+    pub shutdown: CancellationToken,
+}

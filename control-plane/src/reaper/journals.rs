@@ -1,0 +1,132 @@
+//! Journal pruning: delete the journals of terminal runs in every running
+//! sandbox, and orphans old enough; keep anything not proven terminal.
+
+use std::collections::{BTreeMap, HashSet};
+
+use shared::error::Error;
+use shared::proto::agent::v1 as agent;
+use tracing::{debug, warn};
+
+use crate::context::Context;
+use crate::provider::LABEL_TENANT;
+use crate::store::{self, RunId, Timestamp};
+
+use super::*;
+
+impl Reaper {
+    /// Provider ids of the sandboxes that are running now, per provider name.
+    async fn running_sandboxes(&self, labels: &BTreeMap<String, String>) -> HashSet<(String, String)> {
+        let mut running = HashSet::new();
+        for provider in self.inner.cx.lifecycle.providers.all() {
+            match provider.list(labels).await {
+                Ok(listed) => running.extend(
+                    listed
+                        .into_iter()
+                        .filter(|s| s.running)
+                        .map(|s| (provider.kind().as_str().to_string(), s.provider_id)),
+                ),
+                Err(e) => warn!(provider = %provider.kind(), error = %e.message, "listing sandboxes failed"),
+            }
+        }
+        running
+    }
+
+    pub(super) fn scope_labels(scope: &Scope) -> BTreeMap<String, String> {
+        match scope {
+            Scope::All => BTreeMap::new(),
+            Scope::Tenant(t) => BTreeMap::from([(LABEL_TENANT.to_string(), t.as_str().to_string())]),
+        }
+    }
+
+    pub(super) async fn prune_journals(&self, cx: &Context, scope: &Scope, tally: &mut Tally) {
+        let tenant = match scope {
+            Scope::All => None,
+            Scope::Tenant(t) => Some(t),
+        };
+        let instances = match cx.stores.instances.list(tenant).await {
+            Ok(i) => i,
+            Err(e) => {
+                warn!(error = %e, "listing instances failed; no journals pruned");
+                return;
+            }
+        };
+        // Only running sandboxes: a sweep never wakes a stopped one.
+        let running = self.running_sandboxes(&Self::scope_labels(scope)).await;
+        let mut budget = u64::from(self.inner.options.max_journal_deletions);
+        for instance in instances {
+            if !running.contains(&(instance.provider.clone(), instance.provider_sandbox_id.clone())) {
+                continue;
+            }
+            if budget == 0 {
+                tally.truncated = true;
+                break;
+            }
+            match tokio::time::timeout(PROBE_TIMEOUT, self.prune_sandbox(cx, &instance, budget)).await {
+                Ok(Ok((pruned, kept))) => {
+                    budget -= pruned.min(budget);
+                    tally.journals_pruned += pruned;
+                    tally.journals_kept += kept;
+                }
+                Ok(Err(e)) => {
+                    debug!(sandbox_key = %instance.sandbox_key, error = %e.message, "journals not pruned")
+                }
+                Err(_) => {
+                    debug!(sandbox_key = %instance.sandbox_key, "journals not pruned: the agent is slow")
+                }
+            }
+        }
+    }
+
+    /// Delete the journals of one sandbox that are proven dead; returns
+    /// (deleted, kept).
+    async fn prune_sandbox(
+        &self,
+        cx: &Context,
+        instance: &store::Instance,
+        budget: u64,
+    ) -> Result<(u64, u64), Error> {
+        let live = self.inner.cx.lifecycle.agent(&cx.stores, &instance.tenant, &instance.sandbox_key).await?;
+        let journals = live
+            .agent
+            .journal()
+            .list_journals(agent::ListJournalsRequest {})
+            .await
+            .map_err(|s| Error::from_status(&s))?
+            .into_inner()
+            .journals;
+        let now = Timestamp::now().as_millis();
+        let orphan_age = self.inner.options.orphan_journal_age.as_millis() as i64;
+        let mut doomed = Vec::new();
+        let mut kept = 0u64;
+        for journal in journals {
+            let dead = match RunId::parse(&journal.run_id) {
+                Err(_) => false,
+                Ok(run) => match cx.stores.runs.get_unscoped(&run).await {
+                    Ok(r) => r.status.is_terminal() && r.tenant == instance.tenant,
+                    Err(store::Error::NotFound(_)) => now.saturating_sub(journal.mtime_ms) >= orphan_age,
+                    Err(_) => false,
+                },
+            };
+            if dead && (doomed.len() as u64) < budget {
+                doomed.push(journal.run_id);
+            } else {
+                kept += 1;
+            }
+        }
+        if doomed.is_empty() {
+            return Ok((0, kept));
+        }
+        let deleted = live
+            .agent
+            .journal()
+            .delete_journals(agent::DeleteJournalsRequest { run_ids: doomed })
+            .await
+            .map_err(|s| Error::from_status(&s))?
+            .into_inner()
+            .deleted;
+        for run in &deleted {
+            debug!(sandbox_key = %instance.sandbox_key, run_id = %run, "journal pruned");
+        }
+        Ok((deleted.len() as u64, kept))
+    }
+}

@@ -1,0 +1,108 @@
+//! Orphaned sandboxes: labelled as ours, of a known tenant, with no
+//! instance record and no unfinished run, past their grace: destroyed.
+
+use std::collections::HashSet;
+
+use shared::error::Error;
+use tracing::{debug, info, warn};
+
+use crate::context::Context;
+use crate::provider::{LABEL_SANDBOX_KEY, LABEL_TENANT};
+use crate::store::{self, Tenant, Timestamp};
+
+use super::*;
+
+impl Reaper {
+    /// Tenants this deployment knows: an orphan of an unknown tenant may
+    /// belong to another deployment sharing the provider (a Docker engine).
+    async fn known_tenants(&self, cx: &Context) -> Result<HashSet<Tenant>, Error> {
+        let mut known: HashSet<Tenant> = cx.stores.tokens.list_tenants().await?.into_iter().collect();
+        if self.inner.single_user {
+            known.insert(Tenant::new(crate::auth::SINGLE_USER_TENANT));
+        }
+        Ok(known)
+    }
+
+    pub(super) async fn reclaim_orphans(&self, cx: &Context, scope: &Scope, tally: &mut Tally) {
+        let known = match self.known_tenants(cx).await {
+            Ok(k) => k,
+            Err(e) => {
+                warn!(error = %e.message, "listing tenants failed; no orphaned sandboxes reclaimed");
+                return;
+            }
+        };
+        let grace = self.inner.options.orphan_sandbox_grace.as_millis() as i64;
+        let now = Timestamp::now().as_millis();
+        for provider in self.inner.cx.lifecycle.providers.all() {
+            let listed = match provider.list(&Self::scope_labels(scope)).await {
+                Ok(l) => l,
+                Err(e) => {
+                    warn!(provider = %provider.kind(), error = %e.message, "listing sandboxes failed");
+                    continue;
+                }
+            };
+            for sandbox in listed {
+                let (Some(key), Some(tenant)) =
+                    (sandbox.labels.get(LABEL_SANDBOX_KEY), sandbox.labels.get(LABEL_TENANT))
+                else {
+                    continue;
+                };
+                let tenant = Tenant::new(tenant);
+                if !known.contains(&tenant) || !scope.covers(&tenant) {
+                    continue;
+                }
+                // Not made through our data dir (another deployment on the
+                // same Docker engine), or no age to judge: keep it.
+                if !sandbox.own {
+                    continue;
+                }
+                let Some(created) = sandbox.created_at else { continue };
+                if now.saturating_sub(created.as_millis()) < grace {
+                    continue;
+                }
+                match self.orphan(cx, provider.kind().as_str(), key, &sandbox.provider_id).await {
+                    Ok(false) => {}
+                    Ok(true) => {
+                        // Under the sandbox's lease: never during an ensure or destroy.
+                        let Ok(Some(lease)) = cx.leases.try_acquire(&format!("sandbox:{key}")).await else {
+                            continue;
+                        };
+                        let still =
+                            self.orphan(cx, provider.kind().as_str(), key, &sandbox.provider_id).await;
+                        if matches!(still, Ok(true)) {
+                            match provider.destroy(&sandbox.provider_id).await {
+                                Ok(()) => {
+                                    info!(sandbox_key = %key, tenant = %tenant, provider_id = %sandbox.provider_id,
+                                        "orphaned sandbox destroyed");
+                                    tally.sandboxes_reclaimed += 1;
+                                }
+                                Err(e) => warn!(sandbox_key = %key, error = %e.message,
+                                    "destroying an orphaned sandbox failed"),
+                            }
+                        }
+                        let _ = lease.release().await;
+                    }
+                    Err(e) => debug!(sandbox_key = %key, error = %e.message, "orphan check failed; kept"),
+                }
+            }
+        }
+    }
+
+    /// No instance record points at this sandbox, and no unfinished run
+    /// lives in its key when no record points anywhere.
+    async fn orphan(
+        &self,
+        cx: &Context,
+        provider: &str,
+        key: &str,
+        provider_id: &str,
+    ) -> Result<bool, Error> {
+        match cx.stores.instances.get(key).await {
+            Ok(i) if i.provider == provider && i.provider_sandbox_id == provider_id => Ok(false),
+            // The key's record points at another sandbox: this one was replaced.
+            Ok(_) => Ok(true),
+            Err(store::Error::NotFound(_)) => Ok(cx.stores.runs.unfinished_in_sandbox(key).await?.is_empty()),
+            Err(e) => Err(e.into()),
+        }
+    }
+}

@@ -1,0 +1,76 @@
+//! A tenant's run records: look-ups, listings, and the cancel request.
+
+use tracing::{debug, info};
+
+use super::{Error, Runs, StopReason};
+use crate::store::{RunId, RunRecord, Tenant};
+
+/// Unset list limit.
+const DEFAULT_LIST_LIMIT: u32 = 100;
+const MAX_LIST_LIMIT: u32 = 1000;
+
+/// A run id from a request field.
+pub(super) fn run_id_field(field: &str, raw: &str) -> Result<RunId, Error> {
+    if raw.is_empty() {
+        return Err(Error::invalid_field(field, "required"));
+    }
+    RunId::parse(raw).map_err(|e| Error::invalid_field(field, e.to_string()))
+}
+
+impl Runs {
+    /// The tenant's run, or NOT_FOUND (also for another tenant's).
+    pub(super) async fn record(&self, tenant: &Tenant, run: &RunId) -> Result<RunRecord, Error> {
+        self.inner.ctx.stores.runs.get(tenant, run).await.map_err(Error::lookup(run))
+    }
+
+    /// The tenant's run `run_id`.
+    pub async fn get(&self, tenant: &Tenant, run_id: &str) -> Result<RunRecord, Error> {
+        let run = run_id_field("run_id", run_id)?;
+        self.record(tenant, &run).await
+    }
+
+    /// The tenant's newest runs (of one thread when `thread_id` is set),
+    /// newest first; `limit` 0 is the default, and it is capped.
+    pub async fn list(&self, tenant: &Tenant, thread_id: &str, limit: u32) -> Result<Vec<RunRecord>, Error> {
+        let limit = if limit == 0 { DEFAULT_LIST_LIMIT } else { limit.min(MAX_LIST_LIMIT) };
+        let stores = &self.inner.ctx.stores;
+        Ok(if thread_id.is_empty() {
+            stores.runs.list_recent(tenant, limit).await?
+        } else {
+            let mut all = stores.runs.list_by_thread(tenant, thread_id).await?;
+            all.reverse();
+            all.truncate(limit as usize);
+            all
+        })
+    }
+
+    /// The thread's run that is not terminal, if any.
+    pub async fn active(&self, tenant: &Tenant, thread_id: &str) -> Result<Option<RunRecord>, Error> {
+        if thread_id.is_empty() {
+            return Err(Error::invalid_field("thread_id", "required"));
+        }
+        Ok(self.inner.ctx.stores.runs.active_run(tenant, thread_id).await?)
+    }
+
+    /// Record a cancel of the tenant's run and make its driver hear of it
+    /// (here, on another replica, or by driving it here to stop it).
+    /// Returns the record as it was when the cancel was recorded.
+    pub async fn cancel(&self, tenant: &Tenant, run_id: &str) -> Result<RunRecord, Error> {
+        let run = run_id_field("run_id", run_id)?;
+        let cx = &self.inner.ctx;
+        let record = cx.stores.runs.request_cancel(tenant, &run).await.map_err(Error::lookup(&run))?;
+        if !record.status.is_terminal() {
+            info!(run_id = %run, "cancel requested");
+            if !self.stop_local(&run, StopReason::Cancel) {
+                // Driven elsewhere: tell that driver now (it would also see
+                // the record within its poll). Driven nowhere: drive it
+                // here to stop it.
+                cx.cancels.publish(run.as_str()).await;
+                if let Err(e) = self.try_take_over(&run).await {
+                    debug!(run_id = %run, error = %e.message, "could not take the cancelled run over");
+                }
+            }
+        }
+        Ok(record)
+    }
+}

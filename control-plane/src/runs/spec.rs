@@ -1,0 +1,67 @@
+//! What a run is and how its drivers are timed: the spec kept on the
+//! record, and the driver's options.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use shared::error::{Error, ErrorCode};
+
+use super::quiet;
+use crate::store::RunRecord;
+
+/// What started a run, kept on its record (never a secret, never the
+/// prompt) so that any replica can drive it on and describe it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunSpec {
+    pub harness: String,
+    pub definition_id: String,
+    pub durable: bool,
+    pub detach_on_disconnect: bool,
+    #[serde(default)]
+    pub cwd: String,
+}
+
+impl RunSpec {
+    pub fn of(record: &RunRecord) -> Result<Self, Error> {
+        let value = record.spec.clone().ok_or_else(|| {
+            Error::new(
+                ErrorCode::FailedPrecondition,
+                format!("run {} has no spec on its record", record.run_id),
+            )
+        })?;
+        serde_json::from_value(value).map_err(|e| {
+            Error::internal(format!("run {}: unreadable spec on its record: {e}", record.run_id))
+        })
+    }
+}
+
+/// Timings of the driver.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// How often a driver re-reads the record for a cancel recorded on
+    /// another replica.
+    pub cancel_poll: Duration,
+    /// A journal silent this long is probed (`ProbeExit`): a supervisor
+    /// gone without its sentinel fails the run.
+    pub liveness_probe: Duration,
+    /// How long an unreachable agent is retried before the run fails.
+    pub reconnect_budget: Duration,
+    /// How often an attach whose run another replica holds tries to take
+    /// the drive over.
+    pub takeover_retry: Duration,
+    /// How long a takeover waits for the stored log to stop growing before
+    /// it reads it (default: no wait; the fence makes it unnecessary).
+    pub quiet: quiet::QuietGate,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        Self {
+            cancel_poll: Duration::from_secs(1),
+            liveness_probe: Duration::from_secs(5),
+            reconnect_budget: Duration::from_secs(60),
+            takeover_retry: Duration::from_secs(1),
+            quiet: quiet::QuietGate::default(),
+        }
+    }
+}

@@ -1,0 +1,160 @@
+//! Starting a run: validate what is asked, take the run's lease, create the
+//! record (and, for a durable run, its first chunk), and spawn its drive.
+//! The caller gets the ensure progress followed by the run's log.
+
+use std::collections::HashMap;
+
+use futures::StreamExt;
+use shared::chunk::{self, ChunkFactory, RUN_ACCEPTED};
+use shared::proto::v1 as api;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tracing::info;
+
+use super::driver::{DriveCtx, FreshStart, encode_chunk};
+use super::{Error, RunEvents, RunSpec, Runs};
+use crate::harness::{Harness, HarnessOptions};
+use crate::provision::Progress;
+use crate::store::{self, FIRST_EPOCH, LogWriter, NewRun, Offset, SentinelKey, Tenant, Timestamp};
+
+/// What a client asks of [`Runs::start`].
+#[derive(Debug)]
+pub struct StartRun {
+    pub tenant: Tenant,
+    pub thread_id: String,
+    /// Empty: a generated id (refused for a durable run).
+    pub run_id: String,
+    /// A harness name (`Harness::parse`).
+    pub harness: String,
+    pub options: HarnessOptions,
+    pub prompt: String,
+    pub definition_id: String,
+    /// Values of the definition's secrets, for this run only. Never stored.
+    pub secrets: HashMap<String, String>,
+    pub durable: bool,
+    /// `None`: as `durable`.
+    pub detach_on_disconnect: Option<bool>,
+    pub cwd: String,
+}
+
+impl Runs {
+    /// Start a run and stream it: the sandbox's ensure progress, then the
+    /// run's log until its terminal chunk.
+    pub async fn start(&self, req: StartRun) -> Result<RunEvents, Error> {
+        if req.thread_id.is_empty() {
+            return Err(Error::invalid_field("thread_id", "required"));
+        }
+        let harness =
+            Harness::parse(&req.harness).map_err(|e| Error::invalid_field("harness", e.to_string()))?;
+        let command =
+            harness.command(&req.options, &req.prompt).map_err(|e| Error::InvalidCommand(e.to_string()))?;
+        let run = if req.run_id.is_empty() {
+            if req.durable {
+                return Err(Error::invalid_field(
+                    "run_id",
+                    "required for a durable run: its journal and event ids derive from it",
+                ));
+            }
+            store::generated_run_id()
+        } else {
+            super::run_id_field("run_id", &req.run_id)?
+        };
+        let cx = &self.inner.ctx;
+        let tenant = req.tenant;
+        let input = crate::sandbox::ensure_input(
+            &cx.stores,
+            tenant.clone(),
+            &req.definition_id,
+            req.thread_id.clone(),
+            run.to_string(),
+            req.secrets,
+        )
+        .await?;
+        let spec = RunSpec {
+            harness: harness.name().to_owned(),
+            definition_id: req.definition_id.clone(),
+            durable: req.durable,
+            detach_on_disconnect: req.detach_on_disconnect.unwrap_or(req.durable),
+            cwd: req.cwd,
+        };
+        // The lease first: from the record's creation on, an attach on
+        // another replica must see the run as driven.
+        let Some(lease) = cx.leases.try_acquire(&format!("run:{run}")).await? else {
+            return Err(Error::AlreadyExists(run));
+        };
+        let sentinel_key = SentinelKey::random();
+        let created = cx
+            .stores
+            .runs
+            .create_or_resume(NewRun {
+                run_id: run.clone(),
+                thread_id: req.thread_id.clone(),
+                tenant: tenant.clone(),
+                sentinel_key: sentinel_key.clone(),
+                sandbox_key: None,
+                started_at: Timestamp::now(),
+                spec: Some(serde_json::to_value(&spec).expect("a spec serializes")),
+            })
+            .await;
+        let created = match created {
+            Ok(c) if c.created => c,
+            Ok(_) | Err(store::Error::AlreadyExists(_)) => {
+                let _ = lease.release().await;
+                return Err(Error::AlreadyExists(run));
+            }
+            Err(e) => {
+                let _ = lease.release().await;
+                return Err(e.into());
+            }
+        };
+        let writer = LogWriter::new(cx.stores.events.clone(), run.clone(), FIRST_EPOCH);
+        if spec.durable {
+            let accepted = ChunkFactory::new(&run, &req.thread_id, chunk::now_ms)
+                .custom(RUN_ACCEPTED, &serde_json::json!({}));
+            if let Err(e) = writer.append(&[encode_chunk(&accepted)]).await {
+                // Nothing was started: fail the record so it is not left running.
+                let finish = store::RunFinish {
+                    status: store::RunStatus::Failed,
+                    error: Some(store::RunError { code: "UNAVAILABLE".into(), message: e.to_string() }),
+                    usage: None,
+                    finished_at: Timestamp::now(),
+                };
+                let _ = cx.stores.runs.finish(&run, FIRST_EPOCH, finish).await;
+                let _ = cx.stores.events.close(&run).await;
+                let _ = lease.release().await;
+                return Err(e.into());
+            }
+        }
+        let drive = self.register(&run, spec.detach_on_disconnect).expect("a new run is not driven yet");
+        let (progress_tx, progress_rx) = mpsc::unbounded_channel();
+        let ctx = DriveCtx {
+            run: run.clone(),
+            tenant,
+            thread_id: req.thread_id,
+            harness,
+            sentinel_key: created.record.sentinel_key.expose().as_bytes().to_vec(),
+            writer,
+            lease_lost: lease.lost(),
+            lease,
+            drive,
+            spec,
+        };
+        info!(run_id = %run, harness = harness.name(), durable = ctx.spec.durable, "run accepted");
+        crate::metrics::runs().started();
+        let fresh = FreshStart { input, command, progress: Progress::new(progress_tx) };
+        let log = self.log_stream(run.clone(), Offset::start(), CancellationToken::new());
+        self.inner.drives.spawn(self.clone().drive(ctx, Some(fresh)));
+        let progress = UnboundedReceiverStream::new(progress_rx).filter_map(|item| async move {
+            match item {
+                Ok(api::EnsureSandboxResponse {
+                    event: Some(api::ensure_sandbox_response::Event::Progress(p)),
+                }) => Some(Ok(api::RunEvent { event: Some(api::run_event::Event::Progress(p)) })),
+                Ok(_) => None,
+                Err(e) => Some(Err(Error::Other(e))),
+            }
+        });
+        let (stream, _gone) = self.client_stream(run, Box::pin(progress.chain(log)));
+        Ok(stream)
+    }
+}

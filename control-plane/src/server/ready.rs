@@ -1,0 +1,215 @@
+//! Becoming ready: open the stores and the leases (retrying while they are
+//! unreachable), register the configured tokens, build the context and the
+//! services from it, open the gates, start the background loops on the
+//! server's task set, report SERVING, then keep health in step with the
+//! database.
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use backon::{ExponentialBuilder, Retryable};
+use shared::proto::v1::admin_service_server::AdminServiceServer;
+use shared::proto::v1::run_service_server::RunServiceServer;
+use shared::proto::v1::sandbox_service_server::SandboxServiceServer;
+use shared::proto::v1::snapshot_service_server::SnapshotServiceServer;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tonic_health::ServingStatus;
+use tonic_health::server::HealthReporter;
+use tracing::{debug, info, warn};
+
+use super::{Built, Slots, set_health};
+use crate::api::{AdminApi, RunApi, SandboxApi, SnapshotApi};
+use crate::auth::Authenticator;
+use crate::config::{ServeConfig, redact_url};
+use crate::context::Context;
+use crate::lease::{self, CancelBus, LeaseError};
+use crate::reaper::Reaper;
+use crate::runs::{RunOptions, Runs};
+use crate::sandbox::Lifecycle;
+use crate::store::{self, Stores, Tenant};
+
+/// How often a ready server re-checks its database for health.
+const HEALTH_CHECK_EVERY: Duration = Duration::from_secs(5);
+
+/// Bound for the database sample taken at each metrics scrape: a slow
+/// database must not make the scrape itself time out (the gauges keep
+/// their last value).
+const SAMPLE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Why one attempt to open a store or the leases failed.
+#[derive(Debug, thiserror::Error)]
+enum OpenError {
+    /// Retrying cannot fix it (a bad URL, bad options).
+    #[error("{0:#}")]
+    Fatal(anyhow::Error),
+    /// Not reachable yet.
+    #[error("{0}")]
+    Transient(String),
+}
+
+pub(super) struct Readiness {
+    pub config: ServeConfig,
+    pub auth: Authenticator,
+    pub health: HealthReporter,
+    pub shutdown: CancellationToken,
+    pub slots: Slots,
+    pub built: Arc<OnceLock<Built>>,
+    pub loops: TaskTracker,
+}
+
+impl Readiness {
+    /// Returns `Err` only for what retrying cannot fix.
+    pub async fn run(self) -> anyhow::Result<()> {
+        let config = &self.config;
+        let database = redact_url(&config.database_url);
+        let Some(stores) = retry("stores", &self.shutdown, || async {
+            Stores::open(&config.database_url).await.map_err(|e| match e {
+                store::Error::Invalid { field, reason } => {
+                    OpenError::Fatal(anyhow::anyhow!("{field}: {reason} ({database})"))
+                }
+                e => OpenError::Transient(e.to_string()),
+            })
+        })
+        .await?
+        else {
+            return Ok(());
+        };
+        let Some(leases) = retry("leases", &self.shutdown, || async {
+            lease::open(config.redis_url.as_deref(), config.lease_options(), stores.backend_name())
+                .await
+                .map_err(|e| match e {
+                    LeaseError::Invalid(e) => OpenError::Fatal(anyhow::anyhow!(e)),
+                    e => OpenError::Transient(e.to_string()),
+                })
+        })
+        .await?
+        else {
+            return Ok(());
+        };
+        for t in &config.tokens {
+            stores
+                .tokens
+                .put_token(&Tenant::new(&t.tenant), t.token.expose())
+                .await
+                .with_context(|| format!("registering the API token of tenant {:?}", t.tenant))?;
+        }
+        self.auth.set_token_store(stores.tokens.clone());
+        info!(
+            store_backend = stores.backend_name(),
+            lease_backend = leases.backend_name(),
+            tenants = config.tokens.len(),
+            "stores ready"
+        );
+        let cancels = CancelBus::new(config.redis_url.as_deref(), "sandhold")
+            .context("the Redis URL for cancel notifications")?;
+        let lifecycle = Lifecycle::new(
+            super::providers_from_config(config).await,
+            Arc::new(crate::workspace::WorkspaceProvisioner),
+        );
+        let cx = Context {
+            replica_id: config.replica_id.clone(),
+            stores: stores.clone(),
+            leases,
+            lifecycle,
+            cancels,
+            shutdown: self.shutdown.clone(),
+        };
+        self.build(cx);
+        self.keep_health(stores).await;
+        Ok(())
+    }
+
+    /// The services from the context, the gates opened, the loops started.
+    fn build(&self, cx: Context) {
+        let config = &self.config;
+        let runs = Runs::new(cx.clone(), RunOptions { quiet: config.takeover_quiet, ..Default::default() });
+        let reaper = Reaper::new(cx.clone(), runs.clone(), config.reaper.clone(), config.single_user());
+        let admin =
+            AdminApi::new(cx.clone(), reaper.clone(), config.operator_tenants.clone(), config.single_user());
+        self.slots.admin.fill(AdminServiceServer::new(admin));
+        self.slots.snapshot.fill(SnapshotServiceServer::new(SnapshotApi::new(cx.clone())));
+        self.slots.sandbox.fill(SandboxServiceServer::new(SandboxApi::new(cx.clone())));
+        self.slots.runs.fill(RunServiceServer::new(RunApi::new(runs.clone())));
+
+        let shutdown = &self.shutdown;
+        self.loops.spawn(crate::sandbox::run_idle_sweeper(cx.lifecycle.clone(), shutdown.clone()));
+        self.loops.spawn(crate::snapshot::run_gc_sweeper(cx.stores.clone(), shutdown.clone()));
+        self.loops.spawn(reaper.run(shutdown.clone()));
+        let listener = runs.clone();
+        let (cancels, token) = (cx.cancels.clone(), shutdown.clone());
+        self.loops.spawn(async move { cancels.listen(token, |run| listener.cancel_announced(run)).await });
+        let _ = self.built.set(Built { cx, runs });
+    }
+
+    /// Report SERVING while the database answers, until shutdown.
+    async fn keep_health(&self, stores: Stores) {
+        let mut serving = false;
+        loop {
+            let ok = stores.ping().await.is_ok();
+            if ok != serving {
+                if ok {
+                    info!("health SERVING");
+                } else {
+                    warn!("database stopped answering; health NOT_SERVING");
+                }
+                set_health(&self.health, if ok { ServingStatus::Serving } else { ServingStatus::NotServing })
+                    .await;
+                serving = ok;
+            }
+            tokio::select! {
+                _ = self.shutdown.cancelled() => return,
+                _ = tokio::time::sleep(HEALTH_CHECK_EVERY) => {}
+            }
+        }
+    }
+}
+
+/// Call `attempt` until it yields a value, backing off (100 ms doubling to
+/// 5 s) between transient failures; a fatal one ends it. `Ok(None)` if shut
+/// down first.
+async fn retry<T, F, Fut>(what: &str, shutdown: &CancellationToken, attempt: F) -> anyhow::Result<Option<T>>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, OpenError>>,
+{
+    let backoff = ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(100))
+        .with_max_delay(Duration::from_secs(5))
+        .without_max_times();
+    let retried = attempt
+        .retry(backoff)
+        .when(|e| matches!(e, OpenError::Transient(_)))
+        .notify(|e, delay| {
+            warn!(what, error = %e, retry_in_ms = delay.as_millis() as u64, "not reachable yet, retrying")
+        });
+    tokio::select! {
+        _ = shutdown.cancelled() => Ok(None),
+        r = retried => match r {
+            Ok(value) => Ok(Some(value)),
+            Err(OpenError::Fatal(e)) => Err(e),
+            Err(OpenError::Transient(why)) => Err(anyhow::anyhow!(why)),
+        },
+    }
+}
+
+/// What a metrics scrape samples from the database: runs by unfinished
+/// status, once the stores are open.
+pub(super) fn run_count_sampler(built: Arc<OnceLock<Built>>) -> crate::metrics::Sampler {
+    Arc::new(move || {
+        let built = built.clone();
+        Box::pin(async move {
+            let Some(b) = built.get() else { return };
+            match tokio::time::timeout(SAMPLE_TIMEOUT, b.cx.stores.count_unfinished_runs()).await {
+                Ok(Ok(counts)) => {
+                    for (status, n) in counts {
+                        crate::metrics::runs().set_current(status.as_str(), n);
+                    }
+                }
+                Ok(Err(e)) => debug!(error = %e, "metrics: counting runs failed; keeping the last sample"),
+                Err(_) => debug!("metrics: counting runs timed out; keeping the last sample"),
+            }
+        })
+    })
+}
