@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use nix::sys::signal::Signal;
-use shared::error::Error;
+use shared::error::{Error, ErrorCode};
 use shared::proto::agent::v1 as proto;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -361,6 +361,17 @@ async fn pump(
                 }
             }
         }
+    }
+}
+
+/// Map a failed spawn to an error code.
+pub fn spawn_error(program: &str, e: std::io::Error) -> Error {
+    match e.kind() {
+        std::io::ErrorKind::NotFound => Error::not_found(format!("program {program:?} not found")),
+        std::io::ErrorKind::PermissionDenied => {
+            Error::new(ErrorCode::PermissionDenied, format!("program {program:?} is not executable"))
+        }
+        _ => Error::internal(format!("starting {program:?}: {e}")),
     }
 }
 

@@ -24,7 +24,8 @@ use tokio::io::{AsyncReadExt, AsyncSeekExt};
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::confine::Root;
-use crate::server::AgentState;
+pub use crate::confine::io_error;
+use crate::context::AgentContext;
 
 /// Size of one `ReadFile` chunk.
 pub const READ_CHUNK: usize = 64 * 1024;
@@ -35,29 +36,6 @@ pub const MAX_LIST_DEPTH: u32 = 64;
 /// Most entries one `ListDir` returns (keeps the response under the usual
 /// 4 MiB message limit).
 pub const MAX_LIST_ENTRIES: usize = 20_000;
-
-/// Map an io error on `path` (the request's path, never the absolute one)
-/// to the closed set of codes.
-pub fn io_error(e: std::io::Error, path: &str) -> Error {
-    use std::io::ErrorKind as K;
-    let code = match e.kind() {
-        K::NotFound => ErrorCode::NotFound,
-        K::AlreadyExists => ErrorCode::AlreadyExists,
-        K::PermissionDenied => ErrorCode::PermissionDenied,
-        K::NotADirectory
-        | K::IsADirectory
-        | K::DirectoryNotEmpty
-        | K::ReadOnlyFilesystem
-        | K::StorageFull => ErrorCode::FailedPrecondition,
-        K::InvalidInput | K::InvalidFilename => ErrorCode::InvalidArgument,
-        _ => match e.raw_os_error() {
-            Some(libc::ELOOP) => ErrorCode::PermissionDenied,
-            Some(libc::EXDEV) | Some(libc::EBUSY) => ErrorCode::FailedPrecondition,
-            _ => ErrorCode::Internal,
-        },
-    };
-    Error::new(code, format!("{path:?}: {e}"))
-}
 
 fn precondition(path: &str, what: &str) -> Error {
     Error::new(ErrorCode::FailedPrecondition, format!("{path:?}: {what}"))
@@ -125,8 +103,8 @@ pub struct Files {
 }
 
 impl Files {
-    pub fn new(state: AgentState) -> Self {
-        Self { root: state.root.clone() }
+    pub fn new(ctx: &AgentContext) -> Self {
+        Self { root: ctx.root.clone() }
     }
 }
 

@@ -1,19 +1,17 @@
 //! `InfoService`: version, protocol version and capabilities.
 
-use shared::proto::agent::v1::{
-    Capabilities, GetInfoRequest, GetInfoResponse, info_service_server::InfoService,
-};
+use shared::proto::agent::v1::{GetInfoRequest, GetInfoResponse, info_service_server::InfoService};
 use tonic::{Request, Response, Status};
 
-use crate::server::AgentState;
+use crate::context::AgentContext;
 
 pub struct Info {
-    state: AgentState,
+    ctx: AgentContext,
 }
 
 impl Info {
-    pub fn new(state: AgentState) -> Self {
-        Self { state }
+    pub fn new(ctx: &AgentContext) -> Self {
+        Self { ctx: ctx.clone() }
     }
 }
 
@@ -23,23 +21,10 @@ impl InfoService for Info {
         Ok(Response::new(GetInfoResponse {
             agent_version: env!("CARGO_PKG_VERSION").to_string(),
             protocol_version: shared::AGENT_PROTOCOL_VERSION,
-            root: self.state.root.path().display().to_string(),
-            capabilities: Some(self.state.capabilities),
+            root: self.ctx.root.path().display().to_string(),
+            capabilities: Some(self.ctx.capabilities),
             pid: std::process::id(),
-            journal_dir: self.state.journal_dir.display().to_string(),
+            journal_dir: self.ctx.journal_dir.display().to_string(),
         }))
-    }
-}
-
-/// What this agent can do. Services that are not built yet say `false`.
-pub fn capabilities() -> Capabilities {
-    Capabilities {
-        background_processes: true,
-        killable_processes: true,
-        writable_stdin: true,
-        journal: true,
-        watch: true,
-        inotify: true,
-        snapshots: true,
     }
 }

@@ -28,7 +28,7 @@ use tokio::sync::mpsc;
 use tonic::{Request, Response, Status};
 
 use crate::confine::Root;
-use crate::server::AgentState;
+use crate::context::AgentContext;
 
 /// Ignored unless the request says otherwise.
 pub const DEFAULT_IGNORE: [&str; 2] = [".git", "node_modules"];
@@ -38,12 +38,12 @@ pub const DEFAULT_COALESCE: Duration = Duration::from_millis(50);
 pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(1000);
 
 pub struct Watch {
-    state: AgentState,
+    root: Root,
 }
 
 impl Watch {
-    pub fn new(state: AgentState) -> Self {
-        Self { state }
+    pub fn new(ctx: &AgentContext) -> Self {
+        Self { root: ctx.root.clone() }
     }
 }
 
@@ -180,7 +180,7 @@ impl WatchService for Watch {
 
     async fn watch(&self, req: Request<WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
         let req = req.into_inner();
-        let dir = self.state.root.resolve(&req.path)?;
+        let dir = self.root.resolve(&req.path)?;
         match std::fs::metadata(&dir) {
             Ok(m) if m.is_dir() => {}
             Ok(_) => return Err(Error::invalid_field("path", "not a directory").into()),
@@ -191,7 +191,7 @@ impl WatchService for Watch {
             }
         }
         let ignore = Ignore::new(&req.ignore, !req.no_default_ignore)?;
-        let scope = Scope { root: self.state.root.clone(), dir, recursive: req.recursive, ignore };
+        let scope = Scope { root: self.root.clone(), dir, recursive: req.recursive, ignore };
         let window = req.coalesce_ms.map_or(DEFAULT_COALESCE, Duration::from_millis);
         let interval = match req.poll_interval_ms {
             Some(ms) if ms > 0 => Duration::from_millis(ms),
