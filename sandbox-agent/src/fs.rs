@@ -126,22 +126,29 @@ impl Drop for TempFile {
 
 /// Walk `dir` down to `depth` levels, never following symlinks.
 fn list_dir(root: &Root, dir: &Path, path: &str, depth: u32, out: &mut Vec<FileInfo>) -> Result<(), Error> {
-    let entries = std::fs::read_dir(dir).map_err(|e| io_error(e, path))?;
-    for entry in entries {
-        let entry = entry.map_err(|e| io_error(e, path))?;
+    let mut walk = walkdir::WalkDir::new(dir).min_depth(1).max_depth(depth as usize).into_iter();
+    while let Some(entry) = walk.next() {
+        // The original io error: its kind and errno pick the code, and its
+        // message names no absolute path. (A loop error needs followed links.)
+        let entry = entry.map_err(|e| {
+            let e = e.into_io_error().unwrap_or_else(|| std::io::Error::other("filesystem loop"));
+            io_error(e, path)
+        })?;
         let abs = entry.path();
-        // An entry removed while listing is simply not listed.
-        let Ok(meta) = std::fs::symlink_metadata(&abs) else { continue };
+        // An entry removed while listing is simply not listed (nor entered).
+        let Ok(meta) = std::fs::symlink_metadata(abs) else {
+            if entry.file_type().is_dir() {
+                walk.skip_current_dir();
+            }
+            continue;
+        };
         if out.len() >= MAX_LIST_ENTRIES {
             return Err(precondition(
                 path,
                 &format!("more than {MAX_LIST_ENTRIES} entries; list with a smaller depth"),
             ));
         }
-        out.push(file_info(root, &abs, &meta));
-        if depth > 1 && meta.file_type().is_dir() {
-            list_dir(root, &abs, path, depth - 1, out)?;
-        }
+        out.push(file_info(root, abs, &meta));
     }
     Ok(())
 }
