@@ -294,4 +294,17 @@ mod tests {
         assert!(root.resolve("dangling").is_err());
         assert_eq!(root.resolve_no_follow("dangling").unwrap(), root.path().join("dangling"));
     }
+
+    #[test]
+    fn io_errors_map_to_codes() {
+        use std::io::{Error as E, ErrorKind as K};
+        assert_eq!(io_error(E::from(K::NotFound), "x").code, ErrorCode::NotFound);
+        assert_eq!(io_error(E::from(K::AlreadyExists), "x").code, ErrorCode::AlreadyExists);
+        assert_eq!(io_error(E::from_raw_os_error(libc::ENOTDIR), "x").code, ErrorCode::FailedPrecondition);
+        assert_eq!(io_error(E::from_raw_os_error(libc::ENOTEMPTY), "x").code, ErrorCode::FailedPrecondition);
+        assert_eq!(io_error(E::from_raw_os_error(libc::EISDIR), "x").code, ErrorCode::FailedPrecondition);
+        assert_eq!(io_error(E::from_raw_os_error(libc::EACCES), "x").code, ErrorCode::PermissionDenied);
+        assert_eq!(io_error(E::from_raw_os_error(libc::EINVAL), "x").code, ErrorCode::InvalidArgument);
+        assert_eq!(io_error(E::from_raw_os_error(libc::EIO), "x").code, ErrorCode::Internal);
+    }
 }

@@ -436,18 +436,56 @@ impl FsService for Files {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use shared::proto::agent::v1::fs_service_client::FsServiceClient;
+    use shared::proto::agent::v1::fs_service_server::FsServiceServer;
+    use tonic::transport::Server;
 
-    #[test]
-    fn io_errors_map_to_codes() {
-        use std::io::{Error as E, ErrorKind as K};
-        assert_eq!(io_error(E::from(K::NotFound), "x").code, ErrorCode::NotFound);
-        assert_eq!(io_error(E::from(K::AlreadyExists), "x").code, ErrorCode::AlreadyExists);
-        assert_eq!(io_error(E::from_raw_os_error(libc::ENOTDIR), "x").code, ErrorCode::FailedPrecondition);
-        assert_eq!(io_error(E::from_raw_os_error(libc::ENOTEMPTY), "x").code, ErrorCode::FailedPrecondition);
-        assert_eq!(io_error(E::from_raw_os_error(libc::EISDIR), "x").code, ErrorCode::FailedPrecondition);
-        assert_eq!(io_error(E::from_raw_os_error(libc::EACCES), "x").code, ErrorCode::PermissionDenied);
-        assert_eq!(io_error(E::from_raw_os_error(libc::EINVAL), "x").code, ErrorCode::InvalidArgument);
-        assert_eq!(io_error(E::from_raw_os_error(libc::EIO), "x").code, ErrorCode::Internal);
+    use super::*;
+    use crate::testing;
+
+    async fn listed(
+        client: &mut FsServiceClient<tonic::transport::Channel>,
+        depth: u32,
+    ) -> Vec<(String, i32)> {
+        let req = ListDirRequest { path: "a".into(), depth };
+        let entries = client.list_dir(req).await.unwrap().into_inner().entries;
+        entries.into_iter().map(|e| (e.path, e.r#type)).collect()
+    }
+
+    #[tokio::test]
+    async fn list_dir_walks_to_the_depth_asked_and_never_follows_a_symlink() {
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = testing::context(dir.path());
+        let root = dir.path().join("root");
+        std::fs::create_dir_all(root.join("a/b/c")).unwrap();
+        std::fs::write(root.join("a/b/c/deep.txt"), "x").unwrap();
+        std::fs::write(root.join("a/top.txt"), "x").unwrap();
+        std::fs::create_dir_all(root.join("outside")).unwrap();
+        std::fs::write(root.join("outside/not-listed.txt"), "x").unwrap();
+        std::os::unix::fs::symlink("../outside", root.join("a/link")).unwrap();
+        let channel =
+            testing::channel(Server::builder().add_service(FsServiceServer::new(Files::new(&ctx)))).await;
+        let mut client = FsServiceClient::new(channel);
+
+        let (dir_t, file_t, link_t) =
+            (FileType::Directory as i32, FileType::File as i32, FileType::Symlink as i32);
+        let one = listed(&mut client, 1).await;
+        assert_eq!(one, [("a/b".into(), dir_t), ("a/link".into(), link_t), ("a/top.txt".into(), file_t)]);
+        let two = listed(&mut client, 2).await;
+        assert_eq!(
+            two,
+            [
+                ("a/b".into(), dir_t),
+                ("a/b/c".into(), dir_t),
+                ("a/link".into(), link_t),
+                ("a/top.txt".into(), file_t)
+            ]
+        );
+        let all = listed(&mut client, 0).await;
+        assert_eq!(all, one, "depth 0 lists one level");
+        let deep = listed(&mut client, MAX_LIST_DEPTH + 5).await;
+        assert_eq!(deep.len(), 5, "{deep:?}");
+        assert!(deep.contains(&("a/b/c/deep.txt".into(), file_t)));
+        assert!(deep.iter().all(|(p, _)| !p.contains("not-listed")), "{deep:?}");
     }
 }

@@ -28,3 +28,28 @@ impl InfoService for Info {
         }))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use shared::proto::agent::v1::info_service_client::InfoServiceClient;
+    use shared::proto::agent::v1::info_service_server::InfoServiceServer;
+    use tonic::transport::Server;
+
+    use super::*;
+    use crate::testing;
+
+    #[tokio::test]
+    async fn get_info_reports_the_context_it_was_built_from() {
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = testing::context(dir.path());
+        let channel =
+            testing::channel(Server::builder().add_service(InfoServiceServer::new(Info::new(&ctx)))).await;
+        let info = InfoServiceClient::new(channel).get_info(GetInfoRequest {}).await.unwrap().into_inner();
+        assert_eq!(info.protocol_version, shared::AGENT_PROTOCOL_VERSION);
+        assert_eq!(info.agent_version, env!("CARGO_PKG_VERSION"));
+        assert_eq!(info.root, dir.path().join("root").canonicalize().unwrap().display().to_string());
+        assert_eq!(info.journal_dir, dir.path().join("journal").display().to_string());
+        assert_eq!(info.capabilities, Some(crate::context::capabilities()));
+        assert_eq!(info.pid, std::process::id());
+    }
+}

@@ -28,5 +28,9 @@ pub mod server;
 // The command line (above everything; `main.rs` calls it):
 pub mod cli;
 
+// In-process gRPC for the services' unit tests.
+#[cfg(test)]
+mod testing;
+
 pub use options::AgentOptions;
 pub use server::serve;

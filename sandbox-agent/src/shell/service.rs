@@ -189,3 +189,58 @@ impl ShellService for Shells {
         Ok(Response::new(CloseShellResponse {}))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use shared::proto::agent::v1::shell_service_client::ShellServiceClient;
+    use shared::proto::agent::v1::shell_service_server::ShellServiceServer;
+    use tonic::transport::{Channel, Server};
+
+    use super::*;
+    use crate::testing;
+
+    /// Stdout of one command, and its exit.
+    async fn run(
+        client: &mut ShellServiceClient<Channel>,
+        id: &str,
+        command: &str,
+    ) -> (Vec<u8>, ShellCommandExit) {
+        let req = RunInShellRequest { session_id: id.into(), command: command.into(), ..Default::default() };
+        let mut events = client.run_in_shell(req).await.unwrap().into_inner();
+        let mut stdout = Vec::new();
+        while let Some(msg) = events.message().await.unwrap() {
+            match msg.event {
+                Some(run_in_shell_response::Event::Output(chunk))
+                    if chunk.stream == shared::proto::agent::v1::OutputStream::Stdout as i32 =>
+                {
+                    stdout.extend_from_slice(&chunk.data);
+                }
+                Some(run_in_shell_response::Event::Exit(exit)) => return (stdout, exit),
+                _ => {}
+            }
+        }
+        panic!("no exit for {command:?}");
+    }
+
+    #[tokio::test]
+    async fn a_session_keeps_its_state_between_commands_through_the_real_stack() {
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = testing::context(dir.path());
+        std::fs::create_dir_all(dir.path().join("root/sub")).unwrap();
+        let channel =
+            testing::channel(Server::builder().add_service(ShellServiceServer::new(Shells::new(&ctx)))).await;
+        let mut client = ShellServiceClient::new(channel);
+        let id = client.open_shell(OpenShellRequest::default()).await.unwrap().into_inner().session_id;
+
+        let (_, exit) = run(&mut client, &id, "cd sub && export GREETING=hi").await;
+        assert_eq!((exit.exit_code, exit.shell_exited), (0, false));
+        let (out, exit) =
+            run(&mut client, &id, "printf '%s %s' \"$GREETING\" \"${PWD##*/}\"; (exit 3)").await;
+        assert_eq!(out, b"hi sub");
+        assert_eq!(exit.exit_code, 3);
+
+        client.close_shell(CloseShellRequest { session_id: id.clone() }).await.unwrap();
+        let err = client.close_shell(CloseShellRequest { session_id: id }).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::NotFound);
+    }
+}
