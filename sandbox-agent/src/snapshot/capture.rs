@@ -5,13 +5,13 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
 use shared::error::{Error, ErrorCode};
-use shared::proto::agent::v1::{EntryKind, ManifestEntry};
+use shared::proto::agent::v1::{BlobRef, EntryKind, ManifestEntry};
 
 use super::policy::Policy;
 use super::redaction::{Redactor, zero_file};
-use crate::confine::io_error;
+use crate::confine::{Root, io_error};
 
-pub(super) fn unsupported(path: &str, what: &str) -> Error {
+fn unsupported(path: &str, what: &str) -> Error {
     Error::new(
         ErrorCode::SnapshotUnsupportedEntry,
         format!(
@@ -22,7 +22,7 @@ pub(super) fn unsupported(path: &str, what: &str) -> Error {
     .with_meta("path", path)
 }
 
-pub(super) fn kind_of(ft: &std::fs::FileType) -> &'static str {
+fn kind_of(ft: &std::fs::FileType) -> &'static str {
     use std::os::unix::fs::FileTypeExt;
     if ft.is_symlink() {
         "a symlink"
@@ -107,4 +107,34 @@ fn walk(
         }
     }
     Ok(captured_any)
+}
+
+/// Feed the zeroed bytes of the file `blob` names to `sink`, refusing it
+/// when it is no longer a plain file or no longer hashes to the manifest's
+/// entry (it changed since the capture).
+pub(super) fn read_blob(
+    root: &Root,
+    blob: &BlobRef,
+    policy: &Policy,
+    redactor: &Redactor,
+    sink: impl FnMut(&[u8]) -> Result<(), Error>,
+) -> Result<(), Error> {
+    let path = blob.path.as_str();
+    let abs = root.resolve_no_follow(path)?;
+    let meta = std::fs::symlink_metadata(&abs).map_err(|e| io_error(e, path))?;
+    if !meta.is_file() {
+        return Err(unsupported(path, kind_of(&meta.file_type())));
+    }
+    if meta.mode() & 0o111 != 0 {
+        return Err(unsupported(path, "executable"));
+    }
+    let (_, sha256) = zero_file(&abs, path, redactor, policy.redacted(path), sink)?;
+    if sha256 != blob.sha256 {
+        return Err(Error::new(
+            ErrorCode::FailedPrecondition,
+            format!("{path:?} changed while it was captured; capture again"),
+        )
+        .with_meta("path", path));
+    }
+    Ok(())
 }

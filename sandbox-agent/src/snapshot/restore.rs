@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 use shared::error::{Error, ErrorCode};
-use shared::proto::agent::v1::{EntryKind, ManifestEntry, RestoreResponse};
+use shared::proto::agent::v1::{EntryKind, ManifestEntry, RestoreBlob, RestoreHeader, RestoreResponse};
+use shared::snapshot::{ManifestSummary, check_manifest};
 use tokio::io::AsyncWriteExt;
 
 use super::policy::{Policy, excluded_at, self_and_ancestors};
@@ -44,16 +45,16 @@ pub(super) fn refuse(what: impl Into<String>) -> Error {
 }
 
 /// The blob being received.
-pub(super) struct Incoming {
-    pub(super) sha256: String,
-    pub(super) file: tokio::fs::File,
-    pub(super) hasher: Sha256,
-    pub(super) size: u64,
-    pub(super) expected: u64,
+struct Incoming {
+    sha256: String,
+    file: tokio::fs::File,
+    hasher: Sha256,
+    size: u64,
+    expected: u64,
 }
 
 impl Incoming {
-    pub(super) async fn finish(mut self) -> Result<String, Error> {
+    async fn finish(mut self) -> Result<String, Error> {
         self.file.flush().await.map_err(|e| Error::internal(format!("staging a blob: {e}")))?;
         if self.size != self.expected {
             return Err(refuse(format!(
@@ -69,9 +70,135 @@ impl Incoming {
     }
 }
 
+/// What a restore stream delivered so far: the manifest, then its blobs,
+/// each staged and checked as it arrives. Nothing under the root is touched.
+pub(super) struct Receiver<'a> {
+    staging: &'a Staging,
+    entry_count: u64,
+    blob_count: u64,
+    entries: Vec<ManifestEntry>,
+    /// Set by the first blob: the manifest is complete and checked.
+    summary: Option<ManifestSummary>,
+    current: Option<Incoming>,
+    received: HashSet<String>,
+}
+
+impl<'a> Receiver<'a> {
+    pub(super) fn new(header: &RestoreHeader, staging: &'a Staging) -> Self {
+        Self {
+            staging,
+            entry_count: header.entry_count,
+            blob_count: header.blob_count,
+            entries: Vec::new(),
+            summary: None,
+            current: None,
+            received: HashSet::new(),
+        }
+    }
+
+    pub(super) fn entries(&mut self, batch: Vec<ManifestEntry>) -> Result<(), Error> {
+        if self.summary.is_some() {
+            return Err(refuse("manifest entries after the first blob"));
+        }
+        self.entries.extend(batch);
+        if self.entries.len() as u64 > self.entry_count {
+            return Err(refuse("more manifest entries than the header announced"));
+        }
+        Ok(())
+    }
+
+    fn check_manifest(&self) -> Result<ManifestSummary, Error> {
+        if self.entries.len() as u64 != self.entry_count {
+            return Err(refuse("fewer manifest entries than the header announced"));
+        }
+        check_manifest(&self.entries)
+    }
+
+    pub(super) async fn blob(&mut self, blob: RestoreBlob) -> Result<(), Error> {
+        if self.summary.is_none() {
+            self.summary = Some(self.check_manifest()?);
+        }
+        let known = self.summary.as_ref().expect("set above");
+        if self.current.as_ref().is_none_or(|c| c.sha256 != blob.sha256) {
+            if let Some(done) = self.current.take() {
+                self.received.insert(done.finish().await?);
+            }
+            let Some(&expected) = known.blobs.get(&blob.sha256) else {
+                return Err(refuse(format!("blob {:?} is not in the manifest", blob.sha256)));
+            };
+            if self.received.contains(&blob.sha256) {
+                return Err(refuse(format!("blob {} sent twice", blob.sha256)));
+            }
+            let file = tokio::fs::File::create(self.staging.blob(&blob.sha256))
+                .await
+                .map_err(|e| Error::internal(format!("staging a blob: {e}")))?;
+            self.current = Some(Incoming {
+                sha256: blob.sha256.clone(),
+                file,
+                hasher: Sha256::new(),
+                size: 0,
+                expected,
+            });
+        }
+        let incoming = self.current.as_mut().expect("set above");
+        incoming.size += blob.data.len() as u64;
+        if incoming.size > incoming.expected {
+            return Err(refuse(format!(
+                "blob {} is longer than the {} bytes the manifest says",
+                incoming.sha256, incoming.expected
+            )));
+        }
+        incoming.hasher.update(&blob.data);
+        incoming.file.write_all(&blob.data).await.map_err(|e| Error::internal(format!("staging a blob: {e}")))
+    }
+
+    /// The stream ended: the checked manifest, once every blob it
+    /// references arrived whole and nothing else did.
+    pub(super) async fn finish(mut self) -> Result<Vec<ManifestEntry>, Error> {
+        if let Some(done) = self.current.take() {
+            self.received.insert(done.finish().await?);
+        }
+        let summary = match self.summary.take() {
+            Some(s) => s,
+            None => self.check_manifest()?,
+        };
+        if let Some(missing) = summary.blobs.keys().find(|h| !self.received.contains(*h)) {
+            let path = self
+                .entries
+                .iter()
+                .find(|e| &e.sha256 == missing)
+                .map(|e| e.path.clone())
+                .unwrap_or_default();
+            return Err(refuse(format!("blob {missing} of {path:?} is missing")).with_meta("path", path));
+        }
+        if self.received.len() as u64 != self.blob_count {
+            return Err(refuse("the blob count differs from the header"));
+        }
+        Ok(self.entries)
+    }
+}
+
+/// Restore the verified `entries` from `staging` into `root`: plan against
+/// the workspace as it is, then remove and write.
+pub(super) fn apply(
+    root: &Root,
+    staging: Staging,
+    policy: &Policy,
+    entries: Vec<ManifestEntry>,
+) -> Result<RestoreResponse, Error> {
+    let plan = plan(root.path(), policy, entries)?;
+    // Verified and planned: the first change to the workspace.
+    remove_paths(root.path(), &plan.remove)?;
+    let mut response = write_entries(root, &staging, &plan.write)?;
+    response.paths_removed = plan.remove.len() as u64;
+    response.entries_excluded = plan.excluded;
+    drop(staging);
+    Ok(response)
+}
+
 /// What a workspace entry is, by `lstat`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Found {
+enum Found {
     File,
     Dir,
     /// A symlink, device, socket or FIFO.
@@ -142,13 +269,13 @@ fn scan_dir(dir: &Path, rel: &str, policy: &Policy, out: &mut Workspace) -> Resu
 
 /// What a restore changes, decided before the first change.
 #[derive(Debug)]
-pub(super) struct Plan {
+struct Plan {
     /// Workspace paths to remove first, outermost only, in path order.
-    pub(super) remove: Vec<(String, Found)>,
+    remove: Vec<(String, Found)>,
     /// The manifest entries to write (none at an excluded path).
-    pub(super) write: Vec<ManifestEntry>,
+    write: Vec<ManifestEntry>,
     /// Manifest entries not written: the policy excludes their path.
-    pub(super) excluded: u64,
+    excluded: u64,
 }
 
 /// Plan a restore of `entries` (a checked manifest) into the workspace at
@@ -169,7 +296,7 @@ pub(super) struct Plan {
 /// Then every target is checked against the planned tree: each ancestor a
 /// directory (never a symlink) or gone, the entry itself absent or of its
 /// kind.
-pub(super) fn plan(root: &Path, policy: &Policy, entries: Vec<ManifestEntry>) -> Result<Plan, Error> {
+fn plan(root: &Path, policy: &Policy, entries: Vec<ManifestEntry>) -> Result<Plan, Error> {
     let (write, left_out): (Vec<_>, Vec<_>) =
         entries.into_iter().partition(|e| !excluded_at(policy, &e.path));
     let mut wanted: HashMap<&str, Found> = HashMap::new();
@@ -245,7 +372,7 @@ fn check_target(root: &Path, entry: &ManifestEntry, gone: &dyn Fn(&str) -> bool)
 
 /// Remove the planned paths (a directory with everything in it; a symlink
 /// itself, never what it points to).
-pub(super) fn remove_paths(root: &Path, remove: &[(String, Found)]) -> Result<(), Error> {
+fn remove_paths(root: &Path, remove: &[(String, Found)]) -> Result<(), Error> {
     for (path, found) in remove {
         let abs = root.join(path);
         let result =
@@ -259,7 +386,7 @@ pub(super) fn remove_paths(root: &Path, remove: &[(String, Found)]) -> Result<()
 }
 
 /// Write the verified entries from the staged blobs.
-pub(super) fn write_entries(
+fn write_entries(
     root: &Root,
     staging: &Staging,
     entries: &[ManifestEntry],

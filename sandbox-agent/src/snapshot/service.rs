@@ -1,28 +1,24 @@
 //! `SnapshotService`: the tonic service over capture and restore.
 
-use std::collections::HashSet;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 
 use futures::Stream;
-use sha2::{Digest, Sha256};
 use shared::error::{Error, ErrorCode};
 use shared::proto::agent::v1::{
-    CaptureRequest, CaptureResponse, ManifestEntry, ReadBlobsRequest, ReadBlobsResponse, RestoreRequest,
-    RestoreResponse, restore_request, snapshot_service_server::SnapshotService,
+    CaptureRequest, CaptureResponse, ReadBlobsRequest, ReadBlobsResponse, RestoreRequest, RestoreResponse,
+    restore_request, snapshot_service_server::SnapshotService,
 };
-use shared::snapshot::{ManifestSummary, check_manifest, check_path};
-use tokio::io::AsyncWriteExt;
+use shared::snapshot::check_path;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::capture::{capture, kind_of, unsupported};
+use super::capture::{capture, read_blob};
 use super::policy::Policy;
-use super::redaction::{Redactor, zero_file};
-use super::restore::{Incoming, Staging, plan, refuse, remove_paths, write_entries};
-use crate::confine::{Root, io_error};
+use super::redaction::Redactor;
+use super::restore::{Receiver, Staging, apply, refuse};
+use crate::confine::Root;
 use crate::context::AgentContext;
 
 /// Manifest entries per `CaptureResponse`.
@@ -86,35 +82,15 @@ impl SnapshotService for Snapshots {
         let root = self.root.clone();
         let (tx, rx) = mpsc::channel::<Result<ReadBlobsResponse, Status>>(4);
         tokio::task::spawn_blocking(move || {
+            let send = |msg: ReadBlobsResponse| {
+                tx.blocking_send(Ok(msg)).map_err(|_| Error::new(ErrorCode::Cancelled, "reader left"))
+            };
             for blob in req.blobs {
-                let result = (|| {
-                    let path = blob.path.as_str();
-                    let abs = root.resolve_no_follow(path)?;
-                    let meta = std::fs::symlink_metadata(&abs).map_err(|e| io_error(e, path))?;
-                    if !meta.is_file() {
-                        return Err(unsupported(path, kind_of(&meta.file_type())));
-                    }
-                    if meta.mode() & 0o111 != 0 {
-                        return Err(unsupported(path, "executable"));
-                    }
-                    let (_, sha256) = zero_file(&abs, path, &redactor, policy.redacted(path), |data| {
-                        let msg = ReadBlobsResponse {
-                            sha256: blob.sha256.clone(),
-                            data: data.to_vec(),
-                            last: false,
-                        };
-                        tx.blocking_send(Ok(msg)).map_err(|_| Error::new(ErrorCode::Cancelled, "reader left"))
-                    })?;
-                    if sha256 != blob.sha256 {
-                        return Err(Error::new(
-                            ErrorCode::FailedPrecondition,
-                            format!("{path:?} changed while it was captured; capture again"),
-                        )
-                        .with_meta("path", path));
-                    }
-                    let end = ReadBlobsResponse { sha256: blob.sha256.clone(), data: Vec::new(), last: true };
-                    tx.blocking_send(Ok(end)).map_err(|_| Error::new(ErrorCode::Cancelled, "reader left"))
-                })();
+                let sha256 = blob.sha256.clone();
+                let result = read_blob(&root, &blob, &policy, &redactor, |data| {
+                    send(ReadBlobsResponse { sha256: sha256.clone(), data: data.to_vec(), last: false })
+                })
+                .and_then(|()| send(ReadBlobsResponse { sha256, data: Vec::new(), last: true }));
                 if let Err(e) = result {
                     let _ = tx.blocking_send(Err(e.into()));
                     return;
@@ -135,106 +111,18 @@ impl SnapshotService for Snapshots {
         };
         let policy = Policy::compile(&header.policy.clone().unwrap_or_default())?;
         let staging = Staging::new(&self.staging_parent)?;
-        let mut entries: Vec<ManifestEntry> = Vec::new();
-        let mut summary: Option<ManifestSummary> = None;
-        let mut current: Option<Incoming> = None;
-        let mut received: HashSet<String> = HashSet::new();
+        let mut receiver = Receiver::new(&header, &staging);
         while let Some(msg) = inbound.message().await? {
             match msg.request {
-                Some(restore_request::Request::Entries(batch)) => {
-                    if summary.is_some() {
-                        return Err(refuse("manifest entries after the first blob").into());
-                    }
-                    entries.extend(batch.entries);
-                    if entries.len() as u64 > header.entry_count {
-                        return Err(refuse("more manifest entries than the header announced").into());
-                    }
-                }
-                Some(restore_request::Request::Blob(blob)) => {
-                    if summary.is_none() {
-                        if entries.len() as u64 != header.entry_count {
-                            return Err(refuse("fewer manifest entries than the header announced").into());
-                        }
-                        summary = Some(check_manifest(&entries)?);
-                    }
-                    let known = summary.as_ref().expect("set above");
-                    if current.as_ref().is_none_or(|c| c.sha256 != blob.sha256) {
-                        if let Some(done) = current.take() {
-                            received.insert(done.finish().await?);
-                        }
-                        let Some(&expected) = known.blobs.get(&blob.sha256) else {
-                            return Err(
-                                refuse(format!("blob {:?} is not in the manifest", blob.sha256)).into()
-                            );
-                        };
-                        if received.contains(&blob.sha256) {
-                            return Err(refuse(format!("blob {} sent twice", blob.sha256)).into());
-                        }
-                        let file = tokio::fs::File::create(staging.blob(&blob.sha256))
-                            .await
-                            .map_err(|e| Error::internal(format!("staging a blob: {e}")))?;
-                        current = Some(Incoming {
-                            sha256: blob.sha256.clone(),
-                            file,
-                            hasher: Sha256::new(),
-                            size: 0,
-                            expected,
-                        });
-                    }
-                    let incoming = current.as_mut().expect("set above");
-                    incoming.size += blob.data.len() as u64;
-                    if incoming.size > incoming.expected {
-                        return Err(refuse(format!(
-                            "blob {} is longer than the {} bytes the manifest says",
-                            incoming.sha256, incoming.expected
-                        ))
-                        .into());
-                    }
-                    incoming.hasher.update(&blob.data);
-                    incoming
-                        .file
-                        .write_all(&blob.data)
-                        .await
-                        .map_err(|e| Error::internal(format!("staging a blob: {e}")))?;
-                }
+                Some(restore_request::Request::Entries(batch)) => receiver.entries(batch.entries)?,
+                Some(restore_request::Request::Blob(blob)) => receiver.blob(blob).await?,
                 Some(restore_request::Request::Header(_)) => return Err(refuse("a second header").into()),
                 None => return Err(refuse("an empty message").into()),
             }
         }
-        if let Some(done) = current.take() {
-            received.insert(done.finish().await?);
-        }
-        let summary = match summary {
-            Some(s) => s,
-            None => {
-                if entries.len() as u64 != header.entry_count {
-                    return Err(refuse("fewer manifest entries than the header announced").into());
-                }
-                check_manifest(&entries)?
-            }
-        };
-        if let Some(missing) = summary.blobs.keys().find(|h| !received.contains(*h)) {
-            let path =
-                entries.iter().find(|e| &e.sha256 == missing).map(|e| e.path.clone()).unwrap_or_default();
-            return Err(Status::from(
-                refuse(format!("blob {missing} of {path:?} is missing")).with_meta("path", path),
-            ));
-        }
-        if received.len() as u64 != header.blob_count {
-            return Err(refuse("the blob count differs from the header").into());
-        }
+        let entries = receiver.finish().await?;
         let root = self.root.clone();
-        let response = blocking(move || {
-            let plan = plan(root.path(), &policy, entries)?;
-            // Verified and planned: the first change to the workspace.
-            remove_paths(root.path(), &plan.remove)?;
-            let mut response = write_entries(&root, &staging, &plan.write)?;
-            response.paths_removed = plan.remove.len() as u64;
-            response.entries_excluded = plan.excluded;
-            drop(staging);
-            Ok(response)
-        })
-        .await?;
+        let response = blocking(move || apply(&root, staging, &policy, entries)).await?;
         tracing::info!(
             files = response.files_written,
             dirs = response.dirs_created,
@@ -244,5 +132,56 @@ impl SnapshotService for Snapshots {
             "snapshot restored"
         );
         Ok(Response::new(response))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use sha2::{Digest, Sha256};
+    use shared::proto::agent::v1::snapshot_service_client::SnapshotServiceClient;
+    use shared::proto::agent::v1::snapshot_service_server::SnapshotServiceServer;
+    use shared::proto::agent::v1::{BlobRef, EntryKind};
+    use tonic::transport::Server;
+
+    use super::*;
+    use crate::testing;
+
+    #[tokio::test]
+    async fn capture_and_read_blobs_zero_secret_values_through_the_real_stack() {
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = testing::context(dir.path());
+        let root = dir.path().join("root");
+        std::fs::write(root.join("a.txt"), "token=s3cret!").unwrap();
+        std::fs::create_dir_all(root.join(".git")).unwrap();
+        std::fs::write(root.join(".git/HEAD"), "excluded by default").unwrap();
+        let channel =
+            testing::channel(Server::builder().add_service(SnapshotServiceServer::new(Snapshots::new(&ctx))))
+                .await;
+        let mut client = SnapshotServiceClient::new(channel);
+        let secrets = vec!["s3cret".to_string()];
+        let zeroed = b"token=\0\0\0\0\0\0!".to_vec();
+
+        let req = CaptureRequest { redact_values: secrets.clone(), ..Default::default() };
+        let mut batches = client.capture(req).await.unwrap().into_inner();
+        let mut entries = Vec::new();
+        while let Some(batch) = batches.message().await.unwrap() {
+            entries.extend(batch.entries);
+        }
+        assert_eq!(entries.len(), 1, "{entries:?}");
+        let entry = &entries[0];
+        assert_eq!((entry.path.as_str(), entry.kind, entry.size), ("a.txt", EntryKind::File as i32, 13));
+        assert_eq!(entry.sha256, hex::encode(Sha256::digest(&zeroed)));
+
+        let blob = BlobRef { path: entry.path.clone(), sha256: entry.sha256.clone() };
+        let req = ReadBlobsRequest { blobs: vec![blob], redact_values: secrets, ..Default::default() };
+        let mut chunks = client.read_blobs(req).await.unwrap().into_inner();
+        let (mut data, mut last) = (Vec::new(), false);
+        while let Some(chunk) = chunks.message().await.unwrap() {
+            assert_eq!(chunk.sha256, entry.sha256);
+            data.extend_from_slice(&chunk.data);
+            last = chunk.last;
+        }
+        assert!(last, "the blob ends with a last message");
+        assert_eq!(data, zeroed);
     }
 }
