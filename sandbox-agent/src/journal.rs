@@ -2,7 +2,7 @@
 //!
 //! Everything a read needs is on disk (see `shared::journal` for the files),
 //! so an agent restarted on the same journal dir serves the runs of its
-//! predecessor, running ones included: the supervisor (the `shim` module) holds
+//! predecessor, running ones included: the supervisor ([`crate::shim`]) holds
 //! the run's lock and writes the sentinel; the agent only starts it and reads.
 
 use std::io::{Read, Seek, SeekFrom};
