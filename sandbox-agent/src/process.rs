@@ -440,7 +440,37 @@ impl ProcessService for Processes {
 
 #[cfg(test)]
 mod tests {
+    use proto::process_service_client::ProcessServiceClient;
+    use proto::process_service_server::ProcessServiceServer;
+    use tonic::transport::Server;
+
     use super::*;
+    use crate::testing;
+
+    #[tokio::test]
+    async fn exec_runs_in_the_cwd_asked_and_reports_output_and_status_through_the_real_stack() {
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = testing::context(dir.path());
+        std::fs::create_dir_all(dir.path().join("root/sub")).unwrap();
+        let channel =
+            testing::channel(Server::builder().add_service(ProcessServiceServer::new(Processes::new(&ctx))))
+                .await;
+        let mut client = ProcessServiceClient::new(channel);
+        let command =
+            Command { kind: Some(proto::command::Kind::Shell("pwd; echo oops >&2; exit 7".into())) };
+        let req = ExecRequest { command: Some(command), cwd: "sub".into(), ..Default::default() };
+        let out = client.exec(req).await.unwrap().into_inner();
+        let cwd = ctx.root.path().join("sub");
+        assert_eq!(out.stdout, format!("{}\n", cwd.display()).into_bytes());
+        assert_eq!(out.stderr, b"oops\n");
+        assert_eq!(out.status.and_then(|s| s.status), Some(proto::exit_status::Status::Code(7)));
+        assert!(!out.timed_out && !out.stdout_truncated);
+
+        let true_cmd = Command { kind: Some(proto::command::Kind::Shell("true".into())) };
+        let missing = ExecRequest { command: Some(true_cmd), cwd: "nowhere".into(), ..Default::default() };
+        let err = client.exec(missing).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::NotFound, "{err:?}");
+    }
 
     #[test]
     fn captured_keeps_the_first_bytes_and_flags_truncation() {
