@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use nix::sys::signal::Signal;
-use shared::error::Error;
+use shared::error::{Error, ErrorCode};
 use shared::proto::agent::v1 as proto;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -127,19 +127,30 @@ pub fn group_members(pgid: u32, except: u32) -> Vec<u32> {
     members
 }
 
+/// Scans of a process group `kill_group_except` makes at most, and the
+/// pause after each scan that found someone to kill.
+const KILL_SCANS: usize = 50;
+const KILL_RESCAN_DELAY: Duration = Duration::from_millis(5);
+
 /// SIGKILL every member of process group `pgid` except `keep` (a shell that
 /// leads the group and must survive its command). Repeats until a scan finds
 /// nobody, so that children forked during a scan are caught by the next one.
 pub async fn kill_group_except(pgid: u32, keep: u32) {
-    for _ in 0..50 {
+    use backon::{ConstantBuilder, Retryable};
+    let scan_and_kill = || async {
         let members = group_members(pgid, keep);
         if members.is_empty() {
-            return;
+            return Ok(());
         }
         for pid in members {
             let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), Signal::SIGKILL);
         }
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        Err(())
+    };
+    let rescans = ConstantBuilder::default().with_delay(KILL_RESCAN_DELAY).with_max_times(KILL_SCANS - 1);
+    if scan_and_kill.retry(rescans).await.is_err() {
+        // The last scan killed someone too: give the kernel the same pause.
+        tokio::time::sleep(KILL_RESCAN_DELAY).await;
     }
 }
 
@@ -361,6 +372,17 @@ async fn pump(
                 }
             }
         }
+    }
+}
+
+/// Map a failed spawn to an error code.
+pub fn spawn_error(program: &str, e: std::io::Error) -> Error {
+    match e.kind() {
+        std::io::ErrorKind::NotFound => Error::not_found(format!("program {program:?} not found")),
+        std::io::ErrorKind::PermissionDenied => {
+            Error::new(ErrorCode::PermissionDenied, format!("program {program:?} is not executable"))
+        }
+        _ => Error::internal(format!("starting {program:?}: {e}")),
     }
 }
 

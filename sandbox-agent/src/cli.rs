@@ -3,10 +3,12 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
+use shared::secret::Secret;
 use shared::transport::Address;
 
-use crate::server::AgentOptions;
+use crate::options::{AgentOptions, default_journal_dir};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -62,6 +64,18 @@ pub struct ServeArgs {
     /// writable, else `/tmp/sandhold-runs`.
     #[arg(long, env = "SANDHOLD_AGENT_JOURNAL_DIR")]
     pub journal_dir: Option<PathBuf>,
+}
+
+impl AgentOptions {
+    /// Read the token file and fill in the default journal dir.
+    pub fn from_args(args: ServeArgs) -> anyhow::Result<Self> {
+        let token = std::fs::read_to_string(&args.token_file)
+            .with_context(|| format!("reading the token file {}", args.token_file.display()))?;
+        let token = token.trim().to_string();
+        anyhow::ensure!(!token.is_empty(), "the token file {} is empty", args.token_file.display());
+        let journal_dir = args.journal_dir.unwrap_or_else(|| default_journal_dir(&args.root));
+        Ok(Self { listen: args.listen, root: args.root, token: Secret::new(token), journal_dir })
+    }
 }
 
 pub fn init_tracing(format: LogFormat) {

@@ -188,6 +188,45 @@ fn push_components(pending: &mut Vec<PathBuf>, target: &Path) -> Result<(), Conf
     Ok(())
 }
 
+/// Map an io error on `path` (the request's path, never the absolute one)
+/// to the closed set of codes.
+pub fn io_error(e: std::io::Error, path: &str) -> Error {
+    use std::io::ErrorKind as K;
+    let code = match e.kind() {
+        K::NotFound => ErrorCode::NotFound,
+        K::AlreadyExists => ErrorCode::AlreadyExists,
+        K::PermissionDenied => ErrorCode::PermissionDenied,
+        K::NotADirectory
+        | K::IsADirectory
+        | K::DirectoryNotEmpty
+        | K::ReadOnlyFilesystem
+        | K::StorageFull => ErrorCode::FailedPrecondition,
+        K::InvalidInput | K::InvalidFilename => ErrorCode::InvalidArgument,
+        _ => match e.raw_os_error() {
+            Some(libc::ELOOP) => ErrorCode::PermissionDenied,
+            Some(libc::EXDEV) | Some(libc::EBUSY) => ErrorCode::FailedPrecondition,
+            _ => ErrorCode::Internal,
+        },
+    };
+    Error::new(code, format!("{path:?}: {e}"))
+}
+
+/// Resolve a request's working directory inside the root; it must be an
+/// existing directory.
+pub fn resolve_cwd(root: &Root, cwd: &str) -> Result<PathBuf, Error> {
+    let path = root.resolve(cwd)?;
+    match std::fs::metadata(&path) {
+        Ok(meta) if meta.is_dir() => Ok(path),
+        Ok(_) => Err(Error::new(ErrorCode::FailedPrecondition, format!("cwd {cwd:?} is not a directory"))
+            .with_violation("cwd", "not a directory")),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            Err(Error::not_found(format!("cwd {cwd:?} does not exist"))
+                .with_violation("cwd", "does not exist"))
+        }
+        Err(e) => Err(Error::internal(format!("cwd {cwd:?}: {e}"))),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::os::unix::fs::symlink;
@@ -254,5 +293,18 @@ mod tests {
         symlink("/nonexistent/x", root.path().join("dangling")).unwrap();
         assert!(root.resolve("dangling").is_err());
         assert_eq!(root.resolve_no_follow("dangling").unwrap(), root.path().join("dangling"));
+    }
+
+    #[test]
+    fn io_errors_map_to_codes() {
+        use std::io::{Error as E, ErrorKind as K};
+        assert_eq!(io_error(E::from(K::NotFound), "x").code, ErrorCode::NotFound);
+        assert_eq!(io_error(E::from(K::AlreadyExists), "x").code, ErrorCode::AlreadyExists);
+        assert_eq!(io_error(E::from_raw_os_error(libc::ENOTDIR), "x").code, ErrorCode::FailedPrecondition);
+        assert_eq!(io_error(E::from_raw_os_error(libc::ENOTEMPTY), "x").code, ErrorCode::FailedPrecondition);
+        assert_eq!(io_error(E::from_raw_os_error(libc::EISDIR), "x").code, ErrorCode::FailedPrecondition);
+        assert_eq!(io_error(E::from_raw_os_error(libc::EACCES), "x").code, ErrorCode::PermissionDenied);
+        assert_eq!(io_error(E::from_raw_os_error(libc::EINVAL), "x").code, ErrorCode::InvalidArgument);
+        assert_eq!(io_error(E::from_raw_os_error(libc::EIO), "x").code, ErrorCode::Internal);
     }
 }

@@ -24,7 +24,8 @@ use tokio::io::{AsyncReadExt, AsyncSeekExt};
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::confine::Root;
-use crate::server::AgentState;
+pub use crate::confine::io_error;
+use crate::context::AgentContext;
 
 /// Size of one `ReadFile` chunk.
 pub const READ_CHUNK: usize = 64 * 1024;
@@ -35,29 +36,6 @@ pub const MAX_LIST_DEPTH: u32 = 64;
 /// Most entries one `ListDir` returns (keeps the response under the usual
 /// 4 MiB message limit).
 pub const MAX_LIST_ENTRIES: usize = 20_000;
-
-/// Map an io error on `path` (the request's path, never the absolute one)
-/// to the closed set of codes.
-pub fn io_error(e: std::io::Error, path: &str) -> Error {
-    use std::io::ErrorKind as K;
-    let code = match e.kind() {
-        K::NotFound => ErrorCode::NotFound,
-        K::AlreadyExists => ErrorCode::AlreadyExists,
-        K::PermissionDenied => ErrorCode::PermissionDenied,
-        K::NotADirectory
-        | K::IsADirectory
-        | K::DirectoryNotEmpty
-        | K::ReadOnlyFilesystem
-        | K::StorageFull => ErrorCode::FailedPrecondition,
-        K::InvalidInput | K::InvalidFilename => ErrorCode::InvalidArgument,
-        _ => match e.raw_os_error() {
-            Some(libc::ELOOP) => ErrorCode::PermissionDenied,
-            Some(libc::EXDEV) | Some(libc::EBUSY) => ErrorCode::FailedPrecondition,
-            _ => ErrorCode::Internal,
-        },
-    };
-    Error::new(code, format!("{path:?}: {e}"))
-}
 
 fn precondition(path: &str, what: &str) -> Error {
     Error::new(ErrorCode::FailedPrecondition, format!("{path:?}: {what}"))
@@ -125,8 +103,8 @@ pub struct Files {
 }
 
 impl Files {
-    pub fn new(state: AgentState) -> Self {
-        Self { root: state.root.clone() }
+    pub fn new(ctx: &AgentContext) -> Self {
+        Self { root: ctx.root.clone() }
     }
 }
 
@@ -148,22 +126,29 @@ impl Drop for TempFile {
 
 /// Walk `dir` down to `depth` levels, never following symlinks.
 fn list_dir(root: &Root, dir: &Path, path: &str, depth: u32, out: &mut Vec<FileInfo>) -> Result<(), Error> {
-    let entries = std::fs::read_dir(dir).map_err(|e| io_error(e, path))?;
-    for entry in entries {
-        let entry = entry.map_err(|e| io_error(e, path))?;
+    let mut walk = walkdir::WalkDir::new(dir).min_depth(1).max_depth(depth as usize).into_iter();
+    while let Some(entry) = walk.next() {
+        // The original io error: its kind and errno pick the code, and its
+        // message names no absolute path. (A loop error needs followed links.)
+        let entry = entry.map_err(|e| {
+            let e = e.into_io_error().unwrap_or_else(|| std::io::Error::other("filesystem loop"));
+            io_error(e, path)
+        })?;
         let abs = entry.path();
-        // An entry removed while listing is simply not listed.
-        let Ok(meta) = std::fs::symlink_metadata(&abs) else { continue };
+        // An entry removed while listing is simply not listed (nor entered).
+        let Ok(meta) = std::fs::symlink_metadata(abs) else {
+            if entry.file_type().is_dir() {
+                walk.skip_current_dir();
+            }
+            continue;
+        };
         if out.len() >= MAX_LIST_ENTRIES {
             return Err(precondition(
                 path,
                 &format!("more than {MAX_LIST_ENTRIES} entries; list with a smaller depth"),
             ));
         }
-        out.push(file_info(root, &abs, &meta));
-        if depth > 1 && meta.file_type().is_dir() {
-            list_dir(root, &abs, path, depth - 1, out)?;
-        }
+        out.push(file_info(root, abs, &meta));
     }
     Ok(())
 }
@@ -451,18 +436,56 @@ impl FsService for Files {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use shared::proto::agent::v1::fs_service_client::FsServiceClient;
+    use shared::proto::agent::v1::fs_service_server::FsServiceServer;
+    use tonic::transport::Server;
 
-    #[test]
-    fn io_errors_map_to_codes() {
-        use std::io::{Error as E, ErrorKind as K};
-        assert_eq!(io_error(E::from(K::NotFound), "x").code, ErrorCode::NotFound);
-        assert_eq!(io_error(E::from(K::AlreadyExists), "x").code, ErrorCode::AlreadyExists);
-        assert_eq!(io_error(E::from_raw_os_error(libc::ENOTDIR), "x").code, ErrorCode::FailedPrecondition);
-        assert_eq!(io_error(E::from_raw_os_error(libc::ENOTEMPTY), "x").code, ErrorCode::FailedPrecondition);
-        assert_eq!(io_error(E::from_raw_os_error(libc::EISDIR), "x").code, ErrorCode::FailedPrecondition);
-        assert_eq!(io_error(E::from_raw_os_error(libc::EACCES), "x").code, ErrorCode::PermissionDenied);
-        assert_eq!(io_error(E::from_raw_os_error(libc::EINVAL), "x").code, ErrorCode::InvalidArgument);
-        assert_eq!(io_error(E::from_raw_os_error(libc::EIO), "x").code, ErrorCode::Internal);
+    use super::*;
+    use crate::testing;
+
+    async fn listed(
+        client: &mut FsServiceClient<tonic::transport::Channel>,
+        depth: u32,
+    ) -> Vec<(String, i32)> {
+        let req = ListDirRequest { path: "a".into(), depth };
+        let entries = client.list_dir(req).await.unwrap().into_inner().entries;
+        entries.into_iter().map(|e| (e.path, e.r#type)).collect()
+    }
+
+    #[tokio::test]
+    async fn list_dir_walks_to_the_depth_asked_and_never_follows_a_symlink() {
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = testing::context(dir.path());
+        let root = dir.path().join("root");
+        std::fs::create_dir_all(root.join("a/b/c")).unwrap();
+        std::fs::write(root.join("a/b/c/deep.txt"), "x").unwrap();
+        std::fs::write(root.join("a/top.txt"), "x").unwrap();
+        std::fs::create_dir_all(root.join("outside")).unwrap();
+        std::fs::write(root.join("outside/not-listed.txt"), "x").unwrap();
+        std::os::unix::fs::symlink("../outside", root.join("a/link")).unwrap();
+        let channel =
+            testing::channel(Server::builder().add_service(FsServiceServer::new(Files::new(&ctx)))).await;
+        let mut client = FsServiceClient::new(channel);
+
+        let (dir_t, file_t, link_t) =
+            (FileType::Directory as i32, FileType::File as i32, FileType::Symlink as i32);
+        let one = listed(&mut client, 1).await;
+        assert_eq!(one, [("a/b".into(), dir_t), ("a/link".into(), link_t), ("a/top.txt".into(), file_t)]);
+        let two = listed(&mut client, 2).await;
+        assert_eq!(
+            two,
+            [
+                ("a/b".into(), dir_t),
+                ("a/b/c".into(), dir_t),
+                ("a/link".into(), link_t),
+                ("a/top.txt".into(), file_t)
+            ]
+        );
+        let all = listed(&mut client, 0).await;
+        assert_eq!(all, one, "depth 0 lists one level");
+        let deep = listed(&mut client, MAX_LIST_DEPTH + 5).await;
+        assert_eq!(deep.len(), 5, "{deep:?}");
+        assert!(deep.contains(&("a/b/c/deep.txt".into(), file_t)));
+        assert!(deep.iter().all(|(p, _)| !p.contains("not-listed")), "{deep:?}");
     }
 }

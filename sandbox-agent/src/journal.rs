@@ -27,7 +27,8 @@ use shared::proto::agent::v1::{
 use tokio::io::{AsyncReadExt, AsyncSeekExt};
 use tonic::{Request, Response, Status};
 
-use crate::server::AgentState;
+use crate::confine::Root;
+use crate::context::AgentContext;
 use crate::shim::lock_is_held;
 
 /// Default bound on the wait for a journal's first byte.
@@ -66,16 +67,17 @@ fn shim_program() -> std::io::Result<PathBuf> {
 }
 
 pub struct Journal {
-    state: AgentState,
+    root: Root,
+    journal_dir: PathBuf,
 }
 
 impl Journal {
-    pub fn new(state: AgentState) -> Self {
-        Self { state }
+    pub fn new(ctx: &AgentContext) -> Self {
+        Self { root: ctx.root.clone(), journal_dir: ctx.journal_dir.clone() }
     }
 
     fn paths(&self, run_id: &RunId) -> JournalPaths {
-        JournalPaths::new(&self.state.journal_dir, run_id)
+        JournalPaths::new(&self.journal_dir, run_id)
     }
 }
 
@@ -149,13 +151,13 @@ impl JournalService for Journal {
         if req.sentinel_key.len() > crate::shim::MAX_KEY_LEN {
             return Err(Error::invalid_field("sentinel_key", "longer than 4096 bytes").into());
         }
-        let cwd = self.state.root.resolve(&req.cwd)?;
+        let cwd = self.root.resolve(&req.cwd)?;
         if !cwd.is_dir() {
             return Err(Error::invalid_field("cwd", "not a directory under the sandbox root").into());
         }
         let stdin_file = match &req.stdin {
             Some(start_run_request::Stdin::StdinFile(p)) => {
-                let path = self.state.root.resolve(p)?;
+                let path = self.root.resolve(p)?;
                 // A FIFO is fine too (a prompt streamed in by another process).
                 if !std::fs::metadata(&path).is_ok_and(|m| !m.is_dir()) {
                     return Err(
@@ -181,7 +183,7 @@ impl JournalService for Journal {
             }
             Err(e) => return Err(io_error("creating the journal", e).into()),
         }
-        match start_supervisor(&paths, &run_id, &argv, &cwd, stdin_file, &req, &self.state).await {
+        match start_supervisor(&paths, &run_id, &argv, &cwd, stdin_file, &req, &self.journal_dir).await {
             Ok((pid, supervisor_pid)) => {
                 tracing::info!(run_id = %run_id, pid, supervisor_pid, "run started");
                 Ok(Response::new(StartRunResponse {
@@ -263,7 +265,7 @@ impl JournalService for Journal {
         &self,
         _req: Request<ListJournalsRequest>,
     ) -> Result<Response<ListJournalsResponse>, Status> {
-        let dir = self.state.journal_dir.clone();
+        let dir = self.journal_dir.clone();
         let journals = tokio::task::spawn_blocking(move || list(&dir))
             .await
             .map_err(|e| Error::internal(e.to_string()))??;
@@ -303,7 +305,7 @@ async fn start_supervisor(
     cwd: &Path,
     stdin_file: Option<PathBuf>,
     req: &StartRunRequest,
-    state: &AgentState,
+    journal_dir: &Path,
 ) -> Result<(u32, u32), Error> {
     let mut stdin_arg = stdin_file.map(|p| (p, false));
     if let Some(start_run_request::Stdin::StdinBytes(bytes)) = &req.stdin {
@@ -322,7 +324,7 @@ async fn start_supervisor(
     crate::child::scrub_env(&mut cmd, &req.env);
     cmd.arg("shim")
         .arg("--journal-dir")
-        .arg(&state.journal_dir)
+        .arg(journal_dir)
         .arg("--run-id")
         .arg(run_id.as_str())
         .arg("--cwd")

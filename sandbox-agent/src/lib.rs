@@ -5,19 +5,32 @@
 //! sandbox root, run journals and file watching. Every call must carry the
 //! sandbox's bearer token.
 
+// Bottom to top: a module imports only modules declared before it.
+// Mechanisms and settings:
 pub mod auth;
 pub mod child;
-pub mod cli;
 pub mod confine;
+pub mod init;
+pub mod options;
+pub mod shim;
+// What the services share:
+pub mod context;
+// The services (one per gRPC service, none importing another):
 pub mod fs;
 pub mod info;
-pub mod init;
 pub mod journal;
 pub mod process;
-pub mod server;
 pub mod shell;
-pub mod shim;
 pub mod snapshot;
 pub mod watch;
+// Assembly:
+pub mod server;
+// The command line (above everything; `main.rs` calls it):
+pub mod cli;
 
-pub use server::{AgentOptions, serve};
+// In-process gRPC for the services' unit tests.
+#[cfg(test)]
+mod testing;
+
+pub use options::AgentOptions;
+pub use server::serve;

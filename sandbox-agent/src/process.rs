@@ -3,7 +3,6 @@
 //! started (`ListProcesses`, `SignalProcess`).
 
 use std::collections::{BTreeMap, VecDeque};
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -19,9 +18,11 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
+pub use crate::child::spawn_error;
 use crate::child::{self, ChildEvent, RunningChild};
 use crate::confine::Root;
-use crate::server::AgentState;
+pub use crate::confine::resolve_cwd;
+use crate::context::AgentContext;
 
 /// Output kept per stream by `Exec` when the request sets no limit.
 pub const DEFAULT_OUTPUT_LIMIT: u64 = 16 * 1024 * 1024;
@@ -127,33 +128,6 @@ impl Program {
     }
 }
 
-/// Resolve a request's working directory inside the root; it must be an
-/// existing directory.
-pub fn resolve_cwd(root: &Root, cwd: &str) -> Result<PathBuf, Error> {
-    let path = root.resolve(cwd)?;
-    match std::fs::metadata(&path) {
-        Ok(meta) if meta.is_dir() => Ok(path),
-        Ok(_) => Err(Error::new(ErrorCode::FailedPrecondition, format!("cwd {cwd:?} is not a directory"))
-            .with_violation("cwd", "not a directory")),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            Err(Error::not_found(format!("cwd {cwd:?} does not exist"))
-                .with_violation("cwd", "does not exist"))
-        }
-        Err(e) => Err(Error::internal(format!("cwd {cwd:?}: {e}"))),
-    }
-}
-
-/// Map a failed spawn to an error code.
-pub fn spawn_error(program: &str, e: std::io::Error) -> Error {
-    match e.kind() {
-        std::io::ErrorKind::NotFound => Error::not_found(format!("program {program:?} not found")),
-        std::io::ErrorKind::PermissionDenied => {
-            Error::new(ErrorCode::PermissionDenied, format!("program {program:?} is not executable"))
-        }
-        _ => Error::internal(format!("starting {program:?}: {e}")),
-    }
-}
-
 /// The first `limit` bytes of a stream, and whether more came.
 struct Captured {
     data: Vec<u8>,
@@ -181,8 +155,10 @@ pub struct Processes {
 }
 
 impl Processes {
-    pub fn new(state: AgentState) -> Self {
-        Self { root: state.root.clone(), table: state.processes.clone() }
+    /// The table of started processes belongs to this service: nothing
+    /// else lists or signals them.
+    pub fn new(ctx: &AgentContext) -> Self {
+        Self { root: ctx.root.clone(), table: ProcessTable::default() }
     }
 
     async fn exec_inner(&self, req: ExecRequest) -> Result<ExecResponse, Error> {
@@ -464,7 +440,37 @@ impl ProcessService for Processes {
 
 #[cfg(test)]
 mod tests {
+    use proto::process_service_client::ProcessServiceClient;
+    use proto::process_service_server::ProcessServiceServer;
+    use tonic::transport::Server;
+
     use super::*;
+    use crate::testing;
+
+    #[tokio::test]
+    async fn exec_runs_in_the_cwd_asked_and_reports_output_and_status_through_the_real_stack() {
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = testing::context(dir.path());
+        std::fs::create_dir_all(dir.path().join("root/sub")).unwrap();
+        let channel =
+            testing::channel(Server::builder().add_service(ProcessServiceServer::new(Processes::new(&ctx))))
+                .await;
+        let mut client = ProcessServiceClient::new(channel);
+        let command =
+            Command { kind: Some(proto::command::Kind::Shell("pwd; echo oops >&2; exit 7".into())) };
+        let req = ExecRequest { command: Some(command), cwd: "sub".into(), ..Default::default() };
+        let out = client.exec(req).await.unwrap().into_inner();
+        let cwd = ctx.root.path().join("sub");
+        assert_eq!(out.stdout, format!("{}\n", cwd.display()).into_bytes());
+        assert_eq!(out.stderr, b"oops\n");
+        assert_eq!(out.status.and_then(|s| s.status), Some(proto::exit_status::Status::Code(7)));
+        assert!(!out.timed_out && !out.stdout_truncated);
+
+        let true_cmd = Command { kind: Some(proto::command::Kind::Shell("true".into())) };
+        let missing = ExecRequest { command: Some(true_cmd), cwd: "nowhere".into(), ..Default::default() };
+        let err = client.exec(missing).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::NotFound, "{err:?}");
+    }
 
     #[test]
     fn captured_keeps_the_first_bytes_and_flags_truncation() {

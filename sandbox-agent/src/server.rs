@@ -1,11 +1,13 @@
-//! The agent's gRPC server: options, shared state, listening and shutdown.
+//! The agent's gRPC server: assembly, listening and shutdown.
+//!
+//! The only module that knows every service: it builds the
+//! [`AgentContext`], each service from it and the router, and nothing
+//! imports it back.
 
 use std::future::Future;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
-use shared::proto::agent::v1::Capabilities;
 use shared::proto::agent::v1::fs_service_server::FsServiceServer;
 use shared::proto::agent::v1::info_service_server::InfoServiceServer;
 use shared::proto::agent::v1::journal_service_server::JournalServiceServer;
@@ -20,73 +22,12 @@ use tonic::service::InterceptorLayer;
 use tonic::transport::Server;
 
 use crate::auth::TokenCheck;
-use crate::cli::ServeArgs;
-use crate::confine::Root;
+use crate::context::AgentContext;
+pub use crate::options::{AgentOptions, default_journal_dir};
 
 /// How long in-flight streams (follows, spawns) may take to finish after a
 /// shutdown signal before the server stops anyway.
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// Everything the agent needs to serve, validated.
-#[derive(Debug, Clone)]
-pub struct AgentOptions {
-    pub listen: Address,
-    pub root: PathBuf,
-    pub token: Secret,
-    pub journal_dir: PathBuf,
-}
-
-impl AgentOptions {
-    pub fn from_args(args: ServeArgs) -> anyhow::Result<Self> {
-        let token = std::fs::read_to_string(&args.token_file)
-            .with_context(|| format!("reading the token file {}", args.token_file.display()))?;
-        let token = token.trim().to_string();
-        anyhow::ensure!(!token.is_empty(), "the token file {} is empty", args.token_file.display());
-        let journal_dir = args.journal_dir.unwrap_or_else(|| default_journal_dir(&args.root));
-        Ok(Self { listen: args.listen, root: args.root, token: Secret::new(token), journal_dir })
-    }
-}
-
-/// `<root>/../.sandhold-journal`: beside the workspace, so the workspace
-/// (what snapshots and diffs see) holds no journal, yet inside whatever the
-/// provider keeps for the sandbox. Falls back to `/tmp/sandhold-runs` when
-/// the root has no writable parent.
-pub fn default_journal_dir(root: &std::path::Path) -> PathBuf {
-    match root.parent() {
-        Some(parent) if parent != std::path::Path::new("/") => parent.join(".sandhold-journal"),
-        _ => PathBuf::from("/tmp/sandhold-runs"),
-    }
-}
-
-/// State shared by every service; cheap to clone.
-#[derive(Debug, Clone)]
-pub struct AgentState {
-    pub root: Root,
-    pub journal_dir: PathBuf,
-    pub capabilities: Capabilities,
-    /// Processes started by `ProcessService` (for list and signal).
-    pub processes: crate::process::ProcessTable,
-    /// Open `ShellService` sessions.
-    pub shells: crate::shell::ShellSessions,
-}
-
-impl AgentState {
-    pub fn new(options: &AgentOptions) -> anyhow::Result<Self> {
-        std::fs::create_dir_all(&options.root)
-            .with_context(|| format!("creating the sandbox root {}", options.root.display()))?;
-        let root = Root::new(&options.root)
-            .with_context(|| format!("resolving the sandbox root {}", options.root.display()))?;
-        std::fs::create_dir_all(&options.journal_dir)
-            .with_context(|| format!("creating the journal dir {}", options.journal_dir.display()))?;
-        Ok(Self {
-            root,
-            journal_dir: options.journal_dir.clone(),
-            capabilities: crate::info::capabilities(),
-            processes: Default::default(),
-            shells: Default::default(),
-        })
-    }
-}
 
 /// Resolves on the first SIGTERM or SIGINT. A second signal exits at once.
 pub async fn shutdown_signal() {
@@ -109,7 +50,7 @@ pub async fn shutdown_signal() {
 
 /// The router with every service, behind the token check.
 fn router(
-    state: AgentState,
+    ctx: &AgentContext,
     token: Secret,
 ) -> anyhow::Result<
     tonic::transport::server::Router<
@@ -126,13 +67,13 @@ fn router(
         .layer(InterceptorLayer::new(TokenCheck::new(token)))
         .add_service(health)
         .add_service(reflection)
-        .add_service(InfoServiceServer::new(crate::info::Info::new(state.clone())))
-        .add_service(ProcessServiceServer::new(crate::process::Processes::new(state.clone())))
-        .add_service(ShellServiceServer::new(crate::shell::Shells::new(state.clone())))
-        .add_service(FsServiceServer::new(crate::fs::Files::new(state.clone())))
-        .add_service(JournalServiceServer::new(crate::journal::Journal::new(state.clone())))
-        .add_service(WatchServiceServer::new(crate::watch::Watch::new(state.clone())))
-        .add_service(SnapshotServiceServer::new(crate::snapshot::Snapshots::new(state.clone())));
+        .add_service(InfoServiceServer::new(crate::info::Info::new(ctx)))
+        .add_service(ProcessServiceServer::new(crate::process::Processes::new(ctx)))
+        .add_service(ShellServiceServer::new(crate::shell::Shells::new(ctx)))
+        .add_service(FsServiceServer::new(crate::fs::Files::new(ctx)))
+        .add_service(JournalServiceServer::new(crate::journal::Journal::new(ctx)))
+        .add_service(WatchServiceServer::new(crate::watch::Watch::new(ctx)))
+        .add_service(SnapshotServiceServer::new(crate::snapshot::Snapshots::new(ctx)));
     Ok(router)
 }
 
@@ -142,8 +83,8 @@ pub async fn serve(
     options: AgentOptions,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let state = AgentState::new(&options)?;
-    let router = router(state.clone(), options.token.clone())?;
+    let ctx = AgentContext::new(&options)?;
+    let router = router(&ctx, options.token.clone())?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopped = {
         let mut rx = stop_rx.clone();
@@ -167,7 +108,7 @@ pub async fn serve(
                 let _ = std::fs::remove_file(path);
                 let listener = tokio::net::UnixListener::bind(path)
                     .with_context(|| format!("binding unix socket {}", path.display()))?;
-                tracing::info!(listen = %options.listen, root = %state.root.path().display(), journal_dir = %state.journal_dir.display(), "agent listening");
+                tracing::info!(listen = %options.listen, root = %ctx.root.path().display(), journal_dir = %ctx.journal_dir.display(), "agent listening");
                 router
                     .serve_with_incoming_shutdown(UnixListenerStream::new(listener), stopped)
                     .await
@@ -180,7 +121,7 @@ pub async fn serve(
                 );
                 let listener =
                     tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
-                tracing::info!(listen = %options.listen, local = %listener.local_addr()?, root = %state.root.path().display(), "agent listening");
+                tracing::info!(listen = %options.listen, local = %listener.local_addr()?, root = %ctx.root.path().display(), "agent listening");
                 router
                     .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stopped)
                     .await

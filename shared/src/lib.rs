@@ -1,12 +1,13 @@
 //! Types both sides of Sandhold share: the generated gRPC code of the public
 //! (`sandhold.v1`) and agent (`sandhold.agent.v1`) packages with their file
-//! descriptor sets, the closed set of error codes, run-scoped identifiers and
-//! the secret type.
+//! descriptor sets, the closed set of error codes, run-scoped identifiers, the
+//! secret type and the redactor that keeps secret values out of output.
 
 pub mod chunk;
 pub mod error;
 pub mod ids;
 pub mod journal;
+pub mod redact;
 pub mod secret;
 pub mod snapshot;
 pub mod transport;

@@ -1,0 +1,26 @@
+//! What the agent is told to serve with: the settings, validated.
+
+use std::path::{Path, PathBuf};
+
+use shared::secret::Secret;
+use shared::transport::Address;
+
+/// Everything the agent needs to serve, validated.
+#[derive(Debug, Clone)]
+pub struct AgentOptions {
+    pub listen: Address,
+    pub root: PathBuf,
+    pub token: Secret,
+    pub journal_dir: PathBuf,
+}
+
+/// `<root>/../.sandhold-journal`: beside the workspace, so the workspace
+/// (what snapshots and diffs see) holds no journal, yet inside whatever the
+/// provider keeps for the sandbox. Falls back to `/tmp/sandhold-runs` when
+/// the root has no writable parent.
+pub fn default_journal_dir(root: &Path) -> PathBuf {
+    match root.parent() {
+        Some(parent) if parent != Path::new("/") => parent.join(".sandhold-journal"),
+        _ => PathBuf::from("/tmp/sandhold-runs"),
+    }
+}
