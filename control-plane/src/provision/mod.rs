@@ -21,6 +21,7 @@ use shared::secret::Secret;
 
 use crate::agent::AgentClient;
 pub use progress::{EnsureItem, Progress};
+pub use shared::redact::Redactor;
 
 /// Secret values by name, for one live sandbox. Never stored.
 pub type Secrets = BTreeMap<String, Secret>;
@@ -46,29 +47,8 @@ pub trait Provisioner: Send + Sync + std::fmt::Debug {
 
 /// Replaces secret values in text that leaves the server (progress lines,
 /// error messages): a setup step may well echo a token it was given.
-#[derive(Debug, Default)]
-pub struct Redactor {
-    values: Vec<String>,
-}
-
-impl Redactor {
-    pub fn new(secrets: &Secrets) -> Self {
-        let mut values: Vec<String> =
-            secrets.values().map(|s| s.expose().to_string()).filter(|v| !v.is_empty()).collect();
-        // Longest first, so a secret containing another is replaced whole.
-        values.sort_by_key(|v| std::cmp::Reverse(v.len()));
-        Self { values }
-    }
-
-    pub fn redact(&self, text: &str) -> String {
-        let mut out = text.to_string();
-        for v in &self.values {
-            if out.contains(v.as_str()) {
-                out = out.replace(v.as_str(), "[redacted]");
-            }
-        }
-        out
-    }
+pub fn redactor(secrets: &Secrets) -> Result<Redactor, Error> {
+    Redactor::from_secrets(secrets.values())
 }
 
 /// An environment variable / secret name: `[A-Za-z_][A-Za-z0-9_]*`.
@@ -89,17 +69,4 @@ pub fn refuse(what: &str, violations: Vec<(String, String)>) -> Result<(), Error
         err = err.with_violation(f, w);
     }
     Err(err)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn secret_values_are_redacted_longest_first() {
-        let secrets: Secrets =
-            [("A".to_string(), Secret::new("tok")), ("B".to_string(), Secret::new("tok-long"))].into();
-        let r = Redactor::new(&secrets);
-        assert_eq!(r.redact("x tok-long y tok z"), "x [redacted] y [redacted] z");
-    }
 }

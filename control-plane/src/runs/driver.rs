@@ -265,6 +265,10 @@ impl Runs {
         stored: Vec<Chunk>,
     ) -> Ending {
         let cx = &self.inner.ctx;
+        let redactor = match crate::provision::redactor(secrets) {
+            Ok(r) => r,
+            Err(e) => return Ending::Failed(e),
+        };
         let mut pump = Pump {
             translator: self.translator(ctx),
             aligner: Aligner::new(stored),
@@ -273,7 +277,7 @@ impl Runs {
             from_byte: 0,
             out_of_band_run: 0,
             dropped_file_events: 0,
-            redactor: Redactor::new(secrets),
+            redactor,
         };
         let (file_tx, mut file_rx) = mpsc::channel::<Vec<agent::FileEvent>>(64);
         let watcher = tokio::spawn(watch_files(agent.clone(), ctx.spec.cwd.clone(), file_tx));

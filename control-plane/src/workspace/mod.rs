@@ -38,7 +38,7 @@ use shared::secret::Secret;
 use crate::agent::AgentClient;
 use crate::harness::Harness;
 use crate::provision::valid_env_name;
-use crate::provision::{ProvisionContext, Provisioner, Redactor, Secrets};
+use crate::provision::{ProvisionContext, Provisioner, Secrets};
 use remote::Remote;
 
 /// Builds workspaces: git source, setup, instructions and skills.
@@ -54,7 +54,7 @@ impl Provisioner for WorkspaceProvisioner {
     async fn provision(&self, ctx: ProvisionContext<'_>) -> Result<(), Error> {
         self.check(ctx.workspace)?;
         let w = ctx.workspace;
-        let redactor = Redactor::new(ctx.secrets);
+        let redactor = crate::provision::redactor(ctx.secrets)?;
         let remote = Remote { agent: ctx.agent, redactor: &redactor };
         let timeout =
             w.setup_step_timeout_ms.map(Duration::from_millis).unwrap_or(setup::DEFAULT_STEP_TIMEOUT);
@@ -125,7 +125,7 @@ pub async fn project_for_run(
     secrets: &Secrets,
     harness: Harness,
 ) -> Result<Vec<String>, Error> {
-    let redactor = Redactor::new(secrets);
+    let redactor = crate::provision::redactor(secrets)?;
     let remote = Remote { agent, redactor: &redactor };
     let mut warnings = skills::warnings(workspace, harness);
     if skills::mcp_is_secret_bearing(workspace) {
