@@ -4,9 +4,6 @@
 //! checked against the clap definitions, flag by flag and variable by
 //! variable.
 
-mod cli_support;
-mod provider_support;
-
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -109,12 +106,12 @@ fn the_cli_reference_names_every_command_and_variable() {
 fn the_readme_commands_work() {
     let blocks = test_blocks(&readme());
     assert!(blocks.len() >= 4, "README test blocks: {blocks:?}");
-    let dir = tempfile::Builder::new().prefix("sh-readme").tempdir_in("/tmp").unwrap();
+    let dir = sandhold_tests::local::TestDir::new("sh-readme");
     // What the README calls `sandhold` is on PATH, as it tells readers to do.
     let bin = dir.path().join("bin");
     std::fs::create_dir(&bin).unwrap();
     std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_sandhold"), bin.join("sandhold")).unwrap();
-    std::os::unix::fs::symlink(cli_support::agent(), bin.join("sandhold-agent")).unwrap();
+    std::os::unix::fs::symlink(sandhold_tests::agent::static_agent(), bin.join("sandhold-agent")).unwrap();
     let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
     let tmp = dir.path().join("tmp");
     std::fs::create_dir(&tmp).unwrap();

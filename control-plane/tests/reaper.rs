@@ -6,15 +6,17 @@
 //! directory made immutable, a PostgreSQL trigger refusing one row's
 //! updates, a replica paused past its leases.
 
-mod provider_support;
-mod run_support;
-
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
-use control_plane::store::testing::ScratchDatabase;
-use run_support::*;
+use sandhold_tests::database::ScratchDatabase;
+use sandhold_tests::docker::{self, DockerCleanup};
+use sandhold_tests::local::*;
+use sandhold_tests::provider::Kind;
+use sandhold_tests::run::*;
+use sandhold_tests::server::*;
+use sandhold_tests::wait::*;
 use shared::proto::v1 as api;
 use sqlx::PgPool;
 
@@ -48,11 +50,9 @@ fn sum(tallies: &[&api::SweepResponse], outcome: &str) -> u64 {
 /// One deployment: a scratch PostgreSQL database and Redis shared by its
 /// replicas, one data dir (so local sandboxes are shared too), two tenants.
 struct Deployment {
-    /// First: dropped before `dir`.
-    _local: LocalCleanup,
     db: ScratchDatabase,
     redis_url: String,
-    dir: tempfile::TempDir,
+    dir: sandhold_tests::local::TestDir,
     nonce: String,
     token: String,
     other_token: String,
@@ -63,11 +63,10 @@ impl Deployment {
         let admin_url = sandhold_tests::services::postgres_url()?;
         let redis_url = sandhold_tests::services::redis_url()?;
         let db = ScratchDatabase::create(&admin_url).await.unwrap();
-        let dir = tempfile::Builder::new().prefix("reaper").tempdir_in("/tmp").unwrap();
+        let dir = sandhold_tests::local::TestDir::new("reaper");
         let nonce = uuid::Uuid::new_v4().simple().to_string()[..10].to_string();
         let (token, other_token) = (format!("tok-{nonce}"), format!("other-{nonce}"));
-        let _local = LocalCleanup(dir.path().to_path_buf());
-        Some(Self { _local, db, redis_url, dir, nonce, token, other_token })
+        Some(Self { db, redis_url, dir, nonce, token, other_token })
     }
 
     fn tenant(&self) -> String {
@@ -240,7 +239,7 @@ fn destroys(replicas: &[&ServerProcess], key: &str) -> usize {
 }
 
 fn container_of(key: &str) -> Vec<String> {
-    docker_containers(&format!("dev.sandhold.sandbox-key={key}"))
+    docker::containers(&format!("dev.sandhold.sandbox-key={key}"))
 }
 
 /// Three detached runs whose driver was killed: one finished in its
@@ -252,9 +251,9 @@ async fn detached_runs_are_finalized_left_alone_or_expired_once() {
     if !sandhold_tests::services::docker() {
         return;
     }
-    provider_support::ensure_test_image();
+    sandhold_tests::docker::ensure_test_image();
     let (nonce, token, other_token) = (dep.nonce.clone(), dep.token.clone(), dep.other_token.clone());
-    let _cleanup = DockerCleanup(dep.tenant());
+    let _cleanup = DockerCleanup { tenant: dep.tenant() };
     let long_ttl = [("detached-run-ttl-ms", "3600000")];
 
     let mut a = dep.start("a", &long_ttl).await;
@@ -313,7 +312,7 @@ async fn detached_runs_are_finalized_left_alone_or_expired_once() {
     let record = get_run(&mut runs_b, &prod).await;
     assert_eq!(record.status, api::RunStatus::Running as i32);
     assert!(!record.cancel_requested);
-    assert_eq!(docker_running(&format!("dev.sandhold.sandbox-key={}", prod_run.sandbox_id)).len(), 1);
+    assert_eq!(docker::running(&format!("dev.sandhold.sandbox-key={}", prod_run.sandbox_id)).len(), 1);
 
     // Unknown: untouched, its instance record kept.
     let record = get_run(&mut runs_b, &unk).await;
@@ -855,8 +854,7 @@ const HOURS_2: Duration = Duration::from_secs(2 * 3600);
 /// tenant's sweep touches only what is its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn journals_and_orphaned_sandboxes_are_pruned_within_scope() {
-    let dir = tempfile::Builder::new().prefix("reaper").tempdir_in("/tmp").unwrap();
-    let _cleanup = LocalCleanup(dir.path().to_path_buf());
+    let dir = sandhold_tests::local::TestDir::new("reaper");
     let data = dir.path().join("data");
     let nonce = uuid::Uuid::new_v4().simple().to_string()[..10].to_string();
     let (tenant, token) = (format!("t{nonce}"), format!("tok-{nonce}"));
@@ -958,8 +956,7 @@ async fn journals_and_orphaned_sandboxes_are_pruned_within_scope() {
 /// without anyone asking, and the sweep is counted in the metrics.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_server_sweeps_on_its_own_schedule() {
-    let dir = tempfile::Builder::new().prefix("reaper").tempdir_in("/tmp").unwrap();
-    let _cleanup = LocalCleanup(dir.path().to_path_buf());
+    let dir = sandhold_tests::local::TestDir::new("reaper");
     let data = dir.path().join("data");
     let metrics_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let server = ServerProcess::start(&ServerOptions {

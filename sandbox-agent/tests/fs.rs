@@ -2,13 +2,11 @@
 //! and a table of hostile paths against every RPC with sentinels outside the
 //! root that must come out untouched.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::os::unix::fs::{PermissionsExt, symlink};
 use std::path::{Path, PathBuf};
 
-use common::TestAgent;
+use sandhold_tests::agent::TestAgent;
 use shared::proto::agent::v1::fs_service_client::FsServiceClient;
 use shared::proto::agent::v1::{
     ExistsRequest, FileType, ListDirRequest, MakeDirRequest, ReadFileRequest, RemoveRequest, RenameRequest,

@@ -1,14 +1,12 @@
 //! JournalService over a real Unix socket: starts, follows, bounded reads,
 //! exit probes, forgery, restarts of the agent and kill -9 of the daemon.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::TestAgent;
 use futures::StreamExt;
 use sandbox_agent::AgentOptions;
+use sandhold_tests::agent::TestAgent;
 use shared::error::{Error, ErrorCode};
 use shared::ids::RunId;
 use shared::journal;

@@ -1,12 +1,10 @@
 //! ProcessService over a real Unix socket: Exec, Spawn, ListProcesses and
 //! SignalProcess, and the token kept out of children and logs (real binary).
 
-mod common;
-
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use common::TestAgent;
+use sandhold_tests::agent::TestAgent;
 use shared::proto::agent::v1::exit_status::Status as Exit;
 use shared::proto::agent::v1::process_service_client::ProcessServiceClient;
 use shared::proto::agent::v1::{

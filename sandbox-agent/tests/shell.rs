@@ -1,12 +1,10 @@
 //! ShellService over a real Unix socket. The robustness cases run against
 //! every shell found here: bash, `/bin/sh` (dash on Debian) and busybox sh.
 
-mod common;
-
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use common::TestAgent;
+use sandhold_tests::agent::TestAgent;
 use shared::proto::agent::v1::shell_service_client::ShellServiceClient;
 use shared::proto::agent::v1::{
     CloseShellRequest, OpenShellRequest, OutputStream, RunInShellRequest, RunParallelRequest,
