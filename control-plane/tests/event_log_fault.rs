@@ -159,8 +159,10 @@ fn round(
     assert_eq!(claimed, format!("CLAIMED {}", FIRST_EPOCH + 1));
 
     wait_exit(&mut writer, "writer");
+    // Until the reader thread saw EOF and hung up: after the exit it may
+    // not have forwarded the last lines (`FENCED`) yet.
     let mut fenced = false;
-    for line in writer_lines.try_iter() {
+    for line in writer_lines.iter() {
         match line.as_str() {
             "FENCED" => fenced = true,
             appended => {
