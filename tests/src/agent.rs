@@ -10,6 +10,8 @@ use shared::secret::Secret;
 use shared::transport::{Address, AuthedChannel, BearerToken, authed, connect};
 use tokio::sync::oneshot;
 
+use crate::local::TestDir;
+
 /// The statically linked agent: `SANDHOLD_AGENT_STATIC_BIN`, else built by
 /// `scripts/build-agent-static` once per test binary. Static so the same
 /// binary serves the local provider and any container image.
@@ -35,9 +37,10 @@ pub fn static_agent() -> PathBuf {
 
 /// An agent served in-process on a real Unix socket in a temp dir, through
 /// the real tonic stack, with authenticated client channels. Stopped by
-/// [`TestAgent::stop`], or when dropped (its task is aborted).
+/// [`TestAgent::stop`], or when dropped (its task is aborted, and what its
+/// runs and shells left running is killed with its [`TestDir`]).
 pub struct TestAgent {
-    pub dir: tempfile::TempDir,
+    pub dir: TestDir,
     pub root: PathBuf,
     pub journal_dir: PathBuf,
     pub socket: PathBuf,
@@ -48,7 +51,7 @@ pub struct TestAgent {
 
 impl TestAgent {
     pub async fn start() -> Self {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = TestDir::new("agent");
         let root = dir.path().join("root");
         let journal_dir = dir.path().join("journal");
         let socket = dir.path().join("agent.sock");
