@@ -2,13 +2,11 @@
 //! the local provider and for Docker (on the real engine), plus failed
 //! ensures and where secrets must never end up.
 
-use std::time::Duration;
-
 use sandhold_tests::docker::{self, DockerCleanup, TEST_IMAGE};
 use sandhold_tests::provider::Kind;
 use sandhold_tests::sandbox::*;
 use sandhold_tests::server::{Harness, captured_logs};
-use sandhold_tests::wait::PATIENCE;
+use sandhold_tests::wait::{PATIENCE, eventually};
 use shared::proto::v1 as api;
 
 const IMAGE: &str = TEST_IMAGE;
@@ -468,11 +466,8 @@ async fn docker_idle_sandbox_is_stopped_after_keep_alive() {
         String::from_utf8_lossy(&out.stdout).trim() == "true"
     };
     assert!(running());
-    let until = std::time::Instant::now() + PATIENCE;
-    while running() {
-        assert!(std::time::Instant::now() < until, "the idle sandbox was never stopped");
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    let stopped = eventually(PATIENCE, || std::future::ready(!running())).await;
+    assert!(stopped, "the idle sandbox was never stopped");
     let again = ensure(&mut h.acme, ensure_req("idle", "t1", &secret)).await.1.unwrap();
     assert_eq!(again.outcome, api::EnsureOutcome::Resumed as i32);
     assert_eq!(again.sandbox.unwrap().provider_sandbox_id, container);

@@ -215,7 +215,9 @@ async fn paused_driver_is_fenced_after_it_resumes() {
         .unwrap();
     assert!(epochs.windows(2).all(|w| w[0] <= w[1]), "an old epoch landed after the claim: {epochs:?}");
     assert!(epochs.last().copied().unwrap_or(0) >= 2, "the successor wrote under a new epoch: {epochs:?}");
-    tokio::time::sleep(Duration::from_millis(LEASE_TTL_MS)).await;
+    // The resumed driver finds itself superseded.
+    let old = &cluster.replicas[0];
+    eventually(PATIENCE, || std::future::ready(old.log_text().contains("writing nothing"))).await;
     let record = wait_terminal(&mut successor, &run_id).await;
     assert_eq!(record.status, api::RunStatus::Completed as i32, "{record:?}\n{}", cluster.logs());
     assert!(

@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use sandhold_tests::agent::TestAgent;
+use sandhold_tests::wait::eventually;
 use shared::proto::agent::v1::exit_status::Status as Exit;
 use shared::proto::agent::v1::process_service_client::ProcessServiceClient;
 use shared::proto::agent::v1::{
@@ -55,11 +56,8 @@ fn alive(pid: u32) -> bool {
 /// Poll `cond` until it holds, with a deadline generous enough for a
 /// loaded machine.
 async fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let held = eventually(Duration::from_secs(30), || std::future::ready(cond())).await;
+    assert!(held, "timed out waiting for: {what}");
 }
 
 #[tokio::test]
