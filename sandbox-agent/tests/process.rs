@@ -366,15 +366,18 @@ async fn token_never_reaches_children_or_logs() {
     std::fs::write(&token_file, format!("{token}\n")).unwrap();
     let socket = dir.path().join("agent.sock");
     let log_path = dir.path().join("agent.log");
-    let mut agent = std::process::Command::new(env!("CARGO_BIN_EXE_sandhold-agent"))
-        .arg("serve")
-        .env("SANDHOLD_AGENT_LISTEN", format!("unix:{}", socket.display()))
-        .env("SANDHOLD_AGENT_ROOT", dir.path().join("root"))
-        .env("SANDHOLD_AGENT_TOKEN_FILE", &token_file)
-        .env("SANDHOLD_AGENT_LOG", "debug")
-        .stderr(std::fs::File::create(&log_path).unwrap())
-        .spawn()
-        .unwrap();
+    // Killed when the test fails before it stops the agent itself.
+    let agent = sandhold_tests::local::ChildGuard::new(
+        std::process::Command::new(env!("CARGO_BIN_EXE_sandhold-agent"))
+            .arg("serve")
+            .env("SANDHOLD_AGENT_LISTEN", format!("unix:{}", socket.display()))
+            .env("SANDHOLD_AGENT_ROOT", dir.path().join("root"))
+            .env("SANDHOLD_AGENT_TOKEN_FILE", &token_file)
+            .env("SANDHOLD_AGENT_LOG", "debug")
+            .stderr(std::fs::File::create(&log_path).unwrap())
+            .spawn()
+            .unwrap(),
+    );
     wait_for("the agent listens", || socket.exists()).await;
     let address = Address::Unix(socket.clone());
 
@@ -413,6 +416,7 @@ async fn token_never_reaches_children_or_logs() {
 
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(agent.id() as i32), nix::sys::signal::Signal::SIGTERM)
         .unwrap();
+    let mut agent = agent.take();
     let status = tokio::task::spawn_blocking(move || agent.wait()).await.unwrap().unwrap();
     assert!(status.success(), "{status:?}");
     let log = std::fs::read_to_string(&log_path).unwrap();

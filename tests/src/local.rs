@@ -146,3 +146,32 @@ pub fn unix_socket_entries(socket: &Path) -> usize {
         .filter(|line| line.split_whitespace().nth(7) == Some(&*wanted))
         .count()
 }
+
+/// A child process a test spawned itself (an agent or server with no
+/// directory of its own to die with), killed and reaped when dropped
+/// unless the test took it back ([`ChildGuard::take`]) to stop it itself.
+pub struct ChildGuard(Option<std::process::Child>);
+
+impl ChildGuard {
+    pub fn new(child: std::process::Child) -> Self {
+        Self(Some(child))
+    }
+
+    pub fn id(&self) -> u32 {
+        self.0.as_ref().map(std::process::Child::id).expect("not taken")
+    }
+
+    /// The child, no longer killed on drop.
+    pub fn take(mut self) -> std::process::Child {
+        self.0.take().expect("not taken")
+    }
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
