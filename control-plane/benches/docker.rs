@@ -15,9 +15,9 @@ use control_plane::agent::AgentClient;
 use control_plane::provider::{DockerProvider, DockerProviderOptions, Provider, SandboxSpec};
 use shared::proto::agent::v1::{Argv, Command, ExecRequest, command};
 
-mod support;
-
-use support::{IMAGE, Row, docker_cli, ms, static_agent};
+use sandhold_tests::agent::static_agent;
+use sandhold_tests::bench::{Row, ms};
+use sandhold_tests::docker::{self, TEST_IMAGE as IMAGE};
 
 async fn time<F, Fut>(rounds: usize, mut f: F) -> Vec<Duration>
 where
@@ -42,7 +42,7 @@ async fn main() {
     }
     let rounds: usize =
         std::env::var("SANDHOLD_BENCH_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(10);
-    let state = tempfile::Builder::new().prefix("sh-b").tempdir_in("/tmp").unwrap();
+    let state = sandhold_tests::local::TestDir::new("sh-b");
     let provider = DockerProvider::connect(DockerProviderOptions::new(static_agent(), state.path()))
         .await
         .expect("docker provider");
@@ -67,7 +67,7 @@ async fn main() {
         provider.destroy(&s.provider_id).await.expect("destroy");
     }
     let docker_run = time(rounds, || async {
-        docker_cli(&["run", "--rm", "--network", "none", IMAGE, "true"]);
+        docker::cli(&["run", "--rm", "--network", "none", IMAGE, "true"]);
     })
     .await;
 
@@ -86,7 +86,7 @@ async fn main() {
     })
     .await;
     let docker_exec = time(rounds * 5, || async {
-        docker_cli(&["exec", &sandbox.provider_id, "true"]);
+        docker::cli(&["exec", &sandbox.provider_id, "true"]);
     })
     .await;
     provider.destroy(&sandbox.provider_id).await.expect("destroy");

@@ -10,11 +10,11 @@
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
-use control_plane::store::testing::{ScratchDatabase, bare_run};
 use control_plane::store::{
     EventLog, FIRST_EPOCH, LogWriter, NewChunk, Offset, RunId, Stores, Timestamp, default_database_url,
 };
 use futures::StreamExt;
+use sandhold_tests::database::{ScratchDatabase, bare_run};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
 
 const BATCH_SIZES: [usize; 3] = [1, 16, 256];

@@ -11,18 +11,18 @@
 //!
 //! `SANDHOLD_BENCH_LINES` (default 100000) sets N.
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use control_plane::agent::AgentClient;
 use control_plane::provider::{LocalProvider, LocalProviderOptions, Provider, SandboxSpec};
+use sandhold_tests::agent::static_agent;
+use sandhold_tests::bench::{Row, ms};
+use sandhold_tests::server::embedded as embedded_server;
 use shared::proto::agent::v1 as agent;
 use shared::proto::v1 as api;
 use shared::proto::v1::run_service_client::RunServiceClient;
 use shared::proto::v1::sandbox_service_client::SandboxServiceClient;
-use support::{Row, embedded_server, ms, static_agent};
 
 fn script(lines: usize) -> Vec<String> {
     let program = format!(
@@ -51,7 +51,7 @@ struct Outcome {
 }
 
 async fn pipeline(lines: usize, database_url: Option<String>, label: &str) -> Outcome {
-    let dir = tempfile::Builder::new().prefix("shp").tempdir_in("/tmp").unwrap();
+    let dir = sandhold_tests::local::TestDir::new("shp");
     let (server, channel) = embedded_server(dir.path(), database_url).await;
     let mut sandboxes = SandboxServiceClient::new(channel.clone());
     let mut runs = RunServiceClient::new(channel).max_decoding_message_size(64 << 20);
@@ -116,7 +116,7 @@ async fn pipeline(lines: usize, database_url: Option<String>, label: &str) -> Ou
 }
 
 async fn journal_alone(lines: usize) -> Outcome {
-    let dir = tempfile::Builder::new().prefix("shj").tempdir_in("/tmp").unwrap();
+    let dir = sandhold_tests::local::TestDir::new("shj");
     let mut options = LocalProviderOptions::new(dir.path());
     options.agent_binary = Some(static_agent());
     let provider = LocalProvider::new(options).unwrap();

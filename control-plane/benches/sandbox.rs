@@ -17,9 +17,9 @@ use shared::proto::v1 as api;
 use shared::proto::v1::sandbox_service_client::SandboxServiceClient;
 use tonic::transport::Channel;
 
-mod support;
-
-use support::{IMAGE, Row, docker_cli, embedded_server, ms};
+use sandhold_tests::bench::{Row, ms};
+use sandhold_tests::docker::{self, TEST_IMAGE as IMAGE};
+use sandhold_tests::server::embedded as embedded_server;
 
 async fn ensure(client: &mut SandboxServiceClient<Channel>, thread: &str) -> api::EnsureReady {
     let mut stream = client
@@ -48,7 +48,7 @@ async fn main() {
     }
     let rounds: usize =
         std::env::var("SANDHOLD_BENCH_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(10);
-    let dir = tempfile::Builder::new().prefix("shb").tempdir_in("/tmp").unwrap();
+    let dir = sandhold_tests::local::TestDir::new("shb");
     let (server, channel) = embedded_server(dir.path(), None).await;
     let mut client = SandboxServiceClient::new(channel);
     let definition = api::SandboxDefinition {
@@ -84,7 +84,7 @@ async fn main() {
     let mut docker_run = Vec::new();
     for _ in 0..rounds {
         let started = Instant::now();
-        docker_cli(&["run", "--rm", "--network", "none", IMAGE, "true"]);
+        docker::cli(&["run", "--rm", "--network", "none", IMAGE, "true"]);
         docker_run.push(started.elapsed());
     }
 
@@ -116,7 +116,7 @@ async fn main() {
     let mut docker_exec = Vec::new();
     for _ in 0..rounds {
         let started = Instant::now();
-        docker_cli(&["exec", &container, "true"]);
+        docker::cli(&["exec", &container, "true"]);
         docker_exec.push(started.elapsed());
     }
     client.destroy_sandbox(api::DestroySandboxRequest { sandbox_id: sandbox }).await.unwrap();

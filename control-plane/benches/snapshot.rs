@@ -21,8 +21,6 @@ use control_plane::snapshot::{self, SaveRequest};
 use control_plane::store::{Stores, Tenant, default_database_url};
 use rand::RngCore;
 
-mod support;
-
 fn env_or(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
@@ -50,10 +48,10 @@ async fn main() {
     let files = env_or("SANDHOLD_BENCH_FILES", 20_000);
     let file_bytes = env_or("SANDHOLD_BENCH_FILE_BYTES", 10_240);
     let total = (files * file_bytes) as u64;
-    let dir = tempfile::Builder::new().prefix("snapb").tempdir_in("/tmp").unwrap();
+    let dir = sandhold_tests::local::TestDir::new("snapb");
     let stores = Stores::open(&default_database_url(&dir.path().join("data"))).await.unwrap();
     let mut options = LocalProviderOptions::new(dir.path().join("data"));
-    options.agent_binary = Some(support::static_agent());
+    options.agent_binary = Some(sandhold_tests::agent::static_agent());
     let provider = LocalProvider::new(options).unwrap();
     let spec = |key: &str| SandboxSpec { key: key.into(), tenant: "bench".into(), ..Default::default() };
     let source = provider.create(&spec("source")).await.unwrap();

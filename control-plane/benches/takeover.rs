@@ -6,17 +6,13 @@
 //! lease must run out before anyone may drive, so the TTL is this design's
 //! floor.
 
-#[path = "../tests/provider_support/mod.rs"]
-mod provider_support;
-#[path = "../tests/run_support/mod.rs"]
-mod run_support;
-mod support;
-
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use run_support::*;
+use sandhold_tests::bench::{Row, ms};
+use sandhold_tests::provider::Kind;
+use sandhold_tests::run::*;
+use sandhold_tests::server::*;
 use shared::proto::v1 as api;
-use support::{Row, ms};
 
 const LEASE_TTL_MS: u64 = 2000;
 const LEASE_RENEW_MS: u64 = 500;
@@ -37,7 +33,7 @@ async fn main() {
     };
     let rounds: usize =
         std::env::var("SANDHOLD_BENCH_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(20);
-    let dir = tempfile::Builder::new().prefix("shto").tempdir_in("/tmp").unwrap();
+    let dir = sandhold_tests::local::TestDir::new("shto");
     let nonce = uuid::Uuid::new_v4().simple().to_string()[..10].to_string();
     let token = format!("tok-{nonce}");
     let options = |replica: &str| ServerOptions {

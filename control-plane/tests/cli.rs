@@ -3,12 +3,9 @@
 //! definitions; errors that say what to do next; tokens from the
 //! environment only.
 
-mod cli_support;
-mod provider_support;
-
 use std::time::Duration;
 
-use cli_support::{Served, json_lines, ok, sandhold, stderr, stdout};
+use sandhold_tests::cli::{Live, Served, json_lines, ok, sandhold, stderr, stdout};
 use shared::proto::v1 as api;
 use shared::proto::v1::sandbox_service_client::SandboxServiceClient;
 use tokio_stream::StreamExt;
@@ -167,7 +164,7 @@ fn tokens_come_from_the_environment() {
 
 #[test]
 fn the_embedded_server_keeps_its_state_in_the_data_dir() {
-    let dir = tempfile::Builder::new().prefix("sh-cli").tempdir_in("/tmp").unwrap();
+    let dir = sandhold_tests::local::TestDir::new("sh-cli");
     let data = dir.path().join("data");
     let file = dir.path().join("def.json");
     std::fs::write(&file, r#"{"id": "embedded-def", "provider": {"local": {}}}"#).unwrap();
@@ -227,7 +224,7 @@ fn run_against_a_served_server() {
 
 #[test]
 fn run_on_the_embedded_server() {
-    let dir = tempfile::Builder::new().prefix("sh-cli").tempdir_in("/tmp").unwrap();
+    let dir = sandhold_tests::local::TestDir::new("sh-cli");
     let data = dir.path().join("data");
     run_json_and_exit_codes(|| sandhold(&data));
 }
@@ -242,7 +239,7 @@ fn sigint_detaches_attach_follows_cancel_ends() {
     let server = Served::start(&[]);
     let mut cmd = server.cli();
     cmd.args(["run", "--output", "json", "--", "sh", "-c", TICKING]);
-    let mut live = cli_support::Live::spawn(cmd);
+    let mut live = Live::spawn(cmd);
     let first = live.until("with the run id", |l| l.contains("\"run_id\""));
     let run_id =
         serde_json::from_str::<serde_json::Value>(&first).unwrap()["run_id"].as_str().unwrap().to_string();
@@ -255,7 +252,7 @@ fn sigint_detaches_attach_follows_cancel_ends() {
     // Still running: attach from the start sees ticks the detached CLI never did.
     let mut attach = server.cli();
     attach.args(["attach", "--output", "json", &run_id]);
-    let mut attached = cli_support::Live::spawn(attach);
+    let mut attached = Live::spawn(attach);
     attached.until("a tick after the detach", |l| l.contains("tick 40\\n"));
     let cancel =
         json_lines(ok(&server.cli().args(["cancel", "--output", "json", &run_id]).output().unwrap()));
@@ -276,7 +273,7 @@ fn two_sigints_cancel_the_run() {
     let server = Served::start(&[]);
     let mut cmd = server.cli();
     cmd.args(["run", "--", "sh", "-c", TICKING]);
-    let mut live = cli_support::Live::spawn(cmd);
+    let mut live = Live::spawn(cmd);
     live.until("tick 2", |l| l == "tick 2");
     live.signal(Signal::SIGINT);
     live.until("the detach notice", |l| l.contains("press Ctrl-C again"));
@@ -291,7 +288,7 @@ fn two_sigints_cancel_the_run() {
 /// server, `attach` in a later process takes the run over and follows it.
 #[test]
 fn detach_then_attach_on_the_embedded_server() {
-    let dir = tempfile::Builder::new().prefix("sh-cli").tempdir_in("/tmp").unwrap();
+    let dir = sandhold_tests::local::TestDir::new("sh-cli");
     let data = dir.path().join("data");
     let out = sandhold(&data)
         .args(["run", "--detach", "--", "sh", "-c", "for i in 1 2 3; do echo step $i; sleep 1; done"])

@@ -12,12 +12,10 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use control_plane::store::testing::ScratchDatabase;
-use control_plane::store::{
-    Error, FIRST_EPOCH, LogWriter, NewChunk, NewRun, RunId, SentinelKey, Stores, Tenant, Timestamp,
-};
+use control_plane::store::{Error, FIRST_EPOCH, LogWriter, NewChunk, RunId, Stores};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
+use sandhold_tests::database::{ScratchDatabase, bare_run};
 
 const ROLE: &str = "SANDHOLD_FAULT_ROLE";
 const URL: &str = "SANDHOLD_FAULT_DATABASE_URL";
@@ -130,16 +128,7 @@ fn round(
     claim_stall: Duration,
 ) -> bool {
     let run = RunId::parse(&format!("fault-{index}")).unwrap();
-    rt.block_on(stores.runs.create_or_resume(NewRun {
-        run_id: run.clone(),
-        thread_id: "fault".into(),
-        tenant: Tenant::new("fault"),
-        sentinel_key: SentinelKey::new("k"),
-        sandbox_key: None,
-        started_at: Timestamp::now(),
-        spec: None,
-    }))
-    .unwrap();
+    rt.block_on(stores.runs.create_or_resume(bare_run(run.clone(), "fault", "fault"))).unwrap();
 
     let (mut writer, writer_lines) = spawn_child("writer", url, &run);
     let mut acknowledged = 0;
@@ -170,8 +159,10 @@ fn round(
     assert_eq!(claimed, format!("CLAIMED {}", FIRST_EPOCH + 1));
 
     wait_exit(&mut writer, "writer");
+    // Until the reader thread saw EOF and hung up: after the exit it may
+    // not have forwarded the last lines (`FENCED`) yet.
     let mut fenced = false;
-    for line in writer_lines.try_iter() {
+    for line in writer_lines.iter() {
         match line.as_str() {
             "FENCED" => fenced = true,
             appended => {

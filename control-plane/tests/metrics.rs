@@ -2,21 +2,18 @@
 //! asked for, on its own port, and its series move with what the server does
 //! (sandbox ensures through the API, runs in the database it samples).
 
-mod provider_support;
-
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use control_plane::metrics::sample;
-use control_plane::store::testing::bare_run;
 use control_plane::store::{RunId, Stores};
+use sandhold_tests::database::bare_run;
+use sandhold_tests::wait::PATIENCE;
 use shared::proto::v1 as api;
 use shared::proto::v1::sandbox_service_client::SandboxServiceClient;
 use tonic::transport::Channel;
-
-const PATIENCE: Duration = Duration::from_secs(120);
 
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
@@ -26,14 +23,14 @@ fn free_port() -> u16 {
 struct Server {
     child: Child,
     grpc: SocketAddr,
-    dir: tempfile::TempDir,
+    dir: sandhold_tests::local::TestDir,
 }
 
 impl Server {
     fn start(metrics: Option<SocketAddr>) -> Self {
-        let dir = tempfile::Builder::new().prefix("shm").tempdir_in("/tmp").unwrap();
+        let dir = sandhold_tests::local::TestDir::new("shm");
         let grpc: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-        let agent = provider_support::static_agent();
+        let agent = sandhold_tests::agent::static_agent();
         let log = std::fs::File::create(dir.path().join("server.log")).unwrap();
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_sandhold"));
         for (k, _) in std::env::vars() {
@@ -166,7 +163,6 @@ async fn scrapes_move_with_activity() {
     let metrics: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
     let mut server = Server::start(Some(metrics));
     let mut client = server.client().await;
-    let _guard = provider_support::LocalGuard { sandboxes_dir: server.dir.path().join("sandboxes") };
 
     let before = scrape(metrics);
     assert_eq!(value(&before, "sandhold_drives_active"), 0.0);

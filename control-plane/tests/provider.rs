@@ -3,8 +3,6 @@
 //! Provider-specific behaviour (Docker's network, labels, limits, snapshots,
 //! forks, failed creates; the local provider's process cleanup) follows.
 
-mod provider_support;
-
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -14,7 +12,10 @@ use control_plane::provider::{
     DockerProvider, DockerProviderOptions, LABEL_DEFINITION, LABEL_MANAGED, LABEL_SANDBOX_KEY, LABEL_TENANT,
     LocalProvider, LocalProviderOptions, MountSpec, Provider, ProviderKind, Sandbox, SandboxSpec,
 };
-use provider_support::*;
+use sandhold_tests::agent::static_agent;
+use sandhold_tests::docker::{self, DockerCleanup, TEST_IMAGE, ensure_test_image};
+use sandhold_tests::provider::*;
+use sandhold_tests::wait::eventually;
 use shared::error::ErrorCode;
 
 /// A provider under test with what it needs kept alive and cleaned up.
@@ -23,9 +24,8 @@ struct Harness {
     /// Where the provider keeps per-sandbox directories (local: the
     /// sandboxes dir; Docker: the state dir).
     dirs: PathBuf,
-    // Before `_tmp`: fields drop in order, and the guard reads the dirs.
-    _local: Option<LocalGuard>,
-    _tmp: tempfile::TempDir,
+    /// Kills what the local provider's sandboxes left running, then goes.
+    _tmp: sandhold_tests::local::TestDir,
 }
 
 impl Harness {
@@ -43,7 +43,7 @@ impl Harness {
     fn spec(&self, test: &str) -> SandboxSpec {
         let mut spec = unique_spec(test);
         if self.kind() == ProviderKind::Docker {
-            spec.docker.image = Some(test_image());
+            spec.docker.image = Some(TEST_IMAGE.to_string());
         }
         spec
     }
@@ -51,17 +51,12 @@ impl Harness {
 
 fn local() -> Harness {
     // Short path: agent sockets live under it (107-byte limit).
-    let tmp = tempfile::Builder::new().prefix("sh-l").tempdir_in("/tmp").unwrap();
+    let tmp = sandhold_tests::local::TestDir::new("sh-l");
     let mut options = LocalProviderOptions::new(tmp.path());
     options.agent_binary = Some(static_agent());
     let provider = LocalProvider::new(options).expect("local provider");
     let dirs = tmp.path().canonicalize().unwrap().join("sandboxes");
-    Harness {
-        provider: Arc::new(provider),
-        _local: Some(LocalGuard { sandboxes_dir: dirs.clone() }),
-        dirs,
-        _tmp: tmp,
-    }
+    Harness { provider: Arc::new(provider), dirs, _tmp: tmp }
 }
 
 async fn docker_with(ready_timeout: Duration) -> Option<Harness> {
@@ -69,12 +64,12 @@ async fn docker_with(ready_timeout: Duration) -> Option<Harness> {
         return None;
     }
     ensure_test_image();
-    let tmp = tempfile::Builder::new().prefix("sh-d").tempdir_in("/tmp").unwrap();
+    let tmp = sandhold_tests::local::TestDir::new("sh-d");
     let mut options = DockerProviderOptions::new(static_agent(), tmp.path());
     options.ready_timeout = ready_timeout;
     let provider = DockerProvider::connect(options).await.expect("docker provider");
     let dirs = tmp.path().canonicalize().unwrap();
-    Some(Harness { provider: Arc::new(provider), dirs, _tmp: tmp, _local: None })
+    Some(Harness { provider: Arc::new(provider), dirs, _tmp: tmp })
 }
 
 async fn docker() -> Option<Harness> {
@@ -88,7 +83,7 @@ async fn docker() -> Option<Harness> {
 /// nothing is left.
 async fn lifecycle(h: &Harness) {
     let spec = h.spec("lifecycle");
-    let _guard = DockerGuard { tenant: spec.tenant.clone() };
+    let _guard = DockerCleanup { tenant: spec.tenant.clone() };
     let sandbox = h.provider.create(&spec).await.expect("create");
     let agent = connect(&sandbox).await;
     assert_eq!(agent.handshake().protocol_version, shared::AGENT_PROTOCOL_VERSION);
@@ -132,7 +127,7 @@ async fn lifecycle(h: &Harness) {
     assert!(h.provider.list(&tenant_labels(&spec)).await.unwrap().is_empty());
     assert!(h.dir_entries().is_empty(), "per-sandbox dirs left: {:?}", h.dir_entries());
     if h.kind() == ProviderKind::Docker {
-        assert!(docker_ps_by_label(LABEL_TENANT, &spec.tenant).is_empty(), "containers left");
+        assert!(docker::containers(&format!("{LABEL_TENANT}={}", spec.tenant)).is_empty(), "containers left");
     }
     // Destroy is idempotent.
     h.provider.destroy(&sandbox.provider_id).await.expect("second destroy");
@@ -141,7 +136,7 @@ async fn lifecycle(h: &Harness) {
 /// Several sandboxes created at once are distinct and all work.
 async fn concurrent_creates(h: &Harness) {
     let spec = h.spec("concurrent");
-    let _guard = DockerGuard { tenant: spec.tenant.clone() };
+    let _guard = DockerCleanup { tenant: spec.tenant.clone() };
     let creates = (0..3).map(|i| {
         let provider = h.provider.clone();
         let mut spec = spec.clone();
@@ -254,11 +249,20 @@ async fn local_destroy_kills_processes_that_left_the_agents_session() {
             .map(|s| s[s.rfind(')').unwrap() + 1..].trim_start().starts_with('Z'))
             .unwrap_or(true)
     };
-    assert!(eventually(30, || gone(pid)).await, "the escaped process {pid} survived destroy");
-    assert!(eventually(30, || gone(init_pid)).await, "the agent init {init_pid} survived destroy");
+    assert!(
+        eventually(Duration::from_secs(30), || std::future::ready(gone(pid))).await,
+        "the escaped process {pid} survived destroy"
+    );
+    assert!(
+        eventually(Duration::from_secs(30), || std::future::ready(gone(init_pid))).await,
+        "the agent init {init_pid} survived destroy"
+    );
     // Our reaper thread waits for the init: no zombie of ours stays.
     assert!(
-        eventually(30, || !PathBuf::from(format!("/proc/{init_pid}")).exists()).await,
+        eventually(Duration::from_secs(30), || std::future::ready(
+            !PathBuf::from(format!("/proc/{init_pid}")).exists()
+        ))
+        .await,
         "the agent init {init_pid} was left a zombie"
     );
     assert!(!h.dirs.join(&sandbox.provider_id).exists());
@@ -279,7 +283,12 @@ async fn local_resume_restarts_an_agent_whose_supervisor_died() {
         .unwrap();
     nix::sys::signal::killpg(nix::unistd::Pid::from_raw(init_pid), nix::sys::signal::Signal::SIGKILL)
         .unwrap();
-    assert!(eventually(30, || !PathBuf::from(format!("/proc/{init_pid}")).exists()).await);
+    assert!(
+        eventually(Duration::from_secs(30), || std::future::ready(
+            !PathBuf::from(format!("/proc/{init_pid}")).exists()
+        ))
+        .await
+    );
     let listed = h.provider.list(&BTreeMap::new()).await.unwrap();
     assert!(!listed[0].running, "a dead agent is listed as not running");
 
@@ -301,7 +310,12 @@ async fn local_stop_ends_every_process_and_resume_brings_the_sandbox_back() {
         .unwrap();
 
     h.provider.stop(&sandbox.provider_id).await.unwrap();
-    assert!(eventually(30, || !PathBuf::from(format!("/proc/{init_pid}")).exists()).await);
+    assert!(
+        eventually(Duration::from_secs(30), || std::future::ready(
+            !PathBuf::from(format!("/proc/{init_pid}")).exists()
+        ))
+        .await
+    );
     assert!(
         control_plane::agent::AgentClient::connect(&sandbox.address, &sandbox.token).await.is_err(),
         "the agent still answers after stop"
@@ -317,7 +331,7 @@ async fn local_stop_ends_every_process_and_resume_brings_the_sandbox_back() {
 
 #[tokio::test]
 async fn local_failed_create_leaves_no_directory() {
-    let tmp = tempfile::Builder::new().prefix("sh-f").tempdir_in("/tmp").unwrap();
+    let tmp = sandhold_tests::local::TestDir::new("sh-f");
     let mut options = LocalProviderOptions::new(tmp.path());
     // An "agent" that exits at once.
     options.agent_binary = Some(PathBuf::from("/bin/false"));
@@ -335,14 +349,14 @@ async fn local_failed_create_leaves_no_directory() {
 async fn docker_sandbox_has_no_network_and_carries_its_labels() {
     let Some(h) = docker().await else { return };
     let spec = h.spec("net");
-    let _guard = DockerGuard { tenant: spec.tenant.clone() };
+    let _guard = DockerCleanup { tenant: spec.tenant.clone() };
     let sandbox = h.provider.create(&spec).await.unwrap();
     let agent = connect(&sandbox).await;
     let dev = sh_ok(&agent, "cat /proc/net/dev").await;
     let interfaces: Vec<&str> =
         dev.lines().skip(2).filter_map(|l| l.split(':').next()).map(str::trim).collect();
     assert_eq!(interfaces, vec!["lo"], "{dev}");
-    assert_eq!(docker_inspect(&sandbox.provider_id, "{{.HostConfig.NetworkMode}}"), "none");
+    assert_eq!(docker::inspect(&sandbox.provider_id, "{{.HostConfig.NetworkMode}}"), "none");
     for (label, value) in [
         (LABEL_MANAGED, "true"),
         (LABEL_TENANT, spec.tenant.as_str()),
@@ -350,13 +364,13 @@ async fn docker_sandbox_has_no_network_and_carries_its_labels() {
         (LABEL_DEFINITION, spec.definition_id.as_str()),
     ] {
         assert_eq!(
-            docker_inspect(&sandbox.provider_id, &format!("{{{{index .Config.Labels \"{label}\"}}}}")),
+            docker::inspect(&sandbox.provider_id, &format!("{{{{index .Config.Labels \"{label}\"}}}}")),
             value
         );
     }
     // The image knows nothing of Sandhold: the agent was copied in.
     assert_eq!(
-        docker_inspect(&sandbox.provider_id, "{{index .Config.Entrypoint 0}}"),
+        docker::inspect(&sandbox.provider_id, "{{index .Config.Entrypoint 0}}"),
         "/.sandhold/sandhold-agent"
     );
     h.provider.destroy(&sandbox.provider_id).await.unwrap();
@@ -369,12 +383,12 @@ async fn docker_limits_are_applied() {
     spec.docker.memory_bytes = Some(256 * 1024 * 1024);
     spec.docker.cpus = Some(0.5);
     spec.docker.pids_limit = Some(100);
-    let _guard = DockerGuard { tenant: spec.tenant.clone() };
+    let _guard = DockerCleanup { tenant: spec.tenant.clone() };
     let sandbox = h.provider.create(&spec).await.unwrap();
     let id = &sandbox.provider_id;
-    assert_eq!(docker_inspect(id, "{{.HostConfig.Memory}}"), (256 * 1024 * 1024).to_string());
-    assert_eq!(docker_inspect(id, "{{.HostConfig.NanoCpus}}"), "500000000");
-    assert_eq!(docker_inspect(id, "{{.HostConfig.PidsLimit}}"), "100");
+    assert_eq!(docker::inspect(id, "{{.HostConfig.Memory}}"), (256 * 1024 * 1024).to_string());
+    assert_eq!(docker::inspect(id, "{{.HostConfig.NanoCpus}}"), "500000000");
+    assert_eq!(docker::inspect(id, "{{.HostConfig.PidsLimit}}"), "100");
     // The kernel enforces them: the container's own cgroup says so (v2 or v1).
     let agent = connect(&sandbox).await;
     let read = |v2: &str, v1: &str| format!("cat /sys/fs/cgroup/{v2} 2>/dev/null || cat /sys/fs/cgroup/{v1}");
@@ -394,14 +408,14 @@ async fn docker_read_only_root_with_a_user_keeps_a_writable_workspace() {
     let mut spec = h.spec("readonly");
     spec.docker.read_only_root = true;
     spec.docker.user = Some("nobody".into());
-    let _guard = DockerGuard { tenant: spec.tenant.clone() };
+    let _guard = DockerCleanup { tenant: spec.tenant.clone() };
     let sandbox = h.provider.create(&spec).await.expect("create read-only");
     let agent = connect(&sandbox).await;
     assert_eq!(sh_ok(&agent, "id -u").await, "65534\n");
     sh_ok(&agent, "echo ok > in-workspace && cat in-workspace").await;
     let (code, _) = sh(&agent, "touch /etc/x 2>/dev/null").await.unwrap();
     assert_ne!(code, 0, "the root filesystem is read-only");
-    assert_eq!(docker_inspect(&sandbox.provider_id, "{{.HostConfig.ReadonlyRootfs}}"), "true");
+    assert_eq!(docker::inspect(&sandbox.provider_id, "{{.HostConfig.ReadonlyRootfs}}"), "true");
     // A commit would miss the workspace (a bind mount), so it is refused.
     assert_eq!(
         h.provider.snapshot(&sandbox.provider_id).await.unwrap_err().code,
@@ -415,7 +429,7 @@ async fn docker_read_only_root_with_a_user_keeps_a_writable_workspace() {
 async fn docker_snapshot_restore_keeps_files_written_before_the_snapshot() {
     let Some(h) = docker().await else { return };
     let spec = h.spec("snap");
-    let _guard = DockerGuard { tenant: spec.tenant.clone() };
+    let _guard = DockerCleanup { tenant: spec.tenant.clone() };
     let sandbox = h.provider.create(&spec).await.unwrap();
     let agent = connect(&sandbox).await;
     sh_ok(&agent, "echo before > before.txt").await;
@@ -431,7 +445,7 @@ async fn docker_snapshot_restore_keeps_files_written_before_the_snapshot() {
     assert_eq!(sh_ok(&r, "cat before.txt").await, "before\n");
     assert_eq!(sh_ok(&r, "test -e after.txt && echo yes || echo no").await, "no\n");
     assert_eq!(
-        docker_inspect(
+        docker::inspect(
             &restored.provider_id,
             &format!("{{{{index .Config.Labels \"{LABEL_SANDBOX_KEY}\"}}}}")
         ),
@@ -450,7 +464,7 @@ async fn docker_snapshot_restore_keeps_files_written_before_the_snapshot() {
 async fn docker_fork_is_an_independent_copy() {
     let Some(h) = docker().await else { return };
     let spec = h.spec("fork");
-    let _guard = DockerGuard { tenant: spec.tenant.clone() };
+    let _guard = DockerCleanup { tenant: spec.tenant.clone() };
     let original = h.provider.create(&spec).await.unwrap();
     let o = connect(&original).await;
     sh_ok(&o, "echo shared > shared.txt").await;
@@ -464,7 +478,7 @@ async fn docker_fork_is_an_independent_copy() {
     assert_eq!(sh_ok(&o, "test -e fork-only.txt && echo yes || echo no").await, "no\n");
     assert_eq!(sh_ok(&f, "test -e original-only.txt && echo yes || echo no").await, "no\n");
     let fork_image =
-        docker_inspect(&fork.provider_id, "{{index .Config.Labels \"dev.sandhold.fork-image\"}}");
+        docker::inspect(&fork.provider_id, "{{index .Config.Labels \"dev.sandhold.fork-image\"}}");
     assert!(fork_image.starts_with("sandhold-fork:"), "{fork_image}");
     h.provider.destroy(&fork.provider_id).await.unwrap();
     let gone = std::process::Command::new("docker").args(["image", "inspect", &fork_image]).output().unwrap();
@@ -479,14 +493,14 @@ async fn docker_missing_image_is_a_clear_error_and_leaves_nothing() {
     let Some(h) = docker().await else { return };
     let mut spec = h.spec("noimage");
     spec.docker.image = Some("sandhold-no-such-image:never".into());
-    let _guard = DockerGuard { tenant: spec.tenant.clone() };
+    let _guard = DockerCleanup { tenant: spec.tenant.clone() };
     let err = h.provider.create(&spec).await.unwrap_err();
     assert_eq!(err.code, ErrorCode::FailedPrecondition, "{err}");
     assert!(
         err.message.contains("sandhold-no-such-image:never") && err.message.contains("registry"),
         "{err}"
     );
-    assert!(docker_ps_by_label(LABEL_TENANT, &spec.tenant).is_empty());
+    assert!(docker::containers(&format!("{LABEL_TENANT}={}", spec.tenant)).is_empty());
     assert!(h.dir_entries().is_empty(), "{:?}", h.dir_entries());
 }
 
@@ -500,10 +514,13 @@ async fn docker_container_that_cannot_start_leaves_nothing() {
         target: "/data".into(),
         read_only: true,
     }];
-    let _guard = DockerGuard { tenant: spec.tenant.clone() };
+    let _guard = DockerCleanup { tenant: spec.tenant.clone() };
     let err = h.provider.create(&spec).await.unwrap_err();
     assert!(err.message.contains("starting the container") || err.message.contains("creating"), "{err}");
-    assert!(docker_ps_by_label(LABEL_TENANT, &spec.tenant).is_empty(), "a container was left");
+    assert!(
+        docker::containers(&format!("{LABEL_TENANT}={}", spec.tenant)).is_empty(),
+        "a container was left"
+    );
     assert!(h.dir_entries().is_empty(), "{:?}", h.dir_entries());
 }
 
@@ -514,11 +531,14 @@ async fn docker_entrypoint_that_dies_leaves_nothing() {
     // With room for one process only, the agent's init cannot start its
     // daemon and exits: the container stops before anything answers.
     spec.docker.pids_limit = Some(1);
-    let _guard = DockerGuard { tenant: spec.tenant.clone() };
+    let _guard = DockerCleanup { tenant: spec.tenant.clone() };
     let err = h.provider.create(&spec).await.unwrap_err();
     assert_eq!(err.code, ErrorCode::Unavailable, "{err}");
     assert!(err.message.contains("stopped before its agent answered"), "{err}");
-    assert!(docker_ps_by_label(LABEL_TENANT, &spec.tenant).is_empty(), "a container was left");
+    assert!(
+        docker::containers(&format!("{LABEL_TENANT}={}", spec.tenant)).is_empty(),
+        "a container was left"
+    );
     assert!(h.dir_entries().is_empty(), "{:?}", h.dir_entries());
 }
 
@@ -526,7 +546,7 @@ async fn docker_entrypoint_that_dies_leaves_nothing() {
 async fn docker_resume_starts_a_stopped_container() {
     let Some(h) = docker().await else { return };
     let spec = h.spec("stopped");
-    let _guard = DockerGuard { tenant: spec.tenant.clone() };
+    let _guard = DockerCleanup { tenant: spec.tenant.clone() };
     let sandbox = h.provider.create(&spec).await.unwrap();
     sh_ok(&connect(&sandbox).await, "echo durable > d.txt").await;
     let out = std::process::Command::new("docker")

@@ -3,10 +3,9 @@
 //! own: it changes this process's environment, which no other test may be
 //! reading at the same time.
 
-mod provider_support;
-
 use control_plane::provider::{LocalProvider, LocalProviderOptions, Provider};
-use provider_support::*;
+use sandhold_tests::agent::static_agent;
+use sandhold_tests::provider::{connect, sh_ok, unique_spec};
 
 #[test]
 fn the_agent_and_its_commands_see_none_of_the_control_planes_environment() {
@@ -20,11 +19,10 @@ fn the_agent_and_its_commands_see_none_of_the_control_planes_environment() {
     }
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async {
-        let tmp = tempfile::Builder::new().prefix("sh-e").tempdir_in("/tmp").unwrap();
+        let tmp = sandhold_tests::local::TestDir::new("sh-e");
         let mut options = LocalProviderOptions::new(tmp.path());
         options.agent_binary = Some(static_agent());
         let provider = LocalProvider::new(options).unwrap();
-        let _guard = LocalGuard { sandboxes_dir: tmp.path().canonicalize().unwrap().join("sandboxes") };
         let sandbox = provider.create(&unique_spec("env")).await.unwrap();
         let agent = connect(&sandbox).await;
 

@@ -3,9 +3,22 @@
 //! on a temporary data dir), and its `sandhold serve` settings table is
 //! checked against the clap definitions, flag by flag and variable by
 //! variable.
-
-mod cli_support;
-mod provider_support;
+//!
+//! Each test block is followed by the output its text promises, in an HTML
+//! comment (invisible on the rendered page):
+//!
+//! ````text
+//! ```sh test
+//! sandhold run --output json -- echo hi | tail -1
+//! ```
+//! <!-- expect:
+//! "type":"RUN_FINISHED"
+//! -->
+//! ````
+//!
+//! Every line between `<!-- expect:` and `-->` must be part of a line the
+//! block prints on stdout, the lines in that order (one stdout line per
+//! expected line). A test block without one fails: say what it shows.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -29,23 +42,72 @@ fn section<'a>(text: &'a str, heading: &str) -> &'a str {
     &rest[..end]
 }
 
-/// Blocks fenced with ```` ```sh test ````, with the line they start on.
-fn test_blocks(text: &str) -> Vec<(usize, String)> {
+/// A ```` ```sh test ```` block: the line it starts on, its script, and the
+/// stdout lines its `<!-- expect: ... -->` comment promises.
+#[derive(Debug)]
+struct TestBlock {
+    line: usize,
+    body: String,
+    expect: Vec<String>,
+}
+
+/// Blocks fenced with ```` ```sh test ````, each with its expectations (the
+/// `<!-- expect:` comment right after it, blank lines between allowed).
+fn test_blocks(text: &str) -> Vec<TestBlock> {
+    let lines: Vec<&str> = text.lines().collect();
     let mut blocks = Vec::new();
-    let mut current: Option<(usize, String)> = None;
-    for (n, line) in text.lines().enumerate() {
-        match &mut current {
-            None if line.trim() == "```sh test" => current = Some((n + 1, String::new())),
-            Some(_) if line.trim() == "```" => blocks.push(current.take().unwrap()),
-            Some((_, body)) => {
-                body.push_str(line);
-                body.push('\n');
-            }
-            None => {}
+    let mut n = 0;
+    while n < lines.len() {
+        if lines[n].trim() != "```sh test" {
+            n += 1;
+            continue;
         }
+        let start = n + 1;
+        let end = (start..lines.len())
+            .find(|&i| lines[i].trim() == "```")
+            .unwrap_or_else(|| panic!("an unterminated ```sh test block at line {start}"));
+        let body: String = lines[start..end].iter().map(|l| format!("{l}\n")).collect();
+        let mut at = end + 1;
+        while at < lines.len() && lines[at].trim().is_empty() {
+            at += 1;
+        }
+        let mut expect = Vec::new();
+        if lines.get(at).is_some_and(|l| l.trim() == "<!-- expect:") {
+            let close = (at + 1..lines.len())
+                .find(|&i| lines[i].trim() == "-->")
+                .unwrap_or_else(|| panic!("an unterminated <!-- expect: at line {}", at + 1));
+            expect =
+                lines[at + 1..close].iter().map(|l| l.trim().to_string()).filter(|l| !l.is_empty()).collect();
+            at = close + 1;
+        }
+        blocks.push(TestBlock { line: start, body, expect });
+        n = at;
     }
-    assert!(current.is_none(), "an unterminated ```sh test block");
     blocks
+}
+
+/// The first of `expect` that is not part of `stdout`'s lines in order, if
+/// any.
+fn missing_output<'a>(stdout: &str, expect: &'a [String]) -> Option<&'a str> {
+    let mut lines = stdout.lines();
+    expect.iter().find(|want| !lines.any(|line| line.contains(want.as_str()))).map(String::as_str)
+}
+
+#[test]
+fn expectations_are_matched_in_order() {
+    let blocks = test_blocks("```sh test\necho a\n```\n\n<!-- expect:\na\n b \n-->\n```sh test\ntrue\n```\n");
+    assert_eq!(blocks.len(), 2);
+    assert_eq!((blocks[0].line, blocks[0].body.as_str()), (1, "echo a\n"));
+    assert_eq!(blocks[0].expect, ["a", "b"]);
+    assert!(blocks[1].expect.is_empty());
+    let want = |w: &[&str]| w.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    assert_eq!(missing_output("xa\nby\n", &want(&["a", "b"])), None);
+    assert_eq!(missing_output("by\nxa\n", &want(&["a", "b"])), Some("b"), "in order");
+    assert_eq!(missing_output("ab\n", &want(&["a", "b"])), Some("b"), "one line each");
+    assert_eq!(
+        missing_output("made at 1\nmade at 1\n", &want(&["made at", "made at", "made.txt"])),
+        Some("made.txt")
+    );
 }
 
 /// `--flag` -> its variable, from the README's settings table.
@@ -109,17 +171,21 @@ fn the_cli_reference_names_every_command_and_variable() {
 fn the_readme_commands_work() {
     let blocks = test_blocks(&readme());
     assert!(blocks.len() >= 4, "README test blocks: {blocks:?}");
-    let dir = tempfile::Builder::new().prefix("sh-readme").tempdir_in("/tmp").unwrap();
+    let dir = sandhold_tests::local::TestDir::new("sh-readme");
     // What the README calls `sandhold` is on PATH, as it tells readers to do.
     let bin = dir.path().join("bin");
     std::fs::create_dir(&bin).unwrap();
     std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_sandhold"), bin.join("sandhold")).unwrap();
-    std::os::unix::fs::symlink(cli_support::agent(), bin.join("sandhold-agent")).unwrap();
+    std::os::unix::fs::symlink(sandhold_tests::agent::static_agent(), bin.join("sandhold-agent")).unwrap();
     let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
     let tmp = dir.path().join("tmp");
     std::fs::create_dir(&tmp).unwrap();
 
-    for (line, body) in blocks {
+    for TestBlock { line, body, expect } in blocks {
+        assert!(
+            !expect.is_empty(),
+            "README.md block at line {line} promises no output: add <!-- expect: ... -->"
+        );
         let mut cmd = Command::new("bash");
         cmd.arg("-euo").arg("pipefail").arg("-c").arg(&body).current_dir(repo_root());
         for (k, _) in std::env::vars() {
@@ -142,6 +208,11 @@ fn the_readme_commands_work() {
             out.status.code()
         );
         // Outcomes the text promises, not only exit codes.
+        if let Some(want) = missing_output(&stdout, &expect) {
+            panic!(
+                "README.md block at line {line} did not print {want:?} (after the lines before it in its <!-- expect: -->, in order):\n{body}\nstdout:\n{stdout}\nstderr:\n{stderr}"
+            );
+        }
         if body.contains("--repo .") {
             assert!(
                 stdout.contains("Cargo.toml"),

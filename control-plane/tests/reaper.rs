@@ -6,15 +6,17 @@
 //! directory made immutable, a PostgreSQL trigger refusing one row's
 //! updates, a replica paused past its leases.
 
-mod provider_support;
-mod run_support;
-
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
-use control_plane::store::testing::ScratchDatabase;
-use run_support::*;
+use sandhold_tests::database::ScratchDatabase;
+use sandhold_tests::docker::{self, DockerCleanup};
+use sandhold_tests::local::*;
+use sandhold_tests::provider::Kind;
+use sandhold_tests::run::*;
+use sandhold_tests::server::*;
+use sandhold_tests::wait::*;
 use shared::proto::v1 as api;
 use sqlx::PgPool;
 
@@ -48,11 +50,9 @@ fn sum(tallies: &[&api::SweepResponse], outcome: &str) -> u64 {
 /// One deployment: a scratch PostgreSQL database and Redis shared by its
 /// replicas, one data dir (so local sandboxes are shared too), two tenants.
 struct Deployment {
-    /// First: dropped before `dir`.
-    _local: LocalCleanup,
     db: ScratchDatabase,
     redis_url: String,
-    dir: tempfile::TempDir,
+    dir: sandhold_tests::local::TestDir,
     nonce: String,
     token: String,
     other_token: String,
@@ -63,11 +63,10 @@ impl Deployment {
         let admin_url = sandhold_tests::services::postgres_url()?;
         let redis_url = sandhold_tests::services::redis_url()?;
         let db = ScratchDatabase::create(&admin_url).await.unwrap();
-        let dir = tempfile::Builder::new().prefix("reaper").tempdir_in("/tmp").unwrap();
+        let dir = sandhold_tests::local::TestDir::new("reaper");
         let nonce = uuid::Uuid::new_v4().simple().to_string()[..10].to_string();
         let (token, other_token) = (format!("tok-{nonce}"), format!("other-{nonce}"));
-        let _local = LocalCleanup(dir.path().to_path_buf());
-        Some(Self { _local, db, redis_url, dir, nonce, token, other_token })
+        Some(Self { db, redis_url, dir, nonce, token, other_token })
     }
 
     fn tenant(&self) -> String {
@@ -112,6 +111,12 @@ impl Deployment {
         self.dir.path().join("gate")
     }
 
+    /// Whether the lease `name` is free within [`PATIENCE`] (the shared
+    /// Redis store, read without taking it).
+    async fn lease_freed(&self, name: &str) -> bool {
+        eventually(PATIENCE, || async { !lease_held(&self.redis_url, name).await }).await
+    }
+
     async fn pool(&self) -> PgPool {
         PgPool::connect(self.db.url()).await.unwrap()
     }
@@ -146,19 +151,28 @@ fn gated(gate: &Path, body: &str) -> String {
     format!("echo start; while [ ! -e '{}' ]; do sleep 0.1; done; {body}", gate.display())
 }
 
-/// Kill `driver`, open `gate`, and wait until every script waiting on it
-/// exited and the dead driver's leases ran out: its runs are finished in
-/// their sandboxes, detached, with nobody driving them.
-async fn finish_without_driver(driver: &mut ServerProcess, gate: &Path) {
+/// Kill `driver`, open the deployment's gate, and wait until every script
+/// waiting on it exited, each of `runs` (local sandboxes) recorded its exit
+/// in its journal, and the dead driver's leases on them ran out: they are
+/// finished in their sandboxes, detached, with nobody driving them.
+async fn finish_without_driver(dep: &Deployment, driver: &mut ServerProcess, runs: &[&str]) {
     driver.kill9().await;
-    let killed = Instant::now();
-    std::fs::write(gate, "").unwrap();
+    let gate = dep.gate();
+    std::fs::write(&gate, "").unwrap();
     let marker = gate.display().to_string();
     let exited = process_gone_within(&marker, PATIENCE).await;
     assert!(exited, "the run scripts never exited");
-    // The exit sentinel follows the exit; the leases end a TTL after the kill.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    tokio::time::sleep(Duration::from_millis(LEASE_TTL_MS + 500).saturating_sub(killed.elapsed())).await;
+    let data_dir = dep.data_dir();
+    for run in runs {
+        // The exit sentinel follows the exit, `<run>.exit` the sentinel.
+        let recorded = eventually(PATIENCE, || std::future::ready(local_exit_recorded(&data_dir, run))).await;
+        assert!(recorded, "run {run} never recorded its exit");
+        // The lease ends a TTL after the kill.
+        assert!(
+            dep.lease_freed(&format!("run:{run}")).await,
+            "the dead driver's lease on {run} never ran out"
+        );
+    }
 }
 
 /// The whole log of a run, read through `runs` to its end.
@@ -240,7 +254,7 @@ fn destroys(replicas: &[&ServerProcess], key: &str) -> usize {
 }
 
 fn container_of(key: &str) -> Vec<String> {
-    docker_containers(&format!("dev.sandhold.sandbox-key={key}"))
+    docker::containers(&format!("dev.sandhold.sandbox-key={key}"))
 }
 
 /// Three detached runs whose driver was killed: one finished in its
@@ -252,9 +266,9 @@ async fn detached_runs_are_finalized_left_alone_or_expired_once() {
     if !sandhold_tests::services::docker() {
         return;
     }
-    provider_support::ensure_test_image();
+    sandhold_tests::docker::ensure_test_image();
     let (nonce, token, other_token) = (dep.nonce.clone(), dep.token.clone(), dep.other_token.clone());
-    let _cleanup = DockerCleanup(dep.tenant());
+    let _cleanup = DockerCleanup { tenant: dep.tenant() };
     let long_ttl = [("detached-run-ttl-ms", "3600000")];
 
     let mut a = dep.start("a", &long_ttl).await;
@@ -264,7 +278,6 @@ async fn detached_runs_are_finalized_left_alone_or_expired_once() {
     let (fin, prod, unk) = (format!("fin-{nonce}"), format!("prod-{nonce}"), format!("unk-{nonce}"));
     let prod_run = start_and_detach(&mut runs_a, &prod, "th-prod", "echo start; sleep 600").await;
     let unk_run = start_and_detach(&mut runs_a, &unk, "th-unk", "echo start; sleep 600").await;
-    let fin_started = Instant::now();
     let fin_run = start_and_detach(&mut runs_a, &fin, "th-fin", "echo start; sleep 8; echo done").await;
     a.kill9().await; // the driver of all three is gone
     assert_eq!(container_of(&unk_run.sandbox_id).len(), 1);
@@ -278,8 +291,14 @@ async fn detached_runs_are_finalized_left_alone_or_expired_once() {
     let b = dep.start("b", &long_ttl).await;
     let c = dep.start("c", &long_ttl).await;
     // The fin run has written its sentinel, and A's leases have run out.
-    tokio::time::sleep(Duration::from_secs(10).saturating_sub(fin_started.elapsed())).await;
-    tokio::time::sleep(Duration::from_millis(LEASE_TTL_MS + 500)).await;
+    let fin_container = container_of(&fin_run.sandbox_id);
+    assert_eq!(fin_container.len(), 1, "the fin run's container");
+    let recorded =
+        eventually(PATIENCE, || std::future::ready(docker_exit_recorded(&fin_container[0], &fin))).await;
+    assert!(recorded, "the fin run never recorded its exit");
+    for run in [&fin, &prod, &unk] {
+        assert!(dep.lease_freed(&format!("run:{run}")).await, "A's lease on {run} never ran out");
+    }
 
     // Another tenant's sweep sees none of these runs and touches nothing.
     let other = sweep(&mut b.admin(&other_token).await).await;
@@ -313,7 +332,7 @@ async fn detached_runs_are_finalized_left_alone_or_expired_once() {
     let record = get_run(&mut runs_b, &prod).await;
     assert_eq!(record.status, api::RunStatus::Running as i32);
     assert!(!record.cancel_requested);
-    assert_eq!(docker_running(&format!("dev.sandhold.sandbox-key={}", prod_run.sandbox_id)).len(), 1);
+    assert_eq!(docker::running(&format!("dev.sandhold.sandbox-key={}", prod_run.sandbox_id)).len(), 1);
 
     // Unknown: untouched, its instance record kept.
     let record = get_run(&mut runs_b, &unk).await;
@@ -358,7 +377,7 @@ async fn runs_held_by_a_live_holder_are_not_claimed() {
         start_and_detach(&mut a1.runs(&token).await, &held, "th-held", &gated(&gate, "echo done")).await;
     let live_run =
         start_and_detach(&mut a2.runs(&token).await, &live, "th-live", "echo start; sleep 600").await;
-    finish_without_driver(&mut a1, &gate).await;
+    finish_without_driver(&dep, &mut a1, &[&held]).await;
 
     // Another holder takes `held`'s lease, the way any replica takes it.
     let holder = lease_holder(&dep.redis_url, LEASE_TTL_MS, LEASE_RENEW_MS).await;
@@ -428,7 +447,7 @@ async fn a_drive_over_the_budget_is_stopped_and_left_terminal() {
     let run = start_and_detach(&mut a.runs(&token).await, &slow, "th", &gated(&gate, &body)).await;
     let mut sandboxes = a.sandboxes(&token).await;
     let dir = local_sandbox_dir(&dep, &mut sandboxes, &run.sandbox_id).await;
-    finish_without_driver(&mut a, &gate).await;
+    finish_without_driver(&dep, &mut a, &[&slow]).await;
 
     let b = dep.start("b", &[("sweep-run-budget-ms", "300")]).await;
     let t = sweep(&mut b.admin(&token).await).await;
@@ -507,7 +526,7 @@ async fn a_sandbox_that_cannot_be_destroyed_is_reclaim_failed() {
     let run = start_and_detach(&mut a.runs(&token).await, &stuck, "th", &gated(&gate, "echo done")).await;
     let mut sandboxes = a.sandboxes(&token).await;
     let dir = local_sandbox_dir(&dep, &mut sandboxes, &run.sandbox_id).await;
-    finish_without_driver(&mut a, &gate).await;
+    finish_without_driver(&dep, &mut a, &[&stuck]).await;
 
     let immutable = Immutable::set(&dir).unwrap();
     let b = dep.start("b", &[]).await;
@@ -562,7 +581,7 @@ async fn a_store_error_fails_one_run_and_the_sweep_goes_on() {
     let mut sandboxes = a.sandboxes(&token).await;
     let broken_dir = local_sandbox_dir(&dep, &mut sandboxes, &broken_run.sandbox_id).await;
     let fine_dir = local_sandbox_dir(&dep, &mut sandboxes, &fine_run.sandbox_id).await;
-    finish_without_driver(&mut a, &gate).await;
+    finish_without_driver(&dep, &mut a, &[&broken, &fine]).await;
 
     let pool = dep.pool().await;
     sqlx::raw_sql(&format!(
@@ -626,12 +645,14 @@ async fn a_run_that_ends_during_the_sweep_is_not_claimed() {
     let stalled_run = start_and_detach(&mut runs_a, &stalled, "th-stalled", &gated(&gate, "echo done")).await;
     start_and_detach(&mut runs_a, &ended, "th-ended", &gated(&gate, "echo done")).await;
     let stalled_dir = local_sandbox_dir(&dep, &mut a.sandboxes(&token).await, &stalled_run.sandbox_id).await;
-    finish_without_driver(&mut a, &gate).await;
+    finish_without_driver(&dep, &mut a, &[&stalled, &ended]).await;
     let (b, c) = (dep.start("b", &[]).await, dep.start("c", &[]).await);
 
     let agent = agent_daemons(&stalled_dir);
     assert_eq!(agent.len(), 1, "the stalled run's agent daemon: {agent:?}");
     signal_pid(agent[0], Signal::SIGSTOP);
+    let socket = stalled_dir.join("agent.sock");
+    let connections_before = unix_socket_entries(&socket);
     let mut admin_b = b.admin(&token).await;
     let b_sweep = tokio::spawn(async move { sweep(&mut admin_b).await });
     let sweeping = eventually(Duration::from_secs(20), || {
@@ -640,7 +661,11 @@ async fn a_run_that_ends_during_the_sweep_is_not_claimed() {
     })
     .await;
     assert!(sweeping, "B never started its sweep:\n{}", b.log_text());
-    tokio::time::sleep(Duration::from_millis(500)).await; // B listed both runs
+    // B listed both runs: it is probing the first, connected to its paused
+    // agent.
+    let probing =
+        eventually(PATIENCE, || std::future::ready(unix_socket_entries(&socket) > connections_before)).await;
+    assert!(probing, "B never probed the stalled run:\n{}", b.log_text());
 
     let mut runs_c = c.runs(&token).await;
     let log = whole_log(&mut runs_c, &ended).await;
@@ -723,6 +748,10 @@ async fn assert_finalized_once(
 /// Start `n` durable runs on `driver` that finish behind `gate`, each
 /// printing `lines` numbered lines; (run id, sandbox key) of each, in the
 /// order they were detached.
+fn run_ids(runs: &[(String, String)]) -> Vec<&str> {
+    runs.iter().map(|(run, _)| run.as_str()).collect()
+}
+
 async fn gated_runs(
     driver: &ServerProcess,
     token: &str,
@@ -753,7 +782,7 @@ async fn two_sweeps_at_once_finalize_each_run_once() {
     let (b, c) = (dep.start("b", &[]).await, dep.start("c", &[]).await);
     let pool = dep.pool().await;
     audit_status_writes(&pool).await;
-    finish_without_driver(&mut a, &gate).await;
+    finish_without_driver(&dep, &mut a, &run_ids(&runs)).await;
 
     let (mut admin_b, mut admin_c) = (b.admin(&token).await, c.admin(&token).await);
     let (tb, tc) = tokio::join!(sweep(&mut admin_b), sweep(&mut admin_c));
@@ -780,7 +809,7 @@ async fn a_sweep_paused_past_its_leases_does_nothing_twice() {
     let (b, c) = (dep.start("b", &[]).await, dep.start("c", &[]).await);
     let pool = dep.pool().await;
     audit_status_writes(&pool).await;
-    finish_without_driver(&mut a, &gate).await;
+    finish_without_driver(&dep, &mut a, &run_ids(&runs)).await;
     let first = runs[0].0.clone();
     let a_epoch = stored(&pool, &first).await.driver_epoch;
 
@@ -806,7 +835,8 @@ async fn a_sweep_paused_past_its_leases_does_nothing_twice() {
     let paused = stored(&pool, &first).await;
     assert_eq!(paused.status, "running", "B was paused mid-drive");
     // Past B's sweep lease and its run lease.
-    tokio::time::sleep(Duration::from_millis(LEASE_TTL_MS + 1000)).await;
+    assert!(dep.lease_freed(control_plane::reaper::SWEEP_LEASE).await, "B's sweep lease never ran out");
+    assert!(dep.lease_freed(&format!("run:{first}")).await, "B's lease on {first} never ran out");
     let tc = sweep(&mut c.admin(&token).await).await;
     b.signal("-CONT");
     let tb = tokio::time::timeout(PATIENCE, b_sweep).await.expect("B's sweep ends").unwrap();
@@ -855,8 +885,7 @@ const HOURS_2: Duration = Duration::from_secs(2 * 3600);
 /// tenant's sweep touches only what is its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn journals_and_orphaned_sandboxes_are_pruned_within_scope() {
-    let dir = tempfile::Builder::new().prefix("reaper").tempdir_in("/tmp").unwrap();
-    let _cleanup = LocalCleanup(dir.path().to_path_buf());
+    let dir = sandhold_tests::local::TestDir::new("reaper");
     let data = dir.path().join("data");
     let nonce = uuid::Uuid::new_v4().simple().to_string()[..10].to_string();
     let (tenant, token) = (format!("t{nonce}"), format!("tok-{nonce}"));
@@ -958,8 +987,7 @@ async fn journals_and_orphaned_sandboxes_are_pruned_within_scope() {
 /// without anyone asking, and the sweep is counted in the metrics.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_server_sweeps_on_its_own_schedule() {
-    let dir = tempfile::Builder::new().prefix("reaper").tempdir_in("/tmp").unwrap();
-    let _cleanup = LocalCleanup(dir.path().to_path_buf());
+    let dir = sandhold_tests::local::TestDir::new("reaper");
     let data = dir.path().join("data");
     let metrics_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let server = ServerProcess::start(&ServerOptions {

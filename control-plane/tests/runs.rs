@@ -1,17 +1,19 @@
 //! RunService end to end: the real `sandhold` binary driving real
 //! `sandhold-agent`s on the local provider and on Docker.
 
-mod provider_support;
-mod run_support;
-
 use std::time::{Duration, Instant};
 
 use rand::Rng;
-use run_support::*;
+use sandhold_tests::docker::{self, DockerCleanup};
+use sandhold_tests::local::*;
+use sandhold_tests::provider::Kind;
+use sandhold_tests::run::*;
+use sandhold_tests::server::*;
+use sandhold_tests::wait::*;
 use shared::proto::v1 as api;
 
 struct Setup {
-    _dir: tempfile::TempDir,
+    _dir: sandhold_tests::local::TestDir,
     server: ServerProcess,
     tenant: String,
     token: String,
@@ -20,9 +22,9 @@ struct Setup {
 
 async fn setup(kind: Kind) -> Setup {
     if kind == Kind::Docker {
-        provider_support::ensure_test_image();
+        sandhold_tests::docker::ensure_test_image();
     }
-    let dir = tempfile::Builder::new().prefix("runs").tempdir_in("/tmp").unwrap();
+    let dir = sandhold_tests::local::TestDir::new("runs");
     let nonce = uuid::Uuid::new_v4().simple().to_string()[..10].to_string();
     let tenant = format!("t{nonce}");
     let token = format!("tok-{nonce}");
@@ -42,7 +44,7 @@ async fn setup(kind: Kind) -> Setup {
 /// every line exactly once, in order.
 async fn disconnect_and_reattach(kind: Kind) {
     let s = setup(kind).await;
-    let _cleanup = DockerCleanup(s.tenant.clone());
+    let _cleanup = DockerCleanup { tenant: s.tenant.clone() };
     let mut runs = s.server.runs(&s.token).await;
     let run_id = format!("run-{}", s.nonce);
     let script = numbered_lines(5000, 100, "0.05");
@@ -148,7 +150,7 @@ async fn cancel_stops_at_once(s: &Setup, runs: &mut Runs, kind: Kind) {
     let tenant_label = format!("dev.sandhold.sandbox-key={sandbox_id}");
     match kind {
         Kind::Local => assert!(process_with_marker(&marker), "the run's shell is running"),
-        Kind::Docker => assert!(!docker_running(&tenant_label).is_empty(), "the container runs"),
+        Kind::Docker => assert!(!docker::running(&tenant_label).is_empty(), "the container runs"),
     }
 
     let cancelled_at = Instant::now();
@@ -156,7 +158,7 @@ async fn cancel_stops_at_once(s: &Setup, runs: &mut Runs, kind: Kind) {
     let stopped = eventually(Duration::from_secs(5), || {
         let gone = match kind {
             Kind::Local => !process_with_marker(&marker),
-            Kind::Docker => docker_running(&tenant_label).is_empty(),
+            Kind::Docker => docker::running(&tenant_label).is_empty(),
         };
         async move { gone }
     })
@@ -166,7 +168,7 @@ async fn cancel_stops_at_once(s: &Setup, runs: &mut Runs, kind: Kind) {
     assert!(took <= Duration::from_secs(1), "the cancel took {took:?} to stop the process");
     if kind == Kind::Docker {
         let removed =
-            eventually(Duration::from_secs(30), || async { docker_containers(&tenant_label).is_empty() })
+            eventually(Duration::from_secs(30), || async { docker::containers(&tenant_label).is_empty() })
                 .await;
         assert!(removed, "the container was not removed");
     }

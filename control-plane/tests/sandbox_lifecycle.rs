@@ -2,15 +2,14 @@
 //! the local provider and for Docker (on the real engine), plus failed
 //! ensures and where secrets must never end up.
 
-mod provider_support;
-mod sandbox_support;
-
-use std::time::Duration;
-
-use sandbox_support::*;
+use sandhold_tests::docker::{self, DockerCleanup, TEST_IMAGE};
+use sandhold_tests::provider::Kind;
+use sandhold_tests::sandbox::*;
+use sandhold_tests::server::{Harness, captured_logs};
+use sandhold_tests::wait::{PATIENCE, eventually};
 use shared::proto::v1 as api;
 
-const IMAGE: &str = BUSYBOX;
+const IMAGE: &str = TEST_IMAGE;
 
 fn provider(kind: Kind) -> api::ProviderSpec {
     let provider = match kind {
@@ -296,7 +295,7 @@ async fn lifecycle_suite(kind: Kind) {
     assert_ne!(readies[0].sandbox_id, sandbox, "another thread is another sandbox");
     if kind == Kind::Docker {
         let key = &readies[0].sandbox_id;
-        assert_eq!(docker_ids("ps", &format!("label=dev.sandhold.sandbox-key={key}")).len(), 1);
+        assert_eq!(docker::containers(&format!("dev.sandhold.sandbox-key={key}")).len(), 1);
     }
     let listed =
         h.acme.list_sandboxes(api::ListSandboxesRequest::default()).await.unwrap().into_inner().sandboxes;
@@ -332,7 +331,7 @@ async fn lifecycle_suite(kind: Kind) {
         h.acme.destroy_sandbox(api::DestroySandboxRequest { sandbox_id: id.clone() }).await.unwrap();
         nf(h.acme.get_sandbox(api::GetSandboxRequest { sandbox_id: id.clone() }).await.map(drop));
         if kind == Kind::Docker {
-            assert!(docker_ids("ps", &format!("label=dev.sandhold.sandbox-key={id}")).is_empty());
+            assert!(docker::containers(&format!("dev.sandhold.sandbox-key={id}")).is_empty());
         }
     }
     if kind == Kind::Local {
@@ -379,7 +378,7 @@ async fn failed_setup_suite(kind: Kind) {
     assert_eq!(err.metadata.get("step").map(String::as_str), Some("2"));
     match kind {
         Kind::Docker => assert!(
-            docker_ids("ps", &format!("label=dev.sandhold.definition={def_id}")).is_empty(),
+            docker::containers(&format!("dev.sandhold.definition={def_id}")).is_empty(),
             "a failed ensure leaves no container behind"
         ),
         Kind::Local => assert_eq!(std::fs::read_dir(h.dir.path().join("sandboxes")).unwrap().count(), 0),
@@ -467,11 +466,8 @@ async fn docker_idle_sandbox_is_stopped_after_keep_alive() {
         String::from_utf8_lossy(&out.stdout).trim() == "true"
     };
     assert!(running());
-    let until = std::time::Instant::now() + PATIENCE;
-    while running() {
-        assert!(std::time::Instant::now() < until, "the idle sandbox was never stopped");
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    let stopped = eventually(PATIENCE, || std::future::ready(!running())).await;
+    assert!(stopped, "the idle sandbox was never stopped");
     let again = ensure(&mut h.acme, ensure_req("idle", "t1", &secret)).await.1.unwrap();
     assert_eq!(again.outcome, api::EnsureOutcome::Resumed as i32);
     assert_eq!(again.sandbox.unwrap().provider_sandbox_id, container);
@@ -484,7 +480,7 @@ async fn docker_idle_sandbox_is_stopped_after_keep_alive() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn postgres_stores_no_secret() {
     let Some(admin_url) = sandhold_tests::services::postgres_url() else { return };
-    let db = control_plane::store::testing::ScratchDatabase::create(&admin_url).await.unwrap();
+    let db = sandhold_tests::database::ScratchDatabase::create(&admin_url).await.unwrap();
     let mut h = Harness::start_with(Some(db.url().to_string())).await;
     let secret = format!("s3cret-pg-{}", h.nonce);
     let def = definition("pg", Kind::Local, vec![serial("echo $API_TOKEN > token.txt")]);
@@ -530,7 +526,7 @@ async fn docker_unrecorded_sandbox_of_a_key_is_replaced() {
 
     let ready = ensure(&mut h.acme, ensure_req("orphan", "t1", "v")).await.1.unwrap();
     assert_eq!(ready.sandbox_id, key, "the test computes the server's key");
-    let left = docker_ids("ps", &format!("label=dev.sandhold.sandbox-key={key}"));
+    let left = docker::containers(&format!("dev.sandhold.sandbox-key={key}"));
     assert_eq!(left.len(), 1, "{left:?}");
     assert!(!orphan.starts_with(&left[0]), "the unrecorded container is gone");
     h.acme.destroy_sandbox(api::DestroySandboxRequest { sandbox_id: key }).await.unwrap();

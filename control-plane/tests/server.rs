@@ -9,6 +9,7 @@ use std::time::Duration;
 use control_plane::config::{ConfigLayer, ServeConfig};
 use control_plane::lease::{Leases, RedisLockStore};
 use control_plane::server::{self, RunningServer};
+use sandhold_tests::wait::PATIENCE;
 use shared::proto::v1::GetServerInfoRequest;
 use shared::proto::v1::admin_service_client::AdminServiceClient;
 use tokio::time::Instant;
@@ -17,9 +18,6 @@ use tonic::transport::Channel;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
-
-/// Bound for anything that should happen "soon" on a loaded machine.
-const PATIENCE: Duration = Duration::from_secs(60);
 
 fn config(data_dir: &std::path::Path, tokens: &[&str]) -> ServeConfig {
     let layer = ConfigLayer {

@@ -7,14 +7,14 @@
 //! sandbox removes what provisioning brought back and the checkpoint lacks,
 //! and leaves excluded paths as provisioning made them.
 
-mod provider_support;
-mod run_support;
-mod sandbox_support;
-
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use sandbox_support::{Bearer, DockerCleanup, bearer};
+use sandhold_tests::auth::{Bearer, bearer};
+use sandhold_tests::docker::{DockerCleanup, TEST_IMAGE, ensure_test_image};
+use sandhold_tests::run::{command_run, wait_terminal};
+use sandhold_tests::server::Runs;
+use sandhold_tests::wait::PATIENCE;
 use shared::error::{Error, ErrorCode};
 use shared::proto::v1 as api;
 use shared::proto::v1::run_service_client::RunServiceClient;
@@ -25,12 +25,11 @@ use tonic::transport::Channel;
 const SECRET: &str = "sk-test-5f1e0c9a7b3d";
 
 type Snapshots = SnapshotServiceClient<InterceptedService<Channel, Bearer>>;
-type Runs = RunServiceClient<InterceptedService<Channel, Bearer>>;
 
 /// The `SandboxService` test server, with `SnapshotService` and
 /// `RunService` clients of both tenants beside its `SandboxService` ones.
 struct Harness {
-    inner: sandbox_support::Harness,
+    inner: sandhold_tests::server::Harness,
     acme: Snapshots,
     other: Snapshots,
     runs: Runs,
@@ -39,7 +38,7 @@ struct Harness {
 
 impl Harness {
     async fn start() -> Self {
-        let inner = sandbox_support::Harness::start().await;
+        let inner = sandhold_tests::server::Harness::start().await;
         let addr = inner.server.as_ref().unwrap().local_addr();
         let channel = Channel::from_shared(format!("http://{addr}")).unwrap().connect().await.unwrap();
         let (a, b) = (bearer(&format!("tok-a-{}", inner.nonce)), bearer(&format!("tok-b-{}", inner.nonce)));
@@ -94,11 +93,11 @@ impl Harness {
             secrets: [("API_TOKEN".to_string(), SECRET.to_string())].into(),
             run_id: String::new(),
         };
-        sandbox_support::ensure(&mut self.inner.acme, req).await.1.unwrap()
+        sandhold_tests::sandbox::ensure(&mut self.inner.acme, req).await.1.unwrap()
     }
 
     async fn sh(&mut self, sandbox: &str, script: &str) -> String {
-        let (code, out) = sandbox_support::sh(&mut self.inner.acme, sandbox, script).await;
+        let (code, out) = sandhold_tests::sandbox::sh(&mut self.inner.acme, sandbox, script).await;
         assert_eq!(code, 0, "{script}: {out}");
         out
     }
@@ -110,31 +109,18 @@ impl Harness {
     /// A durable `command` run of `sh -c script` on `thread`, read to its
     /// end; returns the chunks it streamed, with their offsets.
     async fn run(&mut self, thread: &str, run_id: &str, script: &str) -> Vec<(String, api::Chunk)> {
-        let mut req = run_support::command_run(run_id, thread, "local", script);
+        let mut req = command_run(run_id, thread, "local", script);
         req.secrets = [("API_TOKEN".to_string(), SECRET.to_string())].into();
         let stream = self.runs.start_run(req).await.unwrap().into_inner();
         let chunks = read_chunks(stream).await;
-        let record = self.wait_run(run_id).await;
+        let record = wait_terminal(&mut self.runs, run_id).await;
         assert_eq!(record.status, api::RunStatus::Completed as i32, "{record:?}");
         chunks
     }
 
-    async fn wait_run(&mut self, run_id: &str) -> api::Run {
-        let deadline = Instant::now() + sandbox_support::PATIENCE;
-        loop {
-            let run = self.runs.get_run(api::GetRunRequest { run_id: run_id.into() }).await.unwrap();
-            let run = run.into_inner().run.unwrap();
-            if run.status != api::RunStatus::Running as i32 {
-                return run;
-            }
-            assert!(Instant::now() < deadline, "run {run_id} stayed running");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
     /// The checkpoint saved after run `run_id` of `thread`, once it is there.
     async fn checkpoint_after(&mut self, thread: &str, run_id: &str) -> api::Checkpoint {
-        let deadline = Instant::now() + sandbox_support::PATIENCE;
+        let deadline = Instant::now() + PATIENCE;
         loop {
             if let Some(c) = self.list(thread).await.into_iter().find(|c| c.run_id == run_id) {
                 return c;
@@ -196,10 +182,8 @@ async fn save_status(c: &mut Snapshots, thread: &str, label: &str) -> Result<api
 async fn read_chunks(mut stream: tonic::Streaming<api::RunEvent>) -> Vec<(String, api::Chunk)> {
     let mut out = Vec::new();
     loop {
-        let message = tokio::time::timeout(sandbox_support::PATIENCE, stream.message())
-            .await
-            .expect("run stream stalled")
-            .unwrap();
+        let message =
+            tokio::time::timeout(PATIENCE, stream.message()).await.expect("run stream stalled").unwrap();
         let Some(event) = message else { return out };
         if let Some(api::run_event::Event::Chunk(c)) = event.event {
             out.push((c.offset, c.chunk.unwrap()));
@@ -260,13 +244,13 @@ async fn a_docker_workspace_restores_byte_for_byte_into_a_local_sandbox() {
     if !sandhold_tests::services::docker() {
         return;
     }
-    provider_support::ensure_test_image();
+    ensure_test_image();
     let mut h = Harness::start().await;
     let _cleanup = DockerCleanup { tenant: h.inner.tenant.clone() };
     h.define(
         "docker",
         api::provider_spec::Provider::Docker(api::DockerProvider {
-            image: provider_support::test_image(),
+            image: TEST_IMAGE.into(),
             ..Default::default()
         }),
     )

@@ -4,13 +4,14 @@
 //! of the driving replica, SIGKILL of the sandbox agent, a rewritten
 //! journal, and a cancel landing on another replica.
 
-mod provider_support;
-mod run_support;
-
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use run_support::*;
+use sandhold_tests::local::*;
+use sandhold_tests::provider::Kind;
+use sandhold_tests::run::*;
+use sandhold_tests::server::*;
+use sandhold_tests::wait::*;
 use shared::proto::v1 as api;
 
 /// Short leases so a dead driver is replaced within seconds.
@@ -19,9 +20,8 @@ const LEASE_RENEW_MS: u64 = 500;
 
 struct Cluster {
     replicas: Vec<ServerProcess>,
-    /// Before the directory: the local sandboxes outlive their servers.
-    _local: LocalCleanup,
-    _dir: tempfile::TempDir,
+    /// Kills the local sandboxes (they outlive their servers), then goes.
+    _dir: sandhold_tests::local::TestDir,
     data_dir: PathBuf,
     database_url: String,
     redis_url: String,
@@ -38,7 +38,7 @@ impl Cluster {
     async fn start_with(n: usize, extra: &[&str]) -> Option<Self> {
         let database_url = sandhold_tests::services::postgres_url()?;
         let redis_url = sandhold_tests::services::redis_url()?;
-        let dir = tempfile::Builder::new().prefix("takeover").tempdir_in("/tmp").unwrap();
+        let dir = sandhold_tests::local::TestDir::new("takeover");
         let nonce = uuid::Uuid::new_v4().simple().to_string()[..10].to_string();
         let token = format!("tok-{nonce}");
         let data_dir = dir.path().join("data");
@@ -50,8 +50,7 @@ impl Cluster {
         }
         let mut sandboxes = replicas[0].sandboxes(&token).await;
         put_definition(&mut sandboxes, definition("def", Kind::Local)).await;
-        let _local = LocalCleanup(dir.path().to_path_buf());
-        Some(Self { replicas, _local, _dir: dir, data_dir, database_url, redis_url, token, nonce })
+        Some(Self { replicas, _dir: dir, data_dir, database_url, redis_url, token, nonce })
     }
 
     fn options(data_dir: &Path, database_url: &str, redis_url: &str, nonce: &str, i: usize) -> ServerOptions {
@@ -216,7 +215,9 @@ async fn paused_driver_is_fenced_after_it_resumes() {
         .unwrap();
     assert!(epochs.windows(2).all(|w| w[0] <= w[1]), "an old epoch landed after the claim: {epochs:?}");
     assert!(epochs.last().copied().unwrap_or(0) >= 2, "the successor wrote under a new epoch: {epochs:?}");
-    tokio::time::sleep(Duration::from_millis(LEASE_TTL_MS)).await;
+    // The resumed driver finds itself superseded.
+    let old = &cluster.replicas[0];
+    eventually(PATIENCE, || std::future::ready(old.log_text().contains("writing nothing"))).await;
     let record = wait_terminal(&mut successor, &run_id).await;
     assert_eq!(record.status, api::RunStatus::Completed as i32, "{record:?}\n{}", cluster.logs());
     assert!(

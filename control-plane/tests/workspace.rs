@@ -3,9 +3,6 @@
 //! sources, setup on the persistent shell, instructions, skills projected per
 //! harness, and where secrets must never end up.
 
-mod provider_support;
-mod sandbox_support;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, OnceLock};
@@ -20,7 +17,10 @@ use control_plane::provider::{
 use control_plane::sandbox::progress::Progress;
 use control_plane::sandbox::provision::{ProvisionContext, Provisioner, Secrets};
 use control_plane::workspace::{WorkspaceProvisioner, project_for_run};
-use sandbox_support::*;
+use sandhold_tests::docker::{self, DockerCleanup};
+use sandhold_tests::provider::{self, Kind};
+use sandhold_tests::sandbox::*;
+use sandhold_tests::server::{Harness, captured_logs};
 use shared::proto::v1 as api;
 use shared::secret::Secret;
 
@@ -66,12 +66,12 @@ fn write(path: &Path, text: &str) {
 /// - `skills.git`: a SKILL.md at the top, `tools/lint/SKILL.md`, one 6
 ///   levels down (`p/q/r/s/near`) and one 7 levels down (`p/q/r/s/t/far`).
 struct Fixtures {
-    dir: tempfile::TempDir,
+    dir: sandhold_tests::local::TestDir,
 }
 
 impl Fixtures {
     fn new() -> Self {
-        let dir = tempfile::Builder::new().prefix("ws-fixtures").tempdir_in("/tmp").unwrap();
+        let dir = sandhold_tests::local::TestDir::new("ws-fixtures");
         let work = dir.path().join("work-app");
         std::fs::create_dir_all(&work).unwrap();
         git(&work, &["init", "-q"]);
@@ -212,7 +212,7 @@ async fn assert_no_sandbox_left(h: &mut Harness, kind: Kind) {
     match kind {
         Kind::Docker => {
             assert!(
-                docker_ids("ps", &format!("label=dev.sandhold.tenant={}", h.tenant)).is_empty(),
+                docker::containers(&format!("dev.sandhold.tenant={}", h.tenant)).is_empty(),
                 "a container is left"
             )
         }
@@ -369,8 +369,8 @@ async fn setup_suite(kind: Kind) {
 /// processes are killed (not merely abandoned), and a workspace that is
 /// already a git checkout is not cloned into.
 async fn provisioner_suite(kind: Kind) {
-    let dir = tempfile::Builder::new().prefix("ws-prov").tempdir_in("/tmp").unwrap();
-    let agent_bin = provider_support::static_agent();
+    let dir = sandhold_tests::local::TestDir::new("ws-prov");
+    let agent_bin = sandhold_tests::agent::static_agent();
     let provider: Arc<dyn Provider> = match kind {
         Kind::Local => {
             let mut options = LocalProviderOptions::new(dir.path());
@@ -383,11 +383,11 @@ async fn provisioner_suite(kind: Kind) {
             Arc::new(DockerProvider::connect(options).await.unwrap())
         }
     };
-    let mut spec: SandboxSpec = provider_support::unique_spec("ws-prov");
+    let mut spec: SandboxSpec = provider::unique_spec("ws-prov");
     spec.docker = DockerOptions { image: Some(DEBIAN.into()), ..Default::default() };
-    let _docker_guard = provider_support::DockerGuard { tenant: spec.tenant.clone() };
+    let _docker_guard = DockerCleanup { tenant: spec.tenant.clone() };
     let sandbox = provider.create(&spec).await.unwrap();
-    let agent = provider_support::connect(&sandbox).await;
+    let agent = provider::connect(&sandbox).await;
 
     let ws = api::WorkspaceDefinition {
         setup: vec![serial("sleep 4; echo late > late.txt")],
@@ -402,11 +402,11 @@ async fn provisioner_suite(kind: Kind) {
         .unwrap_err();
     assert!(err.message.contains("timed out"), "{}", err.message);
     tokio::time::sleep(Duration::from_secs(5)).await;
-    let (_, listing) = provider_support::sh(&agent, "ls").await.unwrap();
+    let (_, listing) = provider::sh(&agent, "ls").await.unwrap();
     assert!(!listing.contains("late.txt"), "the timed-out step kept running: {listing}");
 
     // Already a checkout: the (unreachable) source is not cloned.
-    provider_support::sh_ok(&agent, "mkdir -p .git && echo mine > .git/marker").await;
+    provider::sh_ok(&agent, "mkdir -p .git && echo mine > .git/marker").await;
     let ws = api::WorkspaceDefinition {
         source: git_source("file:///nowhere/at/all.git", "", None),
         ..Default::default()
@@ -415,7 +415,7 @@ async fn provisioner_suite(kind: Kind) {
         .provision(ProvisionContext { agent: &agent, workspace: &ws, secrets: &secrets, progress: &progress })
         .await
         .expect("no clone is attempted into an existing checkout");
-    assert_eq!(provider_support::sh_ok(&agent, "cat .git/marker").await, "mine\n");
+    assert_eq!(provider::sh_ok(&agent, "cat .git/marker").await, "mine\n");
     provider.destroy(&sandbox.provider_id).await.unwrap();
 }
 
@@ -466,7 +466,7 @@ fn projected_workspace(fixtures: &Fixtures, kind: Kind, mcp_secret: bool) -> api
 /// A connected agent for the server's sandbox, through a second provider
 /// instance over the same data dir.
 async fn agent_of(h: &Harness, kind: Kind, provider_sandbox_id: &str) -> AgentClient {
-    let agent_bin = provider_support::static_agent();
+    let agent_bin = sandhold_tests::agent::static_agent();
     let provider: Arc<dyn Provider> = match kind {
         Kind::Local => {
             let mut options = LocalProviderOptions::new(h.dir.path());
@@ -479,7 +479,7 @@ async fn agent_of(h: &Harness, kind: Kind, provider_sandbox_id: &str) -> AgentCl
         }
     };
     let sandbox = provider.resume(provider_sandbox_id).await.unwrap().expect("the sandbox is running");
-    provider_support::connect(&sandbox).await
+    provider::connect(&sandbox).await
 }
 
 async fn projection_suite(kind: Kind) {
@@ -616,7 +616,7 @@ async fn secrets_suite(kind: Kind, postgres: bool) {
     let fixtures = Fixtures::new();
     let db = if postgres {
         let Some(admin) = sandhold_tests::services::postgres_url() else { return };
-        Some(control_plane::store::testing::ScratchDatabase::create(&admin).await.unwrap())
+        Some(sandhold_tests::database::ScratchDatabase::create(&admin).await.unwrap())
     } else {
         None
     };

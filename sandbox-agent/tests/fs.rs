@@ -2,13 +2,11 @@
 //! and a table of hostile paths against every RPC with sentinels outside the
 //! root that must come out untouched.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::os::unix::fs::{PermissionsExt, symlink};
 use std::path::{Path, PathBuf};
 
-use common::TestAgent;
+use sandhold_tests::agent::TestAgent;
 use shared::proto::agent::v1::fs_service_client::FsServiceClient;
 use shared::proto::agent::v1::{
     ExistsRequest, FileType, ListDirRequest, MakeDirRequest, ReadFileRequest, RemoveRequest, RenameRequest,
@@ -150,11 +148,9 @@ async fn an_interrupted_write_leaves_the_target_and_the_directory_as_they_were()
 
 /// Poll `cond` until it holds (generous deadline for a loaded machine).
 async fn common_wait(cond: impl Fn() -> bool, what: &str) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while !cond() {
-        assert!(std::time::Instant::now() < deadline, "timed out waiting for: {what}");
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
+    let within = std::time::Duration::from_secs(30);
+    let held = sandhold_tests::wait::eventually(within, || std::future::ready(cond())).await;
+    assert!(held, "timed out waiting for: {what}");
 }
 
 #[tokio::test]

@@ -1,8 +1,6 @@
 //! InfoService and authentication, over a real Unix socket.
 
-mod common;
-
-use common::TestAgent;
+use sandhold_tests::agent::TestAgent;
 use shared::proto::agent::v1::GetInfoRequest;
 use shared::proto::agent::v1::info_service_client::InfoServiceClient;
 use tonic::Code;

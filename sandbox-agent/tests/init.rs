@@ -29,7 +29,8 @@ async fn wait_for_pid(socket: &std::path::Path, token: &str, not: Option<u32>) -
 
 #[tokio::test]
 async fn init_restarts_a_killed_daemon_and_stops_on_sigterm() {
-    let dir = tempfile::tempdir().unwrap();
+    // Kills init and its daemon when the test ends, also when it fails.
+    let dir = sandhold_tests::local::TestDir::new("agent-init");
     let socket = dir.path().join("agent.sock");
     let token_file = dir.path().join("token");
     std::fs::write(&token_file, "init-test-token").unwrap();

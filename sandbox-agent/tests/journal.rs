@@ -1,14 +1,13 @@
 //! JournalService over a real Unix socket: starts, follows, bounded reads,
 //! exit probes, forgery, restarts of the agent and kill -9 of the daemon.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::TestAgent;
 use futures::StreamExt;
 use sandbox_agent::AgentOptions;
+use sandhold_tests::agent::TestAgent;
+use sandhold_tests::wait::eventually;
 use shared::error::{Error, ErrorCode};
 use shared::ids::RunId;
 use shared::journal;
@@ -85,11 +84,7 @@ async fn probe(c: &mut Client, run_id: &str, key: &[u8]) -> (RunState, Option<i3
 }
 
 async fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + LONG;
-    while !cond() {
-        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    assert!(eventually(LONG, || std::future::ready(cond())).await, "timed out waiting for {what}");
 }
 
 fn files_in(dir: &Path) -> Vec<String> {
@@ -572,7 +567,7 @@ async fn client_for(socket: &Path, token: &str) -> Client {
 #[tokio::test]
 async fn a_restarted_agent_serves_runs_of_its_predecessor() {
     use_real_shim();
-    let dir = tempfile::tempdir().unwrap();
+    let dir = sandhold_tests::local::TestDir::new("journal");
     let first = serve_on(dir.path(), "a").await;
     let mut c = client_for(&first.socket, &first.token).await;
     let flag = dir.path().join("root/go");
@@ -650,7 +645,7 @@ async fn spawn_agent(dir: &Path, name: &str) -> AgentProcess {
 
 #[tokio::test]
 async fn kill_9_of_the_agent_daemon_loses_no_byte() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = sandhold_tests::local::TestDir::new("journal");
     let mut first = spawn_agent(dir.path(), "first").await;
     let mut c = client_for(&first.socket, &first.token).await;
     // 100,000 numbered lines, slowly enough that the kill lands mid-run.

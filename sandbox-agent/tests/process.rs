@@ -1,12 +1,11 @@
 //! ProcessService over a real Unix socket: Exec, Spawn, ListProcesses and
 //! SignalProcess, and the token kept out of children and logs (real binary).
 
-mod common;
-
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use common::TestAgent;
+use sandhold_tests::agent::TestAgent;
+use sandhold_tests::wait::eventually;
 use shared::proto::agent::v1::exit_status::Status as Exit;
 use shared::proto::agent::v1::process_service_client::ProcessServiceClient;
 use shared::proto::agent::v1::{
@@ -57,11 +56,8 @@ fn alive(pid: u32) -> bool {
 /// Poll `cond` until it holds, with a deadline generous enough for a
 /// loaded machine.
 async fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let held = eventually(Duration::from_secs(30), || std::future::ready(cond())).await;
+    assert!(held, "timed out waiting for: {what}");
 }
 
 #[tokio::test]
@@ -370,15 +366,18 @@ async fn token_never_reaches_children_or_logs() {
     std::fs::write(&token_file, format!("{token}\n")).unwrap();
     let socket = dir.path().join("agent.sock");
     let log_path = dir.path().join("agent.log");
-    let mut agent = std::process::Command::new(env!("CARGO_BIN_EXE_sandhold-agent"))
-        .arg("serve")
-        .env("SANDHOLD_AGENT_LISTEN", format!("unix:{}", socket.display()))
-        .env("SANDHOLD_AGENT_ROOT", dir.path().join("root"))
-        .env("SANDHOLD_AGENT_TOKEN_FILE", &token_file)
-        .env("SANDHOLD_AGENT_LOG", "debug")
-        .stderr(std::fs::File::create(&log_path).unwrap())
-        .spawn()
-        .unwrap();
+    // Killed when the test fails before it stops the agent itself.
+    let agent = sandhold_tests::local::ChildGuard::new(
+        std::process::Command::new(env!("CARGO_BIN_EXE_sandhold-agent"))
+            .arg("serve")
+            .env("SANDHOLD_AGENT_LISTEN", format!("unix:{}", socket.display()))
+            .env("SANDHOLD_AGENT_ROOT", dir.path().join("root"))
+            .env("SANDHOLD_AGENT_TOKEN_FILE", &token_file)
+            .env("SANDHOLD_AGENT_LOG", "debug")
+            .stderr(std::fs::File::create(&log_path).unwrap())
+            .spawn()
+            .unwrap(),
+    );
     wait_for("the agent listens", || socket.exists()).await;
     let address = Address::Unix(socket.clone());
 
@@ -417,6 +416,7 @@ async fn token_never_reaches_children_or_logs() {
 
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(agent.id() as i32), nix::sys::signal::Signal::SIGTERM)
         .unwrap();
+    let mut agent = agent.take();
     let status = tokio::task::spawn_blocking(move || agent.wait()).await.unwrap().unwrap();
     assert!(status.success(), "{status:?}");
     let log = std::fs::read_to_string(&log_path).unwrap();

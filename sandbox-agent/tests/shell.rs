@@ -1,12 +1,12 @@
 //! ShellService over a real Unix socket. The robustness cases run against
 //! every shell found here: bash, `/bin/sh` (dash on Debian) and busybox sh.
 
-mod common;
-
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::TestAgent;
+use sandhold_tests::agent::TestAgent;
+use sandhold_tests::local::processes_under;
+use sandhold_tests::wait::eventually;
 use shared::proto::agent::v1::shell_service_client::ShellServiceClient;
 use shared::proto::agent::v1::{
     CloseShellRequest, OpenShellRequest, OutputStream, RunInShellRequest, RunParallelRequest,
@@ -99,11 +99,8 @@ fn alive(pid: u32) -> bool {
 }
 
 async fn wait_gone(pid: u32) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while alive(pid) {
-        assert!(Instant::now() < deadline, "pid {pid} still alive");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let gone = eventually(Duration::from_secs(30), || std::future::ready(!alive(pid))).await;
+    assert!(gone, "pid {pid} still alive");
 }
 
 #[tokio::test]
@@ -294,7 +291,13 @@ async fn a_timeout_can_end_the_shell_so_the_rest_of_the_command_never_runs() {
         };
         let r = run_request(&mut c, req).await;
         assert!(r.exit.timed_out && r.exit.shell_exited, "{sh}: {:?}", r.exit);
-        tokio::time::sleep(Duration::from_secs(3)).await;
+        // Until nothing is left that could run the rest: no process works
+        // in the agent's root any more (the shell and its children did).
+        let ended = eventually(Duration::from_secs(30), || {
+            std::future::ready(processes_under(&agent.root).is_empty())
+        })
+        .await;
+        assert!(ended, "{sh}: processes left in the root: {:?}", processes_under(&agent.root));
         assert!(!agent.root.join("late.txt").exists(), "{sh}: the rest of the command ran");
     }
     agent.stop().await;

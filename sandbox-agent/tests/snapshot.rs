@@ -3,13 +3,11 @@
 //! refused with nothing written; a restore leaves the workspace equal to the
 //! checkpoint outside the policy's exclusions, which stay untouched).
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
-use common::TestAgent;
+use sandhold_tests::agent::TestAgent;
 use sha2::{Digest, Sha256};
 use shared::error::{Error, ErrorCode};
 use shared::proto::agent::v1::snapshot_service_client::SnapshotServiceClient;

@@ -1,12 +1,10 @@
 //! WatchService over a real Unix socket, with inotify and with polling.
 
-mod common;
-
 use std::collections::HashSet;
 use std::time::Duration;
 
-use common::TestAgent;
 use futures::StreamExt;
+use sandhold_tests::agent::TestAgent;
 use shared::proto::agent::v1::watch_service_client::WatchServiceClient;
 use shared::proto::agent::v1::{
     FileEvent, FileEventType, WatchMode, WatchRequest, WatchResponse, watch_response,

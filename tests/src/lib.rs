@@ -1,9 +1,26 @@
-//! Support for tests that need outside services or the real binaries.
+//! The one home of test support: outside services, the real binaries
+//! (servers, the CLI, agents), Docker, local sandboxes and waits. Every
+//! integration test and bench of the workspace imports from here.
 //!
-//! Tests that need PostgreSQL, Redis or Docker ask this crate for them. When
-//! the service is missing they skip (plain `cargo test` on a laptop), except
-//! when `SANDHOLD_REQUIRE_SERVICES=1` (set by `scripts/test`): then a missing
-//! service is a failure, so CI can never pass by skipping.
+//! Tests that need PostgreSQL, Redis or Docker ask [`services`] for them.
+//! When the service is missing they skip (plain `cargo test` on a laptop),
+//! except when `SANDHOLD_REQUIRE_SERVICES=1` (set by `scripts/test`): then a
+//! missing service is a failure, so CI can never pass by skipping.
+//!
+//! Nothing a test starts outlives it: servers stop on drop, local
+//! sandboxes die with their [`local::TestDir`], Docker sandboxes with their
+//! [`docker::DockerCleanup`].
 
+pub mod agent;
 pub mod auth;
+pub mod bench;
+pub mod cli;
+pub mod database;
+pub mod docker;
+pub mod local;
+pub mod provider;
+pub mod run;
+pub mod sandbox;
+pub mod server;
 pub mod services;
+pub mod wait;

@@ -26,6 +26,7 @@ mod postgres;
 mod sql;
 mod sqlite;
 mod tail;
+#[cfg(test)] // unit tests here only; integration tests and benches: sandhold_tests::database
 pub mod testing;
 mod writer;
 

@@ -1,9 +1,8 @@
-//! An agent served in-process on a real Unix socket in a temp dir, through
-//! the real tonic stack, with an authenticated client channel.
-
-#![allow(dead_code)]
+//! The sandbox agent: the static binary every sandbox of the tests runs,
+//! and an agent served in-process for the agent's own tests.
 
 use std::path::PathBuf;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use sandbox_agent::AgentOptions;
@@ -11,8 +10,37 @@ use shared::secret::Secret;
 use shared::transport::{Address, AuthedChannel, BearerToken, authed, connect};
 use tokio::sync::oneshot;
 
+use crate::local::TestDir;
+
+/// The statically linked agent: `SANDHOLD_AGENT_STATIC_BIN`, else built by
+/// `scripts/build-agent-static` once per test binary. Static so the same
+/// binary serves the local provider and any container image.
+pub fn static_agent() -> PathBuf {
+    static AGENT: OnceLock<PathBuf> = OnceLock::new();
+    AGENT
+        .get_or_init(|| {
+            if let Some(path) = std::env::var_os("SANDHOLD_AGENT_STATIC_BIN") {
+                return PathBuf::from(path);
+            }
+            let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/build-agent-static");
+            let out =
+                std::process::Command::new(&script).output().expect("running scripts/build-agent-static");
+            assert!(
+                out.status.success(),
+                "build-agent-static failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+        })
+        .clone()
+}
+
+/// An agent served in-process on a real Unix socket in a temp dir, through
+/// the real tonic stack, with authenticated client channels. Stopped by
+/// [`TestAgent::stop`], or when dropped (its task is aborted, and what its
+/// runs and shells left running is killed with its [`TestDir`]).
 pub struct TestAgent {
-    pub dir: tempfile::TempDir,
+    pub dir: TestDir,
     pub root: PathBuf,
     pub journal_dir: PathBuf,
     pub socket: PathBuf,
@@ -23,7 +51,7 @@ pub struct TestAgent {
 
 impl TestAgent {
     pub async fn start() -> Self {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = TestDir::new("agent");
         let root = dir.path().join("root");
         let journal_dir = dir.path().join("journal");
         let socket = dir.path().join("agent.sock");
@@ -38,13 +66,9 @@ impl TestAgent {
         let task = tokio::spawn(sandbox_agent::serve(options, async move {
             let _ = stopped.await;
         }));
-        for _ in 0..200 {
-            if socket.exists() {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        assert!(socket.exists(), "agent did not start listening");
+        let listening =
+            crate::wait::eventually(Duration::from_secs(2), || std::future::ready(socket.exists())).await;
+        assert!(listening, "agent did not start listening");
         let root = root.canonicalize().unwrap();
         Self { dir, root, journal_dir, socket, token, stop: Some(stop), task: Some(task) }
     }
@@ -70,6 +94,14 @@ impl TestAgent {
         }
         if let Some(t) = self.task.take() {
             let _ = tokio::time::timeout(Duration::from_secs(10), t).await;
+        }
+    }
+}
+
+impl Drop for TestAgent {
+    fn drop(&mut self) {
+        if let Some(t) = self.task.take() {
+            t.abort();
         }
     }
 }

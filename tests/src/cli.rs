@@ -1,8 +1,6 @@
 //! Running the real `sandhold` binary as a user would: the CLI against a
 //! spawned `sandhold serve`, or with its embedded server.
 
-#![allow(dead_code)]
-
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -11,19 +9,38 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-/// Bound for anything that should happen "soon" on a loaded machine.
-pub const PATIENCE: Duration = Duration::from_secs(120);
+use crate::local::TestDir;
+use crate::wait::PATIENCE;
+
+/// The `sandhold` binary cargo built for the running test or bench: it
+/// sits beside the `deps/` directory the test executable runs from
+/// (`SANDHOLD_BIN` overrides). Cargo builds a package's binaries before its
+/// integration tests and benches, so it is current.
+pub fn sandhold_bin() -> PathBuf {
+    if let Some(path) = std::env::var_os("SANDHOLD_BIN") {
+        return PathBuf::from(path);
+    }
+    let exe = std::env::current_exe().expect("the test executable");
+    let profile_dir = exe.parent().and_then(Path::parent).expect("target/<profile>/deps/<test>");
+    let bin = profile_dir.join("sandhold");
+    assert!(
+        bin.is_file(),
+        "no sandhold binary at {} (run through cargo test -p control-plane)",
+        bin.display()
+    );
+    bin
+}
 
 /// The agent every sandbox of these tests runs (static: it also serves
 /// Docker images).
 pub fn agent() -> PathBuf {
-    super::provider_support::static_agent()
+    crate::agent::static_agent()
 }
 
 /// `sandhold` with only the variables a test sets: none of the caller's
 /// `SANDHOLD_*` leak in, the data dir is the test's.
 pub fn sandhold(data_dir: &Path) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sandhold"));
+    let mut cmd = Command::new(sandhold_bin());
     for (k, _) in std::env::vars() {
         if k.starts_with("SANDHOLD_") {
             cmd.env_remove(k);
@@ -33,16 +50,17 @@ pub fn sandhold(data_dir: &Path) -> Command {
     cmd
 }
 
-/// A `sandhold serve` process on a free loopback port, stopped on drop.
+/// A `sandhold serve` process on a free loopback port, stopped on drop
+/// (and the local sandboxes it made killed with its directory).
 pub struct Served {
     pub child: Child,
     pub addr: String,
-    pub dir: tempfile::TempDir,
+    pub dir: TestDir,
 }
 
 impl Served {
     pub fn start(tokens: &[&str]) -> Self {
-        let dir = tempfile::Builder::new().prefix("sh-cli").tempdir_in("/tmp").unwrap();
+        let dir = TestDir::new("sh-cli");
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let addr = format!("127.0.0.1:{port}");
         let log = std::fs::File::create(dir.path().join("serve.log")).unwrap();
@@ -183,13 +201,17 @@ impl Live {
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.child.id() as i32), signal).unwrap();
     }
 
-    /// Exit code, after draining what is left of the output.
+    /// Exit code, after reading what is left of the output (until both
+    /// pipes are closed).
     pub fn wait(&mut self, within: Duration) -> Option<i32> {
         let deadline = Instant::now() + within;
         loop {
             if let Some(status) = self.child.try_wait().unwrap() {
-                std::thread::sleep(Duration::from_millis(100));
-                while let Ok(line) = self.lines.try_recv() {
+                // Both readers end at EOF and drop their senders.
+                let drained = Instant::now() + Duration::from_secs(10);
+                while let Ok(line) =
+                    self.lines.recv_timeout(drained.saturating_duration_since(Instant::now()))
+                {
                     self.seen.push(line);
                 }
                 return status.code();

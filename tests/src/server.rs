@@ -1,0 +1,273 @@
+//! Servers for the tests: real `sandhold serve` child processes
+//! ([`ServerProcess`]) and servers embedded in the test process
+//! ([`embedded`], [`Harness`]), with typed, authenticated clients.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use control_plane::config::{ConfigLayer, ServeConfig};
+use control_plane::server::RunningServer;
+use shared::proto::v1 as api;
+use shared::proto::v1::admin_service_client::AdminServiceClient;
+use shared::proto::v1::run_service_client::RunServiceClient;
+use shared::proto::v1::sandbox_service_client::SandboxServiceClient;
+use tokio_util::sync::CancellationToken;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::Channel;
+
+use crate::agent::static_agent;
+use crate::auth::{Bearer, bearer};
+use crate::local::TestDir;
+use crate::wait::PATIENCE;
+
+pub type Runs = RunServiceClient<InterceptedService<Channel, Bearer>>;
+pub type Sandboxes = SandboxServiceClient<InterceptedService<Channel, Bearer>>;
+pub type Admin = AdminServiceClient<InterceptedService<Channel, Bearer>>;
+
+/// Options of one server process.
+#[derive(Clone, Debug, Default)]
+pub struct ServerOptions {
+    /// Shared by replicas; each test gets its own, inside a [`TestDir`]
+    /// (which kills the local sandboxes in it when the test ends).
+    pub data_dir: PathBuf,
+    pub database_url: Option<String>,
+    pub redis_url: Option<String>,
+    pub replica_id: Option<String>,
+    pub lease_ttl_ms: Option<u64>,
+    pub lease_renew_ms: Option<u64>,
+    /// `tenant=token` pairs.
+    pub tokens: Vec<String>,
+    /// More `sandhold serve` flags (e.g. the reaper's).
+    pub extra_args: Vec<String>,
+}
+
+/// A `sandhold serve` child process on a loopback port, killed on drop. Its
+/// log is kept in `<data_dir>/<replica>.log` and printed when a test fails.
+/// The local sandboxes it makes outlive it by design: put its data dir in
+/// a [`TestDir`].
+pub struct ServerProcess {
+    pub addr: String,
+    pub log: PathBuf,
+    child: tokio::process::Child,
+}
+
+impl ServerProcess {
+    pub async fn start(opts: &ServerOptions) -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let addr = format!("127.0.0.1:{port}");
+        let replica = opts.replica_id.clone().unwrap_or_else(|| format!("replica-{port}"));
+        std::fs::create_dir_all(&opts.data_dir).unwrap();
+        let log = opts.data_dir.join(format!("{replica}.log"));
+        let agent = static_agent();
+        let mut cmd = tokio::process::Command::new(crate::cli::sandhold_bin());
+        cmd.args(["serve", "--listen", &addr, "--replica-id", &replica, "--shutdown-grace-ms", "5000"])
+            .arg("--data-dir")
+            .arg(&opts.data_dir)
+            .arg("--agent-binary")
+            .arg(&agent)
+            .arg("--agent-static-binary")
+            .arg(&agent)
+            .env("SANDHOLD_LOG", "info,control_plane=debug")
+            .env_remove("SANDHOLD_DATABASE_URL")
+            .env_remove("SANDHOLD_REDIS_URL")
+            .stdout(Stdio::null())
+            .stderr(std::fs::OpenOptions::new().create(true).append(true).open(&log).unwrap())
+            .kill_on_drop(true);
+        if let Some(url) = &opts.database_url {
+            cmd.args(["--database-url", url]);
+        }
+        if let Some(url) = &opts.redis_url {
+            cmd.args(["--redis-url", url]);
+        }
+        if let Some(ms) = opts.lease_ttl_ms {
+            cmd.args(["--lease-ttl-ms", &ms.to_string()]);
+        }
+        if let Some(ms) = opts.lease_renew_ms {
+            cmd.args(["--lease-renew-ms", &ms.to_string()]);
+        }
+        if !opts.tokens.is_empty() {
+            cmd.env("SANDHOLD_TOKENS", opts.tokens.join(","));
+        }
+        cmd.args(&opts.extra_args);
+        let child = cmd.spawn().expect("spawning sandhold serve");
+        let mut server = Self { addr, log, child };
+        server.wait_ready().await;
+        server
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id().expect("server still running")
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    async fn wait_ready(&mut self) {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            if let Ok(ch) = Channel::from_shared(format!("http://{}", self.addr)).unwrap().connect().await {
+                let mut health = tonic_health::pb::health_client::HealthClient::new(ch);
+                if let Ok(r) =
+                    health.check(tonic_health::pb::HealthCheckRequest { service: String::new() }).await
+                    && r.into_inner().status
+                        == tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+                {
+                    return;
+                }
+            }
+            assert!(self.child.try_wait().unwrap().is_none(), "server exited early:\n{}", self.log_text());
+            assert!(Instant::now() < deadline, "server never became ready:\n{}", self.log_text());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub async fn channel(&self) -> Channel {
+        Channel::from_shared(format!("http://{}", self.addr)).unwrap().connect().await.unwrap()
+    }
+
+    pub async fn runs(&self, token: &str) -> Runs {
+        RunServiceClient::with_interceptor(self.channel().await, bearer(token))
+            .max_decoding_message_size(64 << 20)
+    }
+
+    pub async fn sandboxes(&self, token: &str) -> Sandboxes {
+        SandboxServiceClient::with_interceptor(self.channel().await, bearer(token))
+    }
+
+    pub async fn admin(&self, token: &str) -> Admin {
+        AdminServiceClient::with_interceptor(self.channel().await, bearer(token))
+    }
+
+    /// SIGKILL, no goodbye.
+    pub async fn kill9(&mut self) {
+        let _ = self.child.start_kill();
+        let _ = self.child.wait().await;
+    }
+
+    pub fn signal(&self, signal: &str) {
+        let status =
+            std::process::Command::new("kill").args([signal, &self.pid().to_string()]).status().unwrap();
+        assert!(status.success());
+    }
+
+    pub async fn wait_exit(&mut self) -> std::process::ExitStatus {
+        tokio::time::timeout(PATIENCE, self.child.wait()).await.expect("server exits").unwrap()
+    }
+}
+
+/// An embedded server on a loopback port, its data under `dir` (and in
+/// `database_url`; default: SQLite there), the static agent for local and
+/// Docker sandboxes; with a channel to it. Dropping the handle stops it;
+/// `dir` should be a [`TestDir`]'s, so its local sandboxes go with it.
+pub async fn embedded(dir: &Path, database_url: Option<String>) -> (RunningServer, Channel) {
+    let agent = static_agent();
+    let layer = ConfigLayer {
+        listen: Some("127.0.0.1:0".parse().unwrap()),
+        data_dir: Some(dir.to_path_buf()),
+        database_url,
+        agent_binary: Some(agent.clone()),
+        agent_static_binary: Some(agent),
+        ..Default::default()
+    };
+    let config = ServeConfig::resolve(layer).unwrap();
+    let server = control_plane::server::start(config, CancellationToken::new()).await.unwrap();
+    let channel =
+        Channel::from_shared(format!("http://{}", server.local_addr())).unwrap().connect().await.unwrap();
+    (server, channel)
+}
+
+/// Everything the embedded servers log in this test binary, to search for
+/// secrets.
+pub fn captured_logs() -> &'static Arc<Mutex<Vec<u8>>> {
+    static LOGS: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
+    LOGS.get_or_init(|| {
+        let logs = Arc::new(Mutex::new(Vec::new()));
+        let sink = logs.clone();
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter("debug,h2=info,hyper=info,tower=info,sqlx=info,bollard=info")
+            .with_writer(move || Capture(sink.clone()))
+            .try_init();
+        logs
+    })
+}
+
+struct Capture(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Capture {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// An embedded server with two tenants (`acme...` and `other...`), a
+/// SandboxService client for each, and its logs captured. Its data dir is
+/// a [`TestDir`]: the local sandboxes it made die with the harness.
+pub struct Harness {
+    pub server: Option<RunningServer>,
+    pub dir: TestDir,
+    pub nonce: String,
+    pub tenant: String,
+    pub acme: Sandboxes,
+    pub other: Sandboxes,
+}
+
+impl Harness {
+    pub async fn start() -> Self {
+        Self::start_with(None).await
+    }
+
+    pub async fn start_with(database_url: Option<String>) -> Self {
+        captured_logs();
+        let dir = TestDir::new("sh");
+        let nonce = uuid::Uuid::new_v4().simple().to_string()[..10].to_string();
+        let tenant = format!("acme{nonce}");
+        let agent = static_agent();
+        let layer = ConfigLayer {
+            listen: Some("127.0.0.1:0".parse().unwrap()),
+            data_dir: Some(dir.path().to_path_buf()),
+            database_url,
+            shutdown_grace_ms: Some(5_000),
+            tokens: Some(vec![
+                format!("{tenant}=tok-a-{nonce}").parse().unwrap(),
+                format!("other{nonce}=tok-b-{nonce}").parse().unwrap(),
+            ]),
+            agent_binary: Some(agent.clone()),
+            agent_static_binary: Some(agent),
+            ..Default::default()
+        };
+        let config = ServeConfig::resolve(layer).unwrap();
+        let server = control_plane::server::start(config, CancellationToken::new()).await.unwrap();
+        let addr = server.local_addr();
+        let channel = Channel::from_shared(format!("http://{addr}")).unwrap().connect().await.unwrap();
+        let client = |token: String| SandboxServiceClient::with_interceptor(channel.clone(), bearer(&token));
+        let acme = client(format!("tok-a-{nonce}"));
+        let other = client(format!("tok-b-{nonce}"));
+        let mut h = Self { server: Some(server), dir, nonce, tenant, acme, other };
+        // Wait for readiness (stores open in the background).
+        let until = Instant::now() + PATIENCE;
+        loop {
+            match h.acme.list_definitions(api::ListDefinitionsRequest {}).await {
+                Ok(_) => break,
+                Err(s) if s.code() == tonic::Code::Unavailable && Instant::now() < until => {
+                    tokio::time::sleep(Duration::from_millis(100)).await
+                }
+                Err(s) => panic!("server never became ready: {s}"),
+            }
+        }
+        h
+    }
+
+    pub async fn stop(&mut self) {
+        if let Some(s) = self.server.take() {
+            s.stop().await.unwrap();
+        }
+    }
+}
