@@ -34,8 +34,7 @@ use tracing::{debug, info, warn};
 pub use in_process::InProcessLockStore;
 pub use redis_store::RedisLockStore;
 
-/// Default prefix of every lease key.
-pub const DEFAULT_NAMESPACE: &str = "sandhold:lease:";
+pub use crate::config::{DEFAULT_NAMESPACE, LeaseOptions};
 
 /// Backend name of [`InProcessLockStore`], as reported by `GetServerInfo`.
 pub const IN_PROCESS_BACKEND: &str = "in-process";
@@ -87,39 +86,11 @@ pub trait LockStore: Send + Sync + 'static {
     async fn unlock(&self, key: &str, token: &str) -> Result<bool, LeaseError>;
 }
 
-/// How long a lease lives without renewal, how often the holder renews it,
-/// and the key prefix.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LeaseOptions {
-    pub ttl: Duration,
-    pub renew_every: Duration,
-    pub namespace: String,
-}
-
-impl Default for LeaseOptions {
-    fn default() -> Self {
-        Self {
-            ttl: Duration::from_secs(15),
-            renew_every: Duration::from_secs(5),
-            namespace: DEFAULT_NAMESPACE.into(),
-        }
-    }
-}
-
 impl LeaseOptions {
     /// Renewal must sit well inside the TTL: with `renew_every > ttl / 2` a
     /// single slow round trip loses the lease.
     pub fn validate(&self) -> Result<(), LeaseError> {
-        if self.ttl < Duration::from_millis(100) {
-            return Err(LeaseError::Invalid(format!("lease ttl {:?} is below 100ms", self.ttl)));
-        }
-        if self.renew_every.is_zero() || self.renew_every * 2 > self.ttl {
-            return Err(LeaseError::Invalid(format!(
-                "lease renewal interval {:?} must be above zero and at most half the ttl {:?}",
-                self.renew_every, self.ttl
-            )));
-        }
-        Ok(())
+        self.check().map_err(LeaseError::Invalid)
     }
 }
 

@@ -48,6 +48,8 @@ pub use checkpoint::{Checkpoint, CheckpointStore, DeleteBlobs, Fork, NewCheckpoi
 pub use error::{Error, Result};
 pub use writer::LogWriter;
 
+pub use crate::config::default_database_url;
+
 /// A driver epoch. Bumped by every successful claim; never decreases.
 pub type Epoch = u64;
 
@@ -579,11 +581,6 @@ pub struct Stores {
 enum Pool {
     Sqlite(sqlx::SqlitePool),
     Postgres(sqlx::PgPool),
-}
-
-/// The database URL of the embedded default: a SQLite file in `data_dir`.
-pub fn default_database_url(data_dir: &std::path::Path) -> String {
-    format!("sqlite://{}", data_dir.join("sandhold.db").display())
 }
 
 impl Stores {
