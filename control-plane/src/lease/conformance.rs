@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use futures::future::{BoxFuture, FutureExt};
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use super::*;
 

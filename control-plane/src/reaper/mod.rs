@@ -51,6 +51,7 @@ mod schedule;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use crate::config::ReaperOptions;
 use crate::context::Context;
 use crate::metrics::SweepOutcome;
 use crate::runs::Runs;
@@ -64,53 +65,6 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(15);
 const STOP_GRACE: Duration = Duration::from_secs(30);
 /// How long an on-demand sweep waits for another replica's sweep to end.
 const LEASE_WAIT: Duration = Duration::from_secs(300);
-
-/// Schedule, TTL and bounds of a sweep.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ReaperOptions {
-    /// Between scheduled sweeps; zero: no scheduled sweep.
-    pub interval: Duration,
-    /// A detached run still producing this long after its client left is
-    /// cancelled. The only detached-run TTL.
-    pub detached_run_ttl: Duration,
-    /// Detached runs one sweep handles at most.
-    pub max_runs: u32,
-    /// Time one run's drive to its terminal state may take.
-    pub run_budget: Duration,
-    /// A journal without a run record is deleted only when older.
-    pub orphan_journal_age: Duration,
-    /// Journals one sweep deletes at most.
-    pub max_journal_deletions: u32,
-    /// An orphaned sandbox is destroyed only when older.
-    pub orphan_sandbox_grace: Duration,
-}
-
-impl Default for ReaperOptions {
-    fn default() -> Self {
-        use crate::config::*;
-        Self {
-            interval: Duration::from_millis(DEFAULT_SWEEP_INTERVAL_MS),
-            detached_run_ttl: Duration::from_millis(DEFAULT_DETACHED_RUN_TTL_MS),
-            max_runs: DEFAULT_SWEEP_MAX_RUNS,
-            run_budget: Duration::from_millis(DEFAULT_SWEEP_RUN_BUDGET_MS),
-            orphan_journal_age: Duration::from_millis(DEFAULT_ORPHAN_JOURNAL_AGE_MS),
-            max_journal_deletions: DEFAULT_SWEEP_MAX_JOURNAL_DELETIONS,
-            orphan_sandbox_grace: Duration::from_millis(DEFAULT_ORPHAN_SANDBOX_GRACE_MS),
-        }
-    }
-}
-
-impl ReaperOptions {
-    pub fn validate(&self) -> Result<(), String> {
-        if self.detached_run_ttl.is_zero() {
-            return Err("the detached-run TTL must be positive (--detached-run-ttl-ms)".into());
-        }
-        if self.run_budget.is_zero() {
-            return Err("the per-run sweep budget must be positive (--sweep-run-budget-ms)".into());
-        }
-        Ok(())
-    }
-}
 
 /// Whose runs, journals and sandboxes a sweep covers.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -10,42 +10,14 @@
 //! is bounded, so a log that keeps growing fails the takeover instead of
 //! holding it forever.
 
-use std::time::Duration;
-
 use futures::StreamExt;
 use shared::error::{Error, ErrorCode};
 use tokio::time::Instant;
 
+pub use crate::config::QuietGate;
 use crate::store::{EventLog, Offset, RunId};
 
-/// How long a takeover waits for quiet; `window` 0 disables the gate.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct QuietGate {
-    /// The log must gain no chunk for this long.
-    pub window: Duration,
-    /// Give up (an error) when the log is still growing after this long.
-    pub max_wait: Duration,
-}
-
-impl Default for QuietGate {
-    fn default() -> Self {
-        Self { window: Duration::ZERO, max_wait: Duration::from_secs(30) }
-    }
-}
-
 impl QuietGate {
-    pub fn validate(&self) -> Result<(), String> {
-        if !self.window.is_zero() && self.max_wait <= self.window {
-            return Err(format!(
-                "the takeover quiet window ({} ms) must be shorter than its bound ({} ms) \
-                 (--takeover-quiet-ms, --takeover-quiet-max-ms)",
-                self.window.as_millis(),
-                self.max_wait.as_millis()
-            ));
-        }
-        Ok(())
-    }
-
     /// Wait until `run`'s log gained nothing for [`QuietGate::window`];
     /// returns how many chunks landed meanwhile. A closed log is quiet. A log
     /// still growing after [`QuietGate::max_wait`] is `CLAIM_LOST`: another
@@ -84,6 +56,7 @@ impl QuietGate {
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
+    use std::time::Duration;
 
     use super::*;
     use crate::store::testing::bare_run;

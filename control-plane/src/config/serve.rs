@@ -1,0 +1,295 @@
+//! The resolved settings of a server: [`ServeConfig`], its defaults, the
+//! merge of the layers onto them, and its printed (redacted) form.
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use figment::Figment;
+use figment::providers::Serialized;
+use serde::{Deserialize, Serialize, Serializer};
+use shared::secret::Secret;
+
+use super::options::millis;
+use super::{ConfigLayer, LeaseOptions, QuietGate, ReaperOptions, default_database_url, redact_url};
+
+/// Default listen address: loopback only, so a fresh install is never
+/// reachable from the network without tokens.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:7443";
+pub const DEFAULT_SHUTDOWN_GRACE_MS: u64 = 10_000;
+pub const DEFAULT_LOG_FILTER: &str = "info";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Pretty,
+    /// One JSON object per line.
+    Json,
+}
+
+/// An API token and the tenant it authenticates. Serializes with the token
+/// `[redacted]`; deserializes from `{ tenant, token }` (a `[[tokens]]` table).
+#[derive(Clone, Debug, Serialize)]
+pub struct ApiToken {
+    pub tenant: String,
+    pub token: Secret,
+}
+
+impl std::str::FromStr for ApiToken {
+    type Err = String;
+
+    /// `TENANT=TOKEN`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (tenant, token) =
+            s.split_once('=').ok_or_else(|| "expected TENANT=TOKEN (e.g. acme=s3cr3t)".to_string())?;
+        ApiToken::new(tenant, token)
+    }
+}
+
+impl ApiToken {
+    pub fn new(tenant: &str, token: &str) -> Result<Self, String> {
+        let tenant = tenant.trim();
+        if tenant.is_empty() || !tenant.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
+            return Err(format!(
+                "tenant {tenant:?} must be non-empty ASCII letters, digits, '-', '_' or '.'"
+            ));
+        }
+        if token.len() < 8 {
+            return Err(format!("the token of tenant {tenant:?} is shorter than 8 characters"));
+        }
+        Ok(Self { tenant: tenant.to_string(), token: Secret::new(token) })
+    }
+}
+
+impl<'de> Deserialize<'de> for ApiToken {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct FileToken {
+            tenant: String,
+            token: String,
+        }
+        let t = FileToken::deserialize(d)?;
+        ApiToken::new(&t.tenant, &t.token).map_err(serde::de::Error::custom)
+    }
+}
+
+/// The resolved configuration of a server. Serde names are the TOML keys:
+/// it deserializes from the merged layers and serializes (secrets
+/// redacted) as `--print-config` output.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ServeConfig {
+    pub listen: SocketAddr,
+    /// Where Prometheus scrapes `/metrics`; `None`: no metrics endpoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics_listen: Option<SocketAddr>,
+    pub data_dir: PathBuf,
+    /// May carry a password: print through [`redact_url`]. Empty only in
+    /// the defaults, where it follows `data_dir` once the layers are merged.
+    #[serde(default, skip_serializing_if = "String::is_empty", serialize_with = "redacted_url")]
+    pub database_url: String,
+    /// `None`: in-process leases (single server).
+    #[serde(default, skip_serializing_if = "Option::is_none", serialize_with = "redacted_optional_url")]
+    pub redis_url: Option<String>,
+    #[serde(rename = "lease_ttl_ms", with = "millis")]
+    pub lease_ttl: Duration,
+    #[serde(rename = "lease_renew_ms", with = "millis")]
+    pub lease_renew_every: Duration,
+    /// A takeover's wait for the stored log to stop growing (0: none).
+    #[serde(flatten)]
+    pub takeover_quiet: QuietGate,
+    pub log_format: LogFormat,
+    pub log_filter: String,
+    /// Identifies this replica in `GetServerInfo` and logs.
+    pub replica_id: String,
+    /// Time box for draining in-flight calls at shutdown.
+    #[serde(rename = "shutdown_grace_ms", with = "millis")]
+    pub shutdown_grace: Duration,
+    /// The `sandhold-agent` of local sandboxes; `None`: next to this
+    /// executable, else on `PATH`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_binary: Option<PathBuf>,
+    /// The statically linked agent copied into Docker sandboxes; `None`:
+    /// `agent_binary`, and without either the Docker provider is off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_static_binary: Option<PathBuf>,
+    /// The reaper: schedule, TTL and bounds of a sweep.
+    #[serde(flatten)]
+    pub reaper: ReaperOptions,
+    /// Tenants whose `AdminService.Sweep` covers every tenant (operators);
+    /// anyone else's covers only their own.
+    pub operator_tenants: Vec<String>,
+    /// Empty: single-user mode (loopback only).
+    pub tokens: Vec<ApiToken>,
+}
+
+/// The user's data directory for Sandhold (e.g. `~/.local/share/sandhold`).
+pub fn default_data_dir() -> PathBuf {
+    dirs::data_dir()
+        .or_else(|| dirs::home_dir().map(|h| h.join(".local/share")))
+        .unwrap_or_else(|| ".".into())
+        .join("sandhold")
+}
+
+impl ServeConfig {
+    /// The bottom layer: every default (the database URL excepted, see
+    /// [`ServeConfig::database_url`]).
+    fn defaults() -> Self {
+        let lease = LeaseOptions::default();
+        ServeConfig {
+            listen: DEFAULT_LISTEN.parse().expect("valid default address"),
+            metrics_listen: None,
+            data_dir: default_data_dir(),
+            database_url: String::new(),
+            redis_url: None,
+            lease_ttl: lease.ttl,
+            lease_renew_every: lease.renew_every,
+            takeover_quiet: QuietGate::default(),
+            log_format: LogFormat::default(),
+            log_filter: DEFAULT_LOG_FILTER.into(),
+            replica_id: default_replica_id(),
+            shutdown_grace: Duration::from_millis(DEFAULT_SHUTDOWN_GRACE_MS),
+            agent_binary: None,
+            agent_static_binary: None,
+            reaper: ReaperOptions::default(),
+            operator_tenants: Vec::new(),
+            tokens: Vec::new(),
+        }
+    }
+
+    /// The defaults overridden by `layer` (itself the file overridden by
+    /// the environment and flags), checked.
+    pub fn resolve(layer: ConfigLayer) -> anyhow::Result<Self> {
+        let figment =
+            Figment::from(Serialized::defaults(Self::defaults())).merge(Serialized::defaults(layer));
+        let mut config: ServeConfig = figment.extract().context("merging the configuration layers")?;
+        if !figment.contains("database_url") {
+            config.database_url = default_database_url(&config.data_dir);
+        }
+        config.redis_url = config.redis_url.filter(|u| !u.is_empty());
+        config.reaper.validate().map_err(|e| anyhow::anyhow!(e))?;
+        config.takeover_quiet.validate().map_err(|e| anyhow::anyhow!(e))?;
+        config.lease_options().check().map_err(|e| {
+            anyhow::anyhow!("invalid lease configuration: {e} (--lease-ttl-ms, --lease-renew-ms)")
+        })?;
+        let mut seen = HashSet::new();
+        for t in &config.tokens {
+            if !seen.insert(t.token.expose()) {
+                bail!("the same API token is configured twice (tenant {:?})", t.tenant);
+            }
+        }
+        Ok(config)
+    }
+
+    pub fn lease_options(&self) -> LeaseOptions {
+        LeaseOptions { ttl: self.lease_ttl, renew_every: self.lease_renew_every, ..LeaseOptions::default() }
+    }
+
+    /// Single-user mode: no tokens, every caller is tenant `default`.
+    pub fn single_user(&self) -> bool {
+        self.tokens.is_empty()
+    }
+
+    /// The merged configuration as TOML, loadable again with `--config`,
+    /// with every secret replaced by `[redacted]`.
+    pub fn to_redacted_toml(&self) -> String {
+        toml::to_string(self).expect("config serializes to TOML")
+    }
+}
+
+fn redacted_url<S: Serializer>(url: &str, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&redact_url(url))
+}
+
+fn redacted_optional_url<S: Serializer>(url: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
+    match url {
+        Some(url) => s.serialize_some(&redact_url(url)),
+        None => s.serialize_none(),
+    }
+}
+
+fn default_replica_id() -> String {
+    let host = std::fs::read_to_string("/etc/hostname").map(|h| h.trim().to_string()).unwrap_or_default();
+    let suffix = &uuid::Uuid::new_v4().simple().to_string()[..8];
+    if host.is_empty() { format!("replica-{suffix}") } else { format!("{host}-{suffix}") }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn higher_layers_win_field_by_field() {
+        let file: ConfigLayer = toml::from_str(
+            "listen = \"127.0.0.1:1000\"\nlease_ttl_ms = 12000\n[[tokens]]\ntenant = \"a\"\ntoken = \"token-aaaa\"\n",
+        )
+        .unwrap();
+        let flags = ConfigLayer { listen: Some("127.0.0.1:2000".parse().unwrap()), ..Default::default() };
+        let merged = ServeConfig::resolve(file.merge(flags)).unwrap();
+        assert_eq!(merged.listen.port(), 2000);
+        assert_eq!(merged.lease_ttl, Duration::from_millis(12000));
+        assert_eq!(merged.tokens.len(), 1);
+        assert_eq!(merged.tokens[0].tenant, "a");
+    }
+
+    #[test]
+    fn defaults_put_sqlite_under_the_data_dir() {
+        let layer = ConfigLayer { data_dir: Some("/srv/sh".into()), ..Default::default() };
+        let c = ServeConfig::resolve(layer).unwrap();
+        assert_eq!(c.database_url, "sqlite:///srv/sh/sandhold.db");
+        assert!(c.listen.ip().is_loopback());
+        assert!(c.redis_url.is_none());
+        assert!(c.single_user());
+    }
+
+    #[test]
+    fn the_takeover_quiet_window_is_off_unless_set_and_needs_a_longer_bound() {
+        let c = ServeConfig::resolve(ConfigLayer::default()).unwrap();
+        assert!(c.takeover_quiet.window.is_zero());
+        let file: ConfigLayer =
+            toml::from_str("takeover_quiet_ms = 2000\ntakeover_quiet_max_ms = 9000\n").unwrap();
+        let c = ServeConfig::resolve(file).unwrap();
+        assert_eq!(c.takeover_quiet.window, Duration::from_secs(2));
+        assert_eq!(c.takeover_quiet.max_wait, Duration::from_secs(9));
+        assert!(c.to_redacted_toml().contains("takeover_quiet_ms = 2000"));
+        let layer = ConfigLayer { takeover_quiet_ms: Some(40_000), ..Default::default() };
+        let err = ServeConfig::resolve(layer).unwrap_err().to_string();
+        assert!(err.contains("--takeover-quiet-max-ms"), "{err}");
+    }
+
+    #[test]
+    fn bad_settings_are_refused() {
+        let layer = ConfigLayer { lease_ttl_ms: Some(1000), lease_renew_ms: Some(900), ..Default::default() };
+        assert!(ServeConfig::resolve(layer).is_err());
+        assert!("no-equals".parse::<ApiToken>().is_err());
+        assert!("a=short".parse::<ApiToken>().is_err());
+        assert!("bad tenant=long-enough".parse::<ApiToken>().is_err());
+        assert!(toml::from_str::<ConfigLayer>("unknown_key = 1").is_err());
+        let layer = ConfigLayer { detached_run_ttl_ms: Some(0), ..Default::default() };
+        assert!(ServeConfig::resolve(layer).is_err(), "a zero detached-run TTL would expire every run");
+        let layer = ConfigLayer { sweep_run_budget_ms: Some(0), ..Default::default() };
+        assert!(ServeConfig::resolve(layer).is_err());
+    }
+
+    #[test]
+    fn printed_config_redacts_and_reloads() {
+        let layer = ConfigLayer {
+            database_url: Some("postgres://u:dbpass-xyz@127.0.0.1/db".into()),
+            redis_url: Some("redis://:redispass-xyz@127.0.0.1:6379".into()),
+            tokens: Some(vec!["acme=token-secret-xyz".parse().unwrap()]),
+            ..Default::default()
+        };
+        let printed = ServeConfig::resolve(layer).unwrap().to_redacted_toml();
+        for secret in ["dbpass-xyz", "redispass-xyz", "token-secret-xyz"] {
+            assert!(!printed.contains(secret), "{secret} leaked:\n{printed}");
+        }
+        assert!(printed.contains("tenant = \"acme\""), "{printed}");
+        // The output is a valid config file (with placeholder secrets).
+        let reparsed: ConfigLayer = toml::from_str(&printed).unwrap();
+        assert_eq!(reparsed.tokens.unwrap()[0].tenant, "acme");
+    }
+}

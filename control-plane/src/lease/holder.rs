@@ -1,0 +1,432 @@
+//! The holder's side, built once on top of any [`LockStore`]: acquiring,
+//! renewing in the background, noticing a loss, releasing at shutdown.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use super::{InProcessLockStore, LeaseError, LeaseOptions, LockStore, RedisLockStore};
+
+impl LeaseOptions {
+    /// Renewal must sit well inside the TTL: with `renew_every > ttl / 2` a
+    /// single slow round trip loses the lease.
+    pub fn validate(&self) -> Result<(), LeaseError> {
+        self.check().map_err(LeaseError::Invalid)
+    }
+}
+
+/// The holder's side of a lock store: a cheap clonable handle that acquires
+/// leases and keeps track of the ones held, so shutdown can release them.
+#[derive(Clone)]
+pub struct Leases {
+    inner: Arc<LeasesInner>,
+}
+
+struct LeasesInner {
+    store: Arc<dyn LockStore>,
+    options: LeaseOptions,
+    held: Mutex<HashMap<u64, Held>>,
+    next_id: AtomicU64,
+}
+
+/// What `release_all` needs of a held lease.
+struct Held {
+    key: String,
+    token: String,
+    lost: CancellationToken,
+    stop_renewing: CancellationToken,
+}
+
+impl std::fmt::Debug for Leases {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Leases")
+            .field("backend", &self.inner.store.backend_name())
+            .field("options", &self.inner.options)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Leases {
+    pub fn new(store: Arc<dyn LockStore>, options: LeaseOptions) -> Result<Self, LeaseError> {
+        options.validate()?;
+        Ok(Self {
+            inner: Arc::new(LeasesInner {
+                store,
+                options,
+                held: Mutex::new(HashMap::new()),
+                next_id: AtomicU64::new(1),
+            }),
+        })
+    }
+
+    pub fn backend_name(&self) -> &'static str {
+        self.inner.store.backend_name()
+    }
+
+    pub fn options(&self) -> &LeaseOptions {
+        &self.inner.options
+    }
+
+    /// The store key of lease `name`.
+    pub fn key(&self, name: &str) -> String {
+        format!("{}{}", self.inner.options.namespace, name)
+    }
+
+    /// Number of leases this handle currently holds.
+    pub fn held_count(&self) -> usize {
+        self.inner.held.lock().expect("lease registry poisoned").len()
+    }
+
+    /// Take lease `name` if nobody holds it. The returned lease renews
+    /// itself until released, dropped, or lost.
+    pub async fn try_acquire(&self, name: &str) -> Result<Option<Lease>, LeaseError> {
+        validate_name(name)?;
+        let key = self.key(name);
+        let token = uuid::Uuid::new_v4().simple().to_string();
+        let ttl = self.inner.options.ttl;
+        // The lease is valid for `ttl` from *before* the request left: the
+        // store starts its clock later, so the holder's view expires first.
+        let sent = Instant::now();
+        if !self.inner.store.try_lock(&key, &token, ttl).await? {
+            return Ok(None);
+        }
+        let valid_until = sent + ttl;
+        if Instant::now() >= valid_until {
+            // Acquired, but the answer came so late the lease is already
+            // spent from our side; give it back rather than hold it blind.
+            let _ = self.inner.store.unlock(&key, &token).await;
+            return Err(LeaseError::Unavailable(format!("acquiring {key:?} took longer than the ttl")));
+        }
+        Ok(Some(self.start_holding(name, key, token, valid_until)))
+    }
+
+    /// Wait for lease `name`, retrying until it is free. `Ok(None)` when
+    /// `cancel` fires first. Store errors are retried too: a waiter outlives
+    /// a store restart.
+    pub async fn acquire(&self, name: &str, cancel: &CancellationToken) -> Result<Option<Lease>, LeaseError> {
+        validate_name(name)?;
+        // Polling at the renewal interval bounds the wait after a holder
+        // dies to its TTL plus one interval.
+        let interval = self.inner.options.renew_every.min(Duration::from_secs(1));
+        loop {
+            match self.try_acquire(name).await {
+                Ok(Some(lease)) => return Ok(Some(lease)),
+                Ok(None) => {}
+                Err(err) => debug!(lease = name, error = %err, "lease acquire attempt failed, retrying"),
+            }
+            tokio::select! {
+                _ = cancel.cancelled() => return Ok(None),
+                _ = tokio::time::sleep(interval) => {}
+            }
+        }
+    }
+
+    /// Release every lease held through this handle and fire their tokens,
+    /// so their holders stop work. Used at shutdown; time-boxed per lease.
+    pub async fn release_all(&self) {
+        let held: Vec<Held> = {
+            let mut map = self.inner.held.lock().expect("lease registry poisoned");
+            map.drain().map(|(_, h)| h).collect()
+        };
+        for h in held {
+            h.stop_renewing.cancel();
+            h.lost.cancel();
+            match tokio::time::timeout(Duration::from_secs(2), self.inner.store.unlock(&h.key, &h.token))
+                .await
+            {
+                Ok(Ok(_)) => info!(lease_key = %h.key, "lease released at shutdown"),
+                Ok(Err(err)) => {
+                    warn!(lease_key = %h.key, error = %err, "could not release lease; it will expire")
+                }
+                Err(_) => warn!(lease_key = %h.key, "releasing lease timed out; it will expire"),
+            }
+        }
+    }
+
+    fn start_holding(&self, name: &str, key: String, token: String, valid_until: Instant) -> Lease {
+        let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
+        let lost = CancellationToken::new();
+        let stop_renewing = CancellationToken::new();
+        self.inner.held.lock().expect("lease registry poisoned").insert(
+            id,
+            Held {
+                key: key.clone(),
+                token: token.clone(),
+                lost: lost.clone(),
+                stop_renewing: stop_renewing.clone(),
+            },
+        );
+        let renewer = tokio::spawn(renew_loop(
+            self.inner.clone(),
+            id,
+            key.clone(),
+            token.clone(),
+            valid_until,
+            lost.clone(),
+            stop_renewing.clone(),
+        ));
+        debug!(lease = name, lease_key = %key, "lease acquired");
+        Lease {
+            id,
+            name: name.to_string(),
+            key,
+            token,
+            lost,
+            stop_renewing,
+            renewer: Some(renewer),
+            leases: self.inner.clone(),
+            released: false,
+        }
+    }
+}
+
+fn validate_name(name: &str) -> Result<(), LeaseError> {
+    if name.is_empty() || name.len() > 256 || name.chars().any(|c| c.is_control() || c.is_whitespace()) {
+        return Err(LeaseError::Invalid(format!("lease name {name:?} must be 1..=256 visible characters")));
+    }
+    Ok(())
+}
+
+/// Renew until stopped or lost. Invariant: `lost` fires no later than `ttl`
+/// after the send time of the last successful renewal, whatever the store
+/// does (errors are retried only until then, and a hung call is cut off).
+async fn renew_loop(
+    leases: Arc<LeasesInner>,
+    id: u64,
+    key: String,
+    token: String,
+    mut valid_until: Instant,
+    lost: CancellationToken,
+    stop: CancellationToken,
+) {
+    let LeaseOptions { ttl, renew_every, .. } = leases.options.clone();
+    // After a failed renewal retry sooner than the interval, so one blip
+    // does not eat most of the remaining TTL.
+    let retry_every = (renew_every / 4).max(Duration::from_millis(20));
+    let mut next = Instant::now() + renew_every;
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep_until(next.min(valid_until)) => {}
+        }
+        let sent = Instant::now();
+        if sent >= valid_until {
+            warn!(lease_key = %key, "lease expired without a successful renewal");
+            break;
+        }
+        let attempt = tokio::select! {
+            _ = stop.cancelled() => return,
+            r = tokio::time::timeout_at(valid_until, leases.store.renew(&key, &token, ttl)) => r,
+        };
+        match attempt {
+            Ok(Ok(true)) => {
+                valid_until = sent + ttl;
+                next = sent + renew_every;
+            }
+            Ok(Ok(false)) => {
+                warn!(lease_key = %key, "lease lost: the key expired or another holder took it");
+                break;
+            }
+            Ok(Err(err)) => {
+                warn!(lease_key = %key, error = %err, "lease renewal failed, retrying until the ttl runs out");
+                next = Instant::now() + retry_every;
+            }
+            Err(_) => {
+                warn!(lease_key = %key, "lease renewal did not answer before the ttl ran out");
+                break;
+            }
+        }
+    }
+    leases.held.lock().expect("lease registry poisoned").remove(&id);
+    lost.cancel();
+}
+
+/// A held lease. Renews itself in the background; [`Lease::lost`] fires when
+/// it stops being held for any reason (lost, released, released at
+/// shutdown, dropped). Dropping it without [`Lease::release`] releases it in
+/// the background on a best-effort basis.
+pub struct Lease {
+    id: u64,
+    name: String,
+    key: String,
+    token: String,
+    lost: CancellationToken,
+    stop_renewing: CancellationToken,
+    renewer: Option<JoinHandle<()>>,
+    leases: Arc<LeasesInner>,
+    released: bool,
+}
+
+impl std::fmt::Debug for Lease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lease").field("name", &self.name).field("key", &self.key).finish_non_exhaustive()
+    }
+}
+
+impl Lease {
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The namespaced store key.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// Fires when this lease is no longer held. Work done under the lease
+    /// must stop when it fires.
+    pub fn lost(&self) -> CancellationToken {
+        self.lost.clone()
+    }
+
+    pub fn is_lost(&self) -> bool {
+        self.lost.is_cancelled()
+    }
+
+    /// Stop renewing and delete the key if it is still ours. `Ok(true)` when
+    /// it was still ours.
+    pub async fn release(mut self) -> Result<bool, LeaseError> {
+        self.released = true;
+        self.stop_renewing.cancel();
+        if let Some(renewer) = self.renewer.take() {
+            // The renewer stops at its next await point; waiting keeps a
+            // renewal from landing after the delete.
+            let _ = renewer.await;
+        }
+        self.leases.held.lock().expect("lease registry poisoned").remove(&self.id);
+        let result = self.leases.store.unlock(&self.key, &self.token).await;
+        self.lost.cancel();
+        debug!(lease = %self.name, "lease released");
+        result
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if self.released {
+            return;
+        }
+        self.stop_renewing.cancel();
+        self.lost.cancel();
+        let was_held = self.leases.held.lock().map(|mut m| m.remove(&self.id).is_some()).unwrap_or(false);
+        if !was_held {
+            return;
+        }
+        // Without a runtime (process teardown) the key simply expires.
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            let leases = self.leases.clone();
+            let (key, token) = (std::mem::take(&mut self.key), std::mem::take(&mut self.token));
+            handle.spawn(async move {
+                let _ = tokio::time::timeout(Duration::from_secs(2), leases.store.unlock(&key, &token)).await;
+            });
+        }
+    }
+}
+
+/// Build the lease machinery the configuration asks for: Redis when a URL is
+/// given, otherwise in-process. `store_backend` is the run store's backend
+/// name; an in-process lock store next to a shared database cannot fence
+/// several replicas, which is worth a warning at start.
+pub async fn open(
+    redis_url: Option<&str>,
+    options: LeaseOptions,
+    store_backend: &str,
+) -> Result<Leases, LeaseError> {
+    options.validate()?;
+    let store: Arc<dyn LockStore> = match redis_url {
+        Some(url) => Arc::new(RedisLockStore::connect(url, options.ttl).await?),
+        None => {
+            if store_backend == "postgres" {
+                warn!(
+                    store_backend,
+                    "in-process leases with a shared database: several replicas of this server cannot be fenced \
+                     from each other and would drive the same durable runs; set --redis-url"
+                );
+            }
+            Arc::new(InProcessLockStore::new())
+        }
+    };
+    Leases::new(store, options)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lease::IN_PROCESS_BACKEND;
+
+    #[test]
+    fn options_validation_rejects_renewal_outside_the_ttl() {
+        let ok = LeaseOptions {
+            ttl: Duration::from_secs(3),
+            renew_every: Duration::from_secs(1),
+            ..Default::default()
+        };
+        assert!(ok.validate().is_ok());
+        let too_slow = LeaseOptions { renew_every: Duration::from_secs(2), ..ok.clone() };
+        assert!(matches!(too_slow.validate(), Err(LeaseError::Invalid(_))));
+        let zero = LeaseOptions { renew_every: Duration::ZERO, ..ok.clone() };
+        assert!(zero.validate().is_err());
+        assert!(LeaseOptions::default().validate().is_ok());
+    }
+
+    #[test]
+    fn names_are_validated() {
+        assert!(validate_name("run:abc").is_ok());
+        assert!(validate_name("").is_err());
+        assert!(validate_name("a b").is_err());
+        assert!(validate_name(&"x".repeat(257)).is_err());
+    }
+
+    /// Log lines written while `f` runs on this thread.
+    async fn captured_logs<F: std::future::Future<Output = ()>>(f: F) -> String {
+        #[derive(Clone, Default)]
+        struct Buf(Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Buf {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let buf = Buf::default();
+        let writer = buf.clone();
+        let subscriber =
+            tracing_subscriber::fmt().with_writer(move || writer.clone()).with_ansi(false).finish();
+        let guard = tracing::subscriber::set_default(subscriber);
+        f.await;
+        drop(guard);
+        String::from_utf8(buf.0.lock().unwrap().clone()).unwrap()
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn in_process_leases_warn_next_to_a_shared_database() {
+        let shared = captured_logs(async {
+            let leases = open(None, LeaseOptions::default(), "postgres").await.unwrap();
+            assert_eq!(leases.backend_name(), IN_PROCESS_BACKEND);
+        })
+        .await;
+        assert!(shared.contains("WARN") && shared.contains("cannot be fenced"), "{shared}");
+        let embedded = captured_logs(async {
+            open(None, LeaseOptions::default(), "sqlite").await.unwrap();
+        })
+        .await;
+        assert!(!embedded.contains("cannot be fenced"), "{embedded}");
+    }
+
+    #[tokio::test]
+    async fn keys_are_namespaced() {
+        let opts = LeaseOptions { namespace: "ns:".into(), ..Default::default() };
+        let leases = Leases::new(Arc::new(InProcessLockStore::new()), opts).unwrap();
+        assert_eq!(leases.key("run:1"), "ns:run:1");
+        let lease = leases.try_acquire("run:1").await.unwrap().unwrap();
+        assert_eq!(lease.key(), "ns:run:1");
+    }
+}

@@ -1,0 +1,364 @@
+//! The engine side of the provider: connecting, creating a container from
+//! its configuration, waiting for its agent, and the small calls the
+//! [`Provider`](crate::provider::Provider) impl is made of.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use bollard::Docker;
+use bollard::query_parameters::{
+    CommitContainerOptions, CreateContainerOptionsBuilder, InspectContainerOptions, LogsOptions,
+    RemoveContainerOptions, RemoveImageOptions, StartContainerOptions, UploadToContainerOptions,
+};
+use bytes::Bytes;
+use futures::StreamExt;
+use shared::error::{Error, ErrorCode};
+use shared::transport::Address;
+
+use super::archive::{agent_archive, is_static_elf};
+use super::container::{Origin, container_config, workdir};
+use super::{AGENT_DIR, DockerProviderOptions, LABEL_HOST_DIR};
+use crate::agent::AgentClient;
+use crate::provider::{
+    LABEL_MANAGED, Result, Sandbox, SandboxSpec, check_socket_path, new_short_id, new_token,
+    write_private_file,
+};
+
+#[derive(Debug, Clone)]
+pub struct DockerProvider {
+    pub(super) docker: Docker,
+    /// Where the engine was looked for, for error messages.
+    engine: String,
+    agent: Bytes,
+    state_dir: PathBuf,
+    pub(super) default_image: Option<String>,
+    ready_timeout: Duration,
+}
+
+impl DockerProvider {
+    /// Connect to the engine (`DOCKER_HOST`, else the local socket), agree
+    /// on an API version and load the agent binary.
+    pub async fn connect(options: DockerProviderOptions) -> Result<Self> {
+        let engine =
+            std::env::var("DOCKER_HOST").unwrap_or_else(|_| "unix:///var/run/docker.sock".to_string());
+        let unreachable = |e: &dyn std::fmt::Display| {
+            Error::new(
+                ErrorCode::Unavailable,
+                format!(
+                    "the Docker engine is not reachable at {engine}: {e}; is dockerd running (scripts/services starts it)?"
+                ),
+            )
+        };
+        let docker = Docker::connect_with_defaults().map_err(|e| unreachable(&e))?;
+        // The engine may be older than the API version bollard defaults to.
+        let docker = docker.negotiate_version().await.map_err(|e| unreachable(&e))?;
+        docker.ping().await.map_err(|e| unreachable(&e))?;
+
+        let agent = tokio::fs::read(&options.agent_binary).await.map_err(|e| {
+            Error::new(
+                ErrorCode::FailedPrecondition,
+                format!(
+                    "reading the static agent {}: {e}; build it with scripts/build-agent-static",
+                    options.agent_binary.display()
+                ),
+            )
+        })?;
+        if !is_static_elf(&agent) {
+            return Err(Error::new(
+                ErrorCode::FailedPrecondition,
+                format!(
+                    "{} is not a statically linked executable, so it would not run in an arbitrary image; build it \
+                     with scripts/build-agent-static",
+                    options.agent_binary.display()
+                ),
+            ));
+        }
+        std::fs::create_dir_all(&options.state_dir)
+            .map_err(|e| io_error(&options.state_dir, "creating", e))?;
+        let state_dir =
+            options.state_dir.canonicalize().map_err(|e| io_error(&options.state_dir, "resolving", e))?;
+        check_socket_path(&state_dir.join(new_short_id()).join("agent.sock"), "the Docker state dir")?;
+        Ok(Self {
+            docker,
+            engine,
+            agent: Bytes::from(agent),
+            state_dir,
+            default_image: options.default_image,
+            ready_timeout: options.ready_timeout,
+        })
+    }
+
+    /// The bollard client, for callers that need the engine directly
+    /// (benchmarks, tests).
+    pub fn docker(&self) -> &Docker {
+        &self.docker
+    }
+
+    pub(super) fn engine_error(&self, doing: &str, e: bollard::errors::Error) -> Error {
+        use bollard::errors::Error as E;
+        match e {
+            E::DockerResponseServerError { status_code: 404, message } => {
+                Error::not_found(format!("{doing}: {message}"))
+            }
+            E::DockerResponseServerError { status_code: 400, message } => {
+                Error::new(ErrorCode::InvalidArgument, format!("{doing}: Docker refused: {message}"))
+            }
+            E::DockerResponseServerError { status_code: 409, message } => {
+                Error::new(ErrorCode::FailedPrecondition, format!("{doing}: {message}"))
+            }
+            E::DockerResponseServerError { status_code, message } => {
+                Error::internal(format!("{doing}: Docker answered {status_code}: {message}"))
+            }
+            E::RequestTimeoutError => Error::new(
+                ErrorCode::Unavailable,
+                format!("{doing}: the Docker engine at {} timed out", self.engine),
+            ),
+            other => Error::new(
+                ErrorCode::Unavailable,
+                format!("{doing}: the Docker engine at {} is not reachable: {other}", self.engine),
+            ),
+        }
+    }
+
+    pub(super) async fn check_image(&self, image: &str) -> Result<()> {
+        match self.docker.inspect_image(image).await {
+            Ok(_) => Ok(()),
+            Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => Err(Error::new(
+                ErrorCode::FailedPrecondition,
+                format!(
+                    "image {image} is not in the local Docker engine and Sandhold never pulls (there is no registry \
+                     here): build it locally (e.g. scripts/build-test-images) or docker load it"
+                ),
+            )
+            .with_meta("image", image)),
+            Err(e) => Err(self.engine_error(&format!("inspecting image {image}"), e)),
+        }
+    }
+
+    pub(super) fn host_dir_of(&self, labels: &HashMap<String, String>) -> Option<PathBuf> {
+        let dir = PathBuf::from(labels.get(LABEL_HOST_DIR)?);
+        // A label is only a string anyone could set: never remove a
+        // directory outside our state dir because a container said so.
+        (dir.parent() == Some(self.state_dir.as_path())).then_some(dir)
+    }
+
+    pub(super) async fn create_from(&self, spec: &SandboxSpec, origin: Origin) -> Result<Sandbox> {
+        self.check_image(&origin.image).await?;
+        let name = new_short_id();
+        let host_dir = self.state_dir.join(&name);
+        std::fs::create_dir(&host_dir).map_err(|e| io_error(&host_dir, "creating", e))?;
+        let mut container_id = None;
+        let result = self.create_in(spec, &origin, &name, &host_dir, &mut container_id).await;
+        if result.is_err() {
+            if let Some(id) = &container_id
+                && let Err(e) = self.remove_container(id).await
+            {
+                tracing::error!(container = %id, error = %e, "removing the container of a failed create");
+            }
+            if let Err(e) = std::fs::remove_dir_all(&host_dir) {
+                tracing::error!(dir = %host_dir.display(), error = %e, "removing the host dir of a failed create");
+            }
+            if let Some(image) = &origin.fork_image {
+                self.remove_image(image).await;
+            }
+        }
+        result
+    }
+
+    async fn create_in(
+        &self,
+        spec: &SandboxSpec,
+        origin: &Origin,
+        name: &str,
+        host_dir: &Path,
+        container_id: &mut Option<String>,
+    ) -> Result<Sandbox> {
+        let opts = &spec.docker;
+        let workdir = workdir(opts)?;
+        let body = container_config(spec, origin, host_dir)?;
+        let token = new_token();
+        write_private_file(&host_dir.join("token"), token.expose().as_bytes())
+            .map_err(|e| io_error(&host_dir.join("token"), "writing", e))?;
+        for sub in ["journal", "workspace"] {
+            std::fs::create_dir(host_dir.join(sub))
+                .map_err(|e| io_error(&host_dir.join(sub), "creating", e))?;
+        }
+        let created = self
+            .docker
+            .create_container(
+                Some(CreateContainerOptionsBuilder::new().name(&format!("sandhold-{name}")).build()),
+                body,
+            )
+            .await
+            .map_err(|e| self.engine_error(&format!("creating a container of {}", origin.image), e))?;
+        *container_id = Some(created.id.clone());
+        let id = created.id;
+
+        let owner = match &opts.user {
+            Some(user) => Some(self.resolve_user(&id, user).await?),
+            None => None,
+        };
+        if let Some((uid, gid)) = owner {
+            for path in [
+                host_dir.to_path_buf(),
+                host_dir.join("token"),
+                host_dir.join("journal"),
+                host_dir.join("workspace"),
+            ] {
+                std::os::unix::fs::chown(&path, Some(uid), Some(gid))
+                    .map_err(|e| io_error(&path, "chowning", e))?;
+            }
+        }
+        let (upload_path, archive) = if opts.read_only_root {
+            (AGENT_DIR.to_string(), agent_archive(&self.agent, "", None)?)
+        } else {
+            let workspace = owner.map(|o| (workdir.trim_start_matches('/').to_string(), o));
+            ("/".to_string(), agent_archive(&self.agent, ".sandhold/", workspace)?)
+        };
+        self.docker
+            .upload_to_container(
+                &id,
+                Some(UploadToContainerOptions { path: upload_path, ..Default::default() }),
+                bollard::body_full(archive),
+            )
+            .await
+            .map_err(|e| self.engine_error("copying the agent into the container", e))?;
+        self.docker
+            .start_container(&id, None::<StartContainerOptions>)
+            .await
+            .map_err(|e| self.engine_error("starting the container", e))?;
+
+        let sandbox = Sandbox {
+            provider_id: id.clone(),
+            address: Address::Unix(host_dir.join("agent.sock")),
+            token,
+            workspace: PathBuf::from(workdir),
+        };
+        self.wait_ready(&sandbox).await?;
+        tracing::info!(container = %id, tenant = %spec.tenant, image = %origin.image, "docker sandbox created");
+        Ok(sandbox)
+    }
+
+    /// Wait for the agent to answer, failing early (with the container's
+    /// last log lines) when the container stops.
+    pub(super) async fn wait_ready(&self, sandbox: &Sandbox) -> Result<AgentClient> {
+        let until = Instant::now() + self.ready_timeout;
+        loop {
+            let last = match AgentClient::connect(&sandbox.address, &sandbox.token).await {
+                Ok(client) => return Ok(client),
+                Err(e) if e.code == ErrorCode::ProtocolMismatch || e.code == ErrorCode::Unauthenticated => {
+                    return Err(e);
+                }
+                Err(e) => e,
+            };
+            let inspect = self
+                .docker
+                .inspect_container(&sandbox.provider_id, None::<InspectContainerOptions>)
+                .await
+                .map_err(|e| self.engine_error("inspecting the container", e))?;
+            let state = inspect.state.unwrap_or_default();
+            if !state.running.unwrap_or(false) {
+                let logs = self.log_tail(&sandbox.provider_id).await;
+                return Err(Error::new(
+                    ErrorCode::Unavailable,
+                    format!(
+                        "the sandbox container stopped before its agent answered (exit code {}{}); container output:\n{logs}",
+                        state.exit_code.unwrap_or_default(),
+                        state.error.filter(|e| !e.is_empty()).map(|e| format!(", {e}")).unwrap_or_default(),
+                    ),
+                ));
+            }
+            if Instant::now() >= until {
+                let logs = self.log_tail(&sandbox.provider_id).await;
+                return Err(Error::new(
+                    ErrorCode::Unavailable,
+                    format!(
+                        "the sandbox agent did not answer within {:?}: {}; container output:\n{logs}",
+                        self.ready_timeout, last.message
+                    ),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn log_tail(&self, id: &str) -> String {
+        let options = LogsOptions { stdout: true, stderr: true, tail: "20".into(), ..Default::default() };
+        let mut stream = self.docker.logs(id, Some(options));
+        let mut out = String::new();
+        while let Some(Ok(chunk)) = stream.next().await {
+            out.push_str(&String::from_utf8_lossy(&chunk.into_bytes()));
+        }
+        out
+    }
+
+    pub(super) async fn remove_container(&self, id: &str) -> Result<()> {
+        let options = RemoveContainerOptions { force: true, v: true, ..Default::default() };
+        match self.docker.remove_container(id, Some(options)).await {
+            Ok(()) | Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => {
+                Ok(())
+            }
+            Err(e) => Err(self.engine_error(&format!("removing container {id}"), e)),
+        }
+    }
+
+    pub(super) async fn remove_image(&self, image: &str) {
+        let options = RemoveImageOptions { force: false, noprune: false };
+        match self.docker.remove_image(image, Some(options), None).await {
+            Ok(_) | Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => {}
+            Err(e) => tracing::warn!(image, error = %e, "removing a sandbox image"),
+        }
+    }
+
+    /// Inspect a container Sandhold manages; `None` when it is gone (or was
+    /// never ours).
+    pub(super) async fn inspect_managed(
+        &self,
+        id: &str,
+    ) -> Result<Option<bollard::models::ContainerInspectResponse>> {
+        match self.docker.inspect_container(id, None::<InspectContainerOptions>).await {
+            Ok(inspect) => {
+                let managed = inspect
+                    .config
+                    .as_ref()
+                    .and_then(|c| c.labels.as_ref())
+                    .is_some_and(|l| l.get(LABEL_MANAGED).map(String::as_str) == Some("true"));
+                Ok(managed.then_some(inspect))
+            }
+            Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => Ok(None),
+            Err(e) => Err(self.engine_error(&format!("inspecting container {id}"), e)),
+        }
+    }
+
+    pub(super) async fn commit(&self, id: &str, repo: &str, tag: &str) -> Result<String> {
+        let options = CommitContainerOptions {
+            container: Some(id.to_string()),
+            repo: Some(repo.to_string()),
+            tag: Some(tag.to_string()),
+            comment: Some("sandhold sandbox snapshot".into()),
+            pause: true,
+            ..Default::default()
+        };
+        self.docker
+            .commit_container(options, bollard::models::ContainerConfig::default())
+            .await
+            .map_err(|e| self.engine_error(&format!("committing container {id}"), e))?;
+        Ok(format!("{repo}:{tag}"))
+    }
+
+    /// The labels and read-only flag of a managed container, or NOT_FOUND.
+    pub(super) async fn managed_or_not_found(&self, id: &str) -> Result<(HashMap<String, String>, bool)> {
+        let inspect = self
+            .inspect_managed(id)
+            .await?
+            .ok_or_else(|| Error::not_found(format!("sandbox container {id} does not exist")))?;
+        let labels = inspect.config.and_then(|c| c.labels).unwrap_or_default();
+        let read_only = inspect.host_config.and_then(|h| h.readonly_rootfs).unwrap_or(false);
+        Ok((labels, read_only))
+    }
+}
+
+pub(super) fn io_error(path: &Path, doing: &str, e: std::io::Error) -> Error {
+    Error::internal(format!("{doing} {}: {e}", path.display()))
+}

@@ -1,0 +1,117 @@
+//! Per-run event logs ([`EventLog`]): offsets, chunks, appends fenced by the writer's epoch, tailing reads.
+
+use std::fmt;
+
+use async_trait::async_trait;
+use futures::stream::BoxStream;
+
+use super::{Epoch, Error, Result, RunId, Timestamp};
+
+/// A position in a run's log, minted by the store. Opaque to clients: they
+/// get it with each chunk and hand it back to resume after that chunk.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Offset(u64);
+
+impl Offset {
+    /// The position before the first chunk ([`FIRST_OFFSET`](super::FIRST_OFFSET)).
+    pub const fn start() -> Self {
+        Self(0)
+    }
+
+    /// Parse an offset a client sent back.
+    pub fn parse(s: &str) -> Result<Self> {
+        if s.is_empty() || s.len() > 19 || !s.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(Error::invalid("offset", format!("{s:?} is not an offset this store minted")));
+        }
+        s.parse::<u64>()
+            .ok()
+            .filter(|n| i64::try_from(*n).is_ok())
+            .map(Self)
+            .ok_or_else(|| Error::invalid("offset", format!("{s:?} is out of range")))
+    }
+
+    pub(crate) fn from_seq(seq: i64) -> Result<Self> {
+        u64::try_from(seq).map(Self).map_err(|_| Error::Corrupt(format!("negative event sequence {seq}")))
+    }
+
+    /// The stored sequence number (0 = before the first chunk).
+    pub(crate) fn seq(&self) -> i64 {
+        // Offsets come from `parse` or `from_seq`, both within i64.
+        self.0 as i64
+    }
+}
+
+impl fmt::Display for Offset {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+impl fmt::Debug for Offset {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Offset({})", self.0)
+    }
+}
+
+/// A chunk to append. The log does not interpret it: `kind` names the event
+/// type, `payload` is its encoding (the event model's choice).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewChunk {
+    pub kind: String,
+    pub payload: Vec<u8>,
+}
+
+impl NewChunk {
+    pub fn new(kind: impl Into<String>, payload: impl Into<Vec<u8>>) -> Self {
+        Self { kind: kind.into(), payload: payload.into() }
+    }
+}
+
+/// A chunk as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredChunk {
+    pub offset: Offset,
+    /// The epoch of the driver that appended it.
+    pub epoch: Epoch,
+    pub kind: String,
+    pub payload: Vec<u8>,
+    pub appended_at: Timestamp,
+}
+
+/// What a log holds right now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogSnapshot {
+    pub chunks: Vec<StoredChunk>,
+    pub closed: bool,
+}
+
+/// Chunks in log order; ends after the last chunk of a closed log. An error
+/// item ends the stream; resume with `read` after the last offset seen.
+pub type ChunkStream = BoxStream<'static, Result<StoredChunk>>;
+
+/// Per-run append-only event logs. A log belongs to its run record: the
+/// record carries the fencing epoch and the closed flag.
+#[async_trait]
+pub trait EventLog: Send + Sync {
+    /// Append `chunks` in order, in one transaction, and return one offset
+    /// per chunk. Refused with [`Error::Fenced`] unless `epoch` is the run's
+    /// current epoch, atomically with respect to a concurrent claim: nothing
+    /// of a superseded writer lands after the claim that superseded it.
+    /// [`Error::LogClosed`] after [`EventLog::close`]. Drivers append through
+    /// a [`LogWriter`](super::LogWriter).
+    async fn append(&self, run: &RunId, epoch: Epoch, chunks: &[NewChunk]) -> Result<Vec<Offset>>;
+
+    /// Everything after `after`, then new appends as they land (from this
+    /// process or any other), ending once the log is closed and read to its
+    /// end. [`Error::NotFound`] up front for an unknown run.
+    async fn read(&self, run: &RunId, after: &Offset) -> Result<ChunkStream>;
+
+    /// What is stored now, without waiting for anything.
+    async fn snapshot(&self, run: &RunId) -> Result<LogSnapshot>;
+
+    /// Close the log: later appends are refused and tailers end. Not fenced
+    /// (teardown must always be able to release tailers); idempotent. A
+    /// driver closes only after its terminal write went through (or the run
+    /// is known terminal): closing is final, also for a successor.
+    async fn close(&self, run: &RunId) -> Result<()>;
+}

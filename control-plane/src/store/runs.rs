@@ -1,0 +1,220 @@
+//! Run records and their store ([`RunStore`]): create, claim (the fence), update, finish.
+
+use std::fmt;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+use super::{Epoch, Result, RunId, Tenant, Timestamp};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RunStatus {
+    Running,
+    Interrupted,
+    Completed,
+    Failed,
+    Aborted,
+}
+
+impl RunStatus {
+    pub const ALL: [RunStatus; 5] =
+        [Self::Running, Self::Interrupted, Self::Completed, Self::Failed, Self::Aborted];
+
+    pub fn is_terminal(self) -> bool {
+        matches!(self, Self::Completed | Self::Failed | Self::Aborted)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Running => "running",
+            Self::Interrupted => "interrupted",
+            Self::Completed => "completed",
+            Self::Failed => "failed",
+            Self::Aborted => "aborted",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|st| st.as_str() == s)
+    }
+}
+
+impl fmt::Display for RunStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why a run failed: a reason code (e.g. `REPLAY_DIVERGED`) and a message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunError {
+    pub code: String,
+    pub message: String,
+}
+
+/// The per-run secret that keys the journal's exit sentinel. Stored (a
+/// takeover needs it to recognise the sentinel) but never printed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SentinelKey(String);
+
+impl SentinelKey {
+    pub fn new(key: impl Into<String>) -> Self {
+        Self(key.into())
+    }
+
+    /// A fresh key: 32 random bytes, hex.
+    pub fn random() -> Self {
+        use rand::RngCore;
+        let mut bytes = [0u8; 32];
+        rand::thread_rng().fill_bytes(&mut bytes);
+        Self(hex::encode(bytes))
+    }
+
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for SentinelKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("[redacted]")
+    }
+}
+
+/// A run's lifecycle record.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunRecord {
+    pub run_id: RunId,
+    pub thread_id: String,
+    pub tenant: Tenant,
+    pub status: RunStatus,
+    pub started_at: Timestamp,
+    pub finished_at: Option<Timestamp>,
+    pub error: Option<RunError>,
+    /// Token usage and the like, as the harness reports it.
+    pub usage: Option<serde_json::Value>,
+    pub sandbox_key: Option<String>,
+    /// Set when the last client left a durable run; the reaper's clock.
+    pub detached_since: Option<Timestamp>,
+    /// Intent only: the driver decides when the run is actually aborted.
+    pub cancel_requested: bool,
+    pub driver_epoch: Epoch,
+    pub sentinel_key: SentinelKey,
+    /// No more appends; tailers end once they have read everything.
+    pub log_closed: bool,
+    pub updated_at: Timestamp,
+    /// What started the run (opaque to the store): harness, definition,
+    /// durability. Never a secret.
+    pub spec: Option<serde_json::Value>,
+    /// Set on a copy made by a snapshot fork ([`CheckpointStore::fork`](super::CheckpointStore::fork)):
+    /// the run of the source thread it was copied from.
+    pub forked_from_run: Option<RunId>,
+}
+
+/// A run id nobody chose: `run-<32 hex>`.
+pub fn generated_run_id() -> RunId {
+    RunId::parse(&format!("run-{}", uuid::Uuid::new_v4().simple())).expect("a valid run id")
+}
+
+/// What [`RunStore::create_or_resume`] needs to create a run.
+#[derive(Debug, Clone)]
+pub struct NewRun {
+    pub run_id: RunId,
+    pub thread_id: String,
+    pub tenant: Tenant,
+    pub sentinel_key: SentinelKey,
+    pub sandbox_key: Option<String>,
+    pub started_at: Timestamp,
+    /// See [`RunRecord::spec`].
+    pub spec: Option<serde_json::Value>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct CreatedRun {
+    pub record: RunRecord,
+    /// True when this call created the record: the caller owns
+    /// [`FIRST_EPOCH`](super::FIRST_EPOCH). False when the run existed: the record is returned
+    /// unchanged and the caller must claim before writing.
+    pub created: bool,
+}
+
+/// Non-terminal changes to a record; `None` leaves a field as it is.
+/// Not fenced: a stale driver's non-terminal write cannot make a live run
+/// look finished, and the current driver overwrites it anyway.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RunUpdate {
+    /// `running` or `interrupted` only; terminal statuses go through
+    /// [`RunStore::finish`]. Refused with [`Error::RunTerminal`](super::Error::RunTerminal) once the run
+    /// is terminal.
+    pub status: Option<RunStatus>,
+    pub sandbox_key: Option<Option<String>>,
+    pub detached_since: Option<Option<Timestamp>>,
+    pub usage: Option<serde_json::Value>,
+}
+
+/// A terminal status write, fenced by the writer's epoch.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunFinish {
+    /// `completed`, `failed` or `aborted`.
+    pub status: RunStatus,
+    pub error: Option<RunError>,
+    /// Replaces the stored usage when set.
+    pub usage: Option<serde_json::Value>,
+    pub finished_at: Timestamp,
+}
+
+/// Run lifecycle records. Operations taking a [`Tenant`] serve the API and
+/// treat another tenant's run as unknown; the others serve the driver and the
+/// reaper, which act for every tenant.
+#[async_trait]
+pub trait RunStore: Send + Sync {
+    /// Create the run, or return the existing record unchanged. A run id that
+    /// exists under another tenant is [`Error::AlreadyExists`](super::Error::AlreadyExists).
+    async fn create_or_resume(&self, new: NewRun) -> Result<CreatedRun>;
+
+    async fn get(&self, tenant: &Tenant, run: &RunId) -> Result<RunRecord>;
+
+    /// The record whatever its tenant (driver, reaper).
+    async fn get_unscoped(&self, run: &RunId) -> Result<RunRecord>;
+
+    async fn update(&self, run: &RunId, update: RunUpdate) -> Result<RunRecord>;
+
+    /// Take over the run: bump its epoch and return the record carrying the
+    /// new one. Refuses terminal runs ([`Error::RunTerminal`](super::Error::RunTerminal)) and unknown
+    /// ones ([`Error::NotFound`](super::Error::NotFound)). Two racing claims get distinct epochs; the
+    /// lower one is already superseded.
+    async fn claim(&self, run: &RunId) -> Result<RunRecord>;
+
+    /// Write a terminal status, only if `epoch` is the current epoch
+    /// ([`Error::Fenced`](super::Error::Fenced) otherwise: the write is suppressed) and the run is
+    /// not terminal yet ([`Error::RunTerminal`](super::Error::RunTerminal)).
+    async fn finish(&self, run: &RunId, epoch: Epoch, finish: RunFinish) -> Result<RunRecord>;
+
+    /// Record that the tenant asked to cancel the run. Writes no status: only
+    /// the driver knows when the agent is gone. A terminal run is returned
+    /// unchanged.
+    async fn request_cancel(&self, tenant: &Tenant, run: &RunId) -> Result<RunRecord>;
+
+    /// The newest non-terminal run of the thread.
+    async fn active_run(&self, tenant: &Tenant, thread_id: &str) -> Result<Option<RunRecord>>;
+
+    /// Runs of the thread, oldest first.
+    async fn list_by_thread(&self, tenant: &Tenant, thread_id: &str) -> Result<Vec<RunRecord>>;
+
+    /// The tenant's newest `limit` runs, newest first.
+    async fn list_recent(&self, tenant: &Tenant, limit: u32) -> Result<Vec<RunRecord>>;
+
+    /// Runs still `running` and detached at or before `cutoff` (inclusive),
+    /// oldest detachment first, across all tenants.
+    async fn list_reclaimable(&self, cutoff: Timestamp) -> Result<Vec<RunRecord>>;
+
+    /// Runs still `running` and not detached, across all tenants, oldest
+    /// start first, at most `limit`: the reaper looks among them for runs
+    /// no replica drives (their driver died with no client left).
+    async fn list_undetached_running(&self, limit: u32) -> Result<Vec<RunRecord>>;
+
+    /// Runs not terminal yet whose sandbox is `sandbox_key`, across all
+    /// tenants: the reaper keeps a sandbox some run still lives in.
+    async fn unfinished_in_sandbox(&self, sandbox_key: &str) -> Result<Vec<RunRecord>>;
+}
