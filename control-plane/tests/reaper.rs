@@ -922,7 +922,28 @@ async fn journals_and_orphaned_sandboxes_are_pruned_within_scope() {
     let mut stream =
         other_runs.start_run(command_run(&foreign, "th", "def", "echo hi")).await.unwrap().into_inner();
     read_until(&mut stream, &mut Seen::default(), |_| false).await.unwrap();
-    assert_eq!(wait_terminal(&mut other_runs, &foreign).await.status, api::RunStatus::Completed as i32);
+    let foreign_run = wait_terminal(&mut other_runs, &foreign).await;
+    assert_eq!(foreign_run.status, api::RunStatus::Completed as i32);
+    // A driver deletes a finished run's journal just after writing its
+    // status: wait for that, so no sweep below races the driver for it.
+    for (token, run) in [(&token, &done_run), (&other_token, &foreign_run)] {
+        let sandbox = server
+            .sandboxes(token)
+            .await
+            .get_sandbox(api::GetSandboxRequest { sandbox_id: run.sandbox_id.clone() })
+            .await
+            .unwrap()
+            .into_inner()
+            .sandbox
+            .unwrap();
+        let real = data
+            .join("sandboxes")
+            .join(&sandbox.provider_sandbox_id)
+            .join("journal")
+            .join(format!("{}.ndjson", run.run_id));
+        let dropped = eventually(PATIENCE, || std::future::ready(!real.exists())).await;
+        assert!(dropped, "the driver never deleted {}", real.display());
+    }
 
     let sandbox = sandboxes
         .get_sandbox(api::GetSandboxRequest { sandbox_id: done_run.sandbox_id.clone() })

@@ -17,6 +17,7 @@ pub mod bench;
 pub mod cli;
 pub mod database;
 pub mod docker;
+pub mod in_process;
 pub mod local;
 pub mod provider;
 pub mod run;

@@ -72,3 +72,58 @@ where
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::convert::Infallible;
+
+    use tonic::body::Body;
+    use tower::ServiceExt;
+
+    use super::*;
+
+    /// A service that answers every call with 200 and "inner".
+    #[derive(Clone)]
+    struct Inner;
+
+    impl NamedService for Inner {
+        const NAME: &'static str = "test.Inner";
+    }
+
+    impl Service<http::Request<Body>> for Inner {
+        type Response = http::Response<Body>;
+        type Error = Infallible;
+        type Future = std::future::Ready<Result<Self::Response, Infallible>>;
+
+        fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, _request: http::Request<Body>) -> Self::Future {
+            let mut response = http::Response::new(Body::default());
+            response.headers_mut().insert("x-answered-by", http::HeaderValue::from_static("inner"));
+            std::future::ready(Ok(response))
+        }
+    }
+
+    fn request() -> http::Request<Body> {
+        http::Request::builder().uri("/test.Inner/Call").body(Body::default()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_closed_gate_is_unavailable_and_an_open_one_delegates() {
+        let (gate, slot) = gate::<Inner>();
+        assert_eq!(<Gate<Inner> as NamedService>::NAME, "test.Inner");
+
+        let closed = gate.clone().oneshot(request()).await.unwrap();
+        let status = tonic::Status::from_header_map(closed.headers()).expect("a gRPC status");
+        assert_eq!(status.code(), tonic::Code::Unavailable);
+        assert!(status.message().contains("starting"), "{status:?}");
+        assert!(closed.headers().get("x-answered-by").is_none());
+
+        slot.fill(Inner);
+        let open = gate.oneshot(request()).await.unwrap();
+        assert_eq!(open.headers().get("x-answered-by").unwrap(), "inner");
+        assert!(tonic::Status::from_header_map(open.headers()).is_none());
+    }
+}

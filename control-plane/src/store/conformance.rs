@@ -9,8 +9,8 @@ use std::time::Duration;
 use futures::StreamExt;
 use sqlx::Connection;
 
-use super::testing::ScratchDatabase;
 use super::*;
+use sandhold_tests::database::ScratchDatabase;
 
 /// Generous: the box is small and shared; waits end as soon as the
 /// condition holds.

@@ -1,10 +1,7 @@
-//! Throwaway PostgreSQL databases for the stores' tests, fault tests and
-//! benchmarks, so they can run in parallel on one server. Not used by the
-//! server itself.
+//! Records for the stores' own unit tests (compiled only for them). The
+//! throwaway databases they run on come from `sandhold_tests::database`.
 
-use sqlx::Connection;
-
-use super::{Error, NewRun, Result, RunId, SentinelKey, Tenant, Timestamp};
+use super::{NewRun, RunId, SentinelKey, Tenant, Timestamp};
 
 /// A run record with nothing but its identity, started now: no sandbox, no
 /// spec. For tests and benchmarks of the log and the run store.
@@ -17,77 +14,5 @@ pub fn bare_run(run_id: RunId, tenant: &str, thread_id: &str) -> NewRun {
         sandbox_key: None,
         started_at: Timestamp::now(),
         spec: None,
-    }
-}
-
-/// A database created for one test, on a server whose role may create
-/// databases. [`ScratchDatabase::drop_database`] removes it; a test that
-/// panics leaves it behind (named `sandhold_test_*`).
-pub struct ScratchDatabase {
-    admin_url: String,
-    name: String,
-    url: String,
-}
-
-impl ScratchDatabase {
-    pub async fn create(admin_url: &str) -> Result<Self> {
-        let name = format!("sandhold_test_{}", uuid::Uuid::new_v4().simple());
-        let mut admin = sqlx::PgConnection::connect(admin_url).await?;
-        // The name is ours (hex), so formatting it into the statement is safe.
-        sqlx::query(&format!("CREATE DATABASE {name}")).execute(&mut admin).await?;
-        admin.close().await?;
-        Ok(Self { admin_url: admin_url.to_owned(), url: with_database(admin_url, &name)?, name })
-    }
-
-    /// URL of the new database.
-    pub fn url(&self) -> &str {
-        &self.url
-    }
-
-    /// Drop the database, disconnecting whoever is still connected.
-    pub async fn drop_database(self) -> Result<()> {
-        let mut admin = sqlx::PgConnection::connect(&self.admin_url).await?;
-        sqlx::query(&format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name))
-            .execute(&mut admin)
-            .await?;
-        admin.close().await?;
-        Ok(())
-    }
-}
-
-/// `url` with its database name replaced by `database`.
-fn with_database(url: &str, database: &str) -> Result<String> {
-    let (base, query) = match url.split_once('?') {
-        Some((base, query)) => (base, Some(query)),
-        None => (url, None),
-    };
-    let authority_start = base
-        .find("://")
-        .map(|i| i + 3)
-        .ok_or_else(|| Error::invalid("database_url", "expected postgres://..."))?;
-    let path_start = base[authority_start..].find('/').map_or(base.len(), |i| authority_start + i);
-    let mut out = format!("{}/{database}", &base[..path_start]);
-    if let Some(query) = query {
-        out.push('?');
-        out.push_str(query);
-    }
-    Ok(out)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::with_database;
-
-    #[test]
-    fn replaces_the_database_name_only() {
-        assert_eq!(
-            with_database("postgres://u:p@127.0.0.1:5432/sandhold", "x").unwrap(),
-            "postgres://u:p@127.0.0.1:5432/x"
-        );
-        assert_eq!(
-            with_database("postgres://u:p@h:1/db?sslmode=disable", "x").unwrap(),
-            "postgres://u:p@h:1/x?sslmode=disable"
-        );
-        assert_eq!(with_database("postgres://h:1", "x").unwrap(), "postgres://h:1/x");
     }
 }

@@ -1,0 +1,152 @@
+//! Every public gRPC service in-process: built from a context with real
+//! SQLite stores and the local provider, called through the real tonic
+//! stack over a duplex pipe (no `server::start`, no port).
+
+use sandhold_tests::in_process::InProcess;
+use sandhold_tests::provider::Kind;
+use sandhold_tests::run::{Seen, command_run, definition, numbered_lines, read_until};
+use sandhold_tests::wait::{PATIENCE, eventually};
+use shared::proto::v1 as api;
+use tonic::Code;
+
+async fn put_local_definition(ip: &InProcess, id: &str) {
+    ip.sandboxes()
+        .put_definition(api::PutDefinitionRequest { definition: Some(definition(id, Kind::Local)) })
+        .await
+        .expect("put definition");
+}
+
+#[tokio::test]
+async fn sandbox_service_keeps_definitions_and_runs_commands() {
+    let ip = InProcess::start().await;
+    let mut sandboxes = ip.sandboxes();
+    put_local_definition(&ip, "def").await;
+
+    let got = sandboxes.get_definition(api::GetDefinitionRequest { id: "def".into() }).await.unwrap();
+    assert_eq!(got.into_inner().definition.unwrap().id, "def");
+    let listed = sandboxes.list_definitions(api::ListDefinitionsRequest {}).await.unwrap().into_inner();
+    assert_eq!(listed.definitions.iter().map(|d| d.id.as_str()).collect::<Vec<_>>(), ["def"]);
+    let missing =
+        sandboxes.get_definition(api::GetDefinitionRequest { id: "nope".into() }).await.unwrap_err();
+    assert_eq!(missing.code(), Code::NotFound, "{missing:?}");
+
+    let request = api::EnsureSandboxRequest {
+        definition_id: "def".into(),
+        thread_id: "t1".into(),
+        ..Default::default()
+    };
+    let (_, ready) = sandhold_tests::sandbox::ensure(&mut sandboxes, request).await;
+    let sandbox = ready.expect("the sandbox is ready").sandbox.expect("a sandbox").sandbox_id;
+    let exec = sandboxes
+        .exec(api::ExecRequest {
+            sandbox_id: sandbox.clone(),
+            command: Some(api::Command { kind: Some(api::command::Kind::Shell("echo in-process".into())) }),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(exec.stdout, b"in-process\n");
+    assert_eq!(exec.status.and_then(|s| s.status), Some(api::exit_status::Status::Code(0)));
+
+    let no_command = sandboxes
+        .exec(api::ExecRequest { sandbox_id: sandbox.clone(), ..Default::default() })
+        .await
+        .unwrap_err();
+    assert_eq!(no_command.code(), Code::InvalidArgument, "{no_command:?}");
+
+    sandboxes.destroy_sandbox(api::DestroySandboxRequest { sandbox_id: sandbox.clone() }).await.unwrap();
+    let gone = sandboxes.get_sandbox(api::GetSandboxRequest { sandbox_id: sandbox }).await.unwrap_err();
+    assert_eq!(gone.code(), Code::NotFound, "{gone:?}");
+    sandboxes.delete_definition(api::DeleteDefinitionRequest { id: "def".into() }).await.unwrap();
+    let deleted = sandboxes.get_definition(api::GetDefinitionRequest { id: "def".into() }).await.unwrap_err();
+    assert_eq!(deleted.code(), Code::NotFound);
+}
+
+#[tokio::test]
+async fn run_service_streams_a_run_and_answers_for_its_record() {
+    let ip = InProcess::start().await;
+    put_local_definition(&ip, "def").await;
+    let mut runs = ip.runs();
+
+    let script = numbered_lines(3, 100, "0");
+    let mut stream =
+        runs.start_run(command_run("ip-run-1", "t1", "def", &script)).await.unwrap().into_inner();
+    let mut seen = Seen::default();
+    let ended = read_until(&mut stream, &mut seen, |_| false).await.expect("the run streams");
+    assert!(ended, "the stream ends after the terminal chunk");
+    assert_eq!(seen.line_numbers(), [1, 2, 3]);
+    assert_eq!(seen.terminal().map(|c| c.r#type()), Some(api::ChunkType::RunFinished));
+
+    // The status is written right after the terminal chunk.
+    let get = || {
+        let mut runs = runs.clone();
+        async move {
+            let request = api::GetRunRequest { run_id: "ip-run-1".into() };
+            runs.get_run(request).await.unwrap().into_inner().run.unwrap()
+        }
+    };
+    let terminal =
+        eventually(PATIENCE, || async { get().await.status != api::RunStatus::Running as i32 }).await;
+    assert!(terminal, "the run's record stayed running");
+    let record = get().await;
+    assert_eq!(record.status, api::RunStatus::Completed as i32);
+    assert_eq!(record.harness, "command");
+    let listed = runs.list_runs(api::ListRunsRequest { thread_id: "t1".into(), limit: 0 }).await.unwrap();
+    assert_eq!(listed.into_inner().runs.iter().map(|r| r.run_id.as_str()).collect::<Vec<_>>(), ["ip-run-1"]);
+    let active = runs.get_active_run(api::GetActiveRunRequest { thread_id: "t1".into() }).await.unwrap();
+    assert!(active.into_inner().run.is_none(), "a finished run is not active");
+
+    // The stored log replays exactly what the live stream delivered.
+    let request =
+        api::AttachRunRequest { run_id: "ip-run-1".into(), stored_only: true, ..Default::default() };
+    let mut stored = runs.attach_run(request).await.unwrap().into_inner();
+    let mut replay = Seen::default();
+    read_until(&mut stored, &mut replay, |_| false).await.unwrap();
+    let offsets = |s: &Seen| s.chunks.iter().map(|(o, _)| o.clone()).collect::<Vec<_>>();
+    assert_eq!(offsets(&replay), offsets(&seen));
+
+    let again = runs.start_run(command_run("ip-run-1", "t1", "def", "true")).await.unwrap_err();
+    assert_eq!(again.code(), Code::AlreadyExists, "{again:?}");
+    let bad = runs.get_run(api::GetRunRequest { run_id: "no spaces".into() }).await.unwrap_err();
+    assert_eq!(bad.code(), Code::InvalidArgument, "{bad:?}");
+    let unknown = runs.get_run(api::GetRunRequest { run_id: "ip-run-unknown".into() }).await.unwrap_err();
+    assert_eq!(unknown.code(), Code::NotFound, "{unknown:?}");
+    let no_thread =
+        runs.get_active_run(api::GetActiveRunRequest { thread_id: String::new() }).await.unwrap_err();
+    assert_eq!(no_thread.code(), Code::InvalidArgument);
+    let mut no_id = command_run("", "t1", "def", "true");
+    no_id.durable = true;
+    let refused = runs.start_run(no_id).await.unwrap_err();
+    assert_eq!(refused.code(), Code::InvalidArgument, "a durable run needs an id: {refused:?}");
+}
+
+#[tokio::test]
+async fn snapshot_service_refuses_a_thread_without_a_sandbox() {
+    let ip = InProcess::start().await;
+    let mut snapshots = ip.snapshots();
+    let listed =
+        snapshots.list_snapshots(api::ListSnapshotsRequest { thread_id: "t1".into() }).await.unwrap();
+    assert!(listed.into_inner().checkpoints.is_empty());
+    let save = api::SaveSnapshotRequest { thread_id: "t1".into(), ..Default::default() };
+    let refused = snapshots.save_snapshot(save).await.unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+    assert!(refused.message().contains("has no sandbox"), "{refused:?}");
+    let unnamed =
+        snapshots.list_snapshots(api::ListSnapshotsRequest { thread_id: String::new() }).await.unwrap_err();
+    assert_eq!(unnamed.code(), Code::InvalidArgument);
+}
+
+#[tokio::test]
+async fn admin_service_describes_the_context_and_sweeps() {
+    let ip = InProcess::start().await;
+    let mut admin = ip.admin();
+    let info = admin.get_server_info(api::GetServerInfoRequest {}).await.unwrap().into_inner();
+    assert_eq!(info.replica_id, ip.cx.replica_id);
+    assert_eq!(info.tenant, control_plane::auth::SINGLE_USER_TENANT);
+    assert_eq!(info.store_backend, ip.cx.stores.backend_name());
+    assert_eq!(info.lease_backend, ip.cx.leases.backend_name());
+    let swept = admin.sweep(api::SweepRequest {}).await.unwrap().into_inner();
+    assert_eq!(swept.scope, "all", "the single user sweeps everything");
+    assert!(swept.runs.is_empty());
+}
