@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use control_plane::agent::AgentClient;
 use control_plane::provider::{LocalProvider, LocalProviderOptions, Provider, SandboxSpec};
-use control_plane::sandbox::provision::Secrets;
+use control_plane::provision::Secrets;
 use control_plane::snapshot::{self, SaveRequest};
 use control_plane::store::{Stores, Tenant, default_database_url};
 use rand::RngCore;

@@ -14,8 +14,8 @@ use control_plane::provider::{
     DockerOptions, DockerProvider, DockerProviderOptions, LocalProvider, LocalProviderOptions, Provider,
     SandboxSpec,
 };
-use control_plane::sandbox::progress::Progress;
-use control_plane::sandbox::provision::{ProvisionContext, Provisioner, Secrets};
+use control_plane::provision::Progress;
+use control_plane::provision::{ProvisionContext, Provisioner, Secrets};
 use control_plane::workspace::{WorkspaceProvisioner, project_for_run};
 use sandhold_tests::docker::{self, DockerCleanup};
 use sandhold_tests::provider::{self, Kind};

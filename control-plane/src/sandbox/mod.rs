@@ -21,13 +21,6 @@ use tokio_util::sync::CancellationToken;
 pub use ensure::ensure_input;
 pub use lifecycle::{EnsureInput, Lifecycle, Providers};
 
-// Where tests and older callers look for the provisioning seam.
-pub use crate::provision;
-pub use crate::provision::{Provisioner, Secrets};
-pub mod progress {
-    pub use crate::provision::Progress;
-}
-
 /// How often idle sandboxes are looked for.
 const IDLE_SWEEP_EVERY: Duration = Duration::from_secs(10);
 
