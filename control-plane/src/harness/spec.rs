@@ -1,0 +1,182 @@
+//! What a run asks of a harness: which CLI, its options, and the command
+//! line, environment and prompt delivery built from them.
+
+use std::collections::BTreeMap;
+
+use shared::ids::RunId;
+use shared::proto::agent::v1 as agent;
+
+use super::*;
+
+/// The harnesses a run can use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Harness {
+    /// Any command: JSON chunk lines pass through, other lines are text.
+    Command,
+    /// `claude -p --output-format stream-json`.
+    ClaudeCode,
+    /// `codex exec --json`.
+    Codex,
+    /// `opencode run --format json`.
+    OpenCode,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HarnessError {
+    #[error("unknown harness {0:?} (known: command, claude-code, codex, opencode)")]
+    Unknown(String),
+    #[error("the command harness needs a command (argv) to run")]
+    MissingCommand,
+    #[error("invalid option {option}: {reason}")]
+    InvalidOption { option: &'static str, reason: String },
+}
+
+impl Harness {
+    pub const ALL: [Harness; 4] = [Harness::Command, Harness::ClaudeCode, Harness::Codex, Harness::OpenCode];
+
+    /// The harness's name on the wire and in CUSTOM names
+    /// (`claude-code.session-id`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Harness::Command => "command",
+            Harness::ClaudeCode => "claude-code",
+            Harness::Codex => "codex",
+            Harness::OpenCode => "opencode",
+        }
+    }
+
+    pub fn parse(name: &str) -> Result<Self, HarnessError> {
+        Self::ALL.into_iter().find(|h| h.name() == name).ok_or_else(|| HarnessError::Unknown(name.to_owned()))
+    }
+
+    /// The command line, environment and stdin of a run of this harness.
+    pub fn command(self, options: &HarnessOptions, prompt: &str) -> Result<CommandSpec, HarnessError> {
+        match self {
+            Harness::Command => command::command(options, prompt),
+            Harness::ClaudeCode => claude_code::command(options, prompt),
+            Harness::Codex => codex::command(options, prompt),
+            Harness::OpenCode => opencode::command(options, prompt),
+        }
+    }
+
+    /// A translator for one run of this harness. `clock` stamps
+    /// `timestamp_ms` only.
+    pub fn translator(
+        self,
+        run_id: &RunId,
+        thread_id: &str,
+        clock: impl Fn() -> i64 + Send + Sync + 'static,
+    ) -> Translator {
+        let inner: Box<dyn Translate> = match self {
+            Harness::Command => Box::new(command::CommandTranslator::default()),
+            Harness::ClaudeCode => Box::new(claude_code::ClaudeCodeTranslator::default()),
+            Harness::Codex => Box::new(codex::CodexTranslator::default()),
+            Harness::OpenCode => Box::new(opencode::OpenCodeTranslator::default()),
+        };
+        Translator { em: Emitter::new(self, run_id, thread_id, clock), inner }
+    }
+}
+
+/// What a client may set for a run. Options a harness has no use for are
+/// ignored by it (documented per field).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct HarnessOptions {
+    /// The program to run instead of the CLI's usual name (`claude`, `codex`,
+    /// `opencode`), e.g. an absolute path. Not for `command`.
+    pub program: Option<String>,
+    /// `command` only: the argv to run.
+    pub command: Vec<String>,
+    pub model: Option<String>,
+    /// Continue this CLI session (the value of a `<harness>.session-id`).
+    pub resume_session_id: Option<String>,
+    /// Claude Code `--permission-mode` (default `bypassPermissions`: the
+    /// sandbox is the isolation).
+    pub permission_mode: Option<String>,
+    /// Claude Code `--max-turns`.
+    pub max_turns: Option<u32>,
+    /// Claude Code `--allowedTools` / `--disallowedTools`.
+    pub allowed_tools: Vec<String>,
+    pub disallowed_tools: Vec<String>,
+    /// Claude Code `--append-system-prompt`.
+    pub system_prompt: Option<String>,
+    /// Claude Code `--mcp-config`, a path inside the sandbox.
+    pub mcp_config_path: Option<String>,
+    /// Claude Code `--include-partial-messages` (streamed text deltas).
+    pub include_partial_messages: bool,
+    /// Codex `--sandbox` mode; unset means
+    /// `--dangerously-bypass-approvals-and-sandbox` (the sandbox is the
+    /// isolation, and Codex's own sandbox does not work in most containers).
+    pub sandbox_mode: Option<String>,
+    /// Codex `-c key=value` overrides, in order (value parsed as TOML by
+    /// Codex).
+    pub config_overrides: Vec<(String, String)>,
+    /// Appended to the CLI's argv before the prompt.
+    pub extra_args: Vec<String>,
+    /// Added to the run's environment (secrets included; never logged).
+    pub env: BTreeMap<String, String>,
+    /// Deliver the prompt through this file (a path under the sandbox root)
+    /// redirected to stdin, for providers without writable stdin. Unset: the
+    /// prompt is written to stdin directly.
+    pub prompt_file: Option<String>,
+}
+
+/// What to start in the sandbox: maps onto the agent's
+/// `JournalService.StartRun`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommandSpec {
+    pub argv: Vec<String>,
+    /// Added to the agent's environment.
+    pub env: BTreeMap<String, String>,
+    pub stdin: StdinSpec,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StdinSpec {
+    /// `/dev/null`.
+    Null,
+    /// These bytes are the command's stdin.
+    Bytes(Vec<u8>),
+    /// Write `contents` to `path` (under the sandbox root) first; that file
+    /// becomes stdin.
+    File { path: String, contents: Vec<u8> },
+}
+
+impl CommandSpec {
+    /// The agent request that starts this command as journaled run `run_id`.
+    /// For [`StdinSpec::File`] the caller writes the file (FsService) before
+    /// sending it.
+    pub fn start_run_request(
+        &self,
+        run_id: &RunId,
+        cwd: &str,
+        sentinel_key: Vec<u8>,
+    ) -> agent::StartRunRequest {
+        let stdin = match &self.stdin {
+            StdinSpec::Null => None,
+            StdinSpec::Bytes(b) => Some(agent::start_run_request::Stdin::StdinBytes(b.clone())),
+            StdinSpec::File { path, .. } => Some(agent::start_run_request::Stdin::StdinFile(path.clone())),
+        };
+        agent::StartRunRequest {
+            run_id: run_id.as_str().to_owned(),
+            command: Some(agent::Command {
+                kind: Some(agent::command::Kind::Argv(agent::Argv { args: self.argv.clone() })),
+            }),
+            cwd: cwd.to_owned(),
+            env: self.env.clone().into_iter().collect(),
+            stdin,
+            sentinel_key,
+        }
+    }
+}
+
+/// How the prompt reaches a stdin-fed CLI.
+pub(super) fn prompt_stdin(options: &HarnessOptions, prompt: &str) -> StdinSpec {
+    match &options.prompt_file {
+        Some(path) => StdinSpec::File { path: path.clone(), contents: prompt.as_bytes().to_vec() },
+        None => StdinSpec::Bytes(prompt.as_bytes().to_vec()),
+    }
+}
+
+pub(super) fn program(options: &HarnessOptions, default: &str) -> String {
+    options.program.clone().unwrap_or_else(|| default.to_owned())
+}

@@ -1,0 +1,313 @@
+//! Journal lines to chunks: the [`Translator`] every adapter drives, the
+//! [`Emitter`] bookkeeping they share, and the JSON helpers they use.
+
+use serde_json::Value;
+use shared::chunk::{self, Chunk, ChunkFactory, ChunkType, RunScopedIds, Usage};
+use shared::ids::RunId;
+
+use super::*;
+
+/// Translates one run's journal into chunks. Feed it every line of the
+/// journal in order (without the newline, never the exit sentinel), then
+/// call [`finish`](Self::finish) once the run's exit is known.
+pub struct Translator {
+    pub(super) em: Emitter,
+    pub(super) inner: Box<dyn Translate>,
+}
+
+impl std::fmt::Debug for Translator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Translator")
+            .field("harness", &self.em.harness)
+            .field("terminal", &self.em.terminal)
+            .finish()
+    }
+}
+
+impl Translator {
+    /// The chunks of one journal line. The first call yields RUN_STARTED
+    /// first; after the terminal chunk every line yields nothing.
+    pub fn feed(&mut self, line: &[u8]) -> Vec<Chunk> {
+        self.em.ensure_started();
+        if !self.em.terminal {
+            self.inner.line(&mut self.em, line);
+        }
+        std::mem::take(&mut self.em.out)
+    }
+
+    /// The run exited with `exit_code` (128 + signal for a signal); its
+    /// stderr ended with `stderr_tail`. Yields the terminal chunk unless the
+    /// CLI's own result event already did, and nothing on a second call.
+    pub fn finish(&mut self, exit_code: i32, stderr_tail: &str) -> Vec<Chunk> {
+        self.em.ensure_started();
+        if !self.em.terminal {
+            self.inner.finish(&mut self.em, exit_code, stderr_tail);
+            if !self.em.terminal {
+                // An adapter that forgot its terminal chunk must not leave
+                // the run open.
+                self.em.finish_from_exit(exit_code, stderr_tail, None, "stop", None);
+            }
+        }
+        std::mem::take(&mut self.em.out)
+    }
+
+    /// True once RUN_FINISHED or RUN_ERROR was produced.
+    pub fn is_terminal(&self) -> bool {
+        self.em.terminal
+    }
+}
+
+/// One harness's translation state.
+pub(super) trait Translate: Send {
+    fn line(&mut self, em: &mut Emitter, line: &[u8]);
+    fn finish(&mut self, em: &mut Emitter, exit_code: i32, stderr_tail: &str);
+}
+
+/// Longest piece of an offending line a warning carries.
+pub(super) const WARNING_LINE_MAX: usize = 512;
+
+/// Builds a run's chunks and keeps the bookkeeping every adapter shares:
+/// RUN_STARTED first, nothing after the terminal chunk, open messages and
+/// tool calls ended before it.
+pub(super) struct Emitter {
+    pub(super) harness: Harness,
+    pub(super) f: ChunkFactory,
+    pub(super) ids: RunScopedIds,
+    pub(super) out: Vec<Chunk>,
+    pub(super) started: bool,
+    pub(super) terminal: bool,
+    /// Started and not yet ended: (START type, id), oldest first.
+    pub(super) open: Vec<(ChunkType, String)>,
+    /// The latest text message, the parent of tool calls that follow it.
+    pub(super) last_text_id: String,
+}
+
+impl Emitter {
+    pub(super) fn new(
+        harness: Harness,
+        run_id: &RunId,
+        thread_id: &str,
+        clock: impl Fn() -> i64 + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            harness,
+            f: ChunkFactory::new(run_id, thread_id, clock),
+            ids: RunScopedIds::new(run_id.clone()),
+            out: Vec::new(),
+            started: false,
+            terminal: false,
+            open: Vec::new(),
+            last_text_id: String::new(),
+        }
+    }
+
+    pub(super) fn ensure_started(&mut self) {
+        if !self.started {
+            self.started = true;
+            let c = self.f.run_started();
+            self.out.push(c);
+        }
+    }
+
+    pub(super) fn new_id(&mut self) -> String {
+        self.ids.next_id()
+    }
+
+    /// Emits `c` and tracks what it opens and closes.
+    pub(super) fn push(&mut self, c: Chunk) {
+        if self.terminal {
+            return;
+        }
+        self.ensure_started();
+        match c.r#type() {
+            ChunkType::RunStarted => return,
+            ty @ (ChunkType::TextMessageStart | ChunkType::ReasoningStart) => {
+                if ty == ChunkType::TextMessageStart {
+                    self.last_text_id = c.message_id.clone();
+                }
+                self.open.push((ty, c.message_id.clone()));
+            }
+            ChunkType::ToolCallStart => self.open.push((ChunkType::ToolCallStart, c.tool_call_id.clone())),
+            ChunkType::TextMessageEnd => self.forget(ChunkType::TextMessageStart, &c.message_id),
+            ChunkType::ReasoningEnd => self.forget(ChunkType::ReasoningStart, &c.message_id),
+            ChunkType::ToolCallEnd => self.forget(ChunkType::ToolCallStart, &c.tool_call_id),
+            ChunkType::RunFinished | ChunkType::RunError => {
+                self.close_all();
+                self.terminal = true;
+            }
+            _ => {}
+        }
+        self.out.push(c);
+    }
+
+    pub(super) fn forget(&mut self, start: ChunkType, id: &str) {
+        if let Some(i) = self.open.iter().position(|(t, x)| *t == start && x == id) {
+            self.open.remove(i);
+        }
+    }
+
+    /// Ends everything still open, newest first.
+    pub(super) fn close_all(&mut self) {
+        while let Some((ty, id)) = self.open.pop() {
+            let end = match ty {
+                ChunkType::TextMessageStart => self.f.text_end(&id),
+                ChunkType::ReasoningStart => self.f.reasoning_end(&id),
+                _ => self.f.tool_call_end(&id),
+            };
+            self.out.push(end);
+        }
+    }
+
+    pub(super) fn start_text(&mut self) -> String {
+        let id = self.new_id();
+        self.push(self.f.text_start(&id));
+        id
+    }
+
+    pub(super) fn start_reasoning(&mut self) -> String {
+        let id = self.new_id();
+        self.push(self.f.reasoning_start(&id));
+        id
+    }
+
+    /// A whole text message; nothing for empty text.
+    pub(super) fn text_message(&mut self, text: &str) {
+        if text.is_empty() {
+            return;
+        }
+        let id = self.start_text();
+        self.push(self.f.text_content(&id, text));
+        self.push(self.f.text_end(&id));
+    }
+
+    /// A whole reasoning message; nothing for empty text.
+    pub(super) fn reasoning_message(&mut self, text: &str) {
+        if text.is_empty() {
+            return;
+        }
+        let id = self.start_reasoning();
+        self.push(self.f.reasoning_content(&id, text));
+        self.push(self.f.reasoning_end(&id));
+    }
+
+    pub(super) fn start_tool(&mut self, name: &str) -> String {
+        let id = self.new_id();
+        let parent = self.last_text_id.clone();
+        self.push(self.f.tool_call_start(&id, name, &parent));
+        id
+    }
+
+    /// START, ARGS (the whole arguments as JSON text) and END of a call.
+    pub(super) fn tool_call(&mut self, name: &str, args: &Value) -> String {
+        let id = self.start_tool(name);
+        self.push(self.f.tool_call_args(&id, &args.to_string()));
+        self.push(self.f.tool_call_end(&id));
+        id
+    }
+
+    pub(super) fn warning(&mut self, message: &str, line: Option<&[u8]>) {
+        let snippet = line.map(|l| {
+            let l = &l[..l.len().min(WARNING_LINE_MAX)];
+            String::from_utf8_lossy(l).into_owned()
+        });
+        self.push(self.f.warning(message, snippet.as_deref()));
+    }
+
+    pub(super) fn session_id(&mut self, session_id: &str) {
+        let name = chunk::session_id_name(self.harness.name());
+        self.push(self.f.custom(&name, &serde_json::json!({ "session_id": session_id })));
+    }
+
+    /// The terminal chunk decided by the exit code: RUN_FINISHED for 0,
+    /// RUN_ERROR otherwise with the CLI's last error or the stderr tail.
+    pub(super) fn finish_from_exit(
+        &mut self,
+        exit_code: i32,
+        stderr_tail: &str,
+        last_error: Option<&str>,
+        reason: &str,
+        usage: Option<Usage>,
+    ) {
+        if exit_code == 0 {
+            self.push(self.f.run_finished(reason, usage));
+            return;
+        }
+        let mut message = format!("{} exited with code {exit_code}", self.harness.name());
+        let detail = last_error.map(str::trim).filter(|s| !s.is_empty()).or_else(|| {
+            let t = stderr_tail.trim();
+            (!t.is_empty()).then_some(t)
+        });
+        if let Some(d) = detail {
+            message.push_str(": ");
+            message.push_str(d);
+        }
+        self.push(self.f.run_error(&message, ERROR_CODE_EXIT));
+    }
+}
+
+/// RUN_ERROR code of a run whose CLI exited non-zero without saying why in
+/// its own events.
+pub const ERROR_CODE_EXIT: &str = "exit_code";
+
+/// Parses a journal line of a JSON harness: a JSON object, after trimming
+/// whitespace. `Err` carries why not, for the warning; `Ok(None)` is a blank
+/// line (skipped).
+pub(super) fn parse_object(line: &[u8]) -> Result<Option<serde_json::Map<String, Value>>, &'static str> {
+    let trimmed = line.trim_ascii();
+    if trimmed.is_empty() {
+        return Ok(None);
+    }
+    match serde_json::from_slice::<Value>(trimmed) {
+        Ok(Value::Object(m)) => Ok(Some(m)),
+        Ok(_) => Err("journal line is JSON but not an object"),
+        Err(_) => Err("journal line is not JSON"),
+    }
+}
+
+/// Common finish reasons: the CLIs' words mapped onto `stop`, `length`,
+/// `tool_calls`, `content_filter`; anything else kept (dashes as
+/// underscores).
+pub(super) fn finish_reason(raw: &str) -> String {
+    match raw {
+        "" | "end_turn" | "stop" | "stop_sequence" | "completed" => "stop".into(),
+        "max_tokens" | "length" | "max_turns" => "length".into(),
+        "tool_use" | "tool-calls" | "tool_calls" => "tool_calls".into(),
+        "refusal" | "content-filter" | "content_filter" => "content_filter".into(),
+        other => other.replace('-', "_"),
+    }
+}
+
+pub(super) fn str_of<'a>(v: &'a Value, key: &str) -> &'a str {
+    v.get(key).and_then(Value::as_str).unwrap_or_default()
+}
+
+pub(super) fn u64_of(v: &Value, key: &str) -> u64 {
+    v.get(key).and_then(Value::as_u64).unwrap_or(0)
+}
+
+/// Sums `b` into `a` (costs too, when either knows one).
+pub(super) fn add_usage(a: &mut Option<Usage>, b: &Usage) {
+    let a = a.get_or_insert_with(Usage::default);
+    a.input_tokens += b.input_tokens;
+    a.output_tokens += b.output_tokens;
+    a.cache_read_tokens += b.cache_read_tokens;
+    a.cache_write_tokens += b.cache_write_tokens;
+    a.reasoning_tokens += b.reasoning_tokens;
+    a.cost_usd = match (a.cost_usd, b.cost_usd) {
+        (None, None) => None,
+        (x, y) => Some(x.unwrap_or(0.0) + y.unwrap_or(0.0)),
+    };
+}
+
+/// The text of a tool result: a string as is, a list of content blocks as
+/// their texts joined by newlines, anything else as JSON.
+pub(super) fn result_text(v: &Value) -> String {
+    match v {
+        Value::Null => String::new(),
+        Value::String(s) => s.clone(),
+        Value::Array(blocks) if blocks.iter().all(|b| b.get("text").is_some_and(Value::is_string)) => {
+            blocks.iter().map(|b| str_of(b, "text")).collect::<Vec<_>>().join("\n")
+        }
+        other => other.to_string(),
+    }
+}
