@@ -16,6 +16,7 @@ Prints each text line of the run as it arrives, then a JSON summary line.
 import argparse
 import json
 import sys
+import time
 import uuid
 
 import grpc
@@ -123,9 +124,15 @@ def durable_run(server, token, lines=40, drop_after=None, delay=0.05, out=sys.st
         attach = run_pb2.AttachRunRequest(run_id=run_id, after_offset=last_offset, thread_id=thread_id)
         for event in run_pb2_grpc.RunServiceStub(second).AttachRun(attach, metadata=metadata(token), timeout=300):
             take(event)
-        run = run_pb2_grpc.RunServiceStub(second).GetRun(
-            run_pb2.GetRunRequest(run_id=run_id), metadata=metadata(token)
-        ).run
+        # The terminal chunk is appended first and the record's status right
+        # after it, so a GetRun at the stream's end may still say RUNNING.
+        stub = run_pb2_grpc.RunServiceStub(second)
+        deadline = time.monotonic() + 60
+        while True:
+            run = stub.GetRun(run_pb2.GetRunRequest(run_id=run_id), metadata=metadata(token)).run
+            if run.status != run_pb2.RUN_STATUS_RUNNING or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
     received["status"] = run_pb2.RunStatus.Name(run.status)
     return received
 
