@@ -188,7 +188,9 @@ impl Runs {
     /// replay the log to its end and write the status.
     fn keep_taking_over(&self, run: RunId, until: CancellationToken, log_ended: CancellationToken) {
         let runs = self.clone();
-        tokio::spawn(async move {
+        // Tracked with the drives: shutdown waits for it (it stops on the
+        // shutdown token) before the stores close.
+        self.inner.drives.spawn(async move {
             let mut give_up_at: Option<tokio::time::Instant> = None;
             loop {
                 match runs.try_take_over(&run).await {

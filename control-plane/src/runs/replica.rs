@@ -191,7 +191,7 @@ impl Runs {
         }
         let runs = self.clone();
         let run = run.clone();
-        tokio::spawn(async move {
+        self.inner.drives.spawn(async move {
             if let Err(e) = runs.mark_detached(&run).await {
                 debug!(run_id = %run, error = %e.message, "could not mark the run detached");
             }
