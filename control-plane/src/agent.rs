@@ -7,6 +7,7 @@
 
 use std::time::{Duration, Instant};
 
+use backon::{ConstantBuilder, Retryable};
 use shared::error::{Error, ErrorCode};
 use shared::proto::agent::v1::fs_service_client::FsServiceClient;
 use shared::proto::agent::v1::info_service_client::InfoServiceClient;
@@ -101,19 +102,20 @@ impl AgentClient {
         deadline: Duration,
     ) -> Result<Self, Error> {
         let until = Instant::now() + deadline;
-        loop {
-            match Self::connect(address, token).await {
-                Ok(client) => return Ok(client),
-                Err(e) if !retryable(&e) => return Err(e),
-                Err(e) if Instant::now() >= until => {
-                    return Err(Error::new(
-                        ErrorCode::Unavailable,
-                        format!("sandbox agent did not become ready within {deadline:?}: {}", e.message),
-                    ));
-                }
-                Err(_) => tokio::time::sleep(RETRY_INTERVAL).await,
+        let pause = ConstantBuilder::default().with_delay(RETRY_INTERVAL).without_max_times();
+        let connected = (|| Self::connect(address, token))
+            .retry(pause)
+            .when(|e| retryable(e) && Instant::now() < until)
+            .await;
+        connected.map_err(|e| {
+            if !retryable(&e) {
+                return e;
             }
-        }
+            Error::new(
+                ErrorCode::Unavailable,
+                format!("sandbox agent did not become ready within {deadline:?}: {}", e.message),
+            )
+        })
     }
 
     pub fn address(&self) -> &Address {

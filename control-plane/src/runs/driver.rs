@@ -5,6 +5,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use backon::ExponentialBuilder;
 use futures::{FutureExt, StreamExt};
 use prost::Message;
 use shared::chunk::{self, ChunkFactory, FILE_CHANGED, SANDBOX_FILE};
@@ -16,6 +17,7 @@ use tracing::{debug, info, warn};
 
 use super::align::Aligner;
 use super::coalesce::Coalesced;
+use super::retry::{GaveUp, Interrupts, retry};
 use super::{Drive, RunSpec, Runs, StopReason};
 use crate::agent::AgentClient;
 use crate::harness::{CommandSpec, Harness, Translator};
@@ -39,7 +41,7 @@ const MAX_CHANGED_FILES: usize = 40;
 /// Bytes of one file's diff kept in its `file.changed` chunk.
 const MAX_DIFF_BYTES: usize = 64 << 10;
 /// Store writes that fail are retried this many times before the run fails.
-const STORE_ATTEMPTS: u32 = 5;
+const STORE_ATTEMPTS: usize = 5;
 
 /// What a fresh run needs before its journal exists.
 pub(crate) struct FreshStart {
@@ -225,32 +227,31 @@ impl Runs {
     async fn reconnect(&self, ctx: &DriveCtx, key: &str) -> Result<(AgentClient, Arc<Secrets>), Ending> {
         let cx = &self.inner.ctx;
         let deadline = Instant::now() + self.inner.options.reconnect_budget;
-        let mut backoff = Duration::from_millis(100);
-        loop {
-            match self.inner.ctx.lifecycle.agent(&cx.stores, &ctx.tenant, key).await {
-                Ok(live) => return Ok((live.agent, live.secrets)),
-                Err(e) if e.code == ErrorCode::NotFound || Instant::now() >= deadline => {
-                    return Err(Ending::Failed(e.context("reaching the run's sandbox")));
-                }
-                Err(e) => {
-                    debug!(run_id = %ctx.run, error = %e.message, "sandbox agent unreachable; retrying")
-                }
-            }
-            if let Some(ending) = self.interrupted(ctx, backoff).await {
-                return Err(ending);
-            }
-            backoff = (backoff * 2).min(Duration::from_secs(2));
+        let backoff = ExponentialBuilder::default()
+            .with_min_delay(Duration::from_millis(100))
+            .with_max_delay(Duration::from_secs(2))
+            .without_max_times();
+        let live = retry(
+            self.interrupts(ctx),
+            backoff,
+            || cx.lifecycle.agent(&cx.stores, &ctx.tenant, key),
+            |e: &Error| e.code != ErrorCode::NotFound && Instant::now() < deadline,
+            |e, _| debug!(run_id = %ctx.run, error = %e.message, "sandbox agent unreachable; retrying"),
+        )
+        .await;
+        match live {
+            Ok(live) => Ok((live.agent, live.secrets)),
+            Err(GaveUp::Failed(e)) => Err(Ending::Failed(e.context("reaching the run's sandbox"))),
+            Err(GaveUp::Interrupted(ending)) => Err(ending),
         }
     }
 
-    /// Wait `d` unless the drive must end first.
-    async fn interrupted(&self, ctx: &DriveCtx, d: Duration) -> Option<Ending> {
-        tokio::select! {
-            biased;
-            _ = self.inner.ctx.shutdown.cancelled() => Some(Ending::Detach),
-            _ = ctx.lease_lost.cancelled() => Some(Ending::Superseded("the run's lease was lost".into())),
-            _ = ctx.drive.stop.cancelled() => Some(Ending::Stopped(ctx.drive.reason().unwrap_or(StopReason::Cancel))),
-            _ = tokio::time::sleep(d) => None,
+    /// What ends this drive's pauses.
+    fn interrupts(&self, ctx: &DriveCtx) -> Interrupts {
+        Interrupts {
+            shutdown: self.inner.ctx.shutdown.clone(),
+            lease_lost: ctx.lease_lost.clone(),
+            drive: ctx.drive.clone(),
         }
     }
 
@@ -305,7 +306,7 @@ impl Runs {
                         Ok((a, _)) => agent = a,
                         Err(ending) => break ending,
                     }
-                    if let Some(ending) = self.interrupted(ctx, Duration::from_millis(200)).await {
+                    if let Some(ending) = self.interrupts(ctx).during(Duration::from_millis(200)).await {
                         break ending;
                     }
                     continue;
@@ -500,22 +501,29 @@ impl Runs {
     /// Append chunks under this drive's epoch, retrying store hiccups.
     async fn append(&self, ctx: &DriveCtx, chunks: &[Chunk]) -> Result<(), Ending> {
         let encoded: Vec<NewChunk> = chunks.iter().map(encode_chunk).collect();
+        let backoff = ExponentialBuilder::default()
+            .with_min_delay(Duration::from_millis(400))
+            .with_max_delay(Duration::from_secs(10))
+            .with_max_times(STORE_ATTEMPTS - 1);
         let mut attempt = 0;
-        loop {
-            match ctx.writer.append(&encoded).await {
-                Ok(_) => return Ok(()),
-                Err(e @ (store::Error::Fenced { .. } | store::Error::LogClosed(_))) => {
-                    return Err(Ending::Superseded(e.to_string()));
-                }
-                Err(e) if attempt + 1 < STORE_ATTEMPTS && is_transient(&e) => {
-                    attempt += 1;
-                    warn!(run_id = %ctx.run, attempt, error = %e, "append failed; retrying");
-                    if let Some(ending) = self.interrupted(ctx, Duration::from_millis(200 << attempt)).await {
-                        return Err(ending);
-                    }
-                }
-                Err(e) => return Err(Ending::Failed(e.into())),
+        let appended = retry(
+            self.interrupts(ctx),
+            backoff,
+            || ctx.writer.append(&encoded),
+            is_transient,
+            |e, _| {
+                attempt += 1;
+                warn!(run_id = %ctx.run, attempt, error = %e, "append failed; retrying");
+            },
+        )
+        .await;
+        match appended {
+            Ok(_) => Ok(()),
+            Err(GaveUp::Failed(e @ (store::Error::Fenced { .. } | store::Error::LogClosed(_)))) => {
+                Err(Ending::Superseded(e.to_string()))
             }
+            Err(GaveUp::Failed(e)) => Err(Ending::Failed(e.into())),
+            Err(GaveUp::Interrupted(ending)) => Err(ending),
         }
     }
 

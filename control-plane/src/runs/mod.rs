@@ -26,6 +26,7 @@ mod attach;
 mod error;
 mod records;
 mod replica;
+mod retry;
 mod spec;
 mod start;
 

@@ -61,6 +61,11 @@ impl Drive {
     pub(super) fn reason(&self) -> Option<StopReason> {
         *self.reason.lock().expect("stop reason poisoned")
     }
+
+    #[cfg(test)]
+    pub(super) fn detached_for_test() -> Self {
+        Self { stop: CancellationToken::new(), reason: Arc::default(), detaches: true }
+    }
 }
 
 #[derive(Default)]
