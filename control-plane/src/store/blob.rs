@@ -184,18 +184,18 @@ impl BlobStore for DirBlobStore {
     async fn list(&self) -> Result<Vec<String>> {
         let dir = self.dir.clone();
         tokio::task::spawn_blocking(move || {
+            // `<dir>/<2 hex>/<sha256>`: shards are the only directories.
+            let shards = walkdir::WalkDir::new(&dir)
+                .min_depth(2)
+                .max_depth(2)
+                .into_iter()
+                .filter_entry(|e| e.depth() != 1 || (e.file_name().len() == 2 && e.file_type().is_dir()));
             let mut out = Vec::new();
-            for shard in std::fs::read_dir(&dir).map_err(|e| io(&dir, e))? {
-                let shard = shard.map_err(|e| io(&dir, e))?;
-                let name = shard.file_name();
-                if name.len() != 2 || !shard.path().is_dir() {
-                    continue;
-                }
-                for blob in std::fs::read_dir(shard.path()).map_err(|e| io(&dir, e))? {
-                    let name = blob.map_err(|e| io(&dir, e))?.file_name();
-                    if let Some(name) = name.to_str().filter(|n| shared::snapshot::is_sha256_hex(n)) {
-                        out.push(name.to_string());
-                    }
+            for blob in shards {
+                let name = blob.map_err(|e| io(&dir, e.into()))?.into_path();
+                let name = name.file_name().and_then(|n| n.to_str());
+                if let Some(name) = name.filter(|n| shared::snapshot::is_sha256_hex(n)) {
+                    out.push(name.to_string());
                 }
             }
             out.sort();

@@ -239,32 +239,31 @@ struct Workspace {
 
 /// Walk the root without following anything, skipping excluded subtrees.
 fn scan(root: &Path, policy: &Policy) -> Result<Workspace, Error> {
-    let mut found = Workspace::default();
-    scan_dir(root, "", policy, &mut found)?;
-    Ok(found)
-}
-
-fn scan_dir(dir: &Path, rel: &str, policy: &Policy, out: &mut Workspace) -> Result<(), Error> {
-    let shown = if rel.is_empty() { "." } else { rel };
-    for entry in std::fs::read_dir(dir).map_err(|e| io_error(e, shown))? {
-        let entry = entry.map_err(|e| io_error(e, shown))?;
-        let name = entry.file_name();
-        let path =
-            name.to_str().map(|name| if rel.is_empty() { name.to_string() } else { format!("{rel}/{name}") });
-        let Some(path) = path.filter(|p| !policy.excluded(p)) else {
-            if !rel.is_empty() {
-                out.holds_untouched.extend(self_and_ancestors(rel).map(str::to_string));
+    let mut out = Workspace::default();
+    let mut walk = walkdir::WalkDir::new(root).min_depth(1).into_iter();
+    while let Some(entry) = walk.next() {
+        let entry = entry.map_err(|e| {
+            let shown = e.path().and_then(|p| p.strip_prefix(root).ok()).and_then(Path::to_str);
+            let shown = shown.filter(|p| !p.is_empty()).unwrap_or(".").to_string();
+            io_error(e.into(), &shown)
+        })?;
+        // Entered directories are named in UTF-8 (the others are skipped).
+        let rel = entry.path().strip_prefix(root).expect("a walk stays below its root");
+        let path = rel.to_str().filter(|p| !policy.excluded(p));
+        let Some(path) = path else {
+            let parent = rel.parent().and_then(Path::to_str).unwrap_or("");
+            if !parent.is_empty() {
+                out.holds_untouched.extend(self_and_ancestors(parent).map(str::to_string));
+            }
+            if entry.file_type().is_dir() {
+                walk.skip_current_dir();
             }
             continue;
         };
-        // `DirEntry::file_type` does not follow a symlink.
-        let found = Found::of(&entry.file_type().map_err(|e| io_error(e, &path))?);
-        if found == Found::Dir {
-            scan_dir(&entry.path(), &path, policy, out)?;
-        }
-        out.entries.insert(path, found);
+        // The walk follows no symlink: this is the entry's own type.
+        out.entries.insert(path.to_string(), Found::of(&entry.file_type()));
     }
-    Ok(())
+    Ok(out)
 }
 
 /// What a restore changes, decided before the first change.

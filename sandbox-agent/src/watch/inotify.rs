@@ -38,20 +38,14 @@ impl InotifySource {
     /// report what is already there as created (a directory that appears may
     /// have been filled before its watch existed).
     fn watch_tree(&mut self, scope: &Scope, dir: &Path, mut report: Option<&mut Coalescer>) {
-        let mut stack = vec![dir.to_path_buf()];
-        while let Some(d) = stack.pop() {
-            let Ok(entries) = std::fs::read_dir(&d) else { continue };
-            for entry in entries.flatten() {
-                let path = entry.path();
-                let Some(rel) = scope.relevant(&path) else { continue };
-                let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
-                if let Some(c) = report.as_deref_mut() {
-                    c.push(FileEventType::Create, rel, String::new(), is_dir);
-                }
-                if is_dir {
-                    let _ = self.watcher.watch(&path, RecursiveMode::NonRecursive);
-                    stack.push(path);
-                }
+        for entry in scope.walk(dir).flatten() {
+            let Some(rel) = scope.relevant(entry.path()) else { continue };
+            let is_dir = entry.file_type().is_dir();
+            if let Some(c) = report.as_deref_mut() {
+                c.push(FileEventType::Create, rel, String::new(), is_dir);
+            }
+            if is_dir {
+                let _ = self.watcher.watch(entry.path(), RecursiveMode::NonRecursive);
             }
         }
     }

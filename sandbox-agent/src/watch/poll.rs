@@ -33,40 +33,28 @@ struct Snapshot {
 
 fn walk(scope: &Scope) -> Snapshot {
     let mut snap = Snapshot { entries: HashMap::new(), unreadable: Vec::new(), dir_ok: true };
-    let mut stack = vec![scope.dir.clone()];
-    while let Some(d) = stack.pop() {
-        let entries = match std::fs::read_dir(&d) {
-            Ok(e) => e,
-            Err(_) => {
-                if d == scope.dir {
+    for entry in scope.walk(&scope.dir) {
+        let entry = match entry {
+            Ok(entry) => entry,
+            Err(e) => {
+                if e.depth() == 0 {
                     snap.dir_ok = false;
                 }
-                snap.unreadable.push(d);
+                if let Some(dir) = e.path() {
+                    snap.unreadable.push(dir.to_path_buf());
+                }
                 continue;
             }
         };
-        for entry in entries {
-            let Ok(entry) = entry else {
-                snap.unreadable.push(d.clone());
-                continue;
-            };
-            let path = entry.path();
-            if scope.relevant(&path).is_none() {
-                continue;
-            }
-            // lstat: a symlink is an entry, never followed out of the root.
-            let Ok(meta) = entry.metadata() else { continue };
-            let e = Entry {
-                is_dir: meta.is_dir(),
-                len: meta.len(),
-                mtime_ns: meta.mtime() as i128 * 1_000_000_000 + meta.mtime_nsec() as i128,
-                ino: meta.ino(),
-            };
-            snap.entries.insert(path.clone(), e);
-            if e.is_dir && scope.recursive {
-                stack.push(path);
-            }
-        }
+        // lstat: the walk follows no symlink.
+        let Ok(meta) = entry.metadata() else { continue };
+        let e = Entry {
+            is_dir: meta.is_dir(),
+            len: meta.len(),
+            mtime_ns: meta.mtime() as i128 * 1_000_000_000 + meta.mtime_nsec() as i128,
+            ino: meta.ino(),
+        };
+        snap.entries.insert(entry.into_path(), e);
     }
     snap
 }

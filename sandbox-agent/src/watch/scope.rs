@@ -88,6 +88,22 @@ impl Scope {
         Some(rel.to_string_lossy().into_owned())
     }
 
+    /// The relevant entries below `dir`, parents before children: a
+    /// symlink is an entry and never followed out of the root, and an
+    /// ignored directory is not entered. An unreadable directory is an
+    /// error item that names it; the walk goes on past it.
+    pub(super) fn walk<'a>(
+        &'a self,
+        dir: &Path,
+    ) -> impl Iterator<Item = walkdir::Result<walkdir::DirEntry>> + 'a {
+        let depth = if self.recursive { usize::MAX } else { 1 };
+        walkdir::WalkDir::new(dir)
+            .min_depth(1)
+            .max_depth(depth)
+            .into_iter()
+            .filter_entry(move |e| e.depth() == 0 || self.relevant(e.path()).is_some())
+    }
+
     pub(super) fn rel_dir(&self) -> String {
         self.root.relative(&self.dir).map(|p| p.to_string_lossy().into_owned()).unwrap_or_default()
     }
