@@ -11,10 +11,11 @@ use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 use control_plane::store::{
-    EventLog, FIRST_EPOCH, LogWriter, NewChunk, Offset, RunId, Stores, Timestamp, default_database_url,
+    EventLog, FIRST_EPOCH, LogWriter, NewChunk, NewRun, Offset, RunId, Stores, Timestamp,
+    default_database_url,
 };
 use futures::StreamExt;
-use sandhold_tests::database::{ScratchDatabase, bare_run};
+use sandhold_tests::database::ScratchDatabase;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
 
 const BATCH_SIZES: [usize; 3] = [1, 16, 256];
@@ -91,7 +92,7 @@ fn chunk_batch(size: usize, tag: usize) -> Vec<NewChunk> {
 
 async fn new_run(stores: &Stores, id: &str) -> RunId {
     let run = RunId::parse(id).unwrap();
-    stores.runs.create_or_resume(bare_run(run.clone(), "bench", "bench")).await.unwrap();
+    stores.runs.create_or_resume(NewRun::bare(run.clone(), "bench", "bench")).await.unwrap();
     run
 }
 

@@ -12,10 +12,10 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use control_plane::store::{Error, FIRST_EPOCH, LogWriter, NewChunk, RunId, Stores};
+use control_plane::store::{Error, FIRST_EPOCH, LogWriter, NewChunk, NewRun, RunId, Stores};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-use sandhold_tests::database::{ScratchDatabase, bare_run};
+use sandhold_tests::database::ScratchDatabase;
 
 const ROLE: &str = "SANDHOLD_FAULT_ROLE";
 const URL: &str = "SANDHOLD_FAULT_DATABASE_URL";
@@ -128,7 +128,7 @@ fn round(
     claim_stall: Duration,
 ) -> bool {
     let run = RunId::parse(&format!("fault-{index}")).unwrap();
-    rt.block_on(stores.runs.create_or_resume(bare_run(run.clone(), "fault", "fault"))).unwrap();
+    rt.block_on(stores.runs.create_or_resume(NewRun::bare(run.clone(), "fault", "fault"))).unwrap();
 
     let (mut writer, writer_lines) = spawn_child("writer", url, &run);
     let mut acknowledged = 0;

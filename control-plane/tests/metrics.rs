@@ -8,8 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use control_plane::metrics::sample;
-use control_plane::store::{RunId, Stores};
-use sandhold_tests::database::bare_run;
+use control_plane::store::{NewRun, RunId, Stores};
 use sandhold_tests::wait::PATIENCE;
 use shared::proto::v1 as api;
 use shared::proto::v1::sandbox_service_client::SandboxServiceClient;
@@ -186,7 +185,7 @@ async fn scrapes_move_with_activity() {
         Stores::open(&format!("sqlite://{}/sandhold.db", server.dir.path().display())).await.unwrap();
     stores
         .runs
-        .create_or_resume(bare_run(RunId::parse("metrics-e2e").unwrap(), "default", "t1"))
+        .create_or_resume(NewRun::bare(RunId::parse("metrics-e2e").unwrap(), "default", "t1"))
         .await
         .unwrap();
     stores.close().await;

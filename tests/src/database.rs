@@ -1,22 +1,7 @@
 //! Throwaway PostgreSQL databases, so store, fault and reaper tests and the
-//! benches run in parallel on one server; and the barest run record.
+//! benches run in parallel on one server.
 
-use control_plane::store::{NewRun, RunId, SentinelKey, Tenant, Timestamp};
 use sqlx::Connection;
-
-/// A run record with nothing but its identity, started now: no sandbox, no
-/// spec. For tests and benchmarks of the log and the run store.
-pub fn bare_run(run_id: RunId, tenant: &str, thread_id: &str) -> NewRun {
-    NewRun {
-        run_id,
-        thread_id: thread_id.into(),
-        tenant: Tenant::new(tenant),
-        sentinel_key: SentinelKey::new("k"),
-        sandbox_key: None,
-        started_at: Timestamp::now(),
-        spec: None,
-    }
-}
 
 /// A database created for one test, on a server whose role may create
 /// databases. [`ScratchDatabase::drop_database`] removes it; a test that

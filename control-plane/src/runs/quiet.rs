@@ -59,12 +59,11 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::store::testing::bare_run;
-    use crate::store::{FIRST_EPOCH, NewChunk, Stores};
+    use crate::store::{FIRST_EPOCH, NewChunk, NewRun, Stores};
 
     async fn stores_with_run(dir: &std::path::Path, run: &RunId) -> Stores {
         let stores = Stores::open(&crate::store::default_database_url(dir)).await.unwrap();
-        stores.runs.create_or_resume(bare_run(run.clone(), "acme", "t")).await.unwrap();
+        stores.runs.create_or_resume(NewRun::bare(run.clone(), "acme", "t")).await.unwrap();
         stores
     }
 

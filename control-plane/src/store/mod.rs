@@ -32,8 +32,6 @@ mod sql;
 mod sqlite;
 mod stores;
 mod tail;
-#[cfg(test)] // unit tests here only; integration tests and benches: sandhold_tests::database
-pub mod testing;
 mod tokens;
 mod writer;
 

@@ -130,6 +130,22 @@ pub struct NewRun {
     pub spec: Option<serde_json::Value>,
 }
 
+impl NewRun {
+    /// A run with nothing but its identity, started now: no sandbox, no
+    /// spec. What the log and the run store need, and no more.
+    pub fn bare(run_id: RunId, tenant: &str, thread_id: &str) -> Self {
+        Self {
+            run_id,
+            thread_id: thread_id.into(),
+            tenant: Tenant::new(tenant),
+            sentinel_key: SentinelKey::new("k"),
+            sandbox_key: None,
+            started_at: Timestamp::now(),
+            spec: None,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct CreatedRun {
     pub record: RunRecord,

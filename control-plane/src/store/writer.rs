@@ -72,8 +72,7 @@ impl LogWriter {
 mod tests {
     use super::*;
     use crate::metrics::{registry, sample};
-    use crate::store::testing::bare_run;
-    use crate::store::{FIRST_EPOCH, NewChunk, RunFinish, RunStatus, Stores, Timestamp};
+    use crate::store::{FIRST_EPOCH, NewChunk, NewRun, RunFinish, RunStatus, Stores, Timestamp};
 
     fn value(series: &str) -> f64 {
         let text = registry().encode();
@@ -85,7 +84,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let stores = Stores::open(&crate::store::default_database_url(dir.path())).await.unwrap();
         let run = RunId::parse("metrics-run").unwrap();
-        stores.runs.create_or_resume(bare_run(run.clone(), "acme", "t")).await.unwrap();
+        stores.runs.create_or_resume(NewRun::bare(run.clone(), "acme", "t")).await.unwrap();
         assert_eq!(
             stores.count_unfinished_runs().await.unwrap(),
             [(RunStatus::Running, 1), (RunStatus::Interrupted, 0)]
