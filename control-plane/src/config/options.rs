@@ -166,3 +166,17 @@ pub(super) mod millis {
         u64::deserialize(d).map(Duration::from_millis)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_refuse_a_zero_ttl_or_budget() {
+        assert!(ReaperOptions::default().validate().is_ok());
+        let zero_ttl = ReaperOptions { detached_run_ttl: Duration::ZERO, ..Default::default() };
+        assert!(zero_ttl.validate().is_err());
+        let zero_budget = ReaperOptions { run_budget: Duration::ZERO, ..Default::default() };
+        assert!(zero_budget.validate().is_err());
+    }
+}

@@ -180,3 +180,29 @@ pub(super) fn prompt_stdin(options: &HarnessOptions, prompt: &str) -> StdinSpec 
 pub(super) fn program(options: &HarnessOptions, default: &str) -> String {
     options.program.clone().unwrap_or_else(|| default.to_owned())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip() {
+        for h in Harness::ALL {
+            assert_eq!(Harness::parse(h.name()), Ok(h));
+        }
+        assert!(matches!(Harness::parse("gemini"), Err(HarnessError::Unknown(_))));
+    }
+
+    #[test]
+    fn start_run_request_carries_argv_env_and_stdin() {
+        let options = HarnessOptions { prompt_file: Some(".sandhold/prompt".into()), ..Default::default() };
+        let spec = Harness::ClaudeCode.command(&options, "hi").unwrap();
+        assert_eq!(spec.stdin, StdinSpec::File { path: ".sandhold/prompt".into(), contents: b"hi".to_vec() });
+        let req = spec.start_run_request(&RunId::parse("r1").unwrap(), "ws", vec![1]);
+        assert_eq!(req.run_id, "r1");
+        assert_eq!(req.stdin, Some(agent::start_run_request::Stdin::StdinFile(".sandhold/prompt".into())));
+        let Some(agent::command::Kind::Argv(argv)) = req.command.and_then(|c| c.kind) else { panic!("argv") };
+        assert_eq!(argv.args, spec.argv);
+        assert_eq!(req.env.get("IS_SANDBOX").map(String::as_str), Some("1"));
+    }
+}

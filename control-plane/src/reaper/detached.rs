@@ -1,5 +1,22 @@
 //! Detached runs: probe each one's journal and drive the finished (or
 //! expired) ones to their terminal state through the takeover path.
+//!
+//! Per detached run (oldest detachment first, at most
+//! [`ReaperOptions::max_runs`](crate::config::ReaperOptions::max_runs)), the
+//! journal is probed (`ProbeExit`; an unknown state is never taken as
+//! finished):
+//!
+//! | probe | what the sweep does | outcome |
+//! |---|---|---|
+//! | finished | drive it to its terminal state through the takeover path, wait (per-run budget), destroy its sandbox | `finalized` (`reclaim_failed` if the destroy failed) |
+//! | finished, drive overran the budget | stop the drive as a cancel (record `aborted`, sandbox destroyed) | `budget_exceeded` |
+//! | running, detached for less than the TTL | nothing | `producing` |
+//! | running, detached for the TTL or longer | record a cancel, drive it (the driver destroys the sandbox, writes `aborted`) | `expired` |
+//! | unknown, agent unreachable, no sandbox | nothing | `unknown` |
+//! | another replica holds the run's lease, took it over during the sweep, or it ended (or a client came back) meanwhile | nothing (an expired run's cancel is recorded for its holder) | `not_claimed` |
+//! | anything else failed | nothing more | `failed` |
+
+use std::time::Duration;
 
 use shared::error::{Error, ErrorCode};
 use shared::proto::agent::v1 as agent;
@@ -11,7 +28,18 @@ use crate::metrics::SweepOutcome;
 use crate::runs::Takeover;
 use crate::store::{RunRecord, Timestamp};
 
-use super::*;
+use super::handle::PROBE_TIMEOUT;
+use super::{Reaper, RunReport, Scope, Tally};
+
+/// How long a drive stopped for overrunning its budget may take to end.
+const STOP_GRACE: Duration = Duration::from_secs(30);
+
+/// How a drive the sweep waited for ended.
+enum Driven {
+    Terminal,
+    /// Overran the budget, was stopped, and the record is terminal.
+    Overran,
+}
 
 impl Reaper {
     pub(super) async fn sweep_runs(

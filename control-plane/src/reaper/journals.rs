@@ -1,5 +1,14 @@
 //! Journal pruning: delete the journals of terminal runs in every running
 //! sandbox, and orphans old enough; keep anything not proven terminal.
+//!
+//! In every sandbox the provider reports running, each journal whose run
+//! record is terminal is deleted; a journal with no record at all only once
+//! older than
+//! [`ReaperOptions::orphan_journal_age`](crate::config::ReaperOptions::orphan_journal_age);
+//! anything not proven terminal (running record, undecodable name, store
+//! error, record of another tenant) is kept. At most
+//! [`ReaperOptions::max_journal_deletions`](crate::config::ReaperOptions::max_journal_deletions)
+//! per sweep.
 
 use std::collections::{BTreeMap, HashSet};
 
@@ -11,7 +20,8 @@ use crate::context::Context;
 use crate::provider::LABEL_TENANT;
 use crate::store::{self, RunId, Timestamp};
 
-use super::*;
+use super::handle::PROBE_TIMEOUT;
+use super::{Reaper, Scope, Tally};
 
 impl Reaper {
     /// Provider ids of the sandboxes that are running now, per provider name.

@@ -1,5 +1,12 @@
 //! Orphaned sandboxes: labelled as ours, of a known tenant, with no
 //! instance record and no unfinished run, past their grace: destroyed.
+//!
+//! A sandbox the provider lists with Sandhold's labels, made through this
+//! server's data dir (never another deployment's on a shared Docker engine),
+//! of a tenant this deployment knows, that no instance record points at and
+//! no unfinished run lives in, older than
+//! [`ReaperOptions::orphan_sandbox_grace`](crate::config::ReaperOptions::orphan_sandbox_grace),
+//! is destroyed (under its sandbox lease, so never during an ensure).
 
 use std::collections::HashSet;
 
@@ -10,7 +17,7 @@ use crate::context::Context;
 use crate::provider::{LABEL_SANDBOX_KEY, LABEL_TENANT};
 use crate::store::{self, Tenant, Timestamp};
 
-use super::*;
+use super::{Reaper, Scope, Tally};
 
 impl Reaper {
     /// Tenants this deployment knows: an orphan of an unknown tenant may

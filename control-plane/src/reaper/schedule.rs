@@ -1,7 +1,20 @@
-//! When sweeps happen: the scheduled loop (one replica at a time, under
-//! the sweep lease) and the on-demand sweep, and what one sweep does in order.
+//! When sweeps happen, and what one sweep does in order.
+//!
+//! A sweep runs on one replica at a time, under the lease [`SWEEP_LEASE`]:
+//! the server schedules one every
+//! [`ReaperOptions::interval`](crate::config::ReaperOptions::interval) (a
+//! replica that finds the lease held skips that turn) and
+//! `AdminService.Sweep` runs one on demand (waiting for the
+//! lease). Each run it touches is also taken through its own run lease by
+//! `Runs::try_take_over`, so even two sweeps at once cannot act on one run
+//! twice: a sweep whose drive was superseded (its record claimed again at a
+//! later epoch) counts the run `not_claimed` and leaves it to the successor.
+//!
+//! Scope: the scheduled sweep covers every tenant; `AdminService.Sweep`
+//! covers the caller's tenant only, unless the caller is an operator tenant
+//! (or the single user), whose sweep covers every tenant.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use shared::error::{Error, ErrorCode};
 use tokio_util::sync::CancellationToken;
@@ -10,7 +23,12 @@ use tracing::{debug, info, warn};
 use crate::lease::Lease;
 use crate::metrics::SweepOutcome;
 
-use super::*;
+use super::{Reaper, Scope, Tally};
+
+/// The cluster-wide lease a sweep holds.
+pub const SWEEP_LEASE: &str = "reaper:sweep";
+/// How long an on-demand sweep waits for another replica's sweep to end.
+const LEASE_WAIT: Duration = Duration::from_secs(300);
 
 impl Reaper {
     /// Sweep every `interval` until `shutdown`, when this replica gets the

@@ -19,7 +19,8 @@ use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 use tracing::{debug, info, warn};
 
-use super::{Built, Slots, set_health};
+use super::health::set_health;
+use super::start::{Built, Slots};
 use crate::api::{AdminApi, RunApi, SandboxApi, SnapshotApi};
 use crate::auth::Authenticator;
 use crate::config::{ServeConfig, redact_url};

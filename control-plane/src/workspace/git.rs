@@ -19,6 +19,7 @@ use shared::error::{Error, ErrorCode};
 use shared::secret::Secret;
 
 use super::remote::Remote;
+use crate::provision::Secrets;
 
 /// How much history a clone fetches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -153,6 +154,25 @@ pub(crate) async fn clone(remote: &Remote<'_>, c: &Clone<'_>, timeout: Duration)
         remote.run(&argv, environment(None), timeout).await?;
     }
     Ok(())
+}
+
+/// The value of the secret `name` (none when `name` is empty); an error
+/// naming it, never a value, when the request did not pass it.
+pub(super) fn auth_token<'a>(
+    secrets: &'a Secrets,
+    name: &str,
+    what: &str,
+) -> Result<Option<&'a Secret>, Error> {
+    if name.is_empty() {
+        return Ok(None);
+    }
+    secrets.get(name).map(Some).ok_or_else(|| {
+        Error::new(
+            ErrorCode::FailedPrecondition,
+            format!("{what} authenticates with the secret {name}, which was not passed with the request"),
+        )
+        .with_meta("secret", name)
+    })
 }
 
 #[cfg(test)]

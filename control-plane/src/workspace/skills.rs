@@ -247,7 +247,7 @@ pub(crate) async fn install_git_skills(
         let Some(skill::Skill::Git(g)) = &s.skill else { continue };
         let dir = git_skill_dir(g);
         if !remote.exists(&format!("{dir}/.git")).await? {
-            let token = super::auth_token(secrets, &g.auth_secret, &format!("git skill {:?}", g.name))?;
+            let token = git::auth_token(secrets, &g.auth_secret, &format!("git skill {:?}", g.name))?;
             let clone =
                 git::Clone { url: &g.url, git_ref: &g.r#ref, history: History::Depth(1), into: &dir, token };
             git::clone(remote, &clone, timeout).await?;

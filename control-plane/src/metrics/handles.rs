@@ -1,0 +1,147 @@
+//! The typed handles components record through, one per metric family
+//! (or group of families), each a thin wrapper over its
+//! `prometheus-client` metrics.
+
+use std::time::Duration;
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use shared::proto::v1::EnsureOutcome;
+
+use super::labels::{
+    FencedWrite, OutcomeLabel, StatusLabel, SweepOutcome, TERMINAL_STATUSES, UNFINISHED_STATUSES, WriteLabel,
+};
+
+/// Run counters and the sampled run gauge.
+pub struct RunMetrics {
+    pub(super) started: Counter,
+    pub(super) finished: Family<StatusLabel, Counter>,
+    pub(super) current: Family<StatusLabel, Gauge>,
+}
+
+impl RunMetrics {
+    /// A run was created and its drive began on this replica.
+    pub fn started(&self) {
+        self.started.inc();
+    }
+
+    /// This replica wrote the run's terminal status. Non-terminal statuses
+    /// are ignored (they are not outcomes).
+    pub fn finished(&self, status: &str) {
+        if let Some(status) = TERMINAL_STATUSES.into_iter().find(|s| *s == status) {
+            self.finished.get_or_create(&StatusLabel { status }).inc();
+        }
+    }
+
+    /// Set the sampled number of runs in `status` (the endpoint does this
+    /// from the database at each scrape).
+    pub fn set_current(&self, status: &str, count: i64) {
+        if let Some(status) = UNFINISHED_STATUSES.into_iter().find(|s| *s == status) {
+            self.current.get_or_create(&StatusLabel { status }).set(count);
+        }
+    }
+}
+
+/// Drives this replica is running now.
+pub struct DriveMetrics {
+    pub(super) active: Gauge,
+}
+
+impl DriveMetrics {
+    /// Count a drive as active until the guard is dropped (so a drive that
+    /// ends by error or panic is uncounted too).
+    #[must_use = "the drive counts as active only while the guard lives"]
+    pub fn start(&self) -> ActiveDrive {
+        self.active.inc();
+        ActiveDrive(self.active.clone())
+    }
+
+    pub fn active(&self) -> i64 {
+        self.active.get()
+    }
+}
+
+/// See [`DriveMetrics::start`].
+pub struct ActiveDrive(Gauge);
+
+impl Drop for ActiveDrive {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+/// Refused fenced writes.
+pub struct FencingMetrics {
+    pub(super) refusals: Family<WriteLabel, Counter>,
+}
+
+impl FencingMetrics {
+    pub fn refused(&self, write: FencedWrite) {
+        self.refusals.get_or_create(&WriteLabel { write: write.as_str() }).inc();
+    }
+
+    pub fn refusals(&self, write: FencedWrite) -> u64 {
+        self.refusals.get_or_create(&WriteLabel { write: write.as_str() }).get()
+    }
+}
+
+/// Bytes read from run journals inside sandboxes.
+pub struct JournalMetrics {
+    pub(super) read_bytes: Counter,
+}
+
+impl JournalMetrics {
+    pub fn read(&self, bytes: u64) {
+        self.read_bytes.inc_by(bytes);
+    }
+}
+
+/// Event-log append latency.
+pub struct EventLogMetrics {
+    pub(super) append_seconds: Histogram,
+}
+
+impl EventLogMetrics {
+    pub fn observe_append(&self, elapsed: Duration) {
+        self.append_seconds.observe(elapsed.as_secs_f64());
+    }
+}
+
+/// Reaper tallies.
+pub struct SweepMetrics {
+    pub(super) outcomes: Family<OutcomeLabel, Counter>,
+}
+
+impl SweepMetrics {
+    pub fn outcome(&self, outcome: SweepOutcome) {
+        self.outcomes_by(outcome, 1);
+    }
+
+    /// `n` items with the same outcome (a sweep's tally at once).
+    pub fn outcomes_by(&self, outcome: SweepOutcome, n: u64) {
+        self.outcomes.get_or_create(&OutcomeLabel { outcome: outcome.as_str() }).inc_by(n);
+    }
+}
+
+/// `EnsureSandbox` results.
+pub struct SandboxMetrics {
+    pub(super) ensures: Family<OutcomeLabel, Counter>,
+}
+
+impl SandboxMetrics {
+    pub fn ensured(&self, outcome: EnsureOutcome) {
+        let outcome = match outcome {
+            EnsureOutcome::Created => "created",
+            EnsureOutcome::Resumed => "resumed",
+            EnsureOutcome::SnapshotRestored => "snapshot_restored",
+            EnsureOutcome::Unspecified => "unspecified",
+        };
+        self.ensures.get_or_create(&OutcomeLabel { outcome }).inc();
+    }
+
+    pub fn ensure_failed(&self) {
+        self.ensures.get_or_create(&OutcomeLabel { outcome: "failed" }).inc();
+    }
+}

@@ -1,0 +1,195 @@
+//! Binding and serving: refuse an exposed server without tokens, bind,
+//! mount health, reflection and the four gated public services, start the
+//! metrics endpoint, then hand readiness and shutdown to the supervisor.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, OnceLock};
+
+use anyhow::{Context as _, bail};
+use shared::proto::v1::admin_service_server::AdminServiceServer;
+use shared::proto::v1::run_service_server::RunServiceServer;
+use shared::proto::v1::sandbox_service_server::SandboxServiceServer;
+use shared::proto::v1::snapshot_service_server::SnapshotServiceServer;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tonic_health::ServingStatus;
+use tracing::info;
+
+use super::gate::{Slot, gate};
+use super::health::set_health;
+use super::ready;
+use super::shutdown::{Serving, supervise};
+use crate::auth::{AuthLayer, Authenticator, SINGLE_USER_TENANT};
+use crate::config::{ServeConfig, redact_url};
+use crate::context::Context;
+use crate::runs::Runs;
+
+/// Where the built services go once the stores are open.
+pub(super) struct Slots {
+    pub(super) admin: Slot<AdminServiceServer<crate::api::AdminApi>>,
+    pub(super) snapshot: Slot<SnapshotServiceServer<crate::api::SnapshotApi>>,
+    pub(super) sandbox: Slot<SandboxServiceServer<crate::api::SandboxApi>>,
+    pub(super) runs: Slot<RunServiceServer<crate::api::RunApi>>,
+}
+
+/// What exists once the server is ready: the context and the run driver
+/// (shutdown drains its drives).
+pub(super) struct Built {
+    pub(super) cx: Context,
+    pub(super) runs: Runs,
+}
+
+/// A server started with [`start`].
+pub struct RunningServer {
+    local_addr: SocketAddr,
+    metrics_addr: Option<SocketAddr>,
+    shutdown: CancellationToken,
+    built: Arc<OnceLock<Built>>,
+    task: JoinHandle<anyhow::Result<()>>,
+}
+
+impl RunningServer {
+    /// The bound address (useful with port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Where `/metrics` is served, when `metrics_listen` is set.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_addr
+    }
+
+    /// What the services share, once the stores are open.
+    pub fn context(&self) -> Option<Context> {
+        self.built.get().map(|b| b.cx.clone())
+    }
+
+    /// Cancelling it begins graceful shutdown.
+    pub fn shutdown_token(&self) -> CancellationToken {
+        self.shutdown.clone()
+    }
+
+    /// Until the server has stopped (after shutdown, or a fatal error).
+    pub async fn wait(self) -> anyhow::Result<()> {
+        self.task.await.context("server task panicked")?
+    }
+
+    /// Begin graceful shutdown and wait for it to finish.
+    pub async fn stop(self) -> anyhow::Result<()> {
+        self.shutdown.cancel();
+        self.wait().await
+    }
+}
+
+/// Start and run until `shutdown` fires and the server has drained.
+pub async fn serve(config: ServeConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
+    start(config, shutdown).await?.wait().await
+}
+
+/// Refuse to expose a server without authentication.
+fn check_exposure(config: &ServeConfig) -> anyhow::Result<()> {
+    if config.single_user() && !config.listen.ip().is_loopback() {
+        bail!(
+            "refusing to listen on {} without API tokens: anyone who can reach it would act as one tenant. \
+             Configure tokens (--token TENANT=TOKEN, SANDHOLD_TOKENS, or [[tokens]] in the config file) \
+             or listen on a loopback address such as 127.0.0.1",
+            config.listen
+        );
+    }
+    Ok(())
+}
+
+/// Bind and begin serving; returns once the socket accepts connections.
+/// The public services answer UNAVAILABLE until the stores and leases are
+/// open and the services are built, in the background.
+pub async fn start(config: ServeConfig, shutdown: CancellationToken) -> anyhow::Result<RunningServer> {
+    check_exposure(&config)?;
+    let listener =
+        TcpListener::bind(config.listen).await.with_context(|| format!("listening on {}", config.listen))?;
+    let local_addr = listener.local_addr()?;
+
+    let (health, health_service) = tonic_health::server::health_reporter();
+    set_health(&health, ServingStatus::NotServing).await;
+
+    let reflection_v1 = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(shared::PUBLIC_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .context("building the reflection service")?;
+    // grpcio's reflection client still speaks v1alpha.
+    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(shared::PUBLIC_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1alpha()
+        .context("building the reflection service")?;
+
+    // Every background loop runs on this set; shutdown waits for it.
+    let loops = TaskTracker::new();
+    let built: Arc<OnceLock<Built>> = Arc::default();
+    let metrics_addr = match config.metrics_listen {
+        Some(addr) => {
+            let sampler = ready::run_count_sampler(built.clone());
+            let endpoint = crate::metrics::serve_endpoint(addr, sampler, shutdown.clone(), &loops).await?;
+            Some(endpoint.local_addr())
+        }
+        None => None,
+    };
+    let auth = Authenticator::new(config.single_user());
+    if config.single_user() {
+        info!(
+            listen = %local_addr,
+            tenant = SINGLE_USER_TENANT,
+            "no API tokens configured: single-user mode, every caller is tenant {SINGLE_USER_TENANT:?}"
+        );
+    }
+
+    let (admin, admin_slot) = gate();
+    let (snapshot, snapshot_slot) = gate();
+    let (sandbox, sandbox_slot) = gate();
+    let (runs, runs_slot) = gate();
+    let slots = Slots { admin: admin_slot, snapshot: snapshot_slot, sandbox: sandbox_slot, runs: runs_slot };
+    let router = tonic::transport::Server::builder()
+        .layer(AuthLayer::new(auth.clone()))
+        .add_service(health_service)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .add_service(admin)
+        .add_service(snapshot)
+        .add_service(sandbox)
+        .add_service(runs);
+
+    info!(
+        listen = %local_addr,
+        replica_id = %config.replica_id,
+        metrics = metrics_addr.map(|a| format!("http://{a}/metrics")).unwrap_or_else(|| "off".into()),
+        database = %redact_url(&config.database_url),
+        redis = config.redis_url.as_deref().map(redact_url).unwrap_or_else(|| "none (in-process leases)".into()),
+        "sandhold serving"
+    );
+    let stop_accepting = CancellationToken::new();
+    let serving = tokio::spawn(router.serve_with_incoming_shutdown(
+        TcpListenerStream::new(listener),
+        stop_accepting.clone().cancelled_owned(),
+    ));
+    let readiness = ready::Readiness {
+        config: config.clone(),
+        auth,
+        health: health.clone(),
+        shutdown: shutdown.clone(),
+        slots,
+        built: built.clone(),
+        loops: loops.clone(),
+    };
+    let task = tokio::spawn(supervise(
+        config,
+        readiness,
+        health,
+        shutdown.clone(),
+        Serving { stop_accepting, task: serving },
+        loops,
+    ));
+    Ok(RunningServer { local_addr, metrics_addr, shutdown, built, task })
+}
