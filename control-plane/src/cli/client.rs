@@ -139,17 +139,13 @@ impl Connection {
         let server = crate::server::start(config, CancellationToken::new())
             .await
             .context("starting the embedded server")?;
-        let deadline = tokio::time::Instant::now() + EMBEDDED_READY_TIMEOUT;
-        while server.context().is_none() {
-            if tokio::time::Instant::now() > deadline {
-                bail!(
-                    "the embedded server did not open its database under {} within {}s; see {}",
-                    data_dir.display(),
-                    EMBEDDED_READY_TIMEOUT.as_secs(),
-                    log.display()
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+        if server.ready(EMBEDDED_READY_TIMEOUT).await.is_none() {
+            bail!(
+                "the embedded server did not open its database under {} within {}s; see {}",
+                data_dir.display(),
+                EMBEDDED_READY_TIMEOUT.as_secs(),
+                log.display()
+            );
         }
         let addr = server.local_addr();
         let channel = Endpoint::from_shared(format!("http://{addr}"))?

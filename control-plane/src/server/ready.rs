@@ -4,7 +4,7 @@
 //! server's task set, report SERVING, then keep health in step with the
 //! database.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -20,7 +20,7 @@ use tonic_health::server::HealthReporter;
 use tracing::{debug, info, warn};
 
 use super::health::set_health;
-use super::start::{Built, Slots};
+use super::start::{Built, BuiltCell, Slots};
 use crate::api::{AdminApi, RunApi, SandboxApi, SnapshotApi};
 use crate::auth::Authenticator;
 use crate::config::{ServeConfig, redact_url};
@@ -56,7 +56,7 @@ pub(super) struct Readiness {
     pub health: HealthReporter,
     pub shutdown: CancellationToken,
     pub slots: Slots,
-    pub built: Arc<OnceLock<Built>>,
+    pub built: Arc<BuiltCell>,
     pub loops: TaskTracker,
 }
 
@@ -141,7 +141,7 @@ impl Readiness {
         let listener = runs.clone();
         let (cancels, token) = (cx.cancels.clone(), shutdown.clone());
         self.loops.spawn(async move { cancels.listen(token, |run| listener.cancel_announced(run)).await });
-        let _ = self.built.set(Built { cx, runs });
+        self.built.set(Built { cx, runs });
     }
 
     /// Report SERVING while the database answers, until shutdown.
@@ -197,7 +197,7 @@ where
 
 /// What a metrics scrape samples from the database: runs by unfinished
 /// status, once the stores are open.
-pub(super) fn run_count_sampler(built: Arc<OnceLock<Built>>) -> crate::metrics::Sampler {
+pub(super) fn run_count_sampler(built: Arc<BuiltCell>) -> crate::metrics::Sampler {
     Arc::new(move || {
         let built = built.clone();
         Box::pin(async move {

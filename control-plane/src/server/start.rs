@@ -42,12 +42,30 @@ pub(super) struct Built {
     pub(super) runs: Runs,
 }
 
+/// Where [`Built`] is put once, and can be awaited.
+#[derive(Default)]
+pub(super) struct BuiltCell {
+    built: OnceLock<Built>,
+    filled: CancellationToken,
+}
+
+impl BuiltCell {
+    pub(super) fn get(&self) -> Option<&Built> {
+        self.built.get()
+    }
+
+    pub(super) fn set(&self, built: Built) {
+        let _ = self.built.set(built);
+        self.filled.cancel();
+    }
+}
+
 /// A server started with [`start`].
 pub struct RunningServer {
     local_addr: SocketAddr,
     metrics_addr: Option<SocketAddr>,
     shutdown: CancellationToken,
-    built: Arc<OnceLock<Built>>,
+    built: Arc<BuiltCell>,
     task: JoinHandle<anyhow::Result<()>>,
 }
 
@@ -65,6 +83,13 @@ impl RunningServer {
     /// What the services share, once the stores are open.
     pub fn context(&self) -> Option<Context> {
         self.built.get().map(|b| b.cx.clone())
+    }
+
+    /// Wait until the stores are open and the services built; `None` if
+    /// that takes longer than `within`.
+    pub async fn ready(&self, within: std::time::Duration) -> Option<Context> {
+        tokio::time::timeout(within, self.built.filled.cancelled()).await.ok()?;
+        self.context()
     }
 
     /// Cancelling it begins graceful shutdown.
@@ -128,7 +153,7 @@ pub async fn start(config: ServeConfig, shutdown: CancellationToken) -> anyhow::
 
     // Every background loop runs on this set; shutdown waits for it.
     let loops = TaskTracker::new();
-    let built: Arc<OnceLock<Built>> = Arc::default();
+    let built: Arc<BuiltCell> = Arc::default();
     let metrics_addr = match config.metrics_listen {
         Some(addr) => {
             let sampler = ready::run_count_sampler(built.clone());
