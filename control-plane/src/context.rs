@@ -9,7 +9,7 @@
 use tokio_util::sync::CancellationToken;
 
 use crate::lease::{CancelBus, Leases};
-use crate::sandbox::Lifecycle;
+use crate::sandbox::{Lifecycle, Sandboxes};
 use crate::store::Stores;
 
 /// Cheap to clone: every field is a handle.
@@ -23,4 +23,12 @@ pub struct Context {
     pub cancels: CancelBus,
     /// Server shutdown: drives detach, streams end, loops stop.
     pub shutdown: CancellationToken,
+}
+
+impl Context {
+    /// The sandbox operations, on this context's stores, leases and
+    /// lifecycle.
+    pub fn sandboxes(&self) -> Sandboxes {
+        Sandboxes::new(self.stores.clone(), self.leases.clone(), self.lifecycle.clone())
+    }
 }

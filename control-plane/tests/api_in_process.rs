@@ -150,3 +150,130 @@ async fn admin_service_describes_the_context_and_sweeps() {
     assert_eq!(swept.scope, "all", "the single user sweeps everything");
     assert!(swept.runs.is_empty());
 }
+
+async fn ensure_local(ip: &InProcess, thread: &str) -> String {
+    put_local_definition(ip, "def").await;
+    let request = api::EnsureSandboxRequest {
+        definition_id: "def".into(),
+        thread_id: thread.into(),
+        ..Default::default()
+    };
+    let (_, ready) = sandhold_tests::sandbox::ensure(&mut ip.sandboxes(), request).await;
+    ready.expect("the sandbox is ready").sandbox_id
+}
+
+async fn read_all(ip: &InProcess, sandbox: &str, path: &str) -> Vec<u8> {
+    let request =
+        api::ReadFileRequest { sandbox_id: sandbox.into(), path: path.into(), ..Default::default() };
+    let mut chunks = ip.sandboxes().read_file(request).await.unwrap().into_inner();
+    let mut data = Vec::new();
+    while let Some(chunk) = chunks.message().await.unwrap() {
+        data.extend(chunk.data);
+    }
+    data
+}
+
+fn upload(sandbox: &str, path: &str, size: Option<u64>, data: &[u8]) -> Vec<api::WriteFileRequest> {
+    let header = api::WriteFileHeader {
+        sandbox_id: sandbox.into(),
+        path: path.into(),
+        size,
+        make_parents: true,
+        ..Default::default()
+    };
+    vec![
+        api::WriteFileRequest { request: Some(api::write_file_request::Request::Header(header)) },
+        api::WriteFileRequest { request: Some(api::write_file_request::Request::Data(data.to_vec())) },
+    ]
+}
+
+#[tokio::test]
+async fn sandbox_service_streams_files_and_processes() {
+    let ip = InProcess::start().await;
+    let sandbox = ensure_local(&ip, "t1").await;
+    let mut sandboxes = ip.sandboxes();
+
+    let sized = upload(&sandbox, "up/sized.txt", Some(5), b"hello");
+    let written = sandboxes.write_file(futures::stream::iter(sized)).await.unwrap().into_inner();
+    assert_eq!(written.bytes_written, 5);
+    let buffered = upload(&sandbox, "up/buffered.txt", None, b"no size given");
+    let written = sandboxes.write_file(futures::stream::iter(buffered)).await.unwrap().into_inner();
+    assert_eq!(written.bytes_written, 13);
+    assert_eq!(read_all(&ip, &sandbox, "up/sized.txt").await, b"hello");
+    assert_eq!(read_all(&ip, &sandbox, "up/buffered.txt").await, b"no size given");
+    let short = upload(&sandbox, "up/short.txt", Some(50), b"cut off");
+    let refused = sandboxes.write_file(futures::stream::iter(short)).await.unwrap_err();
+    assert_ne!(refused.code(), Code::Ok, "an upload shorter than its size is refused");
+
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    let start = api::ExecStreamStart {
+        sandbox_id: sandbox.clone(),
+        command: Some(api::Command { kind: Some(api::command::Kind::Shell("cat; exit 3".into())) }),
+        ..Default::default()
+    };
+    let message = |r| api::ExecStreamRequest { request: Some(r) };
+    tx.send(message(api::exec_stream_request::Request::Start(start))).await.unwrap();
+    let mut out =
+        sandboxes.exec_stream(tokio_stream::wrappers::ReceiverStream::new(rx)).await.unwrap().into_inner();
+    tx.send(message(api::exec_stream_request::Request::Stdin(b"ping".to_vec()))).await.unwrap();
+    tx.send(message(api::exec_stream_request::Request::CloseStdin(api::CloseStdin {}))).await.unwrap();
+    let (stdout, exit) = sandhold_tests::sandbox::exec_stream_output(&mut out).await;
+    assert_eq!(stdout, b"ping");
+    assert_eq!(exit, Some(api::exit_status::Status::Code(3)));
+}
+
+#[tokio::test]
+async fn snapshot_service_saves_lists_reads_forks_and_deletes_a_checkpoint() {
+    let ip = InProcess::start().await;
+    let sandbox = ensure_local(&ip, "t1").await;
+    let file = upload(&sandbox, "notes/a.txt", Some(6), b"saved\n");
+    ip.sandboxes().write_file(futures::stream::iter(file)).await.unwrap();
+    let mut snapshots = ip.snapshots();
+
+    let save =
+        api::SaveSnapshotRequest { thread_id: "t1".into(), label: "first".into(), ..Default::default() };
+    let saved = snapshots.save_snapshot(save).await.unwrap().into_inner().checkpoint.unwrap();
+    assert!(saved.head);
+    assert_eq!(saved.label, "first");
+    let listed = snapshots
+        .list_snapshots(api::ListSnapshotsRequest { thread_id: "t1".into() })
+        .await
+        .unwrap()
+        .into_inner()
+        .checkpoints;
+    assert_eq!(
+        listed.iter().map(|c| (c.checkpoint_id.as_str(), c.head)).collect::<Vec<_>>(),
+        [(saved.checkpoint_id.as_str(), true)]
+    );
+
+    let read = api::ReadArtifactRequest {
+        thread_id: "t1".into(),
+        checkpoint_id: saved.checkpoint_id.clone(),
+        path: "./notes/a.txt".into(),
+    };
+    let mut artifact = snapshots.read_artifact(read.clone()).await.unwrap().into_inner();
+    let (mut info, mut data) = (None, Vec::new());
+    while let Some(m) = artifact.message().await.unwrap() {
+        info = info.or(m.info);
+        data.extend(m.data);
+    }
+    assert_eq!(data, b"saved\n");
+    assert_eq!(info.map(|i| (i.path, i.size)), Some(("notes/a.txt".to_string(), 6)));
+    let missing = api::ReadArtifactRequest { path: "notes/none.txt".into(), ..read };
+    let refused = snapshots.read_artifact(missing).await.unwrap_err();
+    assert_eq!(refused.code(), Code::NotFound, "{refused:?}");
+
+    let fork = api::ForkSnapshotRequest {
+        thread_id: "t1".into(),
+        checkpoint_id: saved.checkpoint_id.clone(),
+        new_thread_id: "t2".into(),
+    };
+    let forked = snapshots.fork_snapshot(fork).await.unwrap().into_inner();
+    let copy = forked.checkpoint.unwrap();
+    assert_eq!((copy.thread_id.as_str(), copy.forked_from.as_str()), ("t2", saved.checkpoint_id.as_str()));
+
+    let delete = api::DeleteSnapshotRequest { thread_id: "t2".into(), checkpoint_id: copy.checkpoint_id };
+    snapshots.delete_snapshot(delete).await.unwrap();
+    let left = snapshots.list_snapshots(api::ListSnapshotsRequest { thread_id: "t2".into() }).await.unwrap();
+    assert!(left.into_inner().checkpoints.is_empty());
+}

@@ -244,14 +244,7 @@ async fn lifecycle_suite(kind: Kind) {
     })
     .await
     .unwrap();
-    let (mut stdout, mut exit) = (Vec::new(), None);
-    while let Some(m) = tokio::time::timeout(PATIENCE, out.message()).await.unwrap().unwrap() {
-        match m.event {
-            Some(api::exec_stream_response::Event::Output(o)) => stdout.extend(o.data),
-            Some(api::exec_stream_response::Event::Exited(x)) => exit = x.status,
-            _ => {}
-        }
-    }
+    let (stdout, exit) = sandhold_tests::sandbox::exec_stream_output(&mut out).await;
     assert_eq!(stdout, b"ping");
     assert_eq!(exit, Some(api::exit_status::Status::Code(3)));
 

@@ -30,6 +30,21 @@ pub async fn ensure(
     }
 }
 
+/// The stdout and the exit of an `ExecStream` read to its end.
+pub async fn exec_stream_output(
+    out: &mut tonic::Streaming<api::ExecStreamResponse>,
+) -> (Vec<u8>, Option<api::exit_status::Status>) {
+    let (mut stdout, mut exit) = (Vec::new(), None);
+    while let Some(m) = tokio::time::timeout(PATIENCE, out.message()).await.unwrap().unwrap() {
+        match m.event {
+            Some(api::exec_stream_response::Event::Output(o)) => stdout.extend(o.data),
+            Some(api::exec_stream_response::Event::Exited(x)) => exit = x.status,
+            _ => {}
+        }
+    }
+    (stdout, exit)
+}
+
 /// The phases of `progress`, each once where it repeats.
 pub fn phases(progress: &[api::EnsureProgress]) -> Vec<api::EnsurePhase> {
     let mut out: Vec<api::EnsurePhase> = Vec::new();

@@ -1,7 +1,7 @@
 //! The seam between the sandbox lifecycle and workspace provisioning, and
 //! what both sides of it share: the secrets of a live sandbox, the
 //! [`Redactor`] for text leaving the server, the ensure [`Progress`] stream,
-//! and field validation.
+//! and field validation ([`InvalidField`]).
 //!
 //! The lifecycle (module `sandbox`) calls a [`Provisioner`] once, right
 //! after a sandbox was created (never on resume or restore: a snapshot
@@ -10,6 +10,7 @@
 //! agent's persistent shell, instructions and skills. This module sits below
 //! both, so neither imports the other's internals.
 
+mod field;
 mod progress;
 
 use std::collections::BTreeMap;
@@ -20,6 +21,7 @@ use shared::proto::v1::WorkspaceDefinition;
 use shared::secret::Secret;
 
 use crate::agent::AgentClient;
+pub use field::InvalidField;
 pub use progress::{EnsureItem, Progress};
 pub use shared::redact::Redactor;
 

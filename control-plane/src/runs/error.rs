@@ -5,6 +5,7 @@
 use shared::error::{Error as WireError, ErrorCode};
 
 use crate::lease::LeaseError;
+use crate::sandbox;
 use crate::store::{self, RunId};
 
 #[derive(Debug, thiserror::Error)]
@@ -25,6 +26,9 @@ pub enum Error {
     Store(#[from] store::Error),
     #[error(transparent)]
     Lease(#[from] LeaseError),
+    /// What the ensure of the run's sandbox was asked for, refused.
+    #[error(transparent)]
+    Sandbox(#[from] sandbox::Error),
     /// From the layers below: the sandbox lifecycle, the agent, a harness.
     #[error(transparent)]
     Other(#[from] WireError),
@@ -55,6 +59,7 @@ impl From<Error> for WireError {
             Error::NotFound(run) => WireError::not_found(format!("run {run} not found")),
             Error::Store(e) => e.into(),
             Error::Lease(e) => e.into(),
+            Error::Sandbox(e) => e.into(),
             Error::Other(e) => e,
         }
     }

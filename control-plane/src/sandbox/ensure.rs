@@ -3,12 +3,11 @@
 
 use std::collections::HashMap;
 
-use shared::error::Error;
 use shared::secret::Secret;
 
-use super::EnsureInput;
 use super::definition;
-use crate::provision::{Secrets, valid_env_name};
+use super::{EnsureInput, Error};
+use crate::provision::{InvalidField, Secrets, valid_env_name};
 use crate::store::{self, Stores, Tenant};
 
 /// Secret values by name from a request, checked to be valid names.
@@ -33,31 +32,70 @@ pub async fn ensure_input(
     run_id: String,
     secrets: HashMap<String, String>,
 ) -> Result<EnsureInput, Error> {
-    let stored = stores.definitions.get(&tenant, required("definition_id", definition_id)?).await.map_err(
-        |e| match e {
-            store::Error::NotFound(_) => Error::not_found(format!("definition {definition_id} not found")),
+    let stored = stores
+        .definitions
+        .get(&tenant, InvalidField::required("definition_id", definition_id)?)
+        .await
+        .map_err(|e| match e {
+            store::Error::NotFound(_) => Error::DefinitionNotFound(definition_id.to_string()),
             other => other.into(),
-        },
-    )?;
+        })?;
     let definition = definition::from_stored(&stored.body)?;
     let secrets = secrets_of("secrets", secrets)?;
-    for name in secrets.keys() {
-        if !definition.secret_names.contains(name) {
-            return Err(Error::invalid_field(
-                format!("secrets[{name}]"),
-                "not a secret name the definition declares",
-            ));
-        }
+    check_declared(&definition.secret_names, &secrets)?;
+    Ok(EnsureInput { tenant, definition, thread_id, run_id, secrets })
+}
+
+/// Exactly the secrets the definition declares (`declared`): none other,
+/// none missing.
+fn check_declared(declared: &[String], secrets: &Secrets) -> Result<(), Error> {
+    if let Some(name) = secrets.keys().find(|name| !declared.contains(name)) {
+        return Err(Error::invalid_field(
+            format!("secrets[{name}]"),
+            "not a secret name the definition declares",
+        ));
     }
-    if let Some(missing) = definition.secret_names.iter().find(|n| !secrets.contains_key(*n)) {
+    if let Some(missing) = declared.iter().find(|n| !secrets.contains_key(*n)) {
         return Err(Error::invalid_field(
             format!("secrets[{missing}]"),
             "declared by the definition, not given",
         ));
     }
-    Ok(EnsureInput { tenant, definition, thread_id, run_id, secrets })
+    Ok(())
 }
 
-pub fn required<'a>(field: &str, value: &'a str) -> Result<&'a str, Error> {
-    if value.is_empty() { Err(Error::invalid_field(field, "required")) } else { Ok(value) }
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn field_of(e: Error) -> String {
+        match e {
+            Error::InvalidField(e) => e.field,
+            other => panic!("not a field error: {other:?}"),
+        }
+    }
+
+    fn raw(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn secret_names_must_be_variable_names() {
+        let secrets = secrets_of("secrets", raw(&[("TOKEN", "v"), ("_ok2", "w")])).unwrap();
+        assert_eq!(secrets.keys().collect::<Vec<_>>(), ["TOKEN", "_ok2"]);
+        assert_eq!(secrets["TOKEN"].expose(), "v");
+        let bad = secrets_of("secrets", raw(&[("2FA", "v")])).unwrap_err();
+        assert_eq!(field_of(bad), "secrets[2FA]");
+    }
+
+    #[test]
+    fn an_ensure_brings_exactly_the_declared_secrets() {
+        let declared = ["A".to_string(), "B".to_string()];
+        let both = secrets_of("secrets", raw(&[("A", "1"), ("B", "2")])).unwrap();
+        check_declared(&declared, &both).unwrap();
+        let extra = secrets_of("secrets", raw(&[("A", "1"), ("B", "2"), ("C", "3")])).unwrap();
+        assert_eq!(field_of(check_declared(&declared, &extra).unwrap_err()), "secrets[C]");
+        let short = secrets_of("secrets", raw(&[("A", "1")])).unwrap();
+        assert_eq!(field_of(check_declared(&declared, &short).unwrap_err()), "secrets[B]");
+    }
 }

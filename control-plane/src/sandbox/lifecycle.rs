@@ -250,8 +250,14 @@ impl Lifecycle {
         progress.phase(EnsurePhase::RestoringCheckpoint, "restoring the thread's latest checkpoint");
         let agent =
             AgentClient::connect_with_deadline(&sandbox.address, &sandbox.token, AGENT_DEADLINE).await?;
-        crate::snapshot::restore_latest(stores, &agent, &input.tenant, &input.thread_id, &input.definition)
-            .await
+        Ok(crate::snapshot::restore_latest(
+            stores,
+            &agent,
+            &input.tenant,
+            &input.thread_id,
+            &input.definition,
+        )
+        .await?)
     }
 
     #[allow(clippy::too_many_arguments)]

@@ -1,8 +1,11 @@
 //! Sandboxes as the public API sees them: definitions per tenant, the
 //! lifecycle that ensures a sandbox for a thread (resume → restore the
 //! native snapshot → create and provision, one at a time per sandbox key),
-//! and what an ensure is asked for. The `SandboxService` in front of it is
-//! the `api::sandbox` adapter.
+//! and what an ensure is asked for. [`Sandboxes`] holds the operations of
+//! the public API (definitions, ensure, describe, destroy, a live
+//! sandbox's processes and files, a named checkpoint), each failing with
+//! [`Error`]; the `SandboxService` in front of it is the `api::sandbox`
+//! adapter. The lifecycle below speaks the wire error.
 //!
 //! Secrets: values arrive with `EnsureSandbox` / `Exec`, live in memory for
 //! the live sandbox (as [`shared::secret::Secret`]), go to the agent as the
@@ -14,12 +17,22 @@ pub mod ensure;
 pub mod key;
 pub mod lifecycle;
 
+mod checkpoint;
+mod error;
+mod files;
+mod process;
+mod sandboxes;
+
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
 pub use ensure::ensure_input;
+pub use error::Error;
+pub use files::{ReadFileStream, WatchStream};
 pub use lifecycle::{EnsureInput, Lifecycle, Providers};
+pub use process::ExecEvents;
+pub use sandboxes::{EnsureStream, Sandboxes};
 
 /// How often idle sandboxes are looked for.
 const IDLE_SWEEP_EVERY: Duration = Duration::from_secs(10);

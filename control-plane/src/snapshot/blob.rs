@@ -2,12 +2,12 @@
 
 use bytes::{Bytes, BytesMut};
 use futures::StreamExt;
-use shared::error::Error;
 
+use super::Error;
 use crate::store::Stores;
 
 /// The bytes of a blob, for artifact reads.
-pub(crate) async fn blob_bytes(
+pub(super) async fn blob_bytes(
     stores: &Stores,
     sha256: &str,
 ) -> Result<crate::store::blob::BlobStream, Error> {

@@ -4,10 +4,10 @@
 use std::time::Duration;
 
 use futures::FutureExt;
-use shared::error::Error;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use super::Error;
 use crate::store::Stores;
 
 /// A save's pins protect its blobs this long; a save that takes longer may
@@ -43,7 +43,7 @@ pub async fn run_gc_sweeper(stores: Stores, shutdown: CancellationToken) {
                 info!(blobs = gone.len(), "unreferenced snapshot blobs collected")
             }
             Ok(_) => {}
-            Err(e) => warn!(error = %e.message, "snapshot garbage collection failed"),
+            Err(e) => warn!(error = %e, "snapshot garbage collection failed"),
         }
     }
 }

@@ -16,6 +16,8 @@
 //! - **After a run** ([`checkpoint_after_run`]): the run pump's hook.
 //! - **Garbage collection** ([`collect_garbage`], [`run_gc_sweeper`]):
 //!   blobs no checkpoint references and no save in progress pinned.
+//! - **The public API's operations** ([`Snapshots`]): list, fork, read an
+//!   artifact, delete. Every operation fails with [`Error`].
 //!
 //! Secrets: the values of the sandbox's secrets go to the agent with the
 //! capture request only (over its authenticated socket), so that every
@@ -23,14 +25,16 @@
 //! a store, a log line or an error.
 
 mod blob;
+mod checkpoints;
 mod error;
 mod gc;
 mod policy;
 mod restore;
 mod save;
 
-pub(crate) use blob::blob_bytes;
 pub use blob::read_blob;
+pub use checkpoints::{ArtifactStream, Listed, Snapshots};
+pub use error::Error;
 pub use gc::{GC_EVERY, PIN_TTL, collect_garbage, run_gc_sweeper};
 pub use policy::{capture_policy, enabled};
 pub use restore::{restore, restore_latest};

@@ -3,12 +3,11 @@
 
 use futures::StreamExt;
 use prost::Message;
-use shared::error::Error;
 use shared::proto::agent::v1 as agent;
 use shared::proto::v1 as api;
 use tracing::{info, warn};
 
-use super::error::agent_error;
+use super::Error;
 use super::policy::{capture_policy, portable};
 use crate::agent::AgentClient;
 use crate::store::{Stores, Tenant};
@@ -30,7 +29,7 @@ pub async fn restore(
 ) -> Result<agent::RestoreResponse, Error> {
     let (_, manifest) = stores.checkpoints.get(tenant, thread_id, checkpoint_id).await?;
     let entries = agent::CaptureResponse::decode(manifest.as_slice())
-        .map_err(|e| Error::internal(format!("checkpoint {checkpoint_id}: unreadable manifest: {e}")))?
+        .map_err(|e| Error::Corrupt(format!("checkpoint {checkpoint_id}: unreadable manifest: {e}")))?
         .entries;
     let summary = shared::snapshot::check_manifest(&entries)?;
     let header = agent::RestoreHeader {
@@ -46,7 +45,7 @@ pub async fn restore(
         .snapshot()
         .restore(requests)
         .await
-        .map_err(|s| agent_error(&format!("restoring checkpoint {checkpoint_id}"), s))?
+        .map_err(Error::agent(format!("restoring checkpoint {checkpoint_id}")))?
         .into_inner();
     info!(
         tenant = %tenant,

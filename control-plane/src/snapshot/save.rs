@@ -3,15 +3,14 @@
 
 use bytes::BytesMut;
 use prost::Message;
-use shared::error::{Error, ErrorCode};
 use shared::proto::agent::v1 as agent;
 use shared::proto::v1 as api;
 use tracing::{info, warn};
 
-use super::error::agent_error;
+use super::Error;
 use super::policy::{capture_policy, enabled, portable};
 use crate::agent::AgentClient;
-use crate::provision::Secrets;
+use crate::provision::{InvalidField, Secrets};
 use crate::store::{Checkpoint, NewCheckpoint, Stores, Tenant};
 
 /// What [`save`] is asked to capture.
@@ -28,9 +27,7 @@ pub struct SaveRequest<'a> {
 /// Capture the sandbox behind `agent` into a new checkpoint, the thread's
 /// new head. See the module docs for the steps and their guarantees.
 pub async fn save(stores: &Stores, agent: &AgentClient, req: SaveRequest<'_>) -> Result<Checkpoint, Error> {
-    if req.thread_id.is_empty() {
-        return Err(Error::invalid_field("thread_id", "required"));
-    }
+    InvalidField::required("thread_id", req.thread_id)?;
     let claim = stores.checkpoints.claim_writer(req.tenant, req.thread_id).await?;
     let redact_values: Vec<String> = req.secrets.values().map(|s| s.expose().to_string()).collect();
     let mut stream = agent
@@ -40,10 +37,10 @@ pub async fn save(stores: &Stores, agent: &AgentClient, req: SaveRequest<'_>) ->
             redact_values: redact_values.clone(),
         })
         .await
-        .map_err(|s| agent_error("capturing the workspace", s))?
+        .map_err(Error::agent("capturing the workspace"))?
         .into_inner();
     let mut entries = Vec::new();
-    while let Some(batch) = stream.message().await.map_err(|s| agent_error("capturing the workspace", s))? {
+    while let Some(batch) = stream.message().await.map_err(Error::agent("capturing the workspace"))? {
         entries.extend(batch.entries);
     }
     // The agent is inside the sandbox: what it says is checked like input.
@@ -112,20 +109,17 @@ async fn upload(
         .snapshot()
         .read_blobs(agent::ReadBlobsRequest { blobs, redact_values, policy: Some(policy.clone()) })
         .await
-        .map_err(|s| agent_error("reading captured files", s))?
+        .map_err(Error::agent("reading captured files"))?
         .into_inner();
     let mut uploaded = 0u64;
     let mut current: Option<(String, BytesMut)> = None;
-    while let Some(msg) = stream.message().await.map_err(|s| agent_error("reading captured files", s))? {
+    while let Some(msg) = stream.message().await.map_err(Error::agent("reading captured files"))? {
         if !wanted.contains(msg.sha256.as_str()) {
-            return Err(Error::internal(format!(
-                "the agent sent blob {} that was not asked for",
-                msg.sha256
-            )));
+            return Err(Error::Corrupt(format!("the agent sent blob {} that was not asked for", msg.sha256)));
         }
         let (hash, buf) = current.get_or_insert_with(|| (msg.sha256.clone(), BytesMut::new()));
         if *hash != msg.sha256 {
-            return Err(Error::internal("the agent interleaved two blobs"));
+            return Err(Error::Corrupt("the agent interleaved two blobs".into()));
         }
         buf.extend_from_slice(&msg.data);
         if msg.last {
@@ -133,16 +127,13 @@ async fn upload(
             uploaded += buf.len() as u64;
             // `put` re-hashes: bytes that changed since the manifest are refused.
             stores.blobs.put(&hash, buf.freeze()).await.map_err(|e| match e {
-                crate::store::Error::Invalid { reason, .. } => Error::new(
-                    ErrorCode::FailedPrecondition,
-                    format!("a file changed while it was captured ({reason}); save again"),
-                ),
+                crate::store::Error::Invalid { reason, .. } => Error::ChangedWhileCaptured(reason),
                 other => other.into(),
             })?;
         }
     }
     if current.is_some() {
-        return Err(Error::internal("the agent ended a blob stream mid-blob"));
+        return Err(Error::Corrupt("the agent ended a blob stream mid-blob".into()));
     }
     Ok(uploaded)
 }

@@ -1,0 +1,232 @@
+//! Processes in a live sandbox, run by its agent: `Exec` to completion and
+//! `ExecStream` with stdin, signals and output both ways. Each runs with
+//! the secrets of the sandbox's last ensure, then the call's plain env,
+//! then the call's secrets.
+
+use std::collections::HashMap;
+
+use futures::stream::BoxStream;
+use futures::{Stream, StreamExt};
+use shared::proto::agent::v1 as agent;
+use shared::proto::v1 as api;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::Status;
+
+use super::ensure::secrets_of;
+use super::{Error, Sandboxes};
+use crate::provision::{Secrets, valid_env_name};
+use crate::store::Tenant;
+
+/// What an `ExecStream` answers: the pid, output, then the exit.
+pub type ExecEvents = BoxStream<'static, Result<api::ExecStreamResponse, Error>>;
+
+impl Sandboxes {
+    /// Run a command in the tenant's sandbox to completion.
+    pub async fn exec(&self, tenant: &Tenant, req: api::ExecRequest) -> Result<api::ExecResponse, Error> {
+        let live = self.live(tenant, &req.sandbox_id).await?;
+        let command = agent_command(req.command)?;
+        let env = process_env(&live.secrets, req.env, req.secrets)?;
+        let resp = live
+            .agent
+            .process()
+            .exec(agent::ExecRequest {
+                command: Some(command),
+                cwd: req.cwd,
+                env,
+                stdin: req.stdin,
+                timeout_ms: req.timeout_ms,
+                output_limit_bytes: req.output_limit_bytes,
+            })
+            .await?
+            .into_inner();
+        Ok(api::ExecResponse {
+            status: exit_status(resp.status),
+            stdout: resp.stdout,
+            stderr: resp.stderr,
+            stdout_truncated: resp.stdout_truncated,
+            stderr_truncated: resp.stderr_truncated,
+            timed_out: resp.timed_out,
+            duration_ms: resp.duration_ms,
+        })
+    }
+
+    /// Start the process `inbound` begins with (`start`) and forward the
+    /// rest of it (stdin, close, signals) until the caller's stream ends.
+    pub async fn exec_stream<S>(&self, tenant: &Tenant, mut inbound: S) -> Result<ExecEvents, Error>
+    where
+        S: Stream<Item = Result<api::ExecStreamRequest, Status>> + Send + Unpin + 'static,
+    {
+        let first = inbound.next().await.transpose()?.and_then(|m| m.request);
+        let Some(api::exec_stream_request::Request::Start(start)) = first else {
+            return Err(Error::invalid_field("start", "the first message must be `start`"));
+        };
+        let live = self.live(tenant, &start.sandbox_id).await?;
+        let command = agent_command(start.command)?;
+        let env = process_env(&live.secrets, start.env, start.secrets)?;
+        let (tx, rx) = mpsc::channel::<agent::SpawnRequest>(16);
+        let start = agent::SpawnRequest {
+            request: Some(agent::spawn_request::Request::Start(agent::SpawnStart {
+                command: Some(command),
+                cwd: start.cwd,
+                env,
+                detached: false,
+            })),
+        };
+        tx.send(start).await.map_err(|_| Error::Closed("exec stream closed before start"))?;
+        // Held by the response stream: a client that half-closes its side
+        // after `start` must not end the agent's request stream (and with it
+        // the process) while output is still flowing.
+        let hold_open = tx.clone();
+        self.forward(inbound, tx, |message: api::ExecStreamRequest| {
+            let request = message.request.and_then(spawn_request)?;
+            Some(agent::SpawnRequest { request: Some(request) })
+        });
+        let outbound = live.agent.process().spawn(ReceiverStream::new(rx)).await?.into_inner();
+        let mapped = outbound.map(move |item| {
+            let _ = &hold_open;
+            let event = item?.event.map(|e| match e {
+                agent::spawn_response::Event::Started(s) => {
+                    api::exec_stream_response::Event::StartedPid(s.pid)
+                }
+                agent::spawn_response::Event::Output(o) => {
+                    api::exec_stream_response::Event::Output(api::OutputChunk {
+                        stream: o.stream,
+                        data: o.data,
+                    })
+                }
+                agent::spawn_response::Event::Exited(x) => {
+                    api::exec_stream_response::Event::Exited(exit_status(Some(x)).unwrap_or_default())
+                }
+            });
+            Ok(api::ExecStreamResponse { event })
+        });
+        Ok(Box::pin(mapped))
+    }
+}
+
+/// What a caller's message after `start` asks of the agent (`None` for a
+/// second `start`, or nothing).
+fn spawn_request(request: api::exec_stream_request::Request) -> Option<agent::spawn_request::Request> {
+    match request {
+        api::exec_stream_request::Request::Stdin(data) => Some(agent::spawn_request::Request::Stdin(data)),
+        api::exec_stream_request::Request::CloseStdin(_) => {
+            Some(agent::spawn_request::Request::CloseStdin(agent::CloseStdin {}))
+        }
+        api::exec_stream_request::Request::Signal(n) => Some(agent::spawn_request::Request::Signal(n)),
+        api::exec_stream_request::Request::Start(_) => None,
+    }
+}
+
+/// The environment of a process: the ensure's secrets (`ensured`), then
+/// the call's plain env, then the call's secrets.
+fn process_env(
+    ensured: &Secrets,
+    env: HashMap<String, String>,
+    secrets: HashMap<String, String>,
+) -> Result<HashMap<String, String>, Error> {
+    let mut out: HashMap<String, String> =
+        ensured.iter().map(|(k, v)| (k.clone(), v.expose().to_string())).collect();
+    for (k, v) in env {
+        if !valid_env_name(&k) {
+            return Err(Error::invalid_field(format!("env[{k}]"), "not a valid variable name"));
+        }
+        out.insert(k, v);
+    }
+    for (k, v) in secrets_of("secrets", secrets)? {
+        out.insert(k, v.expose().to_string());
+    }
+    Ok(out)
+}
+
+fn agent_command(command: Option<api::Command>) -> Result<agent::Command, Error> {
+    let kind = match command.and_then(|c| c.kind) {
+        Some(api::command::Kind::Argv(a)) if !a.args.is_empty() => {
+            agent::command::Kind::Argv(agent::Argv { args: a.args })
+        }
+        Some(api::command::Kind::Shell(s)) if !s.is_empty() => agent::command::Kind::Shell(s),
+        _ => return Err(Error::invalid_field("command", "required: a non-empty argv or shell string")),
+    };
+    Ok(agent::Command { kind: Some(kind) })
+}
+
+fn exit_status(s: Option<agent::ExitStatus>) -> Option<api::ExitStatus> {
+    let status = s?.status.map(|s| match s {
+        agent::exit_status::Status::Code(c) => api::exit_status::Status::Code(c),
+        agent::exit_status::Status::Signal(n) => api::exit_status::Status::Signal(n),
+    });
+    Some(api::ExitStatus { status })
+}
+
+#[cfg(test)]
+mod tests {
+    use shared::secret::Secret;
+
+    use super::*;
+
+    fn map(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    fn refused_field(e: Error) -> String {
+        match e {
+            Error::InvalidField(e) => e.field,
+            other => panic!("not a field error: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_call_overrides_the_ensure_and_its_secrets_override_its_env() {
+        let ensured = Secrets::from([
+            ("TOKEN".to_string(), Secret::new("from-ensure")),
+            ("KEEP".to_string(), Secret::new("kept")),
+        ]);
+        let env = process_env(
+            &ensured,
+            map(&[("TOKEN", "from-env"), ("MODE", "plain")]),
+            map(&[("MODE", "from-secrets")]),
+        )
+        .unwrap();
+        assert_eq!(env, map(&[("TOKEN", "from-env"), ("KEEP", "kept"), ("MODE", "from-secrets")]));
+    }
+
+    #[test]
+    fn invalid_variable_names_are_refused_by_field() {
+        let bad_env = process_env(&Secrets::new(), map(&[("1X", "v")]), HashMap::new()).unwrap_err();
+        assert_eq!(refused_field(bad_env), "env[1X]");
+        let bad_secret = process_env(&Secrets::new(), HashMap::new(), map(&[("a-b", "v")])).unwrap_err();
+        assert_eq!(refused_field(bad_secret), "secrets[a-b]");
+    }
+
+    #[test]
+    fn a_command_is_a_non_empty_argv_or_shell_string() {
+        let argv = |args: &[&str]| {
+            Some(api::Command {
+                kind: Some(api::command::Kind::Argv(api::Argv {
+                    args: args.iter().map(|a| a.to_string()).collect(),
+                })),
+            })
+        };
+        let shell = |s: &str| Some(api::Command { kind: Some(api::command::Kind::Shell(s.into())) });
+        assert_eq!(
+            agent_command(argv(&["ls", "-l"])).unwrap().kind,
+            Some(agent::command::Kind::Argv(agent::Argv { args: vec!["ls".into(), "-l".into()] }))
+        );
+        assert_eq!(
+            agent_command(shell("echo hi")).unwrap().kind,
+            Some(agent::command::Kind::Shell("echo hi".into()))
+        );
+        for empty in [None, argv(&[]), shell(""), Some(api::Command { kind: None })] {
+            assert_eq!(refused_field(agent_command(empty).unwrap_err()), "command");
+        }
+    }
+
+    #[test]
+    fn exit_statuses_keep_codes_and_signals() {
+        let code = agent::ExitStatus { status: Some(agent::exit_status::Status::Code(3)) };
+        assert_eq!(exit_status(Some(code)).unwrap().status, Some(api::exit_status::Status::Code(3)));
+        let signal = agent::ExitStatus { status: Some(agent::exit_status::Status::Signal(9)) };
+        assert_eq!(exit_status(Some(signal)).unwrap().status, Some(api::exit_status::Status::Signal(9)));
+        assert_eq!(exit_status(None), None);
+    }
+}

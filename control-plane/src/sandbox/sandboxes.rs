@@ -1,0 +1,142 @@
+//! The sandbox operations of the public API: a tenant's definitions, and
+//! ensuring, describing and destroying its sandboxes. A live sandbox's
+//! processes and files are in `process.rs` and `files.rs`, saving its
+//! checkpoint in `checkpoint.rs`.
+
+use futures::stream::BoxStream;
+use futures::{Stream, StreamExt};
+use shared::proto::v1 as api;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+use tonic::Status;
+
+use super::lifecycle::Live;
+use super::{Error, Lifecycle, definition, ensure_input};
+use crate::lease::Leases;
+use crate::provision::{InvalidField, Progress};
+use crate::store::{Stores, Tenant};
+
+/// An ensure's progress events, then exactly one `ready` or error.
+pub type EnsureStream = BoxStream<'static, Result<api::EnsureSandboxResponse, Error>>;
+
+/// Built from the stores, the leases and the lifecycle. Cheap to clone.
+#[derive(Clone)]
+pub struct Sandboxes {
+    pub(super) stores: Stores,
+    leases: Leases,
+    pub(super) lifecycle: Lifecycle,
+}
+
+impl Sandboxes {
+    pub fn new(stores: Stores, leases: Leases, lifecycle: Lifecycle) -> Self {
+        Self { stores, leases, lifecycle }
+    }
+
+    /// Forward what the caller's `inbound` stream still sends, as
+    /// `to_agent` maps it (`None`: nothing to send), into `tx`, until the
+    /// caller's stream ends (or fails) or `tx` refuses.
+    pub(super) fn forward<T, U, S>(
+        &self,
+        mut inbound: S,
+        tx: mpsc::Sender<U>,
+        to_agent: impl Fn(T) -> Option<U> + Send + 'static,
+    ) where
+        T: Send + 'static,
+        U: Send + 'static,
+        S: Stream<Item = Result<T, Status>> + Send + Unpin + 'static,
+    {
+        tokio::spawn(async move {
+            while let Some(Ok(message)) = inbound.next().await {
+                if let Some(request) = to_agent(message)
+                    && tx.send(request).await.is_err()
+                {
+                    return;
+                }
+            }
+        });
+    }
+
+    /// A connected agent for the tenant's sandbox `sandbox_id`.
+    pub(super) async fn live(&self, tenant: &Tenant, sandbox_id: &str) -> Result<Live, Error> {
+        Ok(self.lifecycle.agent(&self.stores, tenant, sandbox_id).await?)
+    }
+
+    /// Validate and store `definition` as the tenant's (replacing one of
+    /// its id).
+    pub async fn put_definition(
+        &self,
+        tenant: &Tenant,
+        definition: Option<api::SandboxDefinition>,
+    ) -> Result<api::SandboxDefinition, Error> {
+        let definition = definition.ok_or_else(|| Error::invalid_field("definition", "required"))?;
+        definition::validate(&definition)?;
+        self.stores.definitions.put(tenant, &definition.id, definition::to_stored(&definition)).await?;
+        Ok(definition)
+    }
+
+    pub async fn get_definition(&self, tenant: &Tenant, id: &str) -> Result<api::SandboxDefinition, Error> {
+        let stored = self.stores.definitions.get(tenant, InvalidField::required("id", id)?).await?;
+        Ok(definition::from_stored(&stored.body)?)
+    }
+
+    pub async fn list_definitions(&self, tenant: &Tenant) -> Result<Vec<api::SandboxDefinition>, Error> {
+        let stored = self.stores.definitions.list(tenant).await?;
+        Ok(stored.iter().map(|d| definition::from_stored(&d.body)).collect::<Result<_, _>>()?)
+    }
+
+    pub async fn delete_definition(&self, tenant: &Tenant, id: &str) -> Result<(), Error> {
+        if !self.stores.definitions.delete(tenant, InvalidField::required("id", id)?).await? {
+            return Err(Error::DefinitionNotFound(id.to_string()));
+        }
+        Ok(())
+    }
+
+    /// Resume, restore or create the sandbox of the request's thread under
+    /// the tenant's definition it names, with exactly the secrets that
+    /// declares. The request is checked before this returns; the ensure
+    /// itself runs detached from the call: a client that leaves mid-ensure
+    /// must not leave a half-made sandbox behind.
+    pub async fn ensure(
+        &self,
+        tenant: Tenant,
+        req: api::EnsureSandboxRequest,
+    ) -> Result<EnsureStream, Error> {
+        let input =
+            ensure_input(&self.stores, tenant, &req.definition_id, req.thread_id, req.run_id, req.secrets)
+                .await?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let progress = Progress::new(tx.clone());
+        let (stores, leases, lifecycle) = (self.stores.clone(), self.leases.clone(), self.lifecycle.clone());
+        tokio::spawn(async move {
+            let last = lifecycle.ensure(&stores, &leases, input, &progress).await.map(|ready| {
+                api::EnsureSandboxResponse { event: Some(api::ensure_sandbox_response::Event::Ready(ready)) }
+            });
+            let _ = tx.send(last);
+        });
+        Ok(Box::pin(UnboundedReceiverStream::new(rx).map(|item| item.map_err(Error::from))))
+    }
+
+    /// The tenant's sandbox `sandbox_id`, described.
+    pub async fn get(&self, tenant: &Tenant, sandbox_id: &str) -> Result<api::Sandbox, Error> {
+        let instance = self
+            .lifecycle
+            .instance(&self.stores, tenant, InvalidField::required("sandbox_id", sandbox_id)?)
+            .await?;
+        Ok(self.lifecycle.describe(&instance))
+    }
+
+    /// The tenant's sandboxes, of `thread_id` only unless it is empty.
+    pub async fn list(&self, tenant: &Tenant, thread_id: &str) -> Result<Vec<api::Sandbox>, Error> {
+        let instances = self.stores.instances.list(Some(tenant)).await?;
+        Ok(instances
+            .iter()
+            .map(|i| self.lifecycle.describe(i))
+            .filter(|s| thread_id.is_empty() || s.thread_id == thread_id)
+            .collect())
+    }
+
+    pub async fn destroy(&self, tenant: &Tenant, sandbox_id: &str) -> Result<(), Error> {
+        let key = InvalidField::required("sandbox_id", sandbox_id)?;
+        Ok(self.lifecycle.destroy(&self.stores, &self.leases, tenant, key).await?)
+    }
+}
