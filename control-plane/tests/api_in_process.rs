@@ -223,6 +223,49 @@ async fn sandbox_service_streams_files_and_processes() {
 }
 
 #[tokio::test]
+async fn sandbox_service_forwarders_end_with_their_call_and_at_shutdown() {
+    let ip = InProcess::start().await;
+    let sandbox = ensure_local(&ip, "t1").await;
+    let message = |r| api::ExecStreamRequest { request: Some(r) };
+    // The forwarder of a request stream ends when its client leaves
+    // mid-process, and at shutdown while the client stays.
+    let tasks = ip.cx.tasks.clone();
+    let sleeper = || async {
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let start = api::ExecStreamStart {
+            sandbox_id: sandbox.clone(),
+            command: Some(api::Command { kind: Some(api::command::Kind::Shell("sleep 600".into())) }),
+            ..Default::default()
+        };
+        tx.send(message(api::exec_stream_request::Request::Start(start))).await.unwrap();
+        let mut out = ip
+            .sandboxes()
+            .exec_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await
+            .unwrap()
+            .into_inner();
+        let first = tokio::time::timeout(PATIENCE, out.message()).await.unwrap().unwrap().unwrap();
+        assert!(matches!(first.event, Some(api::exec_stream_response::Event::StartedPid(_))), "{first:?}");
+        (tx, out)
+    };
+    let gone = |what: &'static str| {
+        let tasks = tasks.clone();
+        async move {
+            let ended = eventually(PATIENCE, || std::future::ready(tasks.is_empty())).await;
+            assert!(ended, "{} tasks still running {what}", tasks.len());
+        }
+    };
+    let (tx, out) = sleeper().await;
+    drop((tx, out));
+    gone("after their client left").await;
+    let (tx, out) = sleeper().await;
+    assert!(!tasks.is_empty(), "the forwarder of a live call is on the task set");
+    ip.cx.shutdown.cancel();
+    gone("at shutdown").await;
+    drop((tx, out));
+}
+
+#[tokio::test]
 async fn snapshot_service_saves_lists_reads_forks_and_deletes_a_checkpoint() {
     let ip = InProcess::start().await;
     let sandbox = ensure_local(&ip, "t1").await;

@@ -26,6 +26,7 @@ use shared::proto::v1::sandbox_service_server::SandboxServiceServer;
 use shared::proto::v1::snapshot_service_client::SnapshotServiceClient;
 use shared::proto::v1::snapshot_service_server::SnapshotServiceServer;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use tonic::transport::{Channel, Endpoint, Server, Uri};
 
 use tonic::service::interceptor::InterceptedService;
@@ -62,6 +63,7 @@ impl InProcess {
             leases,
             lifecycle: Lifecycle::new(providers, Arc::new(WorkspaceProvisioner)),
             cancels: CancelBus::Local,
+            tasks: TaskTracker::new(),
             shutdown: shutdown.clone(),
         };
         let runs = runs::Runs::new(cx.clone(), RunOptions::default());

@@ -33,7 +33,8 @@ fn to_status_stream<T: 'static>(
     Box::pin(stream.map(|item| item.map_err(Status::from)))
 }
 
-/// Built from the context: the stores, the leases and the lifecycle.
+/// Built from the context: the stores, the leases, the lifecycle and the
+/// task set.
 #[derive(Clone)]
 pub struct SandboxApi {
     sandboxes: Sandboxes,

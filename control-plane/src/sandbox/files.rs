@@ -88,7 +88,8 @@ impl Sandboxes {
             }
             None => {
                 // Forward until the client's stream ends; on a client error
-                // stop forwarding, so the agent sees a short upload.
+                // (or at shutdown) stop forwarding, so the agent sees a short
+                // upload.
                 let (tx, rx) = mpsc::channel::<agent::WriteFileRequest>(8);
                 tx.send(agent_header).await.map_err(|_| Error::Closed("upload channel closed"))?;
                 self.forward(inbound, tx, move |message: api::WriteFileRequest| match message.request {

@@ -52,7 +52,8 @@ impl Sandboxes {
     }
 
     /// Start the process `inbound` begins with (`start`) and forward the
-    /// rest of it (stdin, close, signals) until the caller's stream ends.
+    /// rest of it (stdin, close, signals) until the caller's stream ends,
+    /// the process's does, or the server shuts down.
     pub async fn exec_stream<S>(&self, tenant: &Tenant, mut inbound: S) -> Result<ExecEvents, Error>
     where
         S: Stream<Item = Result<api::ExecStreamRequest, Status>> + Send + Unpin + 'static,

@@ -8,6 +8,8 @@ use futures::{Stream, StreamExt};
 use shared::proto::v1 as api;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use tonic::Status;
 
 use super::lifecycle::Live;
@@ -19,22 +21,36 @@ use crate::store::{Stores, Tenant};
 /// An ensure's progress events, then exactly one `ready` or error.
 pub type EnsureStream = BoxStream<'static, Result<api::EnsureSandboxResponse, Error>>;
 
-/// Built from the stores, the leases and the lifecycle. Cheap to clone.
+/// Built from the stores, the leases, the lifecycle, and the server's task
+/// set and shutdown signal (for the work a call leaves running). Cheap to
+/// clone.
 #[derive(Clone)]
 pub struct Sandboxes {
     pub(super) stores: Stores,
     leases: Leases,
     pub(super) lifecycle: Lifecycle,
+    /// Tasks that outlive the call that started them; shutdown waits for
+    /// them before the stores close.
+    tasks: TaskTracker,
+    /// Ends the request-stream forwarders of `ExecStream` and `WriteFile`.
+    shutdown: CancellationToken,
 }
 
 impl Sandboxes {
-    pub fn new(stores: Stores, leases: Leases, lifecycle: Lifecycle) -> Self {
-        Self { stores, leases, lifecycle }
+    pub fn new(
+        stores: Stores,
+        leases: Leases,
+        lifecycle: Lifecycle,
+        tasks: TaskTracker,
+        shutdown: CancellationToken,
+    ) -> Self {
+        Self { stores, leases, lifecycle, tasks, shutdown }
     }
 
-    /// Forward what the caller's `inbound` stream still sends, as
-    /// `to_agent` maps it (`None`: nothing to send), into `tx`, until the
-    /// caller's stream ends (or fails) or `tx` refuses.
+    /// Forward on the task set what the caller's `inbound` stream still
+    /// sends, as `to_agent` maps it (`None`: nothing to send), into `tx`.
+    /// Ends with the caller's stream (its end or first error), with the
+    /// agent's (`tx` closed), or at shutdown.
     pub(super) fn forward<T, U, S>(
         &self,
         mut inbound: S,
@@ -45,8 +61,17 @@ impl Sandboxes {
         U: Send + 'static,
         S: Stream<Item = Result<T, Status>> + Send + Unpin + 'static,
     {
-        tokio::spawn(async move {
-            while let Some(Ok(message)) = inbound.next().await {
+        let shutdown = self.shutdown.clone();
+        self.tasks.spawn(async move {
+            loop {
+                let message = tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = tx.closed() => return,
+                    message = inbound.next() => match message {
+                        Some(Ok(message)) => message,
+                        Some(Err(_)) | None => return,
+                    },
+                };
                 if let Some(request) = to_agent(message)
                     && tx.send(request).await.is_err()
                 {
@@ -94,8 +119,8 @@ impl Sandboxes {
     /// Resume, restore or create the sandbox of the request's thread under
     /// the tenant's definition it names, with exactly the secrets that
     /// declares. The request is checked before this returns; the ensure
-    /// itself runs detached from the call: a client that leaves mid-ensure
-    /// must not leave a half-made sandbox behind.
+    /// itself runs on the task set, detached from the call: a client that
+    /// leaves mid-ensure must not leave a half-made sandbox behind.
     pub async fn ensure(
         &self,
         tenant: Tenant,
@@ -107,7 +132,7 @@ impl Sandboxes {
         let (tx, rx) = mpsc::unbounded_channel();
         let progress = Progress::new(tx.clone());
         let (stores, leases, lifecycle) = (self.stores.clone(), self.leases.clone(), self.lifecycle.clone());
-        tokio::spawn(async move {
+        self.tasks.spawn(async move {
             let last = lifecycle.ensure(&stores, &leases, input, &progress).await.map(|ready| {
                 api::EnsureSandboxResponse { event: Some(api::ensure_sandbox_response::Event::Ready(ready)) }
             });

@@ -115,6 +115,8 @@ impl Readiness {
             leases,
             lifecycle,
             cancels,
+            // The server's own set: shutdown waits for it after the drives.
+            tasks: self.loops.clone(),
             shutdown: self.shutdown.clone(),
         };
         self.build(cx);
