@@ -16,10 +16,33 @@ use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 use sha2::{Digest, Sha256};
-use shared::error::{Error, ErrorCode};
+use shared::error::{Error as WireError, ErrorCode};
 use tonic::body::Body;
 
-use crate::store::{Tenant, TokenStore};
+use crate::store::{self, Tenant, TokenStore};
+
+/// Why a call was not let in.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The token store is not open yet.
+    #[error("the server is starting: stores are not ready yet")]
+    NotReady,
+    /// No token, a malformed one, or one no tenant has.
+    #[error("{0}")]
+    Unauthenticated(&'static str),
+    #[error(transparent)]
+    Store(#[from] store::Error),
+}
+
+impl From<Error> for WireError {
+    fn from(e: Error) -> Self {
+        match e {
+            Error::NotReady => WireError::new(ErrorCode::Unavailable, e.to_string()),
+            Error::Unauthenticated(why) => WireError::new(ErrorCode::Unauthenticated, why),
+            Error::Store(e) => e.into(),
+        }
+    }
+}
 
 /// The tenant of every caller in single-user mode.
 pub const SINGLE_USER_TENANT: &str = "default";
@@ -78,10 +101,7 @@ impl Authenticator {
     /// The tenant of a request with these headers.
     pub async fn authenticate(&self, headers: &http::HeaderMap) -> Result<Tenant, Error> {
         let Some(store) = self.inner.tokens.get() else {
-            return Err(Error::new(
-                ErrorCode::Unavailable,
-                "the server is starting: stores are not ready yet",
-            ));
+            return Err(Error::NotReady);
         };
         if self.inner.single_user {
             return Ok(Tenant::new(SINGLE_USER_TENANT));
@@ -96,7 +116,7 @@ impl Authenticator {
                 self.remember(digest, tenant.clone());
                 Ok(tenant)
             }
-            None => Err(unauthenticated("unknown API token")),
+            None => Err(Error::Unauthenticated("unknown API token")),
         }
     }
 
@@ -126,20 +146,16 @@ fn bucket(digest: &[u8; 32]) -> u64 {
     u64::from_le_bytes(digest[..8].try_into().expect("8 bytes"))
 }
 
-fn unauthenticated(message: &str) -> Error {
-    Error::new(ErrorCode::Unauthenticated, message)
-}
-
 fn bearer_token(headers: &http::HeaderMap) -> Result<&str, Error> {
     let value = headers
         .get(http::header::AUTHORIZATION)
-        .ok_or_else(|| unauthenticated("missing `authorization: Bearer <token>` metadata"))?;
-    let value = value.to_str().map_err(|_| unauthenticated("malformed authorization metadata"))?;
+        .ok_or_else(|| Error::Unauthenticated("missing `authorization: Bearer <token>` metadata"))?;
+    let value = value.to_str().map_err(|_| Error::Unauthenticated("malformed authorization metadata"))?;
     let (scheme, token) =
-        value.split_once(' ').ok_or_else(|| unauthenticated("expected `Bearer <token>`"))?;
+        value.split_once(' ').ok_or_else(|| Error::Unauthenticated("expected `Bearer <token>`"))?;
     let token = token.trim();
     if !scheme.eq_ignore_ascii_case("bearer") || token.is_empty() {
-        return Err(unauthenticated("expected `Bearer <token>`"));
+        return Err(Error::Unauthenticated("expected `Bearer <token>`"));
     }
     Ok(token)
 }
@@ -150,7 +166,7 @@ pub fn tenant_of<T>(request: &tonic::Request<T>) -> Result<Tenant, tonic::Status
         .extensions()
         .get::<Tenant>()
         .cloned()
-        .ok_or_else(|| Error::internal("request reached a handler without a tenant").into())
+        .ok_or_else(|| WireError::internal("request reached a handler without a tenant").into())
 }
 
 /// Tower layer that authenticates every call but health.
@@ -208,7 +224,7 @@ where
                     request.extensions_mut().insert(tenant);
                     inner.call(request).await
                 }
-                Err(err) => Ok(tonic::Status::from(err).into_http()),
+                Err(err) => Ok(tonic::Status::from(WireError::from(err)).into_http()),
             }
         })
     }
@@ -229,10 +245,13 @@ mod tests {
         assert_eq!(bearer_token(&headers("Bearer abc")).unwrap(), "abc");
         assert_eq!(bearer_token(&headers("bearer  abc ")).unwrap(), "abc");
         for bad in ["Basic abc", "Bearer", "Bearer ", "abc"] {
-            let err = bearer_token(&headers(bad)).unwrap_err();
+            let err = WireError::from(bearer_token(&headers(bad)).unwrap_err());
             assert_eq!(err.code, ErrorCode::Unauthenticated, "{bad}");
         }
-        assert_eq!(bearer_token(&http::HeaderMap::new()).unwrap_err().code, ErrorCode::Unauthenticated);
+        assert_eq!(
+            WireError::from(bearer_token(&http::HeaderMap::new()).unwrap_err()).code,
+            ErrorCode::Unauthenticated
+        );
     }
 
     #[tokio::test]
@@ -241,7 +260,7 @@ mod tests {
         stores.tokens.put_token(&Tenant::new("acme"), "acme-token-1").await.unwrap();
         let auth = Authenticator::new(false);
         assert_eq!(
-            auth.authenticate(&headers("Bearer acme-token-1")).await.unwrap_err().code,
+            WireError::from(auth.authenticate(&headers("Bearer acme-token-1")).await.unwrap_err()).code,
             ErrorCode::Unavailable,
             "no answers before the stores are ready"
         );
@@ -249,7 +268,7 @@ mod tests {
         assert_eq!(auth.authenticate(&headers("Bearer acme-token-1")).await.unwrap(), Tenant::new("acme"));
         // Second time from the cache: still the same tenant.
         assert_eq!(auth.authenticate(&headers("Bearer acme-token-1")).await.unwrap(), Tenant::new("acme"));
-        let err = auth.authenticate(&headers("Bearer acme-token-2")).await.unwrap_err();
+        let err = WireError::from(auth.authenticate(&headers("Bearer acme-token-2")).await.unwrap_err());
         assert_eq!(err.code, ErrorCode::Unauthenticated);
     }
 }

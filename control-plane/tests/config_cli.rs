@@ -97,11 +97,55 @@ fn secrets_are_redacted_from_every_layer() {
     assert!(out.contains("envtenant") && out.contains("other"), "env tokens replace the file's:\n{out}");
     assert!(!out.contains("filetenant"), "{out}");
     assert_eq!(value(&out, "database_url"), "\"postgres://sandhold:[redacted]@127.0.0.1/sandhold\"");
+}
 
-    let flag =
-        print_config(&["--token", "flagtenant=flag-token-secret"], &[("SANDHOLD_TOKENS", "e=env-token-x")]);
-    assert!(flag.contains("flagtenant") && !flag.contains("tenant = \"e\""), "{flag}");
-    assert!(!flag.contains("flag-token-secret"), "{flag}");
+#[test]
+fn tokens_come_from_a_file_or_the_environment_never_a_flag() {
+    let out = Command::new(env!("CARGO_BIN_EXE_sandhold"))
+        .args(["serve", "--token", "flagtenant=flag-token-secret", "--print-config"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--token was removed") && stderr.contains("--tokens-file"), "{stderr}");
+    assert!(!stderr.contains("flag-token-secret"), "{stderr}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, "# one a line\nfiletenant=file-token-secret\n").unwrap();
+    std::fs::set_permissions(&tokens, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let tokens = tokens.to_str().unwrap();
+    let out = print_config(&["--tokens-file", tokens], &[("SANDHOLD_TOKENS", "envtenant=env-token-secret")]);
+    assert_eq!(value(&out, "tokens_file"), format!("{tokens:?}"));
+    assert!(out.contains("tenant = \"envtenant\""), "{out}");
+    assert!(!out.contains("file-token-secret") && !out.contains("env-token-secret"), "{out}");
+
+    // The same token under two tenants (file and environment) is refused.
+    let out = Command::new(env!("CARGO_BIN_EXE_sandhold"))
+        .args(["serve", "--tokens-file", tokens, "--print-config"])
+        .env("SANDHOLD_TOKENS", "other=file-token-secret")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("configured twice"));
+}
+
+#[test]
+fn tls_needs_a_certificate_and_a_key() {
+    let out = Command::new(env!("CARGO_BIN_EXE_sandhold"))
+        .args(["serve", "--tls-cert", "/etc/sandhold/cert.pem", "--print-config"])
+        .env_remove("SANDHOLD_TLS_KEY")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--tls-key"));
+    let both = print_config(
+        &["--tls-cert", "/etc/sandhold/cert.pem", "--insecure-listen"],
+        &[("SANDHOLD_TLS_KEY", "/etc/sandhold/key.pem")],
+    );
+    assert_eq!(value(&both, "tls_cert"), "\"/etc/sandhold/cert.pem\"");
+    assert_eq!(value(&both, "tls_key"), "\"/etc/sandhold/key.pem\"");
+    assert_eq!(value(&both, "insecure_listen"), "true");
 }
 
 #[test]
@@ -123,4 +167,17 @@ fn metrics_endpoint_is_off_unless_set() {
     let flag =
         print_config(&["--metrics-listen", "0.0.0.0:9465"], &[("SANDHOLD_METRICS_LISTEN", "127.0.0.1:9464")]);
     assert_eq!(value(&flag, "metrics_listen"), "\"0.0.0.0:9465\"", "flag beats env");
+}
+
+#[test]
+fn tenant_quotas_print_with_their_defaults_and_layers() {
+    let defaults = print_config(&["--data-dir", "/d"], &[]);
+    assert_eq!(value(&defaults, "max_sandboxes_per_tenant"), "32");
+    assert_eq!(value(&defaults, "max_running_runs_per_tenant"), "32");
+    assert_eq!(value(&defaults, "tenant_sweep_budget_ms"), "120000");
+    let env = [("SANDHOLD_MAX_RUNNING_RUNS_PER_TENANT", "4"), ("SANDHOLD_MAX_SANDBOXES_PER_TENANT", "6")];
+    let set = print_config(&["--max-sandboxes-per-tenant", "8", "--tenant-sweep-budget-ms", "5000"], &env);
+    assert_eq!(value(&set, "max_running_runs_per_tenant"), "4", "from the environment");
+    assert_eq!(value(&set, "max_sandboxes_per_tenant"), "8", "flag beats env");
+    assert_eq!(value(&set, "tenant_sweep_budget_ms"), "5000");
 }

@@ -12,7 +12,9 @@ TOKEN = "example-token-0123456"
 
 @pytest.fixture(scope="session")
 def server():
-    with running_server(TENANT, TOKEN) as addr:
+    # A server with a token turns the local provider off unless the
+    # operator opts in; the example's sandboxes are local.
+    with running_server(TENANT, TOKEN, extra_args=("--allow-local-with-tokens",)) as addr:
         yield addr
         _destroy_sandboxes(addr)
 

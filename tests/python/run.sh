@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Python gRPC client tests against the real `sandhold serve`.
 #
-# Builds the binary if SANDHOLD_BIN is not given, installs the requirements
+# Builds the binaries if SANDHOLD_BIN / SANDHOLD_AGENT_BIN are not given, installs the requirements
 # into a virtualenv under the target dir (reused between runs), and runs
 # pytest. The server itself is started by conftest.py on a free loopback
 # port with a temporary data dir. Extra arguments go to pytest.
@@ -16,6 +16,11 @@ if [ -z "${SANDHOLD_BIN:-}" ]; then
   SANDHOLD_BIN=$target/debug/sandhold
 fi
 export SANDHOLD_BIN
+if [ -z "${SANDHOLD_AGENT_BIN:-}" ]; then
+  (cd "$repo" && cargo build -q -p sandbox-agent --bin sandhold-agent)
+  SANDHOLD_AGENT_BIN=$target/debug/sandhold-agent
+fi
+export SANDHOLD_AGENT_BIN
 
 venv=${SANDHOLD_PY_VENV:-$target/python-venv}
 if [ ! -x "$venv/bin/python" ]; then

@@ -52,10 +52,12 @@ def running_server(tenant, token, extra_args=()):
         port = free_port()
         log_path = os.path.join(data_dir, "server.log")
         env = {k: v for k, v in os.environ.items() if not k.startswith("SANDHOLD_")}
+        # Tokens never go on a command line (every user can read it).
+        env["SANDHOLD_TOKENS"] = f"{tenant}={token}"
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
                 [binary, "serve", "--listen", f"127.0.0.1:{port}", "--data-dir", data_dir,
-                 "--token", f"{tenant}={token}", "--shutdown-grace-ms", "3000", *extra_args],
+                 "--shutdown-grace-ms", "3000", *extra_args],
                 stdout=log, stderr=subprocess.STDOUT, env=env,
             )
         try:

@@ -22,6 +22,9 @@ def serve_variables():
     out = subprocess.run([os.environ["SANDHOLD_BIN"], "serve", "--help"], capture_output=True, text=True,
                          check=True).stdout
     names = set(re.findall(r"\[env: (SANDHOLD_[A-Z_]+)", out))
+    # Tokens have a variable but no flag (a command line is public).
+    assert "SANDHOLD_TOKENS" in out, out
+    names.add("SANDHOLD_TOKENS")
     assert {"SANDHOLD_LISTEN", "SANDHOLD_DATABASE_URL", "SANDHOLD_METRICS_LISTEN"} <= names, out
     return names
 

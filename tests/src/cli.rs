@@ -54,26 +54,64 @@ pub fn sandhold(data_dir: &Path) -> Command {
 /// (and the local sandboxes it made killed with its directory).
 pub struct Served {
     pub child: Child,
+    /// HOST:PORT the server listens on (loopback even when it listens on
+    /// every interface).
     pub addr: String,
+    /// What clients pass as --server: `addr`, or `https://addr` with TLS.
+    pub server: String,
+    /// The CA clients trust (`SANDHOLD_CA_CERT`), with TLS.
+    pub ca: Option<PathBuf>,
     pub dir: TestDir,
+}
+
+/// How to start a [`Served`] beyond the defaults.
+#[derive(Default)]
+pub struct ServeOptions {
+    /// `0.0.0.0` to listen on every interface [default: 127.0.0.1].
+    pub host: Option<&'static str>,
+    /// More `sandhold serve` arguments.
+    pub args: Vec<String>,
+    /// More variables of the server (tokens: `SANDHOLD_TOKENS`).
+    pub env: Vec<(String, String)>,
+    /// A token the readiness check authenticates with.
+    pub token: Option<String>,
+    /// Serve TLS with this certificate; clients use https and trust its CA.
+    pub tls: Option<crate::tls::ServerFiles>,
 }
 
 impl Served {
     pub fn start(tokens: &[&str]) -> Self {
-        let dir = TestDir::new("sh-cli");
+        let mut options = ServeOptions {
+            token: tokens.first().map(|t| t.split_once('=').unwrap().1.to_string()),
+            ..Default::default()
+        };
+        if !tokens.is_empty() {
+            options.env.push(("SANDHOLD_TOKENS".into(), tokens.join(",")));
+        }
+        Self::start_with(TestDir::new("sh-cli"), options)
+    }
+
+    pub fn start_with(dir: TestDir, options: ServeOptions) -> Self {
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let addr = format!("127.0.0.1:{port}");
+        let listen = format!("{}:{port}", options.host.unwrap_or("127.0.0.1"));
         let log = std::fs::File::create(dir.path().join("serve.log")).unwrap();
         let mut cmd = sandhold(&dir.path().join("data"));
-        cmd.args(["serve", "--listen", &addr, "--shutdown-grace-ms", "3000"])
+        cmd.args(["serve", "--listen", &listen, "--shutdown-grace-ms", "3000"])
+            .args(&options.args)
+            .envs(options.env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())
             .stderr(log);
-        for t in tokens {
-            cmd.args(["--token", t]);
-        }
+        let (server, ca) = match &options.tls {
+            Some(tls) => {
+                cmd.arg("--tls-cert").arg(&tls.cert).arg("--tls-key").arg(&tls.key);
+                (format!("https://{addr}"), Some(tls.ca.clone()))
+            }
+            None => (addr.clone(), None),
+        };
         let child = cmd.spawn().expect("spawning sandhold serve");
-        let served = Self { child, addr, dir };
-        served.wait_ready(tokens.first().map(|t| t.split_once('=').unwrap().1));
+        let served = Self { child, addr, server, ca, dir };
+        served.wait_ready(options.token.as_deref());
         served
     }
 
@@ -97,7 +135,10 @@ impl Served {
     /// The CLI pointed at this server.
     pub fn cli(&self) -> Command {
         let mut cmd = sandhold(&self.dir.path().join("client-data"));
-        cmd.env("SANDHOLD_SERVER", &self.addr);
+        cmd.env("SANDHOLD_SERVER", &self.server);
+        if let Some(ca) = &self.ca {
+            cmd.env("SANDHOLD_CA_CERT", ca);
+        }
         cmd
     }
 

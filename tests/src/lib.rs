@@ -15,6 +15,7 @@ pub mod agent;
 pub mod auth;
 pub mod bench;
 pub mod cli;
+pub mod cluster;
 pub mod database;
 pub mod docker;
 pub mod in_process;
@@ -24,4 +25,11 @@ pub mod run;
 pub mod sandbox;
 pub mod server;
 pub mod services;
+pub mod tls;
 pub mod wait;
+
+/// A short random tag (10 hex digits) that keeps the tenants, run ids and
+/// containers of one test apart from every other test's.
+pub fn nonce() -> String {
+    uuid::Uuid::new_v4().simple().to_string()[..10].to_string()
+}

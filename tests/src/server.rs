@@ -42,6 +42,73 @@ pub struct ServerOptions {
     pub tokens: Vec<String>,
     /// More `sandhold serve` flags (e.g. the reaper's).
     pub extra_args: Vec<String>,
+    /// The operator policy as shipped. Otherwise (the default) the server
+    /// keeps the local provider on with tokens (`--allow-local-with-tokens`),
+    /// which the tests of runs and takeovers sandbox in.
+    pub operator_defaults: bool,
+}
+
+/// A server with API tokens in a fresh data dir: one tenant whose token the
+/// test uses (`t<nonce>`, `tok-<nonce>`), and `others` more tenants
+/// (`<name><nonce>`, token `<name>-<nonce>`) that only exist.
+pub struct TenantServer {
+    pub server: ServerProcess,
+    pub tenant: String,
+    pub token: String,
+    pub nonce: String,
+    _dir: TestDir,
+}
+
+impl TenantServer {
+    /// On the embedded stores (SQLite, in-process leases).
+    pub async fn start(prefix: &str, others: &[&str]) -> Self {
+        Self::start_on(prefix, others, None, None).await
+    }
+
+    /// On the embedded stores, with more `sandhold serve` flags.
+    pub async fn start_with_args(prefix: &str, others: &[&str], extra_args: &[&str]) -> Self {
+        Self::start_full(prefix, others, None, None, extra_args).await
+    }
+
+    /// On the given database and Redis (`None`: the embedded ones).
+    pub async fn start_on(
+        prefix: &str,
+        others: &[&str],
+        database_url: Option<String>,
+        redis_url: Option<String>,
+    ) -> Self {
+        Self::start_full(prefix, others, database_url, redis_url, &[]).await
+    }
+
+    async fn start_full(
+        prefix: &str,
+        others: &[&str],
+        database_url: Option<String>,
+        redis_url: Option<String>,
+        extra_args: &[&str],
+    ) -> Self {
+        let dir = TestDir::new(prefix);
+        let nonce = crate::nonce();
+        let tenant = format!("t{nonce}");
+        let token = format!("tok-{nonce}");
+        let mut tokens = vec![format!("{tenant}={token}")];
+        tokens.extend(others.iter().map(|o| format!("{o}{nonce}={o}-{nonce}")));
+        let opts = ServerOptions {
+            data_dir: dir.path().join("data"),
+            tokens,
+            database_url,
+            redis_url,
+            extra_args: extra_args.iter().map(|a| a.to_string()).collect(),
+            ..Default::default()
+        };
+        let server = ServerProcess::start(&opts).await;
+        Self { server, tenant, token, nonce, _dir: dir }
+    }
+
+    /// The token of `other`, one of the `others` it was started with.
+    pub fn token_of(&self, other: &str) -> String {
+        format!("{other}-{}", self.nonce)
+    }
 }
 
 /// A `sandhold serve` child process on a loopback port, killed on drop. Its
@@ -91,6 +158,9 @@ impl ServerProcess {
         if !opts.tokens.is_empty() {
             cmd.env("SANDHOLD_TOKENS", opts.tokens.join(","));
         }
+        if !opts.operator_defaults {
+            cmd.arg("--allow-local-with-tokens");
+        }
         cmd.args(&opts.extra_args);
         let child = cmd.spawn().expect("spawning sandhold serve");
         let mut server = Self { addr, log, child };
@@ -130,16 +200,16 @@ impl ServerProcess {
     }
 
     pub async fn runs(&self, token: &str) -> Runs {
-        RunServiceClient::with_interceptor(self.channel().await, bearer(token))
+        shared::sized!(RunServiceClient::with_interceptor(self.channel().await, bearer(token)))
             .max_decoding_message_size(64 << 20)
     }
 
     pub async fn sandboxes(&self, token: &str) -> Sandboxes {
-        SandboxServiceClient::with_interceptor(self.channel().await, bearer(token))
+        shared::sized!(SandboxServiceClient::with_interceptor(self.channel().await, bearer(token)))
     }
 
     pub async fn admin(&self, token: &str) -> Admin {
-        AdminServiceClient::with_interceptor(self.channel().await, bearer(token))
+        shared::sized!(AdminServiceClient::with_interceptor(self.channel().await, bearer(token)))
     }
 
     /// SIGKILL, no goodbye.
@@ -227,7 +297,7 @@ impl Harness {
     pub async fn start_with(database_url: Option<String>) -> Self {
         captured_logs();
         let dir = TestDir::new("sh");
-        let nonce = uuid::Uuid::new_v4().simple().to_string()[..10].to_string();
+        let nonce = crate::nonce();
         let tenant = format!("acme{nonce}");
         let agent = static_agent();
         let layer = ConfigLayer {
@@ -241,13 +311,19 @@ impl Harness {
             ]),
             agent_binary: Some(agent.clone()),
             agent_static_binary: Some(agent),
+            // Opt-ins of the fixtures: local sandboxes beside Docker ones
+            // and read-only binds of test repositories (all under /tmp).
+            allow_local_with_tokens: Some(true),
+            docker_bind_prefixes: Some(vec!["/tmp".into()]),
             ..Default::default()
         };
         let config = ServeConfig::resolve(layer).unwrap();
         let server = control_plane::server::start(config, CancellationToken::new()).await.unwrap();
         let addr = server.local_addr();
         let channel = Channel::from_shared(format!("http://{addr}")).unwrap().connect().await.unwrap();
-        let client = |token: String| SandboxServiceClient::with_interceptor(channel.clone(), bearer(&token));
+        let client = |token: String| {
+            shared::sized!(SandboxServiceClient::with_interceptor(channel.clone(), bearer(&token)))
+        };
         let acme = client(format!("tok-a-{nonce}"));
         let other = client(format!("tok-b-{nonce}"));
         let mut h = Self { server: Some(server), dir, nonce, tenant, acme, other };

@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::Interceptor;
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 
 use super::output::OutputFormat;
 use crate::config::{ConfigLayer, LogFormat, ServeConfig};
@@ -35,11 +35,17 @@ const EMBEDDED_STOP_GRACE_MS: u64 = 3_000;
 /// Flags every client command shares.
 #[derive(Debug, Clone, Args)]
 pub struct ClientArgs {
-    /// The server to talk to: HOST:PORT, http://HOST:PORT or unix:PATH.
+    /// The server to talk to: HOST:PORT, http://HOST:PORT, https://HOST:PORT
+    /// (TLS) or unix:PATH.
     /// Unset: an embedded server in this process (see --data-dir). The API
     /// token, if the server has tokens, is read from SANDHOLD_TOKEN.
     #[arg(long, env = "SANDHOLD_SERVER", value_name = "URL", global = true)]
     pub server: Option<String>,
+
+    /// PEM file of the CA(s) an https:// server's certificate is checked
+    /// against [default: the system's trusted roots].
+    #[arg(long, env = "SANDHOLD_CA_CERT", value_name = "FILE", global = true)]
+    pub ca_cert: Option<PathBuf>,
 
     /// human: for people; json: one JSON object per line, for scripts.
     #[arg(long, env = "SANDHOLD_OUTPUT", value_enum, default_value_t = OutputFormat::Human, global = true)]
@@ -79,6 +85,11 @@ impl EmbeddedArgs {
             shutdown_grace_ms: Some(EMBEDDED_STOP_GRACE_MS),
             log_format: Some(LogFormat::Json),
             replica_id: Some(format!("embedded-{}", std::process::id())),
+            // The embedded server is the caller's own, single-user: its
+            // definitions may read any host path (`--repo ./dir` binds it
+            // read-only) and join any network but the host's.
+            docker_bind_prefixes: Some(vec!["/".into()]),
+            docker_networks: Some(vec!["*".into()]),
             ..Default::default()
         })
     }
@@ -121,7 +132,7 @@ impl Connection {
         };
         match args.server.as_deref().filter(|s| !s.is_empty()) {
             Some(server) => {
-                let channel = connect_remote(server).await?;
+                let channel = connect_remote(server, args.ca_cert.as_deref()).await?;
                 Ok(Self { channel, auth, target: server.to_string(), embedded: None })
             }
             None => Self::embedded(&args.embedded, auth).await,
@@ -161,11 +172,11 @@ impl Connection {
     }
 
     pub fn sandboxes(&self) -> SandboxServiceClient<Svc> {
-        SandboxServiceClient::with_interceptor(self.channel.clone(), self.auth.clone())
+        shared::sized!(SandboxServiceClient::with_interceptor(self.channel.clone(), self.auth.clone()))
     }
 
     pub fn runs(&self) -> RunServiceClient<Svc> {
-        RunServiceClient::with_interceptor(self.channel.clone(), self.auth.clone())
+        shared::sized!(RunServiceClient::with_interceptor(self.channel.clone(), self.auth.clone()))
     }
 
     pub fn is_embedded(&self) -> bool {
@@ -186,7 +197,8 @@ impl Connection {
 
 /// `HOST:PORT`, `http(s)://HOST:PORT` or `unix:PATH`, connected eagerly so a
 /// server that is not there is reported here, with what to do about it.
-async fn connect_remote(server: &str) -> anyhow::Result<Channel> {
+/// `https://` is TLS, checked against `ca_cert` or else the system's roots.
+async fn connect_remote(server: &str, ca_cert: Option<&std::path::Path>) -> anyhow::Result<Channel> {
     let unreachable = |e: &dyn std::fmt::Display| {
         anyhow::anyhow!(
             "no Sandhold server is reachable at {server}: {e}\n\
@@ -208,6 +220,27 @@ async fn connect_remote(server: &str) -> anyhow::Result<Channel> {
             anyhow::anyhow!("--server {server:?} is not a valid address ({e}); e.g. 127.0.0.1:7443")
         })?
         .connect_timeout(CONNECT_TIMEOUT);
+    let endpoint = if url.starts_with("https://") {
+        let tls = match ca_cert {
+            Some(path) => {
+                let pem = std::fs::read(path)
+                    .with_context(|| format!("reading the CA certificate {} (--ca-cert)", path.display()))?;
+                ClientTlsConfig::new().ca_certificate(Certificate::from_pem(pem))
+            }
+            None => ClientTlsConfig::new().with_native_roots(),
+        };
+        endpoint
+            .tls_config(tls)
+            .map_err(|e| anyhow::anyhow!("TLS settings for {server}: {}", source_chain(&e)))?
+    } else {
+        if ca_cert.is_some() {
+            bail!(
+                "--ca-cert is for TLS: write the server as https://{}",
+                server.trim_start_matches("http://")
+            );
+        }
+        endpoint
+    };
     endpoint.connect().await.map_err(|e| unreachable(&source_chain(&e)))
 }
 

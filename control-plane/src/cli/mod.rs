@@ -53,8 +53,33 @@ pub enum Command {
     Definitions(sandboxes::DefinitionsCommand),
 }
 
+/// A flag that no longer exists and what to use instead (clap's own
+/// message would echo the value, a token, and not say where tokens go).
+/// Arguments after `--` belong to the command a run starts.
+fn removed_flag(args: impl Iterator<Item = std::ffi::OsString>) -> Option<String> {
+    for arg in args {
+        let arg = arg.to_string_lossy();
+        if arg == "--" {
+            return None;
+        }
+        if arg == "--token" || arg.starts_with("--token=") {
+            return Some(format!(
+                "--token was removed: a token on the command line is visible to every user of the machine \
+                 (ps, /proc/PID/cmdline). Put tokens in a tokens file (--tokens-file FILE, one TENANT=TOKEN a \
+                 line, mode 600), in {}=\"TENANT=TOKEN,...\", or in [[tokens]] tables of the --config file",
+                crate::config::TOKENS_VAR
+            ));
+        }
+    }
+    None
+}
+
 /// Entry point of the `sandhold` binary.
 pub fn main() -> ExitCode {
+    if let Some(message) = removed_flag(std::env::args_os().skip(1)) {
+        eprintln!("error: {message}");
+        return ExitCode::from(2);
+    }
     let cli = Cli::parse();
     let command = match cli.command {
         Command::Serve(args) => return serve::main(args),
@@ -84,4 +109,22 @@ pub fn main() -> ExitCode {
     // sweeper) must not hold the exit.
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     code
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_removed_token_flag_is_named_before_clap_sees_it() {
+        let args = |a: &[&str]| a.iter().map(std::ffi::OsString::from).collect::<Vec<_>>().into_iter();
+        let message = removed_flag(args(&["serve", "--token", "a=secret-xyz"])).unwrap();
+        assert!(message.contains("--tokens-file") && !message.contains("secret-xyz"), "{message}");
+        assert!(removed_flag(args(&["serve", "--token=a=secret-xyz"])).is_some());
+        assert!(
+            removed_flag(args(&["run", "--", "tool", "--token", "x"])).is_none(),
+            "the command's own flag"
+        );
+        assert!(removed_flag(args(&["serve", "--tokens-file", "/etc/t"])).is_none());
+    }
 }

@@ -31,13 +31,15 @@ pub struct ServeArgs {
 }
 
 impl ServeArgs {
-    /// defaults < file < env < flags.
+    /// defaults < file < env < flags (tokens: file < SANDHOLD_TOKENS, plus the tokens file).
     pub fn resolve(&self) -> anyhow::Result<ServeConfig> {
         let file = match &self.config {
             Some(path) => ConfigLayer::from_toml_file(path)?,
             None => ConfigLayer::default(),
         };
-        ServeConfig::resolve(file.merge(self.settings.clone()))
+        let mut settings = self.settings.clone();
+        settings.tokens = ConfigLayer::tokens_from_env()?;
+        ServeConfig::resolve(file.merge(settings))
     }
 }
 

@@ -12,7 +12,7 @@ use figment::Figment;
 use figment::providers::Serialized;
 use serde::{Deserialize, Serialize, Serializer};
 
-use super::{ApiToken, LogFormat};
+use super::{ApiToken, LogFormat, ProviderName};
 
 /// Every setting optional: a higher layer's `Some` replaces a lower layer's
 /// value (lists included, as a whole); `None` is left out of the merge.
@@ -140,6 +140,40 @@ pub struct ConfigLayer {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub orphan_sandbox_grace_ms: Option<u64>,
 
+    /// A tenant's own AdminService.Sweep (one at a time per tenant, never
+    /// under the cluster's sweep lease) starts no new run after this long,
+    /// in milliseconds [default: 120000].
+    #[arg(long, env = "SANDHOLD_TENANT_SWEEP_BUDGET_MS", value_name = "MS")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tenant_sweep_budget_ms: Option<u64>,
+
+    /// Sandboxes one tenant may hold at once (running or stopped); an
+    /// EnsureSandbox that would create one more is refused with
+    /// RESOURCE_EXHAUSTED; 0: no limit [default: 32].
+    #[arg(long, env = "SANDHOLD_MAX_SANDBOXES_PER_TENANT", value_name = "N")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_sandboxes_per_tenant: Option<u32>,
+
+    /// Runs not yet terminal one tenant may have at once; a StartRun over
+    /// it is refused with RESOURCE_EXHAUSTED; 0: no limit [default: 32].
+    #[arg(long, env = "SANDHOLD_MAX_RUNNING_RUNS_PER_TENANT", value_name = "N")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_running_runs_per_tenant: Option<u32>,
+
+    /// Bytes of one file a portable snapshot captures; a save with a larger
+    /// file is refused with SNAPSHOT_TOO_LARGE; a definition may set a
+    /// lower maximum; 0: no maximum [default: 536870912 (512 MiB)].
+    #[arg(long, env = "SANDHOLD_MAX_SNAPSHOT_FILE_BYTES", value_name = "BYTES")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_snapshot_file_bytes: Option<u64>,
+
+    /// Bytes of one portable snapshot, every file counted; a larger save is
+    /// refused with SNAPSHOT_TOO_LARGE; a definition may set a lower
+    /// maximum; 0: no maximum [default: 4294967296 (4 GiB)].
+    #[arg(long, env = "SANDHOLD_MAX_SNAPSHOT_BYTES", value_name = "BYTES")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_snapshot_bytes: Option<u64>,
+
     /// A tenant whose AdminService.Sweep covers every tenant; repeatable
     /// (the variable takes a comma-separated list). Other tenants' sweeps
     /// cover their own runs and sandboxes only [default: none].
@@ -152,21 +186,171 @@ pub struct ConfigLayer {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub operator_tenants: Option<Vec<String>>,
 
-    /// API token of a tenant, TENANT=TOKEN; repeatable. The variable takes a
-    /// comma-separated list. Without any token the server runs in
-    /// single-user mode and only on loopback.
+    /// A file of API tokens, one `TENANT=TOKEN` a line (`#` comments),
+    /// readable by its owner only; added to the `[[tokens]]` of the config
+    /// file or SANDHOLD_TOKENS [default: none].
+    #[arg(long, env = "SANDHOLD_TOKENS_FILE", value_name = "FILE")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokens_file: Option<PathBuf>,
+
+    /// TLS certificate chain of the gRPC listener (PEM); with --tls-key.
+    /// Reloaded on SIGHUP and when the file changes [default: no TLS].
+    #[arg(long, env = "SANDHOLD_TLS_CERT", value_name = "FILE")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// TLS private key of the gRPC listener (PEM: PKCS#8, PKCS#1 or SEC1).
+    #[arg(long, env = "SANDHOLD_TLS_KEY", value_name = "FILE")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_key: Option<PathBuf>,
+
+    /// Serve API tokens in plain text on a non-loopback address (behind a
+    /// TLS-terminating proxy or on a network you trust) [default: refused].
+    #[arg(long, env = "SANDHOLD_INSECURE_LISTEN")]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub insecure_listen: bool,
+
+    /// Providers tenants may use; repeatable (the variable takes a
+    /// comma-separated list) [default: local,docker].
+    #[arg(long = "provider", env = "SANDHOLD_PROVIDERS", value_name = "PROVIDER", value_delimiter = ',')]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub providers: Option<Vec<ProviderName>>,
+
+    /// Keep the local provider on although API tokens are configured: its
+    /// sandboxes run tenant code on this host as the server's user
+    /// [default: false].
     #[arg(
-        long = "token",
-        env = "SANDHOLD_TOKENS",
-        value_name = "TENANT=TOKEN",
-        value_delimiter = ',',
-        hide_env_values = true
+        long,
+        env = "SANDHOLD_ALLOW_LOCAL_WITH_TOKENS",
+        value_name = "BOOL",
+        num_args = 0..=1,
+        default_missing_value = "true"
     )]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allow_local_with_tokens: Option<bool>,
+
+    /// A Docker network definitions may join besides `none`, `*` for any;
+    /// repeatable (comma-separated in the variable). `host` and
+    /// `container:*` are refused [default: none].
+    #[arg(
+        long = "docker-network",
+        env = "SANDHOLD_DOCKER_NETWORKS",
+        value_name = "NAME",
+        value_delimiter = ','
+    )]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub docker_networks: Option<Vec<String>>,
+
+    /// A host path under which definitions may bind-mount read-only;
+    /// repeatable (comma-separated in the variable) [default: none].
+    #[arg(
+        long = "docker-bind-prefix",
+        env = "SANDHOLD_DOCKER_BIND_PREFIXES",
+        value_name = "DIR",
+        value_delimiter = ','
+    )]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub docker_bind_prefixes: Option<Vec<PathBuf>>,
+
+    /// A host path under which definitions may bind-mount read-write;
+    /// repeatable (comma-separated in the variable) [default: none].
+    #[arg(
+        long = "docker-writable-bind-prefix",
+        env = "SANDHOLD_DOCKER_WRITABLE_BIND_PREFIXES",
+        value_name = "DIR",
+        value_delimiter = ','
+    )]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub docker_writable_bind_prefixes: Option<Vec<PathBuf>>,
+
+    /// A named volume definitions may mount; repeatable (comma-separated
+    /// in the variable) [default: none].
+    #[arg(
+        long = "docker-volume",
+        env = "SANDHOLD_DOCKER_VOLUMES",
+        value_name = "NAME",
+        value_delimiter = ','
+    )]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub docker_volumes: Option<Vec<String>>,
+
+    /// An image definitions may run (any tag), or a prefix ending in `*`;
+    /// repeatable (comma-separated in the variable) [default: *, any local image].
+    #[arg(
+        long = "docker-image",
+        env = "SANDHOLD_DOCKER_IMAGES",
+        value_name = "IMAGE",
+        value_delimiter = ','
+    )]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub docker_images: Option<Vec<String>>,
+
+    /// Memory limit of a Docker sandbox that names none, in bytes; 0: none [default: 2147483648].
+    #[arg(long, env = "SANDHOLD_DOCKER_DEFAULT_MEMORY_BYTES", value_name = "BYTES")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub docker_default_memory_bytes: Option<u64>,
+
+    /// Largest memory limit a definition may name, in bytes; 0: no maximum [default: 17179869184].
+    #[arg(long, env = "SANDHOLD_DOCKER_MAX_MEMORY_BYTES", value_name = "BYTES")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub docker_max_memory_bytes: Option<u64>,
+
+    /// CPUs of a Docker sandbox that names none; 0: no limit [default: 0].
+    #[arg(long, env = "SANDHOLD_DOCKER_DEFAULT_CPUS", value_name = "CPUS")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub docker_default_cpus: Option<f64>,
+
+    /// Most CPUs a definition may name; 0: no maximum [default: 0].
+    #[arg(long, env = "SANDHOLD_DOCKER_MAX_CPUS", value_name = "CPUS")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub docker_max_cpus: Option<f64>,
+
+    /// Process limit of a Docker sandbox that names none; 0: none [default: 1024].
+    #[arg(long, env = "SANDHOLD_DOCKER_DEFAULT_PIDS_LIMIT", value_name = "N")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub docker_default_pids_limit: Option<i64>,
+
+    /// Largest process limit a definition may name; 0: no maximum [default: 8192].
+    #[arg(long, env = "SANDHOLD_DOCKER_MAX_PIDS_LIMIT", value_name = "N")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub docker_max_pids_limit: Option<i64>,
+
+    /// Journal byte cap of a run whose definition names none [default: 1073741824].
+    #[arg(long, env = "SANDHOLD_DEFAULT_JOURNAL_BYTES", value_name = "BYTES")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub default_journal_bytes: Option<u64>,
+
+    /// Largest journal byte cap a definition may name [default: 8589934592].
+    #[arg(long, env = "SANDHOLD_MAX_JOURNAL_BYTES", value_name = "BYTES")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_journal_bytes: Option<u64>,
+
+    /// API tokens (`[[tokens]]` tables in the config file, or
+    /// SANDHOLD_TOKENS="TENANT=TOKEN,..."; never a flag: a command line is
+    /// visible to every user of the machine). Without any token the server
+    /// runs in single-user mode and only on loopback.
+    #[arg(skip)]
     #[serde(skip_serializing_if = "Option::is_none", serialize_with = "tokens_for_the_merge")]
     pub tokens: Option<Vec<ApiToken>>,
 }
 
+/// The variable holding API tokens, `TENANT=TOKEN` pairs separated by commas.
+pub const TOKENS_VAR: &str = "SANDHOLD_TOKENS";
+
 impl ConfigLayer {
+    /// The tokens of [`TOKENS_VAR`], if set and not empty.
+    pub fn tokens_from_env() -> anyhow::Result<Option<Vec<ApiToken>>> {
+        match std::env::var(TOKENS_VAR) {
+            Ok(v) if !v.trim().is_empty() => v
+                .split(',')
+                .map(|t| t.parse::<ApiToken>().map_err(|e| anyhow::anyhow!("{TOKENS_VAR}: {e}")))
+                .collect::<anyhow::Result<Vec<_>>>()
+                .map(Some),
+            Ok(_) | Err(std::env::VarError::NotPresent) => Ok(None),
+            Err(std::env::VarError::NotUnicode(_)) => anyhow::bail!("{TOKENS_VAR} is not UTF-8"),
+        }
+    }
+
     pub fn from_toml_file(path: &Path) -> anyhow::Result<Self> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("reading config file {}", path.display()))?;

@@ -14,18 +14,30 @@
 
 mod layer;
 mod options;
+mod policy;
+mod quota;
 mod redact;
 mod serve;
+mod snapshot;
+mod tokens_file;
 
-pub use layer::ConfigLayer;
+pub use layer::{ConfigLayer, TOKENS_VAR};
 pub use options::{
     DEFAULT_DETACHED_RUN_TTL_MS, DEFAULT_LEASE_RENEW_MS, DEFAULT_LEASE_TTL_MS, DEFAULT_NAMESPACE,
     DEFAULT_ORPHAN_JOURNAL_AGE_MS, DEFAULT_ORPHAN_SANDBOX_GRACE_MS, DEFAULT_SWEEP_INTERVAL_MS,
-    DEFAULT_SWEEP_MAX_JOURNAL_DELETIONS, DEFAULT_SWEEP_MAX_RUNS, DEFAULT_SWEEP_RUN_BUDGET_MS, LeaseOptions,
-    QuietGate, ReaperOptions, default_database_url,
+    DEFAULT_SWEEP_MAX_JOURNAL_DELETIONS, DEFAULT_SWEEP_MAX_RUNS, DEFAULT_SWEEP_RUN_BUDGET_MS,
+    DEFAULT_TENANT_SWEEP_BUDGET_MS, LeaseOptions, QuietGate, ReaperOptions, default_database_url,
+};
+pub use policy::{
+    DEFAULT_DOCKER_MAX_MEMORY_BYTES, DEFAULT_DOCKER_MAX_PIDS_LIMIT, DEFAULT_DOCKER_MEMORY_BYTES,
+    DEFAULT_DOCKER_PIDS_LIMIT, Policy, ProviderName, forbidden_network, plain_absolute,
+};
+pub use quota::{
+    DEFAULT_MAX_RUNNING_RUNS_PER_TENANT, DEFAULT_MAX_SANDBOXES_PER_TENANT, Limit, OverLimit, Quotas,
 };
 pub use redact::redact_url;
 pub use serve::{
     ApiToken, DEFAULT_LISTEN, DEFAULT_LOG_FILTER, DEFAULT_SHUTDOWN_GRACE_MS, LogFormat, ServeConfig,
-    default_data_dir,
+    TlsFiles, default_data_dir,
 };
+pub use snapshot::{ByteMax, DEFAULT_MAX_SNAPSHOT_BYTES, DEFAULT_MAX_SNAPSHOT_FILE_BYTES, SnapshotLimits};

@@ -21,6 +21,8 @@ pub const DEFAULT_SWEEP_RUN_BUDGET_MS: u64 = 120_000;
 pub const DEFAULT_ORPHAN_JOURNAL_AGE_MS: u64 = 24 * 60 * 60_000;
 pub const DEFAULT_SWEEP_MAX_JOURNAL_DELETIONS: u32 = 1_000;
 pub const DEFAULT_ORPHAN_SANDBOX_GRACE_MS: u64 = 10 * 60_000;
+/// 2 minutes: a tenant's own sweep starts no new run after this.
+pub const DEFAULT_TENANT_SWEEP_BUDGET_MS: u64 = 120_000;
 pub const DEFAULT_LEASE_TTL_MS: u64 = 15_000;
 pub const DEFAULT_LEASE_RENEW_MS: u64 = 5_000;
 /// Default prefix of every lease key.
@@ -51,6 +53,11 @@ pub struct ReaperOptions {
     /// An orphaned sandbox is destroyed only when older.
     #[serde(rename = "orphan_sandbox_grace_ms", with = "millis")]
     pub orphan_sandbox_grace: Duration,
+    /// A tenant's own sweep (`AdminService.Sweep` of a tenant that is no
+    /// operator) starts no new run after this long; the run in hand still
+    /// gets its `run_budget`.
+    #[serde(rename = "tenant_sweep_budget_ms", with = "millis")]
+    pub tenant_sweep_budget: Duration,
 }
 
 impl Default for ReaperOptions {
@@ -63,6 +70,7 @@ impl Default for ReaperOptions {
             orphan_journal_age: Duration::from_millis(DEFAULT_ORPHAN_JOURNAL_AGE_MS),
             max_journal_deletions: DEFAULT_SWEEP_MAX_JOURNAL_DELETIONS,
             orphan_sandbox_grace: Duration::from_millis(DEFAULT_ORPHAN_SANDBOX_GRACE_MS),
+            tenant_sweep_budget: Duration::from_millis(DEFAULT_TENANT_SWEEP_BUDGET_MS),
         }
     }
 }
@@ -74,6 +82,9 @@ impl ReaperOptions {
         }
         if self.run_budget.is_zero() {
             return Err("the per-run sweep budget must be positive (--sweep-run-budget-ms)".into());
+        }
+        if self.tenant_sweep_budget.is_zero() {
+            return Err("a tenant's sweep budget must be positive (--tenant-sweep-budget-ms)".into());
         }
         Ok(())
     }
@@ -178,5 +189,7 @@ mod tests {
         assert!(zero_ttl.validate().is_err());
         let zero_budget = ReaperOptions { run_budget: Duration::ZERO, ..Default::default() };
         assert!(zero_budget.validate().is_err());
+        let zero_tenant = ReaperOptions { tenant_sweep_budget: Duration::ZERO, ..Default::default() };
+        assert!(zero_tenant.validate().unwrap_err().contains("--tenant-sweep-budget-ms"));
     }
 }

@@ -13,7 +13,10 @@ use serde::{Deserialize, Serialize, Serializer};
 use shared::secret::Secret;
 
 use super::options::millis;
-use super::{ConfigLayer, LeaseOptions, QuietGate, ReaperOptions, default_database_url, redact_url};
+use super::{
+    ConfigLayer, LeaseOptions, Policy, QuietGate, Quotas, ReaperOptions, SnapshotLimits,
+    default_database_url, redact_url,
+};
 
 /// Default listen address: loopback only, so a fresh install is never
 /// reachable from the network without tokens.
@@ -123,8 +126,40 @@ pub struct ServeConfig {
     /// Tenants whose `AdminService.Sweep` covers every tenant (operators);
     /// anyone else's covers only their own.
     pub operator_tenants: Vec<String>,
-    /// Empty: single-user mode (loopback only).
+    /// More API tokens, read from this file at start (see [`super::tokens_file`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_file: Option<PathBuf>,
+    /// TLS certificate chain and key (PEM) of the gRPC listener; both or neither.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_cert: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_key: Option<PathBuf>,
+    /// Tokens in plain text beyond loopback are allowed (the operator's call).
+    #[serde(default)]
+    pub insecure_listen: bool,
+    /// What tenants' definitions may ask for (providers, Docker options,
+    /// limits).
+    #[serde(flatten)]
+    pub policy: Policy,
+    /// How many sandboxes and running runs one tenant may hold.
+    #[serde(flatten)]
+    pub quotas: Quotas,
+    /// How large one file of a portable snapshot, and one snapshot, may be.
+    #[serde(flatten)]
+    pub snapshot_limits: SnapshotLimits,
+    /// The `[[tokens]]` of the config file, or SANDHOLD_TOKENS. With
+    /// `file_tokens` empty too: single-user mode (loopback only).
     pub tokens: Vec<ApiToken>,
+    /// The tokens of `tokens_file` (printed as the file's path, not here).
+    #[serde(skip)]
+    pub file_tokens: Vec<ApiToken>,
+}
+
+/// Where the TLS certificate and key of the gRPC listener are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
 }
 
 /// The user's data directory for Sandhold (e.g. `~/.local/share/sandhold`).
@@ -157,7 +192,15 @@ impl ServeConfig {
             agent_static_binary: None,
             reaper: ReaperOptions::default(),
             operator_tenants: Vec::new(),
+            tokens_file: None,
+            tls_cert: None,
+            tls_key: None,
+            insecure_listen: false,
+            policy: Policy::default(),
+            quotas: Quotas::default(),
+            snapshot_limits: SnapshotLimits::default(),
             tokens: Vec::new(),
+            file_tokens: Vec::new(),
         }
     }
 
@@ -173,11 +216,20 @@ impl ServeConfig {
         config.redis_url = config.redis_url.filter(|u| !u.is_empty());
         config.reaper.validate().map_err(|e| anyhow::anyhow!(e))?;
         config.takeover_quiet.validate().map_err(|e| anyhow::anyhow!(e))?;
+        config.policy.validate().map_err(|e| anyhow::anyhow!("invalid operator policy: {e}"))?;
         config.lease_options().check().map_err(|e| {
             anyhow::anyhow!("invalid lease configuration: {e} (--lease-ttl-ms, --lease-renew-ms)")
         })?;
+        if config.tls_cert.is_some() != config.tls_key.is_some() {
+            bail!(
+                "TLS needs both a certificate and a key (--tls-cert and --tls-key, or tls_cert and tls_key)"
+            );
+        }
+        if let Some(path) = &config.tokens_file {
+            config.file_tokens = super::tokens_file::read(path)?;
+        }
         let mut seen = HashSet::new();
-        for t in &config.tokens {
+        for t in config.all_tokens() {
             if !seen.insert(t.token.expose()) {
                 bail!("the same API token is configured twice (tenant {:?})", t.tenant);
             }
@@ -191,7 +243,20 @@ impl ServeConfig {
 
     /// Single-user mode: no tokens, every caller is tenant `default`.
     pub fn single_user(&self) -> bool {
-        self.tokens.is_empty()
+        self.all_tokens().next().is_none()
+    }
+
+    /// Every API token: the configured ones, then the tokens file's.
+    pub fn all_tokens(&self) -> impl Iterator<Item = &ApiToken> {
+        self.tokens.iter().chain(&self.file_tokens)
+    }
+
+    /// The TLS files of the gRPC listener; `None`: plain text.
+    pub fn tls(&self) -> Option<TlsFiles> {
+        match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => Some(TlsFiles { cert: cert.clone(), key: key.clone() }),
+            _ => None,
+        }
     }
 
     /// The merged configuration as TOML, loadable again with `--config`,
@@ -273,6 +338,62 @@ mod tests {
         assert!(ServeConfig::resolve(layer).is_err(), "a zero detached-run TTL would expire every run");
         let layer = ConfigLayer { sweep_run_budget_ms: Some(0), ..Default::default() };
         assert!(ServeConfig::resolve(layer).is_err());
+    }
+
+    #[test]
+    fn the_operator_policy_layers_prints_and_refuses_host_networks() {
+        let file: ConfigLayer =
+            toml::from_str("docker_networks = [\"sandnet\"]\ndocker_bind_prefixes = [\"/srv/ro\"]\n")
+                .unwrap();
+        let flags = ConfigLayer { allow_local_with_tokens: Some(true), ..Default::default() };
+        let c = ServeConfig::resolve(file.merge(flags)).unwrap();
+        assert_eq!(c.policy.docker_networks, ["sandnet"]);
+        assert!(c.policy.allow_local_with_tokens);
+        assert_eq!(c.policy.docker_default_memory_bytes, 2 << 30);
+        let printed = c.to_redacted_toml();
+        assert!(printed.contains("allow_local_with_tokens = true"), "{printed}");
+        assert!(printed.contains("docker_images = [\"*\"]"), "{printed}");
+        let reparsed = ServeConfig::resolve(toml::from_str(&printed).unwrap()).unwrap();
+        assert_eq!(reparsed.policy, c.policy);
+        let host: ConfigLayer = toml::from_str("docker_networks = [\"host\"]\n").unwrap();
+        let err = ServeConfig::resolve(host).unwrap_err().to_string();
+        assert!(err.contains("never allowed"), "{err}");
+    }
+
+    #[test]
+    fn tenant_quotas_have_limits_by_default_layer_and_print() {
+        let c = ServeConfig::resolve(ConfigLayer::default()).unwrap();
+        assert_eq!(c.quotas, Quotas::default());
+        assert_eq!((c.quotas.max_sandboxes_per_tenant, c.quotas.max_running_runs_per_tenant), (32, 32));
+        assert_eq!(c.reaper.tenant_sweep_budget, Duration::from_secs(120));
+        let file: ConfigLayer = toml::from_str(
+            "max_sandboxes_per_tenant = 4
+max_running_runs_per_tenant = 9
+",
+        )
+        .unwrap();
+        let flags = ConfigLayer {
+            max_running_runs_per_tenant: Some(2),
+            tenant_sweep_budget_ms: Some(5_000),
+            ..Default::default()
+        };
+        let c = ServeConfig::resolve(file.merge(flags)).unwrap();
+        assert_eq!(c.quotas, Quotas { max_sandboxes_per_tenant: 4, max_running_runs_per_tenant: 2 });
+        assert_eq!(c.reaper.tenant_sweep_budget, Duration::from_secs(5));
+        let printed = c.to_redacted_toml();
+        for line in [
+            "max_sandboxes_per_tenant = 4",
+            "max_running_runs_per_tenant = 2",
+            "tenant_sweep_budget_ms = 5000",
+        ] {
+            assert!(printed.contains(line), "{line} missing:\n{printed}");
+        }
+        let reparsed = ServeConfig::resolve(toml::from_str(&printed).unwrap()).unwrap();
+        assert_eq!(reparsed.quotas, c.quotas);
+        let off = ConfigLayer { max_sandboxes_per_tenant: Some(0), ..Default::default() };
+        assert_eq!(ServeConfig::resolve(off).unwrap().quotas.sandboxes().max, None, "0 turns it off");
+        let zero = ConfigLayer { tenant_sweep_budget_ms: Some(0), ..Default::default() };
+        assert!(ServeConfig::resolve(zero).is_err());
     }
 
     #[test]

@@ -28,7 +28,7 @@ use crate::context::Context;
 use crate::lease::{self, CancelBus, LeaseError};
 use crate::reaper::Reaper;
 use crate::runs::{RunOptions, Runs};
-use crate::sandbox::Lifecycle;
+use crate::sandbox::{Lifecycle, SandboxQuota};
 use crate::store::{self, Stores, Tenant};
 
 /// How often a ready server re-checks its database for health.
@@ -89,7 +89,7 @@ impl Readiness {
         else {
             return Ok(());
         };
-        for t in &config.tokens {
+        for t in config.all_tokens() {
             stores
                 .tokens
                 .put_token(&Tenant::new(&t.tenant), t.token.expose())
@@ -100,7 +100,7 @@ impl Readiness {
         info!(
             store_backend = stores.backend_name(),
             lease_backend = leases.backend_name(),
-            tenants = config.tokens.len(),
+            tenants = config.all_tokens().count(),
             "stores ready"
         );
         let cancels = CancelBus::new(config.redis_url.as_deref(), "sandhold")
@@ -108,7 +108,10 @@ impl Readiness {
         let lifecycle = Lifecycle::new(
             super::providers_from_config(config).await,
             Arc::new(crate::workspace::WorkspaceProvisioner),
-        );
+        )
+        .with_policy(super::providers::policy_from_config(config))
+        .with_quota(SandboxQuota::new(config.quotas.sandboxes()))
+        .with_snapshot_limits(config.snapshot_limits);
         let cx = Context {
             replica_id: config.replica_id.clone(),
             stores: stores.clone(),
@@ -127,14 +130,21 @@ impl Readiness {
     /// The services from the context, the gates opened, the loops started.
     fn build(&self, cx: Context) {
         let config = &self.config;
-        let runs = Runs::new(cx.clone(), RunOptions { quiet: config.takeover_quiet, ..Default::default() });
+        let runs = Runs::new(
+            cx.clone(),
+            RunOptions {
+                quiet: config.takeover_quiet,
+                running_runs: config.quotas.running_runs(),
+                ..Default::default()
+            },
+        );
         let reaper = Reaper::new(cx.clone(), runs.clone(), config.reaper.clone(), config.single_user());
         let admin =
             AdminApi::new(cx.clone(), reaper.clone(), config.operator_tenants.clone(), config.single_user());
-        self.slots.admin.fill(AdminServiceServer::new(admin));
-        self.slots.snapshot.fill(SnapshotServiceServer::new(SnapshotApi::new(cx.clone())));
-        self.slots.sandbox.fill(SandboxServiceServer::new(SandboxApi::new(cx.clone())));
-        self.slots.runs.fill(RunServiceServer::new(RunApi::new(runs.clone())));
+        self.slots.admin.fill(shared::sized!(AdminServiceServer::new(admin)));
+        self.slots.snapshot.fill(shared::sized!(SnapshotServiceServer::new(SnapshotApi::new(cx.clone()))));
+        self.slots.sandbox.fill(shared::sized!(SandboxServiceServer::new(SandboxApi::new(cx.clone()))));
+        self.slots.runs.fill(shared::sized!(RunServiceServer::new(RunApi::new(runs.clone()))));
 
         let shutdown = &self.shutdown;
         self.loops.spawn(crate::sandbox::run_idle_sweeper(cx.lifecycle.clone(), shutdown.clone()));

@@ -1,4 +1,5 @@
-//! Binding and serving: refuse an exposed server without tokens, bind,
+//! Binding and serving: refuse an exposed server without tokens (or with
+//! tokens in plain text), bind (with TLS when configured),
 //! mount health, reflection and the four gated public services, start the
 //! metrics endpoint, then hand readiness and shutdown to the supervisor.
 
@@ -16,12 +17,13 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tonic_health::ServingStatus;
-use tracing::info;
+use tracing::{info, warn};
 
 use super::gate::{Slot, gate};
 use super::health::set_health;
 use super::ready;
 use super::shutdown::{Serving, supervise};
+use super::tls::{self, Certificate};
 use crate::auth::{AuthLayer, Authenticator, SINGLE_USER_TENANT};
 use crate::config::{ServeConfig, redact_url};
 use crate::context::Context;
@@ -114,13 +116,25 @@ pub async fn serve(config: ServeConfig, shutdown: CancellationToken) -> anyhow::
     start(config, shutdown).await?.wait().await
 }
 
-/// Refuse to expose a server without authentication.
+/// Refuse to expose a server without authentication, or its tokens in
+/// plain text (unless the operator says a layer below protects them).
 fn check_exposure(config: &ServeConfig) -> anyhow::Result<()> {
-    if config.single_user() && !config.listen.ip().is_loopback() {
+    if config.listen.ip().is_loopback() {
+        return Ok(());
+    }
+    if config.single_user() {
         bail!(
             "refusing to listen on {} without API tokens: anyone who can reach it would act as one tenant. \
-             Configure tokens (--token TENANT=TOKEN, SANDHOLD_TOKENS, or [[tokens]] in the config file) \
+             Configure tokens (--tokens-file FILE, SANDHOLD_TOKENS, or [[tokens]] in the config file) \
              or listen on a loopback address such as 127.0.0.1",
+            config.listen
+        );
+    }
+    if config.tls().is_none() && !config.insecure_listen {
+        bail!(
+            "refusing to serve API tokens in plain text on {}: anyone on the network path could read them. \
+             Configure TLS (--tls-cert FILE --tls-key FILE), listen on a loopback address, or pass \
+             --insecure-listen if something else protects the traffic (a TLS-terminating proxy, a private link)",
             config.listen
         );
     }
@@ -132,6 +146,7 @@ fn check_exposure(config: &ServeConfig) -> anyhow::Result<()> {
 /// open and the services are built, in the background.
 pub async fn start(config: ServeConfig, shutdown: CancellationToken) -> anyhow::Result<RunningServer> {
     check_exposure(&config)?;
+    let tls = config.tls().map(Certificate::load).transpose()?;
     let listener =
         TcpListener::bind(config.listen).await.with_context(|| format!("listening on {}", config.listen))?;
     let local_addr = listener.local_addr()?;
@@ -177,7 +192,11 @@ pub async fn start(config: ServeConfig, shutdown: CancellationToken) -> anyhow::
     let (runs, runs_slot) = gate();
     let slots = Slots { admin: admin_slot, snapshot: snapshot_slot, sandbox: sandbox_slot, runs: runs_slot };
     let router = tonic::transport::Server::builder()
+        .max_concurrent_streams(Some(shared::limits::MAX_STREAMS_PER_CONNECTION))
+        .http2_keepalive_interval(Some(shared::limits::KEEPALIVE_INTERVAL))
+        .http2_keepalive_timeout(Some(shared::limits::KEEPALIVE_TIMEOUT))
         .layer(AuthLayer::new(auth.clone()))
+        .layer(super::deadline::DeadlineLayer::new(super::deadline::Deadlines::default()))
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
@@ -186,8 +205,12 @@ pub async fn start(config: ServeConfig, shutdown: CancellationToken) -> anyhow::
         .add_service(sandbox)
         .add_service(runs);
 
+    if !config.listen.ip().is_loopback() && tls.is_none() {
+        warn!(listen = %local_addr, "--insecure-listen: API tokens travel in plain text");
+    }
     info!(
         listen = %local_addr,
+        tls = tls.is_some(),
         replica_id = %config.replica_id,
         metrics = metrics_addr.map(|a| format!("http://{a}/metrics")).unwrap_or_else(|| "off".into()),
         database = %redact_url(&config.database_url),
@@ -195,10 +218,20 @@ pub async fn start(config: ServeConfig, shutdown: CancellationToken) -> anyhow::
         "sandhold serving"
     );
     let stop_accepting = CancellationToken::new();
-    let serving = tokio::spawn(router.serve_with_incoming_shutdown(
-        TcpListenerStream::new(listener),
-        stop_accepting.clone().cancelled_owned(),
-    ));
+    let serving = match tls {
+        Some(certificate) => {
+            let acceptor = certificate.acceptor()?;
+            certificate.watch(shutdown.clone(), &loops)?;
+            let incoming = tls::incoming(listener, acceptor, stop_accepting.clone(), &loops);
+            tokio::spawn(
+                router.serve_with_incoming_shutdown(incoming, stop_accepting.clone().cancelled_owned()),
+            )
+        }
+        None => tokio::spawn(router.serve_with_incoming_shutdown(
+            TcpListenerStream::new(listener),
+            stop_accepting.clone().cancelled_owned(),
+        )),
+    };
     let readiness = ready::Readiness {
         config: config.clone(),
         auth,
