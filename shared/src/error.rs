@@ -40,10 +40,26 @@ pub enum ErrorCode {
     SnapshotStaleHead,
     ProtocolMismatch,
     Unimplemented,
+    /// A per-tenant limit of the operator's (running runs, sandboxes, one
+    /// sweep at a time) is reached; the message names the limit.
+    ResourceExhausted,
+    /// A journal line longer than [`crate::journal::MAX_LINE`]; the run
+    /// ends.
+    LineTooLong,
+    /// The sandbox agent lacks the values of secrets it must mask in what
+    /// was asked for (it restarted since they were handed over).
+    SecretsMissing,
+    /// A portable snapshot over a per-file or per-snapshot maximum; the
+    /// metadata names the path, its size, the maximum and its setting.
+    SnapshotTooLarge,
+    /// A run's journal reached its byte cap; the run ends.
+    JournalFull,
+    /// The disk under the server's data dir is full; the write failed.
+    StorageFull,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 21] = [
+    pub const ALL: [ErrorCode; 27] = [
         Self::InvalidArgument,
         Self::NotFound,
         Self::AlreadyExists,
@@ -65,6 +81,12 @@ impl ErrorCode {
         Self::SnapshotStaleHead,
         Self::ProtocolMismatch,
         Self::Unimplemented,
+        Self::ResourceExhausted,
+        Self::LineTooLong,
+        Self::SecretsMissing,
+        Self::SnapshotTooLarge,
+        Self::JournalFull,
+        Self::StorageFull,
     ];
 
     /// The stable reason string carried in `ErrorInfo.reason`.
@@ -91,6 +113,12 @@ impl ErrorCode {
             Self::SnapshotStaleHead => "SNAPSHOT_STALE_HEAD",
             Self::ProtocolMismatch => "PROTOCOL_MISMATCH",
             Self::Unimplemented => "UNIMPLEMENTED",
+            Self::ResourceExhausted => "RESOURCE_EXHAUSTED",
+            Self::LineTooLong => "LINE_TOO_LONG",
+            Self::SecretsMissing => "SECRETS_MISSING",
+            Self::SnapshotTooLarge => "SNAPSHOT_TOO_LARGE",
+            Self::JournalFull => "JOURNAL_FULL",
+            Self::StorageFull => "STORAGE_FULL",
         }
     }
 
@@ -118,6 +146,12 @@ impl ErrorCode {
             Self::SnapshotStaleHead => Code::Aborted,
             Self::ProtocolMismatch => Code::FailedPrecondition,
             Self::Unimplemented => Code::Unimplemented,
+            Self::ResourceExhausted => Code::ResourceExhausted,
+            Self::LineTooLong => Code::OutOfRange,
+            Self::SecretsMissing => Code::FailedPrecondition,
+            Self::SnapshotTooLarge => Code::ResourceExhausted,
+            Self::JournalFull => Code::ResourceExhausted,
+            Self::StorageFull => Code::ResourceExhausted,
         }
     }
 
@@ -216,6 +250,7 @@ fn code_for_grpc(code: Code) -> ErrorCode {
         Code::Unavailable => ErrorCode::Unavailable,
         Code::DeadlineExceeded => ErrorCode::DeadlineExceeded,
         Code::Cancelled => ErrorCode::Cancelled,
+        Code::ResourceExhausted => ErrorCode::ResourceExhausted,
         _ => ErrorCode::Internal,
     }
 }

@@ -1,11 +1,15 @@
-//! What a sandbox operation can fail with. The gRPC adapters
-//! (`api::sandbox`, `api::snapshot`) map it to a status; the wire error
-//! (`shared::error::Error`) stays the vocabulary of the lifecycle and the
-//! definition checks, carried in `Other`.
+//! What a sandbox operation can fail with: the public operations of
+//! [`Sandboxes`](super::Sandboxes) and the lifecycle below them (ensure,
+//! the live agent, destroy), and the one mapping of it to the wire error.
+//! The gRPC adapters (`api::sandbox`, `api::snapshot`) turn that into a
+//! status. The layers below keep their own errors, held here as variants;
+//! only the sandbox agent's answers travel as it gave them.
 
 use shared::error::{Error as WireError, ErrorCode};
 
-use crate::provision::InvalidField;
+use crate::lease::LeaseError;
+use crate::provider::{self, ProviderKind};
+use crate::provision::{self, InvalidField, Violations};
 use crate::{snapshot, store};
 
 #[derive(Debug, thiserror::Error)]
@@ -13,9 +17,33 @@ pub enum Error {
     /// A request field that cannot be acted on.
     #[error(transparent)]
     InvalidField(#[from] InvalidField),
+    /// A definition refused by its validation or the operator's policy.
+    #[error(transparent)]
+    Invalid(#[from] Violations),
     /// No such definition for this tenant (another tenant's is the same).
     #[error("definition {0} not found")]
     DefinitionNotFound(String),
+    /// A stored definition that does not decode.
+    #[error("stored sandbox definition is unreadable: {0}")]
+    CorruptDefinition(&'static str),
+    /// No such sandbox for this tenant (another tenant's is the same).
+    #[error("sandbox {0} not found")]
+    NotFound(String),
+    /// The sandbox is recorded but its provider has it stopped or gone.
+    #[error("sandbox {0} is not running; call EnsureSandbox to bring it back")]
+    NotRunning(String),
+    /// The definition's provider is off on this server, and why.
+    #[error("the {kind} provider is not available on this server: {why}")]
+    ProviderOff { kind: ProviderKind, why: String },
+    /// An instance record names a provider this server does not know.
+    #[error("instance of unknown provider {0:?}")]
+    UnknownProvider(String),
+    /// The wait for the sandbox's lease ended before it was granted.
+    #[error("{0}")]
+    Cancelled(&'static str),
+    /// Another replica took the sandbox's lease during an ensure.
+    #[error("lost the lease on sandbox {0} while ensuring it; retry")]
+    LeaseLost(String),
     /// A save names a thread none of whose sandboxes is recorded.
     #[error("thread {0} has no sandbox to save; EnsureSandbox first")]
     NoSandboxToSave(String),
@@ -32,34 +60,68 @@ pub enum Error {
     /// stream, passed on as it is.
     #[error(transparent)]
     Rpc(#[from] tonic::Status),
+    /// Over one of the tenant's quotas.
+    #[error(transparent)]
+    OverQuota(#[from] crate::config::OverLimit),
+    /// The sandbox's agent could not be reached or refused the handshake.
+    #[error(transparent)]
+    Agent(WireError),
+    #[error(transparent)]
+    Provider(#[from] provider::Error),
+    /// Provisioning the workspace of a new sandbox failed.
+    #[error(transparent)]
+    Provision(#[from] provision::Error),
+    #[error(transparent)]
+    Lease(#[from] LeaseError),
     #[error(transparent)]
     Snapshot(#[from] snapshot::Error),
     #[error(transparent)]
     Store(#[from] store::Error),
-    /// From the layers below: the lifecycle, the definition checks.
-    #[error(transparent)]
-    Other(#[from] WireError),
 }
 
 impl Error {
-    pub fn invalid_field(field: impl Into<String>, reason: impl Into<String>) -> Self {
-        Self::InvalidField(InvalidField::new(field, reason))
+    /// Whether this travels as NOT_FOUND: the sandbox, or what it was asked
+    /// about, does not exist (a stopped run's sandbox may be gone already).
+    pub fn is_not_found(&self) -> bool {
+        let status = |s: &tonic::Status| WireError::from_status(s).code == ErrorCode::NotFound;
+        match self {
+            Self::NotFound(_) | Self::DefinitionNotFound(_) => true,
+            Self::Provider(provider::Error::NotFound(_))
+            | Self::Snapshot(snapshot::Error::NoSuchFile { .. }) => true,
+            Self::Agent(e)
+            | Self::Provider(provider::Error::Agent(e))
+            | Self::Provision(provision::Error::Agent(e)) => e.code == ErrorCode::NotFound,
+            Self::Rpc(s) | Self::Snapshot(snapshot::Error::Agent { status: s, .. }) => status(s),
+            Self::Store(e) | Self::Snapshot(snapshot::Error::Store(e)) => e.code() == ErrorCode::NotFound,
+            _ => false,
+        }
     }
 }
 
 impl From<Error> for WireError {
     fn from(e: Error) -> Self {
-        let precondition = |e: &Error| WireError::new(ErrorCode::FailedPrecondition, e.to_string());
+        let message = e.to_string();
+        let precondition = || WireError::new(ErrorCode::FailedPrecondition, message.clone());
         match e {
             Error::InvalidField(e) => e.into(),
-            e @ Error::DefinitionNotFound(_) => WireError::not_found(e.to_string()),
-            e @ (Error::NoSandboxToSave(_) | Error::PerRunSandbox) => precondition(&e),
-            Error::SecretNotKnown(ref name) => precondition(&e).with_meta("secret", name.clone()),
-            Error::Closed(why) => WireError::internal(why),
+            Error::Invalid(e) => e.into(),
+            Error::DefinitionNotFound(_) | Error::NotFound(_) => WireError::not_found(message),
+            Error::NoSandboxToSave(_) | Error::PerRunSandbox | Error::NotRunning(_) => precondition(),
+            Error::SecretNotKnown(name) => precondition().with_meta("secret", name),
+            Error::ProviderOff { kind, .. } => precondition().with_meta("provider", kind.as_str()),
+            Error::CorruptDefinition(_) | Error::UnknownProvider(_) | Error::Closed(_) => {
+                WireError::internal(message)
+            }
+            Error::Cancelled(_) => WireError::new(ErrorCode::Cancelled, message),
+            Error::LeaseLost(_) => WireError::new(ErrorCode::LeaseLost, message),
             Error::Rpc(status) => WireError::from_status(&status),
+            Error::OverQuota(e) => e.into(),
+            Error::Agent(e) => e,
+            Error::Provider(e) => e.into(),
+            Error::Provision(e) => e.into(),
+            Error::Lease(e) => e.into(),
             Error::Snapshot(e) => e.into(),
             Error::Store(e) => e.into(),
-            Error::Other(e) => e,
         }
     }
 }
@@ -78,5 +140,53 @@ mod tests {
         assert_eq!(WireError::from(Error::PerRunSandbox).code, ErrorCode::FailedPrecondition);
         let missing = WireError::from(Error::DefinitionNotFound("d".into()));
         assert_eq!((missing.code, missing.message.as_str()), (ErrorCode::NotFound, "definition d not found"));
+    }
+
+    #[test]
+    fn lifecycle_refusals_keep_their_codes_messages_and_metadata() {
+        let off = WireError::from(Error::ProviderOff { kind: ProviderKind::Docker, why: "no engine".into() });
+        assert_eq!(off.code, ErrorCode::FailedPrecondition);
+        assert_eq!(off.message, "the docker provider is not available on this server: no engine");
+        assert_eq!(off.metadata.get("provider").map(String::as_str), Some("docker"));
+        let lost = WireError::from(Error::LeaseLost("k1".into()));
+        assert_eq!(
+            (lost.code, lost.message.as_str()),
+            (ErrorCode::LeaseLost, "lost the lease on sandbox k1 while ensuring it; retry")
+        );
+        let stopped = WireError::from(Error::NotRunning("k1".into()));
+        assert_eq!(stopped.code, ErrorCode::FailedPrecondition);
+        assert_eq!(stopped.message, "sandbox k1 is not running; call EnsureSandbox to bring it back");
+        let gone = WireError::from(Error::NotFound("k1".into()));
+        assert_eq!((gone.code, gone.message.as_str()), (ErrorCode::NotFound, "sandbox k1 not found"));
+        let waited =
+            WireError::from(Error::Cancelled("ensure cancelled while waiting for the sandbox lease"));
+        assert_eq!(waited.code, ErrorCode::Cancelled);
+        let corrupt = WireError::from(Error::CorruptDefinition("not hex"));
+        assert_eq!(
+            (corrupt.code, corrupt.message.as_str()),
+            (ErrorCode::Internal, "stored sandbox definition is unreadable: not hex")
+        );
+        let unknown = WireError::from(Error::UnknownProvider("kvm".into()));
+        assert_eq!(
+            (unknown.code, unknown.message.as_str()),
+            (ErrorCode::Internal, "instance of unknown provider \"kvm\"")
+        );
+    }
+
+    #[test]
+    fn the_layers_below_keep_their_mapping_and_not_found_is_told_apart() {
+        let unsupported =
+            provider::Error::Unsupported { kind: ProviderKind::Local, capability: "fork".into() };
+        let wire = WireError::from(Error::from(unsupported));
+        assert_eq!(wire.code, ErrorCode::Unsupported);
+        assert_eq!(wire.metadata.get("capability").map(String::as_str), Some("fork"));
+        let agent =
+            WireError::new(ErrorCode::ProtocolMismatch, "speaks 2").with_meta("agent_protocol_version", "2");
+        assert_eq!(WireError::from(Error::Agent(agent.clone())), agent);
+        assert!(Error::NotFound("k".into()).is_not_found());
+        assert!(Error::from(provider::Error::NotFound("container".into())).is_not_found());
+        assert!(Error::from(store::Error::NotFound("row".into())).is_not_found());
+        assert!(!Error::NotRunning("k".into()).is_not_found());
+        assert!(!Error::Agent(agent).is_not_found());
     }
 }

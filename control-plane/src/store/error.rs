@@ -50,6 +50,13 @@ pub enum Error {
     #[error("store unavailable: {0}")]
     Unavailable(String),
 
+    /// The disk under the database is full (SQLite `SQLITE_FULL`,
+    /// PostgreSQL `53100 disk_full`, `ENOSPC`): the write failed and
+    /// nothing of it landed. Not retried: space does not come back by
+    /// waiting, and a run that cannot append must end.
+    #[error("the disk under the server's data is full: {0}")]
+    StorageFull(String),
+
     /// A row the store wrote cannot be read back (a bug or manual tampering).
     #[error("corrupt row: {0}")]
     Corrupt(String),
@@ -79,13 +86,31 @@ impl Error {
             Self::NotEmpty(_) => ErrorCode::FailedPrecondition,
             Self::Invalid { .. } => ErrorCode::InvalidArgument,
             Self::Unavailable(_) => ErrorCode::Unavailable,
+            Self::StorageFull(_) => ErrorCode::StorageFull,
             Self::Corrupt(_) | Self::Database(_) | Self::Migrate(_) => ErrorCode::Internal,
         }
     }
 }
 
+/// Whether `err` says the disk under the database is full.
+fn disk_full(err: &sqlx::Error) -> bool {
+    match err {
+        sqlx::Error::Database(db) => {
+            // SQLite's primary result code 13 (SQLITE_FULL) and PostgreSQL's
+            // SQLSTATE class 53100; the message covers extended codes.
+            matches!(db.code().as_deref(), Some("13" | "53100"))
+                || db.message().contains("database or disk is full")
+        }
+        sqlx::Error::Io(io) => io.kind() == std::io::ErrorKind::StorageFull,
+        _ => false,
+    }
+}
+
 impl From<sqlx::Error> for Error {
     fn from(err: sqlx::Error) -> Self {
+        if disk_full(&err) {
+            return Self::StorageFull(err.to_string());
+        }
         match err {
             sqlx::Error::RowNotFound => Self::NotFound("row".into()),
             sqlx::Error::Io(_)
@@ -134,5 +159,22 @@ impl From<Error> for ApiError {
 impl From<Error> for tonic::Status {
     fn from(err: Error) -> Self {
         ApiError::from(err).into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_disk_is_its_own_error_and_code() {
+        let io = sqlx::Error::Io(std::io::Error::from(std::io::ErrorKind::StorageFull));
+        let e = Error::from(io);
+        assert!(matches!(e, Error::StorageFull(_)), "{e:?}");
+        let api = ApiError::from(e);
+        assert_eq!(api.code, ErrorCode::StorageFull);
+        assert!(api.message.starts_with("the disk under the server's data is full"), "{}", api.message);
+        let other = Error::from(sqlx::Error::Io(std::io::Error::from(std::io::ErrorKind::ConnectionReset)));
+        assert!(matches!(other, Error::Unavailable(_)), "{other:?}");
     }
 }
