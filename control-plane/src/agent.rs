@@ -13,6 +13,7 @@ use shared::proto::agent::v1::fs_service_client::FsServiceClient;
 use shared::proto::agent::v1::info_service_client::InfoServiceClient;
 use shared::proto::agent::v1::journal_service_client::JournalServiceClient;
 use shared::proto::agent::v1::process_service_client::ProcessServiceClient;
+use shared::proto::agent::v1::secret_service_client::SecretServiceClient;
 use shared::proto::agent::v1::shell_service_client::ShellServiceClient;
 use shared::proto::agent::v1::snapshot_service_client::SnapshotServiceClient;
 use shared::proto::agent::v1::watch_service_client::WatchServiceClient;
@@ -129,31 +130,35 @@ impl AgentClient {
     }
 
     pub fn info(&self) -> InfoServiceClient<AuthedChannel> {
-        InfoServiceClient::new(self.channel.clone())
+        shared::sized!(InfoServiceClient::new(self.channel.clone()))
     }
 
     pub fn process(&self) -> ProcessServiceClient<AuthedChannel> {
-        ProcessServiceClient::new(self.channel.clone())
+        shared::sized!(ProcessServiceClient::new(self.channel.clone()))
     }
 
     pub fn fs(&self) -> FsServiceClient<AuthedChannel> {
-        FsServiceClient::new(self.channel.clone())
+        shared::sized!(FsServiceClient::new(self.channel.clone()))
     }
 
     pub fn shell(&self) -> ShellServiceClient<AuthedChannel> {
-        ShellServiceClient::new(self.channel.clone())
+        shared::sized!(ShellServiceClient::new(self.channel.clone()))
     }
 
     pub fn journal(&self) -> JournalServiceClient<AuthedChannel> {
-        JournalServiceClient::new(self.channel.clone())
+        shared::sized!(JournalServiceClient::new(self.channel.clone()))
     }
 
     pub fn watch(&self) -> WatchServiceClient<AuthedChannel> {
-        WatchServiceClient::new(self.channel.clone())
+        shared::sized!(WatchServiceClient::new(self.channel.clone()))
     }
 
     pub fn snapshot(&self) -> SnapshotServiceClient<AuthedChannel> {
-        SnapshotServiceClient::new(self.channel.clone())
+        shared::sized!(SnapshotServiceClient::new(self.channel.clone()))
+    }
+
+    pub fn secrets(&self) -> SecretServiceClient<AuthedChannel> {
+        SecretServiceClient::new(self.channel.clone())
     }
 
     /// Ask the agent again (e.g. to see whether its daemon restarted: the

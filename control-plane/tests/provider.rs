@@ -16,7 +16,7 @@ use sandhold_tests::agent::static_agent;
 use sandhold_tests::docker::{self, DockerCleanup, TEST_IMAGE, ensure_test_image};
 use sandhold_tests::provider::*;
 use sandhold_tests::wait::eventually;
-use shared::error::ErrorCode;
+use shared::error::{Error, ErrorCode};
 
 /// A provider under test with what it needs kept alive and cleaned up.
 struct Harness {
@@ -104,7 +104,13 @@ async fn lifecycle(h: &Harness) {
     // Kill the agent daemon outright; resume must bring an agent back on
     // the same files.
     let daemon_pid = agent.handshake().pid;
-    let _ = sh(&agent, &format!("kill -9 {daemon_pid}")).await;
+    // From outside on Docker: the run user cannot signal the root agent.
+    match h.kind() {
+        ProviderKind::Docker => {
+            docker::cli(&["exec", &sandbox.provider_id, "kill", "-9", &daemon_pid.to_string()])
+        }
+        _ => drop(sh(&agent, &format!("kill -9 {daemon_pid}")).await),
+    }
     let revived =
         h.provider.resume(&sandbox.provider_id).await.expect("resume after kill").expect("still there");
     let revived_agent = connect(&revived).await;
@@ -214,10 +220,10 @@ async fn local_has_no_snapshots_or_fork_and_says_which_capability() {
     let h = local();
     let caps = h.provider.capabilities();
     assert!(!caps.snapshots && !caps.fork);
-    let err = h.provider.snapshot("0123456789abcdef").await.unwrap_err();
+    let err = Error::from(h.provider.snapshot("0123456789abcdef").await.unwrap_err());
     assert_eq!(err.code, ErrorCode::Unsupported);
     assert!(err.message.contains("snapshots"), "{}", err.message);
-    let err = h.provider.fork("0123456789abcdef", &h.spec("fork")).await.unwrap_err();
+    let err = Error::from(h.provider.fork("0123456789abcdef", &h.spec("fork")).await.unwrap_err());
     assert_eq!(err.code, ErrorCode::Unsupported);
     assert!(err.message.contains("fork"), "{}", err.message);
 }
@@ -337,7 +343,7 @@ async fn local_failed_create_leaves_no_directory() {
     options.agent_binary = Some(PathBuf::from("/bin/false"));
     options.ready_timeout = Duration::from_secs(2);
     let provider = LocalProvider::new(options).unwrap();
-    let err = provider.create(&unique_spec("fail")).await.unwrap_err();
+    let err = Error::from(provider.create(&unique_spec("fail")).await.unwrap_err());
     assert_eq!(err.code, ErrorCode::Unavailable, "{err}");
     let left: Vec<_> = std::fs::read_dir(tmp.path().join("sandboxes")).unwrap().collect();
     assert!(left.is_empty(), "{left:?}");
@@ -418,7 +424,7 @@ async fn docker_read_only_root_with_a_user_keeps_a_writable_workspace() {
     assert_eq!(docker::inspect(&sandbox.provider_id, "{{.HostConfig.ReadonlyRootfs}}"), "true");
     // A commit would miss the workspace (a bind mount), so it is refused.
     assert_eq!(
-        h.provider.snapshot(&sandbox.provider_id).await.unwrap_err().code,
+        Error::from(h.provider.snapshot(&sandbox.provider_id).await.unwrap_err()).code,
         ErrorCode::FailedPrecondition
     );
     h.provider.destroy(&sandbox.provider_id).await.unwrap();
@@ -494,7 +500,7 @@ async fn docker_missing_image_is_a_clear_error_and_leaves_nothing() {
     let mut spec = h.spec("noimage");
     spec.docker.image = Some("sandhold-no-such-image:never".into());
     let _guard = DockerCleanup { tenant: spec.tenant.clone() };
-    let err = h.provider.create(&spec).await.unwrap_err();
+    let err = Error::from(h.provider.create(&spec).await.unwrap_err());
     assert_eq!(err.code, ErrorCode::FailedPrecondition, "{err}");
     assert!(
         err.message.contains("sandhold-no-such-image:never") && err.message.contains("registry"),
@@ -515,7 +521,7 @@ async fn docker_container_that_cannot_start_leaves_nothing() {
         read_only: true,
     }];
     let _guard = DockerCleanup { tenant: spec.tenant.clone() };
-    let err = h.provider.create(&spec).await.unwrap_err();
+    let err = Error::from(h.provider.create(&spec).await.unwrap_err());
     assert!(err.message.contains("starting the container") || err.message.contains("creating"), "{err}");
     assert!(
         docker::containers(&format!("{LABEL_TENANT}={}", spec.tenant)).is_empty(),
@@ -532,7 +538,7 @@ async fn docker_entrypoint_that_dies_leaves_nothing() {
     // daemon and exits: the container stops before anything answers.
     spec.docker.pids_limit = Some(1);
     let _guard = DockerCleanup { tenant: spec.tenant.clone() };
-    let err = h.provider.create(&spec).await.unwrap_err();
+    let err = Error::from(h.provider.create(&spec).await.unwrap_err());
     assert_eq!(err.code, ErrorCode::Unavailable, "{err}");
     assert!(err.message.contains("stopped before its agent answered"), "{err}");
     assert!(

@@ -87,7 +87,7 @@ async fn lifecycle_suite(kind: Kind) {
     assert!(steps.contains(&(1, 2)) && steps.contains(&(2, 2)), "{steps:?}");
     let lines: Vec<&str> =
         progress.iter().map(|p| p.output_line.as_str()).filter(|l| !l.is_empty()).collect();
-    assert!(lines.contains(&"tok=[redacted]"), "secret echoed by setup is redacted: {lines:?}");
+    assert!(lines.contains(&"tok=[secret:API_TOKEN]"), "secret echoed by setup is redacted: {lines:?}");
     let elapsed: Vec<u64> = progress.iter().map(|p| p.elapsed_ms).collect();
     assert!(elapsed.windows(2).all(|w| w[0] <= w[1]), "in order: {elapsed:?}");
     assert_eq!(sh(&mut h.acme, &sandbox, "cat d/f d/a.txt d/b.txt").await, (0, "one\na\nb\n".into()));
@@ -364,7 +364,7 @@ async fn failed_setup_suite(kind: Kind) {
     assert_eq!(status.code(), tonic::Code::FailedPrecondition, "{status:?}");
     let msg = status.message();
     assert!(msg.contains("setup step 2/2") && msg.contains("exit code 7"), "{msg}");
-    assert!(msg.contains("oops-[redacted]") && !msg.contains(&secret), "{msg}");
+    assert!(msg.contains("oops-[secret:API_TOKEN]") && !msg.contains(&secret), "{msg}");
     assert!(progress.iter().any(|p| p.output_line == "before"), "step output streamed");
     let err = shared::error::Error::from_status(&status);
     assert_eq!(err.metadata.get("exit_code").map(String::as_str), Some("7"));
@@ -469,6 +469,60 @@ async fn docker_idle_sandbox_is_stopped_after_keep_alive() {
     h.stop().await;
 }
 
+/// An image commit never holds a secret value. Setup that writes the value
+/// into files (one in the workspace, one outside it) gets no native
+/// snapshot, and the ensure says why, naming a file and the secret but not
+/// the value; no image is committed. Setup that writes no value gets its
+/// snapshot, and nothing of the committed image (layers and config, as
+/// `docker save` exports it) holds the value the sandbox was ensured with.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn docker_native_snapshot_never_holds_a_secret() {
+    if !sandhold_tests::services::docker() {
+        return;
+    }
+    let mut h = Harness::start().await;
+    let _cleanup = DockerCleanup { tenant: h.tenant.clone() };
+    let secret = format!("s3cret-image-{}", h.nonce);
+    let tenant_images = || docker::images(&format!("{}={}", docker::LABEL_TENANT, h.tenant));
+
+    let leaky = definition(
+        "leaky",
+        Kind::Docker,
+        vec![serial("echo \"key=$API_TOKEN\" > creds.txt && printf '%s' \"$API_TOKEN\" > /tmp/elsewhere")],
+    );
+    h.acme.put_definition(api::PutDefinitionRequest { definition: Some(leaky) }).await.unwrap();
+    let (progress, ready) = ensure(&mut h.acme, ensure_req("leaky", "t-leaky", &secret)).await;
+    let leaky_sandbox = ready.expect("the sandbox itself is fine").sandbox_id;
+    let said: Vec<&str> = progress.iter().map(|p| p.message.as_str()).collect();
+    let refusal =
+        said.iter().find(|m| m.starts_with("no native snapshot")).unwrap_or_else(|| panic!("{said:#?}"));
+    assert!(refusal.contains("API_TOKEN") && refusal.contains("2 file(s)"), "{refusal}");
+    assert!(refusal.contains("creds.txt") || refusal.contains("/tmp/elsewhere"), "{refusal}");
+    assert!(progress.iter().all(|p| !format!("{p:?}").contains(&secret)), "{progress:#?}");
+    assert!(tenant_images().is_empty(), "an image was committed: {:?}", tenant_images());
+
+    let clean = definition("clean", Kind::Docker, vec![serial("echo plain > notes.txt")]);
+    h.acme.put_definition(api::PutDefinitionRequest { definition: Some(clean) }).await.unwrap();
+    let (progress, ready) = ensure(&mut h.acme, ensure_req("clean", "t-clean", &secret)).await;
+    let clean_sandbox = ready.unwrap().sandbox_id;
+    assert!(phases(&progress).contains(&api::EnsurePhase::Snapshotting), "{progress:#?}");
+    let images = tenant_images();
+    assert_eq!(images.len(), 1, "{images:?}");
+    let saved = std::process::Command::new("docker").args(["save", &images[0]]).output().unwrap();
+    assert!(
+        saved.status.success() && saved.stdout.len() > 1024,
+        "{}",
+        String::from_utf8_lossy(&saved.stderr)
+    );
+    assert!(!contains(&saved.stdout, secret.as_bytes()), "the committed image holds the value");
+    assert!(contains(&saved.stdout, b"plain\n"), "the export holds setup's file (the search can find)");
+
+    for id in [leaky_sandbox, clean_sandbox] {
+        h.acme.destroy_sandbox(api::DestroySandboxRequest { sandbox_id: id }).await.unwrap();
+    }
+    h.stop().await;
+}
+
 /// On PostgreSQL too, a secret passed to ensure and exec is in no table.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn postgres_stores_no_secret() {
@@ -517,7 +571,7 @@ async fn docker_unrecorded_sandbox_of_a_key_is_replaced() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let orphan = String::from_utf8_lossy(&out.stdout).trim().to_string();
 
-    let ready = ensure(&mut h.acme, ensure_req("orphan", "t1", "v")).await.1.unwrap();
+    let ready = ensure(&mut h.acme, ensure_req("orphan", "t1", "orphan-secret-value")).await.1.unwrap();
     assert_eq!(ready.sandbox_id, key, "the test computes the server's key");
     let left = docker::containers(&format!("dev.sandhold.sandbox-key={key}"));
     assert_eq!(left.len(), 1, "{left:?}");

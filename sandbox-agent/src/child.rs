@@ -15,6 +15,8 @@ use shared::proto::agent::v1 as proto;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use crate::run_user::RunUser;
+
 /// Prefix of the agent's own environment variables; all are removed from
 /// children.
 pub const AGENT_ENV_PREFIX: &str = "SANDHOLD_AGENT_";
@@ -35,17 +37,22 @@ pub fn scrub_env(cmd: &mut std::process::Command, env: &HashMap<String, String>)
 }
 
 /// A `std::process::Command` for `argv` (or `/bin/sh -c shell`) in `cwd`,
-/// with a scrubbed environment, in a new process group. Convert with
+/// as `user` when there is one (the run user; else as the agent), with a
+/// scrubbed environment, in a new process group. Convert with
 /// `tokio::process::Command::from` for async use.
 pub fn command(
     program: &str,
     args: &[String],
     cwd: &Path,
     env: &HashMap<String, String>,
+    user: Option<&RunUser>,
 ) -> std::process::Command {
     use std::os::unix::process::CommandExt;
     let mut cmd = std::process::Command::new(program);
     cmd.args(args).current_dir(cwd);
+    if let Some(user) = user {
+        user.apply(&mut cmd);
+    }
     scrub_env(&mut cmd, env);
     cmd.process_group(0);
     cmd
@@ -65,8 +72,9 @@ pub fn command_with_exact_env(
     args: &[String],
     cwd: &Path,
     env: &HashMap<String, String>,
+    user: Option<&RunUser>,
 ) -> std::process::Command {
-    let mut cmd = command(program, args, cwd, &HashMap::new());
+    let mut cmd = command(program, args, cwd, &HashMap::new(), user);
     cmd.env_clear();
     for (k, v) in env {
         if !k.starts_with(AGENT_ENV_PREFIX) {
@@ -398,7 +406,7 @@ mod tests {
         let mut env = HashMap::new();
         env.insert("VISIBLE".to_string(), "yes".to_string());
         env.insert("SANDHOLD_AGENT_SMUGGLED".to_string(), "no".to_string());
-        let out = command("/usr/bin/env", &[], Path::new("/"), &env).output().unwrap();
+        let out = command("/usr/bin/env", &[], Path::new("/"), &env, None).output().unwrap();
         let text = String::from_utf8(out.stdout).unwrap();
         assert!(text.contains("VISIBLE=yes"));
         assert!(!text.contains("SANDHOLD_AGENT_"), "{text}");

@@ -1,6 +1,6 @@
 //! Command line of `sandhold-agent`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context;
@@ -9,6 +9,7 @@ use shared::secret::Secret;
 use shared::transport::Address;
 
 use crate::options::{AgentOptions, default_journal_dir};
+use crate::run_user::RunUser;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -64,6 +65,17 @@ pub struct ServeArgs {
     /// writable, else `/tmp/sandhold-runs`.
     #[arg(long, env = "SANDHOLD_AGENT_JOURNAL_DIR")]
     pub journal_dir: Option<PathBuf>,
+    /// Run every command (runs, setup steps, execs, shells) as this user:
+    /// `uid[:gid]` or `name[:group]`, resolved in `/etc/passwd` and
+    /// `/etc/group`; never root. The agent must be root. It adds a passwd
+    /// entry and a HOME when the image lacks them, hands the root to the
+    /// user and keeps the journal dir to itself. Unset: everything runs as
+    /// the agent's own user.
+    #[arg(long, env = "SANDHOLD_AGENT_RUN_USER")]
+    pub run_user: Option<String>,
+    /// HOME of the run user when the image's passwd gives it none.
+    #[arg(long, env = "SANDHOLD_AGENT_RUN_HOME", default_value = crate::run_user::DEFAULT_HOME)]
+    pub run_home: PathBuf,
 }
 
 impl AgentOptions {
@@ -74,7 +86,15 @@ impl AgentOptions {
         let token = token.trim().to_string();
         anyhow::ensure!(!token.is_empty(), "the token file {} is empty", args.token_file.display());
         let journal_dir = args.journal_dir.unwrap_or_else(|| default_journal_dir(&args.root));
-        Ok(Self { listen: args.listen, root: args.root, token: Secret::new(token), journal_dir })
+        let run_user = match &args.run_user {
+            Some(spec) => {
+                // SAFETY: geteuid has no preconditions.
+                anyhow::ensure!(unsafe { libc::geteuid() } == 0, "--run-user needs the agent to run as root");
+                Some(RunUser::resolve(spec, &args.run_home, Path::new("/etc"))?)
+            }
+            None => None,
+        };
+        Ok(Self { listen: args.listen, root: args.root, token: Secret::new(token), journal_dir, run_user })
     }
 }
 
@@ -91,6 +111,11 @@ pub fn init_tracing(format: LogFormat) {
 }
 
 pub fn main(cli: Cli) -> ExitCode {
+    // No core dumps, no ptrace or /proc/<pid>/mem and environ of the agent
+    // (it holds the token, a shim the sentinel key) by anything else, even
+    // a process of the same uid. Reset by exec, so children are unaffected.
+    // SAFETY: prctl with integer arguments.
+    unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
     init_tracing(cli.log_format);
     match cli.command {
         Command::Shim(args) => crate::shim::main(args),

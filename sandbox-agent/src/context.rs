@@ -3,13 +3,16 @@
 //! A service is built from an [`AgentContext`] (taking the parts it uses),
 //! so it can be built, and tested, without starting a server.
 
-use std::path::PathBuf;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use shared::proto::agent::v1::Capabilities;
 
 use crate::confine::Root;
 use crate::options::AgentOptions;
+use crate::run_user::RunUser;
+use crate::vault::Vault;
 
 /// The sandbox root, the journal dir and what the agent can do. Cheap to
 /// clone.
@@ -18,19 +21,40 @@ pub struct AgentContext {
     pub root: Root,
     pub journal_dir: PathBuf,
     pub capabilities: Capabilities,
+    /// Who commands run as (and files written for the API belong to);
+    /// `None`: the agent's own user.
+    pub run_user: Option<RunUser>,
+    /// The sandbox's secret values (memory only), masked in what is served.
+    pub vault: Vault,
 }
 
 impl AgentContext {
     /// Create the root and the journal dir when missing, and resolve the
-    /// root.
+    /// root. With a run user: give it its passwd entry and HOME, hand it the
+    /// root, and close the journal dir to everyone but the agent.
     pub fn new(options: &AgentOptions) -> anyhow::Result<Self> {
         std::fs::create_dir_all(&options.root)
             .with_context(|| format!("creating the sandbox root {}", options.root.display()))?;
+        if let Some(user) = &options.run_user {
+            user.prepare(Path::new("/etc"));
+            user.adopt(&options.root)
+                .with_context(|| format!("handing the root {} to the run user", options.root.display()))?;
+        }
         let root = Root::new(&options.root)
             .with_context(|| format!("resolving the sandbox root {}", options.root.display()))?;
         std::fs::create_dir_all(&options.journal_dir)
             .with_context(|| format!("creating the journal dir {}", options.journal_dir.display()))?;
-        Ok(Self { root, journal_dir: options.journal_dir.clone(), capabilities: capabilities() })
+        // The run user writes its output through the descriptors the shim
+        // hands it, never by opening a journal (nor forging another run's).
+        std::fs::set_permissions(&options.journal_dir, std::fs::Permissions::from_mode(0o700))
+            .with_context(|| format!("restricting the journal dir {}", options.journal_dir.display()))?;
+        Ok(Self {
+            root,
+            journal_dir: options.journal_dir.clone(),
+            capabilities: capabilities(),
+            run_user: options.run_user.clone(),
+            vault: Vault::new(&options.journal_dir),
+        })
     }
 }
 

@@ -26,6 +26,7 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::confine::Root;
 pub use crate::confine::io_error;
 use crate::context::AgentContext;
+use crate::run_user::{FsAs, RunUser};
 
 /// Size of one `ReadFile` chunk.
 pub const READ_CHUNK: usize = 64 * 1024;
@@ -41,11 +42,18 @@ fn precondition(path: &str, what: &str) -> Error {
     Error::new(ErrorCode::FailedPrecondition, format!("{path:?}: {what}"))
 }
 
-/// Run blocking filesystem work off the async workers.
+/// Run blocking filesystem work off the async workers, as `user` (the run
+/// user) when there is one: what it creates is the user's, and it reaches
+/// only what the user could.
 async fn blocking<T: Send + 'static>(
+    user: Option<RunUser>,
     f: impl FnOnce() -> Result<T, Error> + Send + 'static,
 ) -> Result<T, Status> {
-    match tokio::task::spawn_blocking(f).await {
+    let as_user = move || {
+        let _as = FsAs::new(user.as_ref());
+        f()
+    };
+    match tokio::task::spawn_blocking(as_user).await {
         Ok(result) => result.map_err(Status::from),
         Err(e) => Err(Error::internal(format!("filesystem task failed: {e}")).into()),
     }
@@ -100,11 +108,12 @@ fn not_root(root: &Root, abs: &Path, path: &str, what: &str) -> Result<(), Error
 
 pub struct Files {
     root: Root,
+    run_user: Option<RunUser>,
 }
 
 impl Files {
     pub fn new(ctx: &AgentContext) -> Self {
-        Self { root: ctx.root.clone() }
+        Self { root: ctx.root.clone(), run_user: ctx.run_user.clone() }
     }
 }
 
@@ -166,7 +175,7 @@ impl FsService for Files {
         let req = req.into_inner();
         let root = self.root.clone();
         let path = req.path.clone();
-        let file = blocking(move || {
+        let file = blocking(self.run_user.clone(), move || {
             let abs = root.resolve(&path)?;
             let meta = std::fs::symlink_metadata(&abs).map_err(|e| io_error(e, &path))?;
             if meta.is_dir() {
@@ -233,7 +242,7 @@ impl FsService for Files {
         let root = self.root.clone();
         let path = header.path.clone();
         let make_parents = header.make_parents;
-        let (target, temp, file) = blocking(move || {
+        let (target, temp, file) = blocking(self.run_user.clone(), move || {
             // Follows a final symlink that stays inside the root: writing
             // through a link writes what it points to.
             let target = root.resolve(&path)?;
@@ -272,8 +281,13 @@ impl FsService for Files {
         // that goes away included (the future is dropped).
         let mut file = tokio::fs::File::from_std(file);
         let mut written: u64 = 0;
+        let mut ended = false;
         while let Some(msg) = inbound.message().await? {
+            if ended {
+                return Err(Error::invalid_field("end", "nothing may follow the end message").into());
+            }
             match msg.request {
+                Some(write_file_request::Request::End(_)) => ended = true,
                 Some(write_file_request::Request::Data(data)) => {
                     tokio::io::AsyncWriteExt::write_all(&mut file, &data)
                         .await
@@ -288,6 +302,13 @@ impl FsService for Files {
                 None => {}
             }
         }
+        if header.end_required && !ended {
+            return Err(Error::invalid_field(
+                "end",
+                format!("the upload ended without its end message; {:?} left untouched", header.path),
+            )
+            .into());
+        }
         if let Some(size) = header.size
             && size != written
         {
@@ -299,7 +320,7 @@ impl FsService for Files {
         }
         let file = file.into_std().await;
         let path = header.path.clone();
-        blocking(move || {
+        blocking(self.run_user.clone(), move || {
             let mut temp = temp;
             // Exact mode, whatever the umask.
             file.set_permissions(std::fs::Permissions::from_mode(mode)).map_err(|e| io_error(e, &path))?;
@@ -316,7 +337,7 @@ impl FsService for Files {
     async fn list_dir(&self, req: Request<ListDirRequest>) -> Result<Response<ListDirResponse>, Status> {
         let req = req.into_inner();
         let root = self.root.clone();
-        let entries = blocking(move || {
+        let entries = blocking(self.run_user.clone(), move || {
             let dir = root.resolve(&req.path)?;
             let meta = std::fs::symlink_metadata(&dir).map_err(|e| io_error(e, &req.path))?;
             if !meta.is_dir() {
@@ -335,7 +356,7 @@ impl FsService for Files {
     async fn stat(&self, req: Request<StatRequest>) -> Result<Response<StatResponse>, Status> {
         let path = req.into_inner().path;
         let root = self.root.clone();
-        let info = blocking(move || {
+        let info = blocking(self.run_user.clone(), move || {
             let abs = root.resolve(&path)?;
             let meta = std::fs::symlink_metadata(&abs).map_err(|e| io_error(e, &path))?;
             Ok(file_info(&root, &abs, &meta))
@@ -347,7 +368,7 @@ impl FsService for Files {
     async fn lstat(&self, req: Request<StatRequest>) -> Result<Response<StatResponse>, Status> {
         let path = req.into_inner().path;
         let root = self.root.clone();
-        let info = blocking(move || {
+        let info = blocking(self.run_user.clone(), move || {
             let abs = root.resolve_no_follow(&path)?;
             let meta = std::fs::symlink_metadata(&abs).map_err(|e| io_error(e, &path))?;
             Ok(file_info(&root, &abs, &meta))
@@ -359,7 +380,7 @@ impl FsService for Files {
     async fn make_dir(&self, req: Request<MakeDirRequest>) -> Result<Response<MakeDirResponse>, Status> {
         let req = req.into_inner();
         let root = self.root.clone();
-        blocking(move || {
+        blocking(self.run_user.clone(), move || {
             let abs = root.resolve_no_follow(&req.path)?;
             match std::fs::symlink_metadata(&abs) {
                 // `mkdir -p` of an existing directory succeeds; a link or a
@@ -383,7 +404,7 @@ impl FsService for Files {
     async fn remove(&self, req: Request<RemoveRequest>) -> Result<Response<RemoveResponse>, Status> {
         let req = req.into_inner();
         let root = self.root.clone();
-        blocking(move || {
+        blocking(self.run_user.clone(), move || {
             let abs = root.resolve_no_follow(&req.path)?;
             not_root(&root, &abs, &req.path, "remove")?;
             let meta = std::fs::symlink_metadata(&abs).map_err(|e| io_error(e, &req.path))?;
@@ -406,7 +427,7 @@ impl FsService for Files {
     async fn rename(&self, req: Request<RenameRequest>) -> Result<Response<RenameResponse>, Status> {
         let req = req.into_inner();
         let root = self.root.clone();
-        blocking(move || {
+        blocking(self.run_user.clone(), move || {
             let from = root
                 .resolve_no_follow(&req.from)
                 .map_err(|e| Error::from(e).with_violation("from", "refused"))?;
@@ -425,7 +446,7 @@ impl FsService for Files {
     async fn exists(&self, req: Request<ExistsRequest>) -> Result<Response<ExistsResponse>, Status> {
         let path = req.into_inner().path;
         let root = self.root.clone();
-        let exists = blocking(move || {
+        let exists = blocking(self.run_user.clone(), move || {
             let abs = root.resolve(&path)?;
             Ok(std::fs::symlink_metadata(&abs).is_ok())
         })

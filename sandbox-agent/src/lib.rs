@@ -12,7 +12,9 @@ pub mod child;
 pub mod confine;
 pub mod init;
 pub mod options;
+pub mod run_user;
 pub mod shim;
+pub mod vault;
 // What the services share:
 pub mod context;
 // The services (one per gRPC service, none importing another):
@@ -20,6 +22,7 @@ pub mod fs;
 pub mod info;
 pub mod journal;
 pub mod process;
+pub mod secrets;
 pub mod shell;
 pub mod snapshot;
 pub mod watch;

@@ -5,6 +5,8 @@ use std::path::{Path, PathBuf};
 use shared::secret::Secret;
 use shared::transport::Address;
 
+use crate::run_user::RunUser;
+
 /// Everything the agent needs to serve, validated.
 #[derive(Debug, Clone)]
 pub struct AgentOptions {
@@ -12,6 +14,8 @@ pub struct AgentOptions {
     pub root: PathBuf,
     pub token: Secret,
     pub journal_dir: PathBuf,
+    /// Who every command runs as; `None`: the agent's own user.
+    pub run_user: Option<RunUser>,
 }
 
 /// `<root>/../.sandhold-journal`: beside the workspace, so the workspace

@@ -23,9 +23,11 @@ use crate::child::{self, ChildEvent, RunningChild};
 use crate::confine::Root;
 pub use crate::confine::resolve_cwd;
 use crate::context::AgentContext;
+use crate::run_user::RunUser;
+use crate::vault::Vault;
 
 /// Output kept per stream by `Exec` when the request sets no limit.
-pub const DEFAULT_OUTPUT_LIMIT: u64 = 16 * 1024 * 1024;
+pub const DEFAULT_OUTPUT_LIMIT: u64 = shared::limits::MAX_EXEC_OUTPUT;
 /// Finished processes remembered for `ListProcesses` (oldest forgotten
 /// first); running ones are always kept.
 const MAX_FINISHED: usize = 64;
@@ -152,20 +154,31 @@ impl Captured {
 pub struct Processes {
     root: Root,
     table: ProcessTable,
+    run_user: Option<RunUser>,
+    vault: Vault,
 }
 
 impl Processes {
     /// The table of started processes belongs to this service: nothing
     /// else lists or signals them.
     pub fn new(ctx: &AgentContext) -> Self {
-        Self { root: ctx.root.clone(), table: ProcessTable::default() }
+        Self {
+            root: ctx.root.clone(),
+            table: ProcessTable::default(),
+            run_user: ctx.run_user.clone(),
+            vault: ctx.vault.clone(),
+        }
     }
 
     async fn exec_inner(&self, req: ExecRequest) -> Result<ExecResponse, Error> {
+        let masks = match req.mask_secrets {
+            true => Some(self.vault.masks(&self.vault.declared(), "masking the output")?),
+            false => None,
+        };
         let program = Program::from_command(req.command)?;
         child::validate_env(&req.env)?;
         let cwd = resolve_cwd(&self.root, &req.cwd)?;
-        let mut cmd = child::command(&program.program, &program.args, &cwd, &req.env);
+        let mut cmd = child::command(&program.program, &program.args, &cwd, &req.env, self.run_user.as_ref());
         cmd.stdin(if req.stdin.is_empty() {
             std::process::Stdio::null()
         } else {
@@ -190,8 +203,10 @@ impl Processes {
         self.table.insert(pid, program.display, false);
         tracing::debug!(pid, program = %program.program, "exec started");
 
+        // Both streams travel in one answer: never more than a message holds.
         let limit =
-            usize::try_from(req.output_limit_bytes.unwrap_or(DEFAULT_OUTPUT_LIMIT)).unwrap_or(usize::MAX);
+            req.output_limit_bytes.unwrap_or(DEFAULT_OUTPUT_LIMIT).min(shared::limits::MAX_EXEC_OUTPUT);
+        let limit = usize::try_from(limit).unwrap_or(usize::MAX);
         let (mut stdout, mut stderr) = (Captured::new(limit), Captured::new(limit));
         let deadline = req
             .timeout_ms
@@ -218,6 +233,10 @@ impl Processes {
         };
         let status = child::exit_status(status);
         self.table.finish(pid, status);
+        if let Some(masks) = &masks {
+            stdout.data = masks.mask_bytes(&stdout.data);
+            stderr.data = masks.mask_bytes(&stderr.data);
+        }
         Ok(ExecResponse {
             status: Some(status),
             stdout: stdout.data,
@@ -242,7 +261,8 @@ impl Processes {
         let program = Program::from_command(start.command)?;
         child::validate_env(&start.env)?;
         let cwd = resolve_cwd(&self.root, &start.cwd)?;
-        let mut cmd = child::command(&program.program, &program.args, &cwd, &start.env);
+        let mut cmd =
+            child::command(&program.program, &program.args, &cwd, &start.env, self.run_user.as_ref());
         cmd.stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped());

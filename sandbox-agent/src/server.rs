@@ -12,6 +12,7 @@ use shared::proto::agent::v1::fs_service_server::FsServiceServer;
 use shared::proto::agent::v1::info_service_server::InfoServiceServer;
 use shared::proto::agent::v1::journal_service_server::JournalServiceServer;
 use shared::proto::agent::v1::process_service_server::ProcessServiceServer;
+use shared::proto::agent::v1::secret_service_server::SecretServiceServer;
 use shared::proto::agent::v1::shell_service_server::ShellServiceServer;
 use shared::proto::agent::v1::snapshot_service_server::SnapshotServiceServer;
 use shared::proto::agent::v1::watch_service_server::WatchServiceServer;
@@ -64,16 +65,20 @@ fn router(
     let (health_reporter, health) = tonic_health::server::health_reporter();
     drop(health_reporter);
     let router = Server::builder()
+        .max_concurrent_streams(Some(shared::limits::MAX_STREAMS_PER_CONNECTION))
+        .http2_keepalive_interval(Some(shared::limits::KEEPALIVE_INTERVAL))
+        .http2_keepalive_timeout(Some(shared::limits::KEEPALIVE_TIMEOUT))
         .layer(InterceptorLayer::new(TokenCheck::new(token)))
         .add_service(health)
         .add_service(reflection)
-        .add_service(InfoServiceServer::new(crate::info::Info::new(ctx)))
-        .add_service(ProcessServiceServer::new(crate::process::Processes::new(ctx)))
-        .add_service(ShellServiceServer::new(crate::shell::Shells::new(ctx)))
-        .add_service(FsServiceServer::new(crate::fs::Files::new(ctx)))
-        .add_service(JournalServiceServer::new(crate::journal::Journal::new(ctx)))
-        .add_service(WatchServiceServer::new(crate::watch::Watch::new(ctx)))
-        .add_service(SnapshotServiceServer::new(crate::snapshot::Snapshots::new(ctx)));
+        .add_service(shared::sized!(InfoServiceServer::new(crate::info::Info::new(ctx))))
+        .add_service(shared::sized!(ProcessServiceServer::new(crate::process::Processes::new(ctx))))
+        .add_service(shared::sized!(ShellServiceServer::new(crate::shell::Shells::new(ctx))))
+        .add_service(shared::sized!(FsServiceServer::new(crate::fs::Files::new(ctx))))
+        .add_service(shared::sized!(JournalServiceServer::new(crate::journal::Journal::new(ctx))))
+        .add_service(shared::sized!(WatchServiceServer::new(crate::watch::Watch::new(ctx))))
+        .add_service(shared::sized!(SnapshotServiceServer::new(crate::snapshot::Snapshots::new(ctx))))
+        .add_service(shared::sized!(SecretServiceServer::new(crate::secrets::Secrets::new(ctx))));
     Ok(router)
 }
 

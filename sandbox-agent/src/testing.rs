@@ -19,6 +19,7 @@ pub fn context(dir: &Path) -> AgentContext {
         root: dir.join("root"),
         token: Secret::new("unused"),
         journal_dir: dir.join("journal"),
+        run_user: None,
     };
     AgentContext::new(&options).expect("building the context")
 }

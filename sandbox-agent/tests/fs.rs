@@ -41,6 +41,7 @@ fn write_messages(path: &str, data: &[u8], mode: Option<u32>, make_parents: bool
             mode,
             make_parents,
             size: Some(data.len() as u64),
+            end_required: false,
         })),
     }];
     for chunk in data.chunks(50_000) {
@@ -183,13 +184,43 @@ async fn write_failures() {
     assert_eq!(c.write_file(tokio_stream::iter(msgs)).await.unwrap_err().code(), Code::InvalidArgument);
     assert_eq!(std::fs::read(agent.root.join("kept")).unwrap(), b"old");
     // Without a size, the end of the stream commits.
-    let header = WriteFileHeader { path: "unsized".into(), mode: None, make_parents: false, size: None };
+    let header = WriteFileHeader { path: "unsized".into(), size: None, ..Default::default() };
     let msgs = vec![
         WriteFileRequest { request: Some(write_file_request::Request::Header(header)) },
         WriteFileRequest { request: Some(write_file_request::Request::Data(b"abc".to_vec())) },
     ];
     assert_eq!(c.write_file(tokio_stream::iter(msgs)).await.unwrap().into_inner().bytes_written, 3);
     assert_eq!(std::fs::read(agent.root.join("unsized")).unwrap(), b"abc");
+
+    // With `end_required`, only the end message commits (a forwarder's
+    // client that broke off sends none), and nothing may follow it.
+    let unsized_msgs = |path: &str, end: bool, after: bool| {
+        let header = WriteFileHeader { path: path.into(), end_required: true, ..Default::default() };
+        let mut msgs = vec![
+            WriteFileRequest { request: Some(write_file_request::Request::Header(header)) },
+            WriteFileRequest { request: Some(write_file_request::Request::Data(b"new".to_vec())) },
+        ];
+        if end {
+            msgs.push(WriteFileRequest {
+                request: Some(write_file_request::Request::End(Default::default())),
+            });
+        }
+        if after {
+            msgs.push(WriteFileRequest {
+                request: Some(write_file_request::Request::Data(b"more".to_vec())),
+            });
+        }
+        msgs
+    };
+    let refused = c.write_file(tokio_stream::iter(unsized_msgs("kept", false, false))).await.unwrap_err();
+    assert_eq!(refused.code(), Code::InvalidArgument);
+    assert!(refused.message().contains("without its end message"), "{refused:?}");
+    let refused = c.write_file(tokio_stream::iter(unsized_msgs("kept", true, true))).await.unwrap_err();
+    assert_eq!(refused.code(), Code::InvalidArgument);
+    assert_eq!(std::fs::read(agent.root.join("kept")).unwrap(), b"old");
+    let written = c.write_file(tokio_stream::iter(unsized_msgs("kept", true, false))).await.unwrap();
+    assert_eq!(written.into_inner().bytes_written, 3);
+    assert_eq!(std::fs::read(agent.root.join("kept")).unwrap(), b"new");
 
     // The first message must be the header.
     let msgs = vec![WriteFileRequest { request: Some(write_file_request::Request::Data(b"x".to_vec())) }];

@@ -76,8 +76,10 @@ pub async fn sh(client: &mut Sandboxes, sandbox: &str, script: &str) -> (i32, St
     (code, String::from_utf8_lossy(&resp.stdout).into_owned())
 }
 
+/// Whether `needle` occurs in `hay` (image exports and dumps run to many
+/// MiB: a real substring search, not a window per byte).
 pub fn contains(hay: &[u8], needle: &[u8]) -> bool {
-    hay.windows(needle.len()).any(|w| w == needle)
+    memchr::memmem::find(hay, needle).is_some()
 }
 
 /// Every row of every table of the public schema, as text.
@@ -102,4 +104,23 @@ pub async fn table_dump(url: &str) -> String {
         }
     }
     dump
+}
+
+/// `WriteFile` of `data` at `path` (parents made), as one upload.
+pub async fn write_file(
+    client: &mut Sandboxes,
+    sandbox: &str,
+    path: &str,
+    data: &[u8],
+) -> Result<api::WriteFileResponse, tonic::Status> {
+    let header = api::WriteFileRequest {
+        request: Some(api::write_file_request::Request::Header(api::WriteFileHeader {
+            sandbox_id: sandbox.into(),
+            path: path.into(),
+            make_parents: true,
+            ..Default::default()
+        })),
+    };
+    let data = api::WriteFileRequest { request: Some(api::write_file_request::Request::Data(data.to_vec())) };
+    Ok(client.write_file(tokio_stream::iter(vec![header, data])).await?.into_inner())
 }

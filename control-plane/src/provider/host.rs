@@ -2,12 +2,11 @@
 //! token, the short name of its directory, the socket path limit, the
 //! agent binary.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use shared::error::{Error, ErrorCode};
 use shared::secret::Secret;
 
-use super::Result;
+use super::{Error, Result};
 
 /// A fresh random token for a sandbox's agent (256 bits, hex).
 pub(crate) fn new_token() -> Secret {
@@ -36,14 +35,11 @@ pub(crate) const MAX_SOCKET_PATH: usize = 107;
 pub(crate) fn check_socket_path(path: &std::path::Path, what: &str) -> Result<()> {
     let len = path.as_os_str().len();
     if len > MAX_SOCKET_PATH {
-        return Err(Error::new(
-            ErrorCode::InvalidArgument,
-            format!(
-                "{what} {} would put sandbox agent sockets at {len} bytes, over the {MAX_SOCKET_PATH}-byte limit \
+        return Err(Error::SocketPathTooLong(format!(
+            "{what} {} would put sandbox agent sockets at {len} bytes, over the {MAX_SOCKET_PATH}-byte limit \
                  of Unix socket paths; choose a shorter directory",
-                path.display()
-            ),
-        ));
+            path.display()
+        )));
     }
     Ok(())
 }
@@ -55,6 +51,70 @@ pub(crate) fn write_private_file(path: &std::path::Path, contents: &[u8]) -> std
     let mut file = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path)?;
     file.write_all(contents)?;
     file.sync_all()
+}
+
+/// The longest token file read: a sandbox must not make us read a big one.
+const MAX_TOKEN_FILE: u64 = 4096;
+
+/// Read a token file the control plane wrote into a sandbox's host
+/// directory, refusing what a sandbox could have put in its place: a
+/// symlink (opened with `O_NOFOLLOW`, so the target, maybe a host file, is
+/// never read), a FIFO or device (opened non-blocking, then it must be a
+/// regular file), another owner than one of `owners`, a mode other than
+/// 0600, more than 4 KiB.
+pub(crate) fn read_private_file(path: &Path, owners: &[u32]) -> std::io::Result<String> {
+    use std::io::Read;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+
+    use nix::fcntl::OFlag;
+    let refused = |why: String| std::io::Error::new(std::io::ErrorKind::PermissionDenied, why);
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags((OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC).bits())
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(code) if code == nix::errno::Errno::ELOOP as i32 => refused("it is a symlink".into()),
+            _ => e,
+        })?;
+    let meta = file.metadata()?;
+    if !meta.file_type().is_file() {
+        return Err(refused("it is not a regular file".into()));
+    }
+    if !owners.contains(&meta.uid()) {
+        return Err(refused(format!("it is owned by uid {}, not {owners:?}", meta.uid())));
+    }
+    if meta.mode() & 0o7777 != 0o600 {
+        return Err(refused(format!("its mode is {:o}, not 600", meta.mode() & 0o7777)));
+    }
+    let mut text = String::new();
+    file.take(MAX_TOKEN_FILE + 1).read_to_string(&mut text)?;
+    if text.len() as u64 > MAX_TOKEN_FILE {
+        return Err(refused("it is longer than a token".into()));
+    }
+    Ok(text)
+}
+
+/// Refuse to connect to `path` unless it is a Unix socket itself (not a
+/// symlink to one elsewhere on this host). `Ok(false)`: not there yet.
+pub(crate) fn is_agent_socket(path: &Path) -> std::io::Result<bool> {
+    use std::os::unix::fs::FileTypeExt;
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_socket() => Ok(true),
+        Ok(_) => Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!(
+                "{} is not a socket (a symlink or another file put there from inside the sandbox?)",
+                path.display()
+            ),
+        )),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// This process's effective uid: the owner of the files it writes.
+pub(crate) fn own_uid() -> u32 {
+    nix::unistd::geteuid().as_raw()
 }
 
 /// Where the agent binary is when none is configured: `sandhold-agent` next
@@ -77,17 +137,57 @@ pub fn default_agent_binary() -> Option<PathBuf> {
 
 #[cfg(test)]
 mod tests {
-    use shared::error::ErrorCode;
+    use shared::error::{Error as WireError, ErrorCode};
 
     use super::*;
 
     #[test]
     fn long_socket_paths_are_refused_with_advice() {
         let long = std::path::PathBuf::from(format!("/{}", "d".repeat(120)));
-        let err = check_socket_path(&long, "data dir").unwrap_err();
+        let err = WireError::from(check_socket_path(&long, "data dir").unwrap_err());
         assert_eq!(err.code, ErrorCode::InvalidArgument);
         assert!(err.message.contains("shorter"), "{}", err.message);
         assert!(check_socket_path(std::path::Path::new("/tmp/x/agent.sock"), "data dir").is_ok());
+    }
+
+    #[test]
+    fn token_files_are_read_only_when_they_are_ours() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let token = dir.path().join("token");
+        write_private_file(&token, b"tok-123").unwrap();
+        assert_eq!(read_private_file(&token, &[own_uid()]).unwrap(), "tok-123");
+        let err = read_private_file(&token, &[own_uid() + 1]).unwrap_err();
+        assert!(err.to_string().contains("owned by uid"), "{err}");
+
+        let secret = dir.path().join("host-secret");
+        std::fs::write(&secret, "host secret").unwrap();
+        std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&secret, &link).unwrap();
+        let err = read_private_file(&link, &[own_uid()]).unwrap_err();
+        assert!(err.to_string().contains("symlink"), "{err}");
+
+        std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert!(read_private_file(&token, &[own_uid()]).unwrap_err().to_string().contains("mode"));
+        let fifo = dir.path().join("fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        let err = read_private_file(&fifo, &[own_uid()]).unwrap_err();
+        assert!(err.to_string().contains("regular file"), "a FIFO must not block the reader: {err}");
+    }
+
+    #[test]
+    fn only_a_socket_itself_is_an_agent_socket() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("agent.sock");
+        assert!(!is_agent_socket(&sock).unwrap(), "not there yet");
+        let _listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+        assert!(is_agent_socket(&sock).unwrap());
+        let link = dir.path().join("link.sock");
+        std::os::unix::fs::symlink(&sock, &link).unwrap();
+        assert!(is_agent_socket(&link).is_err(), "a symlink to a socket is refused");
+        std::fs::write(dir.path().join("file"), "x").unwrap();
+        assert!(is_agent_socket(&dir.path().join("file")).is_err());
     }
 
     #[test]

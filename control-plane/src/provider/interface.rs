@@ -3,15 +3,15 @@
 //!
 //! Both providers advertise what they can do through [`Capabilities`];
 //! calling an optional operation a provider lacks fails with
-//! `UNIMPLEMENTED` ([`ErrorCode::Unsupported`]) naming the capability.
+//! [`Error::Unsupported`] naming the capability (`UNIMPLEMENTED` on the
+//! wire).
 
 use std::collections::BTreeMap;
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
-use shared::error::{Error, ErrorCode};
 
-use super::{ListedSandbox, Sandbox, SandboxSpec, Snapshot};
+use super::{Error, ListedSandbox, Sandbox, SandboxSpec, Snapshot};
 
 /// Every provider result.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -97,6 +97,14 @@ pub trait Provider: Send + Sync + std::fmt::Debug {
         Err(unsupported(self.kind(), "snapshots"))
     }
 
+    /// The paths (absolute, in the sandbox's file system) a native snapshot
+    /// would hold that its image does not: what is scanned for secret
+    /// values before one is taken. `None`: the provider cannot tell.
+    async fn changed_paths(&self, provider_id: &str) -> Result<Option<Vec<String>>> {
+        let _ = provider_id;
+        Ok(None)
+    }
+
     /// A new sandbox for `spec`, started from `snapshot`.
     async fn restore(&self, snapshot: &Snapshot, spec: &SandboxSpec) -> Result<Sandbox> {
         let _ = (snapshot, spec);
@@ -117,19 +125,15 @@ pub trait Provider: Send + Sync + std::fmt::Debug {
     }
 }
 
-/// The error of an optional operation a provider lacks: `UNIMPLEMENTED`
-/// with the capability named in the message and in `ErrorInfo` metadata.
-pub fn unsupported(kind: ProviderKind, capability: &str) -> Error {
-    Error::new(
-        ErrorCode::Unsupported,
-        format!("the {kind} provider does not support the {capability} capability"),
-    )
-    .with_meta("capability", capability)
-    .with_meta("provider", kind.as_str())
+/// The error of an optional operation a provider lacks.
+fn unsupported(kind: ProviderKind, capability: &str) -> Error {
+    Error::Unsupported { kind, capability: capability.to_string() }
 }
 
 #[cfg(test)]
 mod tests {
+    use shared::error::{Error as WireError, ErrorCode};
+
     use super::*;
 
     #[derive(Debug)]
@@ -144,7 +148,7 @@ mod tests {
             Capabilities::default()
         }
         async fn create(&self, _spec: &SandboxSpec) -> Result<Sandbox> {
-            Err(Error::internal("not in this test"))
+            Err(Error::Internal("not in this test".into()))
         }
         async fn resume(&self, _id: &str) -> Result<Option<Sandbox>> {
             Ok(None)
@@ -167,6 +171,7 @@ mod tests {
             (provider.delete_snapshot(&snap).await.unwrap_err(), "snapshots"),
             (provider.fork("id", &SandboxSpec::default()).await.unwrap_err(), "fork"),
         ] {
+            let err = WireError::from(err);
             assert_eq!(err.code, ErrorCode::Unsupported);
             assert!(err.message.contains(capability), "{}", err.message);
             assert_eq!(err.metadata.get("capability").map(String::as_str), Some(capability));

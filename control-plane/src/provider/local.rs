@@ -27,15 +27,17 @@ use std::time::Duration;
 use async_trait::async_trait;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-use shared::error::{Error, ErrorCode};
+use shared::error::Error as WireError;
 use shared::secret::Secret;
 use shared::transport::Address;
 
+use super::Error;
 use super::{
     Capabilities, ListedSandbox, Provider, ProviderKind, Result, Sandbox, SandboxSpec, check_socket_path,
-    new_short_id, new_token, write_private_file,
+    new_short_id, new_token, own_uid, read_private_file, write_private_file,
 };
 use crate::agent::AgentClient;
+use crate::provision::InvalidField;
 
 /// Variables of the control plane's environment a local agent inherits. The
 /// rest is dropped: the control plane's environment holds database URLs,
@@ -78,30 +80,29 @@ impl LocalProvider {
         let init = Self::live_init(&dir);
         tokio::task::spawn_blocking(move || kill_sandbox_processes(init, &dir))
             .await
-            .map_err(|e| Error::internal(format!("killing the sandbox's processes: {e}")))
+            .map_err(|e| Error::Internal(format!("killing the sandbox's processes: {e}")))
     }
 
     pub fn new(options: LocalProviderOptions) -> Result<Self> {
         let agent_binary = match options.agent_binary {
             Some(path) => path,
             None => super::default_agent_binary().ok_or_else(|| {
-                Error::new(
-                    ErrorCode::FailedPrecondition,
+                Error::Refused(
                     "sandhold-agent not found next to this executable nor on PATH; build it (cargo build -p \
-                     sandbox-agent) or configure the agent binary path",
+                     sandbox-agent) or configure the agent binary path"
+                        .into(),
                 )
             })?,
         };
         if !agent_binary.is_file() {
-            return Err(Error::new(
-                ErrorCode::FailedPrecondition,
-                format!("the sandhold-agent binary {} does not exist", agent_binary.display()),
-            ));
+            return Err(Error::Refused(format!(
+                "the sandhold-agent binary {} does not exist",
+                agent_binary.display()
+            )));
         }
         let sandboxes_dir = options.data_dir.join("sandboxes");
-        std::fs::create_dir_all(&sandboxes_dir).map_err(|e| io_error(&sandboxes_dir, "creating", e))?;
-        let sandboxes_dir =
-            sandboxes_dir.canonicalize().map_err(|e| io_error(&sandboxes_dir, "resolving", e))?;
+        std::fs::create_dir_all(&sandboxes_dir).map_err(Error::io(&sandboxes_dir, "creating"))?;
+        let sandboxes_dir = sandboxes_dir.canonicalize().map_err(Error::io(&sandboxes_dir, "resolving"))?;
         // The longest path under a sandbox dir is its socket.
         check_socket_path(&sandboxes_dir.join(new_short_id()).join("agent.sock"), "the local data dir")?;
         Ok(Self { sandboxes_dir, agent_binary, ready_timeout: options.ready_timeout })
@@ -113,10 +114,11 @@ impl LocalProvider {
         if provider_id.len() != 16
             || !provider_id.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
         {
-            return Err(Error::invalid_field(
+            return Err(InvalidField::new(
                 "provider_id",
                 format!("{provider_id:?} is not a local sandbox id"),
-            ));
+            )
+            .into());
         }
         Ok(self.sandboxes_dir.join(provider_id))
     }
@@ -138,8 +140,8 @@ impl LocalProvider {
             .create(true)
             .append(true)
             .open(&log_path)
-            .map_err(|e| io_error(&log_path, "opening", e))?;
-        let log_err = log.try_clone().map_err(|e| io_error(&log_path, "opening", e))?;
+            .map_err(Error::io(&log_path, "opening"))?;
+        let log_err = log.try_clone().map_err(Error::io(&log_path, "opening"))?;
         let mut cmd = std::process::Command::new(&self.agent_binary);
         cmd.arg("init")
             .arg("--")
@@ -174,14 +176,11 @@ impl LocalProvider {
             cmd.pre_exec(|| nix::unistd::setsid().map(|_| ()).map_err(std::io::Error::from));
         }
         let mut child = cmd.spawn().map_err(|e| {
-            Error::new(
-                ErrorCode::Unavailable,
-                format!("starting the sandbox agent {}: {e}", self.agent_binary.display()),
-            )
+            Error::Unavailable(format!("starting the sandbox agent {}: {e}", self.agent_binary.display()))
         })?;
         let pid = child.id();
         let pid_path = dir.join("agent.pid");
-        std::fs::write(&pid_path, format!("{pid}\n")).map_err(|e| io_error(&pid_path, "writing", e))?;
+        std::fs::write(&pid_path, format!("{pid}\n")).map_err(Error::io(&pid_path, "writing"))?;
         // Reap it whenever it exits, so no zombie is left; a thread rather
         // than a task so that it does not depend on the caller's runtime
         // living on.
@@ -191,7 +190,7 @@ impl LocalProvider {
                 let status = child.wait();
                 tracing::debug!(pid, ?status, "local sandbox agent exited");
             })
-            .map_err(|e| Error::internal(format!("spawning the agent reaper thread: {e}")))?;
+            .map_err(|e| Error::Internal(format!("spawning the agent reaper thread: {e}")))?;
         Ok(pid)
     }
 
@@ -205,29 +204,29 @@ impl LocalProvider {
         (cmdline.windows(needle.len()).any(|w| w == needle) && !is_zombie(pid)).then_some(pid)
     }
 
-    async fn wait_ready(&self, sandbox: &Sandbox) -> Result<AgentClient> {
+    async fn wait_ready(&self, sandbox: &Sandbox) -> Result<AgentClient, WireError> {
         AgentClient::connect_with_deadline(&sandbox.address, &sandbox.token, self.ready_timeout).await
     }
 
     fn read_token(dir: &Path) -> Result<Secret> {
         let path = dir.join("token");
-        let token = std::fs::read_to_string(&path).map_err(|e| io_error(&path, "reading", e))?;
+        let token = read_private_file(&path, &[own_uid()]).map_err(Error::io(&path, "reading"))?;
         Ok(Secret::new(token.trim().to_string()))
     }
 
     async fn create_in(&self, id: &str, dir: &Path, spec: &SandboxSpec) -> Result<Sandbox> {
         for sub in ["workspace", "journal"] {
             let path = dir.join(sub);
-            std::fs::create_dir(&path).map_err(|e| io_error(&path, "creating", e))?;
+            std::fs::create_dir(&path).map_err(Error::io(&path, "creating"))?;
         }
         let token = new_token();
         write_private_file(&dir.join("token"), token.expose().as_bytes())
-            .map_err(|e| io_error(&dir.join("token"), "writing", e))?;
+            .map_err(Error::io(&dir.join("token"), "writing"))?;
         write_json(&dir.join("labels.json"), &spec.labels())?;
         write_json(&dir.join("env.json"), &spec.env)?;
         self.start_agent(dir, &spec.env)?;
         let sandbox = self.sandbox(id, dir, token);
-        self.wait_ready(&sandbox).await.map_err(|e| with_log_tail(e, dir))?;
+        self.wait_ready(&sandbox).await.map_err(|e| Error::Agent(with_log_tail(e, dir)))?;
         Ok(sandbox)
     }
 }
@@ -253,7 +252,7 @@ impl Provider for LocalProvider {
     async fn create(&self, spec: &SandboxSpec) -> Result<Sandbox> {
         let id = new_short_id();
         let dir = self.sandboxes_dir.join(&id);
-        std::fs::create_dir(&dir).map_err(|e| io_error(&dir, "creating", e))?;
+        std::fs::create_dir(&dir).map_err(Error::io(&dir, "creating"))?;
         tracing::warn!(
             sandbox_id = %id,
             tenant = %spec.tenant,
@@ -289,7 +288,7 @@ impl Provider for LocalProvider {
             tracing::info!(sandbox_id = %provider_id, "local sandbox agent is not running, restarting it");
             self.start_agent(&dir, &env)?;
         }
-        self.wait_ready(&sandbox).await.map_err(|e| with_log_tail(e, &dir))?;
+        self.wait_ready(&sandbox).await.map_err(|e| Error::Agent(with_log_tail(e, &dir)))?;
         Ok(Some(sandbox))
     }
 
@@ -301,7 +300,7 @@ impl Provider for LocalProvider {
         Self::kill_processes(&dir).await?;
         tokio::fs::remove_dir_all(&dir).await.or_else(|e| match e.kind() {
             std::io::ErrorKind::NotFound => Ok(()),
-            _ => Err(io_error(&dir, "removing", e)),
+            _ => Err(Error::io(&dir, "removing")(e)),
         })?;
         tracing::info!(sandbox_id = %provider_id, "local sandbox destroyed");
         Ok(())
@@ -321,8 +320,8 @@ impl Provider for LocalProvider {
 
     async fn list(&self, labels: &BTreeMap<String, String>) -> Result<Vec<ListedSandbox>> {
         let mut found = Vec::new();
-        let entries = std::fs::read_dir(&self.sandboxes_dir)
-            .map_err(|e| io_error(&self.sandboxes_dir, "reading", e))?;
+        let entries =
+            std::fs::read_dir(&self.sandboxes_dir).map_err(Error::io(&self.sandboxes_dir, "reading"))?;
         for entry in entries.flatten() {
             let id = entry.file_name().to_string_lossy().into_owned();
             let Ok(dir) = self.sandbox_dir(&id) else { continue };
@@ -450,27 +449,23 @@ fn alive(pid: u32) -> bool {
 
 fn write_json<T: serde::Serialize>(path: &Path, value: &T) -> Result<()> {
     let bytes = serde_json::to_vec_pretty(value)
-        .map_err(|e| Error::internal(format!("encoding {}: {e}", path.display())))?;
-    std::fs::write(path, bytes).map_err(|e| io_error(path, "writing", e))
+        .map_err(|e| Error::Internal(format!("encoding {}: {e}", path.display())))?;
+    std::fs::write(path, bytes).map_err(Error::io(path, "writing"))
 }
 
 fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Option<T>> {
     match std::fs::read(path) {
         Ok(bytes) => serde_json::from_slice(&bytes)
             .map(Some)
-            .map_err(|e| Error::internal(format!("{} is not valid: {e}", path.display()))),
+            .map_err(|e| Error::Internal(format!("{} is not valid: {e}", path.display()))),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(io_error(path, "reading", e)),
+        Err(e) => Err(Error::io(path, "reading")(e)),
     }
-}
-
-fn io_error(path: &Path, doing: &str, e: std::io::Error) -> Error {
-    Error::internal(format!("{doing} {}: {e}", path.display()))
 }
 
 /// Append the end of the agent's log to an error, where the real cause of
 /// an agent that would not start usually is.
-fn with_log_tail(mut err: Error, dir: &Path) -> Error {
+fn with_log_tail(mut err: WireError, dir: &Path) -> WireError {
     if let Ok(log) = std::fs::read_to_string(dir.join("agent.log")) {
         let tail: Vec<&str> = log.lines().rev().take(10).collect();
         if !tail.is_empty() {
@@ -508,7 +503,8 @@ mod tests {
             ready_timeout: Duration::from_secs(1),
         };
         for bad in ["../etc", "0123456789abcde/", "0123456789ABCDEF", "", "0123456789abcdef0"] {
-            assert_eq!(provider.sandbox_dir(bad).unwrap_err().code, ErrorCode::InvalidArgument, "{bad}");
+            let err = WireError::from(provider.sandbox_dir(bad).unwrap_err());
+            assert_eq!(err.code, shared::error::ErrorCode::InvalidArgument, "{bad}");
         }
         assert!(provider.sandbox_dir("0123456789abcdef").is_ok());
     }

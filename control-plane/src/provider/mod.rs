@@ -13,15 +13,20 @@
 pub mod docker;
 pub mod local;
 
+mod error;
 mod handle;
 mod host;
 mod interface;
 mod spec;
 
 pub use docker::{DockerOptions, DockerProvider, DockerProviderOptions, MountSpec};
+pub use error::Error;
 pub use handle::{ListedSandbox, Sandbox, Snapshot};
 pub use host::default_agent_binary;
-pub(crate) use host::{check_socket_path, new_short_id, new_token, write_private_file};
-pub use interface::{Capabilities, Provider, ProviderKind, Result, unsupported};
+pub(crate) use host::{
+    check_socket_path, is_agent_socket, new_short_id, new_token, own_uid, read_private_file,
+    write_private_file,
+};
+pub use interface::{Capabilities, Provider, ProviderKind, Result};
 pub use local::{LocalProvider, LocalProviderOptions};
 pub use spec::{LABEL_DEFINITION, LABEL_MANAGED, LABEL_SANDBOX_KEY, LABEL_TENANT, SandboxSpec};

@@ -5,9 +5,8 @@
 //! survive an older server). A definition holds secret NAMES only; no
 //! request's secret values ever reach this module.
 
-use shared::error::Error;
-
-use crate::provision::{refuse, valid_env_name};
+use super::Error;
+use crate::provision::{Violations, refuse, valid_env_name};
 use shared::proto::v1::{SandboxDefinition, provider_spec, setup_step};
 
 const ENCODING: &str = "protobuf-hex";
@@ -19,7 +18,7 @@ pub fn to_stored(definition: &SandboxDefinition) -> serde_json::Value {
 
 pub fn from_stored(body: &serde_json::Value) -> Result<SandboxDefinition, Error> {
     use prost::Message;
-    let corrupt = |why: &str| Error::internal(format!("stored sandbox definition is unreadable: {why}"));
+    let corrupt = Error::CorruptDefinition;
     if body.get("encoding").and_then(|e| e.as_str()) != Some(ENCODING) {
         return Err(corrupt("unknown encoding"));
     }
@@ -33,7 +32,7 @@ fn valid_id(id: &str) -> bool {
 }
 
 /// Every problem of `d` as field violations, in one INVALID_ARGUMENT.
-pub fn validate(d: &SandboxDefinition) -> Result<(), Error> {
+pub fn validate(d: &SandboxDefinition) -> Result<(), Violations> {
     let mut violations: Vec<(String, String)> = Vec::new();
     let mut bad = |field: &str, why: &str| violations.push((field.to_string(), why.to_string()));
     if !valid_id(&d.id) {
@@ -61,6 +60,9 @@ pub fn validate(d: &SandboxDefinition) -> Result<(), Error> {
             }
         }
         Some(provider_spec::Provider::Local(_)) => {}
+    }
+    if d.max_journal_bytes == Some(0) {
+        bad("definition.max_journal_bytes", "must be positive (unset: the operator's default, 1 GiB)");
     }
     for name in d.env.keys() {
         if !valid_env_name(name) {
@@ -100,8 +102,6 @@ pub fn validate(d: &SandboxDefinition) -> Result<(), Error> {
     refuse("sandbox definition", violations)
 }
 
-/// `Ok` without violations, else one INVALID_ARGUMENT carrying each as a
-/// field violation.
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -133,7 +133,7 @@ mod tests {
         d.id = "bad id".into();
         d.secret_names = vec!["TOKEN".into()];
         d.env.insert("TOKEN".into(), "oops".into());
-        let err = validate(&d).unwrap_err();
+        let err = shared::error::Error::from(validate(&d).unwrap_err());
         assert_eq!(err.code, ErrorCode::InvalidArgument);
         let fields: Vec<&str> = err.field_violations.iter().map(|(f, _)| f.as_str()).collect();
         assert!(fields.contains(&"definition.id"), "{fields:?}");

@@ -10,12 +10,16 @@ use super::{EnsureInput, Error};
 use crate::provision::{InvalidField, Secrets, valid_env_name};
 use crate::store::{self, Stores, Tenant};
 
-/// Secret values by name from a request, checked to be valid names.
+/// Secret values by name from a request, checked to be valid names and
+/// values long enough to be masked (`shared::mask::MIN_SECRET_LEN`).
 pub fn secrets_of(field: &str, raw: HashMap<String, String>) -> Result<Secrets, Error> {
     let mut out = Secrets::new();
     for (name, value) in raw {
         if !valid_env_name(&name) {
-            return Err(Error::invalid_field(format!("{field}[{name}]"), "not a valid variable name"));
+            return Err(InvalidField::new(format!("{field}[{name}]"), "not a valid variable name").into());
+        }
+        if let Some(why) = shared::mask::refusal(&value) {
+            return Err(InvalidField::new(format!("{field}[{name}]"), why).into());
         }
         out.insert(name, Secret::new(value));
     }
@@ -50,16 +54,18 @@ pub async fn ensure_input(
 /// none missing.
 fn check_declared(declared: &[String], secrets: &Secrets) -> Result<(), Error> {
     if let Some(name) = secrets.keys().find(|name| !declared.contains(name)) {
-        return Err(Error::invalid_field(
+        return Err(InvalidField::new(
             format!("secrets[{name}]"),
             "not a secret name the definition declares",
-        ));
+        )
+        .into());
     }
     if let Some(missing) = declared.iter().find(|n| !secrets.contains_key(*n)) {
-        return Err(Error::invalid_field(
+        return Err(InvalidField::new(
             format!("secrets[{missing}]"),
             "declared by the definition, not given",
-        ));
+        )
+        .into());
     }
     Ok(())
 }
@@ -81,21 +87,32 @@ mod tests {
 
     #[test]
     fn secret_names_must_be_variable_names() {
-        let secrets = secrets_of("secrets", raw(&[("TOKEN", "v"), ("_ok2", "w")])).unwrap();
+        let secrets = secrets_of("secrets", raw(&[("TOKEN", "value-one"), ("_ok2", "value-two")])).unwrap();
         assert_eq!(secrets.keys().collect::<Vec<_>>(), ["TOKEN", "_ok2"]);
-        assert_eq!(secrets["TOKEN"].expose(), "v");
-        let bad = secrets_of("secrets", raw(&[("2FA", "v")])).unwrap_err();
+        assert_eq!(secrets["TOKEN"].expose(), "value-one");
+        let bad = secrets_of("secrets", raw(&[("2FA", "value-one")])).unwrap_err();
         assert_eq!(field_of(bad), "secrets[2FA]");
+    }
+
+    #[test]
+    fn a_value_too_short_to_mask_is_refused_with_the_reason() {
+        let err = secrets_of("secrets", raw(&[("PIN", "1234567")])).unwrap_err();
+        let Error::InvalidField(e) = err else { panic!("not a field error") };
+        assert_eq!(e.field, "secrets[PIN]");
+        assert!(e.reason.contains("at least 8 bytes"), "{}", e.reason);
+        assert!(!e.reason.contains("1234567"), "the value is never echoed");
+        secrets_of("secrets", raw(&[("PIN", "12345678")])).unwrap();
     }
 
     #[test]
     fn an_ensure_brings_exactly_the_declared_secrets() {
         let declared = ["A".to_string(), "B".to_string()];
-        let both = secrets_of("secrets", raw(&[("A", "1"), ("B", "2")])).unwrap();
+        let both = secrets_of("secrets", raw(&[("A", "value-a-1"), ("B", "value-b-2")])).unwrap();
         check_declared(&declared, &both).unwrap();
-        let extra = secrets_of("secrets", raw(&[("A", "1"), ("B", "2"), ("C", "3")])).unwrap();
+        let extra = secrets_of("secrets", raw(&[("A", "value-a-1"), ("B", "value-b-2"), ("C", "value-c-3")]))
+            .unwrap();
         assert_eq!(field_of(check_declared(&declared, &extra).unwrap_err()), "secrets[C]");
-        let short = secrets_of("secrets", raw(&[("A", "1")])).unwrap();
+        let short = secrets_of("secrets", raw(&[("A", "value-a-1")])).unwrap();
         assert_eq!(field_of(check_declared(&declared, &short).unwrap_err()), "secrets[B]");
     }
 }

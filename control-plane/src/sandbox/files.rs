@@ -10,13 +10,8 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
 
 use super::{Error, Sandboxes};
+use crate::provision::InvalidField;
 use crate::store::Tenant;
-
-/// A `WriteFile` without a declared size is buffered up to this many bytes.
-const MAX_BUFFERED_UPLOAD: usize = 64 << 20;
-
-/// How a buffered upload is cut into messages to the agent.
-const UPLOAD_CHUNK: usize = 256 << 10;
 
 pub type ReadFileStream = BoxStream<'static, Result<api::ReadFileResponse, Error>>;
 pub type WatchStream = BoxStream<'static, Result<api::WatchFilesResponse, Error>>;
@@ -38,8 +33,11 @@ impl Sandboxes {
     }
 
     /// Write the file `inbound` begins with the header of; returns the
-    /// bytes written. The agent always gets the exact size, so an upload
-    /// cut off on the way is refused there rather than committed short.
+    /// bytes written. Streamed through as it comes (the server holds a few
+    /// messages, never the file): with a declared size the agent refuses
+    /// an upload cut off before it; without one the agent commits only on
+    /// the end message sent once the client's stream ended cleanly, so a
+    /// client that broke off with an error commits nothing.
     pub async fn write_file<S>(&self, tenant: &Tenant, mut inbound: S) -> Result<u64, Error>
     where
         S: Stream<Item = Result<api::WriteFileRequest, Status>> + Send + Unpin + 'static,
@@ -47,58 +45,35 @@ impl Sandboxes {
         let Some(api::write_file_request::Request::Header(header)) =
             inbound.next().await.transpose()?.and_then(|m| m.request)
         else {
-            return Err(Error::invalid_field("header", "the first message must be the header"));
+            return Err(InvalidField::new("header", "the first message must be the header").into());
         };
         let live = self.live(tenant, &header.sandbox_id).await?;
-        let (size, buffered) = match header.size {
-            Some(size) => (size, None),
-            None => {
-                let mut data = Vec::new();
-                while let Some(message) = inbound.next().await.transpose()? {
-                    if let Some(api::write_file_request::Request::Data(chunk)) = message.request {
-                        data.extend_from_slice(&chunk);
-                        if data.len() > MAX_BUFFERED_UPLOAD {
-                            return Err(Error::invalid_field(
-                                "header.size",
-                                format!("required for uploads over {MAX_BUFFERED_UPLOAD} bytes"),
-                            ));
-                        }
-                    }
-                }
-                (data.len() as u64, Some(data))
-            }
-        };
         let agent_header = agent::WriteFileRequest {
             request: Some(agent::write_file_request::Request::Header(agent::WriteFileHeader {
                 path: header.path,
                 mode: header.mode,
                 make_parents: header.make_parents,
-                size: Some(size),
+                size: header.size,
+                end_required: header.size.is_none(),
             })),
         };
-        let data = |chunk: Vec<u8>| agent::WriteFileRequest {
-            request: Some(agent::write_file_request::Request::Data(chunk)),
-        };
-        let resp = match buffered {
-            Some(all) => {
-                let chunks: Vec<agent::WriteFileRequest> = std::iter::once(agent_header)
-                    .chain(all.chunks(UPLOAD_CHUNK).map(|c| data(c.to_vec())))
-                    .collect();
-                live.agent.fs().write_file(futures::stream::iter(chunks)).await?
+        // Forward until the client's stream ends (then the end message);
+        // on a client error (or at shutdown) stop forwarding, so the agent
+        // sees a short upload, or one without its end, and commits nothing.
+        let (tx, rx) = mpsc::channel::<agent::WriteFileRequest>(8);
+        tx.send(agent_header).await.map_err(|_| Error::Closed("upload channel closed"))?;
+        let then_end = inbound.map(|m| m.map(Some)).chain(futures::stream::once(async { Ok(None) }));
+        self.forward(Box::pin(then_end), tx, move |message: Option<api::WriteFileRequest>| {
+            use agent::write_file_request::Request;
+            match message.map(|m| m.request) {
+                Some(Some(api::write_file_request::Request::Data(chunk))) => {
+                    Some(agent::WriteFileRequest { request: Some(Request::Data(chunk)) })
+                }
+                Some(_) => None,
+                None => Some(agent::WriteFileRequest { request: Some(Request::End(agent::WriteFileEnd {})) }),
             }
-            None => {
-                // Forward until the client's stream ends; on a client error
-                // (or at shutdown) stop forwarding, so the agent sees a short
-                // upload.
-                let (tx, rx) = mpsc::channel::<agent::WriteFileRequest>(8);
-                tx.send(agent_header).await.map_err(|_| Error::Closed("upload channel closed"))?;
-                self.forward(inbound, tx, move |message: api::WriteFileRequest| match message.request {
-                    Some(api::write_file_request::Request::Data(chunk)) => Some(data(chunk)),
-                    _ => None,
-                });
-                live.agent.fs().write_file(ReceiverStream::new(rx)).await?
-            }
-        };
+        });
+        let resp = live.agent.fs().write_file(ReceiverStream::new(rx)).await?;
         Ok(resp.into_inner().bytes_written)
     }
 

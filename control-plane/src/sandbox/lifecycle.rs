@@ -6,18 +6,20 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use shared::error::{Error, ErrorCode};
 use shared::proto::v1 as api;
 use shared::proto::v1::{EnsureOutcome, EnsurePhase, provider_spec};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use super::Error;
 use super::key::{KeyInput, sandbox_key};
+use super::policy::OperatorPolicy;
+use super::quota::SandboxQuota;
 use crate::agent::AgentClient;
 use crate::lease::Leases;
 use crate::provider::{DockerOptions, MountSpec, Provider, ProviderKind, SandboxSpec, Snapshot};
 use crate::provision::Progress;
-use crate::provision::{ProvisionContext, Provisioner, Secrets};
+use crate::provision::{InvalidField, ProvisionContext, Provisioner, Secrets};
 use crate::store::{self, Instance, NewInstance, Stores, Tenant, Timestamp};
 
 /// How long a resumed or created sandbox's agent may take to answer.
@@ -47,11 +49,7 @@ impl Providers {
     pub fn get(&self, kind: ProviderKind) -> Result<&Arc<dyn Provider>, Error> {
         self.0.get(&kind).ok_or_else(|| {
             let why = self.1.get(&kind).map(String::as_str).unwrap_or("see the server's startup log");
-            Error::new(
-                ErrorCode::FailedPrecondition,
-                format!("the {kind} provider is not available on this server: {why}"),
-            )
-            .with_meta("provider", kind.as_str())
+            Error::ProviderOff { kind, why: why.to_string() }
         })
     }
 
@@ -64,7 +62,7 @@ impl Providers {
         match name {
             "local" => self.get(ProviderKind::Local),
             "docker" => self.get(ProviderKind::Docker),
-            other => Err(Error::internal(format!("instance of unknown provider {other:?}"))),
+            other => Err(Error::UnknownProvider(other.to_string())),
         }
     }
 }
@@ -95,13 +93,49 @@ pub struct EnsureInput {
 #[derive(Clone)]
 pub struct Lifecycle {
     pub(crate) providers: Providers,
+    /// What tenants' definitions may ask for; checked again at every
+    /// ensure (a stored definition may predate a stricter policy).
+    pub(crate) policy: OperatorPolicy,
+    /// How many sandboxes one tenant may hold.
+    quota: SandboxQuota,
+    /// How large a portable snapshot's file, and a snapshot, may be.
+    snapshot_limits: crate::config::SnapshotLimits,
     provisioner: Arc<dyn Provisioner>,
     live: Arc<Mutex<HashMap<String, Live>>>,
 }
 
 impl Lifecycle {
+    /// Under the built-in policy of a single-user server; a server with a
+    /// configuration sets its own with [`with_policy`](Self::with_policy).
     pub fn new(providers: Providers, provisioner: Arc<dyn Provisioner>) -> Self {
-        Self { providers, provisioner, live: Arc::default() }
+        Self {
+            providers,
+            policy: OperatorPolicy::default(),
+            quota: SandboxQuota::default(),
+            snapshot_limits: Default::default(),
+            provisioner,
+            live: Arc::default(),
+        }
+    }
+
+    pub fn with_quota(mut self, quota: SandboxQuota) -> Self {
+        self.quota = quota;
+        self
+    }
+
+    pub fn with_policy(mut self, policy: OperatorPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    pub fn with_snapshot_limits(mut self, limits: crate::config::SnapshotLimits) -> Self {
+        self.snapshot_limits = limits;
+        self
+    }
+
+    /// The operator's maxima of portable snapshots (a definition may lower them).
+    pub fn snapshot_limits(&self) -> crate::config::SnapshotLimits {
+        self.snapshot_limits
     }
 
     pub(crate) fn live(&self, key: &str) -> Option<Live> {
@@ -154,7 +188,7 @@ impl Lifecycle {
         let lifecycle = definition.lifecycle.clone().unwrap_or_default();
         let reuse_none = lifecycle.reuse == api::Reuse::None as i32;
         if reuse_none && input.run_id.is_empty() {
-            return Err(Error::invalid_field("run_id", "required: the definition has `reuse: none`"));
+            return Err(InvalidField::new("run_id", "required: the definition has `reuse: none`").into());
         }
         let key = sandbox_key(
             definition,
@@ -165,18 +199,21 @@ impl Lifecycle {
             },
         );
         let kind = provider_kind(definition)?;
+        self.policy.check_on_host(definition)?;
         let provider = self.providers.get(kind)?.clone();
         let workspace = definition.workspace.clone().unwrap_or_default();
         // Refused before anything is made.
         self.provisioner.check(&workspace)?;
-        let spec = spec_for(definition, &key, &input.tenant);
+        let mut spec = spec_for(definition, &key, &input.tenant);
+        self.policy.apply_limits(&mut spec.docker);
 
         // One ensure per key at a time: concurrent callers wait here and then
         // find the sandbox the first one made.
         let cancel = CancellationToken::new();
-        let lease = leases.acquire(&format!("sandbox:{key}"), &cancel).await?.ok_or_else(|| {
-            Error::new(ErrorCode::Cancelled, "ensure cancelled while waiting for the sandbox lease")
-        })?;
+        let lease = leases
+            .acquire(&format!("sandbox:{key}"), &cancel)
+            .await?
+            .ok_or(Error::Cancelled("ensure cancelled while waiting for the sandbox lease"))?;
         let result = self
             .ensure_locked(
                 stores,
@@ -198,7 +235,7 @@ impl Lifecycle {
                     Ok(restored) => Ok((sandbox, outcome, instance, restored)),
                     Err(e) => {
                         if let Err(d) = provider.destroy(&sandbox.provider_id).await {
-                            warn!(sandbox_key = %key, error = %d.message, "destroying a sandbox whose restore failed");
+                            warn!(sandbox_key = %key, error = %d, "destroying a sandbox whose restore failed");
                         }
                         let _ = stores.instances.delete(&key).await;
                         Err(e)
@@ -209,9 +246,12 @@ impl Lifecycle {
         };
         let _ = lease.release().await;
         let (sandbox, outcome, instance, restored) = result?;
+        let agent = connect(&sandbox.address, &sandbox.token).await?;
+        // Every ensure hands the values over again: an agent restarted
+        // since the last one lost them (and refuses to serve runs that had
+        // them until then).
+        crate::provision::hand_over(&agent, &input.secrets).await?;
         let secrets = Arc::new(input.secrets);
-        let agent =
-            AgentClient::connect_with_deadline(&sandbox.address, &sandbox.token, AGENT_DEADLINE).await?;
         self.set_live(
             &key,
             Live {
@@ -248,8 +288,7 @@ impl Lifecycle {
             return Ok(None);
         }
         progress.phase(EnsurePhase::RestoringCheckpoint, "restoring the thread's latest checkpoint");
-        let agent =
-            AgentClient::connect_with_deadline(&sandbox.address, &sandbox.token, AGENT_DEADLINE).await?;
+        let agent = connect(&sandbox.address, &sandbox.token).await?;
         Ok(crate::snapshot::restore_latest(
             stores,
             &agent,
@@ -278,6 +317,7 @@ impl Lifecycle {
             Err(store::Error::NotFound(_)) => None,
             Err(e) => return Err(e.into()),
         };
+        let existing_key = existing.is_some();
         let mut snapshot = None;
         if let Some(instance) = existing {
             progress.phase(EnsurePhase::Resuming, "resuming the thread's sandbox");
@@ -297,7 +337,7 @@ impl Lifecycle {
             if lifecycle.snapshot_max_age_ms > 0 && age > max_age {
                 info!(sandbox_key = %key, age_ms = age.as_millis() as u64, "native snapshot too old; creating anew");
                 if let Err(e) = provider.delete_snapshot(&Snapshot { id: snap.id.clone() }).await {
-                    warn!(sandbox_key = %key, error = %e.message, "could not delete an expired snapshot");
+                    warn!(sandbox_key = %key, error = %e, "could not delete an expired snapshot");
                 }
             } else {
                 progress.phase(EnsurePhase::RestoringSnapshot, "restoring the sandbox from its snapshot");
@@ -309,12 +349,15 @@ impl Lifecycle {
                         return Ok((sandbox, EnsureOutcome::SnapshotRestored, instance));
                     }
                     Err(e) => {
-                        warn!(sandbox_key = %key, error = %e.message, "restoring the native snapshot failed; creating anew")
+                        warn!(sandbox_key = %key, error = %e, "restoring the native snapshot failed; creating anew")
                     }
                 }
             }
         }
 
+        // A new sandbox of the tenant (not the key's own, replaced) counts
+        // against its quota from here until recorded.
+        let _slot = if existing_key { None } else { self.quota.admit(stores, &input.tenant).await? };
         // A sandbox of this key the store does not point at was never
         // finished (a replica died between create and record): remove it
         // rather than leave an orphan next to the new one.
@@ -333,7 +376,7 @@ impl Lifecycle {
             Err(e) => {
                 // Nothing half-made survives a failed ensure.
                 if let Err(d) = provider.destroy(&sandbox.provider_id).await {
-                    warn!(sandbox_key = %key, error = %d.message, "destroying a half-made sandbox failed");
+                    warn!(sandbox_key = %key, error = %d, "destroying a half-made sandbox failed");
                 }
                 Err(e)
             }
@@ -351,8 +394,8 @@ impl Lifecycle {
         lifecycle: &api::Lifecycle,
         progress: &Progress,
     ) -> Result<Option<String>, Error> {
-        let agent =
-            AgentClient::connect_with_deadline(&sandbox.address, &sandbox.token, AGENT_DEADLINE).await?;
+        let agent = connect(&sandbox.address, &sandbox.token).await?;
+        crate::provision::hand_over(&agent, &input.secrets).await?;
         self.provisioner
             .provision(ProvisionContext { agent: &agent, workspace, secrets: &input.secrets, progress })
             .await?;
@@ -361,6 +404,13 @@ impl Lifecycle {
         let wants = lifecycle.snapshot != api::SnapshotPolicy::Never as i32
             && crate::workspace::provisions_anything(workspace);
         if !(wants && provider.capabilities().snapshots) {
+            return Ok(None);
+        }
+        if let Some(why) = secret_in_file_system(provider, sandbox, &agent, &input.secrets).await? {
+            // An image commit would keep the value: no native snapshot (the
+            // sandbox itself is fine; later ensures create it anew).
+            warn!(provider_id = %sandbox.provider_id, "{why}");
+            progress.phase(EnsurePhase::Snapshotting, why);
             return Ok(None);
         }
         progress.phase(EnsurePhase::Snapshotting, "taking a native snapshot of the provisioned sandbox");
@@ -382,10 +432,7 @@ impl Lifecycle {
         // Another replica may own the key by now; recording would overwrite
         // its sandbox. An unrecorded sandbox is removed by the next ensure.
         if lease.is_lost() {
-            return Err(Error::new(
-                ErrorCode::LeaseLost,
-                format!("lost the lease on sandbox {key} while ensuring it; retry"),
-            ));
+            return Err(Error::LeaseLost(key.to_string()));
         }
         Ok(stores
             .instances
@@ -437,7 +484,7 @@ impl Lifecycle {
     ) -> Result<Instance, Error> {
         match stores.instances.get(key).await {
             Ok(i) if &i.tenant == tenant => Ok(i),
-            Ok(_) | Err(store::Error::NotFound(_)) => Err(not_found(key)),
+            Ok(_) | Err(store::Error::NotFound(_)) => Err(Error::NotFound(key.to_string())),
             Err(e) => Err(e.into()),
         }
     }
@@ -453,14 +500,11 @@ impl Lifecycle {
             return Ok(live);
         }
         let provider = self.providers.by_name(&instance.provider)?;
-        let sandbox = provider.resume(&instance.provider_sandbox_id).await?.ok_or_else(|| {
-            Error::new(
-                ErrorCode::FailedPrecondition,
-                format!("sandbox {key} is not running; call EnsureSandbox to bring it back"),
-            )
-        })?;
-        let agent =
-            AgentClient::connect_with_deadline(&sandbox.address, &sandbox.token, AGENT_DEADLINE).await?;
+        let sandbox = provider
+            .resume(&instance.provider_sandbox_id)
+            .await?
+            .ok_or_else(|| Error::NotRunning(key.to_string()))?;
+        let agent = connect(&sandbox.address, &sandbox.token).await?;
         let live = Live {
             agent,
             secrets: Arc::default(),
@@ -485,9 +529,10 @@ impl Lifecycle {
     ) -> Result<(), Error> {
         self.instance(stores, tenant, key).await?;
         let cancel = CancellationToken::new();
-        let lease = leases.acquire(&format!("sandbox:{key}"), &cancel).await?.ok_or_else(|| {
-            Error::new(ErrorCode::Cancelled, "destroy cancelled while waiting for the lease")
-        })?;
+        let lease = leases
+            .acquire(&format!("sandbox:{key}"), &cancel)
+            .await?
+            .ok_or(Error::Cancelled("destroy cancelled while waiting for the lease"))?;
         let result = async {
             // Re-read under the lease: an ensure may have replaced it.
             let instance = self.instance(stores, tenant, key).await?;
@@ -496,7 +541,7 @@ impl Lifecycle {
             if let Some(snap) = instance.native_snapshot.as_deref().and_then(NativeSnapshot::parse)
                 && let Err(e) = provider.delete_snapshot(&Snapshot { id: snap.id }).await
             {
-                warn!(sandbox_key = %key, error = %e.message, "could not delete the native snapshot");
+                warn!(sandbox_key = %key, error = %e, "could not delete the native snapshot");
             }
             stores.instances.delete(key).await?;
             self.forget(key);
@@ -523,21 +568,57 @@ impl Lifecycle {
             let Ok(provider) = self.providers.get(live.provider) else { continue };
             match provider.stop(&live.provider_id).await {
                 Ok(()) => info!(sandbox_key = %key, "idle sandbox stopped (keep_alive passed)"),
-                Err(e) => warn!(sandbox_key = %key, error = %e.message, "stopping an idle sandbox failed"),
+                Err(e) => warn!(sandbox_key = %key, error = %e, "stopping an idle sandbox failed"),
             }
         }
     }
 }
 
-pub(crate) fn not_found(key: &str) -> Error {
-    Error::not_found(format!("sandbox {key} not found"))
+/// The agent of a resumed or created sandbox, once it answers.
+/// Why a native snapshot of `sandbox` must not be taken, if it must not:
+/// a file it holds beyond its image holds a secret value (setup wrote one),
+/// or the provider cannot say which files those are.
+async fn secret_in_file_system(
+    provider: &dyn Provider,
+    sandbox: &crate::provider::Sandbox,
+    agent: &AgentClient,
+    secrets: &Secrets,
+) -> Result<Option<String>, Error> {
+    if secrets.is_empty() {
+        return Ok(None);
+    }
+    let Some(paths) = provider.changed_paths(&sandbox.provider_id).await? else {
+        return Ok(Some(
+            "no native snapshot: the provider cannot list the files it would hold, so they cannot be checked \
+             for secret values"
+                .into(),
+        ));
+    };
+    let request = shared::proto::agent::v1::ScanFilesRequest { paths };
+    let scanned = agent.secrets().scan_files(request).await?.into_inner();
+    Ok(scanned.hits.first().map(|hit| {
+        format!(
+            "no native snapshot: {} holds the value of secret {} (written by setup), which an image commit would keep \
+             ({} file(s) in all)",
+            hit.path,
+            hit.names.join(", "),
+            scanned.hits.len()
+        )
+    }))
+}
+
+async fn connect(
+    address: &shared::transport::Address,
+    token: &shared::secret::Secret,
+) -> Result<AgentClient, Error> {
+    AgentClient::connect_with_deadline(address, token, AGENT_DEADLINE).await.map_err(Error::Agent)
 }
 
 fn provider_kind(definition: &api::SandboxDefinition) -> Result<ProviderKind, Error> {
     match definition.provider.as_ref().and_then(|p| p.provider.as_ref()) {
         Some(provider_spec::Provider::Local(_)) => Ok(ProviderKind::Local),
         Some(provider_spec::Provider::Docker(_)) => Ok(ProviderKind::Docker),
-        None => Err(Error::invalid_field("definition.provider", "required")),
+        None => Err(InvalidField::new("definition.provider", "required").into()),
     }
 }
 

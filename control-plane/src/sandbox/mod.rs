@@ -4,8 +4,9 @@
 //! and what an ensure is asked for. [`Sandboxes`] holds the operations of
 //! the public API (definitions, ensure, describe, destroy, a live
 //! sandbox's processes and files, a named checkpoint), each failing with
-//! [`Error`]; the `SandboxService` in front of it is the `api::sandbox`
-//! adapter. The lifecycle below speaks the wire error.
+//! [`Error`], as does the lifecycle below them; the `SandboxService` in
+//! front of it is the `api::sandbox` adapter, the one place it becomes a
+//! status.
 //!
 //! Secrets: values arrive with `EnsureSandbox` / `Exec`, live in memory for
 //! the live sandbox (as [`shared::secret::Secret`]), go to the agent as the
@@ -16,6 +17,8 @@ pub mod definition;
 pub mod ensure;
 pub mod key;
 pub mod lifecycle;
+pub mod policy;
+pub mod quota;
 
 mod checkpoint;
 mod error;
@@ -31,7 +34,9 @@ pub use ensure::ensure_input;
 pub use error::Error;
 pub use files::{ReadFileStream, WatchStream};
 pub use lifecycle::{EnsureInput, Lifecycle, Providers};
+pub use policy::OperatorPolicy;
 pub use process::ExecEvents;
+pub use quota::SandboxQuota;
 pub use sandboxes::{EnsureStream, Sandboxes};
 
 /// How often idle sandboxes are looked for.

@@ -15,8 +15,12 @@ use tonic::Status;
 
 use super::ensure::secrets_of;
 use super::{Error, Sandboxes};
-use crate::provision::{Secrets, valid_env_name};
+use crate::provision::{InvalidField, Secrets, valid_env_name};
 use crate::store::Tenant;
+
+/// How long an `Exec` without a `timeout_ms` may run: an hour, then it is
+/// killed and answers `timed_out`.
+pub const EXEC_TIMEOUT_DEFAULT_MS: u64 = 60 * 60 * 1000;
 
 /// What an `ExecStream` answers: the pid, output, then the exit.
 pub type ExecEvents = BoxStream<'static, Result<api::ExecStreamResponse, Error>>;
@@ -24,6 +28,12 @@ pub type ExecEvents = BoxStream<'static, Result<api::ExecStreamResponse, Error>>
 impl Sandboxes {
     /// Run a command in the tenant's sandbox to completion.
     pub async fn exec(&self, tenant: &Tenant, req: api::ExecRequest) -> Result<api::ExecResponse, Error> {
+        if req.output_limit_bytes.is_some_and(|n| n > shared::limits::MAX_EXEC_OUTPUT) {
+            let max = shared::limits::MAX_EXEC_OUTPUT;
+            return Err(
+                InvalidField::new("output_limit_bytes", format!("at most {max} bytes per stream")).into()
+            );
+        }
         let live = self.live(tenant, &req.sandbox_id).await?;
         let command = agent_command(req.command)?;
         let env = process_env(&live.secrets, req.env, req.secrets)?;
@@ -35,8 +45,11 @@ impl Sandboxes {
                 cwd: req.cwd,
                 env,
                 stdin: req.stdin,
-                timeout_ms: req.timeout_ms,
+                // Unary: never unbounded (see the server's deadlines).
+                timeout_ms: Some(req.timeout_ms.filter(|ms| *ms > 0).unwrap_or(EXEC_TIMEOUT_DEFAULT_MS)),
                 output_limit_bytes: req.output_limit_bytes,
+                // The caller passed the values: its own output is its own.
+                mask_secrets: false,
             })
             .await?
             .into_inner();
@@ -60,7 +73,7 @@ impl Sandboxes {
     {
         let first = inbound.next().await.transpose()?.and_then(|m| m.request);
         let Some(api::exec_stream_request::Request::Start(start)) = first else {
-            return Err(Error::invalid_field("start", "the first message must be `start`"));
+            return Err(InvalidField::new("start", "the first message must be `start`").into());
         };
         let live = self.live(tenant, &start.sandbox_id).await?;
         let command = agent_command(start.command)?;
@@ -130,7 +143,7 @@ fn process_env(
         ensured.iter().map(|(k, v)| (k.clone(), v.expose().to_string())).collect();
     for (k, v) in env {
         if !valid_env_name(&k) {
-            return Err(Error::invalid_field(format!("env[{k}]"), "not a valid variable name"));
+            return Err(InvalidField::new(format!("env[{k}]"), "not a valid variable name").into());
         }
         out.insert(k, v);
     }
@@ -146,7 +159,7 @@ fn agent_command(command: Option<api::Command>) -> Result<agent::Command, Error>
             agent::command::Kind::Argv(agent::Argv { args: a.args })
         }
         Some(api::command::Kind::Shell(s)) if !s.is_empty() => agent::command::Kind::Shell(s),
-        _ => return Err(Error::invalid_field("command", "required: a non-empty argv or shell string")),
+        _ => return Err(InvalidField::new("command", "required: a non-empty argv or shell string").into()),
     };
     Ok(agent::Command { kind: Some(kind) })
 }
@@ -185,10 +198,10 @@ mod tests {
         let env = process_env(
             &ensured,
             map(&[("TOKEN", "from-env"), ("MODE", "plain")]),
-            map(&[("MODE", "from-secrets")]),
+            map(&[("MODE", "from-secrets-1")]),
         )
         .unwrap();
-        assert_eq!(env, map(&[("TOKEN", "from-env"), ("KEEP", "kept"), ("MODE", "from-secrets")]));
+        assert_eq!(env, map(&[("TOKEN", "from-env"), ("KEEP", "kept"), ("MODE", "from-secrets-1")]));
     }
 
     #[test]

@@ -7,7 +7,7 @@ use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
 use shared::proto::v1 as api;
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::UnboundedReceiverStream;
+use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tonic::Status;
@@ -83,7 +83,7 @@ impl Sandboxes {
 
     /// A connected agent for the tenant's sandbox `sandbox_id`.
     pub(super) async fn live(&self, tenant: &Tenant, sandbox_id: &str) -> Result<Live, Error> {
-        Ok(self.lifecycle.agent(&self.stores, tenant, sandbox_id).await?)
+        self.lifecycle.agent(&self.stores, tenant, sandbox_id).await
     }
 
     /// Validate and store `definition` as the tenant's (replacing one of
@@ -93,20 +93,22 @@ impl Sandboxes {
         tenant: &Tenant,
         definition: Option<api::SandboxDefinition>,
     ) -> Result<api::SandboxDefinition, Error> {
-        let definition = definition.ok_or_else(|| Error::invalid_field("definition", "required"))?;
+        let definition =
+            definition.ok_or_else(|| Error::from(InvalidField::new("definition", "required")))?;
         definition::validate(&definition)?;
+        self.lifecycle.policy.check(&definition)?;
         self.stores.definitions.put(tenant, &definition.id, definition::to_stored(&definition)).await?;
         Ok(definition)
     }
 
     pub async fn get_definition(&self, tenant: &Tenant, id: &str) -> Result<api::SandboxDefinition, Error> {
         let stored = self.stores.definitions.get(tenant, InvalidField::required("id", id)?).await?;
-        Ok(definition::from_stored(&stored.body)?)
+        definition::from_stored(&stored.body)
     }
 
     pub async fn list_definitions(&self, tenant: &Tenant) -> Result<Vec<api::SandboxDefinition>, Error> {
         let stored = self.stores.definitions.list(tenant).await?;
-        Ok(stored.iter().map(|d| definition::from_stored(&d.body)).collect::<Result<_, _>>()?)
+        stored.iter().map(|d| definition::from_stored(&d.body)).collect()
     }
 
     pub async fn delete_definition(&self, tenant: &Tenant, id: &str) -> Result<(), Error> {
@@ -129,16 +131,15 @@ impl Sandboxes {
         let input =
             ensure_input(&self.stores, tenant, &req.definition_id, req.thread_id, req.run_id, req.secrets)
                 .await?;
-        let (tx, rx) = mpsc::unbounded_channel();
-        let progress = Progress::new(tx.clone());
+        let (progress, outcome, rx) = Progress::channel();
         let (stores, leases, lifecycle) = (self.stores.clone(), self.leases.clone(), self.lifecycle.clone());
         self.tasks.spawn(async move {
             let last = lifecycle.ensure(&stores, &leases, input, &progress).await.map(|ready| {
                 api::EnsureSandboxResponse { event: Some(api::ensure_sandbox_response::Event::Ready(ready)) }
             });
-            let _ = tx.send(last);
+            let _ = outcome.send(last).await;
         });
-        Ok(Box::pin(UnboundedReceiverStream::new(rx).map(|item| item.map_err(Error::from))))
+        Ok(Box::pin(ReceiverStream::new(rx)))
     }
 
     /// The tenant's sandbox `sandbox_id`, described.
@@ -162,6 +163,6 @@ impl Sandboxes {
 
     pub async fn destroy(&self, tenant: &Tenant, sandbox_id: &str) -> Result<(), Error> {
         let key = InvalidField::required("sandbox_id", sandbox_id)?;
-        Ok(self.lifecycle.destroy(&self.stores, &self.leases, tenant, key).await?)
+        self.lifecycle.destroy(&self.stores, &self.leases, tenant, key).await
     }
 }

@@ -17,16 +17,18 @@ use super::session::{DEFAULT_COMMAND_TIMEOUT, ShellSession, ShellSessions, Sink,
 use crate::child::{self, ChildEvent, RunningChild, spawn_error};
 use crate::confine::{Root, resolve_cwd};
 use crate::context::AgentContext;
+use crate::run_user::RunUser;
 
 pub struct Shells {
     root: Root,
     sessions: ShellSessions,
+    run_user: Option<RunUser>,
 }
 
 impl Shells {
     /// The open sessions belong to this service: nothing else reaches them.
     pub fn new(ctx: &AgentContext) -> Self {
-        Self { root: ctx.root.clone(), sessions: ShellSessions::default() }
+        Self { root: ctx.root.clone(), sessions: ShellSessions::default(), run_user: ctx.run_user.clone() }
     }
 }
 
@@ -91,7 +93,7 @@ impl ShellService for Shells {
         let program = choose_shell(&req.shell)?;
         child::validate_env(&req.env)?;
         let cwd = resolve_cwd(&self.root, &req.cwd)?;
-        let session = ShellSession::open(program, &cwd, &req.env).await?;
+        let session = ShellSession::open(program, &cwd, &req.env, self.run_user.as_ref()).await?;
         let id = uuid::Uuid::new_v4().simple().to_string();
         self.sessions.lock().insert(id.clone(), session);
         Ok(Response::new(OpenShellResponse { session_id: id }))
@@ -160,8 +162,13 @@ impl ShellService for Shells {
         let program = session.program.to_string_lossy().into_owned();
         let mut children = Vec::with_capacity(req.commands.len());
         for command in &req.commands {
-            let mut cmd =
-                child::command_with_exact_env(&program, &["-c".to_owned(), command.clone()], &cwd, &env);
+            let mut cmd = child::command_with_exact_env(
+                &program,
+                &["-c".to_owned(), command.clone()],
+                &cwd,
+                &env,
+                self.run_user.as_ref(),
+            );
             cmd.stdin(std::process::Stdio::null())
                 .stdout(std::process::Stdio::piped())
                 .stderr(std::process::Stdio::piped());

@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::os::fd::AsRawFd;
+use std::os::unix::ffi::OsStringExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -21,6 +22,7 @@ use super::marker::{
     ShellEvent, Slot, SlotCell, command_line, fresh_marker, lock_slot, read_output, read_status, stream_index,
 };
 use crate::child::{self, spawn_error};
+use crate::run_user::RunUser;
 
 /// Per-command timeout when the request sets none.
 pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(30 * 60);
@@ -169,6 +171,7 @@ impl ShellSession {
         program: PathBuf,
         cwd: &Path,
         env: &HashMap<String, String>,
+        user: Option<&RunUser>,
     ) -> Result<Arc<Self>, Error> {
         let program_str =
             program.to_str().ok_or_else(|| Error::invalid_field("shell", "not UTF-8"))?.to_owned();
@@ -182,7 +185,7 @@ impl ShellSession {
         let (status_read, status_write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
             .map_err(|e| internal(std::io::Error::from(e)))?;
         let status_write = child::fd_above_stdio(&status_write).map_err(internal)?;
-        let mut cmd = child::command(&program_str, &args, cwd, env);
+        let mut cmd = child::command(&program_str, &args, cwd, env, user);
         cmd.stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped());
@@ -396,8 +399,32 @@ impl ShellSession {
             }
         }
         let env_bytes = env_bytes.ok_or_else(|| Error::internal("cannot read the shell's environment"))?;
-        let cwd = std::fs::read_link(format!("/proc/{}/cwd", self.pid))
-            .map_err(|e| Error::internal(format!("reading the shell's cwd: {e}")))?;
+        let cwd = match std::fs::read_link(format!("/proc/{}/cwd", self.pid)) {
+            Ok(cwd) => cwd,
+            // The shell of another user (the run user's, to an agent
+            // without CAP_SYS_PTRACE): it says where it is itself.
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                let mut sink = Sink::Capture(Vec::new());
+                let exit = self
+                    .run_locked(&mut io, "command pwd -P", STATE_CAPTURE_TIMEOUT, false, &mut sink)
+                    .await?;
+                if exit.shell_exited {
+                    return Err(shell_exited_error());
+                }
+                match sink {
+                    Sink::Capture(mut bytes) if exit.exit_code == 0 && bytes.ends_with(b"\n") => {
+                        bytes.pop();
+                        PathBuf::from(std::ffi::OsString::from_vec(bytes))
+                    }
+                    _ => {
+                        return Err(Error::internal(format!(
+                            "reading the shell's cwd: {e}; `pwd -P` failed"
+                        )));
+                    }
+                }
+            }
+            Err(e) => return Err(Error::internal(format!("reading the shell's cwd: {e}"))),
+        };
         Ok((cwd, parse_env(&env_bytes)))
     }
 }

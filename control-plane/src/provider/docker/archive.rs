@@ -3,13 +3,12 @@
 //! is static at all.
 
 use bytes::Bytes;
-use shared::error::Error;
 
-use crate::provider::Result;
+use crate::provider::{Error, Result};
 
 /// A tar holding the agent at `<prefix>sandhold-agent` (root-owned, 0755),
-/// plus, when the sandbox runs as another user, its workspace directory
-/// owned by that user so the agent can write there.
+/// plus, with a writable root, its workspace directory owned by the run
+/// user (the agent hands the rest of an existing workspace over at start).
 pub(super) fn agent_archive(
     agent: &Bytes,
     prefix: &str,
@@ -18,7 +17,7 @@ pub(super) fn agent_archive(
     let mtime =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
     let mut builder = tar::Builder::new(Vec::with_capacity(agent.len() + 4096));
-    let fail = |e: std::io::Error| Error::internal(format!("building the agent archive: {e}"));
+    let fail = |e: std::io::Error| Error::Internal(format!("building the agent archive: {e}"));
     let dir_header = |uid: u32, gid: u32| {
         let mut h = tar::Header::new_gnu();
         h.set_entry_type(tar::EntryType::Directory);

@@ -5,12 +5,12 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use bollard::models::{ContainerCreateBody, HostConfig, Mount, MountTypeEnum};
-use shared::error::Error;
 
 use super::{
     AGENT_DIR, AGENT_PATH, DEFAULT_WORKDIR, DockerOptions, LABEL_FORK_IMAGE, LABEL_HOST_DIR, RUN_DIR,
 };
 use crate::provider::{Result, SandboxSpec};
+use crate::provision::InvalidField;
 
 /// What a new container is made from.
 pub(super) struct Origin {
@@ -19,12 +19,31 @@ pub(super) struct Origin {
     pub fork_image: Option<String>,
 }
 
+/// The capabilities a sandbox keeps; every other one is dropped. The agent
+/// runs as root and starts runs, setup steps
+/// and execs as an unprivileged run user, and the workspace and journal
+/// belong to different users:
+/// - `SETUID`, `SETGID`: switching to the run user (and apt's `_apt`);
+/// - `CHOWN`: handing the workspace and restored files to the run user;
+/// - `DAC_OVERRIDE`: the agent reading and writing files of other users
+///   (the workspace, the host directory owned by the control plane's uid);
+/// - `FOWNER`: setting modes and times on files it does not own (snapshot
+///   restore, uploads);
+/// - `KILL`: signalling (timeouts, cancel) processes of the run user.
+///
+/// Gone, among others: `NET_RAW`, `MKNOD`, `SYS_CHROOT`, `SETFCAP`,
+/// `AUDIT_WRITE`, `NET_BIND_SERVICE`, `FSETID`, `SETPCAP`.
+pub(super) const AGENT_CAPABILITIES: [&str; 6] =
+    ["CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL", "SETGID", "SETUID"];
+
 /// The workspace directory inside the container: the spec's, checked, else
 /// `/workspace`.
 pub(super) fn workdir(opts: &DockerOptions) -> Result<String> {
     let workdir = opts.workdir.clone().unwrap_or_else(|| DEFAULT_WORKDIR.to_string());
     if !workdir.starts_with('/') || workdir.split('/').any(|c| c == "..") {
-        return Err(Error::invalid_field("docker.workdir", format!("{workdir:?} must be an absolute path")));
+        return Err(
+            InvalidField::new("docker.workdir", format!("{workdir:?} must be an absolute path")).into()
+        );
     }
     Ok(workdir)
 }
@@ -49,7 +68,7 @@ pub(super) fn container_config(
     if opts.read_only_root {
         // Uploads into a read-only rootfs are refused even before start,
         // so the agent goes to a volume of its own; the workspace is the
-        // host directory's, which we can make the container user's.
+        // host directory's, which the agent hands to the run user.
         mounts.push(Mount {
             target: Some(AGENT_DIR.into()),
             typ: Some(MountTypeEnum::VOLUME),
@@ -60,10 +79,11 @@ pub(super) fn container_config(
     }
     for m in &opts.mounts {
         if !m.target.starts_with('/') {
-            return Err(Error::invalid_field(
+            return Err(InvalidField::new(
                 "docker.mounts.target",
                 format!("{:?} must be absolute", m.target),
-            ));
+            )
+            .into());
         }
         if m.source.starts_with('/') {
             mounts.push(bind(&m.source, &m.target, m.read_only));
@@ -85,6 +105,11 @@ pub(super) fn container_config(
         pids_limit: opts.pids_limit,
         readonly_rootfs: Some(opts.read_only_root),
         tmpfs: (!tmpfs.is_empty()).then_some(tmpfs),
+        cap_drop: Some(vec!["ALL".to_string()]),
+        cap_add: Some(AGENT_CAPABILITIES.iter().map(|c| c.to_string()).collect()),
+        // Nothing in the sandbox gains privileges through execve (setuid
+        // binaries, file capabilities).
+        security_opt: Some(vec!["no-new-privileges:true".to_string()]),
         ..Default::default()
     };
     let entrypoint: Vec<String> = [
@@ -100,6 +125,8 @@ pub(super) fn container_config(
         &format!("{RUN_DIR}/token"),
         "--journal-dir",
         &format!("{RUN_DIR}/journal"),
+        "--run-user",
+        super::user::run_user(opts.user.as_deref()),
     ]
     .into_iter()
     .map(String::from)
@@ -110,7 +137,9 @@ pub(super) fn container_config(
         // An explicit entrypoint drops the image's CMD; say so anyway.
         cmd: Some(Vec::new()),
         env: Some(spec.env.iter().map(|(k, v)| format!("{k}={v}")).collect()),
-        user: opts.user.clone(),
+        // The agent is root in the container; `opts.user` is the run user
+        // it starts every command as (`--run-user`).
+        user: Some("0:0".into()),
         working_dir: Some(workdir),
         labels: Some(labels),
         stop_signal: Some("SIGTERM".into()),
@@ -165,6 +194,10 @@ mod tests {
         Origin { image: "debian:bookworm".into(), fork_image: None }
     }
 
+    fn entrypoint_has(body: &ContainerCreateBody, pair: [&str; 2]) -> bool {
+        body.entrypoint.as_ref().unwrap().windows(2).any(|w| w == pair)
+    }
+
     fn mount(m: &Mount) -> (Option<&str>, &str, Option<MountTypeEnum>, bool) {
         (m.source.as_deref(), m.target.as_deref().unwrap(), m.typ, m.read_only.unwrap_or(false))
     }
@@ -175,7 +208,8 @@ mod tests {
         assert_eq!(body.image.as_deref(), Some("debian:bookworm"));
         assert_eq!(body.working_dir.as_deref(), Some("/workspace"));
         assert_eq!(body.env, Some(vec!["A=1".to_string()]));
-        assert_eq!(body.user, None);
+        assert_eq!(body.user.as_deref(), Some("0:0"), "the agent is root");
+        assert!(entrypoint_has(&body, ["--run-user", "10001:10001"]), "the default run user");
         assert_eq!(body.cmd, Some(vec![]));
         let entrypoint = body.entrypoint.unwrap();
         assert_eq!(entrypoint[..4], ["/.sandhold/sandhold-agent", "init", "--", "serve"]);
@@ -188,6 +222,13 @@ mod tests {
         assert_eq!(labels[LABEL_FORK_IMAGE], "");
         let host = body.host_config.unwrap();
         assert_eq!(host.network_mode.as_deref(), Some("none"));
+        assert_eq!(host.cap_drop, Some(vec!["ALL".to_string()]));
+        assert_eq!(
+            host.cap_add,
+            Some(["CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL", "SETGID", "SETUID"].map(String::from).to_vec())
+        );
+        assert_eq!(host.security_opt, Some(vec!["no-new-privileges:true".to_string()]));
+        assert_eq!(host.privileged, None);
         assert_eq!(host.readonly_rootfs, Some(false));
         assert_eq!(host.tmpfs, None);
         let mounts = host.mounts.unwrap();
@@ -215,7 +256,11 @@ mod tests {
         };
         let fork = Origin { image: "sandhold-fork:x".into(), fork_image: Some("sandhold-fork:x".into()) };
         let body = container_config(&spec(docker), &fork, Path::new("/s/abc")).unwrap();
-        assert_eq!(body.user.as_deref(), Some("1000:1000"));
+        assert_eq!(body.user.as_deref(), Some("0:0"), "the agent is root");
+        assert!(
+            entrypoint_has(&body, ["--run-user", "1000:1000"]),
+            "the definition's user runs the commands"
+        );
         assert_eq!(body.working_dir.as_deref(), Some("/w"));
         assert_eq!(body.labels.unwrap()[LABEL_FORK_IMAGE], "sandhold-fork:x");
         let host = body.host_config.unwrap();
@@ -243,6 +288,7 @@ mod tests {
         for workdir in ["relative", "/a/../b"] {
             let docker = DockerOptions { workdir: Some(workdir.into()), ..Default::default() };
             let err = container_config(&spec(docker), &origin(), Path::new("/s")).unwrap_err();
+            let err = shared::error::Error::from(err);
             assert_eq!(err.code, shared::error::ErrorCode::InvalidArgument);
             assert!(err.message.starts_with("docker.workdir:"), "{err:?}");
         }
@@ -251,6 +297,7 @@ mod tests {
             ..Default::default()
         };
         let err = container_config(&spec(docker), &origin(), Path::new("/s")).unwrap_err();
+        let err = shared::error::Error::from(err);
         assert!(err.message.starts_with("docker.mounts.target:"), "{err:?}");
     }
 

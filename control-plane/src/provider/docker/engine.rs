@@ -3,6 +3,7 @@
 //! [`Provider`](crate::provider::Provider) impl is made of.
 
 use std::collections::HashMap;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -13,17 +14,19 @@ use bollard::query_parameters::{
 };
 use bytes::Bytes;
 use futures::StreamExt;
-use shared::error::{Error, ErrorCode};
 use shared::transport::Address;
 
 use super::archive::{agent_archive, is_static_elf};
 use super::container::{Origin, container_config, workdir};
+use super::user::run_user;
 use super::{AGENT_DIR, DockerProviderOptions, LABEL_HOST_DIR};
 use crate::agent::AgentClient;
 use crate::provider::{
-    LABEL_MANAGED, Result, Sandbox, SandboxSpec, check_socket_path, new_short_id, new_token,
-    write_private_file,
+    Error, LABEL_MANAGED, Result, Sandbox, SandboxSpec, check_socket_path, is_agent_socket, new_short_id,
+    new_token, write_private_file,
 };
+use crate::provision::InvalidField;
+use shared::error::ErrorCode;
 
 #[derive(Debug, Clone)]
 pub struct DockerProvider {
@@ -43,12 +46,9 @@ impl DockerProvider {
         let engine =
             std::env::var("DOCKER_HOST").unwrap_or_else(|_| "unix:///var/run/docker.sock".to_string());
         let unreachable = |e: &dyn std::fmt::Display| {
-            Error::new(
-                ErrorCode::Unavailable,
-                format!(
-                    "the Docker engine is not reachable at {engine}: {e}; is dockerd running (scripts/services starts it)?"
-                ),
-            )
+            Error::Unavailable(format!(
+                "the Docker engine is not reachable at {engine}: {e}; is dockerd running (scripts/services starts it)?"
+            ))
         };
         let docker = Docker::connect_with_defaults().map_err(|e| unreachable(&e))?;
         // The engine may be older than the API version bollard defaults to.
@@ -56,28 +56,21 @@ impl DockerProvider {
         docker.ping().await.map_err(|e| unreachable(&e))?;
 
         let agent = tokio::fs::read(&options.agent_binary).await.map_err(|e| {
-            Error::new(
-                ErrorCode::FailedPrecondition,
-                format!(
-                    "reading the static agent {}: {e}; build it with scripts/build-agent-static",
-                    options.agent_binary.display()
-                ),
-            )
+            Error::Refused(format!(
+                "reading the static agent {}: {e}; build it with scripts/build-agent-static",
+                options.agent_binary.display()
+            ))
         })?;
         if !is_static_elf(&agent) {
-            return Err(Error::new(
-                ErrorCode::FailedPrecondition,
-                format!(
-                    "{} is not a statically linked executable, so it would not run in an arbitrary image; build it \
-                     with scripts/build-agent-static",
-                    options.agent_binary.display()
-                ),
-            ));
+            return Err(Error::Refused(format!(
+                "{} is not a statically linked executable, so it would not run in an arbitrary image; build it with \
+                 scripts/build-agent-static",
+                options.agent_binary.display()
+            )));
         }
-        std::fs::create_dir_all(&options.state_dir)
-            .map_err(|e| io_error(&options.state_dir, "creating", e))?;
+        std::fs::create_dir_all(&options.state_dir).map_err(Error::io(&options.state_dir, "creating"))?;
         let state_dir =
-            options.state_dir.canonicalize().map_err(|e| io_error(&options.state_dir, "resolving", e))?;
+            options.state_dir.canonicalize().map_err(Error::io(&options.state_dir, "resolving"))?;
         check_socket_path(&state_dir.join(new_short_id()).join("agent.sock"), "the Docker state dir")?;
         Ok(Self {
             docker,
@@ -99,39 +92,33 @@ impl DockerProvider {
         use bollard::errors::Error as E;
         match e {
             E::DockerResponseServerError { status_code: 404, message } => {
-                Error::not_found(format!("{doing}: {message}"))
+                Error::NotFound(format!("{doing}: {message}"))
             }
             E::DockerResponseServerError { status_code: 400, message } => {
-                Error::new(ErrorCode::InvalidArgument, format!("{doing}: Docker refused: {message}"))
+                Error::EngineRefused(format!("{doing}: Docker refused: {message}"))
             }
             E::DockerResponseServerError { status_code: 409, message } => {
-                Error::new(ErrorCode::FailedPrecondition, format!("{doing}: {message}"))
+                Error::Refused(format!("{doing}: {message}"))
             }
             E::DockerResponseServerError { status_code, message } => {
-                Error::internal(format!("{doing}: Docker answered {status_code}: {message}"))
+                Error::EngineFailed(format!("{doing}: Docker answered {status_code}: {message}"))
             }
-            E::RequestTimeoutError => Error::new(
-                ErrorCode::Unavailable,
-                format!("{doing}: the Docker engine at {} timed out", self.engine),
-            ),
-            other => Error::new(
-                ErrorCode::Unavailable,
-                format!("{doing}: the Docker engine at {} is not reachable: {other}", self.engine),
-            ),
+            E::RequestTimeoutError => {
+                Error::Unavailable(format!("{doing}: the Docker engine at {} timed out", self.engine))
+            }
+            other => Error::Unavailable(format!(
+                "{doing}: the Docker engine at {} is not reachable: {other}",
+                self.engine
+            )),
         }
     }
 
     pub(super) async fn check_image(&self, image: &str) -> Result<()> {
         match self.docker.inspect_image(image).await {
             Ok(_) => Ok(()),
-            Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => Err(Error::new(
-                ErrorCode::FailedPrecondition,
-                format!(
-                    "image {image} is not in the local Docker engine and Sandhold never pulls (there is no registry \
-                     here): build it locally (e.g. scripts/build-test-images) or docker load it"
-                ),
-            )
-            .with_meta("image", image)),
+            Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => {
+                Err(Error::ImageMissing(image.to_string()))
+            }
             Err(e) => Err(self.engine_error(&format!("inspecting image {image}"), e)),
         }
     }
@@ -147,7 +134,10 @@ impl DockerProvider {
         self.check_image(&origin.image).await?;
         let name = new_short_id();
         let host_dir = self.state_dir.join(&name);
-        std::fs::create_dir(&host_dir).map_err(|e| io_error(&host_dir, "creating", e))?;
+        std::fs::create_dir(&host_dir).map_err(Error::io(&host_dir, "creating"))?;
+        // The token, the socket and the journals: nothing for the run user.
+        std::fs::set_permissions(&host_dir, std::fs::Permissions::from_mode(0o700))
+            .map_err(Error::io(&host_dir, "restricting"))?;
         let mut container_id = None;
         let result = self.create_in(spec, &origin, &name, &host_dir, &mut container_id).await;
         if result.is_err() {
@@ -179,10 +169,9 @@ impl DockerProvider {
         let body = container_config(spec, origin, host_dir)?;
         let token = new_token();
         write_private_file(&host_dir.join("token"), token.expose().as_bytes())
-            .map_err(|e| io_error(&host_dir.join("token"), "writing", e))?;
+            .map_err(Error::io(&host_dir.join("token"), "writing"))?;
         for sub in ["journal", "workspace"] {
-            std::fs::create_dir(host_dir.join(sub))
-                .map_err(|e| io_error(&host_dir.join(sub), "creating", e))?;
+            std::fs::create_dir(host_dir.join(sub)).map_err(Error::io(&host_dir.join(sub), "creating"))?;
         }
         let created = self
             .docker
@@ -195,25 +184,21 @@ impl DockerProvider {
         *container_id = Some(created.id.clone());
         let id = created.id;
 
-        let owner = match &opts.user {
-            Some(user) => Some(self.resolve_user(&id, user).await?),
-            None => None,
-        };
-        if let Some((uid, gid)) = owner {
-            for path in [
-                host_dir.to_path_buf(),
-                host_dir.join("token"),
-                host_dir.join("journal"),
-                host_dir.join("workspace"),
-            ] {
-                std::os::unix::fs::chown(&path, Some(uid), Some(gid))
-                    .map_err(|e| io_error(&path, "chowning", e))?;
-            }
+        // The agent runs as root; every command as the run user, who must
+        // not own the host dir (it holds the token and the journals).
+        let owner = self.check_run_user(&id, run_user(opts.user.as_deref())).await?;
+        let host_owner = std::fs::metadata(host_dir).map_err(Error::io(host_dir, "reading"))?.uid();
+        if owner.0 == host_owner {
+            return Err(InvalidField::new(
+                "docker.user",
+                format!("uid {} owns the sandbox's host dir on the host; choose another run user", owner.0),
+            )
+            .into());
         }
         let (upload_path, archive) = if opts.read_only_root {
             (AGENT_DIR.to_string(), agent_archive(&self.agent, "", None)?)
         } else {
-            let workspace = owner.map(|o| (workdir.trim_start_matches('/').to_string(), o));
+            let workspace = Some((workdir.trim_start_matches('/').to_string(), owner));
             ("/".to_string(), agent_archive(&self.agent, ".sandhold/", workspace)?)
         };
         self.docker
@@ -245,12 +230,25 @@ impl DockerProvider {
     pub(super) async fn wait_ready(&self, sandbox: &Sandbox) -> Result<AgentClient> {
         let until = Instant::now() + self.ready_timeout;
         loop {
-            let last = match AgentClient::connect(&sandbox.address, &sandbox.token).await {
-                Ok(client) => return Ok(client),
-                Err(e) if e.code == ErrorCode::ProtocolMismatch || e.code == ErrorCode::Unauthenticated => {
-                    return Err(e);
-                }
-                Err(e) => e,
+            // The socket lives in a directory the sandbox can write: never
+            // connect through a link it put there to a socket of this host.
+            let socket_there = match &sandbox.address {
+                Address::Unix(path) => is_agent_socket(path)
+                    .map_err(|e| Error::Refused(format!("refusing the sandbox's agent socket: {e}")))?,
+                Address::Tcp(_) => true,
+            };
+            // Why the agent did not answer this time, said when time is up.
+            let last = match socket_there {
+                false => "the agent socket is not there yet".to_string(),
+                true => match AgentClient::connect(&sandbox.address, &sandbox.token).await {
+                    Ok(client) => return Ok(client),
+                    Err(e)
+                        if e.code == ErrorCode::ProtocolMismatch || e.code == ErrorCode::Unauthenticated =>
+                    {
+                        return Err(Error::Agent(e));
+                    }
+                    Err(e) => e.message,
+                },
             };
             let inspect = self
                 .docker
@@ -260,24 +258,18 @@ impl DockerProvider {
             let state = inspect.state.unwrap_or_default();
             if !state.running.unwrap_or(false) {
                 let logs = self.log_tail(&sandbox.provider_id).await;
-                return Err(Error::new(
-                    ErrorCode::Unavailable,
-                    format!(
-                        "the sandbox container stopped before its agent answered (exit code {}{}); container output:\n{logs}",
-                        state.exit_code.unwrap_or_default(),
-                        state.error.filter(|e| !e.is_empty()).map(|e| format!(", {e}")).unwrap_or_default(),
-                    ),
-                ));
+                return Err(Error::Unavailable(format!(
+                    "the sandbox container stopped before its agent answered (exit code {}{}); container output:\n{logs}",
+                    state.exit_code.unwrap_or_default(),
+                    state.error.filter(|e| !e.is_empty()).map(|e| format!(", {e}")).unwrap_or_default(),
+                )));
             }
             if Instant::now() >= until {
                 let logs = self.log_tail(&sandbox.provider_id).await;
-                return Err(Error::new(
-                    ErrorCode::Unavailable,
-                    format!(
-                        "the sandbox agent did not answer within {:?}: {}; container output:\n{logs}",
-                        self.ready_timeout, last.message
-                    ),
-                ));
+                return Err(Error::Unavailable(format!(
+                    "the sandbox agent did not answer within {:?}: {last}; container output:\n{logs}",
+                    self.ready_timeout
+                )));
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -331,6 +323,22 @@ impl DockerProvider {
         }
     }
 
+    /// Paths the container added or modified over its image (what a commit
+    /// holds); deleted ones are left out.
+    pub(super) async fn changes(&self, id: &str) -> Result<Vec<String>> {
+        let changes = self
+            .docker
+            .container_changes(id)
+            .await
+            .map_err(|e| self.engine_error(&format!("listing the changes of container {id}"), e))?;
+        Ok(changes
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|c| c.kind != bollard::models::ChangeType::_2)
+            .map(|c| c.path)
+            .collect())
+    }
+
     pub(super) async fn commit(&self, id: &str, repo: &str, tag: &str) -> Result<String> {
         let options = CommitContainerOptions {
             container: Some(id.to_string()),
@@ -352,13 +360,9 @@ impl DockerProvider {
         let inspect = self
             .inspect_managed(id)
             .await?
-            .ok_or_else(|| Error::not_found(format!("sandbox container {id} does not exist")))?;
+            .ok_or_else(|| Error::NotFound(format!("sandbox container {id} does not exist")))?;
         let labels = inspect.config.and_then(|c| c.labels).unwrap_or_default();
         let read_only = inspect.host_config.and_then(|h| h.readonly_rootfs).unwrap_or(false);
         Ok((labels, read_only))
     }
-}
-
-pub(super) fn io_error(path: &Path, doing: &str, e: std::io::Error) -> Error {
-    Error::internal(format!("{doing} {}: {e}", path.display()))
 }

@@ -8,12 +8,17 @@
 //! which also holds its token and the run journals:
 //!
 //! ```text
-//! <state_dir>/<name>/           bind-mounted at /run/sandhold
-//!   token                       the agent's bearer token (0600, owned by the container user)
+//! <state_dir>/<name>/           bind-mounted at /run/sandhold (0700, the server's user)
+//!   token                       the agent's bearer token (0600)
 //!   agent.sock                  created by the agent
 //!   journal/                    run journals (kept out of committed snapshots)
 //!   workspace/                  the workspace, only with a read-only root
 //! ```
+//!
+//! The agent is root in the container and starts every command as the run
+//! user (the definition's `user`, else `10001:10001`; `--run-user`), who
+//! can neither enter this directory nor trace the agent (see `user.rs` and
+//! `docs/security.md`).
 //!
 //! Containers get no network (`network_mode: none`) unless the spec names a
 //! Docker network. Nothing is ever pulled: there is no registry here, a

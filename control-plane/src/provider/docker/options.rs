@@ -11,8 +11,10 @@ pub struct DockerOptions {
     /// Image to run; `None`: the provider's default image. Must exist in the
     /// local engine (nothing is pulled).
     pub image: Option<String>,
-    /// `uid[:gid]` or `name[:group]` (names resolved in the image's
-    /// `/etc/passwd` and `/etc/group`). `None`: the image's user.
+    /// The run user every command runs as: `uid[:gid]` or `name[:group]`
+    /// (names resolved in the image's `/etc/passwd` and `/etc/group`),
+    /// never root. `None`: `10001:10001` (`sandhold`). The agent itself is
+    /// root in the container whatever the image's `USER`.
     pub user: Option<String>,
     /// Workspace directory inside the container; `None`: `/workspace`.
     pub workdir: Option<String>,

@@ -7,17 +7,16 @@ use std::path::PathBuf;
 use async_trait::async_trait;
 use bollard::models::ContainerStateStatusEnum;
 use bollard::query_parameters::{ListContainersOptions, StartContainerOptions};
-use shared::error::{Error, ErrorCode};
 use shared::secret::Secret;
 use shared::transport::Address;
 
 use super::container::{Origin, image_tag};
-use super::engine::io_error;
 use super::{DEFAULT_WORKDIR, DockerProvider, FORK_REPO, LABEL_FORK_IMAGE, LABEL_HOST_DIR, SNAPSHOT_REPO};
 use crate::provider::{
-    Capabilities, LABEL_MANAGED, LABEL_SANDBOX_KEY, ListedSandbox, Provider, ProviderKind, Result, Sandbox,
-    SandboxSpec, Snapshot, new_short_id,
+    Capabilities, Error, LABEL_MANAGED, LABEL_SANDBOX_KEY, ListedSandbox, Provider, ProviderKind, Result,
+    Sandbox, SandboxSpec, Snapshot, new_short_id, own_uid, read_private_file,
 };
+use crate::provision::InvalidField;
 
 #[async_trait]
 impl Provider for DockerProvider {
@@ -39,10 +38,10 @@ impl Provider for DockerProvider {
 
     async fn create(&self, spec: &SandboxSpec) -> Result<Sandbox> {
         let image = spec.docker.image.clone().or_else(|| self.default_image.clone()).ok_or_else(|| {
-            Error::invalid_field(
+            Error::from(InvalidField::new(
                 "docker.image",
                 "no image given and the Docker provider has no default image",
-            )
+            ))
         })?;
         self.create_from(spec, Origin { image, fork_image: None }).await
     }
@@ -52,21 +51,21 @@ impl Provider for DockerProvider {
         let config = inspect.config.unwrap_or_default();
         let labels = config.labels.unwrap_or_default();
         let host_dir = self.host_dir_of(&labels).ok_or_else(|| {
-            Error::new(
-                ErrorCode::FailedPrecondition,
-                format!("container {provider_id} has no valid {LABEL_HOST_DIR} label"),
-            )
+            Error::Refused(format!("container {provider_id} has no valid {LABEL_HOST_DIR} label"))
         })?;
-        let token = match std::fs::read_to_string(host_dir.join("token")) {
+        // The sandbox can write its host dir: the token is read only if it
+        // is still the file we wrote (never through a symlink it left), or
+        // one the container's agent (numeric `user`, root) rewrote.
+        let mut owners = vec![own_uid()];
+        let agent_uid = config.user.as_deref().and_then(|u| u.split(':').next()?.parse::<u32>().ok());
+        owners.extend(agent_uid);
+        let token = match read_private_file(&host_dir.join("token"), &owners) {
             Ok(t) => Secret::new(t.trim().to_string()),
             Err(e) => {
-                return Err(Error::new(
-                    ErrorCode::FailedPrecondition,
-                    format!(
-                        "the host dir {} of container {provider_id} lost its token ({e}); destroy the sandbox",
-                        host_dir.display()
-                    ),
-                ));
+                return Err(Error::Refused(format!(
+                    "the host dir {} of container {provider_id} lost its token ({e}); destroy the sandbox",
+                    host_dir.display()
+                )));
             }
         };
         let state = inspect.state.unwrap_or_default();
@@ -108,7 +107,7 @@ impl Provider for DockerProvider {
             match tokio::fs::remove_dir_all(&dir).await {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(io_error(&dir, "removing", e)),
+                Err(e) => return Err(Error::io(&dir, "removing")(e)),
             }
         }
         if let Some(image) = labels.get(LABEL_FORK_IMAGE).filter(|i| !i.is_empty()) {
@@ -161,16 +160,21 @@ impl Provider for DockerProvider {
     async fn snapshot(&self, provider_id: &str) -> Result<Snapshot> {
         let (labels, read_only) = self.managed_or_not_found(provider_id).await?;
         if read_only {
-            return Err(Error::new(
-                ErrorCode::FailedPrecondition,
+            return Err(Error::Refused(
                 "a read-only-root sandbox keeps its workspace in a bind mount, which an image commit would not \
-                 capture; it cannot be snapshotted natively",
+                 capture; it cannot be snapshotted natively"
+                    .into(),
             ));
         }
         let key = labels.get(LABEL_SANDBOX_KEY).map(String::as_str).unwrap_or_default();
         let id = self.commit(provider_id, SNAPSHOT_REPO, &image_tag(key)).await?;
         tracing::info!(container = %provider_id, image = %id, "docker sandbox snapshotted");
         Ok(Snapshot { id })
+    }
+
+    async fn changed_paths(&self, provider_id: &str) -> Result<Option<Vec<String>>> {
+        self.managed_or_not_found(provider_id).await?;
+        Ok(Some(self.changes(provider_id).await?))
     }
 
     async fn restore(&self, snapshot: &Snapshot, spec: &SandboxSpec) -> Result<Sandbox> {
@@ -185,10 +189,10 @@ impl Provider for DockerProvider {
     async fn fork(&self, provider_id: &str, spec: &SandboxSpec) -> Result<Sandbox> {
         let (_, read_only) = self.managed_or_not_found(provider_id).await?;
         if read_only {
-            return Err(Error::new(
-                ErrorCode::FailedPrecondition,
+            return Err(Error::Refused(
                 "a read-only-root sandbox keeps its workspace in a bind mount, which an image commit would not \
-                 capture; it cannot be forked natively",
+                 capture; it cannot be forked natively"
+                    .into(),
             ));
         }
         let image = self.commit(provider_id, FORK_REPO, &new_short_id()).await?;

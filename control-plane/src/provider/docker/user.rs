@@ -1,23 +1,39 @@
-//! The container user: `uid[:gid]` or `name[:group]`, names looked up in
-//! the image's own `/etc/passwd` and `/etc/group` (read from the created,
-//! not yet started, container).
+//! The run user of a Docker sandbox: the definition's `user` (`uid[:gid]` or
+//! `name[:group]`, names looked up in the image's own `/etc/passwd` and
+//! `/etc/group`, read from the created, not yet started, container), else
+//! [`DEFAULT_RUN_USER`]. The agent runs as root and starts every command as
+//! this user; it resolves the same string inside the container
+//! (`shared::user`), so a user that does not resolve is refused here, with a
+//! field violation, before the container starts.
 
 use bollard::query_parameters::DownloadFromContainerOptions;
 use futures::StreamExt;
-use shared::error::Error;
 
 use super::DockerProvider;
 use crate::provider::Result;
+use crate::provision::InvalidField;
+
+/// The run user of a definition that names none: a fixed unprivileged uid
+/// (the agent gives it a passwd entry, `sandhold`, and a HOME when the image
+/// has none).
+pub const DEFAULT_RUN_USER: &str = "10001:10001";
+
+/// The run user string of `user` (the definition's option).
+pub(super) fn run_user(user: Option<&str>) -> &str {
+    user.filter(|u| !u.is_empty()).unwrap_or(DEFAULT_RUN_USER)
+}
 
 impl DockerProvider {
-    /// The uid and gid `user` stands for in container `id`.
-    pub(super) async fn resolve_user(&self, id: &str, user: &str) -> Result<(u32, u32)> {
+    /// Check that `user` resolves in container `id` to a uid other than 0:
+    /// root would be no run user at all (it could read the agent's token and
+    /// trace the agent).
+    pub(super) async fn check_run_user(&self, id: &str, user: &str) -> Result<(u32, u32)> {
         let passwd = self.read_container_file(id, "/etc/passwd").await.unwrap_or_default();
-        let groups = match needs_group_file(user) {
+        let groups = match shared::user::needs_group_file(user) {
             true => self.read_container_file(id, "/etc/group").await.unwrap_or_default(),
             false => String::new(),
         };
-        user_ids(user, &passwd, &groups)
+        check(user, &passwd, &groups)
     }
 
     async fn read_container_file(&self, id: &str, path: &str) -> Option<String> {
@@ -36,46 +52,17 @@ impl DockerProvider {
     }
 }
 
-/// Only a group given by name needs `/etc/group`.
-fn needs_group_file(user: &str) -> bool {
-    user.split_once(':').is_some_and(|(_, g)| g.parse::<u32>().is_err())
-}
-
-/// `user` resolved against the texts of `/etc/passwd` and `/etc/group`.
-fn user_ids(user: &str, passwd: &str, groups: &str) -> Result<(u32, u32)> {
-    let (who, group) = match user.split_once(':') {
-        Some((u, g)) => (u, Some(g)),
-        None => (user, None),
-    };
-    let entry = passwd
-        .lines()
-        .map(|l| l.split(':').collect::<Vec<_>>())
-        .find(|f| f.len() >= 4 && (f[0] == who || (who.parse::<u32>().is_ok() && f[2] == who)));
-    let uid = match who.parse::<u32>() {
-        Ok(uid) => uid,
-        Err(_) => entry.as_ref().and_then(|f| f[2].parse().ok()).ok_or_else(|| {
-            Error::invalid_field("docker.user", format!("user {who:?} is not in the image's /etc/passwd"))
-        })?,
-    };
-    let gid = match group {
-        Some(g) => match g.parse::<u32>() {
-            Ok(gid) => gid,
-            Err(_) => groups
-                .lines()
-                .map(|l| l.split(':').collect::<Vec<_>>())
-                .find(|f| f.len() >= 3 && f[0] == g)
-                .and_then(|f| f[2].parse().ok())
-                .ok_or_else(|| {
-                    Error::invalid_field(
-                        "docker.user",
-                        format!("group {g:?} is not in the image's /etc/group"),
-                    )
-                })?,
-        },
-        // Docker's rule: the user's primary group, else group 0.
-        None => entry.as_ref().and_then(|f| f[3].parse().ok()).unwrap_or(0),
-    };
-    Ok((uid, gid))
+fn check(user: &str, passwd: &str, groups: &str) -> Result<(u32, u32)> {
+    let resolved = shared::user::resolve(user, passwd, groups)
+        .map_err(|e| InvalidField::new("docker.user", e.to_string()))?;
+    if resolved.uid == 0 {
+        return Err(InvalidField::new(
+            "docker.user",
+            format!("{user:?} is root; commands must run as an unprivileged user"),
+        )
+        .into());
+    }
+    Ok((resolved.uid, resolved.gid))
 }
 
 #[cfg(test)]
@@ -86,21 +73,23 @@ mod tests {
     const GROUP: &str = "root:x:0:\nstaff:x:50:\nagent:x:1001:\n";
 
     #[test]
-    fn names_and_numbers_resolve_against_the_image() {
-        assert_eq!(user_ids("agent", PASSWD, "").unwrap(), (1000, 1001), "primary group");
-        assert_eq!(user_ids("1000", PASSWD, "").unwrap(), (1000, 1001), "a known uid keeps its group");
-        assert_eq!(user_ids("4242", PASSWD, "").unwrap(), (4242, 0), "an unknown uid gets group 0");
-        assert_eq!(user_ids("agent:50", PASSWD, "").unwrap(), (1000, 50));
-        assert_eq!(user_ids("agent:staff", PASSWD, GROUP).unwrap(), (1000, 50));
-        assert!(!needs_group_file("agent") && !needs_group_file("agent:50"));
-        assert!(needs_group_file("agent:staff"));
+    fn the_default_run_user_is_unprivileged() {
+        assert_eq!(run_user(None), DEFAULT_RUN_USER);
+        assert_eq!(run_user(Some("")), DEFAULT_RUN_USER);
+        assert_eq!(run_user(Some("agent")), "agent");
+        assert_eq!(check(DEFAULT_RUN_USER, "", "").unwrap(), (10001, 10001));
+        assert_eq!(check("agent:staff", PASSWD, GROUP).unwrap(), (1000, 50));
     }
 
     #[test]
-    fn unknown_names_are_invalid_arguments() {
-        let err = user_ids("nobody-here", PASSWD, "").unwrap_err();
-        assert!(err.message.contains("not in the image's /etc/passwd"), "{err:?}");
-        let err = user_ids("agent:wheel", PASSWD, GROUP).unwrap_err();
-        assert!(err.message.contains("not in the image's /etc/group"), "{err:?}");
+    fn unknown_names_and_root_are_invalid_arguments() {
+        let err = check("nobody-here", PASSWD, "").unwrap_err().to_string();
+        assert!(err.contains("not in the image's /etc/passwd"), "{err:?}");
+        let err = check("agent:wheel", PASSWD, GROUP).unwrap_err().to_string();
+        assert!(err.contains("not in the image's /etc/group"), "{err:?}");
+        for root in ["root", "0", "0:0"] {
+            let err = check(root, PASSWD, "").unwrap_err().to_string();
+            assert!(err.starts_with("docker.user:") && err.contains("is root"), "{err:?}");
+        }
     }
 }

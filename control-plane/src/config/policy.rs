@@ -1,0 +1,229 @@
+//! The operator policy: what a tenant's sandbox definition may ask for.
+//! Server configuration only; nothing a tenant sends can change it. The
+//! checks against a definition live with the sandboxes
+//! (`sandbox::policy`); this is the settings half.
+//!
+//! Limits are in the units of the definition (bytes, CPUs, pids); `0`
+//! means "none" for a default and "no maximum" for a maximum.
+
+use std::path::{Component, Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// 2 GiB: a sandbox that names no memory limit gets this one.
+pub const DEFAULT_DOCKER_MEMORY_BYTES: u64 = 2 << 30;
+/// 16 GiB: the most a definition may ask for unless the operator says.
+pub const DEFAULT_DOCKER_MAX_MEMORY_BYTES: u64 = 16 << 30;
+/// Enough for a build with parallel jobs, too few for a fork bomb to hurt
+/// the host.
+pub const DEFAULT_DOCKER_PIDS_LIMIT: i64 = 1024;
+pub const DEFAULT_DOCKER_MAX_PIDS_LIMIT: i64 = 8192;
+/// 1 GiB: the journal byte cap of a run whose definition names none.
+pub const DEFAULT_JOURNAL_BYTES: u64 = 1 << 30;
+/// 8 GiB: the largest journal cap a definition may name unless the
+/// operator says.
+pub const DEFAULT_MAX_JOURNAL_BYTES: u64 = 8 << 30;
+
+/// A provider tenants may be allowed to use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum ProviderName {
+    Local,
+    Docker,
+}
+
+impl ProviderName {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Local => "local",
+            Self::Docker => "docker",
+        }
+    }
+}
+
+/// The operator policy as configured. Serde names are the TOML keys.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Policy {
+    /// Providers definitions may name.
+    pub providers: Vec<ProviderName>,
+    /// With API tokens the local provider (tenant code on this host, as
+    /// the server's user) is off unless this says otherwise.
+    pub allow_local_with_tokens: bool,
+    /// Docker networks a definition may join besides `none` (always
+    /// allowed); `*`: any. `host` and `container:*` are refused whatever
+    /// this says.
+    pub docker_networks: Vec<String>,
+    /// Host paths under which a definition may bind-mount, read-only.
+    pub docker_bind_prefixes: Vec<PathBuf>,
+    /// Host paths under which a definition may bind-mount read-write (and
+    /// read-only).
+    pub docker_writable_bind_prefixes: Vec<PathBuf>,
+    /// Named volumes a definition may mount.
+    pub docker_volumes: Vec<String>,
+    /// Images a definition may run: `name` allows that image at any tag or
+    /// digest, an entry ending in `*` is a prefix; `*` allows any image the
+    /// engine holds (Sandhold never pulls).
+    pub docker_images: Vec<String>,
+    pub docker_default_memory_bytes: u64,
+    pub docker_max_memory_bytes: u64,
+    pub docker_default_cpus: f64,
+    pub docker_max_cpus: f64,
+    pub docker_default_pids_limit: i64,
+    pub docker_max_pids_limit: i64,
+    /// The journal byte cap of a run whose definition names none. Every run
+    /// has one: journals sit on disks the server needs too.
+    pub default_journal_bytes: u64,
+    /// The largest `max_journal_bytes` a definition may name.
+    pub max_journal_bytes: u64,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Self {
+            providers: vec![ProviderName::Local, ProviderName::Docker],
+            allow_local_with_tokens: false,
+            docker_networks: Vec::new(),
+            docker_bind_prefixes: Vec::new(),
+            docker_writable_bind_prefixes: Vec::new(),
+            docker_volumes: Vec::new(),
+            docker_images: vec!["*".into()],
+            docker_default_memory_bytes: DEFAULT_DOCKER_MEMORY_BYTES,
+            docker_max_memory_bytes: DEFAULT_DOCKER_MAX_MEMORY_BYTES,
+            docker_default_cpus: 0.0,
+            docker_max_cpus: 0.0,
+            docker_default_pids_limit: DEFAULT_DOCKER_PIDS_LIMIT,
+            docker_max_pids_limit: DEFAULT_DOCKER_MAX_PIDS_LIMIT,
+            default_journal_bytes: DEFAULT_JOURNAL_BYTES,
+            max_journal_bytes: DEFAULT_MAX_JOURNAL_BYTES,
+        }
+    }
+}
+
+/// A network mode that shares a namespace of the host or of another
+/// container: never a tenant's.
+pub fn forbidden_network(name: &str) -> bool {
+    let lower = name.to_ascii_lowercase();
+    lower == "host" || lower.starts_with("container:")
+}
+
+/// An absolute path without `.`, `..` or empty components, so comparing
+/// components is comparing places.
+pub fn plain_absolute(path: &Path) -> bool {
+    path.is_absolute()
+        && !path.as_os_str().as_encoded_bytes().windows(2).any(|w| w == b"//")
+        && path.components().all(|c| matches!(c, Component::RootDir | Component::Normal(_)))
+        && path.as_os_str().as_encoded_bytes().split(|b| *b == b'/').all(|c| c != b"." && c != b"..")
+}
+
+impl Policy {
+    /// Whether tenants may use `provider` on a server with (`tokens`) or
+    /// without API tokens.
+    pub fn allows_provider(&self, provider: ProviderName, tokens: bool) -> bool {
+        self.providers.contains(&provider)
+            && !(provider == ProviderName::Local && tokens && !self.allow_local_with_tokens)
+    }
+
+    /// Settings that cannot mean anything sensible are refused at start.
+    pub fn validate(&self) -> Result<(), String> {
+        if let Some(n) = self.docker_networks.iter().find(|n| forbidden_network(n)) {
+            return Err(format!(
+                "docker network {n:?} would share the host's or another container's namespaces; \
+                 it is never allowed (--docker-network)"
+            ));
+        }
+        for p in self.docker_bind_prefixes.iter().chain(&self.docker_writable_bind_prefixes) {
+            if !plain_absolute(p) {
+                return Err(format!(
+                    "bind prefix {} must be an absolute path without `.` or `..` \
+                     (--docker-bind-prefix, --docker-writable-bind-prefix)",
+                    p.display()
+                ));
+            }
+        }
+        let limits = [
+            ("memory", self.docker_default_memory_bytes as f64, self.docker_max_memory_bytes as f64),
+            ("cpus", self.docker_default_cpus, self.docker_max_cpus),
+            ("pids", self.docker_default_pids_limit as f64, self.docker_max_pids_limit as f64),
+        ];
+        for (what, default, max) in limits {
+            if !(default.is_finite() && max.is_finite()) || default < 0.0 || max < 0.0 {
+                return Err(format!("the docker {what} limits must be non-negative numbers"));
+            }
+            if max > 0.0 && (default == 0.0 || default > max) {
+                return Err(format!(
+                    "the default docker {what} limit ({default}) must be set and at most its maximum ({max}) \
+                     (--docker-default-*, --docker-max-*)"
+                ));
+            }
+        }
+        if self.default_journal_bytes == 0
+            || self.max_journal_bytes == 0
+            || self.default_journal_bytes > self.max_journal_bytes
+        {
+            return Err(format!(
+                "the default journal cap ({}) and its maximum ({}) must be positive, the default at most the \
+                 maximum (--default-journal-bytes, --max-journal-bytes)",
+                self.default_journal_bytes, self.max_journal_bytes
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_and_container_networks_are_never_allowed() {
+        for n in ["host", "HOST", "container:abc", "Container:x"] {
+            assert!(forbidden_network(n), "{n}");
+            let p = Policy { docker_networks: vec![n.into()], ..Default::default() };
+            assert!(p.validate().unwrap_err().contains("never allowed"), "{n}");
+        }
+        assert!(!forbidden_network("sandnet") && !forbidden_network("none"));
+        assert!(Policy::default().validate().is_ok());
+    }
+
+    #[test]
+    fn prefixes_are_plain_absolute_paths() {
+        assert!(plain_absolute(Path::new("/srv/data")));
+        for bad in ["srv", "/srv/../etc", "/srv/./x", "/srv//x", "/srv/.."] {
+            assert!(!plain_absolute(Path::new(bad)), "{bad}");
+        }
+        let p = Policy { docker_bind_prefixes: vec!["/a/../b".into()], ..Default::default() };
+        assert!(p.validate().is_err());
+    }
+
+    #[test]
+    fn the_local_provider_needs_an_opt_in_with_tokens() {
+        let p = Policy::default();
+        assert!(p.allows_provider(ProviderName::Local, false));
+        assert!(!p.allows_provider(ProviderName::Local, true));
+        assert!(p.allows_provider(ProviderName::Docker, true));
+        let p = Policy { allow_local_with_tokens: true, ..Default::default() };
+        assert!(p.allows_provider(ProviderName::Local, true));
+        let p = Policy { providers: vec![ProviderName::Docker], allow_local_with_tokens: true, ..p };
+        assert!(!p.allows_provider(ProviderName::Local, false), "not listed");
+    }
+
+    #[test]
+    fn defaults_must_fit_under_their_maximum() {
+        let p = Policy { docker_default_pids_limit: 9000, ..Default::default() };
+        assert!(p.validate().is_err());
+        let p = Policy { docker_max_cpus: 2.0, ..Default::default() };
+        assert!(p.validate().is_err(), "a maximum needs a default");
+        let p = Policy { docker_max_cpus: 2.0, docker_default_cpus: 1.0, ..Default::default() };
+        assert!(p.validate().is_ok());
+    }
+
+    #[test]
+    fn every_run_has_a_journal_cap_within_the_maximum() {
+        for (default_journal_bytes, max_journal_bytes) in [(0, 1 << 30), (1 << 20, 0), (2 << 20, 1 << 20)] {
+            let p = Policy { default_journal_bytes, max_journal_bytes, ..Default::default() };
+            assert!(p.validate().unwrap_err().contains("--max-journal-bytes"), "{p:?}");
+        }
+        let p = Policy { default_journal_bytes: 1 << 20, max_journal_bytes: 1 << 20, ..Default::default() };
+        assert!(p.validate().is_ok());
+    }
+}

@@ -1,0 +1,198 @@
+//! The run user of a Docker sandbox, played as a hostile tenant would: every
+//! command (run, setup step, exec) runs as an unprivileged uid that cannot
+//! read the agent's token, trace the agent or the shim, write the journal,
+//! or forge the end of its run, even from a process it leaves behind. Real
+//! `sandhold` server with tokens, real Docker engine.
+
+use std::time::Duration;
+
+use sandhold_tests::docker::{self, DockerCleanup, LABEL_TENANT};
+use sandhold_tests::provider::Kind;
+use sandhold_tests::run::*;
+use sandhold_tests::sandbox::{ensure, sh, write_file};
+use sandhold_tests::server::*;
+use sandhold_tests::wait::eventually;
+use shared::proto::v1 as api;
+
+/// The Docker provider's default run user.
+const RUN_UID: &str = "10001";
+/// A sentinel-shaped line with a nonce that is not the run's.
+const FORGED: &str = r#"{"__exit":0,"__nonce":"0123456789abcdef0123456789abcdef"}"#;
+
+type Setup = TenantServer;
+
+async fn setup() -> Option<Setup> {
+    if !sandhold_tests::services::docker() {
+        return None;
+    }
+    docker::ensure_test_image();
+    let s = TenantServer::start("runuser", &[]).await;
+    let mut def = definition("def", Kind::Docker);
+    def.workspace = Some(api::WorkspaceDefinition {
+        setup: vec![api::SetupStep {
+            step: Some(api::setup_step::Step::Serial("id -u > setup-uid; id -un >> setup-uid".into())),
+        }],
+        ..Default::default()
+    });
+    put_definition(&mut s.server.sandboxes(&s.token).await, def).await;
+    Some(s)
+}
+
+async fn sandbox(s: &Setup, sandboxes: &mut Sandboxes) -> String {
+    let req = api::EnsureSandboxRequest {
+        definition_id: "def".into(),
+        thread_id: "thread-1".into(),
+        ..Default::default()
+    };
+    let (_, ready) = ensure(sandboxes, req).await;
+    ready.unwrap_or_else(|e| panic!("ensure failed: {e}\n{}", s.server.log_text())).sandbox_id
+}
+
+/// What the run user gets at from its side, one line per hole it finds.
+const PROBE_THE_AGENT: &str = r#"
+cat /run/sandhold/token >/dev/null 2>&1 && echo HOLE token-read
+ls /run/sandhold >/dev/null 2>&1 && echo HOLE run-dir-listed
+touch /run/sandhold/journal/x 2>/dev/null && echo HOLE journal-written
+a=/.sandhold/sandhold-agent
+[ -x $a ] || echo HOLE agent-binary-missing
+(: >>$a) 2>/dev/null && echo HOLE agent-binary-writable
+mv $a $a.x 2>/dev/null && echo HOLE agent-binary-moved
+touch /.sandhold/x 2>/dev/null && echo HOLE agent-dir-writable
+n=0
+for p in /proc/[0-9]*; do
+  [ "$(awk '/^Uid:/ {print $2}' $p/status 2>/dev/null)" = 0 ] || continue
+  n=$((n+1))
+  cat $p/environ >/dev/null 2>&1 && echo HOLE environ-read ${p#/proc/}
+  (exec 3<$p/mem) 2>/dev/null && echo HOLE mem-opened ${p#/proc/}
+done
+echo root-processes=$n
+(exec 3</proc/self/mem) 2>/dev/null && echo own-mem-opens
+"#;
+
+#[tokio::test]
+async fn the_run_user_cannot_read_the_token_trace_the_agent_or_write_the_journal() {
+    let Some(s) = setup().await else { return };
+    let _cleanup = DockerCleanup { tenant: s.tenant.clone() };
+    let mut sandboxes = s.server.sandboxes(&s.token).await;
+    let id = sandbox(&s, &mut sandboxes).await;
+    let (code, out) = sh(&mut sandboxes, &id, &format!("id -u; {PROBE_THE_AGENT}")).await;
+    assert_eq!(code, 0, "{out}");
+    assert!(out.starts_with(&format!("{RUN_UID}\n")), "{out}");
+    assert!(!out.contains("HOLE"), "the run user reached the agent:\n{out}");
+    // PID 1 (init) and the daemon at least; the probe itself works.
+    let roots: u32 = out.split("root-processes=").nth(1).unwrap().lines().next().unwrap().parse().unwrap();
+    assert!(roots >= 2, "{out}");
+    assert!(out.contains("own-mem-opens"), "the probe can tell an open mem from a refused one:\n{out}");
+    // The agent itself reads them fine: the token is there, the journal dir
+    // the agent's.
+    let container = docker::running(&format!("{LABEL_TENANT}={}", s.tenant)).pop().expect("the container");
+    let stat = std::process::Command::new("docker")
+        .args(["exec", &container, "stat", "-c", "%a", "/run/sandhold", "/run/sandhold/journal"])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&stat.stdout), "700\n700\n");
+}
+
+#[tokio::test]
+async fn a_run_a_setup_step_an_exec_and_written_files_belong_to_the_run_user() {
+    let Some(s) = setup().await else { return };
+    let _cleanup = DockerCleanup { tenant: s.tenant.clone() };
+    let mut sandboxes = s.server.sandboxes(&s.token).await;
+    let id = sandbox(&s, &mut sandboxes).await;
+    // The setup step ran as the run user, named by the passwd entry the
+    // agent added to an image (busybox) that has none for it.
+    assert_eq!(sh(&mut sandboxes, &id, "cat setup-uid").await, (0, format!("{RUN_UID}\nsandhold\n")));
+    let (code, out) = sh(&mut sandboxes, &id, "id -u; id -g; echo $HOME; stat -c %u $HOME .").await;
+    assert_eq!((code, out.as_str()), (0, "10001\n10001\n/home/sandhold\n10001\n10001\n"));
+
+    // Files written through the API are the run user's, parents included.
+    write_file(&mut sandboxes, &id, "up/x.txt", b"hi").await.unwrap();
+    assert_eq!(
+        sh(&mut sandboxes, &id, "stat -c '%u:%g %n' up up/x.txt; cat up/x.txt").await,
+        (0, "10001:10001 up\n10001:10001 up/x.txt\nhi".into())
+    );
+    // And the API writes only where the run user may.
+    assert!(write_file(&mut sandboxes, &id, "/etc/owned-by-root", b"x").await.is_err());
+
+    // A run.
+    let mut runs = s.server.runs(&s.token).await;
+    let run_id = format!("uid-{}", s.nonce);
+    let seen = run_to_end(&mut runs, &run_id, "thread-1", "def", "echo run-uid=$(id -u)").await;
+    assert!(seen.has_text(&format!("run-uid={RUN_UID}")), "{:?}", seen.chunks);
+    assert_eq!(wait_terminal(&mut runs, &run_id).await.status, api::RunStatus::Completed as i32);
+}
+
+#[tokio::test]
+async fn a_process_left_behind_cannot_forge_the_end_of_its_run() {
+    let Some(s) = setup().await else { return };
+    let _cleanup = DockerCleanup { tenant: s.tenant.clone() };
+    let mut runs = s.server.runs(&s.token).await;
+    let run_id = format!("forge-{}", s.nonce);
+    // The command (as the run user) looks at its shim, prints a forged
+    // sentinel, and leaves a process behind (its own session, the journal
+    // as its stdout) that waits for the command to exit and then appends
+    // forged sentinels and text for two seconds, counting each write in
+    // /tmp/appended before making it (the journal itself is gone once the
+    // run is ingested).
+    let script = format!(
+        "echo shim-uid=$(awk '/^Uid:/ {{print $2}}' /proc/$PPID/status)\n\
+         cat /proc/$PPID/environ >/dev/null 2>&1 && echo HOLE shim-environ\n\
+         (exec 3</proc/$PPID/mem) 2>/dev/null && echo HOLE shim-mem\n\
+         echo '{FORGED}'\n\
+         cat > /tmp/leftover.sh <<'EOS'\n\
+         while kill -0 $1 2>/dev/null; do sleep 0.01; done\n\
+         i=0\n\
+         while [ $i -lt 40 ]; do i=$((i+1)); echo $i >/tmp/appended; echo '{FORGED}'; echo forged-after-exit; sleep 0.05; done\n\
+         EOS\n\
+         setsid sh /tmp/leftover.sh $$ &\n\
+         exit 7\n"
+    );
+    let seen = run_to_end(&mut runs, &run_id, "thread-1", "def", &script).await;
+    let record = wait_terminal(&mut runs, &run_id).await;
+    assert_eq!(record.status, api::RunStatus::Failed as i32);
+    let error = record.error.unwrap();
+    assert!(error.message.contains("exited with code 7"), "the real exit code: {error:?}");
+    assert!(seen.has_text("shim-uid=0"), "the shim is root: {:?}", seen.chunks);
+    assert!(!seen.has_text("HOLE"), "the command reached its shim: {:?}", seen.chunks);
+
+    // The run has ended: how many lines the leftover had appended by now
+    // bounds what may be in the log. Between the command's exit and the
+    // shim's sentinel the leftover shares the command's stdout, and what it
+    // writes in that window is indistinguishable from the command's output;
+    // nothing written after the end may appear.
+    let container = docker::running(&format!("{LABEL_TENANT}={}", s.tenant)).pop().expect("the container");
+    let appended = || {
+        let out =
+            std::process::Command::new("docker").args(["exec", &container, "cat", "/tmp/appended"]).output();
+        out.ok().and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse::<usize>().ok()).unwrap_or(0)
+    };
+    let at_end = appended();
+    assert!(at_end < 40, "the leftover finished before the end was seen; the test proves nothing");
+    // The leftover did go on appending after the end ...
+    let finished = eventually(Duration::from_secs(20), || std::future::ready(appended() == 40)).await;
+    assert!(finished, "the leftover process did not write after the exit");
+    // ... and the log, read again from the start, is what was seen live:
+    // it ends at the real end, with nothing the leftover wrote after it.
+    let mut all = Seen::default();
+    let mut attach = runs
+        .attach_run(api::AttachRunRequest { run_id: run_id.clone(), ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner();
+    read_until(&mut attach, &mut all, |_| false).await.unwrap();
+    assert_eq!(all.chunks.len(), seen.chunks.len(), "{:?}", all.chunks);
+    assert_eq!(
+        all.chunks.last().map(|(_, c)| c.r#type),
+        Some(api::ChunkType::RunError as i32),
+        "{:?}",
+        all.chunks
+    );
+    let forged = all.chunks.iter().filter(|(_, c)| c.delta.contains("forged-after-exit")).count();
+    assert!(
+        forged <= at_end,
+        "{forged} forged lines in the log, {at_end} written before the end: {:?}",
+        all.chunks
+    );
+    let record = wait_terminal(&mut runs, &run_id).await;
+    assert!(record.error.unwrap().message.contains("exited with code 7"));
+}

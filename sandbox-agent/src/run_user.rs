@@ -1,0 +1,220 @@
+//! The run user: the unprivileged uid every command the agent starts (runs,
+//! setup steps, execs, shell sessions) runs as, when the agent is root in a
+//! container (`--run-user`). It cannot read the agent's token, trace the
+//! agent or a shim (other uid, and both are non-dumpable), or open the
+//! journal dir (root's, 0700). Without `--run-user` (the local provider)
+//! everything runs as the agent's own user.
+//!
+//! At start the agent gives the user what git and ssh expect: a passwd
+//! entry (and a group entry) when the image lacks one, FROM-scratch images
+//! with no `/etc/passwd` included, and a HOME it owns. The workspace is
+//! handed to the user the first time; files the agent writes on the API's
+//! behalf are created as the user ([`FsAs`]).
+
+use std::io::Write;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+
+/// Name given to a run user the image has no passwd entry for.
+pub const DEFAULT_NAME: &str = "sandhold";
+/// HOME of a run user the image gives none (or `/nonexistent`).
+pub const DEFAULT_HOME: &str = "/home/sandhold";
+
+/// Who commands run as.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunUser {
+    pub uid: u32,
+    pub gid: u32,
+    pub name: String,
+    pub home: PathBuf,
+}
+
+impl RunUser {
+    /// Resolve `spec` (`uid[:gid]` or `name[:group]`) against `<etc>/passwd`
+    /// and `<etc>/group`; `home` is used when the image gives the user none.
+    /// Refuses root: a run user must not be able to read what the agent
+    /// keeps.
+    pub fn resolve(spec: &str, home: &Path, etc: &Path) -> anyhow::Result<Self> {
+        let passwd = std::fs::read_to_string(etc.join("passwd")).unwrap_or_default();
+        let groups = std::fs::read_to_string(etc.join("group")).unwrap_or_default();
+        let r =
+            shared::user::resolve(spec, &passwd, &groups).with_context(|| format!("run user {spec:?}"))?;
+        anyhow::ensure!(r.uid != 0, "run user {spec:?} is root; it must be an unprivileged user");
+        let taken = |name: &str| passwd.lines().any(|l| l.split(':').next() == Some(name));
+        let name = r.name.unwrap_or_else(|| match taken(DEFAULT_NAME) {
+            false => DEFAULT_NAME.to_string(),
+            true => format!("{DEFAULT_NAME}-{}", r.uid),
+        });
+        let image_home = r.home.filter(|h| h != "/nonexistent" && h != "/").map(PathBuf::from);
+        Ok(Self { uid: r.uid, gid: r.gid, name, home: image_home.unwrap_or_else(|| home.to_path_buf()) })
+    }
+
+    /// Add the passwd and group entries the image lacks (creating `<etc>`
+    /// when missing) and create HOME owned by the user. A read-only root
+    /// filesystem refuses both: that is logged, not fatal.
+    pub fn prepare(&self, etc: &Path) {
+        if let Err(e) = self.add_entries(etc) {
+            tracing::warn!(error = format!("{e:#}"), "cannot add the run user to the image's passwd");
+        }
+        let made = std::fs::create_dir_all(&self.home)
+            .and_then(|()| std::os::unix::fs::lchown(&self.home, Some(self.uid), Some(self.gid)));
+        if let Err(e) = made {
+            tracing::warn!(home = %self.home.display(), error = %e, "cannot create the run user's home");
+        }
+    }
+
+    fn add_entries(&self, etc: &Path) -> anyhow::Result<()> {
+        std::fs::create_dir_all(etc)?;
+        let passwd = std::fs::read_to_string(etc.join("passwd")).unwrap_or_default();
+        if !has_id(&passwd, 2, self.uid) {
+            let line =
+                format!("{}:x:{}:{}::{}:/bin/sh\n", self.name, self.uid, self.gid, self.home.display());
+            append(&etc.join("passwd"), &passwd, &line)?;
+        }
+        let groups = std::fs::read_to_string(etc.join("group")).unwrap_or_default();
+        if !has_id(&groups, 2, self.gid) {
+            append(&etc.join("group"), &groups, &format!("{}:x:{}:\n", self.name, self.gid))?;
+        }
+        Ok(())
+    }
+
+    /// Hand the tree at `root` to the user, once: only while `root` itself
+    /// is not the user's yet (a fresh container, before any command of the
+    /// user runs, so nothing can swap a directory for a link mid-walk).
+    pub fn adopt(&self, root: &Path) -> std::io::Result<()> {
+        if std::fs::symlink_metadata(root)?.uid() == self.uid {
+            return Ok(());
+        }
+        for entry in walkdir::WalkDir::new(root).follow_links(false).into_iter().flatten() {
+            let _ = std::os::unix::fs::lchown(entry.path(), Some(self.uid), Some(self.gid));
+        }
+        std::os::unix::fs::lchown(root, Some(self.uid), Some(self.gid))
+    }
+
+    /// Make `cmd` run as the user, with the user's HOME, USER and LOGNAME
+    /// (a request's own env still wins). Dropping from root also drops the
+    /// supplementary groups (std calls `setgroups(0)`).
+    pub fn apply(&self, cmd: &mut std::process::Command) {
+        use std::os::unix::process::CommandExt;
+        cmd.uid(self.uid).gid(self.gid);
+        self.apply_env(cmd);
+    }
+
+    /// Only the environment of [`RunUser::apply`]: for a supervisor that
+    /// stays root and drops to the user for the command it starts.
+    pub fn apply_env(&self, cmd: &mut std::process::Command) {
+        cmd.env("HOME", &self.home).env("USER", &self.name).env("LOGNAME", &self.name);
+    }
+
+    /// `uid:gid`, as `sandhold-agent shim --run-as` takes it.
+    pub fn ids(&self) -> String {
+        format!("{}:{}", self.uid, self.gid)
+    }
+}
+
+fn has_id(text: &str, field: usize, id: u32) -> bool {
+    let id = id.to_string();
+    text.lines().any(|l| l.split(':').nth(field) == Some(id.as_str()))
+}
+
+fn append(path: &Path, existing: &str, line: &str) -> std::io::Result<()> {
+    let mut file = std::fs::OpenOptions::new().append(true).create(true).mode(0o644).open(path)?;
+    if !existing.is_empty() && !existing.ends_with('\n') {
+        file.write_all(b"\n")?;
+    }
+    file.write_all(line.as_bytes())
+}
+
+/// Filesystem work done as the run user: while alive, the calling thread's
+/// filesystem uid and gid are the user's (`setfsuid`, per thread), so what
+/// it creates is the user's and it can reach nothing the user could not,
+/// whatever links the user plants. Without a run user, or when the agent is
+/// not root, it changes nothing.
+pub struct FsAs {
+    restore: Option<(u32, u32)>,
+}
+
+impl FsAs {
+    pub fn new(user: Option<&RunUser>) -> Self {
+        match user {
+            Some(user) => Self::ids(user.uid, user.gid),
+            None => Self { restore: None },
+        }
+    }
+
+    pub fn ids(uid: u32, gid: u32) -> Self {
+        // SAFETY: plain syscalls on the calling thread's credentials.
+        unsafe {
+            if libc::geteuid() != 0 {
+                return Self { restore: None };
+            }
+            let old_gid = libc::setfsgid(gid) as u32;
+            let old_uid = libc::setfsuid(uid) as u32;
+            Self { restore: Some((old_uid, old_gid)) }
+        }
+    }
+}
+
+impl Drop for FsAs {
+    fn drop(&mut self) {
+        if let Some((uid, gid)) = self.restore {
+            // SAFETY: as in `new`.
+            unsafe {
+                libc::setfsuid(uid);
+                libc::setfsgid(gid);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_image_without_passwd_gets_the_default_name_and_home() {
+        let etc = tempfile::tempdir().unwrap();
+        let user = RunUser::resolve("10001:10001", Path::new(DEFAULT_HOME), etc.path()).unwrap();
+        assert_eq!(
+            user,
+            RunUser { uid: 10001, gid: 10001, name: "sandhold".into(), home: DEFAULT_HOME.into() }
+        );
+        user.add_entries(&etc.path().join("etc")).unwrap();
+        let passwd = std::fs::read_to_string(etc.path().join("etc/passwd")).unwrap();
+        assert_eq!(passwd, "sandhold:x:10001:10001::/home/sandhold:/bin/sh\n");
+        let group = std::fs::read_to_string(etc.path().join("etc/group")).unwrap();
+        assert_eq!(group, "sandhold:x:10001:\n");
+        // Idempotent: a second start adds nothing.
+        user.add_entries(&etc.path().join("etc")).unwrap();
+        assert_eq!(std::fs::read_to_string(etc.path().join("etc/passwd")).unwrap(), passwd);
+    }
+
+    #[test]
+    fn an_image_entry_keeps_its_name_and_home_and_root_is_refused() {
+        let etc = tempfile::tempdir().unwrap();
+        std::fs::write(
+            etc.path().join("passwd"),
+            "root:x:0:0::/root:/bin/sh\nsandhold:x:500:500::/h:/bin/sh\nnobody:x:65534:65534::/nonexistent:/bin/false",
+        )
+        .unwrap();
+        let user = RunUser::resolve("500", Path::new(DEFAULT_HOME), etc.path()).unwrap();
+        assert_eq!((user.name.as_str(), user.home.as_path()), ("sandhold", Path::new("/h")));
+        let other = RunUser::resolve("10001:10001", Path::new(DEFAULT_HOME), etc.path()).unwrap();
+        assert_eq!(other.name, "sandhold-10001", "the name is taken by another uid");
+        let nobody = RunUser::resolve("nobody", Path::new(DEFAULT_HOME), etc.path()).unwrap();
+        assert_eq!((nobody.uid, nobody.home.as_path()), (65534, Path::new(DEFAULT_HOME)));
+        // The last line lacks its newline: the added entry starts a line.
+        other.add_entries(etc.path()).unwrap();
+        let passwd = std::fs::read_to_string(etc.path().join("passwd")).unwrap();
+        assert!(
+            passwd.ends_with("/bin/false\nsandhold-10001:x:10001:10001::/home/sandhold:/bin/sh\n"),
+            "{passwd}"
+        );
+        for root in ["root", "0", "0:0"] {
+            let err = RunUser::resolve(root, Path::new(DEFAULT_HOME), etc.path()).unwrap_err();
+            assert!(format!("{err:#}").contains("is root"), "{err:#}");
+        }
+    }
+}
