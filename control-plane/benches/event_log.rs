@@ -11,7 +11,7 @@ use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 use control_plane::store::{
-    EventLog, FIRST_EPOCH, LogWriter, NewChunk, NewRun, Offset, RunId, Stores, Timestamp,
+    EventLog, FIRST_EPOCH, LogWriter, NewChunk, NewRun, Offset, RunId, RunKey, Stores, Timestamp,
     default_database_url,
 };
 use futures::StreamExt;
@@ -90,9 +90,10 @@ fn chunk_batch(size: usize, tag: usize) -> Vec<NewChunk> {
         .collect()
 }
 
-async fn new_run(stores: &Stores, id: &str) -> RunId {
-    let run = RunId::parse(id).unwrap();
-    stores.runs.create_or_resume(NewRun::bare(run.clone(), "bench", "bench")).await.unwrap();
+async fn new_run(stores: &Stores, id: &str) -> RunKey {
+    let new = NewRun::bare(RunId::parse(id).unwrap(), "bench", "bench");
+    let run = new.key();
+    stores.runs.create_or_resume(new).await.unwrap();
     run
 }
 

@@ -70,6 +70,7 @@ async fn main() {
             label,
             policy: Default::default(),
             secrets: &secrets,
+            maxima: Default::default(),
         };
         snapshot::save(&stores, &source_agent, req)
     };

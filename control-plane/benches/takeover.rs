@@ -34,7 +34,7 @@ async fn main() {
     let rounds: usize =
         std::env::var("SANDHOLD_BENCH_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(20);
     let dir = sandhold_tests::local::TestDir::new("shto");
-    let nonce = uuid::Uuid::new_v4().simple().to_string()[..10].to_string();
+    let nonce = sandhold_tests::nonce();
     let token = format!("tok-{nonce}");
     let options = |replica: &str| ServerOptions {
         data_dir: dir.path().join("data"),

@@ -196,11 +196,11 @@ async fn sandbox_service_streams_files_and_processes() {
     let sized = upload(&sandbox, "up/sized.txt", Some(5), b"hello");
     let written = sandboxes.write_file(futures::stream::iter(sized)).await.unwrap().into_inner();
     assert_eq!(written.bytes_written, 5);
-    let buffered = upload(&sandbox, "up/buffered.txt", None, b"no size given");
-    let written = sandboxes.write_file(futures::stream::iter(buffered)).await.unwrap().into_inner();
+    let unsized_upload = upload(&sandbox, "up/unsized.txt", None, b"no size given");
+    let written = sandboxes.write_file(futures::stream::iter(unsized_upload)).await.unwrap().into_inner();
     assert_eq!(written.bytes_written, 13);
     assert_eq!(read_all(&ip, &sandbox, "up/sized.txt").await, b"hello");
-    assert_eq!(read_all(&ip, &sandbox, "up/buffered.txt").await, b"no size given");
+    assert_eq!(read_all(&ip, &sandbox, "up/unsized.txt").await, b"no size given");
     let short = upload(&sandbox, "up/short.txt", Some(50), b"cut off");
     let refused = sandboxes.write_file(futures::stream::iter(short)).await.unwrap_err();
     assert_ne!(refused.code(), Code::Ok, "an upload shorter than its size is refused");

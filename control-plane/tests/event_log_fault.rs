@@ -12,7 +12,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use control_plane::store::{Error, FIRST_EPOCH, LogWriter, NewChunk, NewRun, RunId, Stores};
+use control_plane::store::{Error, FIRST_EPOCH, LogWriter, NewChunk, NewRun, RunId, RunKey, Stores, Tenant};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use sandhold_tests::database::ScratchDatabase;
@@ -20,6 +20,8 @@ use sandhold_tests::database::ScratchDatabase;
 const ROLE: &str = "SANDHOLD_FAULT_ROLE";
 const URL: &str = "SANDHOLD_FAULT_DATABASE_URL";
 const RUN: &str = "SANDHOLD_FAULT_RUN";
+/// The tenant of every run here (run ids are per tenant).
+const TENANT: &str = "fault";
 const BATCH: usize = 4;
 const DEADLINE: Duration = Duration::from_secs(120);
 
@@ -43,7 +45,7 @@ fn say(line: &str) {
 fn fault_child_process() {
     let Ok(role) = std::env::var(ROLE) else { return };
     let url = std::env::var(URL).unwrap();
-    let run = RunId::parse(&std::env::var(RUN).unwrap()).unwrap();
+    let run = RunKey::new(Tenant::new(TENANT), RunId::parse(&std::env::var(RUN).unwrap()).unwrap());
     runtime().block_on(async move {
         let stores = Stores::open(&url).await.unwrap();
         match role.as_str() {
@@ -128,7 +130,9 @@ fn round(
     claim_stall: Duration,
 ) -> bool {
     let run = RunId::parse(&format!("fault-{index}")).unwrap();
-    rt.block_on(stores.runs.create_or_resume(NewRun::bare(run.clone(), "fault", "fault"))).unwrap();
+    let new = NewRun::bare(run.clone(), TENANT, "fault");
+    let key = new.key();
+    rt.block_on(stores.runs.create_or_resume(new)).unwrap();
 
     let (mut writer, writer_lines) = spawn_child("writer", url, &run);
     let mut acknowledged = 0;
@@ -148,7 +152,7 @@ fn round(
     // its batch lands before the claim, which is allowed).
     let claimed_while_stopped = exited_within(&mut claimer, "claimer", claim_stall);
     let old_at_claim = if claimed_while_stopped {
-        let at_claim = rt.block_on(stores.events.snapshot(&run)).unwrap();
+        let at_claim = rt.block_on(stores.events.snapshot(&key)).unwrap();
         Some(at_claim.chunks.iter().filter(|c| c.epoch == FIRST_EPOCH).count())
     } else {
         None
@@ -173,7 +177,7 @@ fn round(
     }
     assert!(fenced, "the old writer is refused once it resumes");
 
-    let log = rt.block_on(stores.events.snapshot(&run)).unwrap();
+    let log = rt.block_on(stores.events.snapshot(&key)).unwrap();
     let old: Vec<_> = log.chunks.iter().filter(|c| c.epoch == FIRST_EPOCH).collect();
     if let Some(old_at_claim) = old_at_claim {
         assert_eq!(old.len(), old_at_claim, "round {index}: old-epoch rows landed after the claim");

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
-use sandhold_tests::database::ScratchDatabase;
+use sandhold_tests::cluster::Cluster;
 use sandhold_tests::docker::{self, DockerCleanup};
 use sandhold_tests::local::*;
 use sandhold_tests::provider::Kind;
@@ -47,54 +47,46 @@ fn sum(tallies: &[&api::SweepResponse], outcome: &str) -> u64 {
     tallies.iter().map(|t| t.outcomes.get(outcome).copied().unwrap_or(0)).sum()
 }
 
-/// One deployment: a scratch PostgreSQL database and Redis shared by its
-/// replicas, one data dir (so local sandboxes are shared too), two tenants.
+/// One deployment ([`Cluster`]: PostgreSQL, Redis and a data dir shared by
+/// its replicas) with two tenants.
 struct Deployment {
-    db: ScratchDatabase,
-    redis_url: String,
-    dir: sandhold_tests::local::TestDir,
-    nonce: String,
+    cluster: Cluster,
     token: String,
     other_token: String,
 }
 
+impl std::ops::Deref for Deployment {
+    type Target = Cluster;
+
+    fn deref(&self) -> &Cluster {
+        &self.cluster
+    }
+}
+
 impl Deployment {
     async fn create() -> Option<Self> {
-        let admin_url = sandhold_tests::services::postgres_url()?;
-        let redis_url = sandhold_tests::services::redis_url()?;
-        let db = ScratchDatabase::create(&admin_url).await.unwrap();
-        let dir = sandhold_tests::local::TestDir::new("reaper");
-        let nonce = uuid::Uuid::new_v4().simple().to_string()[..10].to_string();
+        let cluster = Cluster::create("reaper").await?;
+        let nonce = &cluster.nonce;
         let (token, other_token) = (format!("tok-{nonce}"), format!("other-{nonce}"));
-        Some(Self { db, redis_url, dir, nonce, token, other_token })
+        Some(Self { cluster, token, other_token })
     }
 
     fn tenant(&self) -> String {
         format!("t{}", self.nonce)
     }
 
-    fn data_dir(&self) -> PathBuf {
-        self.dir.path().join("data")
-    }
-
     /// Replica `name`: short leases, no scheduled sweep, then `more` flags.
+    /// The first tenant is an operator: its sweeps are the cluster's (under
+    /// `reaper:sweep`, taking turns), which is what these tests exercise; a
+    /// tenant's own sweep is one at a time (see `fairness.rs`).
     async fn start(&self, name: &str, more: &[(&str, &str)]) -> ServerProcess {
-        let mut extra_args = flags(&[("sweep-interval-ms", "0")]);
+        let mut extra_args = flags(&[("sweep-interval-ms", "0"), ("operator-tenant", &self.tenant())]);
         extra_args.extend(flags(more));
-        ServerProcess::start(&ServerOptions {
-            data_dir: self.data_dir(),
-            database_url: Some(self.db.url().to_string()),
-            redis_url: Some(self.redis_url.clone()),
-            replica_id: Some(format!("{name}-{}", self.nonce)),
-            lease_ttl_ms: Some(LEASE_TTL_MS),
-            lease_renew_ms: Some(LEASE_RENEW_MS),
-            tokens: vec![
-                format!("{}={}", self.tenant(), self.token),
-                format!("other{}={}", self.nonce, self.other_token),
-            ],
-            extra_args,
-        })
-        .await
+        let tokens = vec![
+            format!("{}={}", self.tenant(), self.token),
+            format!("other{}={}", self.nonce, self.other_token),
+        ];
+        self.replica(name, tokens, (LEASE_TTL_MS, LEASE_RENEW_MS), extra_args).await
     }
 
     /// A deployment whose replica `a` (the driver the tests kill) has put
@@ -122,7 +114,7 @@ impl Deployment {
     }
 
     async fn tear_down(self) {
-        let _ = self.db.drop_database().await;
+        self.cluster.tear_down().await;
     }
 }
 
@@ -169,7 +161,7 @@ async fn finish_without_driver(dep: &Deployment, driver: &mut ServerProcess, run
         assert!(recorded, "run {run} never recorded its exit");
         // The lease ends a TTL after the kill.
         assert!(
-            dep.lease_freed(&format!("run:{run}")).await,
+            dep.lease_freed(&run_lease(&dep.tenant(), run)).await,
             "the dead driver's lease on {run} never ran out"
         );
     }
@@ -233,18 +225,6 @@ impl Stored {
     }
 }
 
-/// The sandbox directory of the local sandbox `key`.
-async fn local_sandbox_dir(dep: &Deployment, sandboxes: &mut Sandboxes, key: &str) -> PathBuf {
-    let sandbox = sandboxes
-        .get_sandbox(api::GetSandboxRequest { sandbox_id: key.into() })
-        .await
-        .unwrap()
-        .into_inner()
-        .sandbox
-        .unwrap();
-    dep.data_dir().join("sandboxes").join(sandbox.provider_sandbox_id)
-}
-
 /// Log lines of all `replicas` saying sandbox `key` was destroyed.
 fn destroys(replicas: &[&ServerProcess], key: &str) -> usize {
     replicas
@@ -297,7 +277,7 @@ async fn detached_runs_are_finalized_left_alone_or_expired_once() {
         eventually(PATIENCE, || std::future::ready(docker_exit_recorded(&fin_container[0], &fin))).await;
     assert!(recorded, "the fin run never recorded its exit");
     for run in [&fin, &prod, &unk] {
-        assert!(dep.lease_freed(&format!("run:{run}")).await, "A's lease on {run} never ran out");
+        assert!(dep.lease_freed(&run_lease(&dep.tenant(), run)).await, "A's lease on {run} never ran out");
     }
 
     // Another tenant's sweep sees none of these runs and touches nothing.
@@ -381,13 +361,14 @@ async fn runs_held_by_a_live_holder_are_not_claimed() {
 
     // Another holder takes `held`'s lease, the way any replica takes it.
     let holder = lease_holder(&dep.redis_url, LEASE_TTL_MS, LEASE_RENEW_MS).await;
-    let lease = holder.try_acquire(&format!("run:{held}")).await.unwrap().expect("a1's lease ran out");
+    let lease =
+        holder.try_acquire(&run_lease(&dep.tenant(), &held)).await.unwrap().expect("a1's lease ran out");
 
     let pool = dep.pool().await;
     let (held_before, live_before) = (stored(&pool, &held).await, stored(&pool, &live).await);
     let b = dep.start("b", &[("detached-run-ttl-ms", "1000")]).await;
     let mut runs_b = b.runs(&token).await;
-    let held_dir = local_sandbox_dir(&dep, &mut b.sandboxes(&token).await, &held_run.sandbox_id).await;
+    let held_dir = dep.local_sandbox_dir(&mut b.sandboxes(&token).await, &held_run.sandbox_id).await;
     let t = sweep(&mut b.admin(&token).await).await;
     let context = format!("{t:?}\nb log:\n{}\na2 log:\n{}", b.log_text(), a2.log_text());
     assert_eq!(outcome_of(&t, &held).as_deref(), Some("not_claimed"), "{context}");
@@ -446,7 +427,7 @@ async fn a_drive_over_the_budget_is_stopped_and_left_terminal() {
     let body = format!("seq 1 {LINES} | sed 's/^/line /'");
     let run = start_and_detach(&mut a.runs(&token).await, &slow, "th", &gated(&gate, &body)).await;
     let mut sandboxes = a.sandboxes(&token).await;
-    let dir = local_sandbox_dir(&dep, &mut sandboxes, &run.sandbox_id).await;
+    let dir = dep.local_sandbox_dir(&mut sandboxes, &run.sandbox_id).await;
     finish_without_driver(&dep, &mut a, &[&slow]).await;
 
     let b = dep.start("b", &[("sweep-run-budget-ms", "300")]).await;
@@ -525,7 +506,7 @@ async fn a_sandbox_that_cannot_be_destroyed_is_reclaim_failed() {
     let stuck = format!("stuck-{nonce}");
     let run = start_and_detach(&mut a.runs(&token).await, &stuck, "th", &gated(&gate, "echo done")).await;
     let mut sandboxes = a.sandboxes(&token).await;
-    let dir = local_sandbox_dir(&dep, &mut sandboxes, &run.sandbox_id).await;
+    let dir = dep.local_sandbox_dir(&mut sandboxes, &run.sandbox_id).await;
     finish_without_driver(&dep, &mut a, &[&stuck]).await;
 
     let immutable = Immutable::set(&dir).unwrap();
@@ -579,8 +560,8 @@ async fn a_store_error_fails_one_run_and_the_sweep_goes_on() {
     let broken_run = start_and_detach(&mut runs_a, &broken, "th-broken", &gated(&gate, "echo done")).await;
     let fine_run = start_and_detach(&mut runs_a, &fine, "th-fine", &gated(&gate, "echo done")).await;
     let mut sandboxes = a.sandboxes(&token).await;
-    let broken_dir = local_sandbox_dir(&dep, &mut sandboxes, &broken_run.sandbox_id).await;
-    let fine_dir = local_sandbox_dir(&dep, &mut sandboxes, &fine_run.sandbox_id).await;
+    let broken_dir = dep.local_sandbox_dir(&mut sandboxes, &broken_run.sandbox_id).await;
+    let fine_dir = dep.local_sandbox_dir(&mut sandboxes, &fine_run.sandbox_id).await;
     finish_without_driver(&dep, &mut a, &[&broken, &fine]).await;
 
     let pool = dep.pool().await;
@@ -644,7 +625,7 @@ async fn a_run_that_ends_during_the_sweep_is_not_claimed() {
     let mut runs_a = a.runs(&token).await;
     let stalled_run = start_and_detach(&mut runs_a, &stalled, "th-stalled", &gated(&gate, "echo done")).await;
     start_and_detach(&mut runs_a, &ended, "th-ended", &gated(&gate, "echo done")).await;
-    let stalled_dir = local_sandbox_dir(&dep, &mut a.sandboxes(&token).await, &stalled_run.sandbox_id).await;
+    let stalled_dir = dep.local_sandbox_dir(&mut a.sandboxes(&token).await, &stalled_run.sandbox_id).await;
     finish_without_driver(&dep, &mut a, &[&stalled, &ended]).await;
     let (b, c) = (dep.start("b", &[]).await, dep.start("c", &[]).await);
 
@@ -836,7 +817,7 @@ async fn a_sweep_paused_past_its_leases_does_nothing_twice() {
     assert_eq!(paused.status, "running", "B was paused mid-drive");
     // Past B's sweep lease and its run lease.
     assert!(dep.lease_freed(control_plane::reaper::SWEEP_LEASE).await, "B's sweep lease never ran out");
-    assert!(dep.lease_freed(&format!("run:{first}")).await, "B's lease on {first} never ran out");
+    assert!(dep.lease_freed(&run_lease(&dep.tenant(), &first)).await, "B's lease on {first} never ran out");
     let tc = sweep(&mut c.admin(&token).await).await;
     b.signal("-CONT");
     let tb = tokio::time::timeout(PATIENCE, b_sweep).await.expect("B's sweep ends").unwrap();
@@ -887,7 +868,7 @@ const HOURS_2: Duration = Duration::from_secs(2 * 3600);
 async fn journals_and_orphaned_sandboxes_are_pruned_within_scope() {
     let dir = sandhold_tests::local::TestDir::new("reaper");
     let data = dir.path().join("data");
-    let nonce = uuid::Uuid::new_v4().simple().to_string()[..10].to_string();
+    let nonce = sandhold_tests::nonce();
     let (tenant, token) = (format!("t{nonce}"), format!("tok-{nonce}"));
     let (other, other_token) = (format!("o{nonce}"), format!("other-{nonce}"));
     let server = ServerProcess::start(&ServerOptions {
@@ -988,7 +969,7 @@ async fn journals_and_orphaned_sandboxes_are_pruned_within_scope() {
     assert!(!journal(&old_orphan).exists(), "an orphan past its age goes");
     assert!(journal(&young_orphan).exists(), "a young orphan stays");
     assert!(journal(&live).exists(), "a running run's journal stays");
-    assert!(journal(&foreign).exists(), "another tenant's run is not proof for this sandbox");
+    assert!(journal(&foreign).exists(), "another tenant's run is not this sandbox's: a young orphan here");
     assert!(!orphan('a').exists(), "an old orphan of ours goes");
     assert!(orphan('b').exists(), "an orphan within its grace stays");
     assert!(orphan('c').exists(), "a sandbox of a tenant this deployment does not know stays");

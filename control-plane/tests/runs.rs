@@ -12,31 +12,15 @@ use sandhold_tests::server::*;
 use sandhold_tests::wait::*;
 use shared::proto::v1 as api;
 
-struct Setup {
-    _dir: sandhold_tests::local::TestDir,
-    server: ServerProcess,
-    tenant: String,
-    token: String,
-    nonce: String,
-}
+type Setup = TenantServer;
 
 async fn setup(kind: Kind) -> Setup {
     if kind == Kind::Docker {
         sandhold_tests::docker::ensure_test_image();
     }
-    let dir = sandhold_tests::local::TestDir::new("runs");
-    let nonce = uuid::Uuid::new_v4().simple().to_string()[..10].to_string();
-    let tenant = format!("t{nonce}");
-    let token = format!("tok-{nonce}");
-    let opts = ServerOptions {
-        data_dir: dir.path().join("data"),
-        tokens: vec![format!("{tenant}={token}"), format!("other{nonce}=other-{nonce}")],
-        ..Default::default()
-    };
-    let server = ServerProcess::start(&opts).await;
-    let mut sandboxes = server.sandboxes(&token).await;
-    put_definition(&mut sandboxes, definition("def", kind)).await;
-    Setup { _dir: dir, server, tenant, token, nonce }
+    let s = TenantServer::start("runs", &["other"]).await;
+    put_definition(&mut s.server.sandboxes(&s.token).await, definition("def", kind)).await;
+    s
 }
 
 /// A durable run of 5,000 numbered lines; the client drops at a random
@@ -240,7 +224,7 @@ async fn run_requests_are_validated_and_tenant_scoped() {
     assert_eq!(runs.attach_run(unknown).await.unwrap_err().code(), tonic::Code::NotFound);
 
     // Another tenant sees nothing.
-    let mut other = s.server.runs(&format!("other-{}", s.nonce)).await;
+    let mut other = s.server.runs(&s.token_of("other")).await;
     let get = other.get_run(api::GetRunRequest { run_id: run_id.clone() }).await.unwrap_err();
     assert_eq!(get.code(), tonic::Code::NotFound);
     let attach =

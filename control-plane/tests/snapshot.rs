@@ -5,10 +5,18 @@
 //! their event logs) up to it; two saves racing on one thread: one wins,
 //! the other is fenced; another tenant sees nothing; a restore into a new
 //! sandbox removes what provisioning brought back and the checkpoint lacks,
-//! and leaves excluded paths as provisioning made them.
+//! and leaves excluded paths as provisioning made them. Blobs are per
+//! tenant: another tenant's identical bytes are uploaded again (no de-dup
+//! oracle), and a fake agent claiming another tenant's hash gets nothing of
+//! theirs.
 
 use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use control_plane::agent::AgentClient;
+use control_plane::snapshot::{self, SaveRequest, Snapshots as SnapshotOps};
+use control_plane::store::{self, BlobKey, Stores, Tenant};
 
 use sandhold_tests::auth::{Bearer, bearer};
 use sandhold_tests::docker::{DockerCleanup, TEST_IMAGE, ensure_test_image};
@@ -16,9 +24,14 @@ use sandhold_tests::run::{command_run, wait_terminal};
 use sandhold_tests::server::Runs;
 use sandhold_tests::wait::PATIENCE;
 use shared::error::{Error, ErrorCode};
+use shared::proto::agent::v1 as agent;
+use shared::proto::agent::v1::info_service_server::{InfoService, InfoServiceServer};
+use shared::proto::agent::v1::snapshot_service_server::{SnapshotService, SnapshotServiceServer};
 use shared::proto::v1 as api;
 use shared::proto::v1::run_service_client::RunServiceClient;
 use shared::proto::v1::snapshot_service_client::SnapshotServiceClient;
+use shared::secret::Secret;
+use shared::transport::Address;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
@@ -64,21 +77,7 @@ impl Harness {
         provider: api::provider_spec::Provider,
         setup: Option<&str>,
     ) {
-        let workspace = setup.map(|setup| api::WorkspaceDefinition {
-            setup: vec![api::SetupStep { step: Some(api::setup_step::Step::Serial(setup.into())) }],
-            ..Default::default()
-        });
-        let definition = api::SandboxDefinition {
-            id: id.into(),
-            provider: Some(api::ProviderSpec { provider: Some(provider) }),
-            secret_names: vec!["API_TOKEN".into()],
-            workspace,
-            lifecycle: Some(api::Lifecycle {
-                portable_snapshots: Some(api::PortableSnapshots { enabled: true, ..Default::default() }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
+        let definition = snapshot_definition(id, provider, setup);
         self.inner
             .acme
             .put_definition(api::PutDefinitionRequest { definition: Some(definition) })
@@ -160,6 +159,30 @@ impl Harness {
         let mut out = Vec::new();
         walk(&self.inner.dir.path().join("snapshot-blobs"), &mut out);
         out
+    }
+}
+
+/// A definition with portable snapshots on; with `setup`, every new
+/// sandbox runs it (before any restore).
+fn snapshot_definition(
+    id: &str,
+    provider: api::provider_spec::Provider,
+    setup: Option<&str>,
+) -> api::SandboxDefinition {
+    let workspace = setup.map(|setup| api::WorkspaceDefinition {
+        setup: vec![api::SetupStep { step: Some(api::setup_step::Step::Serial(setup.into())) }],
+        ..Default::default()
+    });
+    api::SandboxDefinition {
+        id: id.into(),
+        provider: Some(api::ProviderSpec { provider: Some(provider) }),
+        secret_names: vec!["API_TOKEN".into()],
+        workspace,
+        lifecycle: Some(api::Lifecycle {
+            portable_snapshots: Some(api::PortableSnapshots { enabled: true, ..Default::default() }),
+            ..Default::default()
+        }),
+        ..Default::default()
     }
 }
 
@@ -543,4 +566,308 @@ async fn a_restore_removes_what_the_checkpoint_lacks_and_keeps_excluded_paths() 
         "the checkpoint's files, nothing it lacks, and the excluded paths as provisioning made them"
     );
     h.stop().await;
+}
+
+/// The blob de-dup oracle over the real server: the other tenant saving the
+/// very file acme saved uploads it (its `uploaded_bytes` says so), so what
+/// acme stored tells it nothing; de-duplication stays within a tenant, and
+/// each tenant reads its own copy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn another_tenants_identical_bytes_are_uploaded_again_so_dedup_is_no_oracle() {
+    let mut h = Harness::start().await;
+    let local = || api::provider_spec::Provider::Local(api::LocalProvider {});
+    h.define("local", local()).await;
+    let theirs = snapshot_definition("local", local(), None);
+    h.inner.other.put_definition(api::PutDefinitionRequest { definition: Some(theirs) }).await.unwrap();
+    const PLAN: &str = "acme ships the merger on friday";
+    let write = format!("printf '{PLAN}' > plan.txt");
+
+    let a = h.ensure("local", "a").await.sandbox_id;
+    h.sh(&a, &write).await;
+    let first = h.save("a", "one").await.unwrap();
+    assert!(first.uploaded_bytes >= PLAN.len() as u64, "{first:?}");
+    // Within acme the same bytes are de-duplicated (here is the oracle
+    // there would be across tenants).
+    let a2 = h.ensure("local", "a2").await.sandbox_id;
+    h.sh(&a2, &write).await;
+    assert_eq!(h.save("a2", "same").await.unwrap().uploaded_bytes, 0);
+
+    // The other tenant guesses acme's file right: it is uploaded all the same.
+    let req = api::EnsureSandboxRequest {
+        definition_id: "local".into(),
+        thread_id: "b".into(),
+        secrets: [("API_TOKEN".to_string(), SECRET.to_string())].into(),
+        run_id: String::new(),
+    };
+    let b = sandhold_tests::sandbox::ensure(&mut h.inner.other, req).await.1.unwrap().sandbox_id;
+    let (code, out) = sandhold_tests::sandbox::sh(&mut h.inner.other, &b, &write).await;
+    assert_eq!(code, 0, "{out}");
+    let guess = save(&mut h.other, "b", "guess").await.unwrap();
+    assert_eq!(
+        guess.uploaded_bytes, first.uploaded_bytes,
+        "the same workspace uploads the same bytes, whatever another tenant stored"
+    );
+    assert_eq!(save(&mut h.other, "b", "again").await.unwrap().uploaded_bytes, 0, "its own dedup");
+    let read = read_artifact(&mut h.other, "b", &guess.checkpoint_id, "plan.txt").await.unwrap();
+    assert_eq!(read, PLAN.as_bytes());
+    // Two copies on disk: one per tenant.
+    let stored = h.blob_store_bytes();
+    let copies = stored.windows(PLAN.len()).filter(|w| *w == PLAN.as_bytes()).count();
+    assert_eq!(copies, 2, "one blob per tenant");
+    h.stop().await;
+}
+
+/// What a fake agent (tenant code can replace or drive the agent in its
+/// sandbox) says, for [`snapshot::save`] to be checked against: a manifest
+/// of its choosing, and for `ReadBlobs` the blobs it chooses to send,
+/// whatever was asked. Records which hashes the control plane asked for.
+#[derive(Clone, Default)]
+struct FakeAgent {
+    manifest: Vec<agent::ManifestEntry>,
+    sends: Vec<(String, Vec<u8>)>,
+    asked: Arc<Mutex<Vec<String>>>,
+}
+
+type Messages<T> = std::pin::Pin<Box<dyn futures::Stream<Item = Result<T, tonic::Status>> + Send>>;
+
+#[tonic::async_trait]
+impl InfoService for FakeAgent {
+    async fn get_info(
+        &self,
+        _: tonic::Request<agent::GetInfoRequest>,
+    ) -> Result<tonic::Response<agent::GetInfoResponse>, tonic::Status> {
+        Ok(tonic::Response::new(agent::GetInfoResponse {
+            agent_version: "0.0.0-fake".into(),
+            protocol_version: shared::AGENT_PROTOCOL_VERSION,
+            ..Default::default()
+        }))
+    }
+}
+
+#[tonic::async_trait]
+impl SnapshotService for FakeAgent {
+    type CaptureStream = Messages<agent::CaptureResponse>;
+    type ReadBlobsStream = Messages<agent::ReadBlobsResponse>;
+
+    async fn capture(
+        &self,
+        _: tonic::Request<agent::CaptureRequest>,
+    ) -> Result<tonic::Response<Self::CaptureStream>, tonic::Status> {
+        let batch = agent::CaptureResponse { entries: self.manifest.clone() };
+        Ok(tonic::Response::new(Box::pin(futures::stream::iter([Ok(batch)]))))
+    }
+
+    async fn read_blobs(
+        &self,
+        req: tonic::Request<agent::ReadBlobsRequest>,
+    ) -> Result<tonic::Response<Self::ReadBlobsStream>, tonic::Status> {
+        self.asked.lock().unwrap().extend(req.into_inner().blobs.into_iter().map(|b| b.sha256));
+        let sends = self.sends.iter().map(|(sha256, data)| {
+            Ok(agent::ReadBlobsResponse { sha256: sha256.clone(), data: data.clone(), last: true })
+        });
+        Ok(tonic::Response::new(Box::pin(futures::stream::iter(sends.collect::<Vec<_>>()))))
+    }
+
+    async fn restore(
+        &self,
+        _: tonic::Request<tonic::Streaming<agent::RestoreRequest>>,
+    ) -> Result<tonic::Response<agent::RestoreResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("a fake agent restores nothing"))
+    }
+}
+
+impl FakeAgent {
+    /// Reports one file at `path` with the hash and size of `data`.
+    fn claiming(path: &str, data: &[u8]) -> Self {
+        let entry = agent::ManifestEntry {
+            path: path.into(),
+            kind: agent::EntryKind::File as i32,
+            size: data.len() as u64,
+            mode: 0o644,
+            sha256: hex_sha256(data),
+        };
+        Self { manifest: vec![entry], ..Default::default() }
+    }
+
+    /// Answers `ReadBlobs` with `data` under `sha256`.
+    fn sending(mut self, sha256: &str, data: &[u8]) -> Self {
+        self.sends.push((sha256.into(), data.to_vec()));
+        self
+    }
+
+    async fn serve(self, dir: &std::path::Path, name: &str) -> AgentClient {
+        let path = dir.join(format!("{name}.sock"));
+        let listener = tokio::net::UnixListener::bind(&path).unwrap();
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(InfoServiceServer::new(self.clone()))
+                .add_service(SnapshotServiceServer::new(self))
+                .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener)),
+        );
+        AgentClient::connect(&Address::Unix(path), &Secret::new("fake")).await.unwrap()
+    }
+}
+
+/// A fake agent of the globex tenant claims the hash of acme's file: with
+/// no bytes, or with other bytes, the save asks for the blob and fails,
+/// leaving globex no checkpoint and no read of acme's bytes; with the very
+/// bytes, globex stores (and is counted for) its own copy; collecting
+/// acme's copy then leaves globex's. On SQLite + directory and on
+/// PostgreSQL when there is one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fake_agent_claiming_another_tenants_hash_gets_nothing_of_theirs() {
+    on_sqlite_and_postgres(|stores, dir, round| Box::pin(fake_agent_attack(stores, dir, round))).await;
+}
+
+/// `case` on SQLite + directory, then on PostgreSQL when there is one.
+async fn on_sqlite_and_postgres(
+    case: for<'a> fn(&'a Stores, &'a std::path::Path, usize) -> futures::future::BoxFuture<'a, ()>,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut urls = vec![format!("sqlite://{}", dir.path().join("sandhold.db").display())];
+    let scratch = match sandhold_tests::services::postgres_url() {
+        Some(admin) => Some(sandhold_tests::database::ScratchDatabase::create(&admin).await.unwrap()),
+        None => None,
+    };
+    urls.extend(scratch.as_ref().map(|s| s.url().to_string()));
+    for (i, url) in urls.iter().enumerate() {
+        let stores = Stores::open(url).await.unwrap();
+        case(&stores, dir.path(), i).await;
+        stores.close().await;
+    }
+    if let Some(scratch) = scratch {
+        scratch.drop_database().await.unwrap();
+    }
+}
+
+async fn fake_agent_attack(stores: &Stores, dir: &std::path::Path, round: usize) {
+    let (acme, globex) = (Tenant::new("acme"), Tenant::new("globex"));
+    let secrets = Default::default();
+    let request = |tenant, label| SaveRequest {
+        tenant,
+        thread_id: "t",
+        run_id: "r",
+        label,
+        policy: Default::default(),
+        secrets: &secrets,
+        maxima: Default::default(),
+    };
+    let plan = b"acme's plan: ship on friday".to_vec();
+    let h = hex_sha256(&plan);
+    let honest = FakeAgent::claiming("plan.txt", &plan).sending(&h, &plan);
+    let client = honest.serve(dir, &format!("acme-{round}")).await;
+    let saved = snapshot::save(stores, &client, request(&acme, "acme's")).await.unwrap();
+    assert_eq!(saved.uploaded_bytes, plan.len() as u64);
+
+    // Claimed, not sent: the bytes are asked for, and the save fails.
+    let silent = FakeAgent::claiming("stolen.txt", &plan);
+    let asked = silent.asked.clone();
+    let client = silent.serve(dir, &format!("silent-{round}")).await;
+    let err = snapshot::save(stores, &client, request(&globex, "claimed")).await.unwrap_err();
+    assert!(matches!(&err, snapshot::Error::Corrupt(why) if why.contains("did not send")), "{err:?}");
+    assert_eq!(
+        *asked.lock().unwrap(),
+        std::slice::from_ref(&h),
+        "the control plane asked for the claimed blob"
+    );
+
+    // Claimed, and other bytes sent under the hash: refused on receipt.
+    let forged = FakeAgent::claiming("stolen.txt", &plan).sending(&h, b"whatever bytes");
+    let client = forged.serve(dir, &format!("forged-{round}")).await;
+    let err = snapshot::save(stores, &client, request(&globex, "forged")).await.unwrap_err();
+    assert!(matches!(err, snapshot::Error::ChangedWhileCaptured(_)), "{err:?}");
+
+    // Nothing of globex references acme's bytes, nor can globex read them.
+    let snapshots = SnapshotOps::new(stores.clone());
+    assert!(snapshots.list(&globex, "t").await.unwrap().checkpoints.is_empty());
+    let theirs = snapshot::read_blob(stores, &globex, &h).await.unwrap_err();
+    assert!(matches!(theirs, snapshot::Error::Store(store::Error::NotFound(_))), "{theirs:?}");
+    assert_eq!(snapshot::read_blob(stores, &acme, &h).await.unwrap(), plan);
+
+    // Sent for real (globex has the bytes itself): its own copy, counted.
+    let knows = FakeAgent::claiming("guessed.txt", &plan).sending(&h, &plan);
+    let client = knows.serve(dir, &format!("knows-{round}")).await;
+    let guessed = snapshot::save(stores, &client, request(&globex, "guessed")).await.unwrap();
+    assert_eq!(guessed.uploaded_bytes, plan.len() as u64, "uploaded: no de-dup oracle");
+
+    // Collecting acme's copy leaves globex's.
+    snapshots.delete(&acme, "t", &saved.checkpoint_id).await.unwrap();
+    assert_eq!(snapshot::collect_garbage(stores).await.unwrap(), [BlobKey::new(&acme, &h)]);
+    assert_eq!(snapshot::read_blob(stores, &globex, &h).await.unwrap(), plan);
+    assert!(snapshot::read_blob(stores, &acme, &h).await.is_err());
+}
+
+/// A fake agent against the maxima: a manifest declaring a file (or a
+/// total) over a maximum is refused before a byte is asked for; bytes past
+/// what the manifest declared are refused as they arrive (as a change when
+/// under the maximum, as too large past it); nothing is recorded or
+/// stored. On SQLite + directory and on PostgreSQL when there is one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fake_agent_over_the_maxima_is_refused_before_and_while_streaming() {
+    on_sqlite_and_postgres(|stores, dir, round| Box::pin(fake_agent_over_maxima(stores, dir, round))).await;
+}
+
+async fn fake_agent_over_maxima(stores: &Stores, dir: &std::path::Path, round: usize) {
+    use control_plane::config::SnapshotLimits;
+    let acme = Tenant::new("acme");
+    let secrets = Default::default();
+    let limits = SnapshotLimits { max_snapshot_file_bytes: 100, max_snapshot_bytes: 150 };
+    let request = |label| SaveRequest {
+        tenant: &acme,
+        thread_id: "t",
+        run_id: "r",
+        label,
+        policy: Default::default(),
+        secrets: &secrets,
+        maxima: snapshot::Maxima::new(limits, None),
+    };
+    // Declared over the per-file maximum: nothing is asked for.
+    let big = vec![b'b'; 101];
+    let declared = FakeAgent::claiming("big.bin", &big).sending(&hex_sha256(&big), &big);
+    let asked = declared.asked.clone();
+    let client = declared.serve(dir, &format!("declared-{round}")).await;
+    let err = snapshot::save(stores, &client, request("declared")).await.unwrap_err();
+    assert_eq!(too_large(err), Ok(("big.bin".into(), "101".into(), "max-snapshot-file-bytes".into())));
+    assert!(asked.lock().unwrap().is_empty(), "no blob was asked for");
+
+    // Two files under the per-file maximum, over the per-snapshot one.
+    let (a, b) = (vec![b'a'; 80], vec![b'c'; 80]);
+    let mut two = FakeAgent::claiming("a.txt", &a);
+    two.manifest.extend(FakeAgent::claiming("b.txt", &b).manifest);
+    let asked = two.asked.clone();
+    let client = two.serve(dir, &format!("two-{round}")).await;
+    let err = snapshot::save(stores, &client, request("two")).await.unwrap_err();
+    assert_eq!(too_large(err), Ok((String::new(), "160".into(), "max-snapshot-bytes".into())));
+    assert!(asked.lock().unwrap().is_empty(), "no blob was asked for");
+
+    // Declared small, sent larger: past the declaration, a change; past the
+    // maximum, too large. The manifest's hash is of the declared bytes.
+    let small = b"small".to_vec();
+    let grown = FakeAgent::claiming("s.txt", &small).sending(&hex_sha256(&small), &[b's'; 50]);
+    let client = grown.serve(dir, &format!("grown-{round}")).await;
+    let err = snapshot::save(stores, &client, request("grown")).await.unwrap_err();
+    assert!(
+        matches!(&err, snapshot::Error::ChangedWhileCaptured(why) if why.contains("more than the 5 bytes")),
+        "{err:?}"
+    );
+    let huge = FakeAgent::claiming("s.txt", &small).sending(&hex_sha256(&small), &[b's'; 4096]);
+    let client = huge.serve(dir, &format!("huge-{round}")).await;
+    let err = snapshot::save(stores, &client, request("huge")).await.unwrap_err();
+    assert_eq!(too_large(err), Ok(("s.txt".into(), "4096".into(), "max-snapshot-file-bytes".into())));
+
+    // Nothing recorded, nothing stored.
+    assert!(SnapshotOps::new(stores.clone()).list(&acme, "t").await.unwrap().checkpoints.is_empty());
+    assert_eq!(stores.blobs.stats().await.unwrap().count, 0, "{:?}", stores.blobs.list().await.unwrap());
+}
+
+/// The path, size and setting of a SNAPSHOT_TOO_LARGE refusal, as a
+/// client sees them; any other error as it is.
+fn too_large(err: snapshot::Error) -> Result<(String, String, String), String> {
+    let shown = format!("{err:?}");
+    let wire = Error::from(err);
+    if wire.code != ErrorCode::SnapshotTooLarge {
+        return Err(shown);
+    }
+    let meta = |k: &str| wire.metadata.get(k).cloned().unwrap_or_default();
+    Ok((meta("path"), meta("size"), meta("limit")))
 }

@@ -39,7 +39,7 @@ impl Cluster {
         let database_url = sandhold_tests::services::postgres_url()?;
         let redis_url = sandhold_tests::services::redis_url()?;
         let dir = sandhold_tests::local::TestDir::new("takeover");
-        let nonce = uuid::Uuid::new_v4().simple().to_string()[..10].to_string();
+        let nonce = sandhold_tests::nonce();
         let token = format!("tok-{nonce}");
         let data_dir = dir.path().join("data");
         let mut replicas = Vec::new();
@@ -398,7 +398,11 @@ async fn a_run_whose_driver_died_before_its_status_is_finished_after_its_client_
         .await
         .unwrap();
     let dead_driver = lease_holder(&cluster.redis_url, LEASE_TTL_MS, LEASE_RENEW_MS).await;
-    let lease = dead_driver.try_acquire(&format!("run:{run_id}")).await.unwrap().expect("the lease is free");
+    let lease = dead_driver
+        .try_acquire(&run_lease(&format!("t{}", cluster.nonce), &run_id))
+        .await
+        .unwrap()
+        .expect("the lease is free");
 
     let mut attached = attach_after(&mut other, &run_id, &Seen::default()).await.unwrap();
     let mut again = Seen::default();

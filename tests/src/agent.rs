@@ -61,6 +61,7 @@ impl TestAgent {
             root: root.clone(),
             token: Secret::new(token.clone()),
             journal_dir: journal_dir.clone(),
+            run_user: None,
         };
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(sandbox_agent::serve(options, async move {

@@ -102,19 +102,19 @@ impl InProcess {
     // Clients send a bearer token as real ones do; single-user mode maps
     // every caller to the one tenant.
     pub fn runs(&self) -> Runs {
-        RunServiceClient::with_interceptor(self.channel.clone(), bearer("in-process"))
+        shared::sized!(RunServiceClient::with_interceptor(self.channel.clone(), bearer("in-process")))
     }
 
     pub fn sandboxes(&self) -> Sandboxes {
-        SandboxServiceClient::with_interceptor(self.channel.clone(), bearer("in-process"))
+        shared::sized!(SandboxServiceClient::with_interceptor(self.channel.clone(), bearer("in-process")))
     }
 
     pub fn snapshots(&self) -> SnapshotServiceClient<InterceptedService<Channel, Bearer>> {
-        SnapshotServiceClient::with_interceptor(self.channel.clone(), bearer("in-process"))
+        shared::sized!(SnapshotServiceClient::with_interceptor(self.channel.clone(), bearer("in-process")))
     }
 
     pub fn admin(&self) -> Admin {
-        AdminServiceClient::with_interceptor(self.channel.clone(), bearer("in-process"))
+        shared::sized!(AdminServiceClient::with_interceptor(self.channel.clone(), bearer("in-process")))
     }
 }
 

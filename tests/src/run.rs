@@ -198,3 +198,20 @@ pub fn docker_exit_recorded(container: &str, run_id: &str) -> bool {
         .output()
         .is_ok_and(|o| o.status.success())
 }
+
+/// Start a durable `command` run of `script` and read its stream to the
+/// end: everything it delivered.
+pub async fn run_to_end(runs: &mut Runs, run_id: &str, thread: &str, definition: &str, script: &str) -> Seen {
+    let mut stream =
+        runs.start_run(command_run(run_id, thread, definition, script)).await.unwrap().into_inner();
+    let mut seen = Seen::default();
+    assert!(read_until(&mut stream, &mut seen, |_| false).await.unwrap(), "the stream ended");
+    seen
+}
+
+/// The name of the lease a replica drives `tenant`'s run `run` under (run
+/// ids are per tenant, so the lease names both).
+pub fn run_lease(tenant: &str, run: &str) -> String {
+    use control_plane::store::{RunId, RunKey, Tenant};
+    control_plane::runs::lease_name(&RunKey::new(Tenant::new(tenant), RunId::parse(run).expect("a run id")))
+}

@@ -1,5 +1,6 @@
 //! `sandhold.v1.AdminService`: operator calls. Identity (who the caller is
-//! and what this server is) and the reaper's on-demand sweep.
+//! and what this server is) and the reaper's on-demand sweep, whose
+//! [`reaper::Error`] maps to a status here.
 
 use shared::proto::v1::admin_service_server::AdminService;
 use shared::proto::v1::{GetServerInfoRequest, GetServerInfoResponse, SweepRequest, SweepResponse, SweptRun};
@@ -8,8 +9,14 @@ use tonic::{Request, Response, Status};
 use crate::auth::tenant_of;
 use crate::context::Context;
 use crate::metrics::SweepOutcome;
-use crate::reaper::{Reaper, Scope, Tally};
+use crate::reaper::{self, Reaper, Scope, Tally};
 use crate::store::Tenant;
+
+impl From<reaper::Error> for Status {
+    fn from(e: reaper::Error) -> Self {
+        shared::error::Error::from(e).into()
+    }
+}
 
 pub struct AdminApi {
     cx: Context,

@@ -18,17 +18,17 @@
 
 use std::time::Duration;
 
-use shared::error::{Error, ErrorCode};
 use shared::proto::agent::v1 as agent;
 use tracing::{debug, info, warn};
 
+use super::error::{Error, told};
 use crate::context::Context;
-use crate::lease::Lease;
 use crate::metrics::SweepOutcome;
 use crate::runs::Takeover;
 use crate::store::{RunRecord, Timestamp};
 
 use super::handle::PROBE_TIMEOUT;
+use super::schedule::Bounds;
 use super::{Reaper, RunReport, Scope, Tally};
 
 /// How long a drive stopped for overrunning its budget may take to end.
@@ -46,7 +46,7 @@ impl Reaper {
         &self,
         cx: &Context,
         scope: &Scope,
-        lease: &Lease,
+        bounds: &Bounds<'_>,
         tally: &mut Tally,
     ) -> Result<(), Error> {
         self.detach_driverless(cx, scope).await;
@@ -54,7 +54,7 @@ impl Reaper {
         let mut detached: Vec<RunRecord> = cx
             .stores
             .runs
-            .list_reclaimable(now)
+            .list_reclaimable(now, scope.tenant())
             .await?
             .into_iter()
             .filter(|r| scope.covers(&r.tenant))
@@ -65,8 +65,13 @@ impl Reaper {
             tally.truncated = true;
         }
         for record in detached {
-            if lease.is_lost() {
+            if bounds.lease.is_lost() {
                 warn!("lost the sweep lease; stopping the sweep");
+                break;
+            }
+            if bounds.exhausted() {
+                info!(scope = scope.name(), "the sweep's time budget is spent; stopping the sweep");
+                tally.truncated = true;
                 break;
             }
             let report = self.sweep_run(cx, record, now).await;
@@ -88,16 +93,17 @@ impl Reaper {
     /// detached run (finished: finalized; producing: the TTL counts from
     /// now). A client attaching later clears the mark again.
     async fn detach_driverless(&self, cx: &Context, scope: &Scope) {
-        let candidates = match cx.stores.runs.list_undetached_running(self.inner.options.max_runs).await {
-            Ok(c) => c,
-            Err(e) => {
-                warn!(error = %e, "could not list undetached runs");
-                return;
-            }
-        };
+        let candidates =
+            match cx.stores.runs.list_undetached_running(self.inner.options.max_runs, scope.tenant()).await {
+                Ok(c) => c,
+                Err(e) => {
+                    warn!(error = %e, "could not list undetached runs");
+                    return;
+                }
+            };
         for record in candidates.into_iter().filter(|r| scope.covers(&r.tenant)) {
             let run = &record.run_id;
-            let lease = match cx.leases.try_acquire(&format!("run:{run}")).await {
+            let lease = match cx.leases.try_acquire(&crate::runs::lease_name(&record.key())).await {
                 Ok(Some(lease)) => lease,
                 Ok(None) => continue, // driven
                 Err(e) => {
@@ -105,12 +111,12 @@ impl Reaper {
                     continue;
                 }
             };
-            match self.inner.runs.mark_detached(run).await {
+            match self.inner.runs.mark_detached(&record.key()).await {
                 Ok(()) => {
                     info!(run_id = %run, "no replica drives this run and no client waits on it: marked detached")
                 }
                 Err(e) => {
-                    warn!(run_id = %run, error = %e.message, "could not mark a driverless run detached")
+                    warn!(run_id = %run, error = %e, "could not mark a driverless run detached")
                 }
             }
             let _ = lease.release().await;
@@ -122,7 +128,7 @@ impl Reaper {
         // The list is as old as the sweep: a run handled before this one may
         // have taken long enough for this one to end, or for its client to
         // come back, meanwhile.
-        let record = match cx.stores.runs.get_unscoped(&run).await {
+        let record = match cx.stores.runs.get(&listed.key()).await {
             Ok(r) if r.status.is_terminal() => {
                 return RunReport::new(&run, SweepOutcome::NotClaimed, "the run ended meanwhile");
             }
@@ -137,7 +143,7 @@ impl Reaper {
         };
         let state = match self.probe(cx, &record, &key).await {
             Ok(state) => state,
-            Err(e) => return RunReport::new(&run, SweepOutcome::Unknown, e.message),
+            Err(e) => return RunReport::new(&run, SweepOutcome::Unknown, told(e)),
         };
         match state {
             agent::RunState::Finished => self.finalize(cx, &record, &key).await,
@@ -166,17 +172,10 @@ impl Reaper {
                 run_id: record.run_id.to_string(),
                 sentinel_key: record.sentinel_key.expose().as_bytes().to_vec(),
             };
-            let response = live
-                .agent
-                .journal()
-                .probe_exit(request)
-                .await
-                .map_err(|s| Error::from_status(&s).context("probing the journal"))?;
+            let response = live.agent.journal().probe_exit(request).await.map_err(Error::Probe)?;
             Ok(agent::RunState::try_from(response.into_inner().state).unwrap_or(agent::RunState::Unknown))
         };
-        tokio::time::timeout(PROBE_TIMEOUT, ask).await.unwrap_or_else(|_| {
-            Err(Error::new(ErrorCode::Unavailable, "the sandbox's agent did not answer in time"))
-        })
+        tokio::time::timeout(PROBE_TIMEOUT, ask).await.unwrap_or(Err(Error::ProbeTimedOut))
     }
 
     /// The journal finished: drive the run to its terminal state here, then
@@ -190,7 +189,7 @@ impl Reaper {
     /// stops it (destroying the sandbox), and make sure the sandbox is gone.
     async fn expire(&self, cx: &Context, record: &RunRecord, key: &str) -> RunReport {
         let run = &record.run_id;
-        if let Err(e) = cx.stores.runs.request_cancel(&record.tenant, run).await {
+        if let Err(e) = cx.stores.runs.request_cancel(&record.key()).await {
             return RunReport::new(run, SweepOutcome::Failed, format!("recording the cancel: {e}"));
         }
         info!(run_id = %run, tenant = %record.tenant, "detached run past its TTL: cancelling");
@@ -223,7 +222,7 @@ impl Reaper {
         };
         if let Err(e) = self.reclaim(cx, record, key).await {
             report.outcome = SweepOutcome::ReclaimFailed;
-            report.detail = e.message;
+            report.detail = told(e);
         }
         report
     }
@@ -232,7 +231,7 @@ impl Reaper {
     /// `Err` carries the report of a run this sweep could not drive.
     async fn take_over_and_wait(&self, cx: &Context, record: &RunRecord) -> Result<Driven, RunReport> {
         let run = &record.run_id;
-        let (handle, epoch) = match self.inner.runs.try_take_over(run).await {
+        let (handle, epoch) = match self.inner.runs.try_take_over(&record.key()).await {
             Ok(Takeover::Driving { drive, epoch }) => (drive, epoch),
             Ok(Takeover::HeldElsewhere) => {
                 return Err(RunReport::new(
@@ -251,7 +250,7 @@ impl Reaper {
             Ok(Takeover::Ended) => {
                 return Err(RunReport::new(run, SweepOutcome::NotClaimed, "the run ended meanwhile"));
             }
-            Err(e) => return Err(RunReport::new(run, SweepOutcome::Failed, e.message)),
+            Err(e) => return Err(RunReport::new(run, SweepOutcome::Failed, told(e))),
         };
         let mut handle = handle;
         let overran = match tokio::time::timeout(self.inner.options.run_budget, &mut handle).await {
@@ -259,8 +258,8 @@ impl Reaper {
             Err(_) => {
                 warn!(run_id = %run, budget_ms = self.inner.options.run_budget.as_millis() as u64,
                     "the drive overran the sweep's budget; stopping it");
-                let _ = cx.stores.runs.request_cancel(&record.tenant, run).await;
-                self.inner.runs.stop_overrun(run);
+                let _ = cx.stores.runs.request_cancel(&record.key()).await;
+                self.inner.runs.stop_overrun(&record.key());
                 if tokio::time::timeout(STOP_GRACE, &mut handle).await.is_err() {
                     handle.abort();
                     return Err(RunReport::new(
@@ -272,7 +271,7 @@ impl Reaper {
                 true
             }
         };
-        match cx.stores.runs.get_unscoped(run).await {
+        match cx.stores.runs.get(&record.key()).await {
             // Claimed again after this sweep's claim: this drive was
             // superseded (its lease ran out, say, while this replica was
             // paused) and wrote nothing more; the successor ends the run and
@@ -313,8 +312,8 @@ impl Reaper {
         }
         match self.inner.cx.lifecycle.destroy(&cx.stores, &cx.leases, &record.tenant, key).await {
             Ok(()) => Ok(()),
-            Err(e) if e.code == ErrorCode::NotFound => Ok(()),
-            Err(e) => Err(e.context("reclaiming the run's sandbox")),
+            Err(e) if e.is_not_found() => Ok(()),
+            Err(e) => Err(Error::Reclaim(e)),
         }
     }
 }

@@ -2,26 +2,27 @@
 //! sandbox, and orphans old enough; keep anything not proven terminal.
 //!
 //! In every sandbox the provider reports running, each journal whose run
-//! record is terminal is deleted; a journal with no record at all only once
-//! older than
+//! record (of the sandbox's tenant: a sandbox is one tenant's, and so are
+//! the runs in it) is terminal is deleted; a journal with no record at all
+//! only once older than
 //! [`ReaperOptions::orphan_journal_age`](crate::config::ReaperOptions::orphan_journal_age);
 //! anything not proven terminal (running record, undecodable name, store
-//! error, record of another tenant) is kept. At most
+//! error) is kept. At most
 //! [`ReaperOptions::max_journal_deletions`](crate::config::ReaperOptions::max_journal_deletions)
 //! per sweep.
 
 use std::collections::{BTreeMap, HashSet};
 
-use shared::error::Error;
 use shared::proto::agent::v1 as agent;
 use tracing::{debug, warn};
 
 use crate::context::Context;
 use crate::provider::LABEL_TENANT;
-use crate::store::{self, RunId, Timestamp};
+use crate::store::{self, RunId, RunKey, Timestamp};
 
 use super::handle::PROBE_TIMEOUT;
-use super::{Reaper, Scope, Tally};
+use super::schedule::Bounds;
+use super::{Error, Reaper, Scope, Tally};
 
 impl Reaper {
     /// Provider ids of the sandboxes that are running now, per provider name.
@@ -35,7 +36,7 @@ impl Reaper {
                         .filter(|s| s.running)
                         .map(|s| (provider.kind().as_str().to_string(), s.provider_id)),
                 ),
-                Err(e) => warn!(provider = %provider.kind(), error = %e.message, "listing sandboxes failed"),
+                Err(e) => warn!(provider = %provider.kind(), error = %e, "listing sandboxes failed"),
             }
         }
         running
@@ -48,12 +49,14 @@ impl Reaper {
         }
     }
 
-    pub(super) async fn prune_journals(&self, cx: &Context, scope: &Scope, tally: &mut Tally) {
-        let tenant = match scope {
-            Scope::All => None,
-            Scope::Tenant(t) => Some(t),
-        };
-        let instances = match cx.stores.instances.list(tenant).await {
+    pub(super) async fn prune_journals(
+        &self,
+        cx: &Context,
+        scope: &Scope,
+        bounds: &Bounds<'_>,
+        tally: &mut Tally,
+    ) {
+        let instances = match cx.stores.instances.list(scope.tenant()).await {
             Ok(i) => i,
             Err(e) => {
                 warn!(error = %e, "listing instances failed; no journals pruned");
@@ -67,7 +70,7 @@ impl Reaper {
             if !running.contains(&(instance.provider.clone(), instance.provider_sandbox_id.clone())) {
                 continue;
             }
-            if budget == 0 {
+            if budget == 0 || bounds.exhausted() {
                 tally.truncated = true;
                 break;
             }
@@ -78,7 +81,7 @@ impl Reaper {
                     tally.journals_kept += kept;
                 }
                 Ok(Err(e)) => {
-                    debug!(sandbox_key = %instance.sandbox_key, error = %e.message, "journals not pruned")
+                    debug!(sandbox_key = %instance.sandbox_key, error = %e, "journals not pruned")
                 }
                 Err(_) => {
                     debug!(sandbox_key = %instance.sandbox_key, "journals not pruned: the agent is slow")
@@ -101,7 +104,7 @@ impl Reaper {
             .journal()
             .list_journals(agent::ListJournalsRequest {})
             .await
-            .map_err(|s| Error::from_status(&s))?
+            .map_err(Error::Journals)?
             .into_inner()
             .journals;
         let now = Timestamp::now().as_millis();
@@ -111,8 +114,9 @@ impl Reaper {
         for journal in journals {
             let dead = match RunId::parse(&journal.run_id) {
                 Err(_) => false,
-                Ok(run) => match cx.stores.runs.get_unscoped(&run).await {
-                    Ok(r) => r.status.is_terminal() && r.tenant == instance.tenant,
+                // A sandbox is one tenant's, so are the runs in it.
+                Ok(run) => match cx.stores.runs.get(&RunKey::new(instance.tenant.clone(), run)).await {
+                    Ok(r) => r.status.is_terminal(),
                     Err(store::Error::NotFound(_)) => now.saturating_sub(journal.mtime_ms) >= orphan_age,
                     Err(_) => false,
                 },
@@ -131,7 +135,7 @@ impl Reaper {
             .journal()
             .delete_journals(agent::DeleteJournalsRequest { run_ids: doomed })
             .await
-            .map_err(|s| Error::from_status(&s))?
+            .map_err(Error::Journals)?
             .into_inner()
             .deleted;
         for run in &deleted {

@@ -5,6 +5,7 @@
 //! [`journals`] in running sandboxes and the [`orphans`].
 
 mod detached;
+mod error;
 mod handle;
 mod journals;
 mod orphans;
@@ -12,6 +13,7 @@ mod report;
 mod schedule;
 
 pub use crate::config::ReaperOptions;
+pub use error::Error;
 pub use handle::Reaper;
 pub use report::{RunReport, Scope, Tally};
-pub use schedule::SWEEP_LEASE;
+pub use schedule::{SWEEP_LEASE, tenant_sweep_lease};

@@ -10,7 +10,6 @@
 
 use std::collections::HashSet;
 
-use shared::error::Error;
 use tracing::{debug, info, warn};
 
 use crate::context::Context;
@@ -22,7 +21,7 @@ use super::{Reaper, Scope, Tally};
 impl Reaper {
     /// Tenants this deployment knows: an orphan of an unknown tenant may
     /// belong to another deployment sharing the provider (a Docker engine).
-    async fn known_tenants(&self, cx: &Context) -> Result<HashSet<Tenant>, Error> {
+    async fn known_tenants(&self, cx: &Context) -> Result<HashSet<Tenant>, store::Error> {
         let mut known: HashSet<Tenant> = cx.stores.tokens.list_tenants().await?.into_iter().collect();
         if self.inner.single_user {
             known.insert(Tenant::new(crate::auth::SINGLE_USER_TENANT));
@@ -34,7 +33,7 @@ impl Reaper {
         let known = match self.known_tenants(cx).await {
             Ok(k) => k,
             Err(e) => {
-                warn!(error = %e.message, "listing tenants failed; no orphaned sandboxes reclaimed");
+                warn!(error = %e, "listing tenants failed; no orphaned sandboxes reclaimed");
                 return;
             }
         };
@@ -44,7 +43,7 @@ impl Reaper {
             let listed = match provider.list(&Self::scope_labels(scope)).await {
                 Ok(l) => l,
                 Err(e) => {
-                    warn!(provider = %provider.kind(), error = %e.message, "listing sandboxes failed");
+                    warn!(provider = %provider.kind(), error = %e, "listing sandboxes failed");
                     continue;
                 }
             };
@@ -83,13 +82,13 @@ impl Reaper {
                                         "orphaned sandbox destroyed");
                                     tally.sandboxes_reclaimed += 1;
                                 }
-                                Err(e) => warn!(sandbox_key = %key, error = %e.message,
+                                Err(e) => warn!(sandbox_key = %key, error = %e,
                                     "destroying an orphaned sandbox failed"),
                             }
                         }
                         let _ = lease.release().await;
                     }
-                    Err(e) => debug!(sandbox_key = %key, error = %e.message, "orphan check failed; kept"),
+                    Err(e) => debug!(sandbox_key = %key, error = %e, "orphan check failed; kept"),
                 }
             }
         }
@@ -103,13 +102,13 @@ impl Reaper {
         provider: &str,
         key: &str,
         provider_id: &str,
-    ) -> Result<bool, Error> {
+    ) -> Result<bool, store::Error> {
         match cx.stores.instances.get(key).await {
             Ok(i) if i.provider == provider && i.provider_sandbox_id == provider_id => Ok(false),
             // The key's record points at another sandbox: this one was replaced.
             Ok(_) => Ok(true),
             Err(store::Error::NotFound(_)) => Ok(cx.stores.runs.unfinished_in_sandbox(key).await?.is_empty()),
-            Err(e) => Err(e.into()),
+            Err(e) => Err(e),
         }
     }
 }

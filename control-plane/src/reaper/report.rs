@@ -21,6 +21,14 @@ impl Scope {
         }
     }
 
+    /// The one tenant covered; `None`: every tenant.
+    pub fn tenant(&self) -> Option<&Tenant> {
+        match self {
+            Scope::All => None,
+            Scope::Tenant(t) => Some(t),
+        }
+    }
+
     pub fn name(&self) -> &'static str {
         match self {
             Scope::All => "all",

@@ -6,15 +6,16 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
-use shared::error::{Error as WireError, ErrorCode};
 use shared::proto::v1 as api;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::driver::{DriveCtx, decode_chunk};
+use super::retry::Interrupts;
 use super::{Error, RunSpec, Runs};
 use crate::harness::Harness;
-use crate::store::{self, LogWriter, Offset, RunId, Tenant};
+use crate::provision::InvalidField;
+use crate::store::{self, LogWriter, Offset, RunKey, Tenant};
 
 /// A client's view of a run: events in order, each chunk with its offset.
 pub type RunEvents = Pin<Box<dyn Stream<Item = Result<api::RunEvent, Error>> + Send + 'static>>;
@@ -35,25 +36,25 @@ impl Runs {
         after_offset: &str,
         stored_only: bool,
     ) -> Result<RunEvents, Error> {
-        let run = super::run_id_field("run_id", run_id)?;
+        let run = RunKey::new(tenant.clone(), super::run_id_field("run_id", run_id)?);
         let after = if after_offset.is_empty() {
             Offset::start()
         } else {
-            Offset::parse(after_offset).map_err(|e| Error::invalid_field("after_offset", e.to_string()))?
+            Offset::parse(after_offset).map_err(|e| InvalidField::new("after_offset", e.to_string()))?
         };
-        let record = self.record(tenant, &run).await?;
+        let record = self.record(&run).await?;
         if !thread_id.is_empty() && thread_id != record.thread_id {
-            return Err(Error::invalid_field("thread_id", format!("run {run} is not a run of this thread")));
+            return Err(InvalidField::new(
+                "thread_id",
+                format!("run {} is not a run of this thread", run.run),
+            )
+            .into());
         }
         if stored_only {
-            let stored = self.inner.ctx.stores.events.snapshot(&run).await?;
-            let events: Vec<Result<api::RunEvent, Error>> = stored
-                .chunks
-                .iter()
-                .filter(|c| c.offset > after)
-                .map(|c| chunk_event(c).map_err(Error::Other))
-                .collect();
-            return Ok(Box::pin(tokio_stream::iter(events)));
+            // Page by page: a reader of a long log holds one page, and a
+            // client that reads slowly holds back the next page's query.
+            let stored = crate::store::stored_after(self.inner.ctx.stores.events.clone(), run, after);
+            return Ok(Box::pin(stored.map(|c| c.map_err(Error::Store).and_then(|c| chunk_event(&c)))));
         }
         let log_ended = CancellationToken::new();
         let log = self.log_stream(run.clone(), after, log_ended.clone());
@@ -68,7 +69,7 @@ impl Runs {
     /// The run's log after `after`, then what is appended, until it closes
     /// or the server shuts down. `ended` fires when the stream reaches the
     /// run's terminal chunk.
-    pub(super) fn log_stream(&self, run: RunId, after: Offset, ended: CancellationToken) -> RunEvents {
+    pub(super) fn log_stream(&self, run: RunKey, after: Offset, ended: CancellationToken) -> RunEvents {
         let events = self.inner.ctx.stores.events.clone();
         let shutdown = self.inner.ctx.shutdown.clone();
         let stream = async_stream::stream! {
@@ -86,10 +87,7 @@ impl Runs {
                     // never with a clean end a client could take for the
                     // run's end.
                     _ = shutdown.cancelled() => {
-                        yield Err(Error::Other(WireError::new(
-                            ErrorCode::Unavailable,
-                            "the server is shutting down: attach again (any replica) after the last offset received",
-                        )));
+                        yield Err(Error::ShuttingDown);
                         break;
                     }
                     item = chunks.next() => match item {
@@ -99,7 +97,7 @@ impl Runs {
                             break;
                         }
                         Some(Ok(stored)) => {
-                            let event = chunk_event(&stored).map_err(Error::Other);
+                            let event = chunk_event(&stored);
                             // Nothing follows a terminal chunk: end here even
                             // if the log was never closed (its driver died
                             // between the terminal chunk and the close).
@@ -124,7 +122,7 @@ impl Runs {
     }
 
     /// Count `inner` as a client of `run` until it ends or is dropped.
-    pub(super) fn client_stream(&self, run: RunId, inner: RunEvents) -> (RunEvents, CancellationToken) {
+    pub(super) fn client_stream(&self, run: RunKey, inner: RunEvents) -> (RunEvents, CancellationToken) {
         self.client_arrived(&run);
         let gone = CancellationToken::new();
         let stream = ClientStream { inner, runs: self.clone(), run, gone: gone.clone() };
@@ -133,12 +131,12 @@ impl Runs {
 
     /// Try to become the driver of a running run: take its lease, claim it
     /// (bump the epoch) and drive it on from its journal.
-    pub async fn try_take_over(&self, run: &RunId) -> Result<Takeover, WireError> {
-        if self.registry().drives.contains_key(run.as_str()) {
+    pub async fn try_take_over(&self, run: &RunKey) -> Result<Takeover, Error> {
+        if self.registry().drives.contains_key(run) {
             return Ok(Takeover::AlreadyHere);
         }
         let cx = &self.inner.ctx;
-        let Some(lease) = cx.leases.try_acquire(&format!("run:{run}")).await? else {
+        let Some(lease) = cx.leases.try_acquire(&super::lease_name(run)).await? else {
             return Ok(Takeover::HeldElsewhere);
         };
         let record = match cx.stores.runs.claim(run).await {
@@ -149,30 +147,28 @@ impl Runs {
             }
             Err(e) => {
                 // The API error keeps store internals out; the log has them.
-                warn!(run_id = %run, error = %e, "could not claim the run");
+                warn!(run_id = %run.run, tenant = %run.tenant, error = %e, "could not claim the run");
                 let _ = lease.release().await;
                 return Err(e.into());
             }
         };
         let spec = RunSpec::of(&record)?;
-        let harness = Harness::parse(&spec.harness).map_err(|e| WireError::internal(e.to_string()))?;
+        let harness = Harness::parse(&spec.harness).map_err(|e| Error::Corrupt(e.to_string()))?;
         let Some(drive) = self.register(run, spec.detach_on_disconnect) else {
             let _ = lease.release().await;
             return Ok(Takeover::AlreadyHere);
         };
-        info!(run_id = %run, epoch = record.driver_epoch, "taking the run over");
+        info!(run_id = %run.run, tenant = %run.tenant, epoch = record.driver_epoch, "taking the run over");
         crate::metrics::takeovers().inc();
         let ctx = DriveCtx {
-            run: run.clone(),
-            tenant: record.tenant.clone(),
+            key: run.clone(),
             thread_id: record.thread_id.clone(),
             spec,
             harness,
             sentinel_key: record.sentinel_key.expose().as_bytes().to_vec(),
             writer: LogWriter::new(cx.stores.events.clone(), run.clone(), record.driver_epoch),
-            lease_lost: lease.lost(),
+            interrupts: Interrupts { shutdown: cx.shutdown.clone(), lease_lost: lease.lost(), drive },
             lease,
-            drive,
         };
         let epoch = record.driver_epoch;
         Ok(Takeover::Driving { drive: self.inner.drives.spawn(self.clone().drive(ctx, None)), epoch })
@@ -186,7 +182,7 @@ impl Runs {
     /// chunk and its terminal status: then the attempts go on without the
     /// client (for [`FINISH_ORPHANED_FOR`] at most) until a takeover can
     /// replay the log to its end and write the status.
-    fn keep_taking_over(&self, run: RunId, until: CancellationToken, log_ended: CancellationToken) {
+    fn keep_taking_over(&self, run: RunKey, until: CancellationToken, log_ended: CancellationToken) {
         let runs = self.clone();
         // Tracked with the drives: shutdown waits for it (it stops on the
         // shutdown token) before the stores close.
@@ -199,16 +195,16 @@ impl Runs {
                         // Its client is here: whoever marked it detached
                         // while it had no driver (the reaper) was wrong now.
                         let cx = &runs.inner.ctx;
-                        if let Ok(record) = cx.stores.runs.get_unscoped(&run).await {
+                        if let Ok(record) = cx.stores.runs.get(&run).await {
                             runs.mark_attached(&record).await;
                         }
                         return;
                     }
                     Ok(_) => return,
-                    Err(e) => debug!(run_id = %run, error = %e.message, "takeover attempt failed"),
+                    Err(e) => debug!(run_id = %run.run, error = %e, "takeover attempt failed"),
                 }
                 if give_up_at.is_some_and(|at| tokio::time::Instant::now() >= at) {
-                    warn!(run_id = %run, "the run's log ended but its status was never written; left to the reaper");
+                    warn!(run_id = %run.run, "the run's log ended but its status was never written; left to the reaper");
                     return;
                 }
                 tokio::select! {
@@ -216,18 +212,25 @@ impl Runs {
                         if !log_ended.is_cancelled() {
                             return;
                         }
-                        debug!(run_id = %run, "the client left at the run's end; finishing its record");
+                        debug!(run_id = %run.run, "the client left at the run's end; finishing its record");
                         give_up_at = Some(tokio::time::Instant::now() + FINISH_ORPHANED_FOR);
                     }
                     _ = runs.inner.ctx.shutdown.cancelled() => return,
-                    _ = tokio::time::sleep(runs.inner.options.takeover_retry) => {}
+                    _ = tokio::time::sleep(jittered(runs.inner.options.takeover_retry)) => {}
                 }
             }
         });
     }
 }
 
-fn chunk_event(stored: &store::StoredChunk) -> Result<api::RunEvent, WireError> {
+/// `base` give or take half: clients that attached together after a
+/// replica died do not retry the takeover in step.
+fn jittered(base: Duration) -> Duration {
+    use rand::Rng;
+    base.mul_f64(rand::thread_rng().gen_range(0.5..1.5))
+}
+
+fn chunk_event(stored: &store::StoredChunk) -> Result<api::RunEvent, Error> {
     Ok(api::RunEvent {
         event: Some(api::run_event::Event::Chunk(api::RunChunk {
             offset: stored.offset.to_string(),
@@ -256,7 +259,7 @@ pub enum Takeover {
 struct ClientStream {
     inner: RunEvents,
     runs: Runs,
-    run: RunId,
+    run: RunKey,
     gone: CancellationToken,
 }
 
@@ -272,5 +275,20 @@ impl Drop for ClientStream {
     fn drop(&mut self) {
         self.gone.cancel();
         self.runs.client_left(&self.run);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn takeover_retries_are_spread_around_the_base() {
+        let base = Duration::from_secs(1);
+        let pauses: Vec<Duration> = (0..200).map(|_| jittered(base)).collect();
+        assert!(pauses.iter().all(|p| (base / 2..base * 3 / 2).contains(p)), "{pauses:?}");
+        let distinct: std::collections::BTreeSet<_> = pauses.iter().collect();
+        assert!(distinct.len() > 100, "retries in step: {} distinct pauses of 200", distinct.len());
+        assert!(pauses.iter().any(|p| *p < base) && pauses.iter().any(|p| *p > base));
     }
 }

@@ -3,30 +3,36 @@
 use tracing::{debug, info};
 
 use super::{Error, Runs, StopReason};
-use crate::store::{RunId, RunRecord, Tenant};
+use crate::provision::InvalidField;
+use crate::store::{RunId, RunKey, RunRecord, Tenant};
 
 /// Unset list limit.
 const DEFAULT_LIST_LIMIT: u32 = 100;
 const MAX_LIST_LIMIT: u32 = 1000;
 
+/// The name of a run's lease (`run:<tenant>:<run id>`): one driver per
+/// run, and two tenants' runs of one id are two runs.
+pub fn lease_name(run: &RunKey) -> String {
+    format!("run:{}", run.encode())
+}
+
 /// A run id from a request field.
 pub(super) fn run_id_field(field: &str, raw: &str) -> Result<RunId, Error> {
-    if raw.is_empty() {
-        return Err(Error::invalid_field(field, "required"));
-    }
-    RunId::parse(raw).map_err(|e| Error::invalid_field(field, e.to_string()))
+    RunId::parse(InvalidField::required(field, raw)?)
+        .map_err(|e| InvalidField::new(field, e.to_string()).into())
 }
 
 impl Runs {
-    /// The tenant's run, or NOT_FOUND (also for another tenant's).
-    pub(super) async fn record(&self, tenant: &Tenant, run: &RunId) -> Result<RunRecord, Error> {
-        self.inner.ctx.stores.runs.get(tenant, run).await.map_err(Error::lookup(run))
+    /// The tenant's run, or NOT_FOUND (the same for an id only another
+    /// tenant uses: run ids are per tenant).
+    pub(super) async fn record(&self, run: &RunKey) -> Result<RunRecord, Error> {
+        self.inner.ctx.stores.runs.get(run).await.map_err(Error::lookup(&run.run))
     }
 
     /// The tenant's run `run_id`.
     pub async fn get(&self, tenant: &Tenant, run_id: &str) -> Result<RunRecord, Error> {
         let run = run_id_field("run_id", run_id)?;
-        self.record(tenant, &run).await
+        self.record(&RunKey::new(tenant.clone(), run)).await
     }
 
     /// The tenant's newest runs (of one thread when `thread_id` is set),
@@ -47,7 +53,7 @@ impl Runs {
     /// The thread's run that is not terminal, if any.
     pub async fn active(&self, tenant: &Tenant, thread_id: &str) -> Result<Option<RunRecord>, Error> {
         if thread_id.is_empty() {
-            return Err(Error::invalid_field("thread_id", "required"));
+            return Err(InvalidField::new("thread_id", "required").into());
         }
         Ok(self.inner.ctx.stores.runs.active_run(tenant, thread_id).await?)
     }
@@ -56,18 +62,18 @@ impl Runs {
     /// (here, on another replica, or by driving it here to stop it).
     /// Returns the record as it was when the cancel was recorded.
     pub async fn cancel(&self, tenant: &Tenant, run_id: &str) -> Result<RunRecord, Error> {
-        let run = run_id_field("run_id", run_id)?;
+        let run = RunKey::new(tenant.clone(), run_id_field("run_id", run_id)?);
         let cx = &self.inner.ctx;
-        let record = cx.stores.runs.request_cancel(tenant, &run).await.map_err(Error::lookup(&run))?;
+        let record = cx.stores.runs.request_cancel(&run).await.map_err(Error::lookup(&run.run))?;
         if !record.status.is_terminal() {
-            info!(run_id = %run, "cancel requested");
+            info!(run_id = %run.run, "cancel requested");
             if !self.stop_local(&run, StopReason::Cancel) {
                 // Driven elsewhere: tell that driver now (it would also see
                 // the record within its poll). Driven nowhere: drive it
                 // here to stop it.
-                cx.cancels.publish(run.as_str()).await;
+                cx.cancels.publish(&run.encode()).await;
                 if let Err(e) = self.try_take_over(&run).await {
-                    debug!(run_id = %run, error = %e.message, "could not take the cancelled run over");
+                    debug!(run_id = %run.run, error = %e, "could not take the cancelled run over");
                 }
             }
         }

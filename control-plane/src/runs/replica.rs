@@ -9,11 +9,9 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
-use shared::error::Error;
-
 use super::RunOptions;
 use crate::context::Context;
-use crate::store::{self, RunId, RunRecord, RunUpdate, Timestamp};
+use crate::store::{self, RunKey, RunRecord, RunUpdate, Timestamp};
 
 /// Why a driver was asked to stop a run it drives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,11 +66,12 @@ impl Drive {
     }
 }
 
+/// By [`RunKey`]: two tenants' runs of one id are two runs here too.
 #[derive(Default)]
 pub(super) struct Registry {
-    pub(super) drives: HashMap<String, Drive>,
+    pub(super) drives: HashMap<RunKey, Drive>,
     /// Clients of each run streaming from this replica.
-    clients: HashMap<String, usize>,
+    clients: HashMap<RunKey, usize>,
 }
 
 /// The runs this replica serves. Cheap to clone.
@@ -121,23 +120,23 @@ impl Runs {
     }
 
     /// Register a drive; `None` when this replica already drives the run.
-    pub(super) fn register(&self, run: &RunId, detaches: bool) -> Option<Drive> {
+    pub(super) fn register(&self, run: &RunKey, detaches: bool) -> Option<Drive> {
         let mut reg = self.registry();
-        if reg.drives.contains_key(run.as_str()) {
+        if reg.drives.contains_key(run) {
             return None;
         }
         let drive = Drive { stop: CancellationToken::new(), reason: Arc::default(), detaches };
-        reg.drives.insert(run.to_string(), drive.clone());
+        reg.drives.insert(run.clone(), drive.clone());
         Some(drive)
     }
 
-    pub(super) fn unregister(&self, run: &RunId) {
-        self.registry().drives.remove(run.as_str());
+    pub(super) fn unregister(&self, run: &RunKey) {
+        self.registry().drives.remove(run);
     }
 
     /// Stop a run this replica drives; false when it drives no such run.
-    pub(super) fn stop_local(&self, run: &RunId, reason: StopReason) -> bool {
-        match self.registry().drives.get(run.as_str()) {
+    pub(super) fn stop_local(&self, run: &RunKey, reason: StopReason) -> bool {
+        match self.registry().drives.get(run) {
             Some(drive) => {
                 drive.stop(reason);
                 true
@@ -146,35 +145,35 @@ impl Runs {
         }
     }
 
-    /// Another replica announced a cancel of `run` (see
-    /// `lease::CancelBus::listen`): stop it if this replica drives it.
+    /// Another replica announced a cancel of `run` (a [`RunKey::encode`],
+    /// see `lease::CancelBus::listen`): stop it if this replica drives it.
     pub fn cancel_announced(&self, run: &str) {
-        if let Ok(run) = RunId::parse(run)
+        if let Some(run) = RunKey::decode(run)
             && self.stop_local(&run, StopReason::Cancel)
         {
-            tracing::info!(run_id = %run, "cancel announced by another replica");
+            tracing::info!(run_id = %run.run, tenant = %run.tenant, "cancel announced by another replica");
         }
     }
 
     /// Stop a drive of this replica as a cancel would (the reaper's time
     /// budget for it ran out): the sandbox is destroyed and the record
     /// `aborted`. False when this replica drives no such run.
-    pub fn stop_overrun(&self, run: &RunId) -> bool {
+    pub fn stop_overrun(&self, run: &RunKey) -> bool {
         self.stop_local(run, StopReason::Cancel)
     }
 
     /// A client began streaming `run` from this replica.
-    pub(super) fn client_arrived(&self, run: &RunId) {
-        *self.registry().clients.entry(run.to_string()).or_default() += 1;
+    pub(super) fn client_arrived(&self, run: &RunKey) {
+        *self.registry().clients.entry(run.clone()).or_default() += 1;
     }
 
     /// A client's stream of `run` ended (finished or dropped). When it was
     /// the last one here and the run is still going: a run that detaches is
     /// marked detached; one that does not is stopped.
-    pub(super) fn client_left(&self, run: &RunId) {
+    pub(super) fn client_left(&self, run: &RunKey) {
         let stop_drive = {
             let mut reg = self.registry();
-            let left = match reg.clients.get_mut(run.as_str()) {
+            let left = match reg.clients.get_mut(run) {
                 Some(n) => {
                     *n -= 1;
                     *n
@@ -184,8 +183,8 @@ impl Runs {
             if left > 0 {
                 return;
             }
-            reg.clients.remove(run.as_str());
-            reg.drives.get(run.as_str()).filter(|d| !d.detaches).cloned()
+            reg.clients.remove(run);
+            reg.drives.get(run).filter(|d| !d.detaches).cloned()
         };
         if let Some(drive) = stop_drive {
             drive.stop(StopReason::Disconnected);
@@ -198,22 +197,22 @@ impl Runs {
         let run = run.clone();
         self.inner.drives.spawn(async move {
             if let Err(e) = runs.mark_detached(&run).await {
-                debug!(run_id = %run, error = %e.message, "could not mark the run detached");
+                debug!(run_id = %run.run, error = %e, "could not mark the run detached");
             }
         });
     }
 
     /// Set `detached_since` on a running run that has none.
-    pub(crate) async fn mark_detached(&self, run: &RunId) -> Result<(), Error> {
+    pub(crate) async fn mark_detached(&self, run: &RunKey) -> Result<(), store::Error> {
         let cx = &self.inner.ctx;
-        let record = cx.stores.runs.get_unscoped(run).await?;
+        let record = cx.stores.runs.get(run).await?;
         if record.status.is_terminal() || record.detached_since.is_some() {
             return Ok(());
         }
         let update = RunUpdate { detached_since: Some(Some(Timestamp::now())), ..Default::default() };
         match cx.stores.runs.update(run, update).await {
             Ok(_) | Err(store::Error::RunTerminal { .. }) => Ok(()),
-            Err(e) => Err(e.into()),
+            Err(e) => Err(e),
         }
     }
 
@@ -224,7 +223,7 @@ impl Runs {
         }
         let cx = &self.inner.ctx;
         let update = RunUpdate { detached_since: Some(None), ..Default::default() };
-        if let Err(e) = cx.stores.runs.update(&record.run_id, update).await
+        if let Err(e) = cx.stores.runs.update(&record.key(), update).await
             && !matches!(e, store::Error::RunTerminal { .. })
         {
             warn!(run_id = %record.run_id, error = %e, "could not clear detached_since");

@@ -7,16 +7,16 @@ use std::collections::HashMap;
 use futures::StreamExt;
 use shared::chunk::{self, ChunkFactory, RUN_ACCEPTED};
 use shared::proto::v1 as api;
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::UnboundedReceiverStream;
+use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
 use super::driver::{DriveCtx, FreshStart, encode_chunk};
+use super::retry::Interrupts;
 use super::{Error, RunEvents, RunSpec, Runs};
 use crate::harness::{Harness, HarnessOptions};
-use crate::provision::Progress;
-use crate::store::{self, FIRST_EPOCH, LogWriter, NewRun, Offset, SentinelKey, Tenant, Timestamp};
+use crate::provision::{InvalidField, Progress};
+use crate::store::{self, Admitted, FIRST_EPOCH, LogWriter, NewRun, Offset, SentinelKey, Tenant, Timestamp};
 
 /// What a client asks of [`Runs::start`].
 #[derive(Debug)]
@@ -43,18 +43,19 @@ impl Runs {
     /// run's log until its terminal chunk.
     pub async fn start(&self, req: StartRun) -> Result<RunEvents, Error> {
         if req.thread_id.is_empty() {
-            return Err(Error::invalid_field("thread_id", "required"));
+            return Err(InvalidField::new("thread_id", "required").into());
         }
         let harness =
-            Harness::parse(&req.harness).map_err(|e| Error::invalid_field("harness", e.to_string()))?;
+            Harness::parse(&req.harness).map_err(|e| InvalidField::new("harness", e.to_string()))?;
         let command =
             harness.command(&req.options, &req.prompt).map_err(|e| Error::InvalidCommand(e.to_string()))?;
         let run = if req.run_id.is_empty() {
             if req.durable {
-                return Err(Error::invalid_field(
+                return Err(InvalidField::new(
                     "run_id",
                     "required for a durable run: its journal and event ids derive from it",
-                ));
+                )
+                .into());
             }
             store::generated_run_id()
         } else {
@@ -80,26 +81,39 @@ impl Runs {
         };
         // The lease first: from the record's creation on, an attach on
         // another replica must see the run as driven.
-        let Some(lease) = cx.leases.try_acquire(&format!("run:{run}")).await? else {
+        let key = store::RunKey::new(tenant.clone(), run.clone());
+        let Some(lease) = cx.leases.try_acquire(&super::lease_name(&key)).await? else {
             return Err(Error::AlreadyExists(run));
         };
         let sentinel_key = SentinelKey::random();
-        let created = cx
+        // Counted and created in one step in the store, so two starts on
+        // any replicas cannot both take the tenant's last slot.
+        let limit = self.inner.options.running_runs;
+        let admitted = cx
             .stores
             .runs
-            .create_or_resume(NewRun {
-                run_id: run.clone(),
-                thread_id: req.thread_id.clone(),
-                tenant: tenant.clone(),
-                sentinel_key: sentinel_key.clone(),
-                sandbox_key: None,
-                started_at: Timestamp::now(),
-                spec: Some(serde_json::to_value(&spec).expect("a spec serializes")),
-            })
+            .create_within(
+                NewRun {
+                    run_id: run.clone(),
+                    thread_id: req.thread_id.clone(),
+                    tenant: tenant.clone(),
+                    sentinel_key: sentinel_key.clone(),
+                    sandbox_key: None,
+                    started_at: Timestamp::now(),
+                    spec: Some(serde_json::to_value(&spec).expect("a spec serializes")),
+                },
+                limit.max,
+            )
             .await;
-        let created = match created {
-            Ok(c) if c.created => c,
-            Ok(_) | Err(store::Error::AlreadyExists(_)) => {
+        let created = match admitted {
+            Ok(Admitted::Run(c)) if c.created => c,
+            Ok(Admitted::Full { unfinished }) => {
+                let _ = lease.release().await;
+                let refusal = limit.exceeded(tenant.as_str(), unfinished, "running runs");
+                info!(run_id = %run, tenant = %tenant, unfinished, "run refused: {refusal}");
+                return Err(refusal.into());
+            }
+            Ok(_) => {
                 let _ = lease.release().await;
                 return Err(Error::AlreadyExists(run));
             }
@@ -108,7 +122,7 @@ impl Runs {
                 return Err(e.into());
             }
         };
-        let writer = LogWriter::new(cx.stores.events.clone(), run.clone(), FIRST_EPOCH);
+        let writer = LogWriter::new(cx.stores.events.clone(), key.clone(), FIRST_EPOCH);
         if spec.durable {
             let accepted = ChunkFactory::new(&run, &req.thread_id, chunk::now_ms)
                 .custom(RUN_ACCEPTED, &serde_json::json!({}));
@@ -120,41 +134,39 @@ impl Runs {
                     usage: None,
                     finished_at: Timestamp::now(),
                 };
-                let _ = cx.stores.runs.finish(&run, FIRST_EPOCH, finish).await;
-                let _ = cx.stores.events.close(&run).await;
+                let _ = cx.stores.runs.finish(&key, FIRST_EPOCH, finish).await;
+                let _ = cx.stores.events.close(&key).await;
                 let _ = lease.release().await;
                 return Err(e.into());
             }
         }
-        let drive = self.register(&run, spec.detach_on_disconnect).expect("a new run is not driven yet");
-        let (progress_tx, progress_rx) = mpsc::unbounded_channel();
+        let drive = self.register(&key, spec.detach_on_disconnect).expect("a new run is not driven yet");
+        let (progress, _, progress_rx) = Progress::channel();
         let ctx = DriveCtx {
-            run: run.clone(),
-            tenant,
+            key: key.clone(),
             thread_id: req.thread_id,
             harness,
             sentinel_key: created.record.sentinel_key.expose().as_bytes().to_vec(),
             writer,
-            lease_lost: lease.lost(),
+            interrupts: Interrupts { shutdown: cx.shutdown.clone(), lease_lost: lease.lost(), drive },
             lease,
-            drive,
             spec,
         };
         info!(run_id = %run, harness = harness.name(), durable = ctx.spec.durable, "run accepted");
         crate::metrics::runs().started();
-        let fresh = FreshStart { input, command, progress: Progress::new(progress_tx) };
-        let log = self.log_stream(run.clone(), Offset::start(), CancellationToken::new());
+        let fresh = FreshStart { input, command, progress };
+        let log = self.log_stream(key.clone(), Offset::start(), CancellationToken::new());
         self.inner.drives.spawn(self.clone().drive(ctx, Some(fresh)));
-        let progress = UnboundedReceiverStream::new(progress_rx).filter_map(|item| async move {
+        let progress = ReceiverStream::new(progress_rx).filter_map(|item| async move {
             match item {
                 Ok(api::EnsureSandboxResponse {
                     event: Some(api::ensure_sandbox_response::Event::Progress(p)),
                 }) => Some(Ok(api::RunEvent { event: Some(api::run_event::Event::Progress(p)) })),
                 Ok(_) => None,
-                Err(e) => Some(Err(Error::Other(e))),
+                Err(e) => Some(Err(e)),
             }
         });
-        let (stream, _gone) = self.client_stream(run, Box::pin(progress.chain(log)));
+        let (stream, _gone) = self.client_stream(key, Box::pin(progress.chain(log)));
         Ok(stream)
     }
 }

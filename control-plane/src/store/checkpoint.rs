@@ -14,6 +14,11 @@
 //!
 //! # Garbage collection against concurrent saves
 //!
+//! Blobs are per tenant ([`super::blob`]): a checkpoint references blobs of
+//! its own tenant, a pin protects blobs of the tenant that pinned them, and
+//! the sweep decides per (tenant, hash), so what one tenant's checkpoints
+//! and saves hold never keeps, nor loses, another tenant's blob.
+//!
 //! A save pins every blob of its manifest ([`CheckpointStore::pin_blobs`])
 //! *before* it asks the blob store which ones it lacks. A sweep deletes
 //! blobs referenced by no checkpoint and no live pin, inside a transaction
@@ -29,6 +34,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::future::BoxFuture;
 
+use super::blob::BlobKey;
 use super::{Result, Tenant, Timestamp};
 
 /// A checkpoint as listed (without its manifest).
@@ -55,7 +61,7 @@ pub struct NewCheckpoint {
     pub label: String,
     /// The encoded manifest (opaque to the store).
     pub manifest: Vec<u8>,
-    /// Every blob the manifest references.
+    /// Every blob the manifest references (the tenant's own).
     pub blobs: Vec<String>,
     pub file_count: u64,
     pub dir_count: u64,
@@ -86,7 +92,7 @@ pub struct WriterClaim {
 
 /// Deletes the given blobs from the blob store (called inside the sweep's
 /// transaction).
-pub type DeleteBlobs<'a> = &'a (dyn Fn(Vec<String>) -> BoxFuture<'a, Result<u64>> + Send + Sync);
+pub type DeleteBlobs<'a> = &'a (dyn Fn(Vec<BlobKey>) -> BoxFuture<'a, Result<u64>> + Send + Sync);
 
 #[async_trait]
 pub trait CheckpointStore: Send + Sync {
@@ -135,17 +141,19 @@ pub trait CheckpointStore: Send + Sync {
     /// replaced by the newest remaining checkpoint.
     async fn delete(&self, tenant: &Tenant, thread_id: &str, checkpoint_id: &str) -> Result<()>;
 
-    /// Protect these blobs from the sweep until `unpin` or the commit.
-    async fn pin_blobs(&self, pin_id: &str, hashes: &[String]) -> Result<()>;
+    /// Protect these blobs of the tenant from the sweep until `unpin` or
+    /// the commit.
+    async fn pin_blobs(&self, tenant: &Tenant, pin_id: &str, hashes: &[String]) -> Result<()>;
 
     async fn unpin(&self, pin_id: &str) -> Result<()>;
 
-    /// Delete, through `delete`, the hashes of `stored` that no checkpoint
-    /// references and no pin younger than `pin_ttl` protects; returns them.
+    /// Delete, through `delete`, the blobs of `stored` that no checkpoint of
+    /// their tenant references and no pin of their tenant younger than
+    /// `pin_ttl` protects; returns them.
     async fn sweep(
         &self,
-        stored: Vec<String>,
+        stored: Vec<BlobKey>,
         pin_ttl: Duration,
         delete: DeleteBlobs<'_>,
-    ) -> Result<Vec<String>>;
+    ) -> Result<Vec<BlobKey>>;
 }

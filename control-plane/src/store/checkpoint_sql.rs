@@ -17,7 +17,7 @@ macro_rules! checkpoint_columns {
 }
 pub(super) use checkpoint_columns;
 
-/// Rows per multi-row INSERT (two parameters each; under SQLite's limit).
+/// Rows per multi-row INSERT (up to four parameters each; under SQLite's limit).
 pub(super) const REFS_PER_INSERT: usize = 400;
 
 #[derive(sqlx::FromRow)]
@@ -331,21 +331,24 @@ macro_rules! impl_checkpoint_store {
                          driver_epoch, sentinel_key, log_closed, updated_at, spec, forked_from_run) \
                          SELECT $1, $2, tenant, status, started_at, finished_at, error_code, error_message, \
                          usage, NULL, NULL, FALSE, driver_epoch, $3, TRUE, $4, spec, run_id \
-                         FROM runs WHERE run_id = $5",
+                         FROM runs WHERE tenant = $6 AND run_id = $5",
                     )
                     .bind(copy.as_str())
                     .bind(new_thread_id)
                     .bind(super::SentinelKey::random().expose())
                     .bind(now)
                     .bind(&source)
+                    .bind(tenant.as_str())
                     .execute(&mut *tx)
                     .await?;
                     sqlx::query(
-                        "INSERT INTO run_events (run_id, seq, epoch, kind, payload, appended_at) \
-                         SELECT $1, seq, epoch, kind, payload, appended_at FROM run_events WHERE run_id = $2",
+                        "INSERT INTO run_events (tenant, run_id, seq, epoch, kind, payload, appended_at) \
+                         SELECT tenant, $1, seq, epoch, kind, payload, appended_at FROM run_events \
+                         WHERE tenant = $3 AND run_id = $2",
                     )
                     .bind(copy.as_str())
                     .bind(&source)
+                    .bind(tenant.as_str())
                     .execute(&mut *tx)
                     .await?;
                     runs.push(copy);
@@ -403,15 +406,16 @@ macro_rules! impl_checkpoint_store {
                 Ok(())
             }
 
-            async fn pin_blobs(&self, pin_id: &str, hashes: &[String]) -> Result<()> {
+            async fn pin_blobs(&self, tenant: &Tenant, pin_id: &str, hashes: &[String]) -> Result<()> {
                 let mut tx = self.pool.begin_with($begin).await?;
                 sqlx::query($pin_lock).execute(&mut *tx).await?;
                 let now = Timestamp::now().as_millis();
                 for group in hashes.chunks(REFS_PER_INSERT) {
-                    let mut insert =
-                        sqlx::QueryBuilder::<$db>::new("INSERT INTO snapshot_blob_pins (pin_id, sha256, pinned_at) ");
+                    let mut insert = sqlx::QueryBuilder::<$db>::new(
+                        "INSERT INTO snapshot_blob_pins (pin_id, tenant, sha256, pinned_at) ",
+                    );
                     insert.push_values(group, |mut row, hash| {
-                        row.push_bind(pin_id).push_bind(hash).push_bind(now);
+                        row.push_bind(pin_id).push_bind(tenant.as_str()).push_bind(hash).push_bind(now);
                     });
                     insert.push(" ON CONFLICT (pin_id, sha256) DO NOTHING");
                     insert.build().execute(&mut *tx).await?;
@@ -427,24 +431,31 @@ macro_rules! impl_checkpoint_store {
 
             async fn sweep(
                 &self,
-                stored: Vec<String>,
+                stored: Vec<super::BlobKey>,
                 pin_ttl: std::time::Duration,
                 delete: super::checkpoint::DeleteBlobs<'_>,
-            ) -> Result<Vec<String>> {
+            ) -> Result<Vec<super::BlobKey>> {
                 let mut tx = self.pool.begin_with($begin).await?;
                 sqlx::query($sweep_lock).execute(&mut *tx).await?;
                 sqlx::query("DELETE FROM snapshot_blob_pins WHERE pinned_at < $1")
                     .bind(Timestamp::now().saturating_sub(pin_ttl).as_millis())
                     .execute(&mut *tx)
                     .await?;
-                let live: std::collections::HashSet<String> = sqlx::query_scalar(
-                    "SELECT sha256 FROM snapshot_blob_refs UNION SELECT sha256 FROM snapshot_blob_pins",
+                // Per (tenant, hash): another tenant's reference to the same
+                // bytes keeps nothing of this tenant's.
+                let live: std::collections::HashSet<(String, String)> = sqlx::query_as(
+                    "SELECT c.tenant, r.sha256 FROM snapshot_blob_refs r \
+                     JOIN snapshot_checkpoints c ON c.checkpoint_id = r.checkpoint_id \
+                     UNION SELECT tenant, sha256 FROM snapshot_blob_pins",
                 )
                 .fetch_all(&mut *tx)
                 .await?
                 .into_iter()
                 .collect();
-                let garbage: Vec<String> = stored.into_iter().filter(|h| !live.contains(h)).collect();
+                let garbage: Vec<super::BlobKey> = stored
+                    .into_iter()
+                    .filter(|k| !live.contains(&(k.tenant.as_str().to_string(), k.sha256.clone())))
+                    .collect();
                 if !garbage.is_empty() {
                     // Inside the transaction: no pin can land until the
                     // blobs are gone (see the module docs of `checkpoint`).

@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use sqlx::Connection;
 
 use super::*;
@@ -112,6 +112,15 @@ fn run_id(name: &str) -> RunId {
     RunId::parse(name).unwrap()
 }
 
+fn key(tenant_name: &str, id: &str) -> RunKey {
+    RunKey::new(tenant(tenant_name), run_id(id))
+}
+
+/// A run of `acme`, the tenant [`create`] makes runs for.
+fn acme(id: &str) -> RunKey {
+    key("acme", id)
+}
+
 pub(super) fn new_run(id: &str, tenant_name: &str, thread: &str, started_at: i64) -> NewRun {
     NewRun {
         run_id: run_id(id),
@@ -178,7 +187,7 @@ async fn runs_create_or_resume_returns_existing_unchanged(b: &Backend) {
 
     let changed = runs
         .update(
-            &run_id("r1"),
+            &acme("r1"),
             RunUpdate { detached_since: Some(Some(Timestamp::from_millis(5))), ..Default::default() },
         )
         .await
@@ -189,22 +198,136 @@ async fn runs_create_or_resume_returns_existing_unchanged(b: &Backend) {
     assert!(!again.created);
     assert_eq!(again.record, changed, "an existing record comes back unchanged");
 
-    let foreign = runs.create_or_resume(new_run("r1", "globex", "t1", 1_000)).await;
-    assert!(matches!(foreign, Err(Error::AlreadyExists(_))), "{foreign:?}");
+    // Run ids are per tenant: another tenant's `r1` is a run of its own.
+    let foreign = runs.create_or_resume(new_run("r1", "globex", "t1", 3_000)).await.unwrap();
+    assert!(foreign.created, "{foreign:?}");
+    assert_eq!(foreign.record.tenant, tenant("globex"));
+    assert_eq!(runs.get(&acme("r1")).await.unwrap(), changed);
+}
+
+async fn runs_create_within_counts_the_tenants_unfinished_runs(b: &Backend) {
+    let runs = &b.stores.runs;
+    let admit = |id: &str, owner: &str| runs.create_within(new_run(id, owner, "t", 1), Some(2));
+    for id in ["q1", "q2"] {
+        assert!(matches!(admit(id, "acme").await.unwrap(), Admitted::Run(CreatedRun { created: true, .. })));
+    }
+    assert_eq!(admit("q3", "acme").await.unwrap(), Admitted::Full { unfinished: 2 });
+    assert!(matches!(runs.get(&acme("q3")).await, Err(Error::NotFound(_))), "nothing written");
+    // An existing run comes back as it is, full or not; another tenant has its own count.
+    assert!(matches!(admit("q2", "acme").await.unwrap(), Admitted::Run(CreatedRun { created: false, .. })));
+    assert!(matches!(admit("q4", "globex").await.unwrap(), Admitted::Run(CreatedRun { created: true, .. })));
+    // A run that ends frees its slot; no limit admits any number.
+    let finish = RunFinish {
+        status: RunStatus::Completed,
+        error: None,
+        usage: None,
+        finished_at: Timestamp::from_millis(2),
+    };
+    runs.finish(&acme("q1"), FIRST_EPOCH, finish).await.unwrap();
+    assert!(matches!(admit("q3", "acme").await.unwrap(), Admitted::Run(CreatedRun { created: true, .. })));
+    let unlimited = runs.create_within(new_run("q5", "acme", "t", 1), None).await.unwrap();
+    assert!(matches!(unlimited, Admitted::Run(CreatedRun { created: true, .. })));
+
+    // Racing for the last slot through two store handles (two replicas): one wins.
+    let other = b.reopen().await;
+    let (x, y) = tokio::join!(
+        runs.create_within(new_run("race-a", "initech", "t", 1), Some(1)),
+        other.runs.create_within(new_run("race-b", "initech", "t", 1), Some(1)),
+    );
+    let won = [x.unwrap(), y.unwrap()].iter().filter(|a| matches!(a, Admitted::Run(_))).count();
+    assert_eq!(won, 1, "exactly one start takes the last slot");
+    other.close().await;
 }
 
 async fn runs_are_tenant_scoped(b: &Backend) {
     let runs = &b.stores.runs;
+    let events = &b.stores.events;
     create(&b.stores, "r1").await;
     let globex = tenant("globex");
-    assert!(matches!(runs.get(&globex, &run_id("r1")).await, Err(Error::NotFound(_))));
-    assert!(matches!(runs.request_cancel(&globex, &run_id("r1")).await, Err(Error::NotFound(_))));
+    let theirs = key("globex", "r1");
+    let unknown = key("globex", "nope");
+    // Another tenant's id answers exactly what an unknown id answers.
+    for run in [&theirs, &unknown] {
+        let not_found = format!("run {}", run.run);
+        let expect = |e: Error| assert!(matches!(&e, Error::NotFound(m) if *m == not_found), "{e:?}");
+        expect(runs.get(run).await.unwrap_err());
+        expect(runs.request_cancel(run).await.unwrap_err());
+        expect(runs.claim(run).await.unwrap_err());
+        expect(runs.update(run, RunUpdate::default()).await.unwrap_err());
+        expect(runs.finish(run, FIRST_EPOCH, finish_completed()).await.unwrap_err());
+        expect(events.append(run, FIRST_EPOCH, &chunks("x", 1)).await.unwrap_err());
+        expect(events.snapshot(run).await.err().unwrap());
+        expect(events.read(run, &Offset::start()).await.err().unwrap());
+        expect(events.close(run).await.unwrap_err());
+    }
     assert_eq!(runs.active_run(&globex, "thread-1").await.unwrap(), None);
     assert!(runs.list_by_thread(&globex, "thread-1").await.unwrap().is_empty());
-    assert!(!runs.get_unscoped(&run_id("r1")).await.unwrap().cancel_requested);
-    assert_eq!(runs.get(&tenant("acme"), &run_id("r1")).await.unwrap().run_id, run_id("r1"));
-    assert!(matches!(runs.get(&tenant("acme"), &run_id("nope")).await, Err(Error::NotFound(_))));
-    assert!(matches!(runs.get_unscoped(&run_id("nope")).await, Err(Error::NotFound(_))));
+    assert!(runs.list_recent(&globex, 10).await.unwrap().is_empty());
+    let record = runs.get(&acme("r1")).await.unwrap();
+    assert!(!record.cancel_requested && !record.log_closed);
+    assert_eq!(record.driver_epoch, FIRST_EPOCH);
+    assert!(events.snapshot(&acme("r1")).await.unwrap().chunks.is_empty());
+}
+
+/// Run ids are a namespace per tenant: two tenants' runs of one id are two
+/// records and two logs, and nothing done to one reaches the other.
+async fn runs_and_logs_of_one_id_are_per_tenant(b: &Backend) {
+    let (runs, events) = (&b.stores.runs, &b.stores.events);
+    let (a, g) = (acme("same"), key("globex", "same"));
+    let mut globex_run = new_run("same", "globex", "thread-g", 2_000);
+    globex_run.sentinel_key = SentinelKey::new("globex-key");
+    assert!(runs.create_or_resume(new_run("same", "acme", "thread-a", 1_000)).await.unwrap().created);
+    assert!(runs.create_or_resume(globex_run).await.unwrap().created);
+    // Within a tenant the id is still taken.
+    assert!(!runs.create_or_resume(new_run("same", "acme", "thread-x", 5_000)).await.unwrap().created);
+
+    events.append(&a, FIRST_EPOCH, &chunks("acme", 3)).await.unwrap();
+    let offsets = events.append(&g, FIRST_EPOCH, &chunks("globex", 2)).await.unwrap();
+    assert_eq!(offsets.len(), 2);
+    assert_eq!(offsets[0].to_string(), "1", "each log mints its own offsets");
+
+    // Claims, updates, cancels and the terminal write are per tenant.
+    assert_eq!(runs.claim(&g).await.unwrap().driver_epoch, FIRST_EPOCH + 1);
+    let detached = RunUpdate { detached_since: Some(Some(Timestamp::from_millis(7))), ..Default::default() };
+    runs.update(&g, detached).await.unwrap();
+    runs.request_cancel(&g).await.unwrap();
+    let stale = events.append(&g, FIRST_EPOCH, &chunks("stale", 1)).await;
+    assert!(matches!(stale, Err(Error::Fenced { .. })), "{stale:?}");
+    // acme's run, still at FIRST_EPOCH, is not fenced by globex's claim.
+    events.append(&a, FIRST_EPOCH, &chunks("acme-more", 1)).await.unwrap();
+    runs.finish(&g, FIRST_EPOCH + 1, finish_completed()).await.unwrap();
+    events.close(&g).await.unwrap();
+
+    let acme_record = runs.get(&a).await.unwrap();
+    assert_eq!(acme_record.tenant, tenant("acme"));
+    assert_eq!(acme_record.thread_id, "thread-a");
+    assert_eq!(acme_record.status, RunStatus::Running);
+    assert_eq!(acme_record.driver_epoch, FIRST_EPOCH);
+    assert!(!acme_record.cancel_requested && !acme_record.log_closed);
+    assert_eq!(acme_record.detached_since, None);
+    assert_eq!(acme_record.sentinel_key.expose(), "key-of-same");
+    let globex_record = runs.get(&g).await.unwrap();
+    assert_eq!(globex_record.status, RunStatus::Completed);
+    assert_eq!(globex_record.sentinel_key.expose(), "globex-key");
+    assert!(globex_record.cancel_requested && globex_record.log_closed);
+
+    let acme_log = events.snapshot(&a).await.unwrap();
+    assert_eq!(payloads(&acme_log.chunks), ["acme-0", "acme-1", "acme-2", "acme-more-0"]);
+    assert!(!acme_log.closed);
+    let globex_log = collect_until_end(events.read(&g, &Offset::start()).await.unwrap()).await;
+    assert_eq!(payloads(&globex_log), ["globex-0", "globex-1"]);
+
+    // A tail of acme's log is not ended by globex's close and sees acme's appends.
+    let mut tail = events.read(&a, &acme_log.chunks[3].offset).await.unwrap();
+    events.append(&a, FIRST_EPOCH, &chunks("later", 1)).await.unwrap();
+    assert_eq!(payloads(&take(&mut tail, 1).await), ["later-0"]);
+    events.close(&a).await.unwrap();
+    assert!(tokio::time::timeout(DEADLINE, tail.next()).await.unwrap().is_none());
+
+    // Listings show each tenant its own.
+    let threads = |records: Vec<RunRecord>| records.into_iter().map(|r| r.thread_id).collect::<Vec<_>>();
+    assert_eq!(threads(runs.list_recent(&tenant("acme"), 10).await.unwrap()), ["thread-a"]);
+    assert_eq!(threads(runs.list_recent(&tenant("globex"), 10).await.unwrap()), ["thread-g"]);
 }
 
 async fn runs_update_round_trips_non_terminal_fields(b: &Backend) {
@@ -213,7 +336,7 @@ async fn runs_update_round_trips_non_terminal_fields(b: &Backend) {
     let usage = serde_json::json!({"input_tokens": 3, "model": "m"});
     let updated = runs
         .update(
-            &run_id("r1"),
+            &acme("r1"),
             RunUpdate {
                 status: Some(RunStatus::Interrupted),
                 sandbox_key: Some(Some("sbx-2".into())),
@@ -223,7 +346,7 @@ async fn runs_update_round_trips_non_terminal_fields(b: &Backend) {
         )
         .await
         .unwrap();
-    let stored = runs.get(&tenant("acme"), &run_id("r1")).await.unwrap();
+    let stored = runs.get(&acme("r1")).await.unwrap();
     assert_eq!(stored, updated);
     assert_eq!(stored.status, RunStatus::Interrupted);
     assert_eq!(stored.sandbox_key.as_deref(), Some("sbx-2"));
@@ -233,7 +356,7 @@ async fn runs_update_round_trips_non_terminal_fields(b: &Backend) {
     // None leaves fields alone; Some(None) clears them.
     let cleared = runs
         .update(
-            &run_id("r1"),
+            &acme("r1"),
             RunUpdate { detached_since: Some(None), sandbox_key: Some(None), ..Default::default() },
         )
         .await
@@ -244,25 +367,31 @@ async fn runs_update_round_trips_non_terminal_fields(b: &Backend) {
     assert_eq!(cleared.status, RunStatus::Interrupted);
 
     let terminal = runs
-        .update(&run_id("r1"), RunUpdate { status: Some(RunStatus::Completed), ..Default::default() })
+        .update(&acme("r1"), RunUpdate { status: Some(RunStatus::Completed), ..Default::default() })
         .await;
     assert!(matches!(terminal, Err(Error::Invalid { .. })), "{terminal:?}");
-    let unknown = runs.update(&run_id("nope"), RunUpdate::default()).await;
+    let unknown = runs.update(&acme("nope"), RunUpdate::default()).await;
     assert!(matches!(unknown, Err(Error::NotFound(_))), "{unknown:?}");
 }
 
 async fn runs_claim_bumps_the_epoch_and_refuses_terminal_or_unknown(b: &Backend) {
     let runs = &b.stores.runs;
     create(&b.stores, "r1").await;
-    assert_eq!(runs.claim(&run_id("r1")).await.unwrap().driver_epoch, FIRST_EPOCH + 1);
-    assert_eq!(runs.claim(&run_id("r1")).await.unwrap().driver_epoch, FIRST_EPOCH + 2);
-    assert_eq!(runs.get_unscoped(&run_id("r1")).await.unwrap().driver_epoch, FIRST_EPOCH + 2);
-    assert!(matches!(runs.claim(&run_id("nope")).await, Err(Error::NotFound(_))));
+    assert_eq!(runs.claim(&acme("r1")).await.unwrap().driver_epoch, FIRST_EPOCH + 1);
+    assert_eq!(runs.claim(&acme("r1")).await.unwrap().driver_epoch, FIRST_EPOCH + 2);
+    assert_eq!(runs.get(&acme("r1")).await.unwrap().driver_epoch, FIRST_EPOCH + 2);
+    assert!(matches!(runs.claim(&acme("nope")).await, Err(Error::NotFound(_))));
 
-    runs.finish(&run_id("r1"), FIRST_EPOCH + 2, finish_completed()).await.unwrap();
-    let terminal = runs.claim(&run_id("r1")).await;
+    runs.finish(&acme("r1"), FIRST_EPOCH + 2, finish_completed()).await.unwrap();
+    let terminal = runs.claim(&acme("r1")).await;
     assert!(matches!(terminal, Err(Error::RunTerminal { status: RunStatus::Completed, .. })), "{terminal:?}");
-    assert_eq!(runs.get_unscoped(&run_id("r1")).await.unwrap().driver_epoch, FIRST_EPOCH + 2);
+    assert_eq!(runs.get(&acme("r1")).await.unwrap().driver_epoch, FIRST_EPOCH + 2);
+
+    // A detached mark that lost the race with the run's end does not land.
+    let late = RunUpdate { detached_since: Some(Some(Timestamp::from_millis(9))), ..Default::default() };
+    let late = runs.update(&acme("r1"), late).await;
+    assert!(matches!(late, Err(Error::RunTerminal { .. })), "{late:?}");
+    assert_eq!(runs.get(&acme("r1")).await.unwrap().detached_since, None);
 }
 
 async fn runs_racing_claims_get_distinct_epochs_and_losers_append_nothing(b: &Backend) {
@@ -270,7 +399,7 @@ async fn runs_racing_claims_get_distinct_epochs_and_losers_append_nothing(b: &Ba
     create(&b.stores, "r1").await;
     let claims = futures::future::join_all((0..CLAIMERS).map(|_| {
         let runs = b.stores.runs.clone();
-        async move { runs.claim(&run_id("r1")).await.unwrap().driver_epoch }
+        async move { runs.claim(&acme("r1")).await.unwrap().driver_epoch }
     }))
     .await;
     let distinct: BTreeSet<Epoch> = claims.iter().copied().collect();
@@ -281,7 +410,7 @@ async fn runs_racing_claims_get_distinct_epochs_and_losers_append_nothing(b: &Ba
     // Every claimer now tries to write; only the last claim may.
     let winner = *distinct.last().unwrap();
     let outcomes = futures::future::join_all(claims.iter().map(|&epoch| {
-        let writer = LogWriter::new(b.stores.events.clone(), run_id("r1"), epoch);
+        let writer = LogWriter::new(b.stores.events.clone(), acme("r1"), epoch);
         async move { (epoch, writer.append(&chunks(&format!("e{epoch}"), 3)).await) }
     }))
     .await;
@@ -295,7 +424,7 @@ async fn runs_racing_claims_get_distinct_epochs_and_losers_append_nothing(b: &Ba
             );
         }
     }
-    let log = b.stores.events.snapshot(&run_id("r1")).await.unwrap();
+    let log = b.stores.events.snapshot(&acme("r1")).await.unwrap();
     assert_eq!(log.chunks.len(), 3);
     assert!(log.chunks.iter().all(|c| c.epoch == winner));
 
@@ -306,8 +435,8 @@ async fn runs_racing_claims_get_distinct_epochs_and_losers_append_nothing(b: &Ba
         .map(|_| {
             let stores = b.stores.clone();
             tokio::spawn(async move {
-                let epoch = stores.runs.claim(&run_id("r2")).await.unwrap().driver_epoch;
-                let writer = LogWriter::new(stores.events.clone(), run_id("r2"), epoch);
+                let epoch = stores.runs.claim(&acme("r2")).await.unwrap().driver_epoch;
+                let writer = LogWriter::new(stores.events.clone(), acme("r2"), epoch);
                 let mut refused = false;
                 for i in 0..20 {
                     match writer.append(&chunks(&format!("e{epoch}-{i}"), 2)).await {
@@ -323,7 +452,7 @@ async fn runs_racing_claims_get_distinct_epochs_and_losers_append_nothing(b: &Ba
     for task in tasks {
         task.await.unwrap();
     }
-    let log = b.stores.events.snapshot(&run_id("r2")).await.unwrap();
+    let log = b.stores.events.snapshot(&acme("r2")).await.unwrap();
     assert!(!log.chunks.is_empty());
     assert!(log.chunks.windows(2).all(|w| w[0].epoch <= w[1].epoch), "epochs in log order never decrease");
 }
@@ -331,59 +460,58 @@ async fn runs_racing_claims_get_distinct_epochs_and_losers_append_nothing(b: &Ba
 async fn runs_terminal_write_from_a_stale_epoch_is_suppressed(b: &Backend) {
     let runs = &b.stores.runs;
     create(&b.stores, "r1").await;
-    let successor = runs.claim(&run_id("r1")).await.unwrap().driver_epoch;
+    let successor = runs.claim(&acme("r1")).await.unwrap().driver_epoch;
     let failed = RunFinish {
         status: RunStatus::Failed,
         error: Some(RunError { code: "CLAIM_LOST".into(), message: "old driver".into() }),
         usage: None,
         finished_at: Timestamp::from_millis(8_000),
     };
-    let stale = runs.finish(&run_id("r1"), FIRST_EPOCH, failed).await;
+    let stale = runs.finish(&acme("r1"), FIRST_EPOCH, failed).await;
     assert!(
         matches!(stale, Err(Error::Fenced { held: FIRST_EPOCH, current, .. }) if current == successor),
         "{stale:?}"
     );
-    let record = runs.get_unscoped(&run_id("r1")).await.unwrap();
+    let record = runs.get(&acme("r1")).await.unwrap();
     assert_eq!(record.status, RunStatus::Running);
     assert_eq!(record.error, None);
     assert_eq!(record.finished_at, None);
 
-    let done = runs.finish(&run_id("r1"), successor, finish_completed()).await.unwrap();
+    let done = runs.finish(&acme("r1"), successor, finish_completed()).await.unwrap();
     assert_eq!(done.status, RunStatus::Completed);
     assert_eq!(done.finished_at, Some(Timestamp::from_millis(9_000)));
     assert_eq!(done.usage, Some(serde_json::json!({"output_tokens": 7})));
-    assert_eq!(runs.get_unscoped(&run_id("r1")).await.unwrap(), done);
+    assert_eq!(runs.get(&acme("r1")).await.unwrap(), done);
 
-    let twice = runs.finish(&run_id("r1"), successor, finish_completed()).await;
+    let twice = runs.finish(&acme("r1"), successor, finish_completed()).await;
     assert!(matches!(twice, Err(Error::RunTerminal { .. })), "{twice:?}");
     let not_terminal = runs
-        .finish(&run_id("r1"), successor, RunFinish { status: RunStatus::Running, ..finish_completed() })
+        .finish(&acme("r1"), successor, RunFinish { status: RunStatus::Running, ..finish_completed() })
         .await;
     assert!(matches!(not_terminal, Err(Error::Invalid { .. })), "{not_terminal:?}");
-    let revive = runs
-        .update(&run_id("r1"), RunUpdate { status: Some(RunStatus::Running), ..Default::default() })
-        .await;
+    let revive =
+        runs.update(&acme("r1"), RunUpdate { status: Some(RunStatus::Running), ..Default::default() }).await;
     assert!(matches!(revive, Err(Error::RunTerminal { .. })), "{revive:?}");
     // Non-terminal fields of a terminal run may still change (the reaper
     // clears the sandbox key after reclaiming it).
     let reclaimed =
-        runs.update(&run_id("r1"), RunUpdate { sandbox_key: Some(None), ..Default::default() }).await;
+        runs.update(&acme("r1"), RunUpdate { sandbox_key: Some(None), ..Default::default() }).await;
     assert_eq!(reclaimed.unwrap().status, RunStatus::Completed);
-    assert!(matches!(runs.finish(&run_id("nope"), 1, finish_completed()).await, Err(Error::NotFound(_))));
+    assert!(matches!(runs.finish(&acme("nope"), 1, finish_completed()).await, Err(Error::NotFound(_))));
 }
 
 async fn runs_request_cancel_records_intent_only(b: &Backend) {
     let runs = &b.stores.runs;
     let created = create(&b.stores, "r1").await;
-    let cancelled = runs.request_cancel(&tenant("acme"), &run_id("r1")).await.unwrap();
+    let cancelled = runs.request_cancel(&acme("r1")).await.unwrap();
     assert!(cancelled.cancel_requested);
     assert_eq!(cancelled.status, RunStatus::Running);
     assert_eq!(cancelled.driver_epoch, created.driver_epoch);
-    assert!(runs.get_unscoped(&run_id("r1")).await.unwrap().cancel_requested);
+    assert!(runs.get(&acme("r1")).await.unwrap().cancel_requested);
 
     create(&b.stores, "r2").await;
-    let done = runs.finish(&run_id("r2"), FIRST_EPOCH, finish_completed()).await.unwrap();
-    let after = runs.request_cancel(&tenant("acme"), &run_id("r2")).await.unwrap();
+    let done = runs.finish(&acme("r2"), FIRST_EPOCH, finish_completed()).await.unwrap();
+    let after = runs.request_cancel(&acme("r2")).await.unwrap();
     assert_eq!(after, done, "a terminal run is returned unchanged");
 }
 
@@ -393,8 +521,8 @@ async fn runs_active_run_and_list_by_thread(b: &Backend) {
         runs.create_or_resume(new_run(id, "acme", "t1", started)).await.unwrap();
     }
     runs.create_or_resume(new_run("other-thread", "acme", "t2", 5_000)).await.unwrap();
-    runs.finish(&run_id("d"), FIRST_EPOCH, finish_completed()).await.unwrap();
-    runs.finish(&run_id("a"), FIRST_EPOCH, finish_completed()).await.unwrap();
+    runs.finish(&acme("d"), FIRST_EPOCH, finish_completed()).await.unwrap();
+    runs.finish(&acme("a"), FIRST_EPOCH, finish_completed()).await.unwrap();
 
     let active = runs.active_run(&tenant("acme"), "t1").await.unwrap().unwrap();
     assert_eq!(active.run_id, run_id("c"), "the newest non-terminal run");
@@ -415,11 +543,11 @@ async fn runs_active_run_and_list_by_thread(b: &Backend) {
         .collect();
     assert_eq!(recent, ["other-thread", "d", "c"], "newest first, every thread, limited");
     assert!(runs.list_recent(&tenant("globex"), 10).await.unwrap().is_empty(), "another tenant's runs");
-    let d = runs.get(&tenant("acme"), &run_id("d")).await.unwrap();
+    let d = runs.get(&acme("d")).await.unwrap();
     assert_eq!(d.spec, Some(serde_json::json!({"harness": "command", "n": 4_000})), "the spec round-trips");
 
-    runs.finish(&run_id("c"), FIRST_EPOCH, finish_completed()).await.unwrap();
-    runs.finish(&run_id("b"), FIRST_EPOCH, finish_completed()).await.unwrap();
+    runs.finish(&acme("c"), FIRST_EPOCH, finish_completed()).await.unwrap();
+    runs.finish(&acme("b"), FIRST_EPOCH, finish_completed()).await.unwrap();
     assert_eq!(runs.active_run(&tenant("acme"), "t1").await.unwrap(), None);
     assert_eq!(runs.active_run(&tenant("acme"), "t2").await.unwrap().unwrap().run_id, run_id("other-thread"));
 }
@@ -427,11 +555,12 @@ async fn runs_active_run_and_list_by_thread(b: &Backend) {
 async fn runs_reclaimable_cutoff_is_inclusive(b: &Backend) {
     let runs = &b.stores.runs;
     let cutoff = 100_000;
+    let owner = |id: &str| if id == "globex" { "globex" } else { "acme" };
     let detach = |id: &'static str, at: i64| {
         let runs = runs.clone();
         async move {
             runs.update(
-                &run_id(id),
+                &key(owner(id), id),
                 RunUpdate { detached_since: Some(Some(Timestamp::from_millis(at))), ..Default::default() },
             )
             .await
@@ -439,8 +568,7 @@ async fn runs_reclaimable_cutoff_is_inclusive(b: &Backend) {
         }
     };
     for id in ["before", "at", "after", "attached", "finished", "interrupted", "globex"] {
-        let owner = if id == "globex" { "globex" } else { "acme" };
-        runs.create_or_resume(new_run(id, owner, "t", 1)).await.unwrap();
+        runs.create_or_resume(new_run(id, owner(id), "t", 1)).await.unwrap();
     }
     detach("before", cutoff - 10).await;
     detach("at", cutoff).await;
@@ -448,16 +576,16 @@ async fn runs_reclaimable_cutoff_is_inclusive(b: &Backend) {
     detach("finished", cutoff - 20).await;
     detach("interrupted", cutoff - 20).await;
     detach("globex", cutoff - 5).await;
-    runs.finish(&run_id("finished"), FIRST_EPOCH, finish_completed()).await.unwrap();
+    runs.finish(&acme("finished"), FIRST_EPOCH, finish_completed()).await.unwrap();
     runs.update(
-        &run_id("interrupted"),
+        &acme("interrupted"),
         RunUpdate { status: Some(RunStatus::Interrupted), ..Default::default() },
     )
     .await
     .unwrap();
 
     let reclaimable: Vec<String> = runs
-        .list_reclaimable(Timestamp::from_millis(cutoff))
+        .list_reclaimable(Timestamp::from_millis(cutoff), None)
         .await
         .unwrap()
         .into_iter()
@@ -468,14 +596,37 @@ async fn runs_reclaimable_cutoff_is_inclusive(b: &Backend) {
         ["before", "globex", "at"],
         "running, detached at or before the cutoff, oldest first"
     );
+    let of_globex =
+        runs.list_reclaimable(Timestamp::from_millis(cutoff), Some(&tenant("globex"))).await.unwrap();
+    assert_eq!(
+        of_globex.iter().map(|r| r.run_id.to_string()).collect::<Vec<_>>(),
+        ["globex"],
+        "one tenant's"
+    );
 
-    let undetached: Vec<String> =
-        runs.list_undetached_running(10).await.unwrap().into_iter().map(|r| r.run_id.to_string()).collect();
+    let undetached: Vec<String> = runs
+        .list_undetached_running(10, None)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.run_id.to_string())
+        .collect();
     assert_eq!(undetached, ["attached"], "running and not detached, any tenant");
     runs.create_or_resume(new_run("attached-too", "globex", "t", 0)).await.unwrap();
-    let first: Vec<String> =
-        runs.list_undetached_running(1).await.unwrap().into_iter().map(|r| r.run_id.to_string()).collect();
+    let first: Vec<String> = runs
+        .list_undetached_running(1, None)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.run_id.to_string())
+        .collect();
     assert_eq!(first, ["attached-too"], "oldest start first, at most the limit");
+    let of_acme = runs.list_undetached_running(1, Some(&tenant("acme"))).await.unwrap();
+    assert_eq!(
+        of_acme.iter().map(|r| r.run_id.to_string()).collect::<Vec<_>>(),
+        ["attached"],
+        "one tenant's"
+    );
 }
 
 async fn runs_unfinished_in_sandbox_across_tenants(b: &Backend) {
@@ -489,7 +640,7 @@ async fn runs_unfinished_in_sandbox_across_tenants(b: &Backend) {
     runs.create_or_resume(in_box("second", "globex", "box", 2)).await.unwrap();
     runs.create_or_resume(in_box("done", "acme", "box", 3)).await.unwrap();
     runs.create_or_resume(in_box("elsewhere", "acme", "other-box", 4)).await.unwrap();
-    runs.finish(&run_id("done"), FIRST_EPOCH, finish_completed()).await.unwrap();
+    runs.finish(&acme("done"), FIRST_EPOCH, finish_completed()).await.unwrap();
     let ids = |records: Vec<RunRecord>| records.into_iter().map(|r| r.run_id.to_string()).collect::<Vec<_>>();
     assert_eq!(ids(runs.unfinished_in_sandbox("box").await.unwrap()), ["first", "second"]);
     assert!(runs.unfinished_in_sandbox("no-such-box").await.unwrap().is_empty());
@@ -499,7 +650,7 @@ async fn runs_unfinished_in_sandbox_across_tenants(b: &Backend) {
 
 async fn log_append_mints_ordered_offsets_and_snapshot_returns_them(b: &Backend) {
     let record = create(&b.stores, "r1").await;
-    let writer = LogWriter::new(b.stores.events.clone(), run_id("r1"), record.driver_epoch);
+    let writer = LogWriter::new(b.stores.events.clone(), acme("r1"), record.driver_epoch);
     let mut all_offsets = Vec::new();
     let mut expected = Vec::new();
     for (batch, size) in [("one", 1), ("sixteen", 16), ("big", 256), ("huge", 1_200)] {
@@ -513,7 +664,7 @@ async fn log_append_mints_ordered_offsets_and_snapshot_returns_them(b: &Backend)
     let distinct: BTreeSet<&Offset> = all_offsets.iter().collect();
     assert_eq!(distinct.len(), all_offsets.len());
 
-    let log = b.stores.events.snapshot(&run_id("r1")).await.unwrap();
+    let log = b.stores.events.snapshot(&acme("r1")).await.unwrap();
     assert!(!log.closed);
     assert_eq!(payloads(&log.chunks), expected, "order preserved within and across batches");
     assert_eq!(log.chunks.iter().map(|c| c.offset.clone()).collect::<Vec<_>>(), all_offsets);
@@ -525,29 +676,67 @@ async fn log_append_mints_ordered_offsets_and_snapshot_returns_them(b: &Backend)
     }
 }
 
+async fn log_pages_through_a_log_longer_than_a_page(b: &Backend) {
+    let record = create(&b.stores, "r1").await;
+    create(&b.stores, "empty").await;
+    let events = &b.stores.events;
+    let n = PAGE_CHUNKS * 2 + 3;
+    let offsets = events.append(&acme("r1"), record.driver_epoch, &chunks("c", n)).await.unwrap();
+    let expected: Vec<String> = (0..n).map(|i| format!("c-{i}")).collect();
+
+    let first = events.page(&acme("r1"), &Offset::start(), 5).await.unwrap();
+    assert_eq!(payloads(&first), expected[..5]);
+    let next = events.page(&acme("r1"), &first[4].offset, 5).await.unwrap();
+    assert_eq!(payloads(&next), expected[5..10]);
+    let tail = events.page(&acme("r1"), &offsets[n - 2], 5).await.unwrap();
+    assert_eq!(payloads(&tail), expected[n - 1..], "a short page: nothing more is stored");
+    assert!(events.page(&acme("r1"), &offsets[n - 1], 5).await.unwrap().is_empty());
+
+    // Page after page, in order, ending at what is stored (never waiting:
+    // the log is not closed).
+    let stored = stored_after(events.clone(), acme("r1"), Offset::start());
+    let all: Vec<StoredChunk> = tokio::time::timeout(DEADLINE, stored.try_collect()).await.unwrap().unwrap();
+    assert_eq!(payloads(&all), expected);
+    assert_eq!(all.iter().map(|c| c.offset.clone()).collect::<Vec<_>>(), offsets);
+    let after: Vec<StoredChunk> =
+        stored_after(events.clone(), acme("r1"), offsets[PAGE_CHUNKS].clone()).try_collect().await.unwrap();
+    assert_eq!(payloads(&after), expected[PAGE_CHUNKS + 1..]);
+
+    assert_eq!(events.last(&acme("r1")).await.unwrap().map(|c| c.offset), Some(offsets[n - 1].clone()));
+    assert_eq!(events.last(&acme("empty")).await.unwrap(), None);
+    assert!(events.page(&acme("empty"), &Offset::start(), 5).await.unwrap().is_empty());
+    // Another tenant's run of the same id is unknown, like any unknown run.
+    let other = key("other", "r1");
+    assert!(matches!(events.page(&other, &Offset::start(), 5).await, Err(Error::NotFound(_))));
+    assert!(matches!(events.last(&other).await, Err(Error::NotFound(_))));
+    let unknown: Result<Vec<StoredChunk>> =
+        stored_after(events.clone(), acme("nope"), Offset::start()).try_collect().await;
+    assert!(matches!(unknown, Err(Error::NotFound(_))), "{unknown:?}");
+}
+
 async fn log_read_from_first_and_middle_offsets(b: &Backend) {
     let record = create(&b.stores, "r1").await;
     let events = &b.stores.events;
-    let offsets = events.append(&run_id("r1"), record.driver_epoch, &chunks("c", 10)).await.unwrap();
-    events.close(&run_id("r1")).await.unwrap();
-    events.close(&run_id("r1")).await.unwrap();
+    let offsets = events.append(&acme("r1"), record.driver_epoch, &chunks("c", 10)).await.unwrap();
+    events.close(&acme("r1")).await.unwrap();
+    events.close(&acme("r1")).await.unwrap();
 
     let first = Offset::parse(FIRST_OFFSET).unwrap();
     assert_eq!(first, Offset::start());
-    let whole = collect_until_end(events.read(&run_id("r1"), &first).await.unwrap()).await;
+    let whole = collect_until_end(events.read(&acme("r1"), &first).await.unwrap()).await;
     assert_eq!(payloads(&whole), (0..10).map(|i| format!("c-{i}")).collect::<Vec<_>>());
 
     let middle = Offset::parse(&offsets[4].to_string()).unwrap();
-    let rest = collect_until_end(events.read(&run_id("r1"), &middle).await.unwrap()).await;
+    let rest = collect_until_end(events.read(&acme("r1"), &middle).await.unwrap()).await;
     assert_eq!(payloads(&rest), (5..10).map(|i| format!("c-{i}")).collect::<Vec<_>>());
     assert_eq!(rest[0].offset, offsets[5]);
 
-    let at_end = collect_until_end(events.read(&run_id("r1"), &offsets[9]).await.unwrap()).await;
+    let at_end = collect_until_end(events.read(&acme("r1"), &offsets[9]).await.unwrap()).await;
     assert!(at_end.is_empty());
 
-    assert!(matches!(events.read(&run_id("nope"), &first).await, Err(Error::NotFound(_))));
-    assert!(matches!(events.snapshot(&run_id("nope")).await, Err(Error::NotFound(_))));
-    assert!(matches!(events.close(&run_id("nope")).await, Err(Error::NotFound(_))));
+    assert!(matches!(events.read(&acme("nope"), &first).await, Err(Error::NotFound(_))));
+    assert!(matches!(events.snapshot(&acme("nope")).await, Err(Error::NotFound(_))));
+    assert!(matches!(events.close(&acme("nope")).await, Err(Error::NotFound(_))));
     for bad in ["", "-1", "abc", "1.5", "99999999999999999999"] {
         assert!(matches!(Offset::parse(bad), Err(Error::Invalid { .. })), "{bad:?}");
     }
@@ -556,49 +745,49 @@ async fn log_read_from_first_and_middle_offsets(b: &Backend) {
 async fn log_stale_append_is_refused_after_a_claim_and_stays_refused(b: &Backend) {
     let record = create(&b.stores, "r1").await;
     let events = &b.stores.events;
-    let old = LogWriter::new(events.clone(), run_id("r1"), record.driver_epoch);
+    let old = LogWriter::new(events.clone(), acme("r1"), record.driver_epoch);
     old.append(&chunks("old", 2)).await.unwrap();
     assert!(!old.is_fenced().await);
 
-    let successor = b.stores.runs.claim(&run_id("r1")).await.unwrap().driver_epoch;
+    let successor = b.stores.runs.claim(&acme("r1")).await.unwrap().driver_epoch;
     let refused = old.append(&chunks("stale", 2)).await;
     assert!(
         matches!(refused, Err(Error::Fenced { held, current, .. }) if held == FIRST_EPOCH && current == successor)
     );
     assert!(old.is_fenced().await);
     // The store refuses that epoch by itself too, not only the latch.
-    let direct = events.append(&run_id("r1"), FIRST_EPOCH, &chunks("direct", 1)).await;
+    let direct = events.append(&acme("r1"), FIRST_EPOCH, &chunks("direct", 1)).await;
     assert!(matches!(direct, Err(Error::Fenced { .. })), "{direct:?}");
 
-    let new = LogWriter::new(events.clone(), run_id("r1"), successor);
+    let new = LogWriter::new(events.clone(), acme("r1"), successor);
     new.append(&chunks("new", 2)).await.unwrap();
     let still = old.append(&chunks("stale-again", 1)).await;
     assert!(matches!(still, Err(Error::Fenced { .. })), "{still:?}");
 
-    let log = events.snapshot(&run_id("r1")).await.unwrap();
+    let log = events.snapshot(&acme("r1")).await.unwrap();
     assert_eq!(payloads(&log.chunks), ["old-0", "old-1", "new-0", "new-1"]);
     assert_eq!(
         log.chunks.iter().map(|c| c.epoch).collect::<Vec<_>>(),
         [FIRST_EPOCH, FIRST_EPOCH, successor, successor]
     );
 
-    events.close(&run_id("r1")).await.unwrap();
+    events.close(&acme("r1")).await.unwrap();
     let closed = new.append(&chunks("late", 1)).await;
     assert!(matches!(closed, Err(Error::LogClosed(_))), "{closed:?}");
     assert!(!new.is_fenced().await, "a closed log is not a lost claim");
-    let unknown = events.append(&run_id("nope"), 1, &chunks("x", 1)).await;
+    let unknown = events.append(&acme("nope"), 1, &chunks("x", 1)).await;
     assert!(matches!(unknown, Err(Error::NotFound(_))), "{unknown:?}");
 }
 
 async fn log_snapshot_never_blocks(b: &Backend) {
     let record = create(&b.stores, "r1").await;
     let events = &b.stores.events;
-    events.append(&run_id("r1"), record.driver_epoch, &chunks("c", 3)).await.unwrap();
+    events.append(&acme("r1"), record.driver_epoch, &chunks("c", 3)).await.unwrap();
     // A live tailer, an open log, and a claim holding the run row's write
     // lock in another connection: a snapshot still answers at once.
-    let tail = events.read(&run_id("r1"), &Offset::start()).await.unwrap();
+    let tail = events.read(&acme("r1"), &Offset::start()).await.unwrap();
     let hold = b.hold_run_row(&run_id("r1")).await;
-    let log = tokio::time::timeout(DEADLINE, events.snapshot(&run_id("r1")))
+    let log = tokio::time::timeout(DEADLINE, events.snapshot(&acme("r1")))
         .await
         .expect("snapshot does not wait")
         .unwrap();
@@ -608,7 +797,7 @@ async fn log_snapshot_never_blocks(b: &Backend) {
     drop(tail);
 
     create(&b.stores, "empty").await;
-    let empty = tokio::time::timeout(DEADLINE, events.snapshot(&run_id("empty"))).await.unwrap().unwrap();
+    let empty = tokio::time::timeout(DEADLINE, events.snapshot(&acme("empty"))).await.unwrap().unwrap();
     assert!(empty.chunks.is_empty() && !empty.closed);
 }
 
@@ -627,15 +816,15 @@ async fn take(stream: &mut ChunkStream, want: usize) -> Vec<StoredChunk> {
 async fn log_tail_sees_later_appends_and_ends_at_close(b: &Backend) {
     let record = create(&b.stores, "r1").await;
     let events = &b.stores.events;
-    let writer = LogWriter::new(events.clone(), run_id("r1"), record.driver_epoch);
+    let writer = LogWriter::new(events.clone(), acme("r1"), record.driver_epoch);
     writer.append(&chunks("before", 2)).await.unwrap();
 
-    let mut tail = events.read(&run_id("r1"), &Offset::start()).await.unwrap();
+    let mut tail = events.read(&acme("r1"), &Offset::start()).await.unwrap();
     assert_eq!(payloads(&take(&mut tail, 2).await), ["before-0", "before-1"]);
     writer.append(&chunks("later", 3)).await.unwrap();
     assert_eq!(payloads(&take(&mut tail, 3).await), ["later-0", "later-1", "later-2"]);
     writer.append(&chunks("last", 1)).await.unwrap();
-    events.close(&run_id("r1")).await.unwrap();
+    events.close(&acme("r1")).await.unwrap();
     assert_eq!(payloads(&collect_until_end(tail).await), ["last-0"], "then the stream ends");
 }
 
@@ -643,14 +832,14 @@ async fn log_tail_sees_appends_through_another_store_instance(b: &Backend) {
     // Another replica: its own pool and (PostgreSQL) its own listener.
     let replica = b.reopen().await;
     let record = create(&b.stores, "r1").await;
-    let mut tail = replica.events.read(&run_id("r1"), &Offset::start()).await.unwrap();
-    let writer = LogWriter::new(b.stores.events.clone(), run_id("r1"), record.driver_epoch);
+    let mut tail = replica.events.read(&acme("r1"), &Offset::start()).await.unwrap();
+    let writer = LogWriter::new(b.stores.events.clone(), acme("r1"), record.driver_epoch);
     for round in 0..3 {
         writer.append(&chunks(&format!("round{round}"), 2)).await.unwrap();
         let got = take(&mut tail, 2).await;
         assert_eq!(payloads(&got), [format!("round{round}-0"), format!("round{round}-1")]);
     }
-    b.stores.events.close(&run_id("r1")).await.unwrap();
+    b.stores.events.close(&acme("r1")).await.unwrap();
     assert!(collect_until_end(tail).await.is_empty());
     replica.close().await;
 }
@@ -691,6 +880,29 @@ async fn instances_put_get_list_and_delete(b: &Backend) {
     assert!(!instances.delete("k1").await.unwrap());
     assert!(matches!(instances.get("k1").await, Err(Error::NotFound(_))));
     assert!(matches!(instances.set_native_snapshot("k1", None).await, Err(Error::NotFound(_))));
+}
+
+/// The count a tenant's sandbox quota reads: its own records, once each.
+async fn instances_count_per_tenant(b: &Backend) {
+    let instances = &b.stores.instances;
+    let new = |key: &str, owner: &str| NewInstance {
+        sandbox_key: key.into(),
+        tenant: tenant(owner),
+        provider: "local".into(),
+        provider_sandbox_id: format!("id-{key}"),
+        native_snapshot: None,
+        definition_id: "def".into(),
+        thread_id: "t".into(),
+    };
+    let count = |owner: &'static str| async move { instances.count(&tenant(owner)).await.unwrap() };
+    assert_eq!(count("acme").await, 0);
+    for (key, owner) in [("a1", "acme"), ("a2", "acme"), ("g1", "globex")] {
+        instances.put(new(key, owner)).await.unwrap();
+    }
+    instances.put(new("a1", "acme")).await.unwrap();
+    assert_eq!((count("acme").await, count("globex").await, count("initech").await), (2, 1, 0));
+    instances.delete("a2").await.unwrap();
+    assert_eq!((count("acme").await, count("globex").await), (1, 1));
 }
 
 // ---------------------------------------------------------------- DefinitionStore
@@ -748,6 +960,93 @@ async fn tokens_map_to_tenants_and_are_stored_hashed(b: &Backend) {
     assert_eq!(tokens.list_tenants().await.unwrap(), [tenant("acme")]);
 }
 
+// ---------------------------------------------------------------- upgrades
+
+/// Rows as a server before `0015_tenant_runs` (run ids global) wrote them:
+/// acme's ended run `old` with two events, globex's running `other`.
+macro_rules! write_before_tenant_runs {
+    ($pool:expr, $migrations:literal) => {{
+        let pool = $pool;
+        let mut migrator = sqlx::migrate!($migrations);
+        let before: Vec<_> = migrator.migrations.iter().filter(|m| m.version < 15).cloned().collect();
+        migrator.migrations = std::borrow::Cow::Owned(before);
+        migrator.run(&pool).await.unwrap();
+        for (run, tenant, status, epoch) in [("old", "acme", "completed", 3), ("other", "globex", "running", 1)] {
+            sqlx::query(
+                "INSERT INTO runs (run_id, thread_id, tenant, status, started_at, driver_epoch, sentinel_key, \
+                 log_closed, updated_at) VALUES ($1, $2, $3, $4, 1000, $5, $6, $7, 1000)",
+            )
+            .bind(run)
+            .bind(format!("thread-{run}"))
+            .bind(tenant)
+            .bind(status)
+            .bind(epoch as i64)
+            .bind(format!("key-{run}"))
+            .bind(status == "completed")
+            .execute(&pool)
+            .await
+            .unwrap();
+        }
+        for (run, seq, payload) in [("old", 1, "e1"), ("old", 2, "e2"), ("other", 1, "g1")] {
+            sqlx::query(
+                "INSERT INTO run_events (run_id, seq, epoch, kind, payload, appended_at) \
+                 VALUES ($1, $2, 1, 'k', $3, 1000)",
+            )
+            .bind(run)
+            .bind(seq as i64)
+            .bind(payload.as_bytes().to_vec())
+            .execute(&pool)
+            .await
+            .unwrap();
+        }
+        pool.close().await;
+    }};
+}
+
+/// After the upgrade every run keeps its tenant and its log; the ids are
+/// per tenant from then on.
+async fn runs_written_before_tenant_runs_keep_their_tenant(url: &str) {
+    let stores = Stores::open(url).await.unwrap();
+    let old = stores.runs.get(&acme("old")).await.unwrap();
+    assert_eq!((old.tenant.as_str(), old.thread_id.as_str()), ("acme", "thread-old"));
+    assert_eq!((old.status, old.driver_epoch, old.log_closed), (RunStatus::Completed, 3, true));
+    assert_eq!(old.sentinel_key.expose(), "key-old");
+    let log = stores.events.snapshot(&acme("old")).await.unwrap();
+    assert_eq!(payloads(&log.chunks), ["e1", "e2"]);
+    assert_eq!(log.chunks.iter().map(|c| c.offset.to_string()).collect::<Vec<_>>(), ["1", "2"]);
+    assert!(matches!(stores.runs.get(&key("globex", "old")).await, Err(Error::NotFound(_))));
+    let other = key("globex", "other");
+    assert_eq!(payloads(&stores.events.snapshot(&other).await.unwrap().chunks), ["g1"]);
+    stores.events.append(&other, 1, &chunks("after", 1)).await.unwrap();
+    // globex may now take the id acme used; acme's run stays as it was.
+    assert!(stores.runs.create_or_resume(new_run("old", "globex", "t", 5_000)).await.unwrap().created);
+    stores.events.append(&key("globex", "old"), FIRST_EPOCH, &chunks("g", 1)).await.unwrap();
+    assert_eq!(stores.runs.get(&acme("old")).await.unwrap(), old);
+    assert_eq!(stores.events.snapshot(&acme("old")).await.unwrap(), log);
+    stores.close().await;
+}
+
+#[tokio::test]
+async fn sqlite_upgrade_keeps_runs_and_their_tenants() {
+    use std::str::FromStr;
+    let dir = tempfile::tempdir().unwrap();
+    let url = default_database_url(dir.path());
+    let options = sqlx::sqlite::SqliteConnectOptions::from_str(&url).unwrap().create_if_missing(true);
+    let pool = sqlx::SqlitePool::connect_with(options).await.unwrap();
+    write_before_tenant_runs!(pool, "./migrations/sqlite");
+    runs_written_before_tenant_runs_keep_their_tenant(&url).await;
+}
+
+#[tokio::test]
+async fn postgres_upgrade_keeps_runs_and_their_tenants() {
+    let Some(admin_url) = sandhold_tests::services::postgres_url() else { return };
+    let scratch = ScratchDatabase::create(&admin_url).await.unwrap();
+    let pool = sqlx::PgPool::connect(scratch.url()).await.unwrap();
+    write_before_tenant_runs!(pool, "./migrations/postgres");
+    runs_written_before_tenant_runs_keep_their_tenant(scratch.url()).await;
+    scratch.drop_database().await.unwrap();
+}
+
 // ---------------------------------------------------------------- instantiation
 
 macro_rules! instantiate {
@@ -775,22 +1074,26 @@ macro_rules! conformance_suite {
 conformance_suite!(
     stores_answer_ping,
     runs_create_or_resume_returns_existing_unchanged,
+    runs_create_within_counts_the_tenants_unfinished_runs,
     runs_are_tenant_scoped,
     runs_update_round_trips_non_terminal_fields,
     runs_claim_bumps_the_epoch_and_refuses_terminal_or_unknown,
     runs_racing_claims_get_distinct_epochs_and_losers_append_nothing,
     runs_terminal_write_from_a_stale_epoch_is_suppressed,
     runs_request_cancel_records_intent_only,
+    runs_and_logs_of_one_id_are_per_tenant,
     runs_active_run_and_list_by_thread,
     runs_reclaimable_cutoff_is_inclusive,
     runs_unfinished_in_sandbox_across_tenants,
     log_append_mints_ordered_offsets_and_snapshot_returns_them,
     log_read_from_first_and_middle_offsets,
+    log_pages_through_a_log_longer_than_a_page,
     log_stale_append_is_refused_after_a_claim_and_stays_refused,
     log_snapshot_never_blocks,
     log_tail_sees_later_appends_and_ends_at_close,
     log_tail_sees_appends_through_another_store_instance,
     instances_put_get_list_and_delete,
+    instances_count_per_tenant,
     definitions_round_trip_per_tenant,
     tokens_map_to_tenants_and_are_stored_hashed,
 );

@@ -1,11 +1,12 @@
 //! Per-run event logs ([`EventLog`]): offsets, chunks, appends fenced by the writer's epoch, tailing reads.
 
 use std::fmt;
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use futures::stream::BoxStream;
 
-use super::{Epoch, Error, Result, RunId, Timestamp};
+use super::{Epoch, Error, Result, RunKey, Timestamp};
 
 /// A position in a run's log, minted by the store. Opaque to clients: they
 /// get it with each chunk and hand it back to resume after that chunk.
@@ -85,12 +86,36 @@ pub struct LogSnapshot {
     pub closed: bool,
 }
 
+/// Chunks a reader of a stored log asks for at once ([`EventLog::page`]):
+/// the memory a reader holds is a page, not the log.
+pub const PAGE_CHUNKS: usize = 64;
+
+/// The log after `after` as stored now, page by page: ends at the last
+/// chunk stored when the read gets there, never waits for more.
+pub fn stored_after(events: Arc<dyn EventLog>, run: RunKey, after: Offset) -> ChunkStream {
+    Box::pin(async_stream::try_stream! {
+        let mut cursor = after;
+        loop {
+            let page = events.page(&run, &cursor, PAGE_CHUNKS).await?;
+            let full = page.len() == PAGE_CHUNKS;
+            for chunk in page {
+                cursor = chunk.offset.clone();
+                yield chunk;
+            }
+            if !full {
+                break;
+            }
+        }
+    })
+}
+
 /// Chunks in log order; ends after the last chunk of a closed log. An error
 /// item ends the stream; resume with `read` after the last offset seen.
 pub type ChunkStream = BoxStream<'static, Result<StoredChunk>>;
 
-/// Per-run append-only event logs. A log belongs to its run record: the
-/// record carries the fencing epoch and the closed flag.
+/// Per-run append-only event logs, keyed like their run records
+/// ([`RunKey`]). A log belongs to its run record: the record carries the
+/// fencing epoch and the closed flag.
 #[async_trait]
 pub trait EventLog: Send + Sync {
     /// Append `chunks` in order, in one transaction, and return one offset
@@ -99,19 +124,28 @@ pub trait EventLog: Send + Sync {
     /// of a superseded writer lands after the claim that superseded it.
     /// [`Error::LogClosed`] after [`EventLog::close`]. Drivers append through
     /// a [`LogWriter`](super::LogWriter).
-    async fn append(&self, run: &RunId, epoch: Epoch, chunks: &[NewChunk]) -> Result<Vec<Offset>>;
+    async fn append(&self, run: &RunKey, epoch: Epoch, chunks: &[NewChunk]) -> Result<Vec<Offset>>;
 
     /// Everything after `after`, then new appends as they land (from this
     /// process or any other), ending once the log is closed and read to its
     /// end. [`Error::NotFound`] up front for an unknown run.
-    async fn read(&self, run: &RunId, after: &Offset) -> Result<ChunkStream>;
+    async fn read(&self, run: &RunKey, after: &Offset) -> Result<ChunkStream>;
 
-    /// What is stored now, without waiting for anything.
-    async fn snapshot(&self, run: &RunId) -> Result<LogSnapshot>;
+    /// What is stored now, without waiting for anything: the whole log in
+    /// memory, for tests and tools. Servers page with [`EventLog::page`].
+    async fn snapshot(&self, run: &RunKey) -> Result<LogSnapshot>;
+
+    /// At most `limit` stored chunks after `after`, in order, without
+    /// waiting: fewer than `limit` means the log holds nothing more now.
+    /// [`Error::NotFound`] for an unknown run.
+    async fn page(&self, run: &RunKey, after: &Offset, limit: usize) -> Result<Vec<StoredChunk>>;
+
+    /// The last stored chunk, if any. [`Error::NotFound`] for an unknown run.
+    async fn last(&self, run: &RunKey) -> Result<Option<StoredChunk>>;
 
     /// Close the log: later appends are refused and tailers end. Not fenced
     /// (teardown must always be able to release tailers); idempotent. A
     /// driver closes only after its terminal write went through (or the run
     /// is known terminal): closing is final, also for a successor.
-    async fn close(&self, run: &RunId) -> Result<()>;
+    async fn close(&self, run: &RunKey) -> Result<()>;
 }

@@ -47,6 +47,10 @@ pub trait InstanceStore: Send + Sync {
     /// All instances, or one tenant's, by sandbox key.
     async fn list(&self, tenant: Option<&Tenant>) -> Result<Vec<Instance>>;
 
+    /// How many instances the tenant has (its sandbox quota's count),
+    /// without reading them.
+    async fn count(&self, tenant: &Tenant) -> Result<u64>;
+
     /// True if it existed.
     async fn delete(&self, sandbox_key: &str) -> Result<bool>;
 }

@@ -42,16 +42,18 @@ mod snapshot_conformance;
 
 pub use shared::ids::RunId;
 
-pub use blob::{BlobStats, BlobStore, DirBlobStore, PgBlobStore};
+pub use blob::{BlobKey, BlobStats, BlobStore, DirBlobStore, PgBlobStore};
 pub use checkpoint::{Checkpoint, CheckpointStore, DeleteBlobs, Fork, NewCheckpoint, WriterClaim};
 pub use definitions::{Definition, DefinitionStore};
 pub use error::{Error, Result};
-pub use event_log::{ChunkStream, EventLog, LogSnapshot, NewChunk, Offset, StoredChunk};
+pub use event_log::{
+    ChunkStream, EventLog, LogSnapshot, NewChunk, Offset, PAGE_CHUNKS, StoredChunk, stored_after,
+};
 pub use instances::{Instance, InstanceStore, NewInstance};
 pub use primitives::{Epoch, FIRST_EPOCH, FIRST_OFFSET, TAIL_POLL_INTERVAL, Tenant, Timestamp};
 pub use runs::{
-    CreatedRun, NewRun, RunError, RunFinish, RunRecord, RunStatus, RunStore, RunUpdate, SentinelKey,
-    generated_run_id,
+    Admitted, CreatedRun, NewRun, RunError, RunFinish, RunKey, RunRecord, RunStatus, RunStore, RunUpdate,
+    SentinelKey, generated_run_id,
 };
 use stores::Pool;
 pub use stores::Stores;

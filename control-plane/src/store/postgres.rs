@@ -20,7 +20,7 @@
 //! same statement on the server.
 //!
 //! Tailing: a statement trigger on `run_events` calls `pg_notify` with the
-//! run id; one listener connection per process relays notifications to the
+//! run's key (`<tenant>:<run id>`, [`RunKey::encode`]); one listener connection per process relays notifications to the
 //! local tailers, which then read the table.
 
 use std::sync::Arc;
@@ -41,12 +41,13 @@ use super::sql::{
 };
 use super::tail::{self, LogPages, Wake, Wakes};
 use super::{
-    CreatedRun, Definition, DefinitionStore, Epoch, Error, EventLog, FIRST_EPOCH, Instance, InstanceStore,
-    LogSnapshot, NewChunk, NewInstance, NewRun, Offset, Pool, Result, RunFinish, RunId, RunRecord, RunStore,
-    RunUpdate, StoredChunk, Stores, TAIL_POLL_INTERVAL, Tenant, Timestamp, TokenStore, token_hash,
+    Admitted, CreatedRun, Definition, DefinitionStore, Epoch, Error, EventLog, FIRST_EPOCH, Instance,
+    InstanceStore, LogSnapshot, NewChunk, NewInstance, NewRun, Offset, Pool, Result, RunFinish, RunKey,
+    RunRecord, RunStore, RunUpdate, StoredChunk, Stores, TAIL_POLL_INTERVAL, Tenant, Timestamp, TokenStore,
+    token_hash,
 };
 
-/// The NOTIFY channel of event-log wake-ups (payload: run id).
+/// The NOTIFY channel of event-log wake-ups (payload: [`RunKey::encode`]).
 const CHANNEL: &str = "sandhold_run_events";
 
 /// How often a racing same-epoch append (a caller bug, not a takeover)
@@ -133,6 +134,19 @@ async fn relay_notifications(database_url: String, wakes: Wakes, stop: Cancellat
 }
 
 impl_shared_stores!(PgStore, sqlx::Postgres);
+
+impl PgStore {
+    /// Serializes every quota-checked run creation of `tenant` across
+    /// replicas until the transaction ends: under READ COMMITTED two
+    /// concurrent counts would otherwise both see the last free slot.
+    async fn lock_tenant_runs(tx: &mut sqlx::Transaction<'_, sqlx::Postgres>, tenant: &Tenant) -> Result<()> {
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
+            .bind(format!("sandhold:runs-of:{}", tenant.as_str()))
+            .execute(&mut **tx)
+            .await?;
+        Ok(())
+    }
+}
 // Pinning takes the snapshot GC lock shared, a sweep exclusively (both for
 // the transaction only): pins never wait for each other, and a sweep's
 // deletions and a pin never interleave.
@@ -147,29 +161,30 @@ fn is_unique_violation(error: &sqlx::Error) -> bool {
 impl PgStore {
     /// One fenced INSERT of the whole batch (see the module docs). Returns
     /// the sequence numbers it minted, or nothing when the fence refused.
-    async fn insert_fenced(&self, run: &RunId, held: i64, chunks: &[NewChunk]) -> sqlx::Result<Vec<i64>> {
+    async fn insert_fenced(&self, run: &RunKey, held: i64, chunks: &[NewChunk]) -> sqlx::Result<Vec<i64>> {
         let kinds: Vec<&str> = chunks.iter().map(|c| c.kind.as_str()).collect();
         let payloads: Vec<&[u8]> = chunks.iter().map(|c| c.payload.as_slice()).collect();
         sqlx::query_scalar(
             "WITH fence AS ( \
-                 SELECT run_id FROM runs \
-                 WHERE run_id = $1 AND driver_epoch = $2 AND NOT log_closed \
+                 SELECT tenant, run_id FROM runs \
+                 WHERE tenant = $6 AND run_id = $1 AND driver_epoch = $2 AND NOT log_closed \
                  FOR SHARE \
              ), last AS ( \
-                 SELECT COALESCE(MAX(seq), 0) AS seq FROM run_events WHERE run_id = $1 \
+                 SELECT COALESCE(MAX(seq), 0) AS seq FROM run_events WHERE tenant = $6 AND run_id = $1 \
              ) \
-             INSERT INTO run_events (run_id, seq, epoch, kind, payload, appended_at) \
-             SELECT fence.run_id, last.seq + batch.ordinal, $2, batch.kind, batch.payload, $5 \
+             INSERT INTO run_events (tenant, run_id, seq, epoch, kind, payload, appended_at) \
+             SELECT fence.tenant, fence.run_id, last.seq + batch.ordinal, $2, batch.kind, batch.payload, $5 \
              FROM fence, last, UNNEST($3::text[], $4::bytea[]) WITH ORDINALITY \
                  AS batch(kind, payload, ordinal) \
              ORDER BY batch.ordinal \
              RETURNING seq",
         )
-        .bind(run.as_str())
+        .bind(run.run.as_str())
         .bind(held)
         .bind(kinds)
         .bind(payloads)
         .bind(Timestamp::now().as_millis())
+        .bind(run.tenant.as_str())
         .fetch_all(&self.pool)
         .await
     }
@@ -177,7 +192,7 @@ impl PgStore {
 
 #[async_trait]
 impl EventLog for PgStore {
-    async fn append(&self, run: &RunId, epoch: Epoch, chunks: &[NewChunk]) -> Result<Vec<Offset>> {
+    async fn append(&self, run: &RunKey, epoch: Epoch, chunks: &[NewChunk]) -> Result<Vec<Offset>> {
         let held = epoch_to_db(epoch)?;
         let mut seqs = Vec::new();
         if !chunks.is_empty() {
@@ -196,24 +211,26 @@ impl EventLog for PgStore {
         if seqs.len() != chunks.len() || chunks.is_empty() {
             // Refused (or an empty batch): say why, from the current row.
             let fence: Option<(i64, bool)> =
-                sqlx::query_as("SELECT driver_epoch, log_closed FROM runs WHERE run_id = $1")
-                    .bind(run.as_str())
+                sqlx::query_as("SELECT driver_epoch, log_closed FROM runs WHERE tenant = $1 AND run_id = $2")
+                    .bind(run.tenant.as_str())
+                    .bind(run.run.as_str())
                     .fetch_optional(&self.pool)
                     .await?;
             match fence {
                 None => return Err(run_not_found(run)),
                 Some((current, _)) if current != held => {
                     return Err(Error::Fenced {
-                        run: run.to_string(),
+                        run: run.run.to_string(),
                         held: epoch,
                         current: current as Epoch,
                     });
                 }
-                Some((_, true)) => return Err(Error::LogClosed(run.to_string())),
+                Some((_, true)) => return Err(Error::LogClosed(run.run.to_string())),
                 Some(_) if chunks.is_empty() => return Ok(Vec::new()),
                 Some(_) => {
                     return Err(Error::Corrupt(format!(
-                        "run {run}: append stored {} of {} chunks",
+                        "run {}: append stored {} of {} chunks",
+                        run.run,
                         seqs.len(),
                         chunks.len()
                     )));
@@ -226,7 +243,7 @@ impl EventLog for PgStore {
         seqs.into_iter().map(Offset::from_seq).collect()
     }
 
-    async fn read(&self, run: &RunId, after: &Offset) -> Result<super::ChunkStream> {
+    async fn read(&self, run: &RunKey, after: &Offset) -> Result<super::ChunkStream> {
         self.log_closed_flag(run).await?;
         Ok(tail::follow(
             Arc::new(self.clone()) as Arc<dyn LogPages>,
@@ -237,22 +254,33 @@ impl EventLog for PgStore {
         ))
     }
 
-    async fn snapshot(&self, run: &RunId) -> Result<LogSnapshot> {
+    async fn snapshot(&self, run: &RunKey) -> Result<LogSnapshot> {
         let closed = self.log_closed_flag(run).await?;
         Ok(LogSnapshot { chunks: self.snapshot_chunks(run).await?, closed })
     }
 
-    async fn close(&self, run: &RunId) -> Result<()> {
+    async fn page(&self, run: &RunKey, after: &Offset, limit: usize) -> Result<Vec<StoredChunk>> {
+        self.page_chunks(run, after, limit).await
+    }
+
+    async fn last(&self, run: &RunKey) -> Result<Option<StoredChunk>> {
+        self.last_chunk(run).await
+    }
+
+    async fn close(&self, run: &RunKey) -> Result<()> {
         // The NOTIFY is part of the same statement, so it is sent at commit.
         let closed: Option<String> = sqlx::query_scalar(
             "WITH closed AS ( \
-                 UPDATE runs SET log_closed = TRUE, updated_at = $2 WHERE run_id = $1 RETURNING run_id \
+                 UPDATE runs SET log_closed = TRUE, updated_at = $2 WHERE tenant = $4 AND run_id = $1 \
+                 RETURNING tenant, run_id \
              ) \
-             SELECT run_id FROM closed, LATERAL (SELECT pg_notify($3, closed.run_id)) AS notified",
+             SELECT run_id FROM closed, \
+                 LATERAL (SELECT pg_notify($3, closed.tenant || ':' || closed.run_id)) AS notified",
         )
-        .bind(run.as_str())
+        .bind(run.run.as_str())
         .bind(Timestamp::now().as_millis())
         .bind(CHANNEL)
+        .bind(run.tenant.as_str())
         .fetch_optional(&self.pool)
         .await?;
         if closed.is_none() {

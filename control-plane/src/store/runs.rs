@@ -82,6 +82,36 @@ impl fmt::Debug for SentinelKey {
     }
 }
 
+/// Which run: run ids are a namespace per tenant (two tenants may each
+/// have a run `r1`, with separate records and logs), so a run is named by
+/// both. Every store call on one run or its log takes its key.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct RunKey {
+    pub tenant: Tenant,
+    pub run: RunId,
+}
+
+impl RunKey {
+    pub fn new(tenant: Tenant, run: RunId) -> Self {
+        Self { tenant, run }
+    }
+
+    /// `<tenant>:<run id>`, where one string must name the run (lease
+    /// names, cancel announcements, log wake-ups). Unambiguous: a run id
+    /// has no `:`, so [`RunKey::decode`] splits at the last one.
+    pub fn encode(&self) -> String {
+        format!("{}:{}", self.tenant, self.run)
+    }
+
+    pub fn decode(encoded: &str) -> Option<Self> {
+        let (tenant, run) = encoded.rsplit_once(':')?;
+        if tenant.is_empty() {
+            return None;
+        }
+        Some(Self { tenant: Tenant::new(tenant), run: RunId::parse(run).ok()? })
+    }
+}
+
 /// A run's lifecycle record.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RunRecord {
@@ -110,6 +140,12 @@ pub struct RunRecord {
     /// Set on a copy made by a snapshot fork ([`CheckpointStore::fork`](super::CheckpointStore::fork)):
     /// the run of the source thread it was copied from.
     pub forked_from_run: Option<RunId>,
+}
+
+impl RunRecord {
+    pub fn key(&self) -> RunKey {
+        RunKey::new(self.tenant.clone(), self.run_id.clone())
+    }
 }
 
 /// A run id nobody chose: `run-<32 hex>`.
@@ -144,6 +180,10 @@ impl NewRun {
             spec: None,
         }
     }
+
+    pub fn key(&self) -> RunKey {
+        RunKey::new(self.tenant.clone(), self.run_id.clone())
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -153,6 +193,16 @@ pub struct CreatedRun {
     /// [`FIRST_EPOCH`](super::FIRST_EPOCH). False when the run existed: the record is returned
     /// unchanged and the caller must claim before writing.
     pub created: bool,
+}
+
+/// What [`RunStore::create_within`] did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Admitted {
+    /// Created, or the existing record (as [`RunStore::create_or_resume`]).
+    Run(CreatedRun),
+    /// Nothing written: the tenant has `unfinished` runs not terminal, at
+    /// or over the limit.
+    Full { unfinished: u64 },
 }
 
 /// Non-terminal changes to a record; `None` leaves a field as it is.
@@ -165,6 +215,9 @@ pub struct RunUpdate {
     /// is terminal.
     pub status: Option<RunStatus>,
     pub sandbox_key: Option<Option<String>>,
+    /// Setting it (`Some(Some(_))`) is refused with
+    /// [`Error::RunTerminal`](super::Error::RunTerminal) once the run is
+    /// terminal; clearing it is not.
     pub detached_since: Option<Option<Timestamp>>,
     pub usage: Option<serde_json::Value>,
 }
@@ -180,37 +233,48 @@ pub struct RunFinish {
     pub finished_at: Timestamp,
 }
 
-/// Run lifecycle records. Operations taking a [`Tenant`] serve the API and
-/// treat another tenant's run as unknown; the others serve the driver and the
-/// reaper, which act for every tenant.
+/// Run lifecycle records, keyed by [`RunKey`]: a run of another tenant is
+/// as unknown as a run nobody has. Operations on one run take its key; the
+/// listings taking a [`Tenant`] serve the API, the others the reaper, which
+/// acts for every tenant.
 #[async_trait]
 pub trait RunStore: Send + Sync {
-    /// Create the run, or return the existing record unchanged. A run id that
-    /// exists under another tenant is [`Error::AlreadyExists`](super::Error::AlreadyExists).
-    async fn create_or_resume(&self, new: NewRun) -> Result<CreatedRun>;
+    /// Create the run, or return the existing record of the tenant's run
+    /// unchanged. Another tenant's run with the same id is no conflict.
+    async fn create_or_resume(&self, new: NewRun) -> Result<CreatedRun> {
+        match self.create_within(new, None).await? {
+            Admitted::Run(created) => Ok(created),
+            Admitted::Full { .. } => Err(super::Error::Corrupt("a run refused without a limit".into())),
+        }
+    }
 
-    async fn get(&self, tenant: &Tenant, run: &RunId) -> Result<RunRecord>;
+    /// As [`create_or_resume`](Self::create_or_resume), but a new run only
+    /// while the tenant has fewer than `max_unfinished` runs not terminal
+    /// (`None`: no limit). The count and the insert are one step against
+    /// every other `create_within` of the tenant, on any replica: SQLite
+    /// runs them in one write statement (one writer at a time), PostgreSQL
+    /// under a transaction-scoped advisory lock on the tenant.
+    async fn create_within(&self, new: NewRun, max_unfinished: Option<u32>) -> Result<Admitted>;
 
-    /// The record whatever its tenant (driver, reaper).
-    async fn get_unscoped(&self, run: &RunId) -> Result<RunRecord>;
+    async fn get(&self, run: &RunKey) -> Result<RunRecord>;
 
-    async fn update(&self, run: &RunId, update: RunUpdate) -> Result<RunRecord>;
+    async fn update(&self, run: &RunKey, update: RunUpdate) -> Result<RunRecord>;
 
     /// Take over the run: bump its epoch and return the record carrying the
     /// new one. Refuses terminal runs ([`Error::RunTerminal`](super::Error::RunTerminal)) and unknown
     /// ones ([`Error::NotFound`](super::Error::NotFound)). Two racing claims get distinct epochs; the
     /// lower one is already superseded.
-    async fn claim(&self, run: &RunId) -> Result<RunRecord>;
+    async fn claim(&self, run: &RunKey) -> Result<RunRecord>;
 
     /// Write a terminal status, only if `epoch` is the current epoch
     /// ([`Error::Fenced`](super::Error::Fenced) otherwise: the write is suppressed) and the run is
     /// not terminal yet ([`Error::RunTerminal`](super::Error::RunTerminal)).
-    async fn finish(&self, run: &RunId, epoch: Epoch, finish: RunFinish) -> Result<RunRecord>;
+    async fn finish(&self, run: &RunKey, epoch: Epoch, finish: RunFinish) -> Result<RunRecord>;
 
     /// Record that the tenant asked to cancel the run. Writes no status: only
     /// the driver knows when the agent is gone. A terminal run is returned
     /// unchanged.
-    async fn request_cancel(&self, tenant: &Tenant, run: &RunId) -> Result<RunRecord>;
+    async fn request_cancel(&self, run: &RunKey) -> Result<RunRecord>;
 
     /// The newest non-terminal run of the thread.
     async fn active_run(&self, tenant: &Tenant, thread_id: &str) -> Result<Option<RunRecord>>;
@@ -222,15 +286,16 @@ pub trait RunStore: Send + Sync {
     async fn list_recent(&self, tenant: &Tenant, limit: u32) -> Result<Vec<RunRecord>>;
 
     /// Runs still `running` and detached at or before `cutoff` (inclusive),
-    /// oldest detachment first, across all tenants.
-    async fn list_reclaimable(&self, cutoff: Timestamp) -> Result<Vec<RunRecord>>;
+    /// oldest detachment first, of `tenant` (`None`: across all tenants).
+    async fn list_reclaimable(&self, cutoff: Timestamp, tenant: Option<&Tenant>) -> Result<Vec<RunRecord>>;
 
-    /// Runs still `running` and not detached, across all tenants, oldest
-    /// start first, at most `limit`: the reaper looks among them for runs
-    /// no replica drives (their driver died with no client left).
-    async fn list_undetached_running(&self, limit: u32) -> Result<Vec<RunRecord>>;
+    /// Runs still `running` and not detached, of `tenant` (`None`: across
+    /// all tenants), oldest start first, at most `limit`: the reaper looks
+    /// among them for runs no replica drives (their driver died with no
+    /// client left).
+    async fn list_undetached_running(&self, limit: u32, tenant: Option<&Tenant>) -> Result<Vec<RunRecord>>;
 
-    /// Runs not terminal yet whose sandbox is `sandbox_key`, across all
-    /// tenants: the reaper keeps a sandbox some run still lives in.
+    /// Runs not terminal yet whose sandbox is `sandbox_key` (a sandbox key
+    /// is one tenant's): the reaper keeps a sandbox some run still lives in.
     async fn unfinished_in_sandbox(&self, sandbox_key: &str) -> Result<Vec<RunRecord>>;
 }

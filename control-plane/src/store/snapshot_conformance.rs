@@ -45,8 +45,8 @@ impl BlobBackend {
     /// Every byte the store keeps, concatenated.
     async fn raw_bytes(&self) -> Vec<u8> {
         let mut out = Vec::new();
-        for h in self.blobs.list().await.unwrap() {
-            out.extend(read_all(self.blobs.as_ref(), &h).await);
+        for key in self.blobs.list().await.unwrap() {
+            out.extend(read_all(self.blobs.as_ref(), &key.tenant, &key.sha256).await);
         }
         if self.blobs.backend_name() == "postgres" {
             out.extend(self.backend.raw_dump("snapshot_blobs").await.into_bytes());
@@ -55,8 +55,8 @@ impl BlobBackend {
     }
 }
 
-async fn read_all(blobs: &dyn BlobStore, hash: &str) -> Vec<u8> {
-    let mut stream = blobs.read(hash).await.unwrap();
+async fn read_all(blobs: &dyn BlobStore, tenant: &Tenant, hash: &str) -> Vec<u8> {
+    let mut stream = blobs.read(tenant, hash).await.unwrap();
     let mut out = Vec::new();
     while let Some(chunk) = stream.next().await {
         out.extend(chunk.unwrap());
@@ -64,17 +64,22 @@ async fn read_all(blobs: &dyn BlobStore, hash: &str) -> Vec<u8> {
     out
 }
 
+fn keys(t: &Tenant, hashes: &[String]) -> Vec<BlobKey> {
+    hashes.iter().map(|h| BlobKey::new(t, h)).collect()
+}
+
 async fn blobs_round_trip_small_large_and_empty(b: &BlobBackend) {
     let blobs = b.blobs.as_ref();
+    let acme = tenant("acme");
     let large: Vec<u8> = (0..(blob::READ_CHUNK * 2 + 123)).map(|i| (i % 251) as u8).collect();
     for data in [b"hello".to_vec(), large, Vec::new()] {
         let h = sha(&data);
-        assert_eq!(blobs.missing(std::slice::from_ref(&h)).await.unwrap(), vec![h.clone()]);
-        assert!(blobs.put(&h, Bytes::from(data.clone())).await.unwrap(), "newly stored");
-        assert!(!blobs.put(&h, Bytes::from(data.clone())).await.unwrap(), "second put is a no-op");
-        assert!(blobs.missing(std::slice::from_ref(&h)).await.unwrap().is_empty());
-        assert_eq!(blobs.size(&h).await.unwrap(), data.len() as u64);
-        assert_eq!(read_all(blobs, &h).await, data);
+        assert_eq!(blobs.missing(&acme, std::slice::from_ref(&h)).await.unwrap(), vec![h.clone()]);
+        assert!(blobs.put(&acme, &h, Bytes::from(data.clone())).await.unwrap(), "newly stored");
+        assert!(!blobs.put(&acme, &h, Bytes::from(data.clone())).await.unwrap(), "second put is a no-op");
+        assert!(blobs.missing(&acme, std::slice::from_ref(&h)).await.unwrap().is_empty());
+        assert_eq!(blobs.size(&acme, &h).await.unwrap(), data.len() as u64);
+        assert_eq!(read_all(blobs, &acme, &h).await, data);
     }
     let stats = blobs.stats().await.unwrap();
     assert_eq!(stats.count, 3);
@@ -83,32 +88,126 @@ async fn blobs_round_trip_small_large_and_empty(b: &BlobBackend) {
 
 async fn blobs_refuse_bytes_that_do_not_match_their_name(b: &BlobBackend) {
     let blobs = b.blobs.as_ref();
+    let acme = tenant("acme");
     let claimed = sha(b"the real bytes");
-    let err = blobs.put(&claimed, Bytes::from_static(b"forged bytes")).await.unwrap_err();
+    let err = blobs.put(&acme, &claimed, Bytes::from_static(b"forged bytes")).await.unwrap_err();
     assert!(matches!(err, Error::Invalid { .. }), "{err:?}");
-    assert!(matches!(blobs.read(&claimed).await.err(), Some(Error::NotFound(_))));
-    assert!(matches!(blobs.size(&claimed).await, Err(Error::NotFound(_))));
-    assert!(matches!(blobs.put("../../etc/passwd", Bytes::new()).await, Err(Error::Invalid { .. })));
+    assert!(matches!(blobs.read(&acme, &claimed).await.err(), Some(Error::NotFound(_))));
+    assert!(matches!(blobs.size(&acme, &claimed).await, Err(Error::NotFound(_))));
+    assert!(matches!(blobs.put(&acme, "../../etc/passwd", Bytes::new()).await, Err(Error::Invalid { .. })));
     assert!(!String::from_utf8_lossy(&b.raw_bytes().await).contains("forged bytes"));
     assert_eq!(blobs.stats().await.unwrap().count, 0);
 }
 
 async fn blobs_list_and_delete(b: &BlobBackend) {
     let blobs = b.blobs.as_ref();
+    let acme = tenant("acme");
     let mut hashes = BTreeSet::new();
     for i in 0..5 {
         let data = format!("blob {i}").into_bytes();
         let h = sha(&data);
-        blobs.put(&h, Bytes::from(data)).await.unwrap();
+        blobs.put(&acme, &h, Bytes::from(data)).await.unwrap();
         hashes.insert(h);
     }
-    let listed: BTreeSet<String> = blobs.list().await.unwrap().into_iter().collect();
-    assert_eq!(listed, hashes);
+    let listed: BTreeSet<BlobKey> = blobs.list().await.unwrap().into_iter().collect();
+    assert_eq!(listed, hashes.iter().map(|h| BlobKey::new(&acme, h)).collect());
     let gone: Vec<String> = hashes.iter().take(2).cloned().collect();
-    assert_eq!(blobs.delete(&gone).await.unwrap(), 2);
-    assert_eq!(blobs.delete(&gone).await.unwrap(), 0, "absent blobs are ignored");
-    assert_eq!(blobs.missing(&gone).await.unwrap().len(), 2);
+    assert_eq!(blobs.delete(&keys(&acme, &gone)).await.unwrap(), 2);
+    assert_eq!(blobs.delete(&keys(&acme, &gone)).await.unwrap(), 0, "absent blobs are ignored");
+    assert_eq!(blobs.missing(&acme, &gone).await.unwrap().len(), 2);
     assert_eq!(blobs.list().await.unwrap().len(), 3);
+}
+
+/// The blob de-dup oracle and the claimed hash, at the store: the same
+/// bytes are two blobs for two tenants, each put, read, listed and deleted
+/// on its own; tenant names that are not path-safe stay apart too.
+async fn blobs_are_per_tenant(b: &BlobBackend) {
+    let blobs = b.blobs.as_ref();
+    let (acme, globex) = (tenant("acme"), tenant("globex"));
+    let data = b"the same bytes".to_vec();
+    let h = sha(&data);
+    assert!(blobs.put(&acme, &h, Bytes::from(data.clone())).await.unwrap());
+    // What acme stored says nothing to globex, and is not globex's to read.
+    assert_eq!(blobs.missing(&globex, std::slice::from_ref(&h)).await.unwrap(), vec![h.clone()]);
+    assert!(matches!(blobs.read(&globex, &h).await.err(), Some(Error::NotFound(_))));
+    assert!(matches!(blobs.size(&globex, &h).await, Err(Error::NotFound(_))));
+    assert!(blobs.put(&globex, &h, Bytes::from(data.clone())).await.unwrap(), "counted as globex's upload");
+    assert!(!blobs.put(&globex, &h, Bytes::from(data.clone())).await.unwrap(), "dedup within a tenant");
+    assert_eq!(read_all(blobs, &globex, &h).await, data);
+    let listed: BTreeSet<BlobKey> = blobs.list().await.unwrap().into_iter().collect();
+    assert_eq!(listed, [BlobKey::new(&acme, &h), BlobKey::new(&globex, &h)].into());
+    assert_eq!(blobs.stats().await.unwrap(), BlobStats { count: 2, bytes: 2 * data.len() as u64 });
+
+    // Deleting acme's leaves globex's.
+    assert_eq!(blobs.delete(&keys(&acme, std::slice::from_ref(&h))).await.unwrap(), 1);
+    assert_eq!(blobs.missing(&acme, std::slice::from_ref(&h)).await.unwrap(), vec![h.clone()]);
+    assert!(blobs.missing(&globex, std::slice::from_ref(&h)).await.unwrap().is_empty());
+    assert_eq!(read_all(blobs, &globex, &h).await, data);
+
+    // Names with separators, dots or nothing at all are tenants like any other.
+    let odd =
+        [tenant("../globex"), tenant("a/b"), tenant(".."), tenant(""), tenant("acme%2fx"), tenant("ÄCME")];
+    for (i, t) in odd.iter().enumerate() {
+        let data = format!("odd {i}").into_bytes();
+        assert!(blobs.put(t, &sha(&data), Bytes::from(data.clone())).await.unwrap());
+        assert_eq!(read_all(blobs, t, &sha(&data)).await, data);
+        for other in odd.iter().chain([&acme, &globex]).filter(|o| *o != t) {
+            assert_eq!(blobs.missing(other, &[sha(&data)]).await.unwrap().len(), 1, "{t:?} vs {other:?}");
+        }
+    }
+    let listed: BTreeSet<BlobKey> = blobs.list().await.unwrap().into_iter().collect();
+    for (i, t) in odd.iter().enumerate() {
+        assert!(listed.contains(&BlobKey::new(t, sha(format!("odd {i}").as_bytes()))), "{t:?} is listed");
+    }
+    assert_eq!(listed.len(), odd.len() + 1);
+}
+
+/// An upload in pieces: stored whole once every declared byte came and
+/// hashed right; a piece past the declared size, a short upload, other
+/// bytes of the right size, and an upload dropped midway store nothing
+/// (and do not stand in the way of the next upload of that blob).
+async fn blobs_stream_in_pieces_and_refuse_what_was_not_declared(b: &BlobBackend) {
+    let blobs = b.blobs.as_ref();
+    let acme = tenant("acme");
+    let data: Vec<u8> = (0..(blob::READ_CHUNK + 4000)).map(|i| (i % 241) as u8).collect();
+    let h = sha(&data);
+    let begin = || blobs.begin_put(&acme, &h, data.len() as u64);
+
+    // One byte more than declared: that piece is refused.
+    let mut up = begin().await.unwrap();
+    up.write(&data).await.unwrap();
+    assert!(matches!(up.write(b"x").await, Err(Error::Invalid { .. })));
+    drop(up);
+    // Short of the declared size.
+    let mut up = begin().await.unwrap();
+    up.write(&data[..100]).await.unwrap();
+    assert!(matches!(up.finish().await, Err(Error::Invalid { .. })));
+    // The declared size, other bytes.
+    let mut forged = data.clone();
+    forged[7] ^= 1;
+    let mut up = begin().await.unwrap();
+    up.write(&forged).await.unwrap();
+    let err = up.finish().await.unwrap_err();
+    assert!(matches!(&err, Error::Invalid { reason, .. } if reason.contains("hash to")), "{err:?}");
+    // Dropped midway (its save went away).
+    let mut up = begin().await.unwrap();
+    up.write(&data[..10]).await.unwrap();
+    drop(up);
+    assert_eq!(blobs.missing(&acme, std::slice::from_ref(&h)).await.unwrap(), vec![h.clone()]);
+    assert_eq!(blobs.stats().await.unwrap().count, 0, "nothing of the refused uploads is stored");
+
+    // In uneven pieces: stored, and read back whole. Two uploads of one
+    // blob at once: one stores it, the other finds it stored.
+    let (mut first, mut second) = (begin().await.unwrap(), begin().await.unwrap());
+    for piece in data.chunks(77_777) {
+        first.write(piece).await.unwrap();
+        second.write(piece).await.unwrap();
+    }
+    assert_eq!(first.written(), data.len() as u64);
+    assert!(first.finish().await.unwrap(), "newly stored");
+    assert!(!second.finish().await.unwrap(), "stored already");
+    assert_eq!(read_all(blobs, &acme, &h).await, data);
+    assert_eq!(blobs.stats().await.unwrap(), BlobStats { count: 1, bytes: data.len() as u64 });
 }
 
 macro_rules! blob_suite {
@@ -140,6 +239,8 @@ blob_suite!(
     blobs_round_trip_small_large_and_empty,
     blobs_refuse_bytes_that_do_not_match_their_name,
     blobs_list_and_delete,
+    blobs_are_per_tenant,
+    blobs_stream_in_pieces_and_refuse_what_was_not_declared,
 );
 
 // ---------------------------------------------------------------- checkpoints
@@ -281,9 +382,9 @@ async fn checkpoints_fork_copies_the_chosen_checkpoint_into_an_empty_thread(b: &
 
     // The copy keeps its blobs alive after the source is gone.
     cps.delete(&acme, "src", &first.checkpoint_id).await.unwrap();
-    let stored = vec![sha(b"a"), sha(b"b"), sha(b"c")];
+    let stored = keys(&acme, &[sha(b"a"), sha(b"b"), sha(b"c")]);
     let deleted = cps.sweep(stored, Duration::from_secs(3600), &|_| async { Ok(0) }.boxed()).await.unwrap();
-    assert_eq!(deleted, [sha(b"c")]);
+    assert_eq!(deleted, keys(&acme, &[sha(b"c")]));
 }
 
 /// A run of `thread` started at `started_at` with `n` chunks, ended with
@@ -295,7 +396,7 @@ async fn run_with_log(
     n: usize,
     status: RunStatus,
 ) -> RunRecord {
-    let run = RunId::parse(id).unwrap();
+    let run = RunKey::new(tenant(tenant_name), RunId::parse(id).unwrap());
     b.stores.runs.create_or_resume(new_run(id, tenant_name, thread, started_at)).await.unwrap();
     b.stores.events.append(&run, FIRST_EPOCH, &chunks(id, n)).await.unwrap();
     if status.is_terminal() {
@@ -309,7 +410,7 @@ async fn run_with_log(
         b.stores.runs.finish(&run, FIRST_EPOCH, finish).await.unwrap();
         b.stores.events.close(&run).await.unwrap();
     }
-    b.stores.runs.get_unscoped(&run).await.unwrap()
+    b.stores.runs.get(&run).await.unwrap()
 }
 
 /// How many runs the tenant has, across threads.
@@ -324,8 +425,9 @@ async fn checkpoints_fork_copies_the_conversation_up_to_the_checkpoint(b: &Backe
     let done = run_with_log(b, ("src-done", "acme", "src"), now - 3_000, 5, RunStatus::Completed).await;
     let failed = run_with_log(b, ("src-failed", "acme", "src"), now - 2_000, 3, RunStatus::Failed).await;
     let going = run_with_log(b, ("src-going", "acme", "src"), now - 1_000, 2, RunStatus::Running).await;
-    // Another tenant's run of a thread of the same name is not this thread's.
-    run_with_log(b, ("other-done", "globex", "src"), now - 3_000, 1, RunStatus::Completed).await;
+    // Another tenant's run of a thread of the same name, with the same run id
+    // as one of this thread's (run ids are per tenant), is not this thread's.
+    run_with_log(b, ("src-done", "globex", "src"), now - 3_000, 1, RunStatus::Completed).await;
     let checkpoint = save(b, &acme, "src", "mid", &["a"]).await;
     // Started after the checkpoint was written: not part of it.
     run_with_log(b, ("src-later", "acme", "src"), now + 60_000, 4, RunStatus::Completed).await;
@@ -359,8 +461,8 @@ async fn checkpoints_fork_copies_the_conversation_up_to_the_checkpoint(b: &Backe
         assert_ne!(copy.sentinel_key, source.sentinel_key, "a fresh sentinel key");
         assert_eq!(copy.sentinel_key.expose().len(), 64);
         let (copied, original) = (
-            b.stores.events.snapshot(&copy.run_id).await.unwrap(),
-            b.stores.events.snapshot(&source.run_id).await.unwrap(),
+            b.stores.events.snapshot(&copy.key()).await.unwrap(),
+            b.stores.events.snapshot(&source.key()).await.unwrap(),
         );
         assert_eq!(copied.chunks, original.chunks, "the same log: offsets, epochs, kinds, payloads, times");
         assert!(copied.closed);
@@ -368,18 +470,18 @@ async fn checkpoints_fork_copies_the_conversation_up_to_the_checkpoint(b: &Backe
         let read: Vec<StoredChunk> = b
             .stores
             .events
-            .read(&copy.run_id, &Offset::start())
+            .read(&copy.key(), &Offset::start())
             .await
             .unwrap()
             .map(|c| c.unwrap())
             .collect()
             .await;
         assert_eq!(read, original.chunks);
-        let theirs = b.stores.runs.get(&tenant("globex"), &copy.run_id).await;
+        let theirs = b.stores.runs.get(&RunKey::new(tenant("globex"), copy.run_id.clone())).await;
         assert!(matches!(theirs, Err(Error::NotFound(_))), "{theirs:?}");
     }
     assert_eq!(b.stores.runs.active_run(&acme, "dst").await.unwrap(), None);
-    let untouched = b.stores.runs.get_unscoped(&going.run_id).await.unwrap();
+    let untouched = b.stores.runs.get(&going.key()).await.unwrap();
     assert_eq!(untouched, going, "the source is not changed");
 
     // A fork of the fork copies the copies, naming them.
@@ -407,30 +509,84 @@ async fn checkpoints_sweep_spares_referenced_and_pinned_blobs(b: &Backend) {
     let cps = b.stores.checkpoints.as_ref();
     let acme = tenant("acme");
     save(b, &acme, "t", "one", &["kept"]).await;
-    cps.pin_blobs("save-1", &[sha(b"pinned")]).await.unwrap();
-    let stored = vec![sha(b"kept"), sha(b"pinned"), sha(b"garbage")];
+    cps.pin_blobs(&acme, "save-1", &[sha(b"pinned")]).await.unwrap();
+    let stored = keys(&acme, &[sha(b"kept"), sha(b"pinned"), sha(b"garbage")]);
     let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
     let record = seen.clone();
-    let delete = move |hashes: Vec<String>| {
+    let delete = move |keys: Vec<BlobKey>| {
         let record = record.clone();
         async move {
-            let n = hashes.len() as u64;
-            record.lock().unwrap().extend(hashes);
+            let n = keys.len() as u64;
+            record.lock().unwrap().extend(keys);
             Ok(n)
         }
         .boxed()
     };
     assert_eq!(
         cps.sweep(stored.clone(), Duration::from_secs(3600), &delete).await.unwrap(),
-        [sha(b"garbage")]
+        keys(&acme, &[sha(b"garbage")])
     );
-    assert_eq!(*seen.lock().unwrap(), [sha(b"garbage")]);
+    assert_eq!(*seen.lock().unwrap(), keys(&acme, &[sha(b"garbage")]));
     // An expired pin protects nothing; an unpinned blob neither.
     tokio::time::sleep(Duration::from_millis(20)).await;
     assert_eq!(cps.sweep(stored.clone(), Duration::from_millis(1), &delete).await.unwrap().len(), 2);
-    cps.pin_blobs("save-2", &[sha(b"pinned")]).await.unwrap();
+    cps.pin_blobs(&acme, "save-2", &[sha(b"pinned")]).await.unwrap();
     cps.unpin("save-2").await.unwrap();
-    assert!(cps.sweep(stored, Duration::from_secs(3600), &delete).await.unwrap().contains(&sha(b"pinned")));
+    let swept = cps.sweep(stored, Duration::from_secs(3600), &delete).await.unwrap();
+    assert!(swept.contains(&BlobKey::new(&acme, sha(b"pinned"))));
+}
+
+/// One tenant's checkpoints and pins keep its own blobs only: the same
+/// bytes stored by another tenant, unreferenced there, are garbage.
+async fn checkpoints_sweep_decides_per_tenant(b: &Backend) {
+    let cps = b.stores.checkpoints.as_ref();
+    let (acme, globex) = (tenant("acme"), tenant("globex"));
+    save(b, &acme, "t", "one", &["shared"]).await;
+    cps.pin_blobs(&globex, "save-g", &[sha(b"pinned")]).await.unwrap();
+    let stored = vec![
+        BlobKey::new(&acme, sha(b"shared")),
+        BlobKey::new(&globex, sha(b"shared")),
+        BlobKey::new(&acme, sha(b"pinned")),
+        BlobKey::new(&globex, sha(b"pinned")),
+    ];
+    let mut swept = cps.sweep(stored, Duration::from_secs(3600), &|_| async { Ok(0) }.boxed()).await.unwrap();
+    swept.sort();
+    assert_eq!(swept, [BlobKey::new(&acme, sha(b"pinned")), BlobKey::new(&globex, sha(b"shared"))]);
+}
+
+/// Garbage collection of one tenant's blob, through the real blob store,
+/// leaves another tenant's copy of the same bytes, and the other way round.
+async fn checkpoints_collecting_one_tenants_blob_leaves_anothers(b: &Backend) {
+    let (acme, globex) = (tenant("acme"), tenant("globex"));
+    let (blobs, cps) = (b.stores.blobs.clone(), b.stores.checkpoints.as_ref());
+    let data = Bytes::from_static(b"both tenants wrote this");
+    let h = sha(&data);
+    for t in [&acme, &globex] {
+        blobs.put(t, &h, data.clone()).await.unwrap();
+    }
+    let claim = cps.claim_writer(&globex, "t").await.unwrap();
+    let mut new = new_checkpoint("g", &[]);
+    new.blobs = vec![h.clone()];
+    let theirs = cps.commit(&claim, new, "no-pin").await.unwrap();
+    let delete = |keys: Vec<BlobKey>| {
+        let blobs = blobs.clone();
+        async move { blobs.delete(&keys).await }.boxed()
+    };
+    let swept = cps.sweep(blobs.list().await.unwrap(), Duration::from_secs(3600), &delete).await.unwrap();
+    assert_eq!(swept, [BlobKey::new(&acme, &h)], "acme's is unreferenced");
+    assert_eq!(blobs.missing(&acme, std::slice::from_ref(&h)).await.unwrap(), std::slice::from_ref(&h));
+    assert_eq!(blobs.size(&globex, &h).await.unwrap(), data.len() as u64, "globex's stays");
+
+    // acme stores it again and references it; globex drops its checkpoint.
+    blobs.put(&acme, &h, data.clone()).await.unwrap();
+    let claim = cps.claim_writer(&acme, "t").await.unwrap();
+    let mut new = new_checkpoint("a", &[]);
+    new.blobs = vec![h.clone()];
+    cps.commit(&claim, new, "no-pin").await.unwrap();
+    cps.delete(&globex, "t", &theirs.checkpoint_id).await.unwrap();
+    let swept = cps.sweep(blobs.list().await.unwrap(), Duration::from_secs(3600), &delete).await.unwrap();
+    assert_eq!(swept, [BlobKey::new(&globex, &h)]);
+    assert_eq!(blobs.size(&acme, &h).await.unwrap(), data.len() as u64, "acme's stays");
 }
 
 /// A save (pin, ask what is missing, upload, commit) racing a sweep: the
@@ -443,16 +599,16 @@ async fn checkpoints_sweep_racing_a_save_never_loses_a_committed_blob(b: &Backen
         let data = format!("round {round}").into_bytes();
         let h = sha(&data);
         // Left unreferenced by an earlier, deleted checkpoint.
-        blobs.put(&h, Bytes::from(data.clone())).await.unwrap();
+        blobs.put(&acme, &h, Bytes::from(data.clone())).await.unwrap();
         let saving = {
             let (blobs, cps, acme, h, data) =
                 (blobs.clone(), cps.clone(), acme.clone(), h.clone(), data.clone());
             tokio::spawn(async move {
                 let pin = format!("pin-{round}");
                 let claim = cps.claim_writer(&acme, "gc").await.unwrap();
-                cps.pin_blobs(&pin, std::slice::from_ref(&h)).await.unwrap();
-                for missing in blobs.missing(std::slice::from_ref(&h)).await.unwrap() {
-                    blobs.put(&missing, Bytes::from(data.clone())).await.unwrap();
+                cps.pin_blobs(&acme, &pin, std::slice::from_ref(&h)).await.unwrap();
+                for missing in blobs.missing(&acme, std::slice::from_ref(&h)).await.unwrap() {
+                    blobs.put(&acme, &missing, Bytes::from(data.clone())).await.unwrap();
                 }
                 let mut new = new_checkpoint("gc", &[]);
                 new.blobs = vec![h];
@@ -463,9 +619,9 @@ async fn checkpoints_sweep_racing_a_save_never_loses_a_committed_blob(b: &Backen
             let (blobs, cps) = (blobs.clone(), cps.clone());
             tokio::spawn(async move {
                 let stored = blobs.list().await.unwrap();
-                let delete = |hashes: Vec<String>| {
+                let delete = |keys: Vec<BlobKey>| {
                     let blobs = blobs.clone();
-                    async move { blobs.delete(&hashes).await }.boxed()
+                    async move { blobs.delete(&keys).await }.boxed()
                 };
                 cps.sweep(stored, Duration::from_secs(3600), &delete).await.unwrap()
             })
@@ -473,7 +629,7 @@ async fn checkpoints_sweep_racing_a_save_never_loses_a_committed_blob(b: &Backen
         saving.await.unwrap();
         sweeping.await.unwrap();
         assert!(
-            blobs.missing(std::slice::from_ref(&h)).await.unwrap().is_empty(),
+            blobs.missing(&acme, std::slice::from_ref(&h)).await.unwrap().is_empty(),
             "round {round}: blob lost"
         );
         // Unreference it again for the next round.
@@ -514,5 +670,7 @@ checkpoint_suite!(
     checkpoints_fork_copies_the_chosen_checkpoint_into_an_empty_thread,
     checkpoints_fork_copies_the_conversation_up_to_the_checkpoint,
     checkpoints_sweep_spares_referenced_and_pinned_blobs,
+    checkpoints_sweep_decides_per_tenant,
+    checkpoints_collecting_one_tenants_blob_leaves_anothers,
     checkpoints_sweep_racing_a_save_never_loses_a_committed_blob,
 );

@@ -4,8 +4,8 @@
 //! in each backend.
 
 use super::{
-    Definition, Epoch, Error, Instance, Offset, Result, RunError, RunId, RunRecord, RunStatus, SentinelKey,
-    StoredChunk, Tenant, Timestamp,
+    Definition, Epoch, Error, Instance, Offset, Result, RunError, RunId, RunKey, RunRecord, RunStatus,
+    SentinelKey, StoredChunk, Tenant, Timestamp,
 };
 
 /// Columns of `runs`, in [`RunRow`] order.
@@ -198,22 +198,23 @@ impl DefinitionRow {
     }
 }
 
-pub(super) fn run_not_found(run: &RunId) -> Error {
-    Error::NotFound(format!("run {run}"))
+/// The same for an unknown run and another tenant's: nothing tells them apart.
+pub(super) fn run_not_found(run: &RunKey) -> Error {
+    Error::NotFound(format!("run {}", run.run))
 }
 
 /// Why a conditional run update matched no row.
-pub(super) fn explain_refusal(run: &RunId, current: Option<RunRecord>, held: Option<Epoch>) -> Error {
+pub(super) fn explain_refusal(run: &RunKey, current: Option<RunRecord>, held: Option<Epoch>) -> Error {
     match current {
         None => run_not_found(run),
         Some(record) => match held {
             Some(held) if held != record.driver_epoch => {
-                Error::Fenced { run: run.to_string(), held, current: record.driver_epoch }
+                Error::Fenced { run: run.run.to_string(), held, current: record.driver_epoch }
             }
             _ if record.status.is_terminal() => {
-                Error::RunTerminal { run: run.to_string(), status: record.status }
+                Error::RunTerminal { run: run.run.to_string(), status: record.status }
             }
-            _ => Error::Corrupt(format!("run {run}: conditional update matched nothing")),
+            _ => Error::Corrupt(format!("run {}: conditional update matched nothing", run.run)),
         },
     }
 }
@@ -225,13 +226,18 @@ pub(super) fn explain_refusal(run: &RunId, current: Option<RunRecord>, held: Opt
 macro_rules! impl_shared_stores {
     ($store:ty, $db:ty) => {
         impl $store {
-            async fn fetch_run(&self, run: &RunId) -> Result<Option<RunRecord>> {
-                sqlx::query_as::<_, RunRow>(concat!("SELECT ", run_columns!(), " FROM runs WHERE run_id = $1"))
-                    .bind(run.as_str())
-                    .fetch_optional(&self.pool)
-                    .await?
-                    .map(RunRow::into_record)
-                    .transpose()
+            async fn fetch_run(&self, run: &RunKey) -> Result<Option<RunRecord>> {
+                sqlx::query_as::<_, RunRow>(concat!(
+                    "SELECT ",
+                    run_columns!(),
+                    " FROM runs WHERE tenant = $1 AND run_id = $2"
+                ))
+                .bind(run.tenant.as_str())
+                .bind(run.run.as_str())
+                .fetch_optional(&self.pool)
+                .await?
+                .map(RunRow::into_record)
+                .transpose()
             }
 
             async fn fetch_runs<'q>(
@@ -241,12 +247,13 @@ macro_rules! impl_shared_stores {
                 query.fetch_all(&self.pool).await?.into_iter().map(RunRow::into_record).collect()
             }
 
-            async fn snapshot_chunks(&self, run: &RunId) -> Result<Vec<StoredChunk>> {
+            async fn snapshot_chunks(&self, run: &RunKey) -> Result<Vec<StoredChunk>> {
                 sqlx::query_as::<_, EventRow>(
                     "SELECT seq, epoch, kind, payload, appended_at FROM run_events \
-                     WHERE run_id = $1 ORDER BY seq",
+                     WHERE tenant = $1 AND run_id = $2 ORDER BY seq",
                 )
-                .bind(run.as_str())
+                .bind(run.tenant.as_str())
+                .bind(run.run.as_str())
                 .fetch_all(&self.pool)
                 .await?
                 .into_iter()
@@ -254,9 +261,34 @@ macro_rules! impl_shared_stores {
                 .collect()
             }
 
-            async fn log_closed_flag(&self, run: &RunId) -> Result<bool> {
-                sqlx::query_scalar::<_, bool>("SELECT log_closed FROM runs WHERE run_id = $1")
-                    .bind(run.as_str())
+            async fn page_chunks(&self, run: &RunKey, after: &Offset, limit: usize) -> Result<Vec<StoredChunk>> {
+                let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+                let page = <Self as LogPages>::page_after(self, run, after.seq(), limit).await?;
+                if page.is_empty() {
+                    self.log_closed_flag(run).await?; // NotFound for an unknown run
+                }
+                Ok(page)
+            }
+
+            async fn last_chunk(&self, run: &RunKey) -> Result<Option<StoredChunk>> {
+                let last = sqlx::query_as::<_, EventRow>(
+                    "SELECT seq, epoch, kind, payload, appended_at FROM run_events \
+                     WHERE tenant = $1 AND run_id = $2 ORDER BY seq DESC LIMIT 1",
+                )
+                .bind(run.tenant.as_str())
+                .bind(run.run.as_str())
+                .fetch_optional(&self.pool)
+                .await?;
+                match last {
+                    Some(row) => row.into_chunk().map(Some),
+                    None => self.log_closed_flag(run).await.map(|_| None),
+                }
+            }
+
+            async fn log_closed_flag(&self, run: &RunKey) -> Result<bool> {
+                sqlx::query_scalar::<_, bool>("SELECT log_closed FROM runs WHERE tenant = $1 AND run_id = $2")
+                    .bind(run.tenant.as_str())
+                    .bind(run.run.as_str())
                     .fetch_optional(&self.pool)
                     .await?
                     .ok_or_else(|| run_not_found(run))
@@ -265,12 +297,19 @@ macro_rules! impl_shared_stores {
 
         #[async_trait]
         impl RunStore for $store {
-            async fn create_or_resume(&self, new: NewRun) -> Result<CreatedRun> {
-                let inserted = sqlx::query(
+            async fn create_within(&self, new: NewRun, max_unfinished: Option<u32>) -> Result<Admitted> {
+                let mut tx = self.pool.begin().await?;
+                if max_unfinished.is_some() {
+                    Self::lock_tenant_runs(&mut tx, &new.tenant).await?;
+                }
+                let inserted = sqlx::query(concat!(
                     "INSERT INTO runs (run_id, thread_id, tenant, status, started_at, sandbox_key, \
                      driver_epoch, sentinel_key, updated_at, spec) \
-                     VALUES ($1, $2, $3, 'running', $4, $5, $6, $7, $8, $9) ON CONFLICT (run_id) DO NOTHING",
-                )
+                     SELECT $1, $2, $3, 'running', $4, $5, $6, $7, $8, $9 \
+                     WHERE $10 IS NULL OR (SELECT COUNT(*) FROM runs WHERE tenant = $3 AND ",
+                    not_terminal!(),
+                    ") < $10 ON CONFLICT (tenant, run_id) DO NOTHING"
+                ))
                 .bind(new.run_id.as_str())
                 .bind(&new.thread_id)
                 .bind(new.tenant.as_str())
@@ -280,29 +319,41 @@ macro_rules! impl_shared_stores {
                 .bind(new.sentinel_key.expose())
                 .bind(Timestamp::now().as_millis())
                 .bind(json_to_db(&new.spec))
-                .execute(&self.pool)
+                .bind(max_unfinished.map(i64::from))
+                .execute(&mut *tx)
                 .await?
                 .rows_affected();
-                // Runs are never deleted, so the row is there either way.
-                let record = self.fetch_run(&new.run_id).await?.ok_or_else(|| run_not_found(&new.run_id))?;
-                if record.tenant != new.tenant {
-                    return Err(Error::AlreadyExists(format!("run {}", new.run_id)));
-                }
-                Ok(CreatedRun { record, created: inserted == 1 })
+                let row = sqlx::query_as::<_, RunRow>(concat!(
+                    "SELECT ",
+                    run_columns!(),
+                    " FROM runs WHERE tenant = $1 AND run_id = $2"
+                ))
+                .bind(new.tenant.as_str())
+                .bind(new.run_id.as_str())
+                .fetch_optional(&mut *tx)
+                .await?;
+                let admitted = match row.map(RunRow::into_record).transpose()? {
+                    Some(record) => Admitted::Run(CreatedRun { record, created: inserted == 1 }),
+                    None => {
+                        let unfinished = sqlx::query_scalar::<_, i64>(concat!(
+                            "SELECT COUNT(*) FROM runs WHERE tenant = $1 AND ",
+                            not_terminal!()
+                        ))
+                        .bind(new.tenant.as_str())
+                        .fetch_one(&mut *tx)
+                        .await?;
+                        Admitted::Full { unfinished: u64::try_from(unfinished).unwrap_or_default() }
+                    }
+                };
+                tx.commit().await?;
+                Ok(admitted)
             }
 
-            async fn get(&self, tenant: &Tenant, run: &RunId) -> Result<RunRecord> {
-                match self.fetch_run(run).await? {
-                    Some(record) if &record.tenant == tenant => Ok(record),
-                    _ => Err(run_not_found(run)),
-                }
-            }
-
-            async fn get_unscoped(&self, run: &RunId) -> Result<RunRecord> {
+            async fn get(&self, run: &RunKey) -> Result<RunRecord> {
                 self.fetch_run(run).await?.ok_or_else(|| run_not_found(run))
             }
 
-            async fn update(&self, run: &RunId, update: RunUpdate) -> Result<RunRecord> {
+            async fn update(&self, run: &RunKey, update: RunUpdate) -> Result<RunRecord> {
                 if let Some(status) = update.status
                     && status.is_terminal()
                 {
@@ -322,8 +373,11 @@ macro_rules! impl_shared_stores {
                 if update.usage.is_some() {
                     query.push(", usage = ").push_bind(json_to_db(&update.usage));
                 }
-                query.push(" WHERE run_id = ").push_bind(run.as_str());
-                if update.status.is_some() {
+                query.push(" WHERE tenant = ").push_bind(run.tenant.as_str());
+                query.push(" AND run_id = ").push_bind(run.run.as_str());
+                // Marking a run detached is for running runs only: a mark that
+                // lost the race with the run's end must not land on the record.
+                if update.status.is_some() || matches!(update.detached_since, Some(Some(_))) {
                     query.push(concat!(" AND ", not_terminal!()));
                 }
                 query.push(concat!(" RETURNING ", run_columns!()));
@@ -333,18 +387,19 @@ macro_rules! impl_shared_stores {
                 }
             }
 
-            async fn claim(&self, run: &RunId) -> Result<RunRecord> {
+            async fn claim(&self, run: &RunKey) -> Result<RunRecord> {
                 // One UPDATE: racing claims serialize on the row and each sees
                 // the other's bump, so every claim gets its own epoch.
                 let row = sqlx::query_as::<_, RunRow>(concat!(
                     "UPDATE runs SET driver_epoch = driver_epoch + 1, updated_at = $2 \
-                     WHERE run_id = $1 AND ",
+                     WHERE run_id = $1 AND tenant = $3 AND ",
                     not_terminal!(),
                     " RETURNING ",
                     run_columns!()
                 ))
-                .bind(run.as_str())
+                .bind(run.run.as_str())
                 .bind(Timestamp::now().as_millis())
+                .bind(run.tenant.as_str())
                 .fetch_optional(&self.pool)
                 .await?;
                 match row {
@@ -353,7 +408,7 @@ macro_rules! impl_shared_stores {
                 }
             }
 
-            async fn finish(&self, run: &RunId, epoch: Epoch, finish: RunFinish) -> Result<RunRecord> {
+            async fn finish(&self, run: &RunKey, epoch: Epoch, finish: RunFinish) -> Result<RunRecord> {
                 if !finish.status.is_terminal() {
                     return Err(Error::invalid("status", format!("{} is not terminal", finish.status)));
                 }
@@ -365,12 +420,12 @@ macro_rules! impl_shared_stores {
                 let row = sqlx::query_as::<_, RunRow>(concat!(
                     "UPDATE runs SET status = $3, finished_at = $4, error_code = $5, error_message = $6, \
                      usage = COALESCE($7, usage), updated_at = $8 \
-                     WHERE run_id = $1 AND driver_epoch = $2 AND ",
+                     WHERE run_id = $1 AND tenant = $9 AND driver_epoch = $2 AND ",
                     not_terminal!(),
                     " RETURNING ",
                     run_columns!()
                 ))
-                .bind(run.as_str())
+                .bind(run.run.as_str())
                 .bind(epoch_to_db(epoch)?)
                 .bind(finish.status.as_str())
                 .bind(finish.finished_at.as_millis())
@@ -378,6 +433,7 @@ macro_rules! impl_shared_stores {
                 .bind(finish.error.as_ref().map(|e| e.message.clone()))
                 .bind(json_to_db(&finish.usage))
                 .bind(Timestamp::now().as_millis())
+                .bind(run.tenant.as_str())
                 .fetch_optional(&self.pool)
                 .await?;
                 match row {
@@ -392,7 +448,7 @@ macro_rules! impl_shared_stores {
                 }
             }
 
-            async fn request_cancel(&self, tenant: &Tenant, run: &RunId) -> Result<RunRecord> {
+            async fn request_cancel(&self, run: &RunKey) -> Result<RunRecord> {
                 let row = sqlx::query_as::<_, RunRow>(concat!(
                     "UPDATE runs SET cancel_requested = TRUE, updated_at = $3 \
                      WHERE run_id = $1 AND tenant = $2 AND ",
@@ -400,15 +456,15 @@ macro_rules! impl_shared_stores {
                     " RETURNING ",
                     run_columns!()
                 ))
-                .bind(run.as_str())
-                .bind(tenant.as_str())
+                .bind(run.run.as_str())
+                .bind(run.tenant.as_str())
                 .bind(Timestamp::now().as_millis())
                 .fetch_optional(&self.pool)
                 .await?;
                 match row {
                     Some(row) => row.into_record(),
-                    // Unknown, another tenant's, or terminal (returned as is).
-                    None => RunStore::get(self, tenant, run).await,
+                    // Unknown, or terminal (returned as is).
+                    None => RunStore::get(self, run).await,
                 }
             }
 
@@ -447,25 +503,27 @@ macro_rules! impl_shared_stores {
                 self.fetch_runs(query).await
             }
 
-            async fn list_reclaimable(&self, cutoff: Timestamp) -> Result<Vec<RunRecord>> {
+            async fn list_reclaimable(&self, cutoff: Timestamp, tenant: Option<&Tenant>) -> Result<Vec<RunRecord>> {
                 let query = sqlx::query_as::<_, RunRow>(concat!(
                     "SELECT ",
                     run_columns!(),
                     " FROM runs WHERE status = 'running' AND detached_since IS NOT NULL \
-                     AND detached_since <= $1 ORDER BY detached_since, run_id"
+                     AND detached_since <= $1 AND ($2 IS NULL OR tenant = $2) ORDER BY detached_since, run_id"
                 ))
-                .bind(cutoff.as_millis());
+                .bind(cutoff.as_millis())
+                .bind(tenant.map(Tenant::as_str));
                 self.fetch_runs(query).await
             }
 
-            async fn list_undetached_running(&self, limit: u32) -> Result<Vec<RunRecord>> {
+            async fn list_undetached_running(&self, limit: u32, tenant: Option<&Tenant>) -> Result<Vec<RunRecord>> {
                 let query = sqlx::query_as::<_, RunRow>(concat!(
                     "SELECT ",
                     run_columns!(),
                     " FROM runs WHERE status = 'running' AND detached_since IS NULL \
-                     ORDER BY started_at, run_id LIMIT $1"
+                     AND ($2 IS NULL OR tenant = $2) ORDER BY started_at, run_id LIMIT $1"
                 ))
-                .bind(i64::from(limit));
+                .bind(i64::from(limit))
+                .bind(tenant.map(Tenant::as_str));
                 self.fetch_runs(query).await
             }
 
@@ -484,18 +542,19 @@ macro_rules! impl_shared_stores {
 
         #[async_trait]
         impl LogPages for $store {
-            async fn log_closed(&self, run: &RunId) -> Result<bool> {
+            async fn log_closed(&self, run: &RunKey) -> Result<bool> {
                 self.log_closed_flag(run).await
             }
 
-            async fn page_after(&self, run: &RunId, after_seq: i64, limit: i64) -> Result<Vec<StoredChunk>> {
+            async fn page_after(&self, run: &RunKey, after_seq: i64, limit: i64) -> Result<Vec<StoredChunk>> {
                 sqlx::query_as::<_, EventRow>(
                     "SELECT seq, epoch, kind, payload, appended_at FROM run_events \
-                     WHERE run_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
+                     WHERE run_id = $1 AND seq > $2 AND tenant = $4 ORDER BY seq LIMIT $3",
                 )
-                .bind(run.as_str())
+                .bind(run.run.as_str())
                 .bind(after_seq)
                 .bind(limit)
+                .bind(run.tenant.as_str())
                 .fetch_all(&self.pool)
                 .await?
                 .into_iter()
@@ -583,6 +642,14 @@ macro_rules! impl_shared_stores {
                     }
                 };
                 Ok(rows.into_iter().map(Instance::from).collect())
+            }
+
+            async fn count(&self, tenant: &Tenant) -> Result<u64> {
+                let n = sqlx::query_scalar::<_, i64>("SELECT COUNT(*) FROM instances WHERE tenant = $1")
+                    .bind(tenant.as_str())
+                    .fetch_one(&self.pool)
+                    .await?;
+                u64::try_from(n).map_err(|_| Error::Corrupt(format!("instance count {n}")))
             }
 
             async fn delete(&self, sandbox_key: &str) -> Result<bool> {

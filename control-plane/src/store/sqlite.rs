@@ -23,9 +23,10 @@ use super::sql::{
 };
 use super::tail::{self, LogPages, Wakes};
 use super::{
-    CreatedRun, Definition, DefinitionStore, Epoch, Error, EventLog, FIRST_EPOCH, Instance, InstanceStore,
-    LogSnapshot, NewChunk, NewInstance, NewRun, Offset, Pool, Result, RunFinish, RunId, RunRecord, RunStore,
-    RunUpdate, StoredChunk, Stores, TAIL_POLL_INTERVAL, Tenant, Timestamp, TokenStore, token_hash,
+    Admitted, CreatedRun, Definition, DefinitionStore, Epoch, Error, EventLog, FIRST_EPOCH, Instance,
+    InstanceStore, LogSnapshot, NewChunk, NewInstance, NewRun, Offset, Pool, Result, RunFinish, RunKey,
+    RunRecord, RunStore, RunUpdate, StoredChunk, Stores, TAIL_POLL_INTERVAL, Tenant, Timestamp, TokenStore,
+    token_hash,
 };
 
 /// Rows per INSERT statement; SQLite caps bound parameters per statement.
@@ -68,7 +69,11 @@ pub(super) async fn open(database_url: &str) -> Result<Stores> {
     } else {
         path.parent().unwrap_or(std::path::Path::new(".")).join("snapshot-blobs")
     };
-    let blobs: Arc<dyn super::BlobStore> = Arc::new(super::DirBlobStore::open(&blob_dir)?);
+    let blobs = super::DirBlobStore::open(&blob_dir)?;
+    if blobs.has_legacy_blobs()? {
+        adopt_legacy_blobs(&pool, &blobs).await?;
+    }
+    let blobs: Arc<dyn super::BlobStore> = Arc::new(blobs);
     Ok(Stores {
         runs: store.clone(),
         events: store.clone(),
@@ -81,40 +86,75 @@ pub(super) async fn open(database_url: &str) -> Result<Stores> {
     })
 }
 
+/// Blobs of the global layout (before blobs were per tenant) go to the
+/// tenants whose checkpoints reference them (see `0014_tenant_blobs.sql`).
+async fn adopt_legacy_blobs(pool: &SqlitePool, blobs: &super::DirBlobStore) -> Result<()> {
+    let owners: Vec<(String, String)> = sqlx::query_as(
+        "SELECT DISTINCT c.tenant, r.sha256 FROM snapshot_blob_refs r \
+         JOIN snapshot_checkpoints c ON c.checkpoint_id = r.checkpoint_id",
+    )
+    .fetch_all(pool)
+    .await?;
+    let owners: Vec<super::BlobKey> = owners
+        .into_iter()
+        .map(|(tenant, sha256)| super::BlobKey { tenant: Tenant::new(tenant), sha256 })
+        .collect();
+    let adopted = blobs.adopt_legacy(&owners).await?;
+    tracing::info!(blobs = adopted, "snapshot blobs moved to per-tenant directories");
+    Ok(())
+}
+
 impl_shared_stores!(SqliteStore, sqlx::Sqlite);
+
+impl SqliteStore {
+    /// Nothing to take: the count and the insert are one write statement,
+    /// and SQLite runs one writer at a time.
+    async fn lock_tenant_runs(_tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>, _tenant: &Tenant) -> Result<()> {
+        Ok(())
+    }
+}
 impl_checkpoint_store!(SqliteStore, sqlx::Sqlite, begin: "BEGIN IMMEDIATE", for_update: "",
     sweep_lock: "SELECT 1", pin_lock: "SELECT 1");
 
 #[async_trait]
 impl EventLog for SqliteStore {
-    async fn append(&self, run: &RunId, epoch: Epoch, chunks: &[NewChunk]) -> Result<Vec<Offset>> {
+    async fn append(&self, run: &RunKey, epoch: Epoch, chunks: &[NewChunk]) -> Result<Vec<Offset>> {
         let held = epoch_to_db(epoch)?;
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
         let fence: Option<(i64, bool)> =
-            sqlx::query_as("SELECT driver_epoch, log_closed FROM runs WHERE run_id = $1")
-                .bind(run.as_str())
+            sqlx::query_as("SELECT driver_epoch, log_closed FROM runs WHERE tenant = $1 AND run_id = $2")
+                .bind(run.tenant.as_str())
+                .bind(run.run.as_str())
                 .fetch_optional(&mut *tx)
                 .await?;
         match fence {
             None => return Err(run_not_found(run)),
             Some((current, _)) if current != held => {
-                return Err(Error::Fenced { run: run.to_string(), held: epoch, current: current as Epoch });
+                return Err(Error::Fenced {
+                    run: run.run.to_string(),
+                    held: epoch,
+                    current: current as Epoch,
+                });
             }
-            Some((_, true)) => return Err(Error::LogClosed(run.to_string())),
+            Some((_, true)) => return Err(Error::LogClosed(run.run.to_string())),
             Some(_) => {}
         }
-        let last: i64 = sqlx::query_scalar("SELECT COALESCE(MAX(seq), 0) FROM run_events WHERE run_id = $1")
-            .bind(run.as_str())
-            .fetch_one(&mut *tx)
-            .await?;
+        let last: i64 = sqlx::query_scalar(
+            "SELECT COALESCE(MAX(seq), 0) FROM run_events WHERE tenant = $1 AND run_id = $2",
+        )
+        .bind(run.tenant.as_str())
+        .bind(run.run.as_str())
+        .fetch_one(&mut *tx)
+        .await?;
         let now = Timestamp::now().as_millis();
         for (group_index, group) in chunks.chunks(ROWS_PER_INSERT).enumerate() {
             let first_seq = last + 1 + (group_index * ROWS_PER_INSERT) as i64;
             let mut insert = sqlx::QueryBuilder::<sqlx::Sqlite>::new(
-                "INSERT INTO run_events (run_id, seq, epoch, kind, payload, appended_at) ",
+                "INSERT INTO run_events (tenant, run_id, seq, epoch, kind, payload, appended_at) ",
             );
             insert.push_values(group.iter().enumerate(), |mut row, (i, chunk)| {
-                row.push_bind(run.as_str())
+                row.push_bind(run.tenant.as_str())
+                    .push_bind(run.run.as_str())
                     .push_bind(first_seq + i as i64)
                     .push_bind(held)
                     .push_bind(chunk.kind.as_str())
@@ -130,7 +170,7 @@ impl EventLog for SqliteStore {
         (1..=chunks.len() as i64).map(|i| Offset::from_seq(last + i)).collect()
     }
 
-    async fn read(&self, run: &RunId, after: &Offset) -> Result<super::ChunkStream> {
+    async fn read(&self, run: &RunKey, after: &Offset) -> Result<super::ChunkStream> {
         // Unknown runs fail here rather than inside the stream.
         self.log_closed_flag(run).await?;
         Ok(tail::follow(
@@ -142,18 +182,29 @@ impl EventLog for SqliteStore {
         ))
     }
 
-    async fn snapshot(&self, run: &RunId) -> Result<LogSnapshot> {
+    async fn snapshot(&self, run: &RunKey) -> Result<LogSnapshot> {
         let closed = self.log_closed_flag(run).await?;
         Ok(LogSnapshot { chunks: self.snapshot_chunks(run).await?, closed })
     }
 
-    async fn close(&self, run: &RunId) -> Result<()> {
-        let closed = sqlx::query("UPDATE runs SET log_closed = TRUE, updated_at = $2 WHERE run_id = $1")
-            .bind(run.as_str())
-            .bind(Timestamp::now().as_millis())
-            .execute(&self.pool)
-            .await?
-            .rows_affected();
+    async fn page(&self, run: &RunKey, after: &Offset, limit: usize) -> Result<Vec<StoredChunk>> {
+        self.page_chunks(run, after, limit).await
+    }
+
+    async fn last(&self, run: &RunKey) -> Result<Option<StoredChunk>> {
+        self.last_chunk(run).await
+    }
+
+    async fn close(&self, run: &RunKey) -> Result<()> {
+        let closed = sqlx::query(
+            "UPDATE runs SET log_closed = TRUE, updated_at = $2 WHERE tenant = $3 AND run_id = $1",
+        )
+        .bind(run.run.as_str())
+        .bind(Timestamp::now().as_millis())
+        .bind(run.tenant.as_str())
+        .execute(&self.pool)
+        .await?
+        .rows_affected();
         if closed == 0 {
             return Err(run_not_found(run));
         }

@@ -9,14 +9,17 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::sync::broadcast;
 
-use super::{ChunkStream, Offset, Result, RunId, StoredChunk};
+use super::{ChunkStream, Offset, Result, RunKey, StoredChunk};
 
 /// Rows fetched per query; a tailer far behind catches up page by page.
-const PAGE_SIZE: i64 = 512;
+/// A reader that reads nothing holds one page: with 200 such attaches on a
+/// log of 4 KB chunks, 512 rows held 2 MiB each (over 500 MiB in all).
+const PAGE_SIZE: i64 = 64;
 
 #[derive(Debug, Clone)]
 pub(super) enum Wake {
-    /// Something was appended to this run's log, or it was closed.
+    /// Something was appended to this run's log, or it was closed (the
+    /// run's [`RunKey::encode`]).
     Run(Arc<str>),
     /// Wake-ups may have been missed (listener reconnected): everyone looks.
     All,
@@ -29,32 +32,33 @@ pub(super) fn wakes() -> Wakes {
     broadcast::channel(1024).0
 }
 
-pub(super) fn wake_run(wakes: &Wakes, run: &RunId) {
+pub(super) fn wake_run(wakes: &Wakes, run: &RunKey) {
     // No receivers is fine: nobody is tailing.
-    let _ = wakes.send(Wake::Run(Arc::from(run.as_str())));
+    let _ = wakes.send(Wake::Run(Arc::from(run.encode())));
 }
 
 /// The two queries a tail needs.
 #[async_trait]
 pub(super) trait LogPages: Send + Sync + 'static {
     /// [`super::Error::NotFound`] for an unknown run.
-    async fn log_closed(&self, run: &RunId) -> Result<bool>;
+    async fn log_closed(&self, run: &RunKey) -> Result<bool>;
 
     /// Chunks with `seq > after_seq`, in order, at most `limit`.
-    async fn page_after(&self, run: &RunId, after_seq: i64, limit: i64) -> Result<Vec<StoredChunk>>;
+    async fn page_after(&self, run: &RunKey, after_seq: i64, limit: i64) -> Result<Vec<StoredChunk>>;
 }
 
 /// Stream the log after `after`, then follow it until it is closed.
 pub(super) fn follow(
     pages: Arc<dyn LogPages>,
     wakes: &Wakes,
-    run: RunId,
+    run: RunKey,
     after: Offset,
     poll_interval: Duration,
 ) -> ChunkStream {
     // Subscribe before the first query: an append that commits after the
     // query has a wake-up waiting for us.
     let mut wake_rx = wakes.subscribe();
+    let woken_by = run.encode();
     Box::pin(async_stream::try_stream! {
         let mut cursor = after.seq();
         loop {
@@ -73,7 +77,7 @@ pub(super) fn follow(
             if closed {
                 break;
             }
-            wait_for_wake(&mut wake_rx, run.as_str(), poll_interval).await;
+            wait_for_wake(&mut wake_rx, &woken_by, poll_interval).await;
         }
     })
 }

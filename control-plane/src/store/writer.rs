@@ -7,7 +7,7 @@ use tokio::sync::Mutex;
 
 use crate::metrics::{self, FencedWrite};
 
-use super::{Epoch, Error, EventLog, NewChunk, Offset, Result, RunId};
+use super::{Epoch, Error, EventLog, NewChunk, Offset, Result, RunKey};
 
 /// Appends to one run's log as the driver holding `epoch`.
 ///
@@ -27,18 +27,18 @@ use super::{Epoch, Error, EventLog, NewChunk, Offset, Result, RunId};
 /// latched refusals after it do not count again.
 pub struct LogWriter {
     log: Arc<dyn EventLog>,
-    run: RunId,
+    run: RunKey,
     epoch: Epoch,
     /// `Some(current epoch)` once refused.
     fenced_by: Mutex<Option<Epoch>>,
 }
 
 impl LogWriter {
-    pub fn new(log: Arc<dyn EventLog>, run: RunId, epoch: Epoch) -> Self {
+    pub fn new(log: Arc<dyn EventLog>, run: RunKey, epoch: Epoch) -> Self {
         Self { log, run, epoch, fenced_by: Mutex::new(None) }
     }
 
-    pub fn run(&self) -> &RunId {
+    pub fn run(&self) -> &RunKey {
         &self.run
     }
 
@@ -55,7 +55,7 @@ impl LogWriter {
     pub async fn append(&self, chunks: &[NewChunk]) -> Result<Vec<Offset>> {
         let mut fenced_by = self.fenced_by.lock().await;
         if let Some(current) = *fenced_by {
-            return Err(Error::Fenced { run: self.run.to_string(), held: self.epoch, current });
+            return Err(Error::Fenced { run: self.run.run.to_string(), held: self.epoch, current });
         }
         let began = Instant::now();
         let result = self.log.append(&self.run, self.epoch, chunks).await;
@@ -83,8 +83,9 @@ mod tests {
     async fn appends_are_timed_and_refusals_counted() {
         let dir = tempfile::tempdir().unwrap();
         let stores = Stores::open(&crate::store::default_database_url(dir.path())).await.unwrap();
-        let run = RunId::parse("metrics-run").unwrap();
-        stores.runs.create_or_resume(NewRun::bare(run.clone(), "acme", "t")).await.unwrap();
+        let new = NewRun::bare(crate::store::RunId::parse("metrics-run").unwrap(), "acme", "t");
+        let run = new.key();
+        stores.runs.create_or_resume(new).await.unwrap();
         assert_eq!(
             stores.count_unfinished_runs().await.unwrap(),
             [(RunStatus::Running, 1), (RunStatus::Interrupted, 0)]
