@@ -400,6 +400,7 @@ async fn provisioner_suite(kind: Kind) {
         .provision(ProvisionContext { agent: &agent, workspace: &ws, secrets: &secrets, progress: &progress })
         .await
         .unwrap_err();
+    let err = shared::error::Error::from(err);
     assert!(err.message.contains("timed out"), "{}", err.message);
     tokio::time::sleep(Duration::from_secs(5)).await;
     let (_, listing) = provider::sh(&agent, "ls").await.unwrap();
@@ -638,10 +639,10 @@ async fn secrets_suite(kind: Kind, postgres: bool) {
         ensure(&mut h.acme, request("full", "t", &[("API_TOKEN", &secret), ("MCP_TOKEN", &secret)])).await;
     let status = result.expect_err("the setup step fails");
     assert!(status.message().contains("exit code 3"), "{}", status.message());
-    assert!(status.message().contains("token is [redacted]"), "{}", status.message());
+    assert!(status.message().contains("token is [secret:API_TOKEN]"), "{}", status.message());
     assert!(!status.message().contains(&secret));
     assert!(
-        progress.iter().any(|p| p.output_line == "token is [redacted]"),
+        progress.iter().any(|p| p.output_line == "token is [secret:API_TOKEN]"),
         "the output was streamed, redacted"
     );
     let events = format!("{progress:?}");

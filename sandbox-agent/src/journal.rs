@@ -17,6 +17,7 @@ use futures::Stream;
 use shared::error::{Error, ErrorCode};
 use shared::ids::RunId;
 use shared::journal::{self, JournalPaths, LineSplitter};
+use shared::mask::{LineMasker, Masks};
 use shared::proto::agent::v1::journal_service_server::JournalService;
 use shared::proto::agent::v1::{
     DeleteJournalsRequest, DeleteJournalsResponse, FollowRequest, FollowResponse, JournalInfo, JournalLine,
@@ -29,7 +30,9 @@ use tonic::{Request, Response, Status};
 
 use crate::confine::Root;
 use crate::context::AgentContext;
+use crate::run_user::RunUser;
 use crate::shim::lock_is_held;
+use crate::vault::{self, Vault};
 
 /// Default bound on the wait for a journal's first byte.
 pub const DEFAULT_FIRST_BYTE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -69,15 +72,34 @@ fn shim_program() -> std::io::Result<PathBuf> {
 pub struct Journal {
     root: Root,
     journal_dir: PathBuf,
+    run_user: Option<RunUser>,
+    vault: Vault,
 }
 
 impl Journal {
     pub fn new(ctx: &AgentContext) -> Self {
-        Self { root: ctx.root.clone(), journal_dir: ctx.journal_dir.clone() }
+        Self {
+            root: ctx.root.clone(),
+            journal_dir: ctx.journal_dir.clone(),
+            run_user: ctx.run_user.clone(),
+            vault: ctx.vault.clone(),
+        }
     }
 
     fn paths(&self, run_id: &RunId) -> JournalPaths {
         JournalPaths::new(&self.journal_dir, run_id)
+    }
+
+    /// The masks of the secrets recorded for a run (`None`: it has none),
+    /// or `SECRETS_MISSING` when this agent lacks one of their values:
+    /// never serve a run's output unmasked.
+    fn masks(&self, paths: &JournalPaths, run_id: &RunId) -> Result<Option<Masks>, Error> {
+        let names = vault::read_names(&paths.secrets);
+        if names.is_empty() {
+            return Ok(None);
+        }
+        let masks = self.vault.masks(&names, &format!("reading the journal of run {run_id}"))?;
+        Ok(Some(masks))
     }
 }
 
@@ -98,16 +120,22 @@ fn open_journal(paths: &JournalPaths, run_id: &RunId) -> Result<std::fs::File, E
     })
 }
 
-/// The last [`journal::STDERR_TAIL_BYTES`] of the stderr sidecar.
-pub fn stderr_tail(path: &Path) -> Vec<u8> {
+/// The last [`journal::STDERR_TAIL_BYTES`] of the stderr sidecar, masked:
+/// read with a longest value's worth more in front, so a value cut by the
+/// tail's start is masked too.
+pub fn stderr_tail(path: &Path, masks: Option<&Masks>) -> Vec<u8> {
     let Ok(file) = std::fs::File::open(path) else { return Vec::new() };
     let Ok(len) = file.metadata().map(|m| m.len()) else { return Vec::new() };
-    let start = len.saturating_sub(journal::STDERR_TAIL_BYTES);
+    let extra = masks.map_or(0, |m| m.longest() as u64);
+    let start = len.saturating_sub(journal::STDERR_TAIL_BYTES + extra);
     let mut buf = vec![0u8; (len - start) as usize];
-    match file.read_exact_at(&mut buf, start) {
-        Ok(()) => buf,
-        Err(_) => Vec::new(),
+    if file.read_exact_at(&mut buf, start).is_err() {
+        return Vec::new();
     }
+    let Some(masks) = masks else { return buf };
+    let masked = masks.mask_bytes(&buf);
+    let keep = masked.len().min(journal::STDERR_TAIL_BYTES as usize);
+    masked[masked.len() - keep..].to_vec()
 }
 
 /// Read `len` bytes at `offset` (fewer at end of file).
@@ -132,7 +160,34 @@ pub fn probe(paths: &JournalPaths, nonce: &str) -> (RunState, Option<i32>) {
     if let Some(exit) = journal::find_exit(&tail, start, nonce) {
         return (RunState::Finished, Some(exit.code));
     }
+    // A process the command left behind may have written more than the
+    // window after the sentinel: look for it from the start (the first
+    // valid one is the only real one).
+    if !alive
+        && start > 0
+        && let Some(code) = first_exit(&file, nonce)
+    {
+        return (RunState::Finished, Some(code));
+    }
     if alive { (RunState::Running, None) } else { (RunState::Unknown, None) }
+}
+
+/// The exit code of the first valid sentinel in `file`, reading forward.
+fn first_exit(file: &std::fs::File, nonce: &str) -> Option<i32> {
+    let mut splitter = LineSplitter::new(0);
+    let mut offset = 0;
+    loop {
+        let chunk = read_at(file, offset, PROBE_WINDOW).ok()?;
+        if chunk.is_empty() {
+            // A sentinel is written in one write and may lack its newline.
+            return journal::parse_sentinel(splitter.pending(), nonce);
+        }
+        offset += chunk.len() as u64;
+        if let Some(code) = splitter.push(&chunk).iter().find_map(|(l, _)| journal::parse_sentinel(l, nonce))
+        {
+            return Some(code);
+        }
+    }
 }
 
 type FollowStream = Pin<Box<dyn Stream<Item = Result<FollowResponse, Status>> + Send>>;
@@ -183,7 +238,24 @@ impl JournalService for Journal {
             }
             Err(e) => return Err(io_error("creating the journal", e).into()),
         }
-        match start_supervisor(&paths, &run_id, &argv, &cwd, stdin_file, &req, &self.journal_dir).await {
+        // The run's output is masked with the secrets held now, by this
+        // agent and any after it (which refuse to serve it without them).
+        let names = self.vault.names();
+        if !names.is_empty()
+            && let Err(e) = vault::write_names(&paths.secrets, &names)
+        {
+            let _ = std::fs::remove_file(&paths.ndjson);
+            return Err(e.into());
+        }
+        let _ = std::fs::remove_file(&paths.cap);
+        if req.max_journal_bytes > 0
+            && let Err(e) = std::fs::write(&paths.cap, req.max_journal_bytes.to_string())
+        {
+            let _ = std::fs::remove_file(&paths.ndjson);
+            let _ = std::fs::remove_file(&paths.secrets);
+            return Err(io_error("writing the journal cap", e).into());
+        }
+        match start_supervisor(&paths, &run_id, &argv, &cwd, stdin_file, &req, self).await {
             Ok((pid, supervisor_pid)) => {
                 tracing::info!(run_id = %run_id, pid, supervisor_pid, "run started");
                 Ok(Response::new(StartRunResponse {
@@ -224,7 +296,10 @@ impl JournalService for Journal {
             Some(0) => None,
             Some(ms) => Some(Duration::from_millis(ms)),
         };
-        Ok(Response::new(Box::pin(follow_stream(file, paths, run_id, req.from_byte, nonce, bound))))
+        let masks = self.masks(&paths, &run_id)?;
+        let cap = journal::read_cap(&paths.cap);
+        let read = FollowRead { from: req.from_byte, nonce, bound, masks, cap };
+        Ok(Response::new(Box::pin(follow_stream(file, paths, run_id, read))))
     }
 
     async fn read_journal(
@@ -240,10 +315,12 @@ impl JournalService for Journal {
             0 => DEFAULT_READ_BYTES,
             n => n.min(MAX_READ_BYTES),
         };
-        let resp =
-            tokio::task::spawn_blocking(move || bounded_read(&file, &paths, req.from_byte, max, &nonce))
-                .await
-                .map_err(|e| Error::internal(e.to_string()))??;
+        let masks = self.masks(&paths, &run_id)?;
+        let resp = tokio::task::spawn_blocking(move || {
+            bounded_read(&file, &paths, &run_id, req.from_byte, max, &nonce, masks.as_ref())
+        })
+        .await
+        .map_err(|e| Error::internal(e.to_string()))??;
         Ok(Response::new(resp))
     }
 
@@ -305,8 +382,9 @@ async fn start_supervisor(
     cwd: &Path,
     stdin_file: Option<PathBuf>,
     req: &StartRunRequest,
-    journal_dir: &Path,
+    journal: &Journal,
 ) -> Result<(u32, u32), Error> {
+    let (journal_dir, run_user) = (&journal.journal_dir, journal.run_user.as_ref());
     let mut stdin_arg = stdin_file.map(|p| (p, false));
     if let Some(start_run_request::Stdin::StdinBytes(bytes)) = &req.stdin {
         std::fs::write(&paths.stdin, bytes).map_err(|e| io_error("writing stdin", e))?;
@@ -315,12 +393,18 @@ async fn start_supervisor(
     // The previous owner of a deleted id may have left a sidecar behind.
     let _ = std::fs::remove_file(&paths.err);
     let _ = std::fs::remove_file(&paths.exit);
+    let _ = std::fs::remove_file(&paths.full);
 
     let program = shim_program().map_err(|e| io_error("locating the agent binary", e))?;
     // Not `child::command`: that makes a process group, and a group leader
     // cannot start a session.
     let mut cmd = std::process::Command::new(&program);
     cmd.current_dir("/");
+    // The shim stays the agent's user (it must write the sentinel where
+    // the command cannot) and starts the command as the run user.
+    if let Some(user) = run_user {
+        user.apply_env(&mut cmd);
+    }
     crate::child::scrub_env(&mut cmd, &req.env);
     cmd.arg("shim")
         .arg("--journal-dir")
@@ -329,6 +413,12 @@ async fn start_supervisor(
         .arg(run_id.as_str())
         .arg("--cwd")
         .arg(cwd);
+    if let Some(user) = run_user {
+        cmd.arg("--run-as").arg(user.ids());
+    }
+    if req.max_journal_bytes > 0 {
+        cmd.arg("--max-journal-bytes").arg(req.max_journal_bytes.to_string());
+    }
     if let Some((path, remove)) = &stdin_arg {
         cmd.arg("--stdin-file").arg(path);
         if *remove {
@@ -390,19 +480,50 @@ async fn start_supervisor(
     }
 }
 
-fn exit_message(paths: &JournalPaths, code: i32, sentinel_offset: u64) -> RunExit {
-    RunExit { exit_code: code, stderr_tail: stderr_tail(&paths.err), sentinel_offset }
+fn exit_message(paths: &JournalPaths, code: i32, sentinel_offset: u64, masks: Option<&Masks>) -> RunExit {
+    RunExit { exit_code: code, stderr_tail: stderr_tail(&paths.err, masks), sentinel_offset }
+}
+
+/// What one follow reads: from where, the sentinel's nonce, the bound on
+/// the first byte, and the masks of the run's secrets.
+struct FollowRead {
+    from: u64,
+    nonce: String,
+    bound: Option<Duration>,
+    masks: Option<Masks>,
+    /// The run's journal byte cap: a line ending past it is the one the
+    /// cap cut, closed by the supervisor, and is never served.
+    cap: Option<u64>,
+}
+
+/// Lines out of a reader, masked when the run has secrets: what a raw
+/// line completes (a masked line may be held back until the next one shows
+/// it does not continue a value).
+fn masked_lines(masker: Option<&mut LineMasker<'_>>, bytes: Vec<u8>, end_offset: u64) -> Vec<JournalLine> {
+    match masker {
+        None => vec![JournalLine { data: bytes, end_offset }],
+        Some(m) => {
+            m.push(&bytes).into_iter().map(|(data, end_offset)| JournalLine { data, end_offset }).collect()
+        }
+    }
+}
+
+/// The lines a masker still holds at the end of the output.
+fn flushed_lines(masker: Option<&mut LineMasker<'_>>) -> Vec<JournalLine> {
+    masker.map_or_else(Vec::new, |m| {
+        m.finish().into_iter().map(|(data, end_offset)| JournalLine { data, end_offset }).collect()
+    })
 }
 
 fn follow_stream(
     file: std::fs::File,
     paths: JournalPaths,
     run_id: RunId,
-    from: u64,
-    nonce: String,
-    bound: Option<Duration>,
+    read: FollowRead,
 ) -> impl Stream<Item = Result<FollowResponse, Status>> + Send {
     async_stream::try_stream! {
+        let FollowRead { from, nonce, bound, masks, cap } = read;
+        let mut masker = masks.as_ref().map(|m| LineMasker::new(m, from));
         // Woken by inotify; the periodic re-read covers filesystems where it
         // does not work and any missed wake-up.
         let (wake_tx, mut wake_rx) = tokio::sync::mpsc::channel::<()>(1);
@@ -428,25 +549,46 @@ fn follow_stream(
                 got_first = true;
                 let mut batch = Vec::new();
                 let mut batch_bytes = 0usize;
-                for (bytes, end_offset) in splitter.push(&buf[..n]) {
+                let lines = splitter.push(&buf[..n]);
+                let overlong = splitter.overlong();
+                for (bytes, end_offset) in lines {
+                    if overlong.is_some_and(|start| end_offset > start) {
+                        break;
+                    }
                     if let Some(code) = journal::parse_sentinel(&bytes, &nonce) {
+                        batch.extend(flushed_lines(masker.as_mut()));
                         if !batch.is_empty() {
                             yield lines_message(std::mem::take(&mut batch));
                         }
                         let start = end_offset - bytes.len() as u64 - 1;
+                        if let Some(e) = journal_full(&paths, &run_id, start) {
+                            Err(Status::from(e))?;
+                        }
                         tracing::debug!(run_id = %run_id, code, "follow reached the exit sentinel");
-                        yield FollowResponse { event: Some(follow_response::Event::Exit(exit_message(&paths, code, start))) };
+                        let exit = exit_message(&paths, code, start, masks.as_ref());
+                        yield FollowResponse { event: Some(follow_response::Event::Exit(exit)) };
                         return;
                     }
-                    batch_bytes += bytes.len() + 16;
-                    batch.push(JournalLine { data: bytes, end_offset });
+                    if past_cap(cap, end_offset) {
+                        continue;
+                    }
+                    for line in masked_lines(masker.as_mut(), bytes, end_offset) {
+                        batch_bytes += line.data.len() + 16;
+                        batch.push(line);
+                    }
                     if batch_bytes >= BATCH_BYTES {
                         yield lines_message(std::mem::take(&mut batch));
                         batch_bytes = 0;
                     }
                 }
+                if overlong.is_some() {
+                    batch.extend(flushed_lines(masker.as_mut()));
+                }
                 if !batch.is_empty() {
                     yield lines_message(batch);
+                }
+                if let Some(start) = overlong {
+                    Err(Status::from(line_too_long(&run_id, start)))?;
                 }
                 continue;
             }
@@ -474,6 +616,45 @@ fn follow_stream(
     }
 }
 
+/// Whether a line ending at `end_offset` ends past the run's cap.
+fn past_cap(cap: Option<u64>, end_offset: u64) -> bool {
+    cap.is_some_and(|cap| end_offset > cap)
+}
+
+/// `JOURNAL_FULL` when the run's supervisor stopped it at its byte cap
+/// (it wrote `<run_id>.full` before the sentinel at `sentinel_offset`).
+fn journal_full(paths: &JournalPaths, run_id: &RunId, sentinel_offset: u64) -> Option<Error> {
+    let text = std::fs::read_to_string(&paths.full).ok()?;
+    let (stream, cap) = crate::shim::parse_full_marker(&text).unwrap_or(("stdout".into(), 0));
+    let file = if stream == "stderr" { "stderr" } else { "journal (stdout)" };
+    Some(
+        Error::new(
+            ErrorCode::JournalFull,
+            format!(
+                "the {file} of run {run_id} reached its cap of {cap} bytes (max_journal_bytes): the command \
+                 was stopped; its output up to byte {sentinel_offset} is delivered"
+            ),
+        )
+        .with_meta("max", cap.to_string())
+        .with_meta("stream", stream)
+        .with_meta("offset", sentinel_offset.to_string()),
+    )
+}
+
+/// The journal of `run_id` has a line longer than the agent serves,
+/// starting at byte `start`.
+fn line_too_long(run_id: &RunId, start: u64) -> Error {
+    Error::new(
+        ErrorCode::LineTooLong,
+        format!(
+            "the journal of run {run_id} has a line longer than {} bytes at byte {start}: the command printed \
+             more than that without a newline",
+            journal::MAX_LINE
+        ),
+    )
+    .with_meta("offset", start.to_string())
+}
+
 fn lines_message(lines: Vec<JournalLine>) -> FollowResponse {
     FollowResponse { event: Some(follow_response::Event::Lines(JournalLines { lines })) }
 }
@@ -481,9 +662,11 @@ fn lines_message(lines: Vec<JournalLine>) -> FollowResponse {
 fn bounded_read(
     file: &std::fs::File,
     paths: &JournalPaths,
+    run_id: &RunId,
     from: u64,
     max: u64,
     nonce: &str,
+    masks: Option<&Masks>,
 ) -> Result<ReadJournalResponse, Error> {
     let size = file.metadata().map_err(|e| io_error("reading the journal", e))?.len();
     if from > size {
@@ -494,10 +677,13 @@ fn bounded_read(
     }
     let mut data = read_at(file, from, max).map_err(|e| io_error("reading the journal", e))?;
     // A first line longer than max_bytes is returned whole, or a reader
-    // could never get past it.
+    // could never get past it; one longer than MAX_LINE is not served.
     if !data.contains(&b'\n') {
         let mut offset = from + data.len() as u64;
         while offset < size && !data.contains(&b'\n') {
+            if data.len() > journal::MAX_LINE {
+                return Err(line_too_long(run_id, from));
+            }
             let more = read_at(file, offset, max).map_err(|e| io_error("reading the journal", e))?;
             if more.is_empty() {
                 break;
@@ -509,19 +695,62 @@ fn bounded_read(
             data.truncate(i + 1);
         }
     }
-    let (lines, _) = journal::split_lines(&data, from);
+    let mut masker = masks.map(|m| LineMasker::new(m, from));
+    let cap = journal::read_cap(&paths.cap);
     let mut resp = ReadJournalResponse { next_offset: from, journal_size: size, ..Default::default() };
-    for line in lines {
-        if let Some(code) = journal::parse_sentinel(line.bytes, nonce) {
+    let mut base = from;
+    // With masks, lines a value may continue into are held back; read on
+    // (a bounded amount) rather than answer nothing when more is there.
+    let mut budget = shared::mask::MAX_SECRET_LEN as u64 * 2;
+    loop {
+        let (lines, consumed) = journal::split_lines(&data, base);
+        for line in lines {
             let start = line.end_offset - line.bytes.len() as u64 - 1;
-            resp.exit = Some(exit_message(paths, code, start));
-            resp.next_offset = line.end_offset;
-            break;
+            if line.bytes.len() > journal::MAX_LINE {
+                // Served up to it; the read that starts there fails.
+                resp.lines.extend(flushed_lines(masker.as_mut()));
+                if resp.lines.is_empty() {
+                    return Err(line_too_long(run_id, start));
+                }
+                resp.next_offset = start;
+                return Ok(resp);
+            }
+            if let Some(code) = journal::parse_sentinel(line.bytes, nonce) {
+                resp.lines.extend(flushed_lines(masker.as_mut()));
+                if let Some(e) = journal_full(paths, run_id, start) {
+                    // Served up to it; the read that starts there fails.
+                    if resp.lines.is_empty() {
+                        return Err(e);
+                    }
+                    resp.next_offset = start;
+                    return Ok(resp);
+                }
+                resp.exit = Some(exit_message(paths, code, start, masks));
+                resp.next_offset = line.end_offset;
+                return Ok(resp);
+            }
+            if past_cap(cap, line.end_offset) {
+                continue;
+            }
+            for l in masked_lines(masker.as_mut(), line.bytes.to_vec(), line.end_offset) {
+                resp.next_offset = l.end_offset;
+                resp.lines.push(l);
+            }
         }
-        resp.next_offset = line.end_offset;
-        resp.lines.push(JournalLine { data: line.bytes.to_vec(), end_offset: line.end_offset });
+        let read_end = base + data.len() as u64;
+        if !resp.lines.is_empty() || masker.is_none() || read_end >= size || budget == 0 {
+            return Ok(resp);
+        }
+        let more =
+            read_at(file, read_end, max.min(budget)).map_err(|e| io_error("reading the journal", e))?;
+        if more.is_empty() {
+            return Ok(resp);
+        }
+        budget = budget.saturating_sub(more.len() as u64);
+        data.drain(..consumed);
+        data.extend_from_slice(&more);
+        base += consumed as u64;
     }
-    Ok(resp)
 }
 
 fn list(dir: &Path) -> Result<Vec<JournalInfo>, Error> {

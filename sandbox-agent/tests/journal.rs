@@ -344,6 +344,51 @@ async fn forged_sentinels_are_lines_and_never_finish_a_run() {
 }
 
 #[tokio::test]
+async fn output_a_leftover_process_writes_after_the_sentinel_is_ignored() {
+    use_real_shim();
+    let agent = TestAgent::start().await;
+    let mut c = client(&agent).await;
+    let flag = agent.root.join("go");
+    // The command exits 4 at once; what it left behind (its own session, the
+    // journal as its stdout) waits for the sentinel, then appends a
+    // sentinel-shaped line and more than ProbeExit's window of output.
+    let forged = r#"{"__exit":0,"__nonce":"0123456789abcdef0123456789abcdef"}"#;
+    let leftover = format!(
+        "while [ ! -e {flag} ]; do sleep 0.05; done\necho '{forged}'\n\
+         head -c 1100000 /dev/zero | tr '\\0' x\necho\ntouch {flag}.done\n",
+        flag = flag.display()
+    );
+    std::fs::write(agent.root.join("leftover.sh"), leftover).unwrap();
+    let script = "echo real; setsid sh ./leftover.sh & exit 4";
+    c.start_run(start_req("leftover", script)).await.unwrap();
+    let (lines, exit) = follow_all(&mut c, "leftover", 0, KEY).await;
+    assert_eq!((lines.len(), exit.exit_code), (1, 4));
+    wait_for("supervisor exit", || agent.journal_dir.join("leftover.exit").exists()).await;
+    std::fs::write(&flag, b"").unwrap();
+    wait_for("the leftover's writes", || flag.with_extension("done").exists()).await;
+    let path = agent.journal_dir.join("leftover.ndjson");
+    let data = std::fs::read_to_string(&path).unwrap();
+    assert!(data.len() > 1_100_000 && data.contains(forged), "it did append");
+
+    // Every reader stops at the first valid sentinel.
+    let (lines, exit) = follow_all(&mut c, "leftover", 0, KEY).await;
+    assert_eq!(lines, vec![(b"real".to_vec(), 5)]);
+    assert_eq!(exit.exit_code, 4);
+    let r = c
+        .read_journal(ReadJournalRequest {
+            run_id: "leftover".into(),
+            sentinel_key: KEY.to_vec(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((r.lines.len(), r.exit.map(|e| e.exit_code)), (1, Some(4)));
+    assert_eq!(probe(&mut c, "leftover", KEY).await, (RunState::Finished, Some(4)), "past the tail window");
+    agent.stop().await;
+}
+
+#[tokio::test]
 async fn the_key_never_reaches_the_command() {
     use_real_shim();
     let agent = TestAgent::start().await;
@@ -550,6 +595,7 @@ async fn serve_on(dir: &Path, name: &str) -> Served {
         root: dir.join("root"),
         token: Secret::new(token.clone()),
         journal_dir: dir.join("journal"),
+        run_user: None,
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(sandbox_agent::serve(options, async move {
@@ -672,4 +718,249 @@ async fn kill_9_of_the_agent_daemon_loses_no_byte() {
     }
     assert_eq!(probe(&mut c, "survive", KEY).await, (RunState::Finished, Some(0)));
     drop(second);
+}
+
+#[tokio::test]
+async fn a_line_over_the_maximum_is_never_served_and_names_its_offset() {
+    use_real_shim();
+    let agent = TestAgent::start().await;
+    let mut c = client(&agent).await;
+    let script = "echo before; head -c 5242880 /dev/zero | tr '\\0' x; echo; echo after";
+    c.start_run(start_req("long", script)).await.unwrap();
+    // Follow serves the lines before it, then fails at the line's start.
+    let (lines, e) = follow_to_error(&mut c, "long").await;
+    assert_eq!(lines, vec![(b"before".to_vec(), 7)]);
+    assert_eq!(
+        (e.code, e.metadata.get("offset").map(String::as_str)),
+        (ErrorCode::LineTooLong, Some("7")),
+        "{e:?}"
+    );
+    // ReadJournal, even with room for it, stops before it; a read from it fails.
+    let read = |from_byte| ReadJournalRequest {
+        run_id: "long".into(),
+        sentinel_key: KEY.to_vec(),
+        from_byte,
+        max_bytes: journal::MAX_LINE as u64 * 8,
+    };
+    let r = c.read_journal(read(0)).await.unwrap().into_inner();
+    assert_eq!((r.lines.len(), r.next_offset, r.exit), (1, 7, None));
+    let e = Error::from_status(&c.read_journal(read(7)).await.unwrap_err());
+    assert_eq!(e.code, ErrorCode::LineTooLong);
+    agent.stop().await;
+}
+
+/// The value no byte served may hold, and its marker.
+const VALUE: &str = "supersecretvalue123";
+const MARKER: &str = "[secret:TOK]";
+
+async fn put_secret(socket: &Path, token: &str, name: &str, value: &str) {
+    use shared::proto::agent::v1::secret_service_client::SecretServiceClient;
+    use shared::proto::agent::v1::{NamedSecret, PutSecretsRequest};
+    let ch = connect(&Address::Unix(socket.to_path_buf())).await.unwrap();
+    let mut c = SecretServiceClient::new(authed(ch, BearerToken::new(token).unwrap()));
+    let secrets = vec![NamedSecret { name: name.into(), value: value.into() }];
+    c.put_secrets(PutSecretsRequest { secrets }).await.unwrap();
+}
+
+#[tokio::test]
+async fn secrets_are_masked_at_the_source_and_a_restarted_agent_refuses_without_them() {
+    use_real_shim();
+    let dir = sandhold_tests::local::TestDir::new("journal");
+    let first = serve_on(dir.path(), "a").await;
+    put_secret(&first.socket, &first.token, "TOK", VALUE).await;
+    let mut c = client_for(&first.socket, &first.token).await;
+    // Whole, split across two lines, split across two writes, JSON-escaped
+    // beside a quote, on stderr; then a failure.
+    let script = format!(
+        r#"echo "the token is {VALUE}"; echo "a supersec"; echo "retvalue123 b"; printf 'x supers'; sleep 0.3; printf 'ecretvalue123 y\n'; echo '{{"t":"{VALUE}"}}'; echo "err {VALUE}" >&2; exit 3"#
+    );
+    c.start_run(start_req("masked", &script)).await.unwrap();
+    let (lines, exit) = follow_all(&mut c, "masked", 0, KEY).await;
+    let text: Vec<String> = lines.iter().map(|(l, _)| String::from_utf8_lossy(l).into_owned()).collect();
+    assert_eq!(
+        text,
+        vec![
+            format!("the token is {MARKER}"),
+            format!("a {MARKER} b"),
+            format!("x {MARKER} y"),
+            format!("{{\"t\":\"{MARKER}\"}}"),
+        ]
+    );
+    assert_eq!(exit.exit_code, 3);
+    assert_eq!(String::from_utf8_lossy(&exit.stderr_tail), format!("err {MARKER}\n"));
+    // Offsets are the raw journal's: resuming at each gives the same suffix.
+    for (i, (_, end)) in lines.iter().enumerate() {
+        let (rest, _) = follow_all(&mut c, "masked", *end, KEY).await;
+        assert_eq!(rest, lines[i + 1..].to_vec());
+    }
+    let read = |from: u64| ReadJournalRequest {
+        run_id: "masked".into(),
+        from_byte: from,
+        max_bytes: 8,
+        sentinel_key: KEY.to_vec(),
+    };
+    let mut from = 0;
+    let mut bounded = Vec::new();
+    loop {
+        let r = c.read_journal(read(from)).await.unwrap().into_inner();
+        bounded.extend(r.lines.into_iter().map(|l| (l.data, l.end_offset)));
+        from = r.next_offset;
+        if let Some(exit) = r.exit {
+            assert!(!String::from_utf8_lossy(&exit.stderr_tail).contains(VALUE));
+            break;
+        }
+    }
+    assert_eq!(bounded, lines, "bounded reads mask like follow");
+    // The journal itself holds the value (it is the sandbox's); its names
+    // file holds only the name.
+    let names = std::fs::read_to_string(dir.path().join("journal/masked.secrets")).unwrap();
+    assert_eq!(names, "TOK\n");
+    let _ = first.stop.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(10), first.task).await;
+
+    // A restarted agent has the names, not the values: it refuses.
+    let second = serve_on(dir.path(), "b").await;
+    let mut c = client_for(&second.socket, &second.token).await;
+    let req = FollowRequest { run_id: "masked".into(), sentinel_key: KEY.to_vec(), ..Default::default() };
+    let status = c.follow(req).await.unwrap_err();
+    let err = Error::from_status(&status);
+    assert_eq!(err.code, ErrorCode::SecretsMissing, "{}", err.message);
+    assert!(err.message.contains("TOK") && !err.message.contains(VALUE), "{}", err.message);
+    let status = c.read_journal(read(0)).await.unwrap_err();
+    assert_eq!(Error::from_status(&status).code, ErrorCode::SecretsMissing);
+    // Handed back, it serves the same masked bytes.
+    put_secret(&second.socket, &second.token, "TOK", VALUE).await;
+    let (again, _) = follow_all(&mut c, "masked", 0, KEY).await;
+    assert_eq!(again, lines);
+    let _ = second.stop.send(());
+    let _ = second.task.await;
+}
+
+/// Follow until the stream fails: the lines served, then the error.
+async fn follow_to_error(c: &mut Client, run_id: &str) -> (Vec<(Vec<u8>, u64)>, Error) {
+    let req = FollowRequest {
+        run_id: run_id.into(),
+        sentinel_key: KEY.to_vec(),
+        first_byte_timeout_ms: Some(0),
+        ..Default::default()
+    };
+    let mut stream = c.follow(req).await.unwrap().into_inner();
+    let mut lines = Vec::new();
+    let status = tokio::time::timeout(LONG, async {
+        loop {
+            match stream.next().await.expect("follow ends with the error") {
+                Ok(m) => match m.event.unwrap() {
+                    follow_response::Event::Lines(l) => {
+                        lines.extend(l.lines.into_iter().map(|l| (l.data, l.end_offset)))
+                    }
+                    follow_response::Event::Exit(e) => panic!("served the exit instead of failing: {e:?}"),
+                },
+                Err(status) => return status,
+            }
+        }
+    })
+    .await
+    .unwrap();
+    (lines, Error::from_status(&status))
+}
+
+#[tokio::test]
+async fn a_journal_at_its_cap_stops_the_command_group_and_reads_end_with_journal_full() {
+    use_real_shim();
+    let agent = TestAgent::start().await;
+    let mut c = client(&agent).await;
+    const CAP: u64 = 64 << 10;
+    // `yes` meets the cap; the sleep beside it in its group would outlive
+    // it by minutes if the shim did not stop the group.
+    let req =
+        StartRunRequest { max_journal_bytes: CAP, ..start_req("capped", "yes & sleep 600; echo never") };
+    let started = c.start_run(req).await.unwrap().into_inner();
+    let (lines, e) = follow_to_error(&mut c, "capped").await;
+    assert_eq!(e.code, ErrorCode::JournalFull, "{e:?}");
+    assert_eq!(e.metadata.get("max").map(String::as_str), Some("65536"));
+    assert_eq!(e.metadata.get("stream").map(String::as_str), Some("stdout"));
+    // Everything up to the cap, nothing past it: `y` lines fill it exactly.
+    assert_eq!(lines.len() as u64, CAP / 2);
+    assert!(lines.iter().all(|(l, _)| l == b"y"));
+    assert_eq!(lines.last().map(|l| l.1), Some(CAP));
+    // On disk: the cap's worth, then the sentinel (one short line).
+    let on_disk = std::fs::metadata(agent.journal_dir.join("capped.ndjson")).unwrap().len();
+    assert!(on_disk > CAP && on_disk <= CAP + 128, "{on_disk} bytes on disk");
+    assert!(agent.journal_dir.join("capped.full").exists());
+    // The group (yes, sh and the sleep) is gone.
+    wait_for("the command's group to be gone", || {
+        sandbox_agent::child::group_members(started.pid, 0).is_empty()
+    })
+    .await;
+    // A bounded read ends there too, and the probe calls it finished.
+    let read = ReadJournalRequest {
+        run_id: "capped".into(),
+        sentinel_key: KEY.to_vec(),
+        from_byte: CAP,
+        max_bytes: 0,
+    };
+    let e = Error::from_status(&c.read_journal(read).await.unwrap_err());
+    assert_eq!(e.code, ErrorCode::JournalFull);
+    assert_eq!(probe(&mut c, "capped", KEY).await.0, RunState::Finished);
+    agent.stop().await;
+}
+
+#[tokio::test]
+async fn the_line_the_cap_cuts_is_never_served() {
+    use_real_shim();
+    let agent = TestAgent::start().await;
+    let mut c = client(&agent).await;
+    const CAP: u64 = 64 << 10;
+    // Lines of 1000 bytes: 65 fit, the 66th is cut 536 bytes in.
+    let script = "yes $(head -c 999 /dev/zero | tr '\\0' y)";
+    let req = StartRunRequest { max_journal_bytes: CAP, ..start_req("cut", script) };
+    c.start_run(req).await.unwrap();
+    let (lines, e) = follow_to_error(&mut c, "cut").await;
+    assert_eq!(e.code, ErrorCode::JournalFull, "{e:?}");
+    assert_eq!(lines.len(), 65);
+    assert!(lines.iter().all(|(l, _)| l.len() == 999));
+    assert_eq!(lines.last().map(|l| l.1), Some(65_000));
+    // On disk the cut line is there (closed by the supervisor's newline)
+    // and the sentinel after it; a bounded read skips it to the error.
+    let on_disk = std::fs::metadata(agent.journal_dir.join("cut.ndjson")).unwrap().len();
+    assert!(on_disk > CAP + 1 && on_disk <= CAP + 128, "{on_disk} bytes on disk");
+    let read = |from_byte| ReadJournalRequest {
+        run_id: "cut".into(),
+        sentinel_key: KEY.to_vec(),
+        from_byte,
+        max_bytes: 1 << 20,
+    };
+    let r = c.read_journal(read(0)).await.unwrap().into_inner();
+    assert_eq!((r.lines.len(), r.lines.last().map(|l| l.end_offset), r.exit), (65, Some(65_000), None));
+    let e = Error::from_status(&c.read_journal(read(65_000)).await.unwrap_err());
+    assert_eq!(e.code, ErrorCode::JournalFull);
+    agent.stop().await;
+}
+
+#[tokio::test]
+async fn stderr_has_the_cap_too_and_a_run_under_it_ends_as_usual() {
+    use_real_shim();
+    let agent = TestAgent::start().await;
+    let mut c = client(&agent).await;
+    const CAP: u64 = 32 << 10;
+    let req = StartRunRequest { max_journal_bytes: CAP, ..start_req("err-capped", "echo out; yes >&2") };
+    c.start_run(req).await.unwrap();
+    let (lines, e) = follow_to_error(&mut c, "err-capped").await;
+    assert_eq!(
+        (e.code, e.metadata.get("stream").map(String::as_str)),
+        (ErrorCode::JournalFull, Some("stderr"))
+    );
+    assert_eq!(lines, vec![(b"out".to_vec(), 4)]);
+    assert!(std::fs::metadata(agent.journal_dir.join("err-capped.err")).unwrap().len() <= CAP);
+
+    // Under the cap: the exit, no marker, and files the command writes
+    // under the cap are whole.
+    let script = "head -c 1000 /dev/zero > small.bin; wc -c < small.bin";
+    let req = StartRunRequest { max_journal_bytes: CAP, ..start_req("under", script) };
+    c.start_run(req).await.unwrap();
+    let (lines, exit) = follow_all(&mut c, "under", 0, KEY).await;
+    assert_eq!((lines.len(), exit.exit_code), (1, 0));
+    assert_eq!(String::from_utf8_lossy(&lines[0].0).trim(), "1000");
+    assert!(!agent.journal_dir.join("under.full").exists());
+    agent.stop().await;
 }

@@ -7,10 +7,13 @@ pub mod chunk;
 pub mod error;
 pub mod ids;
 pub mod journal;
+pub mod limits;
+pub mod mask;
 pub mod redact;
 pub mod secret;
 pub mod snapshot;
 pub mod transport;
+pub mod user;
 
 /// Generated protobuf and gRPC code.
 pub mod proto {

@@ -16,6 +16,7 @@ use std::fmt;
 use aho_corasick::AhoCorasick;
 
 use crate::error::Error;
+use crate::mask::encoded_forms;
 use crate::secret::Secret;
 
 /// What [`Redactor::redact`] puts in place of a secret value.
@@ -40,8 +41,15 @@ impl fmt::Debug for Redactor {
 }
 
 impl Redactor {
-    pub fn new(values: &[String]) -> Result<Self, Error> {
-        let mut values: Vec<String> = values.iter().filter(|v| !v.is_empty()).cloned().collect();
+    /// Every value and its escaped forms ([`encoded_forms`]): a config
+    /// file holds a value with a `"` or `\\` escaped.
+    pub fn new(given: &[String]) -> Result<Self, Error> {
+        let mut values: Vec<String> = Vec::new();
+        for form in given.iter().filter(|v| !v.is_empty()).flat_map(|v| encoded_forms(v)) {
+            if !values.contains(&form) {
+                values.push(form);
+            }
+        }
         if values.is_empty() {
             return Ok(Self::default());
         }
@@ -180,6 +188,16 @@ mod tests {
         let secrets = [Secret::new("tok"), Secret::new("tok-long")];
         let r = Redactor::from_secrets(&secrets).unwrap();
         assert_eq!(r.redact("x tok-long y tok z"), "x [redacted] y [redacted] z");
+    }
+
+    #[test]
+    fn escaped_forms_are_zeroed_too() {
+        let value = r#"quo"te\back"#.to_string();
+        let r = Redactor::new(std::slice::from_ref(&value)).unwrap();
+        let json = serde_json::to_string(&value).unwrap();
+        let zeroed = r.apply(json.as_bytes());
+        assert_eq!(zeroed.iter().filter(|b| **b == 0).count(), json.len() - 2, "{zeroed:?}");
+        assert_eq!(r.apply(value.as_bytes()), vec![0u8; value.len()]);
     }
 
     #[test]

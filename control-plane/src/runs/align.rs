@@ -11,13 +11,18 @@
 //! divergence: the journal no longer explains the log, and nothing past it
 //! may be delivered.
 
-use std::collections::VecDeque;
+use std::sync::Arc;
 
+use futures::StreamExt;
+use futures::stream::BoxStream;
 use shared::chunk::{
     FILE_CHANGED, HARNESS_WARNING, RUN_ACCEPTED, SANDBOX_FILE, fingerprint, fingerprint_hex,
 };
-use shared::error::{Error, ErrorCode};
 use shared::proto::v1::{Chunk, ChunkType};
+
+use super::Error;
+use super::driver::decode_chunk;
+use crate::store::{EventLog, Offset, RunKey};
 
 /// Out-of-band chunks the stored log may skip in a row. Writers keep runs of
 /// them shorter (see the driver's file event budget).
@@ -29,39 +34,74 @@ pub fn is_out_of_band(chunk: &Chunk) -> bool {
         && matches!(chunk.name.as_str(), RUN_ACCEPTED | SANDBOX_FILE | FILE_CHANGED | HARNESS_WARNING)
 }
 
-#[derive(Debug)]
+/// The stored log, in order, as the aligner reads it.
+pub type StoredChunks = BoxStream<'static, Result<Chunk, Error>>;
+
 pub struct Aligner {
-    /// Stored chunks not matched yet, with their index in the log.
-    stored: VecDeque<(usize, Chunk)>,
+    /// Stored chunks not matched yet, read page by page: the aligner holds
+    /// one page of the log, not the log.
+    stored: StoredChunks,
+    /// The next stored chunk not matched yet, with its index in the log.
+    next: Option<(usize, Chunk)>,
+    read: usize,
+    exhausted: bool,
     skipped_in_a_row: usize,
 }
 
 impl Aligner {
     /// `stored` is the whole stored log, in order.
-    pub fn new(stored: Vec<Chunk>) -> Self {
-        Self { stored: stored.into_iter().enumerate().collect(), skipped_in_a_row: 0 }
+    pub async fn new(stored: StoredChunks) -> Result<Self, Error> {
+        let mut aligner = Self { stored, next: None, read: 0, exhausted: false, skipped_in_a_row: 0 };
+        aligner.peek().await?;
+        Ok(aligner)
+    }
+
+    /// The log of `run` as stored now.
+    pub async fn of_log(events: Arc<dyn EventLog>, run: RunKey) -> Result<Self, Error> {
+        let stored = crate::store::stored_after(events, run, Offset::start())
+            .map(|c| c.map_err(Error::Store).and_then(|c| decode_chunk(&c)));
+        Self::new(Box::pin(stored)).await
+    }
+
+    /// Read the next stored chunk into `next`, if there is one.
+    async fn peek(&mut self) -> Result<(), Error> {
+        if self.next.is_none() && !self.exhausted {
+            match self.stored.next().await {
+                Some(chunk) => {
+                    self.next = Some((self.read, chunk?));
+                    self.read += 1;
+                }
+                None => self.exhausted = true,
+            }
+        }
+        Ok(())
+    }
+
+    async fn pop(&mut self) -> Result<(), Error> {
+        self.next = None;
+        self.peek().await
     }
 
     /// True once everything stored was matched: every offer now delivers.
     pub fn caught_up(&self) -> bool {
-        self.stored.is_empty()
+        self.next.is_none() && self.exhausted
     }
 
     /// Offer the next chunk of the replay: `Ok(true)` to deliver it,
     /// `Ok(false)` when the log already holds it, `REPLAY_DIVERGED` when the
     /// log holds something else.
-    pub fn offer(&mut self, chunk: &Chunk) -> Result<bool, Error> {
+    pub async fn offer(&mut self, chunk: &Chunk) -> Result<bool, Error> {
         let offered = fingerprint(chunk);
         loop {
-            let Some((index, stored)) = self.stored.front() else { return Ok(true) };
+            let Some((index, stored)) = &self.next else { return Ok(true) };
             if fingerprint(stored) == offered {
-                self.stored.pop_front();
                 self.skipped_in_a_row = 0;
+                self.pop().await?;
                 return Ok(false);
             }
             if is_out_of_band(stored) && self.skipped_in_a_row < MAX_OUT_OF_BAND_RUN {
-                self.stored.pop_front();
                 self.skipped_in_a_row += 1;
+                self.pop().await?;
                 continue;
             }
             return Err(diverged(*index, &fingerprint_hex(stored), &hex::encode(offered)));
@@ -70,10 +110,10 @@ impl Aligner {
 
     /// The replay ended (the run's terminal chunk was offered): a stored log
     /// longer than the replay (apart from out-of-band chunks) diverged too.
-    pub fn finish(&mut self) -> Result<(), Error> {
-        while let Some((index, stored)) = self.stored.front() {
+    pub async fn finish(&mut self) -> Result<(), Error> {
+        while let Some((index, stored)) = &self.next {
             if is_out_of_band(stored) {
-                self.stored.pop_front();
+                self.pop().await?;
                 continue;
             }
             return Err(diverged(*index, &fingerprint_hex(stored), "none (the replay ended)"));
@@ -83,22 +123,21 @@ impl Aligner {
 }
 
 fn diverged(index: usize, stored: &str, replayed: &str) -> Error {
-    Error::new(
-        ErrorCode::ReplayDiverged,
-        format!("the journal does not replay the stored log: chunk {index} differs"),
-    )
-    .with_meta("index", index.to_string())
-    .with_meta("stored_fingerprint", stored)
-    .with_meta("replayed_fingerprint", replayed)
+    Error::Diverged { index, stored: stored.to_string(), replayed: replayed.to_string() }
 }
 
 #[cfg(test)]
 mod tests {
     use serde_json::json;
     use shared::chunk::ChunkFactory;
+    use shared::error::{Error as WireError, ErrorCode};
     use shared::ids::RunId;
 
     use super::*;
+
+    async fn aligner(stored: Vec<Chunk>) -> Aligner {
+        Aligner::new(Box::pin(futures::stream::iter(stored.into_iter().map(Ok)))).await.unwrap()
+    }
 
     fn factory() -> ChunkFactory {
         ChunkFactory::new(&RunId::parse("r1").unwrap(), "t1", || 7)
@@ -113,52 +152,55 @@ mod tests {
         factory().custom(SANDBOX_FILE, &json!({"type": "create", "path": format!("f{i}")}))
     }
 
-    #[test]
-    fn skips_the_stored_prefix_then_delivers() {
+    #[tokio::test]
+    async fn skips_the_stored_prefix_then_delivers() {
         let replay = texts(5);
-        let mut a = Aligner::new(replay[..3].to_vec());
-        let delivered: Vec<bool> = replay.iter().map(|c| a.offer(c).unwrap()).collect();
+        let mut a = aligner(replay[..3].to_vec()).await;
+        let mut delivered = Vec::new();
+        for c in &replay {
+            delivered.push(a.offer(c).await.unwrap());
+        }
         assert_eq!(delivered, [false, false, false, true, true]);
         assert!(a.caught_up());
-        a.finish().unwrap();
+        a.finish().await.unwrap();
     }
 
-    #[test]
-    fn timestamps_do_not_matter() {
+    #[tokio::test]
+    async fn timestamps_do_not_matter() {
         let stored = texts(1);
         let mut later = stored[0].clone();
         later.timestamp_ms += 1_000;
-        let mut a = Aligner::new(stored);
-        assert!(!a.offer(&later).unwrap());
+        let mut a = aligner(stored).await;
+        assert!(!a.offer(&later).await.unwrap());
     }
 
-    #[test]
-    fn out_of_band_chunks_are_skipped_up_to_the_limit() {
+    #[tokio::test]
+    async fn out_of_band_chunks_are_skipped_up_to_the_limit() {
         let replay = texts(2);
         let mut stored = vec![factory().custom(RUN_ACCEPTED, &json!({})), replay[0].clone()];
         stored.extend((0..MAX_OUT_OF_BAND_RUN).map(file_event));
         stored.push(replay[1].clone());
-        let mut a = Aligner::new(stored);
-        assert!(!a.offer(&replay[0]).unwrap());
-        assert!(!a.offer(&replay[1]).unwrap(), "64 file events in a row are skipped");
+        let mut a = aligner(stored).await;
+        assert!(!a.offer(&replay[0]).await.unwrap());
+        assert!(!a.offer(&replay[1]).await.unwrap(), "64 file events in a row are skipped");
 
         let mut stored = vec![replay[0].clone()];
         stored.extend((0..=MAX_OUT_OF_BAND_RUN).map(file_event));
         stored.push(replay[1].clone());
-        let mut a = Aligner::new(stored);
-        assert!(!a.offer(&replay[0]).unwrap());
-        let err = a.offer(&replay[1]).unwrap_err();
+        let mut a = aligner(stored).await;
+        assert!(!a.offer(&replay[0]).await.unwrap());
+        let err = WireError::from(a.offer(&replay[1]).await.unwrap_err());
         assert_eq!(err.code, ErrorCode::ReplayDiverged, "65 in a row is a divergence");
     }
 
-    #[test]
-    fn a_different_chunk_diverges_with_index_and_both_fingerprints() {
+    #[tokio::test]
+    async fn a_different_chunk_diverges_with_index_and_both_fingerprints() {
         let stored = texts(3);
         let mut replay = stored.clone();
         replay[1].delta = "rewritten".into();
-        let mut a = Aligner::new(stored.clone());
-        assert!(!a.offer(&replay[0]).unwrap());
-        let err = a.offer(&replay[1]).unwrap_err();
+        let mut a = aligner(stored.clone()).await;
+        assert!(!a.offer(&replay[0]).await.unwrap());
+        let err = WireError::from(a.offer(&replay[1]).await.unwrap_err());
         assert_eq!(err.code, ErrorCode::ReplayDiverged);
         assert_eq!(err.metadata.get("index").map(String::as_str), Some("1"));
         assert_eq!(
@@ -171,19 +213,30 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_replay_shorter_than_the_log_diverges() {
+    #[tokio::test]
+    async fn a_replay_shorter_than_the_log_diverges() {
         let stored = texts(3);
-        let mut a = Aligner::new(stored.clone());
-        a.offer(&stored[0]).unwrap();
-        assert_eq!(a.finish().unwrap_err().code, ErrorCode::ReplayDiverged);
+        let mut a = aligner(stored.clone()).await;
+        a.offer(&stored[0]).await.unwrap();
+        assert_eq!(WireError::from(a.finish().await.unwrap_err()).code, ErrorCode::ReplayDiverged);
 
         let mut with_tail = stored.clone();
         with_tail.push(file_event(0));
-        let mut a = Aligner::new(with_tail);
+        let mut a = aligner(with_tail).await;
         for c in &stored {
-            a.offer(c).unwrap();
+            a.offer(c).await.unwrap();
         }
-        a.finish().expect("trailing out-of-band chunks are not a divergence");
+        a.finish().await.expect("trailing out-of-band chunks are not a divergence");
+    }
+
+    #[tokio::test]
+    async fn a_failed_read_of_the_stored_log_fails_the_offer() {
+        let stored = texts(2);
+        let broken: Vec<Result<Chunk, Error>> =
+            vec![Ok(stored[0].clone()), Err(Error::Corrupt("page 2 does not decode".into()))];
+        let mut a = Aligner::new(Box::pin(futures::stream::iter(broken))).await.unwrap();
+        let err = a.offer(&stored[0]).await.unwrap_err();
+        assert!(matches!(err, Error::Corrupt(_)), "{err:?}");
+        assert!(!a.caught_up(), "an unread log is not caught up");
     }
 }

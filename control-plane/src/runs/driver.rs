@@ -9,7 +9,7 @@ use backon::ExponentialBuilder;
 use futures::{FutureExt, StreamExt};
 use prost::Message;
 use shared::chunk::{self, ChunkFactory, FILE_CHANGED, SANDBOX_FILE};
-use shared::error::{Error, ErrorCode};
+use shared::error::{Error as WireError, ErrorCode};
 use shared::proto::agent::v1 as agent;
 use shared::proto::v1::{Chunk, ChunkType};
 use tokio::sync::mpsc;
@@ -18,23 +18,23 @@ use tracing::{debug, info, warn};
 use super::align::Aligner;
 use super::coalesce::Coalesced;
 use super::retry::{GaveUp, Interrupts, retry};
-use super::{Drive, RunSpec, Runs, StopReason};
+use super::{Error, RunSpec, Runs, StopReason};
 use crate::agent::AgentClient;
 use crate::harness::{CommandSpec, Harness, Translator};
 use crate::lease::Lease;
+use crate::provision::Masks;
 use crate::provision::Progress;
-use crate::provision::Redactor;
 use crate::provision::Secrets;
 use crate::sandbox::EnsureInput;
-use crate::store::{
-    self, LogWriter, NewChunk, RunError, RunFinish, RunId, RunStatus, RunUpdate, Tenant, Timestamp,
-};
+use crate::store::{self, LogWriter, NewChunk, RunError, RunFinish, RunKey, RunStatus, RunUpdate, Timestamp};
 
 /// `sandbox.file` chunks allowed in a row between two translated chunks:
 /// kept under the aligner's limit of out-of-band chunks in a row, so a
 /// successor can always skip them. Further file events in the same gap are
 /// dropped (counted in the log).
 const FILE_EVENT_BUDGET: usize = 48;
+/// The longest pause between follows that fail or break.
+const FOLLOW_PAUSE_MAX: Duration = Duration::from_secs(5);
 /// `file.changed` chunks after a run, at most (the rest are summarized in a
 /// `harness.warning`).
 const MAX_CHANGED_FILES: usize = 40;
@@ -52,17 +52,17 @@ pub(crate) struct FreshStart {
 
 /// One drive: who drives, under which epoch, for which run.
 pub(crate) struct DriveCtx {
-    pub run: RunId,
-    pub tenant: Tenant,
+    /// The run (run ids are per tenant: the tenant is part of its name).
+    pub key: RunKey,
     pub thread_id: String,
     pub spec: RunSpec,
     pub harness: Harness,
     pub sentinel_key: Vec<u8>,
     pub writer: LogWriter,
     pub lease: Lease,
-    /// `lease.lost()`, kept to select on.
-    pub lease_lost: tokio_util::sync::CancellationToken,
-    pub drive: Drive,
+    /// What ends this drive's pauses: the server's shutdown, `lease.lost()`
+    /// and the drive's stop.
+    pub(super) interrupts: Interrupts,
 }
 
 /// How a drive ended.
@@ -92,7 +92,7 @@ struct Pump {
     /// Out-of-band chunks appended since the last translated one.
     out_of_band_run: usize,
     dropped_file_events: u64,
-    redactor: Redactor,
+    redactor: Masks,
 }
 
 impl Runs {
@@ -110,71 +110,68 @@ impl Runs {
                     .map(|s| s.to_string())
                     .or_else(|| panic.downcast_ref::<String>().cloned())
                     .unwrap_or_default();
-                Ending::Failed(Error::internal(format!("the run driver panicked: {what}")))
+                Ending::Failed(Error::Panicked(what))
             }
         };
-        info!(run_id = %ctx.run, epoch = ctx.writer.epoch(), ending = ?ending_name(&ending),
+        info!(run_id = %ctx.key.run, epoch = ctx.writer.epoch(), ending = ?ending_name(&ending),
             elapsed_ms = started.elapsed().as_millis() as u64, "drive ended");
         self.conclude(&ctx, ending).await;
-        self.unregister(&ctx.run);
+        self.unregister(&ctx.key);
         let DriveCtx { lease, .. } = ctx;
         let _ = lease.release().await;
     }
 
     async fn drive_to_end(&self, ctx: &DriveCtx, fresh: Option<FreshStart>) -> Ending {
         let cx = &self.inner.ctx;
-        let (key, agent, secrets, stored) = match fresh {
+        let (key, agent, secrets) = match fresh {
             Some(start) => match self.start_fresh(ctx, start).await {
-                Ok((key, agent, secrets)) => match self.stored_log(ctx).await {
-                    Ok(stored) => (key, agent, secrets, stored),
-                    Err(e) => return Ending::Failed(e),
-                },
+                Ok(started) => started,
                 Err(ending) => return ending,
             },
             None => {
-                let record = match cx.stores.runs.get_unscoped(&ctx.run).await {
+                let record = match cx.stores.runs.get(&ctx.key).await {
                     Ok(r) => r,
                     Err(e) => return Ending::Failed(e.into()),
                 };
-                match self.inner.options.quiet.wait(cx.stores.events.as_ref(), &ctx.run).await {
+                match self.inner.options.quiet.wait(cx.stores.events.as_ref(), &ctx.key).await {
                     Ok(0) => {}
-                    Ok(grew) => info!(run_id = %ctx.run, grew, "the stored log grew after the claim"),
+                    Ok(grew) => info!(run_id = %ctx.key.run, grew, "the stored log grew after the claim"),
                     Err(e) => return Ending::Failed(e),
                 }
-                let stored = match self.stored_log(ctx).await {
-                    Ok(stored) => stored,
-                    Err(e) => return Ending::Failed(e),
+                let last = match cx.stores.events.last(&ctx.key).await {
+                    Ok(last) => last.as_ref().map(decode_chunk).transpose(),
+                    Err(e) => Err(e.into()),
                 };
                 // Its driver died between the terminal chunk and the status:
                 // the run is over, whatever its journal or sandbox became,
                 // and only the record is left to finish.
-                if let Some(terminal) = stored.last().filter(|c| chunk::is_terminal(c)) {
-                    info!(run_id = %ctx.run, "the stored log is complete; finishing the record");
-                    return Ending::Exited { terminal: terminal.clone() };
+                match last {
+                    Ok(Some(terminal)) if chunk::is_terminal(&terminal) => {
+                        info!(run_id = %ctx.key.run, "the stored log is complete; finishing the record");
+                        return Ending::Exited { terminal };
+                    }
+                    Ok(_) => {}
+                    Err(e) => return Ending::Failed(e),
                 }
                 if record.cancel_requested {
                     return Ending::Stopped(StopReason::Cancel);
                 }
                 let Some(key) = record.sandbox_key else {
-                    return Ending::Failed(Error::new(
-                        ErrorCode::FailedPrecondition,
-                        "the server that started this run stopped before its sandbox was ready",
-                    ));
+                    return Ending::Failed(Error::SandboxNeverReady);
                 };
                 match self.reconnect(ctx, &key).await {
-                    Ok((agent, secrets)) => (key, agent, secrets, stored),
+                    Ok((agent, secrets)) => (key, agent, secrets),
                     Err(ending) => return ending,
                 }
             }
         };
-        self.pump(ctx, &key, agent, &secrets, stored).await
-    }
-
-    /// The run's stored log, decoded.
-    async fn stored_log(&self, ctx: &DriveCtx) -> Result<Vec<Chunk>, Error> {
-        let cx = &self.inner.ctx;
-        let stored = cx.stores.events.snapshot(&ctx.run).await?.chunks;
-        stored.iter().map(decode_chunk).collect()
+        // The stored log is read after the start (a fresh run's accepted
+        // and warning chunks are in it), page by page as the replay goes.
+        let aligner = match Aligner::of_log(cx.stores.events.clone(), ctx.key.clone()).await {
+            Ok(aligner) => aligner,
+            Err(e) => return Ending::Failed(e),
+        };
+        self.pump(ctx, &key, agent, &secrets, aligner).await
     }
 
     /// Ensure the sandbox and start the journaled command.
@@ -186,20 +183,26 @@ impl Runs {
         let cx = &self.inner.ctx;
         let FreshStart { input, command, progress } = start;
         let workspace = input.definition.workspace.clone().unwrap_or_default();
+        let journal_cap = cx.lifecycle.policy.journal_cap(&input.definition);
         let ensured = self
             .inner
             .ctx
             .lifecycle
             .ensure(&cx.stores, &cx.leases, input, &progress)
             .await
-            .map_err(Ending::Failed)?;
+            .map_err(|e| Ending::Failed(e.into()))?;
         drop(progress); // ends the progress part of StartRun's stream
         let key = ensured.sandbox_id;
         let update = RunUpdate { sandbox_key: Some(Some(key.clone())), ..Default::default() };
-        cx.stores.runs.update(&ctx.run, update).await.map_err(|e| Ending::Failed(e.into()))?;
-        let live =
-            self.inner.ctx.lifecycle.agent(&cx.stores, &ctx.tenant, &key).await.map_err(Ending::Failed)?;
-        if ctx.drive.stop.is_cancelled() {
+        cx.stores.runs.update(&ctx.key, update).await.map_err(|e| Ending::Failed(e.into()))?;
+        let live = self
+            .inner
+            .ctx
+            .lifecycle
+            .agent(&cx.stores, &ctx.key.tenant, &key)
+            .await
+            .map_err(|e| Ending::Failed(e.into()))?;
+        if ctx.interrupts.drive.stop.is_cancelled() {
             // Stopped while the sandbox was being made: nothing to start.
             return Ok((key, live.agent, live.secrets));
         }
@@ -207,19 +210,23 @@ impl Runs {
         // only; what the harness cannot use is a warning, not an error.
         let warnings = crate::workspace::project_for_run(&live.agent, &workspace, &live.secrets, ctx.harness)
             .await
-            .map_err(|e| Ending::Failed(e.context("projecting skills for the run")))?;
+            .map_err(|e| Ending::Failed(Error::Projecting(e)))?;
         if !warnings.is_empty() {
-            let factory = ChunkFactory::new(&ctx.run, &ctx.thread_id, chunk::now_ms);
+            let factory = ChunkFactory::new(&ctx.key.run, &ctx.thread_id, chunk::now_ms);
             let chunks: Vec<Chunk> = warnings.iter().map(|w| factory.warning(w, None)).collect();
             self.append(ctx, &chunks).await?;
         }
-        let mut request = command.start_run_request(&ctx.run, &ctx.spec.cwd, ctx.sentinel_key.clone());
+        let mut request = command.start_run_request(&ctx.key.run, &ctx.spec.cwd, ctx.sentinel_key.clone());
+        // Enforced by the sandbox agent, so it holds while no replica drives.
+        request.max_journal_bytes = journal_cap;
         for (name, value) in live.secrets.iter() {
             request.env.entry(name.clone()).or_insert_with(|| value.expose().to_string());
         }
-        live.agent.journal().start_run(request).await.map_err(|status| {
-            Ending::Failed(Error::from_status(&status).context("starting the run in the sandbox"))
-        })?;
+        live.agent
+            .journal()
+            .start_run(request)
+            .await
+            .map_err(|status| Ending::Failed(Error::StartRefused(status)))?;
         Ok((key, live.agent, live.secrets))
     }
 
@@ -232,26 +239,17 @@ impl Runs {
             .with_max_delay(Duration::from_secs(2))
             .without_max_times();
         let live = retry(
-            self.interrupts(ctx),
+            ctx.interrupts.clone(),
             backoff,
-            || cx.lifecycle.agent(&cx.stores, &ctx.tenant, key),
-            |e: &Error| e.code != ErrorCode::NotFound && Instant::now() < deadline,
-            |e, _| debug!(run_id = %ctx.run, error = %e.message, "sandbox agent unreachable; retrying"),
+            || cx.lifecycle.agent(&cx.stores, &ctx.key.tenant, key),
+            |e: &crate::sandbox::Error| !e.is_not_found() && Instant::now() < deadline,
+            |e, _| debug!(run_id = %ctx.key.run, error = %e, "sandbox agent unreachable; retrying"),
         )
         .await;
         match live {
             Ok(live) => Ok((live.agent, live.secrets)),
-            Err(GaveUp::Failed(e)) => Err(Ending::Failed(e.context("reaching the run's sandbox"))),
+            Err(GaveUp::Failed(e)) => Err(Ending::Failed(Error::Unreachable(e))),
             Err(GaveUp::Interrupted(ending)) => Err(ending),
-        }
-    }
-
-    /// What ends this drive's pauses.
-    fn interrupts(&self, ctx: &DriveCtx) -> Interrupts {
-        Interrupts {
-            shutdown: self.inner.ctx.shutdown.clone(),
-            lease_lost: ctx.lease_lost.clone(),
-            drive: ctx.drive.clone(),
         }
     }
 
@@ -263,17 +261,17 @@ impl Runs {
         key: &str,
         mut agent: AgentClient,
         secrets: &Secrets,
-        stored: Vec<Chunk>,
+        aligner: Aligner,
     ) -> Ending {
         let cx = &self.inner.ctx;
         let redactor = match crate::provision::redactor(secrets) {
             Ok(r) => r,
-            Err(e) => return Ending::Failed(e),
+            Err(e) => return Ending::Failed(e.into()),
         };
         let mut pump = Pump {
             translator: self.translator(ctx),
-            aligner: Aligner::new(stored),
-            factory: ChunkFactory::new(&ctx.run, &ctx.thread_id, chunk::now_ms),
+            aligner,
+            factory: ChunkFactory::new(&ctx.key.run, &ctx.thread_id, chunk::now_ms),
             held_terminal: None,
             from_byte: 0,
             out_of_band_run: 0,
@@ -282,9 +280,14 @@ impl Runs {
         };
         let (file_tx, mut file_rx) = mpsc::channel::<Vec<agent::FileEvent>>(64);
         let watcher = tokio::spawn(watch_files(agent.clone(), ctx.spec.cwd.clone(), file_tx));
+        // Between follows that fail or break without a line: a journal the
+        // agent keeps refusing must not turn into a tight loop, and many
+        // drives whose agent restarted must not come back in step.
+        let mut pause = follow_backoff();
+        let mut secrets_missing_since = None;
         let ending = 'follow: loop {
             let request = agent::FollowRequest {
-                run_id: ctx.run.to_string(),
+                run_id: ctx.key.run.to_string(),
                 from_byte: pump.from_byte,
                 sentinel_key: ctx.sentinel_key.clone(),
                 // Agents think for minutes without a byte; liveness is
@@ -294,20 +297,36 @@ impl Runs {
             let mut stream = match agent.journal().follow(request).await {
                 Ok(s) => Coalesced::new(s.into_inner()),
                 Err(status) if status.code() == tonic::Code::NotFound => {
-                    break Ending::Failed(Error::new(
-                        ErrorCode::FailedPrecondition,
-                        "the run's journal does not exist in its sandbox: the server that started the run \
-                         stopped before the command was started",
-                    ));
+                    break Ending::Failed(Error::NoJournal);
+                }
+                Err(status) if WireError::from_status(&status).code == ErrorCode::SecretsMissing => {
+                    // The agent restarted without the values: hand back what
+                    // this replica holds, else wait for an ensure to.
+                    let since = *secrets_missing_since.get_or_insert_with(Instant::now);
+                    if since.elapsed() >= self.inner.options.reconnect_budget {
+                        break Ending::Failed(Error::SecretsMissing(status));
+                    }
+                    if let Err(e) = crate::provision::hand_over(&agent, secrets).await {
+                        debug!(run_id = %ctx.key.run, error = %e.message(), "handing the secret values back failed");
+                    }
+                    if let Some(ending) = ctx.interrupts.during(Duration::from_millis(500)).await {
+                        break ending;
+                    }
+                    continue;
                 }
                 Err(status) => {
-                    debug!(run_id = %ctx.run, error = %status.message(), "follow failed; reconnecting");
+                    if let Some(e) = Error::over_a_journal_bound(&status) {
+                        break Ending::Failed(e);
+                    }
+                    debug!(run_id = %ctx.key.run, error = %status.message(), "follow failed; reconnecting");
+                    if let Some(ending) =
+                        ctx.interrupts.during(pause.next().unwrap_or(FOLLOW_PAUSE_MAX)).await
+                    {
+                        break ending;
+                    }
                     match self.reconnect(ctx, key).await {
                         Ok((a, _)) => agent = a,
                         Err(ending) => break ending,
-                    }
-                    if let Some(ending) = self.interrupts(ctx).during(Duration::from_millis(200)).await {
-                        break ending;
                     }
                     continue;
                 }
@@ -319,21 +338,22 @@ impl Runs {
             loop {
                 tokio::select! {
                     biased;
-                    _ = self.inner.ctx.shutdown.cancelled() => break 'follow Ending::Detach,
-                    _ = ctx.lease_lost.cancelled() => {
+                    _ = ctx.interrupts.shutdown.cancelled() => break 'follow Ending::Detach,
+                    _ = ctx.interrupts.lease_lost.cancelled() => {
                         break 'follow Ending::Superseded("the run's lease was lost".into());
                     }
-                    _ = ctx.drive.stop.cancelled() => {
-                        break 'follow Ending::Stopped(ctx.drive.reason().unwrap_or(StopReason::Cancel));
+                    _ = ctx.interrupts.drive.stop.cancelled() => {
+                        let reason = ctx.interrupts.drive.reason().unwrap_or(StopReason::Cancel);
+                        break 'follow Ending::Stopped(reason);
                     }
                     _ = cancel_poll.tick() => {
-                        match cx.stores.runs.get_unscoped(&ctx.run).await {
+                        match cx.stores.runs.get(&ctx.key).await {
                             Ok(r) if r.cancel_requested => break 'follow Ending::Stopped(StopReason::Cancel),
                             Ok(r) if r.driver_epoch != ctx.writer.epoch() => {
                                 break 'follow Ending::Superseded(format!("run claimed at epoch {}", r.driver_epoch));
                             }
                             Ok(_) => {}
-                            Err(e) => debug!(run_id = %ctx.run, error = %e, "cancel check failed"),
+                            Err(e) => debug!(run_id = %ctx.key.run, error = %e, "cancel check failed"),
                         }
                         if last_activity.elapsed() >= self.inner.options.liveness_probe {
                             last_activity = Instant::now();
@@ -343,10 +363,7 @@ impl Runs {
                                 None => {}
                             }
                             if unknown_probes >= 2 {
-                                break 'follow Ending::Failed(Error::new(
-                                    ErrorCode::FailedPrecondition,
-                                    "the run's supervisor in the sandbox is gone and left no exit sentinel",
-                                ));
+                                break 'follow Ending::Failed(Error::SupervisorGone);
                             }
                         }
                     }
@@ -359,6 +376,7 @@ impl Runs {
                         Some(Ok(agent::FollowResponse { event: Some(agent::follow_response::Event::Lines(lines)) })) => {
                             last_activity = Instant::now();
                             unknown_probes = 0;
+                            pause = follow_backoff();
                             if let Err(ending) = self.lines(ctx, &mut pump, lines.lines).await {
                                 break 'follow ending;
                             }
@@ -369,12 +387,18 @@ impl Runs {
                         }
                         Some(Ok(_)) => {}
                         Some(Err(status)) => {
-                            debug!(run_id = %ctx.run, error = %status.message(), "follow broke; reconnecting");
+                            if let Some(e) = Error::over_a_journal_bound(&status) {
+                                break 'follow Ending::Failed(e);
+                            }
+                            debug!(run_id = %ctx.key.run, error = %status.message(), "follow broke; reconnecting");
                             break;
                         }
                         None => break,
                     },
                 }
+            }
+            if let Some(ending) = ctx.interrupts.during(pause.next().unwrap_or(FOLLOW_PAUSE_MAX)).await {
+                break ending;
             }
             match self.reconnect(ctx, key).await {
                 Ok((a, _)) => agent = a,
@@ -383,13 +407,13 @@ impl Runs {
         };
         watcher.abort();
         if pump.dropped_file_events > 0 {
-            info!(run_id = %ctx.run, dropped = pump.dropped_file_events, "file events over the per-gap budget were dropped");
+            info!(run_id = %ctx.key.run, dropped = pump.dropped_file_events, "file events over the per-gap budget were dropped");
         }
         ending
     }
 
     fn translator(&self, ctx: &DriveCtx) -> Translator {
-        ctx.harness.translator(&ctx.run, &ctx.thread_id, chunk::now_ms)
+        ctx.harness.translator(&ctx.key.run, &ctx.thread_id, chunk::now_ms)
     }
 
     /// Translate, align and append one batch of journal lines.
@@ -405,7 +429,7 @@ impl Runs {
             for c in pump.translator.feed(&line.data) {
                 if chunk::is_terminal(&c) {
                     pump.held_terminal = Some(c);
-                } else if pump.aligner.offer(&c).map_err(Ending::Failed)? {
+                } else if pump.aligner.offer(&c).await.map_err(Ending::Failed)? {
                     batch.push(c);
                 }
             }
@@ -466,7 +490,7 @@ impl Runs {
             if chunk::is_terminal(&c) {
                 pump.held_terminal.get_or_insert(c);
             } else {
-                match pump.aligner.offer(&c) {
+                match pump.aligner.offer(&c).await {
                     Ok(true) => batch.push(c),
                     Ok(false) => {}
                     Err(e) => return Ending::Failed(e),
@@ -474,7 +498,7 @@ impl Runs {
             }
         }
         for c in changed_files(agent, &ctx.spec.cwd, &pump.factory, &pump.redactor).await {
-            match pump.aligner.offer(&c) {
+            match pump.aligner.offer(&c).await {
                 Ok(true) => batch.push(c),
                 Ok(false) => {}
                 Err(e) => return Ending::Failed(e),
@@ -484,12 +508,12 @@ impl Runs {
             // Translator::finish always yields one; keep the run closable anyway.
             pump.factory.run_error("the run ended without a terminal event", "INTERNAL")
         });
-        match pump.aligner.offer(&terminal) {
+        match pump.aligner.offer(&terminal).await {
             Ok(true) => batch.push(terminal.clone()),
             Ok(false) => {}
             Err(e) => return Ending::Failed(e),
         }
-        if let Err(e) = pump.aligner.finish() {
+        if let Err(e) = pump.aligner.finish().await {
             return Ending::Failed(e);
         }
         if let Err(ending) = self.append(ctx, &batch).await {
@@ -507,13 +531,13 @@ impl Runs {
             .with_max_times(STORE_ATTEMPTS - 1);
         let mut attempt = 0;
         let appended = retry(
-            self.interrupts(ctx),
+            ctx.interrupts.clone(),
             backoff,
             || ctx.writer.append(&encoded),
             is_transient,
             |e, _| {
                 attempt += 1;
-                warn!(run_id = %ctx.run, attempt, error = %e, "append failed; retrying");
+                warn!(run_id = %ctx.key.run, attempt, error = %e, "append failed; retrying");
             },
         )
         .await;
@@ -528,6 +552,18 @@ impl Runs {
     }
 
     /// Act on how the drive ended: terminal chunk, status, log, sandbox.
+    /// Stop the run's command. The CLI dies with its sandbox: destroying it
+    /// is the one stop every provider can do, also for a wedged agent.
+    async fn stop_command(&self, ctx: &DriveCtx, key: Option<&str>) {
+        let cx = &self.inner.ctx;
+        if let Some(key) = key
+            && let Err(e) = cx.lifecycle.destroy(&cx.stores, &cx.leases, &ctx.key.tenant, key).await
+            && !e.is_not_found()
+        {
+            warn!(run_id = %ctx.key.run, sandbox_key = %key, error = %e, "could not destroy the sandbox of a stopped run");
+        }
+    }
+
     async fn conclude(&self, ctx: &DriveCtx, ending: Ending) {
         let cx = &self.inner.ctx;
         // Read once: the stop, the completion and the journal cleanup all
@@ -538,14 +574,14 @@ impl Runs {
         };
         let (status, error, usage, appended) = match ending {
             Ending::Superseded(why) => {
-                info!(run_id = %ctx.run, epoch = ctx.writer.epoch(), reason = %why, "no longer the run's driver; writing nothing");
+                info!(run_id = %ctx.key.run, epoch = ctx.writer.epoch(), reason = %why, "no longer the run's driver; writing nothing");
                 return;
             }
             Ending::Detach => {
-                if let Err(e) = self.mark_detached(&ctx.run).await {
-                    warn!(run_id = %ctx.run, error = %e.message, "could not mark the run detached at shutdown");
+                if let Err(e) = self.mark_detached(&ctx.key).await {
+                    warn!(run_id = %ctx.key.run, error = %e, "could not mark the run detached at shutdown");
                 }
-                info!(run_id = %ctx.run, "shutting down: run detached for another replica to take over");
+                info!(run_id = %ctx.key.run, "shutting down: run detached for another replica to take over");
                 return;
             }
             Ending::Exited { terminal } => match terminal.r#type() {
@@ -566,15 +602,7 @@ impl Runs {
                 ),
             },
             Ending::Stopped(reason) => {
-                // The CLI dies with its sandbox: destroying it is the one
-                // stop every provider can do, also for a wedged agent.
-                if let Some(key) = &key
-                    && let Err(e) =
-                        self.inner.ctx.lifecycle.destroy(&cx.stores, &cx.leases, &ctx.tenant, key).await
-                    && e.code != ErrorCode::NotFound
-                {
-                    warn!(run_id = %ctx.run, sandbox_key = %key, error = %e.message, "could not destroy the sandbox of a stopped run");
-                }
+                self.stop_command(ctx, key.as_deref()).await;
                 (
                     RunStatus::Aborted,
                     Some(RunError { code: reason.code().into(), message: reason.message().into() }),
@@ -583,7 +611,13 @@ impl Runs {
                 )
             }
             Ending::Failed(e) => {
-                warn!(run_id = %ctx.run, code = e.code.reason(), error = %e.message, "run failed");
+                if e.outlives_the_command() {
+                    self.stop_command(ctx, key.as_deref()).await;
+                }
+                let shown = e.to_string();
+                // What the run records is what a client would have seen.
+                let e = WireError::from(e);
+                warn!(run_id = %ctx.key.run, code = e.code.reason(), error = %shown, "run failed");
                 (
                     RunStatus::Failed,
                     Some(RunError { code: e.code.reason().into(), message: e.message }),
@@ -594,30 +628,30 @@ impl Runs {
         };
         if !appended {
             let error = error.as_ref().expect("a stop or failure carries its error");
-            let factory = ChunkFactory::new(&ctx.run, &ctx.thread_id, chunk::now_ms);
+            let factory = ChunkFactory::new(&ctx.key.run, &ctx.thread_id, chunk::now_ms);
             let chunk = factory.run_error(&error.message, &error.code);
             if let Err(Ending::Superseded(why)) = self.append(ctx, &[chunk]).await {
-                info!(run_id = %ctx.run, reason = %why, "superseded before the terminal chunk; writing nothing");
+                info!(run_id = %ctx.key.run, reason = %why, "superseded before the terminal chunk; writing nothing");
                 return;
             }
         }
         let finish = RunFinish { status, error, usage, finished_at: Timestamp::now() };
-        match cx.stores.runs.finish(&ctx.run, ctx.writer.epoch(), finish).await {
+        match cx.stores.runs.finish(&ctx.key, ctx.writer.epoch(), finish).await {
             Ok(_) | Err(store::Error::RunTerminal { .. }) => {}
             Err(store::Error::Fenced { .. }) => {
-                info!(run_id = %ctx.run, "superseded before the terminal status; writing nothing");
+                info!(run_id = %ctx.key.run, "superseded before the terminal status; writing nothing");
                 return;
             }
             Err(e) => {
                 // The record stays running: a successor or the reaper closes it.
-                warn!(run_id = %ctx.run, error = %e, "could not write the terminal status");
+                warn!(run_id = %ctx.key.run, error = %e, "could not write the terminal status");
                 return;
             }
         }
-        if let Err(e) = cx.stores.events.close(&ctx.run).await {
-            warn!(run_id = %ctx.run, error = %e, "could not close the run's log");
+        if let Err(e) = cx.stores.events.close(&ctx.key).await {
+            warn!(run_id = %ctx.key.run, error = %e, "could not close the run's log");
         }
-        info!(run_id = %ctx.run, status = %status, "run finished");
+        info!(run_id = %ctx.key.run, status = %status, "run finished");
         crate::metrics::runs().finished(status.as_str());
         let Some(key) = key else { return };
         if status == RunStatus::Completed {
@@ -628,40 +662,43 @@ impl Runs {
 
     async fn sandbox_key(&self, ctx: &DriveCtx) -> Option<String> {
         let cx = &self.inner.ctx;
-        cx.stores.runs.get_unscoped(&ctx.run).await.ok()?.sandbox_key
+        cx.stores.runs.get(&ctx.key).await.ok()?.sandbox_key
     }
 
     /// After a completed run: a portable checkpoint when the definition
     /// asks for them, then the sandbox goes when the definition says so.
     async fn after_completion(&self, ctx: &DriveCtx, key: &str) {
         if let Err(e) = self.checkpoint(ctx, key).await {
-            warn!(run_id = %ctx.run, error = %e.message, "could not save the checkpoint after the run");
+            warn!(run_id = %ctx.key.run, error = %e, "could not save the checkpoint after the run");
         }
         if self.inner.ctx.lifecycle.destroy_on_complete(key) == Some(true) {
             let cx = &self.inner.ctx;
-            if let Err(e) = self.inner.ctx.lifecycle.destroy(&cx.stores, &cx.leases, &ctx.tenant, key).await {
-                warn!(run_id = %ctx.run, sandbox_key = %key, error = %e.message, "destroy_on_complete failed");
+            if let Err(e) =
+                self.inner.ctx.lifecycle.destroy(&cx.stores, &cx.leases, &ctx.key.tenant, key).await
+            {
+                warn!(run_id = %ctx.key.run, sandbox_key = %key, error = %e, "destroy_on_complete failed");
             }
         }
     }
 
-    async fn checkpoint(&self, ctx: &DriveCtx, key: &str) -> Result<(), Error> {
+    async fn checkpoint(&self, ctx: &DriveCtx, key: &str) -> Result<(), crate::sandbox::Error> {
         let cx = &self.inner.ctx;
-        let stored = cx.stores.definitions.get(&ctx.tenant, &ctx.spec.definition_id).await?;
+        let stored = cx.stores.definitions.get(&ctx.key.tenant, &ctx.spec.definition_id).await?;
         let definition = crate::sandbox::definition::from_stored(&stored.body)?;
-        let live = self.inner.ctx.lifecycle.agent(&cx.stores, &ctx.tenant, key).await?;
+        let live = self.inner.ctx.lifecycle.agent(&cx.stores, &ctx.key.tenant, key).await?;
         let saved = crate::snapshot::checkpoint_after_run(
             &cx.stores,
             &live.agent,
-            &ctx.tenant,
+            &ctx.key.tenant,
             &ctx.thread_id,
-            ctx.run.as_str(),
+            ctx.key.run.as_str(),
             &definition,
             &live.secrets,
+            cx.lifecycle.snapshot_limits(),
         )
         .await?;
         if let Some(checkpoint) = saved {
-            info!(run_id = %ctx.run, checkpoint = ?checkpoint, "checkpoint saved after the run");
+            info!(run_id = %ctx.key.run, checkpoint = ?checkpoint, "checkpoint saved after the run");
         }
         Ok(())
     }
@@ -669,9 +706,9 @@ impl Runs {
     /// The journal of a terminal run is no longer needed.
     async fn drop_journal(&self, ctx: &DriveCtx, key: &str) {
         let Some(live) = self.inner.ctx.lifecycle.live(key) else { return };
-        let request = agent::DeleteJournalsRequest { run_ids: vec![ctx.run.to_string()] };
+        let request = agent::DeleteJournalsRequest { run_ids: vec![ctx.key.run.to_string()] };
         if let Err(status) = live.agent.journal().delete_journals(request).await {
-            debug!(run_id = %ctx.run, error = %status.message(), "could not delete the journal");
+            debug!(run_id = %ctx.key.run, error = %status.message(), "could not delete the journal");
         }
     }
 }
@@ -697,14 +734,13 @@ pub(crate) fn encode_chunk(c: &Chunk) -> NewChunk {
 }
 
 pub(crate) fn decode_chunk(stored: &store::StoredChunk) -> Result<Chunk, Error> {
-    Chunk::decode(stored.payload.as_slice()).map_err(|e| {
-        Error::internal(format!("stored chunk at offset {} does not decode: {e}", stored.offset))
-    })
+    Chunk::decode(stored.payload.as_slice())
+        .map_err(|e| Error::Corrupt(format!("stored chunk at offset {} does not decode: {e}", stored.offset)))
 }
 
 async fn probe(agent: &AgentClient, ctx: &DriveCtx) -> Option<agent::RunState> {
     let request =
-        agent::ProbeExitRequest { run_id: ctx.run.to_string(), sentinel_key: ctx.sentinel_key.clone() };
+        agent::ProbeExitRequest { run_id: ctx.key.run.to_string(), sentinel_key: ctx.sentinel_key.clone() };
     let response = agent.journal().probe_exit(request).await.ok()?.into_inner();
     agent::RunState::try_from(response.state).ok()
 }
@@ -741,7 +777,7 @@ async fn changed_files(
     agent: &AgentClient,
     cwd: &str,
     factory: &ChunkFactory,
-    redactor: &Redactor,
+    redactor: &Masks,
 ) -> Vec<Chunk> {
     // NUL-separated: path, diff, path, diff, ... Untracked files diff
     // against /dev/null.
@@ -774,6 +810,9 @@ rm -f "${TMPDIR:-/tmp}/.sandhold-changed.$$"
         }),
         cwd: cwd.to_owned(),
         timeout_ms: Some(30_000),
+        // Masked by the agent, which holds the values also after a
+        // takeover (this replica may never have had them).
+        mask_secrets: true,
         ..Default::default()
     };
     let out = match agent.process().exec(request).await {
@@ -792,7 +831,7 @@ rm -f "${TMPDIR:-/tmp}/.sandhold-changed.$$"
     let mut chunks = Vec::new();
     for pair in rest.chunks(2) {
         if let [path, diff] = pair {
-            let value = serde_json::json!({"path": path, "diff": redactor.redact(diff)});
+            let value = serde_json::json!({"path": path, "diff": redactor.mask(diff)});
             chunks.push(factory.custom(FILE_CHANGED, &value));
         }
     }
@@ -801,4 +840,16 @@ rm -f "${TMPDIR:-/tmp}/.sandhold-changed.$$"
         chunks.push(factory.warning(&message, None));
     }
     chunks
+}
+
+/// Pauses between failed follows: from 100 ms doubling to
+/// [`FOLLOW_PAUSE_MAX`], each with random jitter.
+fn follow_backoff() -> impl Iterator<Item = Duration> {
+    use backon::BackoffBuilder;
+    ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(100))
+        .with_max_delay(FOLLOW_PAUSE_MAX)
+        .with_jitter()
+        .without_max_times()
+        .build()
 }

@@ -2,7 +2,7 @@
 //! and the `RunService` in front of it.
 //!
 //! One replica drives a run at a time, holding the run's lease
-//! (`run:<run_id>`) and the record's epoch: it follows the journal inside the
+//! (`run:<tenant>:<run_id>`: run ids are per tenant) and the record's epoch: it follows the journal inside the
 //! sandbox from byte 0, translates each line with the run's harness adapter
 //! (run-scoped ids, so a replay gives the same chunks), aligns the result
 //! with what the log already holds ([`align`]), and appends the rest through
@@ -36,6 +36,7 @@ use replica::StopReason;
 
 pub use attach::{RunEvents, Takeover};
 pub use error::Error;
+pub use records::lease_name;
 pub use replica::Runs;
 pub use spec::{RunOptions, RunSpec};
 pub use start::StartRun;

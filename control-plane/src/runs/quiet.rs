@@ -11,38 +11,34 @@
 //! holding it forever.
 
 use futures::StreamExt;
-use shared::error::{Error, ErrorCode};
 use tokio::time::Instant;
 
+use super::Error;
 pub use crate::config::QuietGate;
-use crate::store::{EventLog, Offset, RunId};
+use crate::store::{EventLog, Offset, RunKey};
 
 impl QuietGate {
     /// Wait until `run`'s log gained nothing for [`QuietGate::window`];
     /// returns how many chunks landed meanwhile. A closed log is quiet. A log
     /// still growing after [`QuietGate::max_wait`] is `CLAIM_LOST`: another
     /// writer is appending, and driving on would interleave with it.
-    pub async fn wait(&self, events: &dyn EventLog, run: &RunId) -> Result<u64, Error> {
+    pub async fn wait(&self, events: &dyn EventLog, run: &RunKey) -> Result<u64, Error> {
         if self.window.is_zero() {
             return Ok(0);
         }
         let started = Instant::now();
         let give_up = started + self.max_wait;
-        let stored = events.snapshot(run).await?.chunks;
-        let last = stored.last().map_or(Offset::start(), |c| c.offset.clone());
+        let last = events.last(run).await?.map_or(Offset::start(), |c| c.offset);
         let mut tail = events.read(run, &last).await?;
         let mut grew = 0u64;
         loop {
             let quiet_until = Instant::now() + self.window;
             if quiet_until > give_up {
-                return Err(Error::new(
-                    ErrorCode::ClaimLost,
-                    format!(
-                        "run {run}'s stored log kept growing for {} ms after this replica claimed it \
-                         ({grew} chunks landed): another writer is still appending",
-                        started.elapsed().as_millis()
-                    ),
-                ));
+                return Err(Error::StillWritten {
+                    run: run.run.clone(),
+                    elapsed_ms: started.elapsed().as_millis(),
+                    grew,
+                });
             }
             match tokio::time::timeout_at(quiet_until, tail.next()).await {
                 Err(_) | Ok(None) => return Ok(grew),
@@ -58,12 +54,18 @@ mod tests {
     use std::sync::Arc;
     use std::time::Duration;
 
-    use super::*;
-    use crate::store::{FIRST_EPOCH, NewChunk, NewRun, Stores};
+    use shared::error::{Error as WireError, ErrorCode};
 
-    async fn stores_with_run(dir: &std::path::Path, run: &RunId) -> Stores {
+    use super::*;
+    use crate::store::{FIRST_EPOCH, NewChunk, NewRun, RunId, Stores, Tenant};
+
+    fn key(run: &str) -> RunKey {
+        RunKey::new(Tenant::new("acme"), RunId::parse(run).unwrap())
+    }
+
+    async fn stores_with_run(dir: &std::path::Path, run: &RunKey) -> Stores {
         let stores = Stores::open(&crate::store::default_database_url(dir)).await.unwrap();
-        stores.runs.create_or_resume(NewRun::bare(run.clone(), "acme", "t")).await.unwrap();
+        stores.runs.create_or_resume(NewRun::bare(run.run.clone(), run.tenant.as_str(), "t")).await.unwrap();
         stores
     }
 
@@ -73,12 +75,12 @@ mod tests {
 
     /// Appends one chunk every `every` until `count` landed, as another
     /// writer of the run's current epoch would.
-    fn writer(stores: &Stores, run: &RunId, every: Duration, count: usize) -> tokio::task::JoinHandle<()> {
+    fn writer(stores: &Stores, run: &RunKey, every: Duration, count: usize) -> tokio::task::JoinHandle<()> {
         let (events, runs, run) = (stores.events.clone(), stores.runs.clone(), run.clone());
         tokio::spawn(async move {
             for i in 0..count {
                 tokio::time::sleep(every).await;
-                let epoch = runs.get_unscoped(&run).await.unwrap().driver_epoch;
+                let epoch = runs.get(&run).await.unwrap().driver_epoch;
                 events.append(&run, epoch, &[NewChunk::new("k", format!("{i}").into_bytes())]).await.unwrap();
             }
         })
@@ -96,7 +98,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let stores = Stores::open(&crate::store::default_database_url(dir.path())).await.unwrap();
         // No record at all: a gate that read the log would fail NOT_FOUND.
-        let unknown = RunId::parse("no-such-run").unwrap();
+        let unknown = key("no-such-run");
         assert_eq!(QuietGate::default().wait(stores.events.as_ref(), &unknown).await.unwrap(), 0);
         assert!(gate(50, 500).wait(stores.events.as_ref(), &unknown).await.is_err());
     }
@@ -104,13 +106,14 @@ mod tests {
     #[tokio::test]
     async fn waits_out_a_burst_then_returns() {
         let dir = tempfile::tempdir().unwrap();
-        let run = RunId::parse("burst").unwrap();
+        let run = key("burst");
         let stores = Arc::new(stores_with_run(dir.path(), &run).await);
         stores.events.append(&run, FIRST_EPOCH, &[NewChunk::new("k", b"before".to_vec())]).await.unwrap();
-        // Five chunks 100 ms apart, inside a 400 ms window: the gate must see
-        // every one of them and only return after the burst.
+        // Five chunks 100 ms apart, inside a 1.5 s window: the gate must see
+        // every one of them and only return after the burst. (A 400 ms
+        // window read a loaded machine's stalled append as quiet.)
         let burst = writer(&stores, &run, Duration::from_millis(100), 5);
-        let grew = gate(400, 10_000).wait(stores.events.as_ref(), &run).await.unwrap();
+        let grew = gate(1_500, 10_000).wait(stores.events.as_ref(), &run).await.unwrap();
         assert!(burst.is_finished(), "the gate returned while the log was still growing");
         assert_eq!(grew, 5);
         assert_eq!(stores.events.snapshot(&run).await.unwrap().chunks.len(), 6);
@@ -119,14 +122,14 @@ mod tests {
     #[tokio::test]
     async fn a_log_that_keeps_growing_is_claim_lost() {
         let dir = tempfile::tempdir().unwrap();
-        let run = RunId::parse("endless").unwrap();
+        let run = key("endless");
         let stores = stores_with_run(dir.path(), &run).await;
         let endless = writer(&stores, &run, Duration::from_millis(50), 1_000);
         let started = Instant::now();
         // A window of 20 writer intervals: a loaded 2-core machine may stall
         // one append for a few hundred milliseconds, which must not read as
         // quiet (seen failing with a 300 ms window).
-        let err = gate(1_000, 3_000).wait(stores.events.as_ref(), &run).await.unwrap_err();
+        let err = WireError::from(gate(1_000, 3_000).wait(stores.events.as_ref(), &run).await.unwrap_err());
         endless.abort();
         assert_eq!(err.code, ErrorCode::ClaimLost);
         assert!(err.message.contains("kept growing"), "{}", err.message);
@@ -137,7 +140,7 @@ mod tests {
     #[tokio::test]
     async fn a_closed_log_is_quiet() {
         let dir = tempfile::tempdir().unwrap();
-        let run = RunId::parse("closed").unwrap();
+        let run = key("closed");
         let stores = stores_with_run(dir.path(), &run).await;
         stores.events.close(&run).await.unwrap();
         let gate = gate(60_000, 120_000);

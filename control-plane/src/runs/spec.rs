@@ -4,9 +4,9 @@
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use shared::error::{Error, ErrorCode};
 
-use super::quiet;
+use super::{Error, quiet};
+use crate::config::{Limit, Quotas};
 use crate::store::RunRecord;
 
 /// What started a run, kept on its record (never a secret, never the
@@ -23,15 +23,9 @@ pub struct RunSpec {
 
 impl RunSpec {
     pub fn of(record: &RunRecord) -> Result<Self, Error> {
-        let value = record.spec.clone().ok_or_else(|| {
-            Error::new(
-                ErrorCode::FailedPrecondition,
-                format!("run {} has no spec on its record", record.run_id),
-            )
-        })?;
-        serde_json::from_value(value).map_err(|e| {
-            Error::internal(format!("run {}: unreadable spec on its record: {e}", record.run_id))
-        })
+        let value = record.spec.clone().ok_or_else(|| Error::NoSpec(record.run_id.clone()))?;
+        serde_json::from_value(value)
+            .map_err(|e| Error::Corrupt(format!("run {}: unreadable spec on its record: {e}", record.run_id)))
     }
 }
 
@@ -52,6 +46,9 @@ pub struct RunOptions {
     /// How long a takeover waits for the stored log to stop growing before
     /// it reads it (default: no wait; the fence makes it unnecessary).
     pub quiet: quiet::QuietGate,
+    /// Runs not yet terminal one tenant may have; a start over it is
+    /// refused with RESOURCE_EXHAUSTED.
+    pub running_runs: Limit,
 }
 
 impl Default for RunOptions {
@@ -62,6 +59,7 @@ impl Default for RunOptions {
             reconnect_budget: Duration::from_secs(60),
             takeover_retry: Duration::from_secs(1),
             quiet: quiet::QuietGate::default(),
+            running_runs: Quotas::default().running_runs(),
         }
     }
 }

@@ -8,7 +8,7 @@ use shared::proto::v1 as api;
 
 use super::{Error, Sandboxes, definition};
 use crate::provision::InvalidField;
-use crate::snapshot::{self, SaveRequest, capture_policy};
+use crate::snapshot::{self, Maxima, SaveRequest, capture_policy};
 use crate::store::{Checkpoint, Instance, Tenant};
 
 impl Sandboxes {
@@ -28,11 +28,10 @@ impl Sandboxes {
             return Err(Error::PerRunSandbox);
         }
         let live = self.live(tenant, &instance.sandbox_key).await?;
-        // Without the secret values nothing could be zeroed: refuse rather
-        // than store them.
-        if let Some(name) = definition.secret_names.iter().find(|n| !live.secrets.contains_key(*n)) {
-            return Err(Error::SecretNotKnown(name.clone()));
-        }
+        // Without the secret values nothing could be zeroed. The agent holds
+        // them for the sandbox's life (a replica that never saw them saves
+        // safely) and refuses a capture without them (SECRETS_MISSING);
+        // values this server holds are handed over first.
         let save = SaveRequest {
             tenant,
             thread_id,
@@ -40,6 +39,7 @@ impl Sandboxes {
             label: &req.label,
             policy: capture_policy(lifecycle.portable_snapshots.as_ref()),
             secrets: &live.secrets,
+            maxima: Maxima::new(self.lifecycle.snapshot_limits(), lifecycle.portable_snapshots.as_ref()),
         };
         Ok(snapshot::save(&self.stores, &live.agent, save).await?)
     }
@@ -67,7 +67,8 @@ fn only_sandbox(instances: Vec<Instance>, thread_id: &str, sandbox_id: &str) -> 
         0 => Err(Error::NoSandboxToSave(thread_id.to_string())),
         1 => Ok(of_thread.remove(0)),
         n => {
-            Err(Error::invalid_field("sandbox_id", format!("thread {thread_id} has {n} sandboxes; name one")))
+            Err(InvalidField::new("sandbox_id", format!("thread {thread_id} has {n} sandboxes; name one"))
+                .into())
         }
     }
 }

@@ -15,11 +15,10 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use shared::error::{Error, ErrorCode};
 use shared::secret::Secret;
 
 use super::remote::Remote;
-use crate::provision::Secrets;
+use crate::provision::{Error, Secrets};
 
 /// How much history a clone fetches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,15 +103,51 @@ pub(crate) fn commands(c: &Clone<'_>) -> Vec<Vec<String>> {
     vec![clone]
 }
 
-/// The environment of the clone: no prompts, and the token helper when
-/// there is a token.
-pub(crate) fn environment(token: Option<&Secret>) -> HashMap<String, String> {
+/// The variable [`SAFE_SOURCE_WRAPPER`] reads a local source's path from.
+const SAFE_DIR_VAR: &str = "SANDHOLD_GIT_SAFE_DIR";
+
+/// Runs its arguments (a git command) with a temporary global config that
+/// includes the user's own and names `$SANDHOLD_GIT_SAFE_DIR` a
+/// `safe.directory`. A local source (a path or `file://`) is usually the
+/// operator's read-only mount, owned by another user than the run user,
+/// and git refuses to read a repository of another owner; it honours
+/// `safe.directory` only from a system or global config file (not from
+/// `-c` or `GIT_CONFIG_*` before git 2.46, e.g. Debian 12's 2.39).
+const SAFE_SOURCE_WRAPPER: &str = r#"f=$(mktemp) || exit 1
+printf '[include]\n\tpath = ~/.gitconfig\n[safe]\n\tdirectory = %s\n' "$SANDHOLD_GIT_SAFE_DIR" >"$f"
+GIT_CONFIG_GLOBAL=$f "$@"
+rc=$?
+rm -f "$f"
+exit $rc"#;
+
+/// The path of a local source, `None` for a remote one.
+fn local_source(url: &str) -> Option<String> {
+    fetch_url(url).strip_prefix("file://").map(str::to_string)
+}
+
+/// `argv` as run for a clone from `url`: through [`SAFE_SOURCE_WRAPPER`]
+/// when the source is local.
+fn wrapped(url: &str, argv: Vec<String>) -> Vec<String> {
+    if local_source(url).is_none() {
+        return argv;
+    }
+    let mut wrapped = ["sh", "-c", SAFE_SOURCE_WRAPPER, "sh"].map(String::from).to_vec();
+    wrapped.extend(argv);
+    wrapped
+}
+
+/// The environment of the clone: no prompts, the token helper when there
+/// is a token, and a local source's path for [`SAFE_SOURCE_WRAPPER`].
+pub(crate) fn environment(token: Option<&Secret>, url: &str) -> HashMap<String, String> {
     let mut env = HashMap::from([("GIT_TERMINAL_PROMPT".to_string(), "0".to_string())]);
     if let Some(token) = token {
         env.insert(TOKEN_VAR.to_string(), token.expose().to_string());
         env.insert("GIT_CONFIG_COUNT".to_string(), "1".to_string());
         env.insert("GIT_CONFIG_KEY_0".to_string(), "credential.helper".to_string());
         env.insert("GIT_CONFIG_VALUE_0".to_string(), CREDENTIAL_HELPER.to_string());
+    }
+    if let Some(path) = local_source(url) {
+        env.insert(SAFE_DIR_VAR.to_string(), path);
     }
     env
 }
@@ -122,36 +157,34 @@ pub(crate) fn environment(token: Option<&Secret>) -> HashMap<String, String> {
 pub(crate) async fn clone(remote: &Remote<'_>, c: &Clone<'_>, timeout: Duration) -> Result<(), Error> {
     let shown = display_url(c.url);
     for argv in commands(c) {
-        let done = remote.run(&argv, environment(c.token), timeout).await.map_err(|e| {
-            let mut e = e;
-            e.message = format!("cloning {shown}: {} (is git installed in the sandbox?)", e.message);
-            e
-        })?;
+        let done = remote.run(&wrapped(c.url, argv), environment(c.token, c.url), timeout).await.map_err(
+            |e| match e {
+                Error::Agent(mut e) => {
+                    e.message = format!("cloning {shown}: {} (is git installed in the sandbox?)", e.message);
+                    Error::Agent(e)
+                }
+                other => other,
+            },
+        )?;
         if done.ok() {
             continue;
         }
         let git_error = String::from_utf8_lossy(&done.stderr);
         // git may echo the URL it was given, credentials and all.
-        let git_error = remote.redactor.redact(git_error.trim()).replace(c.url, &shown);
+        let git_error = remote.redactor.mask(git_error.trim()).replace(c.url, &shown);
         let why = if done.timed_out {
             format!("timed out after {timeout:?}")
         } else {
             format!("git exited with {}", done.code)
         };
-        return Err(Error::new(
-            ErrorCode::FailedPrecondition,
-            format!("cloning {shown} failed ({why}): {git_error}"),
-        )
-        .with_meta("reason_detail", "GIT_CLONE_FAILED")
-        .with_meta("url", shown.clone())
-        .with_meta("exit_code", done.code.to_string()));
+        return Err(Error::CloneFailed { url: shown, why, git_error, exit_code: done.code });
     }
     // Credentials written into the URL would stay in .git/config (and in
     // any snapshot): keep the remote without them.
     let clean = display_url(&fetch_url(c.url));
     if clean != fetch_url(c.url) {
         let argv = ["git", "-C", c.into, "remote", "set-url", "origin", &clean].map(String::from);
-        remote.run(&argv, environment(None), timeout).await?;
+        remote.run(&argv, environment(None, c.url), timeout).await?;
     }
     Ok(())
 }
@@ -166,12 +199,9 @@ pub(super) fn auth_token<'a>(
     if name.is_empty() {
         return Ok(None);
     }
-    secrets.get(name).map(Some).ok_or_else(|| {
-        Error::new(
-            ErrorCode::FailedPrecondition,
-            format!("{what} authenticates with the secret {name}, which was not passed with the request"),
-        )
-        .with_meta("secret", name)
+    secrets.get(name).map(Some).ok_or_else(|| Error::SecretNotPassed {
+        needs: format!("{what} authenticates with"),
+        name: name.to_string(),
     })
 }
 
@@ -227,8 +257,40 @@ mod tests {
         for argv in commands(&c) {
             assert!(argv.iter().all(|a| !a.contains("tok-value-123")), "{argv:?}");
         }
-        let env = environment(Some(&token));
+        let env = environment(Some(&token), "https://h/r.git");
         assert_eq!(env.get(TOKEN_VAR).map(String::as_str), Some("tok-value-123"));
         assert!(env.values().filter(|v| v.contains("tok-value-123")).count() == 1, "only the token variable");
+    }
+
+    #[test]
+    fn a_local_source_is_cloned_with_itself_as_a_safe_directory() {
+        let env = environment(None, "/srv/r.git");
+        assert_eq!(env.get(SAFE_DIR_VAR).map(String::as_str), Some("/srv/r.git"));
+        let argv = vec!["git".to_string(), "clone".to_string()];
+        let local = wrapped("file:///srv/r.git", argv.clone());
+        assert_eq!(local[..2], ["sh", "-c"]);
+        assert_eq!(local[4..], argv[..], "the git command runs as it was, through the wrapper");
+        assert_eq!(wrapped("https://h/r.git", argv.clone()), argv, "a remote source needs no wrapper");
+        assert!(!environment(None, "https://h/r.git").contains_key(SAFE_DIR_VAR));
+    }
+
+    /// The wrapper with the machine's own sh and git: a repository owned by
+    /// someone else is refused without it and cloned with it.
+    #[test]
+    fn the_wrapper_makes_git_accept_the_source() {
+        let out = std::process::Command::new("sh")
+            .args([
+                "-c",
+                SAFE_SOURCE_WRAPPER,
+                "sh",
+                "sh",
+                "-c",
+                "git config --global --get-all safe.directory",
+            ])
+            .env(SAFE_DIR_VAR, "/srv/a b.git")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "/srv/a b.git\n");
     }
 }

@@ -3,10 +3,10 @@
 //! manager), with `CLAUDE.md` and `GEMINI.md` as symlinks to it, copies
 //! where the sandbox cannot make symlinks.
 
-use shared::error::Error;
 use shared::proto::v1::WorkspaceDefinition;
 
 use super::remote::Remote;
+use crate::provision::Error;
 
 pub(crate) const FILE: &str = "AGENTS.md";
 /// Names other CLIs look for, pointing at [`FILE`].

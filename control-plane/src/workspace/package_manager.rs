@@ -1,8 +1,7 @@
 //! Which JavaScript package manager a workspace uses, from its lockfiles.
 
-use shared::error::Error;
-
 use super::remote::Remote;
+use crate::provision::Error;
 
 /// Lockfiles in order of precedence, and the manager each means.
 const LOCKFILES: [(&str, &str); 6] = [

@@ -19,20 +19,19 @@
 //! for the run's harness with the current secret values and says what of
 //! the workspace that harness cannot use. Secret values reach the sandbox
 //! only: errors and progress pass through the
-//! [`Redactor`](crate::provision::Redactor).
+//! [`Masks`](crate::provision::Masks).
 
 use std::collections::HashMap;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use shared::error::Error;
 use shared::proto::v1::{EnsurePhase, WorkspaceDefinition, git_source, source};
 
 use super::remote::Remote;
 use super::{git, instructions, package_manager, setup, skills, violations};
 use crate::agent::AgentClient;
 use crate::harness::Harness;
-use crate::provision::{ProvisionContext, Provisioner, Secrets};
+use crate::provision::{Error, ProvisionContext, Provisioner, Secrets};
 
 /// Builds workspaces: git source, setup, instructions and skills.
 #[derive(Debug, Default, Clone)]
@@ -41,7 +40,7 @@ pub struct WorkspaceProvisioner;
 #[async_trait]
 impl Provisioner for WorkspaceProvisioner {
     fn check(&self, workspace: &WorkspaceDefinition) -> Result<(), Error> {
-        crate::provision::refuse("workspace", violations(workspace, None, "workspace"))
+        Ok(crate::provision::refuse("workspace", violations(workspace, None, "workspace"))?)
     }
 
     async fn provision(&self, ctx: ProvisionContext<'_>) -> Result<(), Error> {

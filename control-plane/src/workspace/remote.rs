@@ -1,15 +1,14 @@
 //! The few file and process operations provisioning needs, over a sandbox's
-//! agent. Every error message passes through the [`Redactor`], so a secret
+//! agent. Every error message passes through the [`Masks`], so a secret
 //! that reached a command's output or an agent's message never leaves.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
-use shared::error::{Error, ErrorCode};
 use shared::proto::agent::v1 as agent;
 
 use crate::agent::AgentClient;
-use crate::provision::Redactor;
+use crate::provision::{Error, Masks};
 
 /// How a process ended, with its captured output.
 #[derive(Debug)]
@@ -29,14 +28,12 @@ impl Finished {
 /// One sandbox, as provisioning sees it.
 pub(crate) struct Remote<'a> {
     pub agent: &'a AgentClient,
-    pub redactor: &'a Redactor,
+    pub redactor: &'a Masks,
 }
 
 impl Remote<'_> {
     fn error(&self, what: &str, status: &tonic::Status) -> Error {
-        let mut err = Error::from_status(status);
-        err.message = self.redactor.redact(&format!("{what}: {}", err.message));
-        err
+        Error::agent(what, status, self.redactor)
     }
 
     pub async fn exists(&self, path: &str) -> Result<bool, Error> {
@@ -89,6 +86,7 @@ impl Remote<'_> {
                 mode,
                 make_parents: true,
                 size: Some(data.len() as u64),
+                end_required: false,
             })),
         };
         let body = agent::WriteFileRequest {
@@ -181,20 +179,18 @@ impl Remote<'_> {
         {
             return Ok(true);
         }
-        let info = self.lstat(target_from_root).await?.ok_or_else(|| {
-            Error::new(ErrorCode::Internal, format!("{target_from_root} vanished while linking {link}"))
-        })?;
+        let info = self
+            .lstat(target_from_root)
+            .await?
+            .ok_or_else(|| Error::Vanished(format!("{target_from_root} vanished while linking {link}")))?;
         if info.r#type == agent::FileType::Directory as i32 {
             let cp = ["cp", "-R", "--", target_from_root, link].map(String::from);
             let done = self.run(&cp, HashMap::new(), Duration::from_secs(300)).await?;
             if !done.ok() {
-                return Err(Error::new(
-                    ErrorCode::FailedPrecondition,
-                    self.redactor.redact(&format!(
-                        "could neither link nor copy {target_from_root} to {link}: {}",
-                        String::from_utf8_lossy(&done.stderr).trim()
-                    )),
-                ));
+                return Err(Error::LinkFailed(self.redactor.mask(&format!(
+                    "could neither link nor copy {target_from_root} to {link}: {}",
+                    String::from_utf8_lossy(&done.stderr).trim()
+                ))));
             }
         } else {
             let data = self.read(target_from_root).await?.unwrap_or_default();

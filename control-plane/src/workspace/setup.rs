@@ -7,12 +7,11 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use shared::error::{Error, ErrorCode};
 use shared::proto::agent::v1 as agent;
 use shared::proto::v1::{EnsurePhase, EnsureProgress, setup_step};
 
-use crate::provision::Progress;
-use crate::provision::{ProvisionContext, Redactor};
+use crate::provision::{Error, InvalidField, Masks, ProvisionContext};
+use crate::provision::{MAX_OUTPUT_LINE, Progress};
 
 /// Unset `setup_step_timeout_ms`: 30 minutes.
 pub(crate) const DEFAULT_STEP_TIMEOUT: Duration = Duration::from_secs(30 * 60);
@@ -25,7 +24,7 @@ pub(crate) async fn run(
     ctx: &ProvisionContext<'_>,
     extra_env: HashMap<String, String>,
     timeout: Duration,
-    redactor: &Redactor,
+    redactor: &Masks,
 ) -> Result<(), Error> {
     let steps = &ctx.workspace.setup;
     if steps.is_empty() {
@@ -39,7 +38,7 @@ pub(crate) async fn run(
         .shell()
         .open_shell(agent::OpenShellRequest { cwd: String::new(), env, shell: String::new() })
         .await
-        .map_err(|s| agent_error("opening the setup shell", &s, redactor))?
+        .map_err(|s| Error::agent("opening the setup shell", &s, redactor))?
         .into_inner()
         .session_id;
     let total = steps.len() as u32;
@@ -53,7 +52,7 @@ pub(crate) async fn run(
             Some(setup_step::Step::Parallel(group)) => {
                 run_parallel(ctx, &session, &group.commands, n, total, timeout, redactor).await
             }
-            None => Err(Error::invalid_field(format!("workspace.setup[{i}]"), "empty setup step")),
+            None => Err(InvalidField::new(format!("workspace.setup[{i}]"), "empty setup step").into()),
         };
         if let Err(e) = result {
             outcome = Err(e);
@@ -72,9 +71,9 @@ async fn run_serial(
     n: u32,
     total: u32,
     timeout: Duration,
-    redactor: &Redactor,
+    redactor: &Masks,
 ) -> Result<(), Error> {
-    let shown = redactor.redact(command);
+    let shown = redactor.mask(command);
     step_progress(ctx.progress, n, total, &shown, String::new(), format!("setup step {n}/{total}"));
     let mut stream = ctx
         .agent
@@ -87,29 +86,28 @@ async fn run_serial(
             end_shell_on_timeout: true,
         })
         .await
-        .map_err(|s| agent_error(&format!("setup step {n}/{total}"), &s, redactor))?
+        .map_err(|s| Error::agent(&format!("setup step {n}/{total}"), &s, redactor))?
         .into_inner();
     let mut lines = LineSplitter::default();
     loop {
         let message = stream
             .message()
             .await
-            .map_err(|s| agent_error(&format!("setup step {n}/{total}"), &s, redactor))?;
+            .map_err(|s| Error::agent(&format!("setup step {n}/{total}"), &s, redactor))?;
         let Some(message) = message else {
-            return Err(Error::new(
-                ErrorCode::Unavailable,
-                format!("setup step {n}/{total}: the agent ended the step without an exit status"),
-            ));
+            return Err(Error::StepLost(format!(
+                "setup step {n}/{total}: the agent ended the step without an exit status"
+            )));
         };
         match message.event {
             Some(agent::run_in_shell_response::Event::Output(chunk)) => {
                 for line in lines.push(&chunk.data) {
-                    step_progress(ctx.progress, n, total, &shown, redactor.redact(&line), String::new());
+                    step_progress(ctx.progress, n, total, &shown, redactor.mask(&line), String::new());
                 }
             }
             Some(agent::run_in_shell_response::Event::Exit(exit)) => {
                 if let Some(line) = lines.finish() {
-                    step_progress(ctx.progress, n, total, &shown, redactor.redact(&line), String::new());
+                    step_progress(ctx.progress, n, total, &shown, redactor.mask(&line), String::new());
                 }
                 return check_exit(&exit, n, total, &shown, None, redactor);
             }
@@ -125,9 +123,9 @@ async fn run_parallel(
     n: u32,
     total: u32,
     timeout: Duration,
-    redactor: &Redactor,
+    redactor: &Masks,
 ) -> Result<(), Error> {
-    let shown: Vec<String> = commands.iter().map(|c| redactor.redact(c)).collect();
+    let shown: Vec<String> = commands.iter().map(|c| redactor.mask(c)).collect();
     let joined = shown.join(" & ");
     step_progress(
         ctx.progress,
@@ -146,12 +144,12 @@ async fn run_parallel(
             timeout_ms: Some(millis(timeout)),
         })
         .await
-        .map_err(|s| agent_error(&format!("setup step {n}/{total}"), &s, redactor))?
+        .map_err(|s| Error::agent(&format!("setup step {n}/{total}"), &s, redactor))?
         .into_inner();
     let mut lines: Vec<LineSplitter> = commands.iter().map(|_| LineSplitter::default()).collect();
     let mut exits: Vec<Option<agent::ShellCommandExit>> = vec![None; commands.len()];
     while let Some(message) =
-        stream.message().await.map_err(|s| agent_error(&format!("setup step {n}/{total}"), &s, redactor))?
+        stream.message().await.map_err(|s| Error::agent(&format!("setup step {n}/{total}"), &s, redactor))?
     {
         let index = message.index as usize;
         let Some(splitter) = lines.get_mut(index) else { continue };
@@ -159,12 +157,12 @@ async fn run_parallel(
         match message.event {
             Some(agent::run_parallel_response::Event::Output(chunk)) => {
                 for line in splitter.push(&chunk.data) {
-                    step_progress(ctx.progress, n, total, command, redactor.redact(&line), String::new());
+                    step_progress(ctx.progress, n, total, command, redactor.mask(&line), String::new());
                 }
             }
             Some(agent::run_parallel_response::Event::Exit(exit)) => {
                 if let Some(line) = splitter.finish() {
-                    step_progress(ctx.progress, n, total, command, redactor.redact(&line), String::new());
+                    step_progress(ctx.progress, n, total, command, redactor.mask(&line), String::new());
                 }
                 exits[index] = Some(exit);
             }
@@ -173,10 +171,10 @@ async fn run_parallel(
     }
     for (index, exit) in exits.iter().enumerate() {
         let Some(exit) = exit else {
-            return Err(Error::new(
-                ErrorCode::Unavailable,
-                format!("setup step {n}/{total}: the agent reported no exit for command {}", index + 1),
-            ));
+            return Err(Error::StepLost(format!(
+                "setup step {n}/{total}: the agent reported no exit for command {}",
+                index + 1
+            )));
         };
         check_exit(exit, n, total, &shown[index], Some(index), redactor)?;
     }
@@ -189,13 +187,13 @@ fn check_exit(
     total: u32,
     command: &str,
     parallel_index: Option<usize>,
-    redactor: &Redactor,
+    redactor: &Masks,
 ) -> Result<(), Error> {
     if exit.exit_code == 0 && !exit.timed_out && !exit.shell_exited {
         return Ok(());
     }
     let tail_bytes = &exit.output_tail[exit.output_tail.len().saturating_sub(TAIL_BYTES)..];
-    let tail = redactor.redact(&String::from_utf8_lossy(tail_bytes));
+    let tail = redactor.mask(&String::from_utf8_lossy(tail_bytes));
     let why = if exit.timed_out {
         "timed out".to_string()
     } else if exit.shell_exited {
@@ -204,23 +202,16 @@ fn check_exit(
     } else {
         format!("failed with exit code {}", exit.exit_code)
     };
-    let which = match parallel_index {
-        Some(i) => format!(" (parallel command {})", i + 1),
-        None => String::new(),
-    };
-    let mut err = Error::new(
-        ErrorCode::FailedPrecondition,
-        format!("setup step {n}/{total}{which} `{command}` {why}; output tail:\n{tail}"),
-    )
-    .with_meta("reason_detail", "SETUP_STEP_FAILED")
-    .with_meta("step", n.to_string())
-    .with_meta("steps", total.to_string())
-    .with_meta("exit_code", exit.exit_code.to_string())
-    .with_meta("timed_out", exit.timed_out.to_string());
-    if let Some(i) = parallel_index {
-        err = err.with_meta("parallel_index", (i + 1).to_string());
-    }
-    Err(err)
+    Err(Error::SetupStepFailed {
+        step: n,
+        steps: total,
+        parallel: parallel_index.map(|i| i + 1),
+        command: command.to_string(),
+        why,
+        tail,
+        exit_code: exit.exit_code,
+        timed_out: exit.timed_out,
+    })
 }
 
 fn step_progress(progress: &Progress, n: u32, total: u32, command: &str, line: String, message: String) {
@@ -235,42 +226,51 @@ fn step_progress(progress: &Progress, n: u32, total: u32, command: &str, line: S
     });
 }
 
-fn agent_error(what: &str, status: &tonic::Status, redactor: &Redactor) -> Error {
-    let mut err = Error::from_status(status);
-    err.message = redactor.redact(&format!("{what}: {}", err.message));
-    err
-}
-
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-/// Splits a byte stream into lines without their newline.
+/// Splits a byte stream into lines without their newline, each cut at
+/// [`MAX_OUTPUT_LINE`] bytes: the rest of a longer line is dropped and
+/// counted in a ` [N bytes cut]` suffix, so a step printing one endless line
+/// costs the server at most that much.
 #[derive(Debug, Default)]
 struct LineSplitter {
     pending: Vec<u8>,
+    cut: u64,
 }
 
 impl LineSplitter {
     fn push(&mut self, data: &[u8]) -> Vec<String> {
-        self.pending.extend_from_slice(data);
         let mut lines = Vec::new();
-        while let Some(pos) = self.pending.iter().position(|b| *b == b'\n') {
-            let line: Vec<u8> = self.pending.drain(..=pos).collect();
-            let line = &line[..line.len() - 1];
-            let line = line.strip_suffix(b"\r").unwrap_or(line);
-            lines.push(String::from_utf8_lossy(line).into_owned());
+        for piece in data.split_inclusive(|b| *b == b'\n') {
+            let (body, ended) = match piece.strip_suffix(b"\n") {
+                Some(body) => (body, true),
+                None => (piece, false),
+            };
+            let keep = body.len().min(MAX_OUTPUT_LINE.saturating_sub(self.pending.len()));
+            self.pending.extend_from_slice(&body[..keep]);
+            self.cut += (body.len() - keep) as u64;
+            if ended {
+                lines.push(self.take());
+            }
         }
         lines
     }
 
     fn finish(&mut self) -> Option<String> {
-        if self.pending.is_empty() {
-            return None;
+        (!self.pending.is_empty() || self.cut > 0).then(|| self.take())
+    }
+
+    fn take(&mut self) -> String {
+        let line = self.pending.strip_suffix(b"\r").unwrap_or(&self.pending);
+        let mut line = String::from_utf8_lossy(line).into_owned();
+        if self.cut > 0 {
+            line.push_str(&format!(" [{} bytes cut]", self.cut));
         }
-        let line = String::from_utf8_lossy(&self.pending).into_owned();
         self.pending.clear();
-        Some(line)
+        self.cut = 0;
+        line
     }
 }
 
@@ -286,5 +286,24 @@ mod tests {
         assert_eq!(s.push(b"ld\n\nx"), vec!["world".to_string(), String::new()]);
         assert_eq!(s.finish(), Some("x".to_string()));
         assert_eq!(s.finish(), None);
+    }
+
+    #[test]
+    fn a_long_line_is_cut_and_the_cut_counted_whatever_the_chunks() {
+        let mut s = LineSplitter::default();
+        let long = vec![b'y'; MAX_OUTPUT_LINE * 3 + 5];
+        for piece in long.chunks(1000) {
+            assert!(s.push(piece).is_empty());
+            assert!(s.pending.len() <= MAX_OUTPUT_LINE);
+        }
+        let lines = s.push(b"\nnext\n");
+        let want = format!("{} [{} bytes cut]", "y".repeat(MAX_OUTPUT_LINE), MAX_OUTPUT_LINE * 2 + 5);
+        assert_eq!(lines, vec![want, "next".to_string()]);
+        // A cut last line without a newline is flushed with its count.
+        s.push(&long);
+        assert_eq!(
+            s.finish().map(|l| l.ends_with(&format!(" [{} bytes cut]", MAX_OUTPUT_LINE * 2 + 5))),
+            Some(true)
+        );
     }
 }

@@ -21,13 +21,12 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use shared::error::{Error, ErrorCode};
 use shared::proto::v1::{McpSkill, Skill, WorkspaceDefinition, header_value, skill};
 
 use super::git::{self, History};
 use super::remote::Remote;
 use crate::harness::Harness;
-use crate::provision::Secrets;
+use crate::provision::{Error, Secrets};
 
 /// How deep under a git skill's folder `SKILL.md` files are looked for.
 const SKILL_SEARCH_DEPTH: u32 = 6;
@@ -103,15 +102,9 @@ pub(crate) fn warnings(w: &WorkspaceDefinition, harness: Harness) -> Vec<String>
 /// Header values of one MCP server, secrets resolved.
 fn resolve_headers(m: &McpSkill, secrets: &Secrets) -> Result<BTreeMap<String, String>, Error> {
     let secret = |name: &str, header: &str| {
-        secrets.get(name).map(|s| s.expose().to_string()).ok_or_else(|| {
-            Error::new(
-                ErrorCode::FailedPrecondition,
-                format!(
-                    "MCP skill {:?}: header {header:?} needs the secret {name}, which was not passed with the request",
-                    m.name
-                ),
-            )
-            .with_meta("secret", name)
+        secrets.get(name).map(|s| s.expose().to_string()).ok_or_else(|| Error::SecretNotPassed {
+            needs: format!("MCP skill {:?}: header {header:?} needs", m.name),
+            name: name.to_string(),
         })
     };
     let mut out = BTreeMap::new();
@@ -315,6 +308,7 @@ pub(crate) fn any(w: &WorkspaceDefinition) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use shared::error::ErrorCode;
     use shared::proto::v1::{GitSkill, HeaderValue};
     use shared::secret::Secret;
 
@@ -377,7 +371,7 @@ mod tests {
     fn a_missing_secret_is_named_without_a_value() {
         let w = mcp(vec![("X-Key", header_value::Value::Secret("KEY".into()))]);
         let m = mcp_skills(&w).next().unwrap();
-        let err = resolve_headers(m, &Secrets::new()).unwrap_err();
+        let err = shared::error::Error::from(resolve_headers(m, &Secrets::new()).unwrap_err());
         assert_eq!(err.code, ErrorCode::FailedPrecondition);
         assert!(err.message.contains("KEY"), "{}", err.message);
         assert!(mcp_is_secret_bearing(&w));

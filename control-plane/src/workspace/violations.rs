@@ -190,7 +190,7 @@ mod tests {
             3,
             "undeclared secrets are only checked with a definition"
         );
-        let err = WorkspaceProvisioner.check(&w).unwrap_err();
+        let err = shared::error::Error::from(WorkspaceProvisioner.check(&w).unwrap_err());
         assert_eq!(err.code, ErrorCode::InvalidArgument);
         assert!(WorkspaceProvisioner.check(&WorkspaceDefinition::default()).is_ok());
     }

@@ -20,6 +20,8 @@ use super::redaction::Redactor;
 use super::restore::{Receiver, Staging, apply, refuse};
 use crate::confine::Root;
 use crate::context::AgentContext;
+use crate::run_user::{FsAs, RunUser};
+use crate::vault::Vault;
 
 /// Manifest entries per `CaptureResponse`.
 const ENTRIES_PER_MESSAGE: usize = 1000;
@@ -27,6 +29,8 @@ const ENTRIES_PER_MESSAGE: usize = 1000;
 pub struct Snapshots {
     root: Root,
     staging_parent: PathBuf,
+    run_user: Option<RunUser>,
+    vault: Vault,
 }
 
 impl Snapshots {
@@ -35,7 +39,24 @@ impl Snapshots {
         // provider keeps for the sandbox.
         let staging_parent =
             ctx.journal_dir.parent().map(Path::to_path_buf).unwrap_or_else(std::env::temp_dir);
-        Self { root: ctx.root.clone(), staging_parent }
+        Self {
+            root: ctx.root.clone(),
+            staging_parent,
+            run_user: ctx.run_user.clone(),
+            vault: ctx.vault.clone(),
+        }
+    }
+
+    /// The values a capture zeroes: the request's and every one this agent
+    /// holds (a successor replica that never had them still captures
+    /// safely). Refused when the sandbox was handed secrets this agent no
+    /// longer holds (it restarted): a capture never goes without them.
+    fn redactor(&self, requested: Vec<String>) -> Result<Redactor, Error> {
+        let declared = self.vault.declared();
+        self.vault.masks(&declared, "capturing a snapshot")?;
+        let mut values = requested;
+        values.extend(self.vault.values());
+        Redactor::new(&values)
     }
 }
 
@@ -58,9 +79,16 @@ impl SnapshotService for Snapshots {
     async fn capture(&self, req: Request<CaptureRequest>) -> Result<Response<Self::CaptureStream>, Status> {
         let req = req.into_inner();
         let policy = Policy::compile(&req.policy.unwrap_or_default())?;
-        let redactor = Redactor::new(&req.redact_values)?;
+        let redactor = self.redactor(req.redact_values)?;
         let root = self.root.path().to_path_buf();
-        let entries = blocking(move || capture(&root, &policy, &redactor)).await?;
+        let user = self.run_user.clone();
+        // As the run user: a link it swapped in never shows the snapshot
+        // what only the agent may read.
+        let entries = blocking(move || {
+            let _as = FsAs::new(user.as_ref());
+            capture(&root, &policy, &redactor)
+        })
+        .await?;
         let batches: Vec<Result<CaptureResponse, Status>> = entries
             .chunks(ENTRIES_PER_MESSAGE)
             .map(|c| Ok(CaptureResponse { entries: c.to_vec() }))
@@ -72,16 +100,18 @@ impl SnapshotService for Snapshots {
         &self,
         req: Request<ReadBlobsRequest>,
     ) -> Result<Response<Self::ReadBlobsStream>, Status> {
-        let req = req.into_inner();
+        let mut req = req.into_inner();
         let policy = Policy::compile(&req.policy.unwrap_or_default())?;
-        let redactor = Redactor::new(&req.redact_values)?;
+        let redactor = self.redactor(std::mem::take(&mut req.redact_values))?;
         for blob in &req.blobs {
             check_path(&blob.path)
                 .map_err(|why| Error::invalid_field("blobs.path", format!("{:?}: {why}", blob.path)))?;
         }
         let root = self.root.clone();
+        let user = self.run_user.clone();
         let (tx, rx) = mpsc::channel::<Result<ReadBlobsResponse, Status>>(4);
         tokio::task::spawn_blocking(move || {
+            let _as = FsAs::new(user.as_ref());
             let send = |msg: ReadBlobsResponse| {
                 tx.blocking_send(Ok(msg)).map_err(|_| Error::new(ErrorCode::Cancelled, "reader left"))
             };
@@ -122,7 +152,20 @@ impl SnapshotService for Snapshots {
         }
         let entries = receiver.finish().await?;
         let root = self.root.clone();
-        let response = blocking(move || apply(&root, staging, &policy, entries)).await?;
+        let user = self.run_user.clone();
+        let response = blocking(move || {
+            let paths: Vec<String> = entries.iter().map(|e| e.path.clone()).collect();
+            let response = apply(&root, staging, &policy, entries)?;
+            // Restored from the agent's staging dir, which the run user
+            // cannot read; then handed to the user like everything it owns.
+            if let Some(user) = &user {
+                for path in &paths {
+                    let _ = std::os::unix::fs::lchown(root.path().join(path), Some(user.uid), Some(user.gid));
+                }
+            }
+            Ok(response)
+        })
+        .await?;
         tracing::info!(
             files = response.files_written,
             dirs = response.dirs_created,
