@@ -32,6 +32,7 @@ fn main() {
         root: dir.path().join("root"),
         token: Secret::new(token.clone()),
         journal_dir: dir.path().join("journal"),
+        run_user: None,
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let server = runtime.spawn(sandbox_agent::serve(options, async move {

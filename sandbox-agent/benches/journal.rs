@@ -240,6 +240,7 @@ fn main() {
         root: root.clone(),
         token: Secret::new(token.clone()),
         journal_dir: journal_dir.clone(),
+        run_user: None,
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let server = runtime.spawn(sandbox_agent::serve(options, async move {

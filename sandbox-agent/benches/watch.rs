@@ -171,6 +171,7 @@ fn main() {
         root: root.clone(),
         token: Secret::new(token.clone()),
         journal_dir: dir.path().join("journal"),
+        run_user: None,
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let server = runtime.spawn(sandbox_agent::serve(options, async move {

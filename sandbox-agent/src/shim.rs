@@ -18,6 +18,14 @@
 //! sentinel line. It holds an exclusive `flock` on `<run_id>.lock` for its
 //! whole life, which is how any agent (a restarted one included) tells a
 //! live supervisor from a dead one.
+//!
+//! The run's byte cap (`--max-journal-bytes`) holds with nobody watching:
+//! the command starts with `RLIMIT_FSIZE` at the cap (and `SIGXFSZ`
+//! ignored), so the kernel refuses its writes past the cap on the journal
+//! and the stderr sidecar (and on any other file it writes), whether or not
+//! a control plane, the agent or even this shim is alive. The shim checks
+//! both files' sizes while it waits: when one reaches the cap it kills the
+//! command's process group, writes `<run_id>.full`, then the sentinel.
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
@@ -51,9 +59,21 @@ pub struct ShimArgs {
     /// `.in` file in the journal dir).
     #[arg(long)]
     pub remove_stdin_file: bool,
+    /// Byte cap of the journal and of the stderr sidecar, each; 0: none.
+    #[arg(long, default_value_t = 0)]
+    pub max_journal_bytes: u64,
+    /// `uid:gid` to run the command as (the run user); the shim itself
+    /// keeps its user, so the command cannot reach it or the journal dir.
+    #[arg(long, value_parser = parse_ids)]
+    pub run_as: Option<(u32, u32)>,
     /// The command's argv.
     #[arg(last = true, required = true)]
     pub command: Vec<String>,
+}
+
+fn parse_ids(s: &str) -> Result<(u32, u32), String> {
+    let (uid, gid) = s.split_once(':').ok_or("expected UID:GID")?;
+    Ok((uid.parse().map_err(|_| "bad uid")?, gid.parse().map_err(|_| "bad gid")?))
 }
 
 /// Exit code recorded for a command killed by `signal` (the shell's
@@ -85,9 +105,15 @@ pub fn lock_is_held(path: &std::path::Path) -> bool {
     }
 }
 
+/// How often the shim looks at the sizes of a capped run's files.
+const CAP_POLL: std::time::Duration = std::time::Duration::from_millis(50);
+
 struct Started {
     child: std::process::Child,
     paths: JournalPaths,
+    /// The cap and handles on the two files it bounds (0: no cap).
+    cap: u64,
+    watched: [File; 2],
     nonce: String,
     // Held until exit: the lock is released by the kernel when we die.
     _lock: File,
@@ -155,7 +181,15 @@ fn start(args: &ShimArgs) -> anyhow::Result<Started> {
         .with_context(|| format!("opening {}", paths.err.display()))?;
     let stdin = match &args.stdin_file {
         Some(path) => {
+            // A file of the sandbox is opened as the run user: the command
+            // must not get what only the shim could read (a link swapped in
+            // after the agent's check).
+            let as_user = match args.remove_stdin_file {
+                false => args.run_as.map(|(uid, gid)| crate::run_user::FsAs::ids(uid, gid)),
+                true => None,
+            };
             let f = File::open(path).with_context(|| format!("opening stdin {}", path.display()))?;
+            drop(as_user);
             if args.remove_stdin_file {
                 let _ = std::fs::remove_file(path);
             }
@@ -164,7 +198,25 @@ fn start(args: &ShimArgs) -> anyhow::Result<Started> {
         None => Stdio::null(),
     };
     let (program, rest) = args.command.split_first().context("empty command")?;
-    let child = std::process::Command::new(program)
+    let mut command = std::process::Command::new(program);
+    if let Some((uid, gid)) = args.run_as {
+        // std drops the supplementary groups too (setgroups(0) as root).
+        command.uid(uid).gid(gid);
+    }
+    let cap = args.max_journal_bytes;
+    if cap > 0 {
+        // SAFETY: the closure runs between fork and exec and calls only
+        // setrlimit and signal, which are async-signal-safe; it allocates
+        // nothing and takes no locks.
+        unsafe {
+            command.pre_exec(move || limit_file_size(cap));
+        }
+    }
+    let watched = [
+        stdout.try_clone().context("duplicating the journal descriptor")?,
+        stderr.try_clone().context("duplicating the stderr descriptor")?,
+    ];
+    let child = command
         .args(rest)
         .current_dir(&args.cwd)
         .stdin(stdin)
@@ -175,7 +227,50 @@ fn start(args: &ShimArgs) -> anyhow::Result<Started> {
         .process_group(0)
         .spawn()
         .with_context(|| format!("starting {program:?}"))?;
-    Ok(Started { child, paths, nonce, _lock: lock })
+    Ok(Started { child, paths, cap, watched, nonce, _lock: lock })
+}
+
+/// In the command, before exec: no file it writes may grow past `cap`
+/// bytes, and a write past it fails with `EFBIG` instead of killing it
+/// with `SIGXFSZ` (and a core dump in its working directory): the shim
+/// does the stopping.
+fn limit_file_size(cap: u64) -> std::io::Result<()> {
+    let limit = libc::rlimit { rlim_cur: cap as libc::rlim_t, rlim_max: cap as libc::rlim_t };
+    // SAFETY: setrlimit reads the struct we pass; signal sets a disposition.
+    unsafe {
+        if libc::setrlimit(libc::RLIMIT_FSIZE, &limit) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+    }
+    Ok(())
+}
+
+/// Which of a run's files reached the cap: `stdout` (the journal) or
+/// `stderr` (the sidecar).
+fn over_cap(cap: u64, watched: &[File; 2]) -> Option<&'static str> {
+    if cap == 0 {
+        return None;
+    }
+    let len = |f: &File| f.metadata().map(|m| m.len()).unwrap_or(0);
+    if len(&watched[0]) >= cap {
+        Some("stdout")
+    } else if len(&watched[1]) >= cap {
+        Some("stderr")
+    } else {
+        None
+    }
+}
+
+/// The body of `<run_id>.full`: which stream reached the cap, and the cap.
+pub fn full_marker(stream: &str, cap: u64) -> String {
+    format!("{stream} {cap}\n")
+}
+
+/// Parse `<run_id>.full`: `(stream, cap)`.
+pub fn parse_full_marker(text: &str) -> Option<(String, u64)> {
+    let (stream, cap) = text.trim().split_once(' ')?;
+    Some((stream.to_string(), cap.parse().ok()?))
 }
 
 /// Point stdin and stdout at /dev/null: the agent's pipes may be gone.
@@ -189,9 +284,58 @@ fn detach_stdio() {
     }
 }
 
-fn finish(mut started: Started) -> anyhow::Result<()> {
-    let status = started.child.wait().context("waiting for the command")?;
+/// Wait for the command, stopping its group when a file reaches the cap.
+/// Returns its exit status and the stream that reached the cap, if one did.
+/// The wait is on a thread of its own, so an exit is seen at once and the
+/// sizes are looked at between.
+fn wait_capped(
+    child: std::process::Child,
+    cap: u64,
+    watched: &[File; 2],
+) -> anyhow::Result<(std::process::ExitStatus, Option<&'static str>)> {
+    use std::sync::mpsc::RecvTimeoutError;
+    let pgid = child.id();
+    let mut child = child;
+    if cap == 0 {
+        return Ok((child.wait().context("waiting for the command")?, None));
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait());
+    });
+    let mut full = None;
+    loop {
+        match rx.recv_timeout(CAP_POLL) {
+            Ok(status) => {
+                let status = status.context("waiting for the command")?;
+                // It may have stopped at the cap itself (a write failing
+                // with EFBIG): what it left in its group goes too.
+                let full = full.or_else(|| over_cap(cap, watched));
+                if full.is_some() {
+                    crate::child::kill_group(pgid, nix::sys::signal::Signal::SIGKILL);
+                }
+                return Ok((status, full));
+            }
+            Err(RecvTimeoutError::Timeout) => {
+                if let Some(stream) = over_cap(cap, watched) {
+                    full.get_or_insert(stream);
+                    crate::child::kill_group(pgid, nix::sys::signal::Signal::SIGKILL);
+                }
+            }
+            Err(RecvTimeoutError::Disconnected) => anyhow::bail!("the waiting thread is gone"),
+        }
+    }
+}
+
+fn finish(started: Started) -> anyhow::Result<()> {
+    let (status, full) = wait_capped(started.child, started.cap, &started.watched)?;
     let code = status.code().unwrap_or_else(|| signal_exit_code(status.signal().unwrap_or(0)));
+    if let Some(stream) = full {
+        // Before the sentinel: a reader that sees the sentinel sees this.
+        let tmp = started.paths.full.with_extension("full.tmp");
+        std::fs::write(&tmp, full_marker(stream, started.cap))?;
+        std::fs::rename(&tmp, &started.paths.full)?;
+    }
     append_sentinel(&started.paths, code, &started.nonce)?;
     // The hint for listings without a key; written after the sentinel, so a
     // present hint implies a written sentinel.

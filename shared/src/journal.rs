@@ -10,7 +10,18 @@
 //! - `<run_id>.exit`: the exit code as decimal text, written after the
 //!   sentinel (a hint for listings that have no key; never proof);
 //! - `<run_id>.in`: stdin bytes given with the start request, until the
-//!   command has opened them.
+//!   command has opened them;
+//! - `<run_id>.secrets`: the names (never the values) of the secrets the
+//!   agent masks in the run's output, one a line; an agent that lacks one
+//!   of their values refuses to serve the run;
+//! - `<run_id>.cap`: the run's journal byte cap as decimal text, when it
+//!   has one (written by the agent at start); no line that ends past it is
+//!   served (the command cannot write past it, so only the last line, cut
+//!   at the cap and closed by the supervisor's newline, can);
+//! - `<run_id>.full`: written by the supervisor before the sentinel when the
+//!   journal or the stderr sidecar reached the run's byte cap (it names
+//!   which and the cap); a read that reaches the sentinel of such a run
+//!   fails with `JOURNAL_FULL`.
 //!
 //! The sentinel is `{"__exit":N,"__nonce":"<32 lowercase hex>"}`. Its nonce is
 //! HMAC-SHA256(key, run_id) truncated to 32 hex characters, so a command that
@@ -34,6 +45,15 @@ pub const LOCK_EXT: &str = "lock";
 pub const EXIT_EXT: &str = "exit";
 /// Extension of the stdin file.
 pub const STDIN_EXT: &str = "in";
+/// Extension of the names of the secrets masked in a run's output.
+pub const SECRETS_EXT: &str = "secrets";
+/// Extension of a run's journal byte cap.
+pub const CAP_EXT: &str = "cap";
+/// Extension of the marker of a run stopped at its journal byte cap.
+pub const FULL_EXT: &str = "full";
+/// The names of every secret the agent was handed, in the journal dir (not
+/// a run's file: no run file name starts with `.secret-names`).
+pub const SANDBOX_SECRETS_FILE: &str = ".secret-names";
 
 /// Length of the sentinel nonce in hex characters.
 pub const NONCE_HEX_LEN: usize = 32;
@@ -50,6 +70,9 @@ pub struct JournalPaths {
     pub lock: PathBuf,
     pub exit: PathBuf,
     pub stdin: PathBuf,
+    pub secrets: PathBuf,
+    pub cap: PathBuf,
+    pub full: PathBuf,
 }
 
 impl JournalPaths {
@@ -61,13 +84,22 @@ impl JournalPaths {
             lock: file(LOCK_EXT),
             exit: file(EXIT_EXT),
             stdin: file(STDIN_EXT),
+            secrets: file(SECRETS_EXT),
+            cap: file(CAP_EXT),
+            full: file(FULL_EXT),
         }
     }
 
     /// Every file a run may own, for deletion.
-    pub fn all(&self) -> [&Path; 5] {
-        [&self.ndjson, &self.err, &self.lock, &self.exit, &self.stdin]
+    pub fn all(&self) -> [&Path; 8] {
+        [&self.ndjson, &self.err, &self.lock, &self.exit, &self.stdin, &self.secrets, &self.cap, &self.full]
     }
+}
+
+/// The journal byte cap recorded at `path` (`<run_id>.cap`); `None`: the
+/// run has none.
+pub fn read_cap(path: &Path) -> Option<u64> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok().filter(|c| *c > 0)
 }
 
 /// The run id of a journal file name (`<run_id>.ndjson`), if it is one.
@@ -182,37 +214,77 @@ pub fn split_lines(data: &[u8], base: u64) -> (Vec<Line<'_>>, usize) {
     (lines, start)
 }
 
+/// The longest journal line the agent serves, newline excluded. A line is
+/// one harness event; a longer one (a command printing megabytes without a
+/// newline) ends the run with `LINE_TOO_LONG` rather than grow every
+/// reader's buffer or exceed a gRPC message.
+pub const MAX_LINE: usize = 1 << 20;
+
 /// Incremental form of [`split_lines`] for a reader that receives a journal
-/// in arbitrary chunks.
+/// in arbitrary chunks. It never holds more than [`MAX_LINE`] bytes: a
+/// longer line is skipped to its newline, never handed out, and the first
+/// one's start is kept in [`LineSplitter::overlong`].
 #[derive(Debug, Default)]
 pub struct LineSplitter {
-    /// Absolute offset of `pending[0]`.
+    /// Absolute offset of the current (partial) line's first byte.
     offset: u64,
+    /// The current line's bytes while it is at most `MAX_LINE` long.
     pending: Vec<u8>,
+    /// The current line's length so far, kept or not.
+    line_len: u64,
+    overlong: Option<u64>,
 }
 
 impl LineSplitter {
     pub fn new(offset: u64) -> Self {
-        Self { offset, pending: Vec::new() }
+        Self { offset, ..Self::default() }
     }
 
-    /// Absolute offset just past the last complete line handed out.
+    /// Absolute offset just past the last complete line (handed out or
+    /// skipped).
     pub fn offset(&self) -> u64 {
         self.offset
     }
 
-    /// Bytes received but not yet part of a complete line.
+    /// Bytes received but not yet part of a complete line (empty while an
+    /// overlong line is being skipped).
     pub fn pending(&self) -> &[u8] {
         &self.pending
     }
 
-    /// Feed `chunk`; returns the complete lines it finished, owned.
+    /// Where the first line longer than [`MAX_LINE`] starts, once one was
+    /// seen (complete or not).
+    pub fn overlong(&self) -> Option<u64> {
+        self.overlong
+    }
+
+    /// Feed `chunk`; returns the complete lines it finished, owned, each at
+    /// most [`MAX_LINE`] long.
     pub fn push(&mut self, chunk: &[u8]) -> Vec<(Vec<u8>, u64)> {
-        self.pending.extend_from_slice(chunk);
-        let (lines, consumed) = split_lines(&self.pending, self.offset);
-        let out: Vec<(Vec<u8>, u64)> = lines.into_iter().map(|l| (l.bytes.to_vec(), l.end_offset)).collect();
-        self.pending.drain(..consumed);
-        self.offset += consumed as u64;
+        let mut out = Vec::new();
+        let mut rest = chunk;
+        while !rest.is_empty() {
+            let (body, ended) = match memchr::memchr(b'\n', rest) {
+                Some(i) => (&rest[..i], true),
+                None => (rest, false),
+            };
+            rest = &rest[body.len() + usize::from(ended)..];
+            self.line_len += body.len() as u64;
+            if self.line_len > MAX_LINE as u64 {
+                self.pending = Vec::new();
+                self.overlong.get_or_insert(self.offset);
+            } else {
+                self.pending.extend_from_slice(body);
+            }
+            if ended {
+                let end = self.offset + self.line_len + 1;
+                if self.line_len <= MAX_LINE as u64 {
+                    out.push((std::mem::take(&mut self.pending), end));
+                }
+                self.offset = end;
+                self.line_len = 0;
+            }
+        }
         out
     }
 }
@@ -285,6 +357,28 @@ mod tests {
         assert_eq!(exit.line_end, 100 + start + sentinel_line(2, &n).len() as u64);
         assert_eq!(find_exit(b"x\n{\"__exit\":0}\n", 0, &n), None);
         assert_eq!(find_exit(b"", 0, &n), None);
+    }
+
+    #[test]
+    fn splitter_skips_an_overlong_line_holding_at_most_max_line() {
+        let mut s = LineSplitter::new(5);
+        assert_eq!(s.push(b"ok\n"), vec![(b"ok".to_vec(), 8)]);
+        let piece = vec![b'x'; 64 * 1024];
+        for _ in 0..(3 * MAX_LINE / piece.len()) {
+            assert!(s.push(&piece).is_empty());
+            assert!(s.pending().len() <= MAX_LINE);
+        }
+        assert_eq!(s.overlong(), Some(8));
+        let long = 3 * MAX_LINE as u64;
+        assert_eq!(s.push(b"\nnext\n"), vec![(b"next".to_vec(), 8 + long + 1 + 5)]);
+        assert_eq!(s.offset(), 8 + long + 1 + 5);
+        // A line of exactly MAX_LINE is still served; the first overlong
+        // start is kept.
+        let exact = vec![b'y'; MAX_LINE];
+        let got = s.push(&[exact.as_slice(), b"\n"].concat());
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].0.len(), MAX_LINE);
+        assert_eq!(s.overlong(), Some(8));
     }
 
     #[test]

@@ -139,6 +139,7 @@ impl FromFlags {
             }),
             env: Default::default(),
             secret_names: self.secret_names.clone(),
+            max_journal_bytes: None,
         };
         definition.secret_names.sort();
         definition.secret_names.dedup();

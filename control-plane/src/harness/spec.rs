@@ -165,6 +165,8 @@ impl CommandSpec {
             env: self.env.clone().into_iter().collect(),
             stdin,
             sentinel_key,
+            // The driver sets the run's cap.
+            max_journal_bytes: 0,
         }
     }
 }

@@ -1,7 +1,8 @@
 //! The seam between the sandbox lifecycle and workspace provisioning, and
 //! what both sides of it share: the secrets of a live sandbox, the
-//! [`Redactor`] for text leaving the server, the ensure [`Progress`] stream,
-//! and field validation ([`InvalidField`]).
+//! [`Masks`] for text leaving the server, the ensure [`Progress`] stream,
+//! field validation ([`InvalidField`], [`Violations`]) and what
+//! provisioning fails with ([`Error`]).
 //!
 //! The lifecycle (module `sandbox`) calls a [`Provisioner`] once, right
 //! after a sandbox was created (never on resume or restore: a snapshot
@@ -10,20 +11,22 @@
 //! agent's persistent shell, instructions and skills. This module sits below
 //! both, so neither imports the other's internals.
 
+mod error;
 mod field;
 mod progress;
 
 use std::collections::BTreeMap;
 
 use async_trait::async_trait;
-use shared::error::{Error, ErrorCode};
 use shared::proto::v1::WorkspaceDefinition;
 use shared::secret::Secret;
 
 use crate::agent::AgentClient;
-pub use field::InvalidField;
-pub use progress::{EnsureItem, Progress};
-pub use shared::redact::Redactor;
+pub use error::Error;
+pub use field::{InvalidField, Violations, refuse};
+pub use progress::{MAX_OUTPUT_LINE, Outcome, PROGRESS_BUFFER, Progress};
+pub use shared::mask::Masks;
+pub use shared::secret::valid_env_name;
 
 /// Secret values by name, for one live sandbox. Never stored.
 pub type Secrets = BTreeMap<String, Secret>;
@@ -47,28 +50,28 @@ pub trait Provisioner: Send + Sync + std::fmt::Debug {
     async fn provision(&self, ctx: ProvisionContext<'_>) -> Result<(), Error>;
 }
 
-/// Replaces secret values in text that leaves the server (progress lines,
-/// error messages): a setup step may well echo a token it was given.
-pub fn redactor(secrets: &Secrets) -> Result<Redactor, Error> {
-    Redactor::from_secrets(secrets.values())
-}
-
-/// An environment variable / secret name: `[A-Za-z_][A-Za-z0-9_]*`.
-pub fn valid_env_name(name: &str) -> bool {
-    let mut bytes = name.bytes();
-    matches!(bytes.next(), Some(b) if b.is_ascii_alphabetic() || b == b'_')
-        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
-}
-
-/// `Ok` without violations; else every `(field, why)` in one INVALID_ARGUMENT.
-pub fn refuse(what: &str, violations: Vec<(String, String)>) -> Result<(), Error> {
-    if violations.is_empty() {
+/// Hand the sandbox's secret values to its agent, which keeps them in
+/// memory and masks them at the source (journal reads, stderr tails,
+/// snapshot captures), so what any replica stores is already masked.
+pub async fn hand_over(agent: &AgentClient, secrets: &Secrets) -> Result<(), tonic::Status> {
+    if secrets.is_empty() {
         return Ok(());
     }
-    let summary = violations.iter().map(|(f, w)| format!("{f}: {w}")).collect::<Vec<_>>().join("; ");
-    let mut err = Error::new(ErrorCode::InvalidArgument, format!("invalid {what}: {summary}"));
-    for (f, w) in violations {
-        err = err.with_violation(f, w);
-    }
-    Err(err)
+    let secrets = secrets
+        .iter()
+        .map(|(name, value)| shared::proto::agent::v1::NamedSecret {
+            name: name.clone(),
+            value: value.expose().to_string(),
+        })
+        .collect();
+    agent.secrets().put_secrets(shared::proto::agent::v1::PutSecretsRequest { secrets }).await?;
+    Ok(())
+}
+
+/// Replaces secret values (and their escaped forms) in text that leaves
+/// the server (progress lines, error messages) with `[secret:NAME]`: a
+/// setup step may well echo a token it was given.
+pub fn redactor(secrets: &Secrets) -> Result<Masks, Error> {
+    Masks::new(secrets.iter().map(|(name, value)| (name.as_str(), value.expose())))
+        .map_err(|e| Error::SecretMatcher(e.message))
 }

@@ -66,7 +66,7 @@ impl Snapshots {
     }
 
     /// The file at `path` of the tenant's checkpoint, streamed from the
-    /// blob store.
+    /// tenant's blobs.
     pub async fn read_artifact(
         &self,
         tenant: &Tenant,
@@ -77,7 +77,7 @@ impl Snapshots {
         let thread_id = InvalidField::required("thread_id", thread_id)?;
         let checkpoint_id = InvalidField::required("checkpoint_id", checkpoint_id)?;
         let path = path.trim_start_matches("./");
-        shared::snapshot::check_path(path).map_err(|why| Error::invalid_field("path", why))?;
+        shared::snapshot::check_path(path).map_err(|why| Error::from(InvalidField::new("path", why)))?;
         // Checks that the checkpoint is this tenant's and this thread's.
         let (_, manifest) = self.stores.checkpoints.get(tenant, thread_id, checkpoint_id).await?;
         let entries = agent::CaptureResponse::decode(manifest.as_slice())
@@ -90,7 +90,7 @@ impl Snapshots {
             path: path.to_string(),
             checkpoint_id: checkpoint_id.to_string(),
         })?;
-        let mut blob = blob_bytes(&self.stores, &entry.sha256).await?;
+        let mut blob = blob_bytes(&self.stores, tenant, &entry.sha256).await?;
         let info =
             api::ArtifactInfo { path: entry.path, size: entry.size, mode: entry.mode, sha256: entry.sha256 };
         let stream = async_stream::try_stream! {

@@ -1,5 +1,5 @@
 //! Garbage collection: blobs no checkpoint references and no save in
-//! progress pinned, swept on a schedule.
+//! progress pinned, per tenant, swept on a schedule.
 
 use std::time::Duration;
 
@@ -8,7 +8,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::Error;
-use crate::store::Stores;
+use crate::store::{BlobKey, Stores};
 
 /// A save's pins protect its blobs this long; a save that takes longer may
 /// see its uploads collected (and then fails its commit's purpose): sweeps
@@ -18,14 +18,14 @@ pub const PIN_TTL: Duration = Duration::from_secs(6 * 3600);
 /// How often the server collects unreferenced blobs.
 pub const GC_EVERY: Duration = Duration::from_secs(15 * 60);
 
-/// Delete blobs that no checkpoint references and no save in progress
-/// pinned; returns their hashes.
-pub async fn collect_garbage(stores: &Stores) -> Result<Vec<String>, Error> {
+/// Delete blobs that no checkpoint of their tenant references and no save
+/// in progress of their tenant pinned; returns them.
+pub async fn collect_garbage(stores: &Stores) -> Result<Vec<BlobKey>, Error> {
     let stored = stores.blobs.list().await?;
     let blobs = stores.blobs.clone();
-    let delete = move |hashes: Vec<String>| {
+    let delete = move |keys: Vec<BlobKey>| {
         let blobs = blobs.clone();
-        async move { blobs.delete(&hashes).await }.boxed()
+        async move { blobs.delete(&keys).await }.boxed()
     };
     Ok(stores.checkpoints.sweep(stored, PIN_TTL, &delete).await?)
 }

@@ -3,12 +3,18 @@
 //!
 //! - **Save** ([`save`]): claim the thread's writer fence, have the agent
 //!   capture the manifest (secret values zeroed before hashing), pin every
-//!   blob of it, upload only the blobs the blob store lacks (each verified
-//!   against its hash on the way in), and commit checkpoint, blob
+//!   blob of it, upload only the blobs the tenant has not stored (each
+//!   hashed on receipt and streamed to the blob store in pieces, held to
+//!   the size the manifest declared; blobs are per tenant, so a hash
+//!   another tenant stored is uploaded like any other), and commit checkpoint, blob
 //!   references and the new head in one transaction
 //!   (`store::CheckpointStore::commit`).
+//! - **Maxima** ([`Maxima`]): a file or a snapshot over the operator's
+//!   maximum (or the definition's lower one) fails the save with
+//!   `SNAPSHOT_TOO_LARGE` before a byte is read, as the manifest declares
+//!   it, and again as the bytes arrive; nothing is recorded.
 //! - **Restore** ([`restore`]): stream the manifest, the policy and every
-//!   blob to the agent of a *new* sandbox, which verifies all of it before
+//!   blob (in the blob store's pieces, never a whole blob) to the agent of a *new* sandbox, which verifies all of it before
 //!   changing anything, then removes what the checkpoint lacks (outside
 //!   the policy's exclusions) and writes the rest.
 //!   The lifecycle calls [`restore_latest`] when it had to make a new
@@ -38,4 +44,4 @@ pub use error::Error;
 pub use gc::{GC_EVERY, PIN_TTL, collect_garbage, run_gc_sweeper};
 pub use policy::{capture_policy, enabled};
 pub use restore::{restore, restore_latest};
-pub use save::{SaveRequest, checkpoint_after_run, save};
+pub use save::{Maxima, SaveRequest, checkpoint_after_run, save};

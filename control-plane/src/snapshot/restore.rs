@@ -31,7 +31,7 @@ pub async fn restore(
     let entries = agent::CaptureResponse::decode(manifest.as_slice())
         .map_err(|e| Error::Corrupt(format!("checkpoint {checkpoint_id}: unreadable manifest: {e}")))?
         .entries;
-    let summary = shared::snapshot::check_manifest(&entries)?;
+    let summary = shared::snapshot::check_manifest(&entries).map_err(Error::Manifest)?;
     let header = agent::RestoreHeader {
         entry_count: entries.len() as u64,
         blob_count: summary.blobs.len() as u64,
@@ -40,7 +40,7 @@ pub async fn restore(
     let batches: Vec<Vec<agent::ManifestEntry>> =
         entries.chunks(ENTRIES_PER_MESSAGE).map(<[_]>::to_vec).collect();
     let hashes: Vec<String> = summary.blobs.into_keys().collect();
-    let requests = restore_requests(stores.blobs.clone(), header, batches, hashes);
+    let requests = restore_requests(stores.blobs.clone(), tenant.clone(), header, batches, hashes);
     let response = agent
         .snapshot()
         .restore(requests)
@@ -58,52 +58,54 @@ pub async fn restore(
     Ok(response)
 }
 
-/// The messages of a restore: header, manifest batches, then every blob.
-/// A blob that cannot be read is left out: the agent then refuses the
-/// restore as incomplete, having written nothing.
+/// The messages of a restore: header, manifest batches, then every blob,
+/// each read from the tenant's own blobs and sent in the blob store's
+/// pieces as they are read (never a whole blob in memory; the agent's
+/// stream is pulled, so a slow agent holds the reading back). A blob that
+/// cannot be read is cut short: the agent then refuses the restore as
+/// incomplete, having written nothing.
 fn restore_requests(
     blobs: std::sync::Arc<dyn crate::store::BlobStore>,
+    tenant: Tenant,
     header: agent::RestoreHeader,
     batches: Vec<Vec<agent::ManifestEntry>>,
     hashes: Vec<String>,
 ) -> impl futures::Stream<Item = agent::RestoreRequest> + Send + 'static {
     use agent::restore_request::Request;
-    let head = std::iter::once(Request::Header(header))
-        .chain(batches.into_iter().map(|entries| Request::Entries(agent::RestoreEntries { entries })));
-    let head =
-        futures::stream::iter(head.map(|r| agent::RestoreRequest { request: Some(r) }).collect::<Vec<_>>());
-    let blob_messages = futures::stream::iter(hashes).then(move |hash| {
-        let blobs = blobs.clone();
-        async move {
-            let chunks: Vec<Vec<u8>> = match blobs.read(&hash).await {
-                Ok(stream) => match stream
-                    .map(|c| c.map(|b| b.to_vec()))
-                    .collect::<Vec<_>>()
-                    .await
-                    .into_iter()
-                    .collect()
-                {
-                    Ok(chunks) => chunks,
-                    Err(error) => {
-                        warn!(sha256 = %hash, %error, "reading a checkpoint blob failed");
-                        return Vec::new();
-                    }
-                },
+    let message = |r| agent::RestoreRequest { request: Some(r) };
+    async_stream::stream! {
+        yield message(Request::Header(header));
+        for entries in batches {
+            yield message(Request::Entries(agent::RestoreEntries { entries }));
+        }
+        for sha256 in hashes {
+            let piece = |data| message(Request::Blob(agent::RestoreBlob { sha256: sha256.clone(), data }));
+            let mut pieces = match blobs.read(&tenant, &sha256).await {
+                Ok(stream) => stream,
                 Err(error) => {
-                    warn!(sha256 = %hash, %error, "a checkpoint blob cannot be read");
-                    return Vec::new();
+                    warn!(%sha256, %error, "a checkpoint blob cannot be read");
+                    continue;
                 }
             };
-            let chunks = if chunks.is_empty() { vec![Vec::new()] } else { chunks };
-            chunks
-                .into_iter()
-                .map(|data| agent::RestoreRequest {
-                    request: Some(Request::Blob(agent::RestoreBlob { sha256: hash.clone(), data })),
-                })
-                .collect::<Vec<_>>()
+            // An empty blob is one empty piece: the agent learns of it.
+            let mut sent_any = false;
+            while let Some(data) = pieces.next().await {
+                match data {
+                    Ok(data) => {
+                        sent_any = true;
+                        yield piece(data.to_vec());
+                    }
+                    Err(error) => {
+                        warn!(%sha256, %error, "reading a checkpoint blob failed");
+                        break;
+                    }
+                }
+            }
+            if !sent_any {
+                yield piece(Vec::new());
+            }
         }
-    });
-    head.chain(blob_messages.flat_map(futures::stream::iter))
+    }
 }
 
 /// Restore the thread's head checkpoint, if it has one, into the new
