@@ -11,6 +11,7 @@ mod render;
 mod run;
 mod sandboxes;
 mod serve;
+mod thread;
 
 use std::process::ExitCode;
 

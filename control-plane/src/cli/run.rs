@@ -25,6 +25,7 @@ use super::definition_file::{self, FromFlags};
 use super::output::{self, OutputFormat, json_line, message_json, status_error};
 use super::progress::EnsureDisplay;
 use super::render::{Outcome, Renderer, chunk_json};
+use super::thread;
 
 /// A second Ctrl-C within this window cancels instead of detaching.
 const CANCEL_WINDOW: Duration = Duration::from_secs(2);
@@ -120,8 +121,9 @@ pub struct RunArgs {
     #[arg(long, value_name = "NAME")]
     pub network: Option<String>,
 
-    /// Runs of one thread share a sandbox. Unset: a new thread, whose sandbox
-    /// is removed once the run completes.
+    /// Runs of one thread share a sandbox: on an existing thread, a run
+    /// without definition flags uses the thread's definition. Unset: a new
+    /// thread, whose sandbox is removed once the run completes.
     #[arg(long, value_name = "ID")]
     pub thread: Option<String>,
 
@@ -177,6 +179,19 @@ pub struct RunsArgs {
     /// At most this many, newest first.
     #[arg(long, default_value_t = 50)]
     pub limit: u32,
+}
+
+impl RunArgs {
+    /// Whether the run names its definition (a file or a definition flag),
+    /// rather than leaving it to the thread.
+    fn names_a_definition(&self) -> bool {
+        self.definition.is_some()
+            || self.image.is_some()
+            || self.local
+            || self.repo.is_some()
+            || !self.setup.is_empty()
+            || self.network.is_some()
+    }
 }
 
 /// Run `body` on a connection, print its error if any, close the connection.
@@ -263,15 +278,42 @@ fn prepare(args: &RunArgs) -> anyhow::Result<Prepared> {
 
 async fn start(conn: &Connection, args: &RunArgs, prepared: Prepared) -> anyhow::Result<u8> {
     let format = args.client.output;
-    let Prepared { definition, request } = prepared;
-    conn.sandboxes()
-        .put_definition(api::PutDefinitionRequest { definition: Some(definition) })
-        .await
-        .map_err(status_error)?;
+    let Prepared { definition, mut request } = prepared;
+    let existing = match &args.thread {
+        Some(t) => thread::definition_of(conn, t).await?,
+        None => None,
+    };
+    let mut notice = None;
+    match existing {
+        // A thread keeps its sandbox: no definition flags, the thread's definition.
+        Some(id) if !args.names_a_definition() => request.definition_id = id,
+        existing => {
+            if let Some(id) = existing.filter(|id| *id != definition.id)
+                && let Some(old) = thread::stored(conn, &id).await?
+            {
+                notice = Some(format!(
+                    "thread {}: these flags change its definition ({}), so this run gets a sandbox of its own; \
+                     without definition flags a run uses the thread's sandbox",
+                    request.thread_id,
+                    thread::changes(&old, &definition).join("; ")
+                ));
+            }
+            conn.sandboxes()
+                .put_definition(api::PutDefinitionRequest { definition: Some(definition) })
+                .await
+                .map_err(status_error)?;
+        }
+    }
     let run_id = request.run_id.clone();
     match format {
         OutputFormat::Json => json_line(&json!({"run_id": run_id, "thread_id": request.thread_id})),
         OutputFormat::Human => eprintln!("run {run_id} (thread {})", request.thread_id),
+    }
+    if let Some(line) = notice {
+        match format {
+            OutputFormat::Json => json_line(&json!({"notice": line, "run_id": run_id})),
+            OutputFormat::Human => eprintln!("{line}"),
+        }
     }
     let stream = conn.runs().start_run(request).await.map_err(status_error)?.into_inner();
     let mut session = Session::new(conn, &run_id, format);
