@@ -30,6 +30,7 @@
 //! ([`super::CheckpointStore::sweep`]).
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -200,10 +201,19 @@ pub struct DirBlobStore {
     dir: PathBuf,
 }
 
+/// A temp file not written for this long belongs to an upload that died
+/// with its process (a crash mid-upload); younger ones may be another
+/// process's upload in progress on the same directory.
+const ABANDONED_UPLOAD: Duration = Duration::from_secs(3600);
+
 impl DirBlobStore {
     pub fn open(dir: &Path) -> Result<Self> {
         std::fs::create_dir_all(dir.join("tmp")).map_err(|e| io(dir, e))?;
         std::fs::create_dir_all(dir.join("tenants")).map_err(|e| io(dir, e))?;
+        let removed = remove_abandoned_uploads(&dir.join("tmp"), ABANDONED_UPLOAD);
+        if removed > 0 {
+            tracing::info!(removed, dir = %dir.display(), "removed temp files of abandoned blob uploads");
+        }
         Ok(Self { dir: dir.to_path_buf() })
     }
 
@@ -313,6 +323,22 @@ fn list_tenant_dir(tenant_dir: &Path) -> Result<Vec<String>> {
         }
     }
     Ok(out)
+}
+
+/// Removes the files of `tmp` not modified for `age`; how many it removed.
+/// Best effort: a file it cannot read or remove stays for the next start.
+fn remove_abandoned_uploads(tmp: &Path, age: Duration) -> usize {
+    let Ok(entries) = std::fs::read_dir(tmp) else { return 0 };
+    let now = std::time::SystemTime::now();
+    entries
+        .flatten()
+        .filter(|e| {
+            e.metadata()
+                .and_then(|m| m.modified())
+                .is_ok_and(|t| now.duration_since(t).unwrap_or_default() >= age)
+        })
+        .filter(|e| std::fs::remove_file(e.path()).is_ok())
+        .count()
 }
 
 /// A blob file being written under `<dir>/tmp`, removed unless renamed.
@@ -702,6 +728,21 @@ mod tests {
         assert!(up.finish().await.unwrap());
         assert_eq!(read_all(&store, &acme, &h).await, b"0123456789");
         assert_eq!(std::fs::read_dir(dir.path().join("tmp")).unwrap().count(), 0, "renamed, not copied");
+    }
+
+    #[test]
+    fn opening_removes_the_temp_files_of_uploads_abandoned_long_ago_only() {
+        let dir = tempfile::tempdir().unwrap();
+        DirBlobStore::open(dir.path()).unwrap();
+        let tmp = dir.path().join("tmp");
+        let (old, fresh) = (tmp.join("old"), tmp.join("fresh"));
+        std::fs::write(&fresh, b"in progress").unwrap();
+        let file = std::fs::File::create(&old).unwrap();
+        file.set_modified(std::time::SystemTime::now() - ABANDONED_UPLOAD - Duration::from_secs(1)).unwrap();
+        drop(file);
+        DirBlobStore::open(dir.path()).unwrap();
+        assert!(!old.exists(), "a crash's leftover is removed");
+        assert!(fresh.exists(), "an upload that may still be going is kept");
     }
 
     #[tokio::test]
