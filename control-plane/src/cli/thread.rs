@@ -29,7 +29,8 @@ pub async fn definition_of(conn: &Connection, thread: &str) -> anyhow::Result<Op
         .map_err(status_error)?
         .into_inner()
         .sandboxes;
-    let newest = sandboxes.into_iter().filter(|s| !s.definition_id.is_empty()).max_by_key(|s| s.updated_at_ms);
+    let newest =
+        sandboxes.into_iter().filter(|s| !s.definition_id.is_empty()).max_by_key(|s| s.updated_at_ms);
     Ok(newest.map(|s| s.definition_id))
 }
 
