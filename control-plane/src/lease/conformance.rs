@@ -80,6 +80,16 @@ impl Harness {
         };
         Leases::new((self.new_store)().await, options).unwrap()
     }
+
+    /// A holder whose tokens name `owner`, as a replica's do.
+    async fn owned(&self, owner: &str) -> Leases {
+        let options = LeaseOptions {
+            ttl: Duration::from_millis(5_000),
+            renew_every: Duration::from_millis(500),
+            namespace: self.namespace.clone(),
+        };
+        Leases::owned_by((self.new_store)().await, options, owner).unwrap()
+    }
 }
 
 fn unique_namespace() -> String {
@@ -212,6 +222,36 @@ async fn dropping_a_lease_releases_it(h: Harness) {
     assert!(taken.unwrap().is_some());
 }
 
+async fn only_the_named_holders_exact_lease_can_be_broken(h: Harness) {
+    // An owner may contain the token's separator.
+    let (a, b) = (h.owned("replica/a").await, h.owned("replica-b").await);
+    assert_eq!(b.holder_of("run").await.unwrap(), None, "a free lease has no holder");
+    let lease = a.try_acquire("run").await.unwrap().unwrap();
+    assert_eq!(b.holder_of("run").await.unwrap().as_deref(), Some("replica/a"));
+    assert!(!b.break_lease("run", "replica-c").await.unwrap(), "another owner's name breaks nothing");
+    assert!(!b.break_lease("run", "").await.unwrap(), "nor does no name");
+    assert!(b.try_acquire("run").await.unwrap().is_none(), "still held");
+    assert!(b.break_lease("run", "replica/a").await.unwrap());
+    let taken =
+        b.try_acquire("run").await.unwrap().expect("a broken lease is free at once, well before its ttl");
+    assert!(
+        fires_within(&lease.lost(), Duration::from_secs(4)).await,
+        "its holder learns at its next renewal"
+    );
+    assert_eq!(a.holder_of("run").await.unwrap().as_deref(), Some("replica-b"));
+    assert!(
+        !a.break_lease("run", "replica/a").await.unwrap(),
+        "the old owner's name cannot break the new lease"
+    );
+    assert!(!taken.is_lost());
+    // A holder that names no owner is never named, so never broken.
+    let anonymous = h.holder(5_000, 1_000).await;
+    let held = anonymous.try_acquire("other").await.unwrap().unwrap();
+    assert_eq!(b.holder_of("other").await.unwrap(), None);
+    assert!(!b.break_lease("other", "").await.unwrap());
+    assert!(!held.is_lost());
+}
+
 macro_rules! lock_store_suite {
     ($backend:ident, $harness:expr) => {
         mod $backend {
@@ -226,7 +266,8 @@ macro_rules! lock_store_suite {
                 lost_when_another_holder_overwrites,
                 another_token_cannot_renew_or_release,
                 release_all_frees_everything_and_fires,
-                dropping_a_lease_releases_it
+                dropping_a_lease_releases_it,
+                only_the_named_holders_exact_lease_can_be_broken
             );
         }
     };

@@ -31,6 +31,9 @@ pub struct Leases {
 struct LeasesInner {
     store: Arc<dyn LockStore>,
     options: LeaseOptions,
+    /// Who holds the leases taken through this handle (the replica's id),
+    /// written into each token; empty: nobody in particular.
+    owner: String,
     held: Mutex<HashMap<u64, Held>>,
     next_id: AtomicU64,
 }
@@ -54,11 +57,22 @@ impl std::fmt::Debug for Leases {
 
 impl Leases {
     pub fn new(store: Arc<dyn LockStore>, options: LeaseOptions) -> Result<Self, LeaseError> {
+        Self::owned_by(store, options, "")
+    }
+
+    /// Leases whose tokens name `owner` (a replica id), so another replica
+    /// can tell whose a held lease is ([`Leases::holder_of`]).
+    pub fn owned_by(
+        store: Arc<dyn LockStore>,
+        options: LeaseOptions,
+        owner: &str,
+    ) -> Result<Self, LeaseError> {
         options.validate()?;
         Ok(Self {
             inner: Arc::new(LeasesInner {
                 store,
                 options,
+                owner: owner.to_string(),
                 held: Mutex::new(HashMap::new()),
                 next_id: AtomicU64::new(1),
             }),
@@ -88,7 +102,12 @@ impl Leases {
     pub async fn try_acquire(&self, name: &str) -> Result<Option<Lease>, LeaseError> {
         validate_name(name)?;
         let key = self.key(name);
-        let token = uuid::Uuid::new_v4().simple().to_string();
+        let nonce = uuid::Uuid::new_v4().simple().to_string();
+        let token = if self.inner.owner.is_empty() {
+            nonce
+        } else {
+            format!("{}{OWNER_END}{nonce}", self.inner.owner)
+        };
         let ttl = self.inner.options.ttl;
         // The lease is valid for `ttl` from *before* the request left: the
         // store starts its clock later, so the holder's view expires first.
@@ -125,6 +144,30 @@ impl Leases {
                 _ = tokio::time::sleep(interval) => {}
             }
         }
+    }
+
+    /// The owner named in the token lease `name` holds now: `None` when it
+    /// is free or its holder named no owner.
+    pub async fn holder_of(&self, name: &str) -> Result<Option<String>, LeaseError> {
+        validate_name(name)?;
+        let token = self.inner.store.holder(&self.key(name)).await?;
+        Ok(token.as_deref().and_then(owner_of).map(str::to_string))
+    }
+
+    /// Free lease `name` if `owner` holds it, whatever its expiry: for a
+    /// holder known to be gone (its process died) whose lease would
+    /// otherwise block everyone for the rest of its TTL. Only the exact
+    /// token read is deleted, so a lease someone else took meanwhile stays.
+    /// The holder, were it alive after all, loses the lease at its next
+    /// renewal; the database's epoch fence keeps its writes out.
+    pub async fn break_lease(&self, name: &str, owner: &str) -> Result<bool, LeaseError> {
+        validate_name(name)?;
+        let key = self.key(name);
+        let Some(token) = self.inner.store.holder(&key).await? else { return Ok(false) };
+        if owner.is_empty() || owner_of(&token) != Some(owner) {
+            return Ok(false);
+        }
+        self.inner.store.unlock(&key, &token).await
     }
 
     /// Release every lease held through this handle and fire their tokens,
@@ -184,6 +227,14 @@ impl Leases {
             released: false,
         }
     }
+}
+
+/// Ends the owner part of a token (replica ids may contain anything else;
+/// the random part after it never contains it).
+const OWNER_END: char = '/';
+
+fn owner_of(token: &str) -> Option<&str> {
+    token.rsplit_once(OWNER_END).map(|(owner, _)| owner).filter(|o| !o.is_empty())
 }
 
 fn validate_name(name: &str) -> Result<(), LeaseError> {
@@ -337,6 +388,7 @@ pub async fn open(
     redis_url: Option<&str>,
     options: LeaseOptions,
     store_backend: &str,
+    owner: &str,
 ) -> Result<Leases, LeaseError> {
     options.validate()?;
     let store: Arc<dyn LockStore> = match redis_url {
@@ -352,7 +404,7 @@ pub async fn open(
             Arc::new(InProcessLockStore::new())
         }
     };
-    Leases::new(store, options)
+    Leases::owned_by(store, options, owner)
 }
 
 #[cfg(test)]
@@ -409,13 +461,13 @@ mod tests {
     #[tokio::test(flavor = "current_thread")]
     async fn in_process_leases_warn_next_to_a_shared_database() {
         let shared = captured_logs(async {
-            let leases = open(None, LeaseOptions::default(), "postgres").await.unwrap();
+            let leases = open(None, LeaseOptions::default(), "postgres", "").await.unwrap();
             assert_eq!(leases.backend_name(), IN_PROCESS_BACKEND);
         })
         .await;
         assert!(shared.contains("WARN") && shared.contains("cannot be fenced"), "{shared}");
         let embedded = captured_logs(async {
-            open(None, LeaseOptions::default(), "sqlite").await.unwrap();
+            open(None, LeaseOptions::default(), "sqlite", "").await.unwrap();
         })
         .await;
         assert!(!embedded.contains("cannot be fenced"), "{embedded}");

@@ -76,4 +76,11 @@ impl LockStore for InProcessLockStore {
         });
         Ok(removed)
     }
+
+    async fn holder(&self, key: &str) -> Result<Option<String>, LeaseError> {
+        Ok(self.with_keys(|keys, now| match keys.get(key) {
+            Some((held, expires)) if *expires > now => Some(held.clone()),
+            _ => None,
+        }))
+    }
 }

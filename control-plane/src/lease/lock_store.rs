@@ -25,4 +25,7 @@ pub trait LockStore: Send + Sync + 'static {
 
     /// Delete `key` only if it holds `token`. `Ok(false)`: it did not.
     async fn unlock(&self, key: &str, token: &str) -> Result<bool, LeaseError>;
+
+    /// The token `key` holds now; `None` when it is free (absent or expired).
+    async fn holder(&self, key: &str) -> Result<Option<String>, LeaseError>;
 }

@@ -107,4 +107,9 @@ impl LockStore for RedisLockStore {
         let n: i64 = self.release.key(key).arg(token).invoke_async(&mut conn).await.map_err(unavailable)?;
         Ok(n == 1)
     }
+
+    async fn holder(&self, key: &str) -> Result<Option<String>, LeaseError> {
+        let mut conn = self.conn.clone();
+        redis::cmd("GET").arg(key).query_async(&mut conn).await.map_err(unavailable)
+    }
 }

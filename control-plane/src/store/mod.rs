@@ -26,6 +26,7 @@ mod error;
 mod event_log;
 mod instances;
 mod postgres;
+mod presence;
 mod primitives;
 mod runs;
 mod sql;
@@ -50,6 +51,7 @@ pub use event_log::{
     ChunkStream, EventLog, LogSnapshot, NewChunk, Offset, PAGE_CHUNKS, StoredChunk, stored_after,
 };
 pub use instances::{Instance, InstanceStore, NewInstance};
+pub use presence::Presence;
 pub use primitives::{Epoch, FIRST_EPOCH, FIRST_OFFSET, TAIL_POLL_INTERVAL, Tenant, Timestamp};
 pub use runs::{
     Admitted, CreatedRun, NewRun, RunError, RunFinish, RunKey, RunRecord, RunStatus, RunStore, RunUpdate,
