@@ -12,7 +12,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::lease::{CancelBus, Leases};
 use crate::sandbox::{Lifecycle, Sandboxes};
-use crate::store::Stores;
+use crate::store::{Presence, Stores};
 
 /// Cheap to clone: every field is a handle.
 #[derive(Clone)]
@@ -20,6 +20,10 @@ pub struct Context {
     pub replica_id: String,
     pub stores: Stores,
     pub leases: Leases,
+    /// Which replicas are alive, where the database can tell (PostgreSQL):
+    /// a run whose driver's replica is gone is taken over at once, not when
+    /// its lease expires.
+    pub presence: Option<Presence>,
     pub lifecycle: Lifecycle,
     /// Tells the replica that drives a run that it was cancelled elsewhere.
     pub cancels: CancelBus,

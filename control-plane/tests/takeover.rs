@@ -36,6 +36,11 @@ impl Cluster {
 
     /// `n` replicas, each also given `extra` `sandhold serve` flags.
     async fn start_with(n: usize, extra: &[&str]) -> Option<Self> {
+        Self::start_with_lease(n, extra, LEASE_TTL_MS, LEASE_RENEW_MS).await
+    }
+
+    /// As [`Cluster::start_with`], with leases of `ttl_ms`, renewed every `renew_ms`.
+    async fn start_with_lease(n: usize, extra: &[&str], ttl_ms: u64, renew_ms: u64) -> Option<Self> {
         let database_url = sandhold_tests::services::postgres_url()?;
         let redis_url = sandhold_tests::services::redis_url()?;
         let dir = sandhold_tests::local::TestDir::new("takeover");
@@ -45,6 +50,7 @@ impl Cluster {
         let mut replicas = Vec::new();
         for i in 0..n {
             let mut options = Self::options(&data_dir, &database_url, &redis_url, &nonce, i);
+            (options.lease_ttl_ms, options.lease_renew_ms) = (Some(ttl_ms), Some(renew_ms));
             options.extra_args = extra.iter().map(|a| a.to_string()).collect();
             replicas.push(ServerProcess::start(&options).await);
         }
@@ -528,6 +534,43 @@ async fn graceful_shutdown_detaches_runs_for_another_replica() {
     let mut attached = attach_after(&mut successor, &run_id, &seen).await.unwrap();
     assert!(read_until(&mut attached, &mut seen, |_| false).await.unwrap());
     assert_every_line_once(&seen, LINES, "after a graceful shutdown");
+    let record = wait_terminal(&mut successor, &run_id).await;
+    assert_eq!(record.status, api::RunStatus::Completed as i32);
+}
+
+/// With a lease TTL of a minute, a driver killed with SIGKILL is replaced as
+/// soon as the database sees its presence connection close: the client,
+/// attached through the other replica, gets the rest of the run (every line
+/// once) long before the dead driver's lease could have expired.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_killed_driver_is_replaced_without_waiting_out_its_lease() {
+    const TTL_MS: u64 = 60_000;
+    let Some(mut cluster) = Cluster::start_with_lease(2, &[], TTL_MS, 5_000).await else { return };
+    let run_id = format!("gone-{}", cluster.nonce);
+    let mut driver = cluster.replicas[0].runs(&cluster.token).await;
+    let mut successor = cluster.replicas[1].runs(&cluster.token).await;
+    const LINES: u32 = 300;
+    let script = numbered_lines(LINES, 10, "0.1");
+    let (mut stream, mut seen) = start_and_read(&mut driver, &run_id, "thread", &script, 20).await;
+    cluster.replicas[0].kill9().await;
+    let killed = Instant::now();
+    let broke = read_until(&mut stream, &mut seen, |_| false).await;
+    assert!(broke.is_err(), "the dead replica's stream breaks");
+    let mut attached = attach_after(&mut successor, &run_id, &seen).await.unwrap();
+    assert!(read_until(&mut attached, &mut seen, |_| false).await.unwrap());
+    let took = killed.elapsed();
+    eprintln!("the rest of the run arrived {took:?} after the kill (lease ttl {TTL_MS} ms)");
+    assert_every_line_once(&seen, LINES, "after the driver's kill");
+    assert!(
+        took < Duration::from_millis(TTL_MS / 2),
+        "the successor waited for the dead driver's lease ({took:?}):\n{}",
+        cluster.logs()
+    );
+    assert!(
+        cluster.replicas[1].log_text().contains("the run's driver replica is gone; its lease is broken"),
+        "{}",
+        cluster.logs()
+    );
     let record = wait_terminal(&mut successor, &run_id).await;
     assert_eq!(record.status, api::RunStatus::Completed as i32);
 }

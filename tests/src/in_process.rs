@@ -51,7 +51,9 @@ impl InProcess {
     pub async fn start() -> Self {
         let dir = TestDir::new("sh-ip");
         let stores = Stores::open(&default_database_url(dir.path())).await.expect("SQLite stores");
-        let leases = lease::open(None, LeaseOptions::default(), stores.backend_name()).await.expect("leases");
+        let leases = lease::open(None, LeaseOptions::default(), stores.backend_name(), "in-process")
+            .await
+            .expect("leases");
         let mut local = LocalProviderOptions::new(dir.path());
         local.agent_binary = Some(static_agent());
         let providers =
@@ -61,6 +63,7 @@ impl InProcess {
             replica_id: "in-process".into(),
             stores,
             leases,
+            presence: None,
             lifecycle: Lifecycle::new(providers, Arc::new(WorkspaceProvisioner)),
             cancels: CancelBus::Local,
             tasks: TaskTracker::new(),

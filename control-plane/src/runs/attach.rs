@@ -136,8 +136,16 @@ impl Runs {
             return Ok(Takeover::AlreadyHere);
         }
         let cx = &self.inner.ctx;
-        let Some(lease) = cx.leases.try_acquire(&super::lease_name(run)).await? else {
-            return Ok(Takeover::HeldElsewhere);
+        let name = super::lease_name(run);
+        let lease = match cx.leases.try_acquire(&name).await? {
+            Some(lease) => lease,
+            None if self.broke_a_gone_holders_lease(run, &name).await => {
+                match cx.leases.try_acquire(&name).await? {
+                    Some(lease) => lease,
+                    None => return Ok(Takeover::HeldElsewhere),
+                }
+            }
+            None => return Ok(Takeover::HeldElsewhere),
         };
         let record = match cx.stores.runs.claim(run).await {
             Ok(r) => r,
@@ -172,6 +180,37 @@ impl Runs {
         };
         let epoch = record.driver_epoch;
         Ok(Takeover::Driving { drive: self.inner.drives.spawn(self.clone().drive(ctx, None)), epoch })
+    }
+
+    /// Whether lease `name` was held by a replica the database knows is
+    /// gone (its process died), and is free now: then the run need not wait
+    /// out the dead driver's lease TTL.
+    async fn broke_a_gone_holders_lease(&self, run: &RunKey, name: &str) -> bool {
+        let cx = &self.inner.ctx;
+        let Some(presence) = &cx.presence else { return false };
+        let owner = match cx.leases.holder_of(name).await {
+            Ok(Some(owner)) if owner != cx.replica_id => owner,
+            Ok(_) => return false,
+            Err(e) => {
+                debug!(run_id = %run.run, error = %e, "could not read the run's lease holder");
+                return false;
+            }
+        };
+        if !presence.is_gone(&owner).await {
+            return false;
+        }
+        match cx.leases.break_lease(name, &owner).await {
+            Ok(broken) => {
+                if broken {
+                    info!(run_id = %run.run, tenant = %run.tenant, replica = %owner, "the run's driver replica is gone; its lease is broken");
+                }
+                broken
+            }
+            Err(e) => {
+                debug!(run_id = %run.run, error = %e, "could not break the gone driver's lease");
+                false
+            }
+        }
     }
 
     /// Keep trying to drive `run` until it is driven here, it ended, or

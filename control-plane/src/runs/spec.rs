@@ -41,7 +41,9 @@ pub struct RunOptions {
     /// How long an unreachable agent is retried before the run fails.
     pub reconnect_budget: Duration,
     /// How often an attach whose run another replica holds tries to take
-    /// the drive over.
+    /// the drive over (± half, at random). Each try is a lease read, plus a
+    /// presence check in the database while the lease is held: cheap, and
+    /// what bounds a takeover after a driver's process died.
     pub takeover_retry: Duration,
     /// How long a takeover waits for the stored log to stop growing before
     /// it reads it (default: no wait; the fence makes it unnecessary).
@@ -57,7 +59,7 @@ impl Default for RunOptions {
             cancel_poll: Duration::from_secs(1),
             liveness_probe: Duration::from_secs(5),
             reconnect_budget: Duration::from_secs(60),
-            takeover_retry: Duration::from_secs(1),
+            takeover_retry: Duration::from_millis(500),
             quiet: quiet::QuietGate::default(),
             running_runs: Quotas::default().running_runs(),
         }

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use backon::{ExponentialBuilder, Retryable};
+use futures::TryFutureExt;
 use shared::proto::v1::admin_service_server::AdminServiceServer;
 use shared::proto::v1::run_service_server::RunServiceServer;
 use shared::proto::v1::sandbox_service_server::SandboxServiceServer;
@@ -29,7 +30,7 @@ use crate::lease::{self, CancelBus, LeaseError};
 use crate::reaper::Reaper;
 use crate::runs::{RunOptions, Runs};
 use crate::sandbox::{Lifecycle, SandboxQuota};
-use crate::store::{self, Stores, Tenant};
+use crate::store::{self, Presence, Stores, Tenant};
 
 /// How often a ready server re-checks its database for health.
 const HEALTH_CHECK_EVERY: Duration = Duration::from_secs(5);
@@ -78,12 +79,17 @@ impl Readiness {
             return Ok(());
         };
         let Some(leases) = retry("leases", &self.shutdown, || async {
-            lease::open(config.redis_url.as_deref(), config.lease_options(), stores.backend_name())
-                .await
-                .map_err(|e| match e {
-                    LeaseError::Invalid(e) => OpenError::Fatal(anyhow::anyhow!(e)),
-                    e => OpenError::Transient(e.to_string()),
-                })
+            lease::open(
+                config.redis_url.as_deref(),
+                config.lease_options(),
+                stores.backend_name(),
+                &config.replica_id,
+            )
+            .await
+            .map_err(|e| match e {
+                LeaseError::Invalid(e) => OpenError::Fatal(anyhow::anyhow!(e)),
+                e => OpenError::Transient(e.to_string()),
+            })
         })
         .await?
         else {
@@ -97,6 +103,20 @@ impl Readiness {
                 .with_context(|| format!("registering the API token of tenant {:?}", t.tenant))?;
         }
         self.auth.set_token_store(stores.tokens.clone());
+        // Before any run is driven here: a lease naming this replica must
+        // never be seen without the replica's presence.
+        let Some(joined) = retry("replica presence", &self.shutdown, || {
+            Presence::join(&stores, &config.database_url, &config.replica_id, self.shutdown.clone())
+                .map_err(|e| OpenError::Transient(e.to_string()))
+        })
+        .await?
+        else {
+            return Ok(());
+        };
+        let presence = joined.map(|(presence, keep)| {
+            self.loops.spawn(keep);
+            presence
+        });
         info!(
             store_backend = stores.backend_name(),
             lease_backend = leases.backend_name(),
@@ -116,6 +136,7 @@ impl Readiness {
             replica_id: config.replica_id.clone(),
             stores: stores.clone(),
             leases,
+            presence,
             lifecycle,
             cancels,
             // The server's own set: shutdown waits for it after the drives.
