@@ -8,57 +8,14 @@
 //! Skipped when the CLIs are not installed, unless
 //! SANDHOLD_REQUIRE_SERVICES=1 (the test script installs them).
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 
 use control_plane::harness::{CommandSpec, Harness, HarnessOptions, StdinSpec};
+use sandhold_tests::model::{FakeModel, cli};
 use shared::chunk::{self, Chunk, ChunkType};
 use shared::ids::RunId;
-
-fn cli(name: &str) -> Option<PathBuf> {
-    let dir = std::env::var_os("SANDHOLD_CLI_DIR")
-        .map_or_else(|| PathBuf::from("/opt/sandhold-clis"), PathBuf::from);
-    let bin = dir.join("node_modules/.bin").join(name);
-    if bin.is_file() {
-        return Some(bin);
-    }
-    if sandhold_tests::services::required() {
-        panic!("{} is required (SANDHOLD_REQUIRE_SERVICES=1); run scripts/install-agent-clis", bin.display());
-    }
-    eprintln!("skipping: {} not installed (scripts/install-agent-clis)", bin.display());
-    None
-}
-
-/// The fake model API on a random loopback port, stopped on drop.
-struct FakeModel {
-    child: Child,
-    port: u16,
-}
-
-impl FakeModel {
-    fn start(scenario: &str) -> Self {
-        let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fake-model/fake_model.py");
-        let mut child = Command::new("python3")
-            .arg(script)
-            .args(["--scenario", scenario, "--port", "0"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("python3 runs the fake model");
-        let mut first = String::new();
-        BufReader::new(child.stdout.take().unwrap()).read_line(&mut first).unwrap();
-        let port = first.trim().strip_prefix("PORT=").and_then(|p| p.parse().ok()).expect("PORT=<n> first");
-        Self { child, port }
-    }
-}
-
-impl Drop for FakeModel {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// Runs `spec` as the agent would (argv, env added, stdin), in `cwd`, with
 /// a time bound; returns stdout, exit code and stderr.

@@ -20,6 +20,7 @@ pub mod database;
 pub mod docker;
 pub mod in_process;
 pub mod local;
+pub mod model;
 pub mod provider;
 pub mod run;
 pub mod sandbox;

@@ -79,6 +79,7 @@ pub fn run_to_api(record: &RunRecord) -> api::Run {
         detached_since_ms: record.detached_since.map(Timestamp::as_millis),
         cancel_requested: record.cancel_requested,
         forked_from_run: record.forked_from_run.as_ref().map(RunId::to_string).unwrap_or_default(),
+        session_id: record.session_id.clone().unwrap_or_default(),
     }
 }
 
@@ -114,6 +115,7 @@ impl RunService for RunApi {
             durable: req.durable,
             detach_on_disconnect: req.detach_on_disconnect,
             cwd: req.cwd,
+            new_session: req.new_session,
         };
         Ok(Response::new(to_status_stream(self.runs.start(start).await?)))
     }

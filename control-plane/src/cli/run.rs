@@ -139,6 +139,11 @@ pub struct RunArgs {
     #[arg(long = "secret", value_name = "NAME=ENV_VAR")]
     pub secrets: Vec<SecretRef>,
 
+    /// Start a new harness session instead of continuing the one the
+    /// thread's last run of this harness ended with.
+    #[arg(long)]
+    pub new_session: bool,
+
     /// Return as soon as the run is accepted, printing its id.
     #[arg(long)]
     pub detach: bool,
@@ -272,6 +277,7 @@ fn prepare(args: &RunArgs) -> anyhow::Result<Prepared> {
         durable: true,
         detach_on_disconnect: None,
         cwd: String::new(),
+        new_session: args.new_session,
     };
     Ok(Prepared { definition, request })
 }

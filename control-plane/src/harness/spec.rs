@@ -34,6 +34,12 @@ pub enum HarnessError {
 impl Harness {
     pub const ALL: [Harness; 4] = [Harness::Command, Harness::ClaudeCode, Harness::Codex, Harness::OpenCode];
 
+    /// Whether the CLI has sessions a later run can continue (everything
+    /// but a plain command).
+    pub fn has_sessions(self) -> bool {
+        self != Harness::Command
+    }
+
     /// The harness's name on the wire and in CUSTOM names
     /// (`claude-code.session-id`).
     pub fn name(self) -> &'static str {

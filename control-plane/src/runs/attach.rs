@@ -177,6 +177,7 @@ impl Runs {
             writer: LogWriter::new(cx.stores.events.clone(), run.clone(), record.driver_epoch),
             interrupts: Interrupts { shutdown: cx.shutdown.clone(), lease_lost: lease.lost(), drive },
             lease,
+            session: Default::default(),
         };
         let epoch = record.driver_epoch;
         Ok(Takeover::Driving { drive: self.inner.drives.spawn(self.clone().drive(ctx, None)), epoch })

@@ -63,6 +63,9 @@ pub(crate) struct DriveCtx {
     /// What ends this drive's pauses: the server's shutdown, `lease.lost()`
     /// and the drive's stop.
     pub(super) interrupts: Interrupts,
+    /// The harness session the translation last reported (replays
+    /// included, so a successor knows it too); recorded with the run's end.
+    pub(super) session: std::sync::Mutex<Option<String>>,
 }
 
 /// How a drive ended.
@@ -427,6 +430,9 @@ impl Runs {
         crate::metrics::journal().read(lines.iter().map(|l| l.data.len() as u64 + 1).sum());
         for line in &lines {
             for c in pump.translator.feed(&line.data) {
+                if let Some(session) = session_of(ctx.harness, &c) {
+                    *ctx.session.lock().unwrap_or_else(|e| e.into_inner()) = Some(session);
+                }
                 if chunk::is_terminal(&c) {
                     pump.held_terminal = Some(c);
                 } else if pump.aligner.offer(&c).await.map_err(Ending::Failed)? {
@@ -635,7 +641,8 @@ impl Runs {
                 return;
             }
         }
-        let finish = RunFinish { status, error, usage, finished_at: Timestamp::now() };
+        let session_id = ctx.session.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let finish = RunFinish { status, error, usage, finished_at: Timestamp::now(), session_id };
         match cx.stores.runs.finish(&ctx.key, ctx.writer.epoch(), finish).await {
             Ok(_) | Err(store::Error::RunTerminal { .. }) => {}
             Err(store::Error::Fenced { .. }) => {
@@ -711,6 +718,15 @@ impl Runs {
             debug!(run_id = %ctx.key.run, error = %status.message(), "could not delete the journal");
         }
     }
+}
+
+/// The session a `<harness>.session-id` chunk reports.
+fn session_of(harness: Harness, c: &Chunk) -> Option<String> {
+    if c.r#type() != ChunkType::Custom || c.name != chunk::session_id_name(harness.name()) {
+        return None;
+    }
+    let value: serde_json::Value = serde_json::from_str(&c.value_json).ok()?;
+    value.get("session_id")?.as_str().filter(|s| !s.is_empty()).map(str::to_string)
 }
 
 fn ending_name(e: &Ending) -> &'static str {

@@ -36,9 +36,27 @@ pub struct StartRun {
     /// `None`: as `durable`.
     pub detach_on_disconnect: Option<bool>,
     pub cwd: String,
+    /// Start a new harness session instead of continuing the thread's.
+    pub new_session: bool,
 }
 
 impl Runs {
+    /// The session the thread's newest ended run of `harness` worked in:
+    /// the one the thread's next run of that harness continues.
+    async fn thread_session(
+        &self,
+        tenant: &Tenant,
+        thread_id: &str,
+        harness: Harness,
+    ) -> Result<Option<String>, Error> {
+        let mut runs = self.inner.ctx.stores.runs.list_by_thread(tenant, thread_id).await?;
+        runs.sort_by_key(|r| std::cmp::Reverse(r.started_at.as_millis()));
+        Ok(runs.into_iter().find_map(|r| {
+            let same = RunSpec::of(&r).is_ok_and(|s| s.harness == harness.name());
+            r.session_id.filter(|_| same)
+        }))
+    }
+
     /// Start a run and stream it: the sandbox's ensure progress, then the
     /// run's log until its terminal chunk.
     pub async fn start(&self, req: StartRun) -> Result<RunEvents, Error> {
@@ -47,8 +65,12 @@ impl Runs {
         }
         let harness =
             Harness::parse(&req.harness).map_err(|e| InvalidField::new("harness", e.to_string()))?;
+        let mut options = req.options;
+        if options.resume_session_id.is_none() && !req.new_session && harness.has_sessions() {
+            options.resume_session_id = self.thread_session(&req.tenant, &req.thread_id, harness).await?;
+        }
         let command =
-            harness.command(&req.options, &req.prompt).map_err(|e| Error::InvalidCommand(e.to_string()))?;
+            harness.command(&options, &req.prompt).map_err(|e| Error::InvalidCommand(e.to_string()))?;
         let run = if req.run_id.is_empty() {
             if req.durable {
                 return Err(InvalidField::new(
@@ -133,6 +155,7 @@ impl Runs {
                     error: Some(store::RunError { code: "UNAVAILABLE".into(), message: e.to_string() }),
                     usage: None,
                     finished_at: Timestamp::now(),
+                    session_id: None,
                 };
                 let _ = cx.stores.runs.finish(&key, FIRST_EPOCH, finish).await;
                 let _ = cx.stores.events.close(&key).await;
@@ -151,6 +174,7 @@ impl Runs {
             interrupts: Interrupts { shutdown: cx.shutdown.clone(), lease_lost: lease.lost(), drive },
             lease,
             spec,
+            session: Default::default(),
         };
         info!(run_id = %run, harness = harness.name(), durable = ctx.spec.durable, "run accepted");
         crate::metrics::runs().started();

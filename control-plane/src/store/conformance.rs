@@ -155,6 +155,7 @@ async fn collect_until_end(stream: ChunkStream) -> Vec<StoredChunk> {
 
 fn finish_completed() -> RunFinish {
     RunFinish {
+        session_id: Some("session-7".into()),
         status: RunStatus::Completed,
         error: None,
         usage: Some(serde_json::json!({"output_tokens": 7})),
@@ -218,6 +219,7 @@ async fn runs_create_within_counts_the_tenants_unfinished_runs(b: &Backend) {
     assert!(matches!(admit("q4", "globex").await.unwrap(), Admitted::Run(CreatedRun { created: true, .. })));
     // A run that ends frees its slot; no limit admits any number.
     let finish = RunFinish {
+        session_id: None,
         status: RunStatus::Completed,
         error: None,
         usage: None,
@@ -462,6 +464,7 @@ async fn runs_terminal_write_from_a_stale_epoch_is_suppressed(b: &Backend) {
     create(&b.stores, "r1").await;
     let successor = runs.claim(&acme("r1")).await.unwrap().driver_epoch;
     let failed = RunFinish {
+        session_id: None,
         status: RunStatus::Failed,
         error: Some(RunError { code: "CLAIM_LOST".into(), message: "old driver".into() }),
         usage: None,
@@ -481,6 +484,7 @@ async fn runs_terminal_write_from_a_stale_epoch_is_suppressed(b: &Backend) {
     assert_eq!(done.status, RunStatus::Completed);
     assert_eq!(done.finished_at, Some(Timestamp::from_millis(9_000)));
     assert_eq!(done.usage, Some(serde_json::json!({"output_tokens": 7})));
+    assert_eq!(done.session_id.as_deref(), Some("session-7"), "the session is recorded with the end");
     assert_eq!(runs.get(&acme("r1")).await.unwrap(), done);
 
     let twice = runs.finish(&acme("r1"), successor, finish_completed()).await;

@@ -140,6 +140,8 @@ pub struct RunRecord {
     /// Set on a copy made by a snapshot fork ([`CheckpointStore::fork`](super::CheckpointStore::fork)):
     /// the run of the source thread it was copied from.
     pub forked_from_run: Option<RunId>,
+    /// The harness session the run worked in, written with its end.
+    pub session_id: Option<String>,
 }
 
 impl RunRecord {
@@ -231,6 +233,8 @@ pub struct RunFinish {
     /// Replaces the stored usage when set.
     pub usage: Option<serde_json::Value>,
     pub finished_at: Timestamp,
+    /// The harness session the run worked in; kept as stored when `None`.
+    pub session_id: Option<String>,
 }
 
 /// Run lifecycle records, keyed by [`RunKey`]: a run of another tenant is

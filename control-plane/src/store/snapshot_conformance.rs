@@ -401,6 +401,7 @@ async fn run_with_log(
     b.stores.events.append(&run, FIRST_EPOCH, &chunks(id, n)).await.unwrap();
     if status.is_terminal() {
         let finish = RunFinish {
+            session_id: None,
             status,
             error: (status != RunStatus::Completed)
                 .then(|| RunError { code: "BOOM".into(), message: format!("{id} broke") }),

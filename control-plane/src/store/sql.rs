@@ -13,7 +13,7 @@ macro_rules! run_columns {
     () => {
         "run_id, thread_id, tenant, status, started_at, finished_at, error_code, error_message, usage, \
          sandbox_key, detached_since, cancel_requested, driver_epoch, sentinel_key, log_closed, updated_at, spec, \
-         forked_from_run"
+         forked_from_run, session_id"
     };
 }
 pub(super) use run_columns;
@@ -70,6 +70,7 @@ pub(super) struct RunRow {
     updated_at: i64,
     spec: Option<String>,
     forked_from_run: Option<String>,
+    session_id: Option<String>,
 }
 
 impl RunRow {
@@ -116,6 +117,7 @@ impl RunRow {
             updated_at: Timestamp::from_millis(self.updated_at),
             spec,
             forked_from_run,
+            session_id: self.session_id,
             run_id,
         })
     }
@@ -419,7 +421,7 @@ macro_rules! impl_shared_stores {
                 // SQLite runs one writer at a time).
                 let row = sqlx::query_as::<_, RunRow>(concat!(
                     "UPDATE runs SET status = $3, finished_at = $4, error_code = $5, error_message = $6, \
-                     usage = COALESCE($7, usage), updated_at = $8 \
+                     usage = COALESCE($7, usage), updated_at = $8, session_id = COALESCE($10, session_id) \
                      WHERE run_id = $1 AND tenant = $9 AND driver_epoch = $2 AND ",
                     not_terminal!(),
                     " RETURNING ",
@@ -434,6 +436,7 @@ macro_rules! impl_shared_stores {
                 .bind(json_to_db(&finish.usage))
                 .bind(Timestamp::now().as_millis())
                 .bind(run.tenant.as_str())
+                .bind(finish.session_id.as_deref())
                 .fetch_optional(&self.pool)
                 .await?;
                 match row {

@@ -110,6 +110,7 @@ mod tests {
         ));
         assert!(value(refused_appends) > append_refusals_before);
         let finish = RunFinish {
+            session_id: None,
             status: RunStatus::Completed,
             error: None,
             usage: None,
