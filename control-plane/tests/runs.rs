@@ -358,3 +358,67 @@ async fn skills_a_harness_lacks_are_warnings_of_the_run() {
     assert!(warnings.iter().any(|w| w.value_json.contains("pdf-tools")), "{:?}", seen.chunks);
     assert!(seen.terminal().is_some());
 }
+
+/// `SetEnv`: later execs and runs of the sandbox see the variables (a
+/// call's own env still wins); `GetSandbox` shows them and the definition's
+/// secrets by name only; a secret's name is refused; another tenant's
+/// sandbox is as if it did not exist.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn set_env_reaches_later_execs_and_runs_of_the_sandbox() {
+    let s = setup(Kind::Local).await;
+    let mut sandboxes = s.server.sandboxes(&s.token).await;
+    let mut def = definition("env-def", Kind::Local);
+    def.secret_names = vec!["API_TOKEN".into()];
+    put_definition(&mut sandboxes, def).await;
+    let mut runs = s.server.runs(&s.token).await;
+    let with_secret = |mut r: api::StartRunRequest| {
+        r.secrets.insert("API_TOKEN".into(), "value-of-the-token".into());
+        r
+    };
+    let first = command_run(&format!("env1-{}", s.nonce), "env", "env-def", "true");
+    let mut stream = runs.start_run(with_secret(first)).await.unwrap().into_inner();
+    assert!(read_until(&mut stream, &mut Seen::default(), |_| false).await.unwrap());
+    let sandbox_id = wait_terminal(&mut runs, &format!("env1-{}", s.nonce)).await.sandbox_id;
+
+    let set = |set: &[(&str, &str)], unset: &[&str]| api::SetEnvRequest {
+        sandbox_id: sandbox_id.clone(),
+        set: set.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        unset: unset.iter().map(|k| k.to_string()).collect(),
+    };
+    let shown = sandboxes.set_env(set(&[("STAGE", "two"), ("OTHER", "x")], &[])).await.unwrap().into_inner();
+    assert_eq!(shown.sandbox.unwrap().env.len(), 2);
+    sandboxes.set_env(set(&[], &["OTHER"])).await.unwrap();
+    let got = sandboxes.get_sandbox(api::GetSandboxRequest { sandbox_id: sandbox_id.clone() }).await.unwrap();
+    let got = got.into_inner().sandbox.unwrap();
+    assert_eq!(got.env, [("STAGE".to_string(), "two".to_string())].into());
+    assert_eq!(got.secret_names, ["API_TOKEN"], "secrets by name, never a value");
+    let secret = sandboxes.set_env(set(&[("API_TOKEN", "stored?")], &[])).await.unwrap_err();
+    assert_eq!(secret.code(), tonic::Code::InvalidArgument, "{secret:?}");
+    assert!(secret.message().contains("set[API_TOKEN]"), "{secret:?}");
+    let bad = sandboxes.set_env(set(&[("1X", "v")], &[])).await.unwrap_err();
+    assert_eq!(bad.code(), tonic::Code::InvalidArgument, "{bad:?}");
+
+    let exec = |env: &[(&str, &str)]| api::ExecRequest {
+        sandbox_id: sandbox_id.clone(),
+        command: Some(api::Command { kind: Some(api::command::Kind::Shell("echo $STAGE".into())) }),
+        env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        ..Default::default()
+    };
+    assert_eq!(sandboxes.exec(exec(&[])).await.unwrap().into_inner().stdout, b"two\n");
+    assert_eq!(sandboxes.exec(exec(&[("STAGE", "call")])).await.unwrap().into_inner().stdout, b"call\n");
+
+    let second = command_run(&format!("env2-{}", s.nonce), "env", "env-def", "echo stage=$STAGE");
+    let mut stream = runs.start_run(with_secret(second)).await.unwrap().into_inner();
+    let mut seen = Seen::default();
+    assert!(read_until(&mut stream, &mut seen, |_| false).await.unwrap());
+    assert!(seen.has_text("stage=two"), "{:?}", seen.chunks);
+
+    let mut other = s.server.sandboxes(&s.token_of("other")).await;
+    let theirs = other.set_env(set(&[("STAGE", "theirs")], &[])).await.unwrap_err();
+    assert_eq!(theirs.code(), tonic::Code::NotFound, "{theirs:?}");
+    let theirs =
+        other.get_sandbox(api::GetSandboxRequest { sandbox_id: sandbox_id.clone() }).await.unwrap_err();
+    assert_eq!(theirs.code(), tonic::Code::NotFound, "{theirs:?}");
+    let got = sandboxes.get_sandbox(api::GetSandboxRequest { sandbox_id }).await.unwrap().into_inner();
+    assert_eq!(got.sandbox.unwrap().env, [("STAGE".to_string(), "two".to_string())].into());
+}

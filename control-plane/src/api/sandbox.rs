@@ -104,6 +104,15 @@ impl SandboxService for SandboxApi {
         Ok(Response::new(api::GetSandboxResponse { sandbox: Some(sandbox) }))
     }
 
+    async fn set_env(
+        &self,
+        request: Request<api::SetEnvRequest>,
+    ) -> Result<Response<api::SetEnvResponse>, Status> {
+        let tenant = tenant_of(&request)?;
+        let sandbox = self.sandboxes.set_env(&tenant, request.into_inner()).await?;
+        Ok(Response::new(api::SetEnvResponse { sandbox: Some(sandbox) }))
+    }
+
     async fn list_sandboxes(
         &self,
         request: Request<api::ListSandboxesRequest>,

@@ -225,6 +225,10 @@ impl Runs {
         for (name, value) in live.secrets.iter() {
             request.env.entry(name.clone()).or_insert_with(|| value.expose().to_string());
         }
+        // The sandbox's SetEnv variables, below the harness's and the secrets.
+        for (name, value) in &live.env {
+            request.env.entry(name.clone()).or_insert_with(|| value.clone());
+        }
         live.agent
             .journal()
             .start_run(request)

@@ -89,6 +89,7 @@ mod tests {
             thread_id: thread_id.into(),
             created_at: Timestamp::now(),
             updated_at: Timestamp::now(),
+            env: Default::default(),
         }
     }
 

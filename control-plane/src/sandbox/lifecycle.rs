@@ -78,6 +78,9 @@ pub(crate) struct Live {
     pub keep_alive: Duration,
     pub destroy_on_complete: bool,
     pub last_used: Instant,
+    /// The sandbox's `SetEnv` variables, as last read from its record
+    /// ([`Lifecycle::agent`] refreshes them on every call).
+    pub env: BTreeMap<String, String>,
 }
 
 /// What an ensure was asked for, validated.
@@ -262,6 +265,7 @@ impl Lifecycle {
                 keep_alive: Duration::from_millis(lifecycle.keep_alive_ms),
                 destroy_on_complete: lifecycle.destroy_on_complete,
                 last_used: Instant::now(),
+                env: BTreeMap::new(),
             },
         );
         info!(sandbox_key = %key, tenant = %input.tenant, outcome = ?outcome, provider = %kind, "sandbox ready");
@@ -471,6 +475,8 @@ impl Lifecycle {
             created_at_ms: instance.created_at.as_millis(),
             updated_at_ms: instance.updated_at.as_millis(),
             capabilities,
+            env: instance.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+            secret_names: Vec::new(),
         }
     }
 
@@ -494,9 +500,11 @@ impl Lifecycle {
     /// gone until the next ensure).
     pub(crate) async fn agent(&self, stores: &Stores, tenant: &Tenant, key: &str) -> Result<Live, Error> {
         let instance = self.instance(stores, tenant, key).await?;
-        if let Some(live) = self.live(key)
+        if let Some(mut live) = self.live(key)
             && live.provider_id == instance.provider_sandbox_id
         {
+            // From the record, not the cache: another replica may have set it.
+            live.env = instance.env;
             return Ok(live);
         }
         let provider = self.providers.by_name(&instance.provider)?;
@@ -513,6 +521,7 @@ impl Lifecycle {
             keep_alive: Duration::ZERO,
             destroy_on_complete: false,
             last_used: Instant::now(),
+            env: instance.env,
         };
         self.set_live(key, live.clone());
         Ok(live)

@@ -3,7 +3,7 @@
 //! the secrets of the sandbox's last ensure, then the call's plain env,
 //! then the call's secrets.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
@@ -36,7 +36,7 @@ impl Sandboxes {
         }
         let live = self.live(tenant, &req.sandbox_id).await?;
         let command = agent_command(req.command)?;
-        let env = process_env(&live.secrets, req.env, req.secrets)?;
+        let env = process_env(&live.secrets, &live.env, req.env, req.secrets)?;
         let resp = live
             .agent
             .process()
@@ -77,7 +77,7 @@ impl Sandboxes {
         };
         let live = self.live(tenant, &start.sandbox_id).await?;
         let command = agent_command(start.command)?;
-        let env = process_env(&live.secrets, start.env, start.secrets)?;
+        let env = process_env(&live.secrets, &live.env, start.env, start.secrets)?;
         let (tx, rx) = mpsc::channel::<agent::SpawnRequest>(16);
         let start = agent::SpawnRequest {
             request: Some(agent::spawn_request::Request::Start(agent::SpawnStart {
@@ -132,15 +132,17 @@ fn spawn_request(request: api::exec_stream_request::Request) -> Option<agent::sp
     }
 }
 
-/// The environment of a process: the ensure's secrets (`ensured`), then
-/// the call's plain env, then the call's secrets.
+/// The environment of a process: the sandbox's `SetEnv` variables
+/// (`sandbox`), the ensure's secrets (`ensured`), then the call's plain
+/// env, then the call's secrets.
 fn process_env(
     ensured: &Secrets,
+    sandbox: &BTreeMap<String, String>,
     env: HashMap<String, String>,
     secrets: HashMap<String, String>,
 ) -> Result<HashMap<String, String>, Error> {
-    let mut out: HashMap<String, String> =
-        ensured.iter().map(|(k, v)| (k.clone(), v.expose().to_string())).collect();
+    let mut out: HashMap<String, String> = sandbox.clone().into_iter().collect();
+    out.extend(ensured.iter().map(|(k, v)| (k.clone(), v.expose().to_string())));
     for (k, v) in env {
         if !valid_env_name(&k) {
             return Err(InvalidField::new(format!("env[{k}]"), "not a valid variable name").into());
@@ -195,20 +197,35 @@ mod tests {
             ("TOKEN".to_string(), Secret::new("from-ensure")),
             ("KEEP".to_string(), Secret::new("kept")),
         ]);
+        let sandbox = BTreeMap::from([
+            ("STAGE".to_string(), "from-set-env".to_string()),
+            ("MODE".to_string(), "from-set-env".to_string()),
+        ]);
         let env = process_env(
             &ensured,
+            &sandbox,
             map(&[("TOKEN", "from-env"), ("MODE", "plain")]),
             map(&[("MODE", "from-secrets-1")]),
         )
         .unwrap();
-        assert_eq!(env, map(&[("TOKEN", "from-env"), ("KEEP", "kept"), ("MODE", "from-secrets-1")]));
+        assert_eq!(
+            env,
+            map(&[
+                ("TOKEN", "from-env"),
+                ("KEEP", "kept"),
+                ("MODE", "from-secrets-1"),
+                ("STAGE", "from-set-env")
+            ])
+        );
     }
 
     #[test]
     fn invalid_variable_names_are_refused_by_field() {
-        let bad_env = process_env(&Secrets::new(), map(&[("1X", "v")]), HashMap::new()).unwrap_err();
+        let bad_env =
+            process_env(&Secrets::new(), &BTreeMap::new(), map(&[("1X", "v")]), HashMap::new()).unwrap_err();
         assert_eq!(refused_field(bad_env), "env[1X]");
-        let bad_secret = process_env(&Secrets::new(), HashMap::new(), map(&[("a-b", "v")])).unwrap_err();
+        let bad_secret =
+            process_env(&Secrets::new(), &BTreeMap::new(), HashMap::new(), map(&[("a-b", "v")])).unwrap_err();
         assert_eq!(refused_field(bad_secret), "secrets[a-b]");
     }
 

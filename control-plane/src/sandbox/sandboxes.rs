@@ -148,7 +148,47 @@ impl Sandboxes {
             .lifecycle
             .instance(&self.stores, tenant, InvalidField::required("sandbox_id", sandbox_id)?)
             .await?;
-        Ok(self.lifecycle.describe(&instance))
+        let secret_names = self.secret_names(tenant, &instance.definition_id).await?;
+        Ok(api::Sandbox { secret_names, ..self.lifecycle.describe(&instance) })
+    }
+
+    /// Set and unset variables of the tenant's sandbox for its later execs
+    /// and runs. A secret of its definition is refused: secret values come
+    /// with each call and are never stored.
+    pub async fn set_env(&self, tenant: &Tenant, req: api::SetEnvRequest) -> Result<api::Sandbox, Error> {
+        let key = InvalidField::required("sandbox_id", &req.sandbox_id)?;
+        let instance = self.lifecycle.instance(&self.stores, tenant, key).await?;
+        let secret_names = self.secret_names(tenant, &instance.definition_id).await?;
+        let named = req.set.keys().map(|k| ("set", k)).chain(req.unset.iter().map(|k| ("unset", k)));
+        for (field, name) in named {
+            if !crate::provision::valid_env_name(name) {
+                return Err(InvalidField::new(format!("{field}[{name}]"), "not a valid variable name").into());
+            }
+            if secret_names.contains(name) {
+                return Err(InvalidField::new(
+                    format!("{field}[{name}]"),
+                    "a secret of the sandbox's definition: its value comes with each call and is never stored",
+                )
+                .into());
+            }
+        }
+        let mut env = instance.env;
+        env.extend(req.set);
+        for name in &req.unset {
+            env.remove(name);
+        }
+        let instance = self.stores.instances.set_env(key, &env).await?;
+        Ok(api::Sandbox { secret_names, ..self.lifecycle.describe(&instance) })
+    }
+
+    /// The secret names of the tenant's definition `id` (none once it was
+    /// deleted).
+    async fn secret_names(&self, tenant: &Tenant, id: &str) -> Result<Vec<String>, Error> {
+        match self.stores.definitions.get(tenant, id).await {
+            Ok(stored) => Ok(definition::from_stored(&stored.body)?.secret_names),
+            Err(crate::store::Error::NotFound(_)) => Ok(Vec::new()),
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// The tenant's sandboxes, of `thread_id` only unless it is empty.

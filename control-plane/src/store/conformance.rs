@@ -875,6 +875,14 @@ async fn instances_put_get_list_and_delete(b: &Backend) {
     let snap = instances.set_native_snapshot("k1", Some("image:abc".into())).await.unwrap();
     assert_eq!(snap.native_snapshot.as_deref(), Some("image:abc"));
     assert_eq!(instances.get("k1").await.unwrap().native_snapshot.as_deref(), Some("image:abc"));
+    assert!(snap.env.is_empty(), "no variables until set");
+    let env = std::collections::BTreeMap::from([
+        ("A".to_string(), "1".to_string()),
+        ("B".to_string(), "2 2".to_string()),
+    ]);
+    assert_eq!(instances.set_env("k1", &env).await.unwrap().env, env);
+    assert_eq!(instances.put(new("k1", "acme", "c-1c")).await.unwrap().env, env, "a replace keeps them");
+    assert!(matches!(instances.set_env("nope", &env).await, Err(Error::NotFound(_))));
 
     let keys = |list: Vec<Instance>| list.into_iter().map(|i| i.sandbox_key).collect::<Vec<_>>();
     assert_eq!(keys(instances.list(Some(&tenant("acme"))).await.unwrap()), ["k0", "k1"]);

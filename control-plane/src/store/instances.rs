@@ -1,5 +1,7 @@
 //! Sandbox instances ([`InstanceStore`]): which sandbox serves which key.
 
+use std::collections::BTreeMap;
+
 use async_trait::async_trait;
 
 use super::{Result, Tenant, Timestamp};
@@ -20,6 +22,9 @@ pub struct Instance {
     pub thread_id: String,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
+    /// Variables set on the live sandbox (`SetEnv`), for its later execs
+    /// and runs. Kept when the instance is replaced; gone with it.
+    pub env: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,6 +48,9 @@ pub trait InstanceStore: Send + Sync {
     async fn get(&self, sandbox_key: &str) -> Result<Instance>;
 
     async fn set_native_snapshot(&self, sandbox_key: &str, snapshot: Option<String>) -> Result<Instance>;
+
+    /// Replace the sandbox's variables.
+    async fn set_env(&self, sandbox_key: &str, env: &BTreeMap<String, String>) -> Result<Instance>;
 
     /// All instances, or one tenant's, by sandbox key.
     async fn list(&self, tenant: Option<&Tenant>) -> Result<Vec<Instance>>;

@@ -37,7 +37,7 @@ pub(super) use terminal;
 macro_rules! instance_columns {
     () => {
         "sandbox_key, tenant, provider, provider_sandbox_id, native_snapshot, definition_id, thread_id, \
-         created_at, updated_at"
+         created_at, updated_at, env"
     };
 }
 pub(super) use instance_columns;
@@ -159,6 +159,7 @@ pub(super) struct InstanceRow {
     thread_id: String,
     created_at: i64,
     updated_at: i64,
+    env: Option<String>,
 }
 
 impl From<InstanceRow> for Instance {
@@ -173,6 +174,8 @@ impl From<InstanceRow> for Instance {
             thread_id: row.thread_id,
             created_at: Timestamp::from_millis(row.created_at),
             updated_at: Timestamp::from_millis(row.updated_at),
+            // Written only by `set_env`, from a map: always an object.
+            env: row.env.and_then(|e| serde_json::from_str(&e).ok()).unwrap_or_default(),
         }
     }
 }
@@ -573,7 +576,7 @@ macro_rules! impl_shared_stores {
                 let row = sqlx::query_as::<_, InstanceRow>(concat!(
                     "INSERT INTO instances (",
                     instance_columns!(),
-                    ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $8) ON CONFLICT (sandbox_key) DO UPDATE SET \
+                    ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $8, NULL) ON CONFLICT (sandbox_key) DO UPDATE SET \
                      tenant = excluded.tenant, provider = excluded.provider, \
                      provider_sandbox_id = excluded.provider_sandbox_id, \
                      native_snapshot = excluded.native_snapshot, definition_id = excluded.definition_id, \
@@ -615,6 +618,21 @@ macro_rules! impl_shared_stores {
                 ))
                 .bind(sandbox_key)
                 .bind(snapshot)
+                .bind(Timestamp::now().as_millis())
+                .fetch_optional(&self.pool)
+                .await?
+                .map(Instance::from)
+                .ok_or_else(|| Error::NotFound(format!("sandbox {sandbox_key}")))
+            }
+
+            async fn set_env(&self, sandbox_key: &str, env: &std::collections::BTreeMap<String, String>) -> Result<Instance> {
+                let json = serde_json::to_string(env).expect("a map of strings serializes");
+                sqlx::query_as::<_, InstanceRow>(concat!(
+                    "UPDATE instances SET env = $2, updated_at = $3 WHERE sandbox_key = $1 RETURNING ",
+                    instance_columns!()
+                ))
+                .bind(sandbox_key)
+                .bind(json)
                 .bind(Timestamp::now().as_millis())
                 .fetch_optional(&self.pool)
                 .await?
