@@ -2,6 +2,9 @@
 //! p50/p99, for `WatchService` over the Unix socket (inotify without and
 //! with the default coalescing window, and polling) against `inotifywait`
 //! (Debian `inotify-tools`) watching the same directory at the same time.
+//! With the window, writes come back to back (each right after the previous
+//! event arrived: a continuous stream, one batch per window) and after a
+//! quiet spell longer than the window (the first event of a burst).
 //!
 //! Run with `cargo bench -p sandbox-agent --bench watch`.
 
@@ -89,6 +92,8 @@ struct Case {
     label: &'static str,
     req: WatchRequest,
     n: usize,
+    /// Pause before each write.
+    quiet: Duration,
 }
 
 fn print_row(name: &str, lat: &mut [Duration]) {
@@ -107,11 +112,19 @@ async fn run(c: &mut Client, root: &Path) {
             label: "Watch inotify, coalesce 0",
             req: WatchRequest { path: "w0".into(), coalesce_ms: Some(0), ..Default::default() },
             n: 1000,
+            quiet: Duration::ZERO,
         },
         Case {
             label: "Watch inotify, coalesce 50 ms (default)",
             req: WatchRequest { path: "w1".into(), ..Default::default() },
             n: 200,
+            quiet: Duration::ZERO,
+        },
+        Case {
+            label: "  same, each write after 60 ms quiet",
+            req: WatchRequest { path: "w3".into(), ..Default::default() },
+            n: 200,
+            quiet: Duration::from_millis(60),
         },
         Case {
             label: "Watch poll, interval 100 ms",
@@ -122,6 +135,7 @@ async fn run(c: &mut Client, root: &Path) {
                 ..Default::default()
             },
             n: 100,
+            quiet: Duration::ZERO,
         },
     ];
     println!("\nwatch latency: file created -> event received");
@@ -146,6 +160,7 @@ async fn run(c: &mut Client, root: &Path) {
         let mut their_lat = Vec::with_capacity(case.n);
         for i in 0..case.n {
             let name = format!("f{i}");
+            tokio::time::sleep(case.quiet).await;
             let t0 = Instant::now();
             std::fs::write(dir.join(&name), b"x").unwrap();
             let t_ours = recv_name(&mut ours, &name).await;

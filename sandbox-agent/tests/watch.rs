@@ -120,6 +120,37 @@ async fn inotify_reports_nested_creates_changes_renames_and_deletes_but_not_igno
     agent.stop().await;
 }
 
+/// The next batch of a watch, within a minute.
+async fn next_batch(ev: &mut Events) -> Vec<(FileEventType, String, String)> {
+    let msg = tokio::time::timeout(Duration::from_secs(60), ev.stream.next())
+        .await
+        .expect("the first event is not held for the window")
+        .expect("stream open")
+        .expect("event");
+    let Some(watch_response::Kind::Events(e)) = msg.kind else { panic!("a batch") };
+    e.events.into_iter().map(|e| (e.r#type(), e.path, e.from_path)).collect()
+}
+
+#[tokio::test]
+async fn the_first_event_of_a_burst_does_not_wait_for_the_window() {
+    let agent = TestAgent::start().await;
+    std::fs::create_dir_all(agent.root.join("l")).unwrap();
+    std::fs::write(agent.root.join("l/old"), b"x").unwrap();
+    // A window far longer than the wait below: only a leading event can
+    // arrive in time.
+    let long_window = WatchRequest { coalesce_ms: Some(3_600_000), ..req("l", false) };
+    let (mut ev, _) = Events::open(&agent, long_window.clone()).await;
+    // Created and written: the create alone, at once; the write is part of it.
+    std::fs::write(agent.root.join("l/new"), b"x").unwrap();
+    assert_eq!(next_batch(&mut ev).await, vec![(FileEventType::Create, "l/new".into(), String::new())]);
+
+    // A move inside the tree is paired before it leads its own window.
+    let (mut ev, _) = Events::open(&agent, long_window).await;
+    std::fs::rename(agent.root.join("l/old"), agent.root.join("l/moved")).unwrap();
+    assert_eq!(next_batch(&mut ev).await, vec![(FileEventType::Rename, "l/moved".into(), "l/old".into())]);
+    agent.stop().await;
+}
+
 #[tokio::test]
 async fn polling_reports_creates_changes_and_deletes() {
     let agent = TestAgent::start().await;

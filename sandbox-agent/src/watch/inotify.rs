@@ -42,7 +42,7 @@ impl InotifySource {
             let Some(rel) = scope.relevant(entry.path()) else { continue };
             let is_dir = entry.file_type().is_dir();
             if let Some(c) = report.as_deref_mut() {
-                c.push(FileEventType::Create, rel, String::new(), is_dir);
+                c.push(Instant::now(), FileEventType::Create, rel, String::new(), is_dir);
             }
             if is_dir {
                 let _ = self.watcher.watch(entry.path(), RecursiveMode::NonRecursive);
@@ -60,11 +60,12 @@ pub(super) async fn run_inotify(
     if tx.send(Ok(started(WatchMode::Inotify))).await.is_err() {
         return;
     }
-    let mut out = Coalescer::default();
+    let mut out = Coalescer::new(window);
     // MOVED_FROM halves waiting for their MOVED_TO, by cookie.
     let mut moves: HashMap<usize, (PathBuf, Instant)> = HashMap::new();
     loop {
-        let deadline = out.due(window).or_else(|| moves.values().map(|(_, t)| *t + window).min());
+        let move_due = moves.values().map(|(_, t)| *t + window).min();
+        let deadline = out.deadline().into_iter().chain(move_due).min();
         let sleep = async {
             match deadline {
                 Some(d) => tokio::time::sleep_until(d.into()).await,
@@ -79,9 +80,6 @@ pub(super) async fn run_inotify(
                 while let Ok(ev) = source.events.try_recv() {
                     handle_notify(&mut source, &scope, &mut out, &mut moves, ev);
                 }
-                if window.is_zero() && !out.is_empty() && tx.send(Ok(batch(out.take()))).await.is_err() {
-                    return;
-                }
             }
             _ = sleep => {
                 // A move out of the tree has no second half: it is a delete.
@@ -91,14 +89,18 @@ pub(super) async fn run_inotify(
                     if let Some((path, _)) = moves.remove(&k)
                         && let Some(rel) = scope.relevant(&path)
                     {
-                        out.push(FileEventType::Delete, rel, String::new(), false);
+                        out.push(now, FileEventType::Delete, rel, String::new(), false);
                     }
-                }
-                if out.due(window).is_some_and(|d| d <= Instant::now()) && tx.send(Ok(batch(out.take()))).await.is_err() {
-                    return;
                 }
             }
             _ = tx.closed() => return,
+        }
+        // A quiet watch's first event is ready at once; the rest at the end
+        // of its window.
+        if let Some(events) = out.take(Instant::now())
+            && tx.send(Ok(batch(events))).await.is_err()
+        {
+            return;
         }
     }
 }
@@ -124,6 +126,7 @@ fn handle_notify(
         return;
     }
     let Some(path) = ev.paths.first().cloned() else { return };
+    let now = Instant::now();
     match ev.kind {
         EventKind::Create(kind) => {
             let is_dir = matches!(kind, notify::event::CreateKind::Folder);
@@ -131,9 +134,9 @@ fn handle_notify(
         }
         EventKind::Modify(ModifyKind::Name(RenameMode::From)) => {
             if let Some(cookie) = ev.attrs.tracker() {
-                moves.insert(cookie, (path, Instant::now()));
+                moves.insert(cookie, (path, now));
             } else if let Some(rel) = scope.relevant(&path) {
-                out.push(FileEventType::Delete, rel, String::new(), false);
+                out.push(now, FileEventType::Delete, rel, String::new(), false);
             }
         }
         EventKind::Modify(ModifyKind::Name(RenameMode::To)) => {
@@ -152,9 +155,9 @@ fn handle_notify(
             let (Some(from), Some(to)) = (ev.paths.first(), ev.paths.get(1)) else { return };
             let is_dir = std::fs::symlink_metadata(to).is_ok_and(|m| m.is_dir());
             match (scope.relevant(from), scope.relevant(to)) {
-                (Some(f), Some(t)) => out.push(FileEventType::Rename, t, f, is_dir),
-                (None, Some(t)) => out.push(FileEventType::Create, t, String::new(), is_dir),
-                (Some(f), None) => out.push(FileEventType::Delete, f, String::new(), is_dir),
+                (Some(f), Some(t)) => out.push(now, FileEventType::Rename, t, f, is_dir),
+                (None, Some(t)) => out.push(now, FileEventType::Create, t, String::new(), is_dir),
+                (Some(f), None) => out.push(now, FileEventType::Delete, f, String::new(), is_dir),
                 (None, None) => {}
             }
             if is_dir && scope.recursive && scope.relevant(to).is_some() {
@@ -164,12 +167,13 @@ fn handle_notify(
         }
         EventKind::Modify(_) => {
             if let Some(rel) = scope.relevant(&path) {
-                out.push(FileEventType::Change, rel, String::new(), false);
+                out.push(now, FileEventType::Change, rel, String::new(), false);
             }
         }
         EventKind::Remove(kind) => {
             if let Some(rel) = scope.relevant(&path) {
                 out.push(
+                    now,
                     FileEventType::Delete,
                     rel,
                     String::new(),
@@ -183,7 +187,7 @@ fn handle_notify(
 
 fn created(source: &mut InotifySource, scope: &Scope, out: &mut Coalescer, path: &Path, is_dir: bool) {
     let Some(rel) = scope.relevant(path) else { return };
-    out.push(FileEventType::Create, rel, String::new(), is_dir);
+    out.push(Instant::now(), FileEventType::Create, rel, String::new(), is_dir);
     if is_dir && scope.recursive {
         let _ = source.watcher.watch(path, RecursiveMode::NonRecursive);
         source.watch_tree(scope, path, Some(out));
@@ -195,5 +199,5 @@ fn rescan(source: &mut InotifySource, scope: &Scope, out: &mut Coalescer) {
     if scope.recursive {
         source.watch_tree(scope, &scope.dir.clone(), None);
     }
-    out.push(FileEventType::Rescan, scope.rel_dir(), String::new(), true);
+    out.push(Instant::now(), FileEventType::Rescan, scope.rel_dir(), String::new(), true);
 }

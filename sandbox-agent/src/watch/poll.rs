@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use shared::proto::agent::v1::{FileEventType, WatchMode, WatchResponse};
 use tokio::sync::mpsc;
@@ -81,13 +81,16 @@ pub(super) async fn run_poll(
         if !next.dir_ok {
             continue;
         }
-        let mut out = Coalescer::default();
+        // A poll is one batch per interval already: the coalescer only
+        // deduplicates within it.
+        let mut out = Coalescer::new(Duration::ZERO);
+        let now = Instant::now();
         let mut created: Vec<(&PathBuf, &Entry)> =
             next.entries.iter().filter(|(p, _)| !prev.entries.contains_key(*p)).collect();
         created.sort_by(|a, b| a.0.cmp(b.0));
         for (path, e) in created {
             if let Some(rel) = scope.relevant(path) {
-                out.push(FileEventType::Create, rel, String::new(), e.is_dir);
+                out.push(now, FileEventType::Create, rel, String::new(), e.is_dir);
             }
         }
         let mut changed: Vec<&PathBuf> = next
@@ -99,7 +102,7 @@ pub(super) async fn run_poll(
         changed.sort();
         for path in changed {
             if let Some(rel) = scope.relevant(path) {
-                out.push(FileEventType::Change, rel, String::new(), false);
+                out.push(now, FileEventType::Change, rel, String::new(), false);
             }
         }
         let mut carried = Vec::new();
@@ -117,12 +120,14 @@ pub(super) async fn run_poll(
         deleted.sort_by(|a, b| a.0.cmp(b.0));
         for (path, e) in deleted {
             if let Some(rel) = scope.relevant(path) {
-                out.push(FileEventType::Delete, rel, String::new(), e.is_dir);
+                out.push(now, FileEventType::Delete, rel, String::new(), e.is_dir);
             }
         }
         next.entries.extend(carried);
         prev = next;
-        if !out.is_empty() && tx.send(Ok(batch(out.take()))).await.is_err() {
+        if let Some(events) = out.take(now)
+            && tx.send(Ok(batch(events))).await.is_err()
+        {
             return;
         }
     }
