@@ -21,11 +21,14 @@ fn now_ms() -> i64 {
 ///
 /// On a quiet watch an event is ready at once and opens a window. Events
 /// arriving while it is open are kept, one per (path, kind), a `change`
-/// right after a `create` of the same path being part of the create; the
-/// event sent at the window's leading edge counts too, so a file created and
-/// written in one burst is one `create`. When the window ends, what it kept
-/// is one batch and a new window opens; if it kept nothing the watch is
-/// quiet again. A continuous stream of writes is so one batch per window.
+/// right after a `create` of the same path being part of the create. The
+/// event sent at the window's leading edge does not count: what happened to
+/// its file after it was sent is news (a client that read the file on its
+/// `create` must learn that the content changed since), so a file created
+/// and written in one burst is a `create` at once and a `change` at the
+/// window's end. When the window ends, what it kept is one batch and a new
+/// window opens; if it kept nothing the watch is quiet again. A continuous
+/// stream of writes is so one batch per window.
 /// A zero window coalesces nothing across calls: each [`Coalescer::take`]
 /// returns what was pushed since the previous one. Order of first
 /// occurrence is kept. Time is passed in, so the throttle is tested
@@ -65,6 +68,8 @@ impl Coalescer {
         } else {
             self.window_end = Some(now + self.window);
             self.ready.push(event);
+            // Sent: later events of its file in this window are news.
+            self.seen.clear();
         }
     }
 
@@ -159,12 +164,13 @@ mod tests {
     }
 
     #[test]
-    fn a_window_keeps_one_event_per_file_and_kind_counting_its_leading_event() {
+    fn a_window_keeps_one_event_per_file_and_kind_after_its_leading_event() {
         let t0 = Instant::now();
         let mut c = Coalescer::new(W);
         push(&mut c, t0, FileEventType::Create, "a");
         assert_eq!(brief(c.take(t0)), one(FileEventType::Create, "a"));
-        // Part of the create already sent.
+        // The create is sent: a change after it is news, once.
+        push(&mut c, t0 + ms(1), FileEventType::Change, "a");
         push(&mut c, t0 + ms(1), FileEventType::Change, "a");
         push(&mut c, t0 + ms(2), FileEventType::Change, "b");
         push(&mut c, t0 + ms(3), FileEventType::Change, "b");
@@ -178,6 +184,7 @@ mod tests {
         assert_eq!(
             got,
             vec![
+                (FileEventType::Change, "a", ""),
                 (FileEventType::Change, "b", ""),
                 (FileEventType::Delete, "a", ""),
                 (FileEventType::Rename, "c", "b"),
@@ -220,21 +227,31 @@ mod tests {
     }
 
     #[test]
-    fn writes_to_one_file_are_one_change_per_window() {
+    fn writes_to_one_file_are_one_change_per_window_and_the_last_is_never_lost() {
         let t0 = Instant::now();
         let mut c = Coalescer::new(W);
         let mut at = Vec::new();
         for i in 0..200u64 {
             let now = t0 + ms(i);
+            if c.deadline().is_some_and(|d| d <= now)
+                && let Some(b) = c.take(now)
+            {
+                assert_eq!(b.len(), 1);
+                at.push(now - t0);
+            }
             push(&mut c, now, FileEventType::Change, "f");
             if let Some(b) = c.take(now) {
                 assert_eq!(b.len(), 1);
                 at.push(now - t0);
             }
-            assert_eq!(c.deadline(), None, "a duplicate is never kept");
         }
-        // Each window closes with nothing kept, so the next write leads.
-        assert_eq!(at, vec![ms(0), W, W * 2, W * 3]);
+        // The writes after the leading one are one change at each window's
+        // end, the last window's included: the final content is announced.
+        let end = c.deadline().expect("the last writes are kept");
+        assert_eq!(brief(c.take(end)), one(FileEventType::Change, "f"));
+        at.push(end - t0);
+        assert_eq!(at, vec![ms(0), W, W * 2, W * 3, W * 4]);
+        assert_eq!(c.take(end + W), None, "then the watch is quiet");
     }
 
     #[test]
