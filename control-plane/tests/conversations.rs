@@ -13,7 +13,8 @@ use sandhold_tests::run::*;
 use sandhold_tests::server::*;
 use shared::proto::v1 as api;
 
-/// A harness run of `prompt` on `thread`, read to its end; its record.
+/// A harness run of `prompt` on `thread`, read to its end; its record and
+/// what its client saw.
 async fn turn(
     runs: &mut Runs,
     run_id: &str,
@@ -22,7 +23,7 @@ async fn turn(
     options: &api::HarnessOptions,
     prompt: &str,
     new_session: bool,
-) -> api::Run {
+) -> (api::Run, Seen) {
     let request = api::StartRunRequest {
         thread_id: thread.into(),
         run_id: run_id.into(),
@@ -39,7 +40,7 @@ async fn turn(
     assert!(read_until(&mut stream, &mut seen, |_| false).await.unwrap());
     let record = wait_terminal(runs, run_id).await;
     assert_eq!(record.status, api::RunStatus::Completed as i32, "{record:?}\n{:?}", seen.chunks);
-    record
+    (record, seen)
 }
 
 /// The requests the model received that carry `needle`.
@@ -61,24 +62,42 @@ async fn a_thread_continues_its_session(harness: &str, options: impl Fn(&Path, u
         format!("A new question, {}.", s.nonce),
     );
 
-    let first = turn(&mut runs, &format!("t1-{}", s.nonce), "chat", harness, &options, &fact, false).await;
+    let (first, _) =
+        turn(&mut runs, &format!("t1-{}", s.nonce), "chat", harness, &options, &fact, false).await;
     assert!(!first.session_id.is_empty(), "the run records its session: {first:?}");
     let listed = runs.list_runs(api::ListRunsRequest { thread_id: "chat".into(), limit: 10 }).await.unwrap();
     assert_eq!(listed.into_inner().runs[0].session_id, first.session_id, "ListRuns shows it too");
 
     // The next run of the thread: the model is sent the earlier turn.
-    turn(&mut runs, &format!("t2-{}", s.nonce), "chat", harness, &options, &question, false).await;
+    let _ = turn(&mut runs, &format!("t2-{}", s.nonce), "chat", harness, &options, &question, false).await;
     let requests = model.requests();
     let asked = sent_with(&requests, &question);
     assert!(!asked.is_empty(), "the question reached the model");
     assert!(asked.iter().any(|r| r.contains(&fact)), "the second turn was sent without the first: {asked:?}");
 
     // `new_session`: a fresh conversation, without the earlier turns.
-    turn(&mut runs, &format!("t3-{}", s.nonce), "chat", harness, &options, &fresh, true).await;
+    let _ = turn(&mut runs, &format!("t3-{}", s.nonce), "chat", harness, &options, &fresh, true).await;
     let requests = model.requests();
     let asked = sent_with(&requests, &fresh);
     assert!(!asked.is_empty(), "the new question reached the model");
     assert!(asked.iter().all(|r| !r.contains(&fact)), "a new session carried the old turns: {asked:?}");
+
+    // The session's files lived in the sandbox: once it is destroyed, the
+    // next run cannot continue it, says so, and starts a new one.
+    let sandbox_id = first.sandbox_id.clone();
+    let mut sandboxes = s.server.sandboxes(&s.token).await;
+    sandboxes.destroy_sandbox(api::DestroySandboxRequest { sandbox_id }).await.unwrap();
+    let after = format!("After the sandbox, {}.", s.nonce);
+    let (_, seen) =
+        turn(&mut runs, &format!("t4-{}", s.nonce), "chat", harness, &options, &after, false).await;
+    let warned = seen.chunks.iter().any(|(_, c)| {
+        c.name == "harness.warning" && c.value_json.contains("lived in a sandbox that is gone")
+    });
+    assert!(warned, "no warning of the lost session: {:?}", seen.chunks);
+    let requests = model.requests();
+    let asked = sent_with(&requests, &after);
+    assert!(!asked.is_empty(), "the run reached the model");
+    assert!(asked.iter().all(|r| !r.contains(&fresh)), "a lost session was resumed: {asked:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

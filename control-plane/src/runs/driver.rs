@@ -48,6 +48,12 @@ pub(crate) struct FreshStart {
     pub input: EnsureInput,
     pub command: CommandSpec,
     pub progress: Progress,
+    /// `harness.warning`s decided before the run started.
+    pub notes: Vec<String>,
+    /// The command, and a note, for when the ensure does not resume the
+    /// thread's sandbox: `command` continues a session whose files lived
+    /// there.
+    pub unless_resumed: Option<(CommandSpec, String)>,
 }
 
 /// One drive: who drives, under which epoch, for which run.
@@ -184,7 +190,7 @@ impl Runs {
         start: FreshStart,
     ) -> Result<(String, AgentClient, Arc<Secrets>), Ending> {
         let cx = &self.inner.ctx;
-        let FreshStart { input, command, progress } = start;
+        let FreshStart { input, mut command, progress, mut notes, unless_resumed } = start;
         let workspace = input.definition.workspace.clone().unwrap_or_default();
         let journal_cap = cx.lifecycle.policy.journal_cap(&input.definition);
         let ensured = self
@@ -195,6 +201,12 @@ impl Runs {
             .await
             .map_err(|e| Ending::Failed(e.into()))?;
         drop(progress); // ends the progress part of StartRun's stream
+        if let Some((fresh, note)) = unless_resumed
+            && ensured.outcome() != shared::proto::v1::EnsureOutcome::Resumed
+        {
+            command = fresh;
+            notes.push(note);
+        }
         let key = ensured.sandbox_id;
         let update = RunUpdate { sandbox_key: Some(Some(key.clone())), ..Default::default() };
         cx.stores.runs.update(&ctx.key, update).await.map_err(|e| Ending::Failed(e.into()))?;
@@ -211,9 +223,12 @@ impl Runs {
         }
         // Files that carry secrets are written for each run, for its harness
         // only; what the harness cannot use is a warning, not an error.
-        let warnings = crate::workspace::project_for_run(&live.agent, &workspace, &live.secrets, ctx.harness)
-            .await
-            .map_err(|e| Ending::Failed(Error::Projecting(e)))?;
+        let mut warnings = notes;
+        warnings.extend(
+            crate::workspace::project_for_run(&live.agent, &workspace, &live.secrets, ctx.harness)
+                .await
+                .map_err(|e| Ending::Failed(Error::Projecting(e)))?,
+        );
         if !warnings.is_empty() {
             let factory = ChunkFactory::new(&ctx.key.run, &ctx.thread_id, chunk::now_ms);
             let chunks: Vec<Chunk> = warnings.iter().map(|w| factory.warning(w, None)).collect();

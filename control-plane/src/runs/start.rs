@@ -42,19 +42,33 @@ pub struct StartRun {
 
 impl Runs {
     /// The session the thread's newest ended run of `harness` worked in:
-    /// the one the thread's next run of that harness continues.
+    /// the one the thread's next run of that harness continues. Its files
+    /// live in the sandbox that run used: a run of another definition gets
+    /// another sandbox, so it starts a new session and says so (as does a
+    /// run whose ensure does not resume that sandbox: see the driver).
     async fn thread_session(
         &self,
         tenant: &Tenant,
         thread_id: &str,
+        definition_id: &str,
         harness: Harness,
-    ) -> Result<Option<String>, Error> {
-        let mut runs = self.inner.ctx.stores.runs.list_by_thread(tenant, thread_id).await?;
+    ) -> Result<Session, Error> {
+        let stores = &self.inner.ctx.stores;
+        let mut runs = stores.runs.list_by_thread(tenant, thread_id).await?;
         runs.sort_by_key(|r| std::cmp::Reverse(r.started_at.as_millis()));
-        Ok(runs.into_iter().find_map(|r| {
-            let same = RunSpec::of(&r).is_ok_and(|s| s.harness == harness.name());
-            r.session_id.filter(|_| same)
-        }))
+        let found = runs.into_iter().find_map(|r| {
+            let spec = RunSpec::of(&r).ok().filter(|s| s.harness == harness.name())?;
+            Some((r.session_id?, spec.definition_id))
+        });
+        let Some((session, definition)) = found else { return Ok(Session::None) };
+        if definition != definition_id {
+            return Ok(Session::Lost(lost_session(
+                harness,
+                &session,
+                &format!("lived in a sandbox of definition {definition}"),
+            )));
+        }
+        Ok(Session::Continue(session))
     }
 
     /// Start a run and stream it: the sandbox's ensure progress, then the
@@ -66,11 +80,24 @@ impl Runs {
         let harness =
             Harness::parse(&req.harness).map_err(|e| InvalidField::new("harness", e.to_string()))?;
         let mut options = req.options;
+        let mut notes = Vec::new();
+        let mut unless_resumed = None;
+        let build = |options: &HarnessOptions| {
+            harness.command(options, &req.prompt).map_err(|e| Error::InvalidCommand(e.to_string()))
+        };
         if options.resume_session_id.is_none() && !req.new_session && harness.has_sessions() {
-            options.resume_session_id = self.thread_session(&req.tenant, &req.thread_id, harness).await?;
+            match self.thread_session(&req.tenant, &req.thread_id, &req.definition_id, harness).await? {
+                Session::Continue(id) => {
+                    // Should the ensure not resume the sandbox, its files are gone.
+                    let note = lost_session(harness, &id, "lived in a sandbox that is gone");
+                    unless_resumed = Some((build(&options)?, note));
+                    options.resume_session_id = Some(id);
+                }
+                Session::Lost(note) => notes.push(note),
+                Session::None => {}
+            }
         }
-        let command =
-            harness.command(&options, &req.prompt).map_err(|e| Error::InvalidCommand(e.to_string()))?;
+        let command = build(&options)?;
         let run = if req.run_id.is_empty() {
             if req.durable {
                 return Err(InvalidField::new(
@@ -178,7 +205,7 @@ impl Runs {
         };
         info!(run_id = %run, harness = harness.name(), durable = ctx.spec.durable, "run accepted");
         crate::metrics::runs().started();
-        let fresh = FreshStart { input, command, progress };
+        let fresh = FreshStart { input, command, progress, notes, unless_resumed };
         let log = self.log_stream(key.clone(), Offset::start(), CancellationToken::new());
         self.inner.drives.spawn(self.clone().drive(ctx, Some(fresh)));
         let progress = ReceiverStream::new(progress_rx).filter_map(|item| async move {
@@ -193,4 +220,18 @@ impl Runs {
         let (stream, _gone) = self.client_stream(key, Box::pin(progress.chain(log)));
         Ok(stream)
     }
+}
+
+fn lost_session(harness: Harness, session: &str, why: &str) -> String {
+    format!("the thread's {} session {session} {why}; this run starts a new session", harness.name())
+}
+
+/// What a thread's next run does about its harness session.
+enum Session {
+    /// Continue this session: its files are in the sandbox the run gets.
+    Continue(String),
+    /// There was one, but its files are gone: a new session, and this note.
+    Lost(String),
+    /// None to continue.
+    None,
 }
