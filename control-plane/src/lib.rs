@@ -18,4 +18,5 @@ pub mod sandbox;
 pub mod server;
 pub mod snapshot;
 pub mod store;
+pub mod toolchain;
 pub mod workspace;

@@ -70,9 +70,14 @@ pub struct EmbeddedArgs {
     pub agent_binary: Option<PathBuf>,
 
     /// The statically linked sandhold-agent copied into Docker sandboxes
-    /// (scripts/build-agent-static) [default: --agent-binary; none: no Docker].
+    /// [default: where scripts/build-agent-static puts it next to this build;
+    /// none: no Docker].
     #[arg(long, env = "SANDHOLD_AGENT_STATIC_BINARY", value_name = "FILE", global = true)]
     pub agent_static_binary: Option<PathBuf>,
+
+    /// Harness CLIs for sandboxes (`sandhold harness install`) [default: <data-dir>/toolchains].
+    #[arg(long, env = "SANDHOLD_TOOLCHAIN_DIR", value_name = "DIR", global = true)]
+    pub toolchain_dir: Option<PathBuf>,
 }
 
 impl EmbeddedArgs {
@@ -82,6 +87,7 @@ impl EmbeddedArgs {
             data_dir: self.data_dir.clone(),
             agent_binary: self.agent_binary.clone(),
             agent_static_binary: self.agent_static_binary.clone(),
+            toolchain_dir: self.toolchain_dir.clone(),
             shutdown_grace_ms: Some(EMBEDDED_STOP_GRACE_MS),
             log_format: Some(LogFormat::Json),
             replica_id: Some(format!("embedded-{}", std::process::id())),

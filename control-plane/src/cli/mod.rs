@@ -5,6 +5,7 @@
 mod client;
 mod definition_file;
 mod git;
+mod harness;
 mod logging;
 mod output;
 mod port_forward;
@@ -61,6 +62,9 @@ pub enum Command {
     Git(git::GitArgs),
     /// An interactive terminal in a sandbox (a login shell, or CMD); exits with its code.
     Shell(shell::ShellArgs),
+    /// Install or list the harness CLIs sandboxes get from this host (run on the server's host).
+    #[command(subcommand)]
+    Harness(harness::HarnessCommand),
 }
 
 /// A flag that no longer exists and what to use instead (clap's own
@@ -93,6 +97,7 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let command = match cli.command {
         Command::Serve(args) => return serve::main(args),
+        Command::Harness(c) => return harness::harness(c),
         other => other,
     };
     let runtime = match tokio::runtime::Runtime::new() {
@@ -104,7 +109,7 @@ pub fn main() -> ExitCode {
     };
     let code = runtime.block_on(async move {
         match command {
-            Command::Serve(_) => unreachable!("handled above"),
+            Command::Serve(_) | Command::Harness(_) => unreachable!("handled above"),
             Command::Run(args) => run::run(*args).await,
             Command::Attach(args) => run::attach(args).await,
             Command::Cancel(args) => run::cancel(args).await,

@@ -93,8 +93,15 @@ pub struct ConfigLayer {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub agent_binary: Option<PathBuf>,
 
+    /// Harness CLIs for sandboxes (`sandhold harness install`), read-only in
+    /// Docker sandboxes [default: <data-dir>/toolchains].
+    #[arg(long, env = "SANDHOLD_TOOLCHAIN_DIR", value_name = "DIR")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub toolchain_dir: Option<PathBuf>,
+
     /// The statically linked sandhold-agent copied into Docker sandboxes
-    /// (scripts/build-agent-static) [default: --agent-binary; none: no Docker provider].
+    /// [default: where scripts/build-agent-static puts it next to this build,
+    /// else --agent-binary if static; none: no Docker provider].
     #[arg(long, env = "SANDHOLD_AGENT_STATIC_BINARY", value_name = "FILE")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub agent_static_binary: Option<PathBuf>,

@@ -116,8 +116,13 @@ pub struct ServeConfig {
     /// executable, else on `PATH`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent_binary: Option<PathBuf>,
+    /// Harness CLIs for sandboxes. Empty only in the defaults, where it
+    /// follows `data_dir` (`<data_dir>/toolchains`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub toolchain_dir: Option<PathBuf>,
     /// The statically linked agent copied into Docker sandboxes; `None`:
-    /// `agent_binary`, and without either the Docker provider is off.
+    /// where `scripts/build-agent-static` puts one, else `agent_binary` if
+    /// static, and without either the Docker provider is off.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent_static_binary: Option<PathBuf>,
     /// The reaper: schedule, TTL and bounds of a sweep.
@@ -190,6 +195,7 @@ impl ServeConfig {
             shutdown_grace: Duration::from_millis(DEFAULT_SHUTDOWN_GRACE_MS),
             agent_binary: None,
             agent_static_binary: None,
+            toolchain_dir: None,
             reaper: ReaperOptions::default(),
             operator_tenants: Vec::new(),
             tokens_file: None,
@@ -212,6 +218,9 @@ impl ServeConfig {
         let mut config: ServeConfig = figment.extract().context("merging the configuration layers")?;
         if !figment.contains("database_url") {
             config.database_url = default_database_url(&config.data_dir);
+        }
+        if config.toolchain_dir.is_none() {
+            config.toolchain_dir = Some(config.data_dir.join("toolchains"));
         }
         config.redis_url = config.redis_url.filter(|u| !u.is_empty());
         config.reaper.validate().map_err(|e| anyhow::anyhow!(e))?;

@@ -162,32 +162,28 @@ fn static_agent_near(exe: &Path) -> Option<PathBuf> {
     (candidate.is_file() && is_static_executable(&candidate)).then_some(candidate)
 }
 
-/// Whether `path` is an x86-64/aarch64 ELF executable that needs no
-/// dynamic loader (no `PT_INTERP` program header), so it runs in an image
-/// that has no libc at all.
+/// Whether the file at `path` is an executable that needs no dynamic
+/// loader ([`is_static_elf`]), so it runs in an image with no libc at all.
 pub fn is_static_executable(path: &Path) -> bool {
-    use std::io::Read;
+    std::fs::read(path).is_ok_and(|bytes| is_static_elf(&bytes))
+}
+
+/// Whether `bytes` are a 64-bit little-endian ELF with no `PT_INTERP`
+/// program header (no dynamic loader).
+pub(crate) fn is_static_elf(bytes: &[u8]) -> bool {
     const PT_INTERP: u32 = 3;
-    let mut header = [0u8; 64];
-    let Ok(mut file) = std::fs::File::open(path) else { return false };
-    if file.read_exact(&mut header).is_err() || &header[..4] != b"\x7fELF" || header[4] != 2 || header[5] != 1
-    {
-        return false; // not a 64-bit little-endian ELF
+    if bytes.len() < 64 || &bytes[..4] != b"\x7fELF" || bytes[4] != 2 || bytes[5] != 1 {
+        return false; // only 64-bit little-endian is built here
     }
-    let u16_at = |b: &[u8], i: usize| u16::from_le_bytes([b[i], b[i + 1]]);
-    let phoff = u64::from_le_bytes(header[32..40].try_into().unwrap_or_default());
-    let (phentsize, phnum) = (usize::from(u16_at(&header, 54)), usize::from(u16_at(&header, 56)));
-    if phentsize < 4 || phnum == 0 {
-        return false;
-    }
-    let mut table = vec![0u8; phentsize * phnum];
-    use std::io::Seek;
-    if file.seek(std::io::SeekFrom::Start(phoff)).is_err() || file.read_exact(&mut table).is_err() {
-        return false;
-    }
-    !table
-        .chunks(phentsize)
-        .any(|entry| u32::from_le_bytes([entry[0], entry[1], entry[2], entry[3]]) == PT_INTERP)
+    let u16_at = |o: usize| u16::from_le_bytes([bytes[o], bytes[o + 1]]) as usize;
+    let phoff = u64::from_le_bytes(bytes[32..40].try_into().unwrap_or_default()) as usize;
+    let (phentsize, phnum) = (u16_at(54), u16_at(56));
+    (0..phnum).all(|i| {
+        let at = phoff + i * phentsize;
+        bytes
+            .get(at..at + 4)
+            .is_some_and(|t| u32::from_le_bytes(t.try_into().unwrap_or_default()) != PT_INTERP)
+    })
 }
 
 #[cfg(test)]
@@ -202,6 +198,7 @@ mod tests {
         // the test images need) is not.
         let me = std::env::current_exe().unwrap();
         assert!(!is_static_executable(&me));
+        assert!(!is_static_elf(b"#!/bin/sh\necho hi\n"));
         assert!(!is_static_executable(Path::new("/etc/passwd")));
         let busybox = Path::new("/bin/busybox");
         assert!(is_static_executable(busybox), "busybox-static is installed by scripts/build-test-images");

@@ -224,6 +224,18 @@ impl Runs {
         // Files that carry secrets are written for each run, for its harness
         // only; what the harness cannot use is a warning, not an error.
         let mut warnings = notes;
+        let toolchains = cx.lifecycle.toolchains.as_ref();
+        let program = command.argv.first().map(String::as_str).unwrap_or_default();
+        let (path, missing) = super::toolchain::run_path(
+            toolchains,
+            ctx.harness,
+            program,
+            &command.env,
+            live.provider,
+            &live.agent,
+        )
+        .await;
+        warnings.extend(missing);
         warnings.extend(
             crate::workspace::project_for_run(&live.agent, &workspace, &live.secrets, ctx.harness)
                 .await
@@ -243,6 +255,10 @@ impl Runs {
         // The sandbox's SetEnv variables, below the harness's and the secrets.
         for (name, value) in &live.env {
             request.env.entry(name.clone()).or_insert_with(|| value.clone());
+        }
+        // The toolchain's CLIs, unless the run sets its own PATH.
+        if let Some(path) = path {
+            request.env.entry("PATH".into()).or_insert(path);
         }
         live.agent
             .journal()

@@ -29,6 +29,7 @@ mod replica;
 mod retry;
 mod spec;
 mod start;
+mod toolchain;
 
 use records::run_id_field;
 pub(crate) use replica::Drive;

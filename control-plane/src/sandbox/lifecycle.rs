@@ -103,6 +103,8 @@ pub struct Lifecycle {
     quota: SandboxQuota,
     /// How large a portable snapshot's file, and a snapshot, may be.
     snapshot_limits: crate::config::SnapshotLimits,
+    /// Harness CLIs runs find on their `PATH` (`sandhold harness install`).
+    pub(crate) toolchains: Option<crate::toolchain::Toolchains>,
     provisioner: Arc<dyn Provisioner>,
     live: Arc<Mutex<HashMap<String, Live>>>,
 }
@@ -116,6 +118,7 @@ impl Lifecycle {
             policy: OperatorPolicy::default(),
             quota: SandboxQuota::default(),
             snapshot_limits: Default::default(),
+            toolchains: None,
             provisioner,
             live: Arc::default(),
         }
@@ -128,6 +131,11 @@ impl Lifecycle {
 
     pub fn with_policy(mut self, policy: OperatorPolicy) -> Self {
         self.policy = policy;
+        self
+    }
+
+    pub fn with_toolchains(mut self, toolchains: crate::toolchain::Toolchains) -> Self {
+        self.toolchains = Some(toolchains);
         self
     }
 

@@ -70,7 +70,8 @@ pub async fn providers_from_config(config: &ServeConfig) -> Providers {
             );
         }
         Some(agent) => {
-            let options = DockerProviderOptions::new(agent, config.data_dir.join("docker"));
+            let mut options = DockerProviderOptions::new(agent, config.data_dir.join("docker"));
+            options.toolchain_dir = config.toolchain_dir.clone();
             match DockerProvider::connect(options).await {
                 Ok(p) => providers = providers.with(Arc::new(p)),
                 Err(e) => {

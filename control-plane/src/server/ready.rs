@@ -132,6 +132,10 @@ impl Readiness {
         .with_policy(super::providers::policy_from_config(config))
         .with_quota(SandboxQuota::new(config.quotas.sandboxes()))
         .with_snapshot_limits(config.snapshot_limits);
+        let lifecycle = match &config.toolchain_dir {
+            Some(dir) => lifecycle.with_toolchains(crate::toolchain::Toolchains::new(dir)),
+            None => lifecycle,
+        };
         let cx = Context {
             replica_id: config.replica_id.clone(),
             stores: stores.clone(),

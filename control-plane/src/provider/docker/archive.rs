@@ -47,34 +47,9 @@ pub(super) fn agent_archive(
     builder.into_inner().map(Bytes::from).map_err(fail)
 }
 
-/// An ELF executable without a program interpreter (the dynamic loader).
-pub(super) fn is_static_elf(bytes: &[u8]) -> bool {
-    const PT_INTERP: u32 = 3;
-    if bytes.len() < 64 || &bytes[..4] != b"\x7fELF" || bytes[4] != 2 || bytes[5] != 1 {
-        return false; // only 64-bit little-endian is built here
-    }
-    let u16_at = |o: usize| u16::from_le_bytes([bytes[o], bytes[o + 1]]) as usize;
-    let phoff = u64::from_le_bytes(bytes[32..40].try_into().unwrap_or_default()) as usize;
-    let (phentsize, phnum) = (u16_at(54), u16_at(56));
-    (0..phnum).all(|i| {
-        let at = phoff + i * phentsize;
-        bytes
-            .get(at..at + 4)
-            .is_some_and(|t| u32::from_le_bytes(t.try_into().unwrap_or_default()) != PT_INTERP)
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn dynamic_executables_are_not_static() {
-        let me = std::fs::read(std::env::current_exe().unwrap()).unwrap();
-        // Test binaries are dynamically linked (they need the loader).
-        assert!(!is_static_elf(&me));
-        assert!(!is_static_elf(b"#!/bin/sh\necho hi\n"));
-    }
 
     #[test]
     fn the_archive_holds_the_agent_and_the_users_workspace() {

@@ -51,11 +51,13 @@ pub(super) fn workdir(opts: &DockerOptions) -> Result<String> {
 /// The container of `spec` started from `origin`, its host directory at
 /// `host_dir`: the agent as entrypoint (PID 1, `init` mode) listening in
 /// the host directory, no network unless one is named, the spec's limits
-/// and mounts. Refuses a relative workdir or mount target.
+/// and mounts, and the harness CLIs of `toolchains` read-only. Refuses a
+/// relative workdir or mount target.
 pub(super) fn container_config(
     spec: &SandboxSpec,
     origin: &Origin,
     host_dir: &Path,
+    toolchains: Option<&Path>,
 ) -> Result<ContainerCreateBody> {
     let opts = &spec.docker;
     let workdir = workdir(opts)?;
@@ -64,6 +66,9 @@ pub(super) fn container_config(
     labels.insert(LABEL_FORK_IMAGE.into(), origin.fork_image.clone().unwrap_or_default());
 
     let mut mounts = vec![bind(&host_dir.display().to_string(), RUN_DIR, false)];
+    if let Some(dir) = toolchains {
+        mounts.push(bind(&dir.display().to_string(), crate::toolchain::MOUNT, true));
+    }
     let mut tmpfs = HashMap::new();
     if opts.read_only_root {
         // Uploads into a read-only rootfs are refused even before start,
@@ -204,7 +209,8 @@ mod tests {
 
     #[test]
     fn a_default_container_runs_the_agent_without_network() {
-        let body = container_config(&spec(DockerOptions::default()), &origin(), Path::new("/s/abc")).unwrap();
+        let body =
+            container_config(&spec(DockerOptions::default()), &origin(), Path::new("/s/abc"), None).unwrap();
         assert_eq!(body.image.as_deref(), Some("debian:bookworm"));
         assert_eq!(body.working_dir.as_deref(), Some("/workspace"));
         assert_eq!(body.env, Some(vec!["A=1".to_string()]));
@@ -255,7 +261,7 @@ mod tests {
             ..Default::default()
         };
         let fork = Origin { image: "sandhold-fork:x".into(), fork_image: Some("sandhold-fork:x".into()) };
-        let body = container_config(&spec(docker), &fork, Path::new("/s/abc")).unwrap();
+        let body = container_config(&spec(docker), &fork, Path::new("/s/abc"), None).unwrap();
         assert_eq!(body.user.as_deref(), Some("0:0"), "the agent is root");
         assert!(
             entrypoint_has(&body, ["--run-user", "1000:1000"]),
@@ -287,7 +293,7 @@ mod tests {
     fn relative_paths_are_refused() {
         for workdir in ["relative", "/a/../b"] {
             let docker = DockerOptions { workdir: Some(workdir.into()), ..Default::default() };
-            let err = container_config(&spec(docker), &origin(), Path::new("/s")).unwrap_err();
+            let err = container_config(&spec(docker), &origin(), Path::new("/s"), None).unwrap_err();
             let err = shared::error::Error::from(err);
             assert_eq!(err.code, shared::error::ErrorCode::InvalidArgument);
             assert!(err.message.starts_with("docker.workdir:"), "{err:?}");
@@ -296,7 +302,7 @@ mod tests {
             mounts: vec![MountSpec { source: "v".into(), target: "data".into(), read_only: false }],
             ..Default::default()
         };
-        let err = container_config(&spec(docker), &origin(), Path::new("/s")).unwrap_err();
+        let err = container_config(&spec(docker), &origin(), Path::new("/s"), None).unwrap_err();
         let err = shared::error::Error::from(err);
         assert!(err.message.starts_with("docker.mounts.target:"), "{err:?}");
     }

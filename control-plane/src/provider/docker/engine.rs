@@ -16,7 +16,7 @@ use bytes::Bytes;
 use futures::StreamExt;
 use shared::transport::Address;
 
-use super::archive::{agent_archive, is_static_elf};
+use super::archive::agent_archive;
 use super::container::{Origin, container_config, workdir};
 use super::user::run_user;
 use super::{AGENT_DIR, DockerProviderOptions, LABEL_HOST_DIR};
@@ -37,6 +37,9 @@ pub struct DockerProvider {
     state_dir: PathBuf,
     pub(super) default_image: Option<String>,
     ready_timeout: Duration,
+    /// Mounted read-only at [`crate::toolchain::MOUNT`] (made if missing,
+    /// so CLIs installed later appear in running sandboxes).
+    toolchain_dir: Option<PathBuf>,
 }
 
 impl DockerProvider {
@@ -61,7 +64,7 @@ impl DockerProvider {
                 options.agent_binary.display()
             ))
         })?;
-        if !is_static_elf(&agent) {
+        if !crate::provider::host::is_static_elf(&agent) {
             return Err(Error::Refused(format!(
                 "{} is not a statically linked executable, so it would not run in an arbitrary image; build it with \
                  scripts/build-agent-static",
@@ -72,6 +75,13 @@ impl DockerProvider {
         let state_dir =
             options.state_dir.canonicalize().map_err(Error::io(&options.state_dir, "resolving"))?;
         check_socket_path(&state_dir.join(new_short_id()).join("agent.sock"), "the Docker state dir")?;
+        let toolchain_dir = match options.toolchain_dir {
+            Some(dir) => {
+                std::fs::create_dir_all(&dir).map_err(Error::io(&dir, "creating"))?;
+                Some(dir.canonicalize().map_err(Error::io(&dir, "resolving"))?)
+            }
+            None => None,
+        };
         Ok(Self {
             docker,
             engine,
@@ -79,6 +89,7 @@ impl DockerProvider {
             state_dir,
             default_image: options.default_image,
             ready_timeout: options.ready_timeout,
+            toolchain_dir,
         })
     }
 
@@ -166,7 +177,7 @@ impl DockerProvider {
     ) -> Result<Sandbox> {
         let opts = &spec.docker;
         let workdir = workdir(opts)?;
-        let body = container_config(spec, origin, host_dir)?;
+        let body = container_config(spec, origin, host_dir, self.toolchain_dir.as_deref())?;
         let token = new_token();
         write_private_file(&host_dir.join("token"), token.expose().as_bytes())
             .map_err(Error::io(&host_dir.join("token"), "writing"))?;

@@ -51,6 +51,9 @@ pub struct DockerProviderOptions {
     pub default_image: Option<String>,
     /// How long a new or restarted container's agent may take to answer.
     pub ready_timeout: Duration,
+    /// Harness CLIs (`sandhold harness install`), bind-mounted read-only at
+    /// [`crate::toolchain::MOUNT`] in every container; `None`: not mounted.
+    pub toolchain_dir: Option<PathBuf>,
 }
 
 impl DockerProviderOptions {
@@ -60,6 +63,7 @@ impl DockerProviderOptions {
             state_dir: state_dir.into(),
             default_image: None,
             ready_timeout: Duration::from_secs(60),
+            toolchain_dir: None,
         }
     }
 }

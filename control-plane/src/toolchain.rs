@@ -1,0 +1,339 @@
+//! Harness CLIs for sandboxes whose images do not have them: the native
+//! binaries of Claude Code, Codex and OpenCode, fetched from the npm
+//! registry at pinned versions into a host directory (the toolchain dir,
+//! `<data-dir>/toolchains` by default) that Docker sandboxes get read-only
+//! at [`MOUNT`], and that runs find first on their `PATH`.
+//!
+//! ```text
+//! <dir>/<harness>/<version>/<libc>/   one npm package, unpacked
+//! <dir>/<libc>/bin/<program>          -> the current version's binary
+//! ```
+//!
+//! `libc` is `glibc` or `musl`: which loader the image has decides which
+//! `bin` a sandbox gets ([`Libc::of_image`]); a static binary (Codex) is
+//! linked into both. The packages are the platform ones the CLIs' own npm
+//! packages depend on, fetched with `npm pack` (no install scripts run)
+//! and unpacked with `tar`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, bail};
+
+/// Where Docker sandboxes see the toolchain dir (read-only).
+pub const MOUNT: &str = "/opt/sandhold/toolchains";
+
+/// Which C library a binary needs: what the image must have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Libc {
+    Glibc,
+    Musl,
+}
+
+impl Libc {
+    pub const ALL: [Libc; 2] = [Libc::Glibc, Libc::Musl];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Glibc => "glibc",
+            Self::Musl => "musl",
+        }
+    }
+
+    /// A shell probe that prints `glibc` and/or `musl` for the loaders an
+    /// image has (x86-64).
+    pub const PROBE: &'static str = "test -e /lib64/ld-linux-x86-64.so.2 && echo glibc; \
+        test -e /lib/ld-musl-x86_64.so.1 && echo musl; true";
+
+    /// The C library of an image from [`Libc::PROBE`]'s output (glibc
+    /// first); `None` for an image with neither (scratch, static busybox).
+    pub fn of_image(probe_output: &str) -> Option<Libc> {
+        let has = |l: Libc| probe_output.lines().any(|line| line.trim() == l.as_str());
+        Libc::ALL.into_iter().find(|l| has(*l))
+    }
+}
+
+/// One npm package holding a native binary for one libc (or for any:
+/// a static binary).
+#[derive(Debug, Clone, Copy)]
+struct Package {
+    /// `None`: static, runs on either.
+    libc: Option<Libc>,
+    /// `name@version` as npm resolves it.
+    spec: &'static str,
+    /// The binary inside the package (under `package/`).
+    binary: &'static str,
+}
+
+/// A harness CLI Sandhold can bring into sandboxes.
+#[derive(Debug, Clone, Copy)]
+pub struct Cli {
+    /// The harness's name (`claude-code`, `codex`, `opencode`).
+    pub harness: &'static str,
+    /// The program the harness runs.
+    pub program: &'static str,
+    pub version: &'static str,
+    packages: &'static [Package],
+}
+
+/// What `sandhold harness install` knows, pinned (the same versions the
+/// tests drive).
+pub const CATALOGUE: &[Cli] = &[
+    Cli {
+        harness: "claude-code",
+        program: "claude",
+        version: "2.1.197",
+        packages: &[
+            Package {
+                libc: Some(Libc::Glibc),
+                spec: "@anthropic-ai/claude-code-linux-x64@2.1.197",
+                binary: "claude",
+            },
+            Package {
+                libc: Some(Libc::Musl),
+                spec: "@anthropic-ai/claude-code-linux-x64-musl@2.1.197",
+                binary: "claude",
+            },
+        ],
+    },
+    Cli {
+        harness: "codex",
+        program: "codex",
+        version: "0.171.0",
+        packages: &[Package {
+            libc: None,
+            spec: "@openai/codex@0.171.0-linux-x64",
+            binary: "vendor/x86_64-unknown-linux-musl/bin/codex",
+        }],
+    },
+    Cli {
+        harness: "opencode",
+        program: "opencode",
+        version: "1.18.33",
+        // OpenCode publishes no musl build of this version.
+        packages: &[Package {
+            libc: Some(Libc::Glibc),
+            spec: "opencode-linux-x64@1.18.33",
+            binary: "bin/opencode",
+        }],
+    },
+];
+
+impl Cli {
+    pub fn named(harness: &str) -> Option<&'static Cli> {
+        CATALOGUE.iter().find(|c| c.harness == harness)
+    }
+
+    /// Whether a build of this CLI runs with `libc` (`None`: an image with
+    /// no C library).
+    pub fn runs_with(&self, libc: Option<Libc>) -> bool {
+        self.packages.iter().any(|p| p.libc.is_none() || p.libc == libc && libc.is_some())
+    }
+
+    fn package_dir(&self, root: &Path, package: &Package) -> PathBuf {
+        let flavour = package.libc.map(Libc::as_str).unwrap_or("static");
+        root.join(self.harness).join(self.version).join(flavour)
+    }
+}
+
+/// A harness CLI found in the toolchain dir.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Installed {
+    pub harness: String,
+    pub version: String,
+    /// The C libraries it has a binary for.
+    pub libcs: Vec<&'static str>,
+}
+
+/// The toolchain dir.
+#[derive(Debug, Clone)]
+pub struct Toolchains {
+    root: PathBuf,
+}
+
+impl Toolchains {
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        Self { root: root.into() }
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The `bin` dir for `libc`, as the host sees it.
+    pub fn bin_dir(&self, libc: Libc) -> PathBuf {
+        self.root.join(libc.as_str()).join("bin")
+    }
+
+    /// Fetch and unpack `cli`'s packages that are not here yet, then point
+    /// the `bin` dirs at this version. `say` hears what happens.
+    pub fn install(&self, cli: &Cli, say: &mut dyn FnMut(&str)) -> anyhow::Result<()> {
+        std::fs::create_dir_all(&self.root).with_context(|| format!("creating {}", self.root.display()))?;
+        for package in cli.packages {
+            let dir = cli.package_dir(&self.root, package);
+            if dir.join("package").join(package.binary).is_file() {
+                say(&format!("{} {}: {} already here", cli.harness, cli.version, package.spec));
+                continue;
+            }
+            say(&format!("{} {}: fetching {} from the npm registry", cli.harness, cli.version, package.spec));
+            fetch(package.spec, &self.root, &dir)?;
+            if !dir.join("package").join(package.binary).is_file() {
+                bail!("{} has no {} (a changed package layout?)", package.spec, package.binary);
+            }
+        }
+        for libc in Libc::ALL {
+            let package = cli
+                .packages
+                .iter()
+                .find(|p| p.libc == Some(libc))
+                .or_else(|| cli.packages.iter().find(|p| p.libc.is_none()));
+            let Some(package) = package else { continue };
+            let bin = self.bin_dir(libc);
+            std::fs::create_dir_all(&bin)?;
+            // Relative, so the link holds wherever the dir is mounted.
+            let target = Path::new("../..")
+                .join(cli.package_dir(Path::new(""), package))
+                .join("package")
+                .join(package.binary);
+            let link = bin.join(cli.program);
+            let tmp = bin.join(format!(".{}.new", cli.program));
+            let _ = std::fs::remove_file(&tmp);
+            std::os::unix::fs::symlink(&target, &tmp)?;
+            std::fs::rename(&tmp, &link)?;
+        }
+        say(&format!("{} {} installed", cli.harness, cli.version));
+        Ok(())
+    }
+
+    /// The harness CLIs the `bin` dirs point at, with their versions.
+    pub fn list(&self) -> Vec<Installed> {
+        let mut out: Vec<Installed> = Vec::new();
+        for cli in CATALOGUE {
+            for libc in Libc::ALL {
+                let link = self.bin_dir(libc).join(cli.program);
+                let Ok(target) = std::fs::read_link(&link) else { continue };
+                if !link.is_file() {
+                    continue; // dangling
+                }
+                // ../../<harness>/<version>/<flavour>/package/...
+                let version =
+                    target.components().nth(3).map(|c| c.as_os_str().to_string_lossy().into_owned());
+                let version = version.unwrap_or_default();
+                match out.iter_mut().find(|i| i.harness == cli.harness && i.version == version) {
+                    Some(i) => i.libcs.push(libc.as_str()),
+                    None => out.push(Installed {
+                        harness: cli.harness.into(),
+                        version,
+                        libcs: vec![libc.as_str()],
+                    }),
+                }
+            }
+        }
+        out
+    }
+
+    /// Whether `cli` has a binary for `libc` here.
+    pub fn has(&self, cli: &Cli, libc: Libc) -> bool {
+        self.bin_dir(libc).join(cli.program).is_file()
+    }
+}
+
+/// A directory for one fetch, removed with everything in it on drop.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(root: &Path) -> anyhow::Result<Self> {
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        let dir = root.join(format!(".fetch-{}-{}", std::process::id(), nanos.as_nanos()));
+        std::fs::create_dir(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        Ok(Self(dir))
+    }
+
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// `npm pack SPEC` into a scratch dir under `root`, unpacked into `dir`
+/// (moved into place whole, so a broken fetch leaves nothing behind).
+fn fetch(spec: &str, root: &Path, dir: &Path) -> anyhow::Result<()> {
+    let scratch = Scratch::new(root)?;
+    let npm = Command::new("npm")
+        .args(["pack", "--silent", "--pack-destination"])
+        .arg(scratch.path())
+        .arg(spec)
+        .current_dir(scratch.path())
+        .output()
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => anyhow::anyhow!(
+                "npm is not installed: `sandhold harness install` fetches the CLIs from the npm registry \
+                 (apt-get install npm)"
+            ),
+            _ => anyhow::anyhow!("running npm: {e}"),
+        })?;
+    if !npm.status.success() {
+        bail!("npm pack {spec} failed: {}", String::from_utf8_lossy(&npm.stderr).trim());
+    }
+    let tarball = String::from_utf8_lossy(&npm.stdout).lines().last().unwrap_or_default().trim().to_string();
+    let unpacked = scratch.path().join("unpacked");
+    std::fs::create_dir_all(&unpacked)?;
+    let tar = Command::new("tar")
+        .arg("-xzf")
+        .arg(scratch.path().join(&tarball))
+        .arg("-C")
+        .arg(&unpacked)
+        .arg("--no-same-owner")
+        .output()
+        .context("running tar")?;
+    if !tar.status.success() {
+        bail!("unpacking {tarball}: {}", String::from_utf8_lossy(&tar.stderr).trim());
+    }
+    std::fs::create_dir_all(dir.parent().expect("a package dir has a parent"))?;
+    let _ = std::fs::remove_dir_all(dir);
+    std::fs::rename(&unpacked, dir).with_context(|| format!("moving the package to {}", dir.display()))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_image_probe_picks_glibc_first_and_knows_none() {
+        assert_eq!(Libc::of_image("glibc\nmusl\n"), Some(Libc::Glibc));
+        assert_eq!(Libc::of_image("musl\n"), Some(Libc::Musl));
+        assert_eq!(Libc::of_image(""), None);
+        let claude = Cli::named("claude-code").unwrap();
+        let codex = Cli::named("codex").unwrap();
+        let opencode = Cli::named("opencode").unwrap();
+        assert!(claude.runs_with(Some(Libc::Musl)) && !claude.runs_with(None));
+        assert!(codex.runs_with(None) && codex.runs_with(Some(Libc::Glibc)));
+        assert!(opencode.runs_with(Some(Libc::Glibc)) && !opencode.runs_with(Some(Libc::Musl)));
+    }
+
+    #[test]
+    fn installed_clis_are_listed_from_the_bin_links() {
+        let dir = tempfile::tempdir().unwrap();
+        let chains = Toolchains::new(dir.path());
+        assert!(chains.list().is_empty());
+        // What an install leaves, made by hand (no registry in a unit test).
+        let codex = Cli::named("codex").unwrap();
+        let package = &codex.packages[0];
+        let binary = codex.package_dir(dir.path(), package).join("package").join(package.binary);
+        std::fs::create_dir_all(binary.parent().unwrap()).unwrap();
+        std::fs::write(&binary, "#!/bin/sh\n").unwrap();
+        chains.install(codex, &mut |_| {}).unwrap();
+        assert_eq!(
+            chains.list(),
+            [Installed { harness: "codex".into(), version: "0.171.0".into(), libcs: vec!["glibc", "musl"] }]
+        );
+        assert!(chains.has(codex, Libc::Musl));
+        assert!(!chains.has(Cli::named("claude-code").unwrap(), Libc::Glibc));
+    }
+}
