@@ -60,8 +60,17 @@ export interface RunStream extends AsyncIterable<RunItem> {
   readonly lastOffset: string;
 }
 
-/** What ends a stream without being the server's answer: worth resuming. */
+/** Codes of a stream cut by the network rather than answered by the server. */
 const TRANSIENT = new Set<Code>([Code.Unavailable, Code.Unknown, Code.Internal, Code.DeadlineExceeded, Code.Aborted]);
+
+/**
+ * Worth attaching again: the connection broke (no Sandhold reason), or the
+ * server said UNAVAILABLE (starting, stopping, a dependency down). A
+ * Sandhold answer with any other reason is final.
+ */
+function resumable(error: SandholdError): boolean {
+  return error.reason === "UNAVAILABLE" || (error.reason === "TRANSPORT" && TRANSIENT.has(error.code));
+}
 
 export class SandholdClient {
   readonly runs: Client<typeof RunService>;
@@ -129,7 +138,7 @@ export class SandholdClient {
           return;
         } catch (e) {
           const error = SandholdError.from(e);
-          if (!request.durable || options.signal?.aborted || !TRANSIENT.has(error.code)) throw error;
+          if (!request.durable || options.signal?.aborted || !resumable(error)) throw error;
           options.onReconnect?.({ attempt: 1, afterOffset: lastOffset, error });
         }
         // The connection dropped: the run goes on (durable runs detach);
@@ -199,7 +208,7 @@ export class SandholdClient {
         // A StartRun cut before the server recorded the run: its id is not
         // known yet, for a moment.
         const early = mayNotExistYet && after === "" && error.reason === "NOT_FOUND";
-        if (options.signal?.aborted || (!TRANSIENT.has(error.code) && !early)) throw error;
+        if (options.signal?.aborted || (!resumable(error) && !early)) throw error;
         attempt += 1;
         if (attempt > this.#resume.maxAttempts) throw error;
         options.onReconnect?.({ attempt, afterOffset: after, error });

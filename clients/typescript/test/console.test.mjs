@@ -1,0 +1,122 @@
+// The web console in a real browser: headless Chromium (Debian's package)
+// driven by puppeteer-core, against a real `sandhold serve`. Signs in with
+// a token, watches a run started by the test stream in on /runs/<id>,
+// cancels it with the button and sees it aborted. The screenshot goes to
+// test/artifacts/run-page.png.
+
+import assert from "node:assert/strict";
+import { existsSync, mkdirSync } from "node:fs";
+import { dirname, join } from "node:path";
+import { test } from "node:test";
+import { fileURLToPath } from "node:url";
+
+import puppeteer from "puppeteer-core";
+
+import { RunStatus } from "../dist/index.js";
+import { putLocalDefinition, startServer } from "./support.mjs";
+
+const artifacts = join(dirname(fileURLToPath(import.meta.url)), "artifacts");
+const chromium = process.env.CHROMIUM ?? ["/usr/bin/chromium", "/usr/bin/chromium-browser"].find((p) => existsSync(p));
+// Under scripts/test (SANDHOLD_REQUIRE_SERVICES=1) a missing browser fails the test.
+const required = process.env.SANDHOLD_REQUIRE_SERVICES === "1";
+const skip = !chromium && !required ? "no Chromium (apt-get install chromium, or set CHROMIUM)" : false;
+
+/** What the run prints: a conversation (reasoning, a tool call, a diff) in chunk JSON, then numbered lines. */
+function demoScript(lines) {
+  const chunk = (c) => JSON.stringify(c);
+  const diff = "--- a/greet.py\n+++ b/greet.py\n@@ -1,2 +1,3 @@\n def greet(name):\n-    print('hi ' + name)\n+    message = f'hello, {name}'\n+    print(message)\n";
+  const script = [
+    chunk({ type: "REASONING_START", message_id: "think" }),
+    chunk({ type: "REASONING_CONTENT", message_id: "think", delta: "The greeting should use an f-string; look at the file first." }),
+    chunk({ type: "REASONING_END", message_id: "think" }),
+    chunk({ type: "TOOL_CALL_START", tool_call_id: "call-1", tool_name: "Bash" }),
+    chunk({ type: "TOOL_CALL_ARGS", tool_call_id: "call-1", delta: JSON.stringify({ command: "cat greet.py" }) }),
+    chunk({ type: "TOOL_CALL_END", tool_call_id: "call-1" }),
+    chunk({ type: "TOOL_CALL_RESULT", tool_call_id: "call-1", content: "def greet(name):\n    print('hi ' + name)\n", exit_code: 0 }),
+    chunk({ type: "CUSTOM", name: "sandbox.file", value: { type: "change", path: "greet.py", timestamp: 0 } }),
+    chunk({ type: "CUSTOM", name: "file.changed", value: { path: "greet.py", diff } }),
+  ].join("\n");
+  return ["sh", "-c", `cat <<'EOF'\n${script}\nEOF\ni=1; while [ $i -le ${lines} ]; do echo "working on step $i"; i=$((i+1)); sleep 0.2; done`];
+}
+
+test("the console signs in, follows a run live and cancels it", { skip, timeout: 120_000 }, async (t) => {
+  assert.ok(chromium, "Chromium is required here (SANDHOLD_REQUIRE_SERVICES=1): apt-get install chromium");
+  const server = await startServer(t);
+  const client = server.client();
+  await putLocalDefinition(client, "console-demo");
+
+  const browser = await puppeteer.launch({
+    executablePath: chromium,
+    headless: true,
+    args: ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"],
+  });
+  t.after(() => browser.close());
+  const page = await browser.newPage();
+  await page.setViewport({ width: 1200, height: 1500 });
+  const pageErrors = [];
+  page.on("pageerror", (e) => pageErrors.push(String(e)));
+
+  // Sign in: a wrong token is refused, the right one lets us in.
+  const started = Date.now();
+  await page.goto(server.url + "/", { waitUntil: "load" });
+  await page.waitForSelector("#sign-in #token");
+  assert.ok(Date.now() - started < 5_000, "the first page loads fast");
+  await page.type("#token", "wrong-token-123");
+  await page.keyboard.press("Enter");
+  await page.waitForFunction(() => document.querySelector("#sign-in [role=alert]")?.textContent.includes("refused"));
+  await page.$eval("#token", (el) => (el.value = ""));
+  await page.type("#token", server.token);
+  await page.keyboard.press("Enter");
+  await page.waitForFunction(() => document.querySelector("#who")?.textContent.includes("Tenant ts"));
+  assert.equal(await page.evaluate(() => sessionStorage.getItem("sandhold.token")), server.token);
+
+  // A run started by the test (durable: it goes on after the test's stream is closed).
+  const stream = client.startRun({
+    threadId: "console-thread",
+    definitionId: "console-demo",
+    harness: "command",
+    durable: true,
+    options: { command: demoScript(600) },
+  });
+  for await (const item of stream) if (item.kind === "chunk") break;
+  const runId = stream.runId;
+
+  // The runs page lists it (linked), live.
+  await page.waitForSelector(`tr[data-run="${runId}"] a[href="/runs/${runId}"]`);
+  await page.click(`tr[data-run="${runId}"] a[href="/runs/${runId}"]`);
+  await page.waitForFunction((id) => location.pathname === `/runs/${id}`, {}, runId);
+
+  // Its text streams in: later steps appear while we watch.
+  await page.waitForFunction(() => document.querySelector("#conversation")?.textContent.includes("working on step 3"));
+  await page.waitForFunction(() => document.querySelector("#conversation")?.textContent.includes("working on step 8"), { timeout: 20_000 });
+  const rendered = await page.evaluate(() => ({
+    status: document.querySelector("#run-status [data-status]")?.dataset.status,
+    reasoningFolded: document.querySelector(".reasoning") && !document.querySelector(".reasoning").open,
+    tool: document.querySelector(".tool summary")?.textContent,
+    args: document.querySelector(".tool .args")?.textContent,
+    added: [...document.querySelectorAll(".diff-body .add")].map((e) => e.textContent),
+    fileEvent: document.querySelector(".file-event")?.textContent,
+  }));
+  assert.equal(rendered.status, "running");
+  assert.equal(rendered.reasoningFolded, true, "reasoning is folded");
+  assert.match(rendered.tool, /Bash/);
+  assert.match(rendered.args, /"command": "cat greet.py"/, "arguments pretty-printed once complete");
+  assert.deepEqual(rendered.added, ["+    message = f'hello, {name}'", "+    print(message)"]);
+  assert.equal(rendered.fileEvent, "change greet.py");
+  // Each step exactly once, in order, so far.
+  const steps = await page.$eval("#conversation", (el) => el.textContent.match(/working on step \d+/g));
+  assert.deepEqual(steps, steps.map((_, i) => `working on step ${i + 1}`));
+
+  // Keyboard: the Cancel button takes focus and Enter presses it.
+  await page.focus("#cancel");
+  await page.keyboard.press("Enter");
+  await page.waitForSelector('#run-status [data-status="aborted"]', { timeout: 30_000 });
+  await page.waitForFunction(() => document.querySelector(".end.errored")?.textContent.includes("CANCELLED"));
+  assert.equal(await page.$eval("#cancel", (b) => b.disabled), true);
+  const run = await client.getRun(runId);
+  assert.equal(run.status, RunStatus.ABORTED);
+
+  mkdirSync(artifacts, { recursive: true });
+  await page.screenshot({ path: join(artifacts, "run-page.png"), fullPage: false });
+  assert.deepEqual(pageErrors, [], "no script errors in the page");
+});
