@@ -44,4 +44,4 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "$want" > "$stamp"
 fi
 npm run -s build
-exec node --test "$@" test/
+exec node --test "$@" test/*.test.mjs
