@@ -39,14 +39,8 @@ function demoScript(lines) {
   return ["sh", "-c", `cat <<'EOF'\n${script}\nEOF\ni=1; while [ $i -le ${lines} ]; do echo "working on step $i"; i=$((i+1)); sleep 0.2; done`];
 }
 
-test("the console signs in, follows a run live and cancels it", { skip, timeout: 120_000 }, async (t) => {
-  assert.ok(chromium, "Chromium is required here (SANDHOLD_REQUIRE_SERVICES=1): apt-get install chromium");
-  const server = await startServer(t);
-  const client = server.client();
-  await putLocalDefinition(client, "console-demo");
-  // The browser goes through a proxy whose connections the test cuts.
-  const proxy = await startProxy(t, server.port);
-
+/** A page of headless Chromium, closed after the test; script errors collected. */
+async function openPage(t) {
   const browser = await puppeteer.launch({
     executablePath: chromium,
     headless: true,
@@ -57,6 +51,18 @@ test("the console signs in, follows a run live and cancels it", { skip, timeout:
   await page.setViewport({ width: 1200, height: 1500 });
   const pageErrors = [];
   page.on("pageerror", (e) => pageErrors.push(String(e)));
+  return { page, pageErrors };
+}
+
+test("the console signs in, follows a run live and cancels it", { skip, timeout: 120_000 }, async (t) => {
+  assert.ok(chromium, "Chromium is required here (SANDHOLD_REQUIRE_SERVICES=1): apt-get install chromium");
+  const server = await startServer(t);
+  const client = server.client();
+  await putLocalDefinition(client, "console-demo");
+  // The browser goes through a proxy whose connections the test cuts.
+  const proxy = await startProxy(t, server.port);
+
+  const { page, pageErrors } = await openPage(t);
 
   // Sign in: a wrong token is refused, the right one lets us in.
   await page.goto(proxy.url + "/", { waitUntil: "load" });
@@ -137,4 +143,66 @@ test("the console signs in, follows a run live and cancels it", { skip, timeout:
   mkdirSync(artifacts, { recursive: true });
   await page.screenshot({ path: join(artifacts, "run-page.png"), fullPage: false });
   assert.deepEqual(pageErrors, [], "no script errors in the page");
+});
+
+test("the console browses a sandbox's files, destroys it, reads and forks a snapshot", { skip, timeout: 120_000 }, async (t) => {
+  assert.ok(chromium, "Chromium is required here (SANDHOLD_REQUIRE_SERVICES=1): apt-get install chromium");
+  // Single-user on loopback: no sign-in.
+  const server = await startServer(t, { tokens: false });
+  const client = server.client();
+  await client.sandboxes.putDefinition({
+    definition: {
+      id: "console-files",
+      provider: { provider: { case: "local", value: {} } },
+      lifecycle: { portableSnapshots: { enabled: true } },
+    },
+  });
+  const run = client.startRun({
+    threadId: "files-thread",
+    definitionId: "console-files",
+    harness: "command",
+    durable: true,
+    options: { command: ["sh", "-c", "mkdir -p notes && echo hello-from-sandbox > notes/hello.txt"] },
+  });
+  for await (const _ of run) {
+    // to its end
+  }
+  const [sandbox] = (await client.sandboxes.listSandboxes({ threadId: "files-thread" })).sandboxes;
+  assert.ok(sandbox, "the thread keeps its sandbox");
+
+  const { page, pageErrors } = await openPage(t);
+  page.on("dialog", (d) => d.accept());
+  await page.goto(server.url + "/sandboxes", { waitUntil: "load" });
+  await page.waitForFunction(() => document.querySelector("#who")?.textContent.includes("Tenant default"));
+  assert.equal(await page.$("#sign-in"), null, "no sign-in on a single-user server");
+
+  // The file browser: a directory, then a file in it.
+  await page.waitForSelector(`a[href="/sandboxes/${sandbox.sandboxId}"]`);
+  await page.click(`a[href="/sandboxes/${sandbox.sandboxId}"]`);
+  await page.waitForSelector('a[href$="path=notes"]');
+  await page.click('a[href$="path=notes"]');
+  await page.waitForSelector('a[href$="path=notes%2Fhello.txt"]');
+  await page.click('a[href$="path=notes%2Fhello.txt"]');
+  await page.waitForSelector("pre.file");
+  assert.equal(await page.$eval("pre.file", (el) => el.textContent), "hello-from-sandbox\n");
+
+  // Snapshots of the thread: the checkpoint saved after the run; read an artifact; fork.
+  await page.goto(server.url + "/threads/files-thread/snapshots", { waitUntil: "load" });
+  await page.waitForSelector('input[name="path"]');
+  await page.type('input[name="path"]', "notes/hello.txt");
+  await page.keyboard.press("Enter");
+  await page.waitForFunction(() => [...document.querySelectorAll("pre.file")].some((p) => p.textContent === "hello-from-sandbox\n"));
+  await page.type('input[placeholder="new thread id"]', "forked-thread");
+  await page.keyboard.press("Enter");
+  await page.waitForFunction(() => document.querySelector("main")?.textContent.includes("Forked into forked-thread"));
+  const forked = await client.snapshots.listSnapshots({ threadId: "forked-thread" });
+  assert.equal(forked.checkpoints.length, 1);
+
+  // Destroy the sandbox from the list (the confirmation accepted).
+  await page.goto(server.url + "/sandboxes", { waitUntil: "load" });
+  await page.waitForSelector(`button[aria-label^="Destroy sandbox"]`);
+  await page.click(`button[aria-label^="Destroy sandbox"]`);
+  await page.waitForFunction(() => document.querySelector("main")?.textContent.includes("No sandboxes."));
+  assert.equal((await client.sandboxes.listSandboxes({ threadId: "" })).sandboxes.length, 0);
+  assert.deepEqual(pageErrors, []);
 });
