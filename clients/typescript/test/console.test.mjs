@@ -162,7 +162,14 @@ test("the console browses a sandbox's files, destroys it, reads and forks a snap
     definitionId: "console-files",
     harness: "command",
     durable: true,
-    options: { command: ["sh", "-c", "mkdir -p notes && echo hello-from-sandbox > notes/hello.txt"] },
+    options: {
+      command: [
+        "sh",
+        "-c",
+        "mkdir -p notes && echo hello-from-sandbox > notes/hello.txt && echo wrote notes/hello.txt && " +
+          `echo '${JSON.stringify({ type: "RUN_FINISHED", finish_reason: "stop", usage: { input_tokens: 1200, output_tokens: 340, cost_usd: 0.0123 } })}'`,
+      ],
+    },
   });
   for await (const _ of run) {
     // to its end
@@ -175,6 +182,19 @@ test("the console browses a sandbox's files, destroys it, reads and forks a snap
   await page.goto(server.url + "/sandboxes", { waitUntil: "load" });
   await page.waitForFunction(() => document.querySelector("#who")?.textContent.includes("Tenant default"));
   assert.equal(await page.$("#sign-in"), null, "no sign-in on a single-user server");
+
+  // A finished run ends with its usage and cost.
+  await page.goto(`${server.url}/runs/${run.runId}`, { waitUntil: "load" });
+  await page.waitForSelector('#run-status [data-status="completed"]');
+  await page.waitForSelector(".end.finished .usage");
+  const usage = await page.$eval(".end.finished .usage", (dl) =>
+    Object.fromEntries([...dl.querySelectorAll("dt")].map((dt) => [dt.textContent, dt.nextElementSibling.textContent])),
+  );
+  assert.equal(usage["Input tokens"], "1200");
+  assert.equal(usage["Output tokens"], "340");
+  assert.equal(usage.Cost, "$0.0123");
+  assert.match(await page.$eval("#conversation", (el) => el.textContent), /wrote notes\/hello.txt/);
+  await page.goto(server.url + "/sandboxes", { waitUntil: "load" });
 
   // The file browser: a directory, then a file in it.
   await page.waitForSelector(`a[href="/sandboxes/${sandbox.sandboxId}"]`);
