@@ -255,8 +255,16 @@ function toItem(event: RunEvent): RunItem | undefined {
   }
 }
 
+/**
+ * A fresh run id: `run-` and 32 random hex digits. Web Crypto when there is
+ * one (Node 18 has no global `crypto`, and `randomUUID` needs a secure
+ * context in browsers; `getRandomValues` does not).
+ */
 function newRunId(): string {
-  return `run-${globalThis.crypto.randomUUID()}`;
+  const bytes = new Uint8Array(16);
+  if (globalThis.crypto?.getRandomValues) globalThis.crypto.getRandomValues(bytes);
+  else for (let i = 0; i < bytes.length; i++) bytes[i] = Math.floor(Math.random() * 256);
+  return `run-${Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("")}`;
 }
 
 /** An AbortController that also aborts with `outer`. */

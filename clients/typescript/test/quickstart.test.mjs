@@ -16,5 +16,5 @@ test("the quickstart runs and prints what the README says", async (t) => {
   const { stdout } = await promisify(execFile)(process.execPath, [join(pkg, "examples/quickstart.mjs")], {
     env: { ...process.env, SANDHOLD_URL: server.url, SANDHOLD_TOKEN: server.token },
   });
-  assert.match(stdout, /^step 1\nstep 2\nstep 3\nrun run-[0-9a-f-]+ ended; its last offset was \d+\nno such run \(NOT_FOUND\)\n$/);
+  assert.match(stdout, /^step 1\nstep 2\nstep 3\nrun run-[0-9a-f]{32} ended; its last offset was \d+\nno such run \(NOT_FOUND\)\n$/);
 });
