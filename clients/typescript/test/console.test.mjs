@@ -6,6 +6,7 @@
 
 import assert from "node:assert/strict";
 import { existsSync, mkdirSync } from "node:fs";
+import { createRequire } from "node:module";
 import { dirname, join } from "node:path";
 import { test } from "node:test";
 import { fileURLToPath } from "node:url";
@@ -39,6 +40,23 @@ function demoScript(lines) {
   return ["sh", "-c", `cat <<'EOF'\n${script}\nEOF\ni=1; while [ $i -le ${lines} ]; do echo "working on step $i"; i=$((i+1)); sleep 0.2; done`];
 }
 
+const axePath = createRequire(import.meta.url).resolve("axe-core/axe.min.js");
+
+/**
+ * The accessibility problems axe-core finds on the page as it is (WCAG 2 A
+ * and AA rules: contrast, names of controls, landmarks, ...), as
+ * `rule: target` strings. The page's CSP forbids injected scripts, so
+ * pages that are audited bypass it.
+ */
+async function accessibilityProblems(page) {
+  await page.addScriptTag({ path: axePath });
+  return page.evaluate(async () => {
+    const result = await globalThis.axe.run(document, { runOnly: { type: "tag", values: ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa"] } });
+    if (result.passes.length === 0) return ["axe checked nothing"];
+    return result.violations.flatMap((v) => v.nodes.map((n) => `${v.id}: ${n.target.join(" ")}`));
+  });
+}
+
 /** A page of headless Chromium, closed after the test; script errors collected. */
 async function openPage(t) {
   const browser = await puppeteer.launch({
@@ -48,6 +66,7 @@ async function openPage(t) {
   });
   t.after(() => browser.close());
   const page = await browser.newPage();
+  await page.setBypassCSP(true); // for the accessibility audit's script
   await page.setViewport({ width: 1200, height: 1500 });
   const pageErrors = [];
   page.on("pageerror", (e) => pageErrors.push(String(e)));
@@ -69,6 +88,7 @@ test("the console signs in, follows a run live and cancels it", { skip, timeout:
   await page.waitForSelector("#sign-in #token");
   const loadMs = await page.evaluate(() => performance.getEntriesByType("navigation")[0].loadEventEnd);
   assert.ok(loadMs > 0 && loadMs < 1000, `the first page loads in well under a second (${loadMs} ms)`);
+  assert.deepEqual(await accessibilityProblems(page), [], "the sign-in page");
   await page.type("#token", "wrong-token-123");
   await page.keyboard.press("Enter");
   await page.waitForFunction(() => document.querySelector("#sign-in [role=alert]")?.textContent.includes("refused"));
@@ -91,6 +111,7 @@ test("the console signs in, follows a run live and cancels it", { skip, timeout:
 
   // The runs page lists it (linked), live.
   await page.waitForSelector(`tr[data-run="${runId}"] a[href="/runs/${runId}"]`);
+  assert.deepEqual(await accessibilityProblems(page), [], "the runs page");
   await page.click(`tr[data-run="${runId}"] a[href="/runs/${runId}"]`);
   await page.waitForFunction((id) => location.pathname === `/runs/${id}`, {}, runId);
 
@@ -131,6 +152,7 @@ test("the console signs in, follows a run live and cancels it", { skip, timeout:
   assert.deepEqual(steps, steps.map((_, i) => `working on step ${i + 1}`));
   assert.ok(await page.evaluate(() => window.reconnects) >= 1, "the page said it was reconnecting");
 
+  assert.deepEqual(await accessibilityProblems(page), [], "the run page, running");
   // Keyboard: the Cancel button takes focus and Enter presses it.
   await page.focus("#cancel");
   await page.keyboard.press("Enter");
@@ -193,6 +215,7 @@ test("the console browses a sandbox's files, destroys it, reads and forks a snap
   assert.equal(usage["Input tokens"], "1200");
   assert.equal(usage["Output tokens"], "340");
   assert.equal(usage.Cost, "$0.0123");
+  assert.deepEqual(await accessibilityProblems(page), [], "the run page, finished");
   assert.match(await page.$eval("#conversation", (el) => el.textContent), /wrote notes\/hello.txt/);
   await page.goto(server.url + "/sandboxes", { waitUntil: "load" });
 
@@ -205,6 +228,7 @@ test("the console browses a sandbox's files, destroys it, reads and forks a snap
   await page.click('a[href$="path=notes%2Fhello.txt"]');
   await page.waitForSelector("pre.file");
   assert.equal(await page.$eval("pre.file", (el) => el.textContent), "hello-from-sandbox\n");
+  assert.deepEqual(await accessibilityProblems(page), [], "a file of a sandbox");
 
   // Snapshots of the thread: the checkpoint saved after the run; read an artifact; fork.
   await page.goto(server.url + "/threads/files-thread/snapshots", { waitUntil: "load" });
@@ -215,6 +239,7 @@ test("the console browses a sandbox's files, destroys it, reads and forks a snap
   await page.type('input[placeholder="new thread id"]', "forked-thread");
   await page.keyboard.press("Enter");
   await page.waitForFunction(() => document.querySelector("main")?.textContent.includes("Forked into forked-thread"));
+  assert.deepEqual(await accessibilityProblems(page), [], "the snapshots page");
   const forked = await client.snapshots.listSnapshots({ threadId: "forked-thread" });
   assert.equal(forked.checkpoints.length, 1);
 
