@@ -216,6 +216,9 @@ test("the console browses a sandbox's files, destroys it, reads and forks a snap
   assert.equal(usage["Output tokens"], "340");
   assert.equal(usage.Cost, "$0.0123");
   assert.deepEqual(await accessibilityProblems(page), [], "the run page, finished");
+  await page.emulateMediaFeatures([{ name: "prefers-color-scheme", value: "dark" }]);
+  assert.deepEqual(await accessibilityProblems(page), [], "the run page, finished, dark");
+  await page.emulateMediaFeatures([{ name: "prefers-color-scheme", value: "light" }]);
   assert.match(await page.$eval("#conversation", (el) => el.textContent), /wrote notes\/hello.txt/);
   await page.goto(server.url + "/sandboxes", { waitUntil: "load" });
 
