@@ -33,7 +33,8 @@ export function renderRun(main: HTMLElement, runId: string, signal: AbortSignal)
   let terminal = false;
   const show = (run: Run) => {
     status.replaceChildren(statusBadge(run));
-    terminal = run.status !== RunStatus.RUNNING;
+    // Interrupted is not an end: a replica takes the run over.
+    terminal = [RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.ABORTED].includes(run.status);
     cancel.disabled = terminal || run.cancelRequested;
     facts.replaceChildren(
       ...fact("Thread", h("a", { href: `/?thread=${encodeURIComponent(run.threadId)}` }, run.threadId)),
