@@ -12,6 +12,7 @@ use shared::error::{Error, ErrorCode};
 use shared::proto::agent::v1::fs_service_client::FsServiceClient;
 use shared::proto::agent::v1::info_service_client::InfoServiceClient;
 use shared::proto::agent::v1::journal_service_client::JournalServiceClient;
+use shared::proto::agent::v1::port_service_client::PortServiceClient;
 use shared::proto::agent::v1::process_service_client::ProcessServiceClient;
 use shared::proto::agent::v1::secret_service_client::SecretServiceClient;
 use shared::proto::agent::v1::shell_service_client::ShellServiceClient;
@@ -151,6 +152,10 @@ impl AgentClient {
 
     pub fn watch(&self) -> WatchServiceClient<AuthedChannel> {
         shared::sized!(WatchServiceClient::new(self.channel.clone()))
+    }
+
+    pub fn port(&self) -> PortServiceClient<AuthedChannel> {
+        shared::sized!(PortServiceClient::new(self.channel.clone()))
     }
 
     pub fn snapshot(&self) -> SnapshotServiceClient<AuthedChannel> {

@@ -302,3 +302,55 @@ fn detach_then_attach_on_the_embedded_server() {
     let last = json_lines(ok(&json)).pop().unwrap();
     assert!(last["run_id"].is_string() && last["detached"] == true, "{last}");
 }
+
+/// `sandhold run --image` needs no agent setting after
+/// `scripts/build-agent-static`: the static agent is found where that
+/// script puts it next to `sandhold`'s build; without one the error says
+/// what to run. Both in a build layout the test makes (links to the real
+/// binaries).
+#[test]
+fn docker_runs_find_the_static_agent_where_the_build_script_puts_it() {
+    if !sandhold_tests::services::docker() {
+        return;
+    }
+    sandhold_tests::docker::ensure_test_image();
+    let layout = sandhold_tests::local::TestDir::new("static-layout");
+    let exe = layout.path().join("target/debug/sandhold");
+    std::fs::create_dir_all(exe.parent().unwrap()).unwrap();
+    let link = |from: &std::path::Path, to: &std::path::Path| {
+        std::fs::hard_link(from, to).or_else(|_| std::fs::copy(from, to).map(|_| ())).unwrap()
+    };
+    link(&sandhold_tests::cli::sandhold_bin(), &exe);
+    // Nothing of the test's environment: only the layout tells.
+    let cli = |args: &[&str]| {
+        std::process::Command::new(&exe)
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .env("HOME", layout.path())
+            .env("SANDHOLD_DATA_DIR", layout.path().join("data"))
+            .args(args)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let run = || cli(&["run", "--image", sandhold_tests::docker::TEST_IMAGE, "--", "echo", "from-docker"]);
+    /// Removes the sandboxes the runs made, however the test ends.
+    struct RemoveAll<F: Fn(&[&str]) -> std::process::Output>(F);
+    impl<F: Fn(&[&str]) -> std::process::Output> Drop for RemoveAll<F> {
+        fn drop(&mut self) {
+            (self.0)(&["sandboxes", "rm", "--all"]);
+        }
+    }
+    let _cleanup = RemoveAll(cli);
+
+    let missing = run();
+    assert!(!missing.status.success(), "{}", stderr(&missing));
+    assert!(stderr(&missing).contains("scripts/build-agent-static"), "{}", stderr(&missing));
+
+    let agent = layout.path().join("target/static/x86_64-unknown-linux-gnu/debug/sandhold-agent");
+    std::fs::create_dir_all(agent.parent().unwrap()).unwrap();
+    link(&sandhold_tests::agent::static_agent(), &agent);
+    let found = run();
+    assert!(found.status.success(), "{}", stderr(&found));
+    assert!(stdout(&found).contains("from-docker"), "{}", stdout(&found));
+}

@@ -3,9 +3,8 @@
 //! sources, setup on the persistent shell, instructions, skills projected per
 //! harness, and where secrets must never end up.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::sync::{Arc, OnceLock};
+use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use control_plane::agent::AgentClient;
@@ -17,43 +16,16 @@ use control_plane::provider::{
 use control_plane::provision::Progress;
 use control_plane::provision::{ProvisionContext, Provisioner, Secrets};
 use control_plane::workspace::{WorkspaceProvisioner, project_for_run};
-use sandhold_tests::docker::{self, DockerCleanup};
+use sandhold_tests::docker::{self, DEBIAN_IMAGE as DEBIAN, DockerCleanup, ensure_debian_image};
+use sandhold_tests::local::git;
 use sandhold_tests::provider::{self, Kind};
 use sandhold_tests::sandbox::*;
 use sandhold_tests::server::{Harness, captured_logs};
 use shared::proto::v1 as api;
 use shared::secret::Secret;
 
-const DEBIAN: &str = "sandhold-test-debian:latest";
 /// Where the fixtures directory is mounted in Docker sandboxes.
 const FIXTURES_IN_CONTAINER: &str = "/fixtures";
-
-/// Make sure the Debian test image exists (built locally by the repo's
-/// script; the first build bootstraps Debian, later ones reuse a cache).
-fn ensure_debian_image() {
-    static BUILT: OnceLock<()> = OnceLock::new();
-    BUILT.get_or_init(|| {
-        let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/build-test-images");
-        let out = Command::new(&script).arg("--debian").output().expect("running scripts/build-test-images");
-        assert!(
-            out.status.success(),
-            "build-test-images --debian failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    });
-}
-
-fn git(dir: &Path, args: &[&str]) -> String {
-    let out = Command::new("git")
-        .arg("-C")
-        .arg(dir)
-        .args(["-c", "user.name=t", "-c", "user.email=t@example.com", "-c", "init.defaultBranch=main"])
-        .args(args)
-        .output()
-        .expect("git on the test host");
-    assert!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
 
 fn write(path: &Path, text: &str) {
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();

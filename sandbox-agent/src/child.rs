@@ -48,14 +48,100 @@ pub fn command(
     user: Option<&RunUser>,
 ) -> std::process::Command {
     use std::os::unix::process::CommandExt;
+    let mut cmd = command_in(program, args, cwd, env, user);
+    cmd.process_group(0);
+    cmd
+}
+
+/// [`command`] without its process group: for a caller that gives the
+/// child a session of its own instead ([`terminal_command`]).
+fn command_in(
+    program: &str,
+    args: &[String],
+    cwd: &Path,
+    env: &HashMap<String, String>,
+    user: Option<&RunUser>,
+) -> std::process::Command {
     let mut cmd = std::process::Command::new(program);
     cmd.args(args).current_dir(cwd);
     if let Some(user) = user {
         user.apply(&mut cmd);
     }
     scrub_env(&mut cmd, env);
-    cmd.process_group(0);
     cmd
+}
+
+/// The agent's side of a pseudo-terminal: what a terminal's user types is
+/// written to it, what the programs on the terminal print is read from
+/// it, and its size is set on it. The other side ([`Pty::open`]'s second
+/// result) becomes a child's stdin, stdout, stderr and controlling
+/// terminal through [`terminal_command`].
+#[derive(Debug)]
+pub struct Pty {
+    master: OwnedFd,
+}
+
+impl Pty {
+    /// A new terminal of `rows` x `cols`, and its other side for the child.
+    pub fn open(rows: u16, cols: u16) -> std::io::Result<(Self, OwnedFd)> {
+        let size = nix::pty::Winsize { ws_row: rows, ws_col: cols, ws_xpixel: 0, ws_ypixel: 0 };
+        let pair = nix::pty::openpty(Some(&size), None).map_err(std::io::Error::from)?;
+        // openpty's descriptors are inherited by default: no other child
+        // may get either.
+        for fd in [&pair.master, &pair.slave] {
+            nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC))
+                .map_err(std::io::Error::from)?;
+        }
+        Ok((Self { master: pair.master }, pair.slave))
+    }
+
+    /// Set the terminal's size; the kernel tells its foreground processes
+    /// (SIGWINCH).
+    pub fn resize(&self, rows: u16, cols: u16) -> std::io::Result<()> {
+        let size = libc::winsize { ws_row: rows, ws_col: cols, ws_xpixel: 0, ws_ypixel: 0 };
+        // SAFETY: TIOCSWINSZ reads one `winsize` from the pointer, which
+        // outlives the call; the descriptor is ours.
+        let rc = unsafe { libc::ioctl(self.master.as_raw_fd(), libc::TIOCSWINSZ, &size) };
+        if rc < 0 { Err(std::io::Error::last_os_error()) } else { Ok(()) }
+    }
+
+    /// A handle on the terminal for reading or writing. Reads end with an
+    /// error (EIO) once every process on the terminal has closed it.
+    pub fn handle(&self) -> std::io::Result<tokio::fs::File> {
+        Ok(tokio::fs::File::from_std(std::fs::File::from(self.master.try_clone()?)))
+    }
+}
+
+/// As [`command`], but on the terminal whose other side is `terminal`: the
+/// child leads a new session (so its pid is also its process group, as
+/// with [`command`]) whose controlling terminal it is, and uses it as its
+/// stdin, stdout and stderr.
+pub fn terminal_command(
+    program: &str,
+    args: &[String],
+    cwd: &Path,
+    env: &HashMap<String, String>,
+    user: Option<&RunUser>,
+    terminal: OwnedFd,
+) -> std::io::Result<std::process::Command> {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = command_in(program, args, cwd, env, user);
+    cmd.stdin(terminal.try_clone()?).stdout(terminal.try_clone()?).stderr(terminal);
+    // SAFETY: between fork and exec, only setsid and ioctl, both
+    // async-signal-safe; nothing is allocated or locked.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::setsid() < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // Stdin is the terminal by now (std sets up stdio first).
+            if libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    Ok(cmd)
 }
 
 /// Kill a whole process group (ignores a group that is already gone).
@@ -276,12 +362,34 @@ impl RunningChild {
     /// process group) and start reading its piped stdout/stderr. With
     /// `kill_on_drop`, dropping this before the child finished kills the
     /// whole group.
-    pub fn new(mut child: tokio::process::Child, kill_on_drop: bool) -> std::io::Result<Self> {
+    pub fn new(child: tokio::process::Child, kill_on_drop: bool) -> std::io::Result<Self> {
+        Self::reading(child, None, kill_on_drop)
+    }
+
+    /// As [`RunningChild::new`] for a child on a terminal
+    /// ([`terminal_command`]): its output is what `terminal` reads, as
+    /// stdout.
+    pub fn on_terminal(
+        child: tokio::process::Child,
+        terminal: tokio::fs::File,
+        kill_on_drop: bool,
+    ) -> std::io::Result<Self> {
+        Self::reading(child, Some(terminal), kill_on_drop)
+    }
+
+    fn reading(
+        mut child: tokio::process::Child,
+        terminal: Option<tokio::fs::File>,
+        kill_on_drop: bool,
+    ) -> std::io::Result<Self> {
         let pid = child.id().ok_or_else(|| std::io::Error::other("child already reaped"))?;
         let (tx, rx) = mpsc::channel(16);
         let stop_readers = CancellationToken::new();
         if let Some(out) = child.stdout.take() {
             tokio::spawn(pump(out, proto::OutputStream::Stdout, tx.clone(), stop_readers.clone()));
+        }
+        if let Some(terminal) = terminal {
+            tokio::spawn(pump(terminal, proto::OutputStream::Stdout, tx.clone(), stop_readers.clone()));
         }
         if let Some(err) = child.stderr.take() {
             tokio::spawn(pump(err, proto::OutputStream::Stderr, tx, stop_readers.clone()));

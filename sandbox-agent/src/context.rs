@@ -68,5 +68,7 @@ pub fn capabilities() -> Capabilities {
         watch: true,
         inotify: true,
         snapshots: true,
+        ports: true,
+        pty: true,
     }
 }

@@ -21,6 +21,7 @@ pub mod context;
 pub mod fs;
 pub mod info;
 pub mod journal;
+pub mod port;
 pub mod process;
 pub mod secrets;
 pub mod shell;

@@ -11,15 +11,16 @@ use shared::error::{Error, ErrorCode};
 use shared::proto::agent::v1::{
     self as proto, Command, ExecRequest, ExecResponse, ListProcessesRequest, ListProcessesResponse,
     OutputChunk, OutputStream, ProcessInfo, SignalProcessRequest, SignalProcessResponse, SpawnRequest,
-    SpawnResponse, SpawnStarted, process_service_server::ProcessService, spawn_request, spawn_response,
+    SpawnResponse, SpawnStarted, TerminalSize, process_service_server::ProcessService, spawn_request,
+    spawn_response,
 };
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 pub use crate::child::spawn_error;
-use crate::child::{self, ChildEvent, RunningChild};
+use crate::child::{self, ChildEvent, Pty, RunningChild};
 use crate::confine::Root;
 pub use crate::confine::resolve_cwd;
 use crate::context::AgentContext;
@@ -261,16 +262,51 @@ impl Processes {
         let program = Program::from_command(start.command)?;
         child::validate_env(&start.env)?;
         let cwd = resolve_cwd(&self.root, &start.cwd)?;
-        let mut cmd =
-            child::command(&program.program, &program.args, &cwd, &start.env, self.run_user.as_ref());
-        cmd.stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped());
-        let mut spawned =
-            tokio::process::Command::from(cmd).spawn().map_err(|e| spawn_error(&program.program, e))?;
-        let stdin = spawned.stdin.take();
-        let running =
-            RunningChild::new(spawned, !start.detached).map_err(|e| Error::internal(e.to_string()))?;
+        let user = self.run_user.as_ref();
+        let internal = |e: std::io::Error| Error::internal(e.to_string());
+        let (running, input) = match start.pty {
+            Some(_) if start.detached => {
+                return Err(Error::invalid_field(
+                    "pty",
+                    "a terminal ends with its client: not with detached",
+                ));
+            }
+            Some(size) => {
+                let (rows, cols) = terminal_size(&size)?;
+                let (pty, terminal) = Pty::open(rows, cols).map_err(internal)?;
+                let cmd = child::terminal_command(
+                    &program.program,
+                    &program.args,
+                    &cwd,
+                    &start.env,
+                    user,
+                    terminal,
+                )
+                .map_err(internal)?;
+                // The command (and with it the agent's copy of the
+                // terminal's other side) is dropped here: reads end once
+                // the child's processes close it.
+                let spawned = tokio::process::Command::from(cmd)
+                    .spawn()
+                    .map_err(|e| spawn_error(&program.program, e))?;
+                let running = RunningChild::on_terminal(spawned, pty.handle().map_err(internal)?, true)
+                    .map_err(internal)?;
+                let writer = pty.handle().map_err(internal)?;
+                (running, Some(Input::Terminal(Box::new(writer), pty)))
+            }
+            None => {
+                let mut cmd = child::command(&program.program, &program.args, &cwd, &start.env, user);
+                cmd.stdin(std::process::Stdio::piped())
+                    .stdout(std::process::Stdio::piped())
+                    .stderr(std::process::Stdio::piped());
+                let mut spawned = tokio::process::Command::from(cmd)
+                    .spawn()
+                    .map_err(|e| spawn_error(&program.program, e))?;
+                let stdin = spawned.stdin.take();
+                let running = RunningChild::new(spawned, !start.detached).map_err(internal)?;
+                (running, stdin.map(|s| Input::Pipe(Box::new(s))))
+            }
+        };
         let pid = running.pid();
         self.table.insert(pid, program.display, start.detached);
         tracing::debug!(pid, program = %program.program, detached = start.detached, "spawn started");
@@ -279,7 +315,7 @@ impl Processes {
         let started = SpawnResponse { event: Some(spawn_response::Event::Started(SpawnStarted { pid })) };
         // The channel is empty, so this cannot wait.
         let _ = tx.send(Ok(started)).await;
-        tokio::spawn(supervise_spawn(running, stdin, inbound, tx, start.detached, self.table.clone()));
+        tokio::spawn(supervise_spawn(running, input, inbound, tx, start.detached, self.table.clone()));
         Ok(ReceiverStream::new(rx))
     }
 }
@@ -290,7 +326,7 @@ impl Processes {
 /// read and dropped until it exits, so it never blocks on a full pipe).
 async fn supervise_spawn(
     mut running: RunningChild,
-    stdin: Option<tokio::process::ChildStdin>,
+    input: Option<Input>,
     inbound: Streaming<SpawnRequest>,
     tx: mpsc::Sender<Result<SpawnResponse, Status>>,
     detached: bool,
@@ -298,7 +334,7 @@ async fn supervise_spawn(
 ) {
     let pid = running.pid();
     let client_gone = tokio_util::sync::CancellationToken::new();
-    let inbound_task = tokio::spawn(forward_inbound(inbound, stdin, pid, client_gone.clone()));
+    let inbound_task = tokio::spawn(forward_inbound(inbound, input, pid, client_gone.clone()));
     let mut attached = true;
     let on_gone = |running: &RunningChild| {
         if detached {
@@ -351,23 +387,50 @@ async fn supervise_spawn(
     inbound_task.abort();
 }
 
-/// Apply the client's messages after `start`: stdin bytes, close-stdin,
-/// signals. The end of the client's stream closes stdin (nothing more can
-/// come); a broken stream means the client is gone.
+/// Where a spawned process's input goes: its stdin pipe, or the terminal
+/// it runs on (which also takes resizes).
+enum Input {
+    Pipe(Box<dyn AsyncWrite + Send + Unpin>),
+    Terminal(Box<dyn AsyncWrite + Send + Unpin>, Pty),
+}
+
+/// End-of-file typed at a terminal (^D): a terminal's input cannot be
+/// closed, only told that nothing more comes.
+const TERMINAL_EOF: u8 = 0x04;
+
+/// The size of a `pty` spawn or a resize: rows and columns, 1-65535 each.
+fn terminal_size(size: &TerminalSize) -> Result<(u16, u16), Error> {
+    let side = |n: u32, name: &str| {
+        u16::try_from(n)
+            .ok()
+            .filter(|n| *n > 0)
+            .ok_or_else(|| Error::invalid_field(format!("pty.{name}"), format!("{n} is not 1-65535")))
+    };
+    Ok((side(size.rows, "rows")?, side(size.cols, "cols")?))
+}
+
+/// Apply the client's messages after `start`: input bytes, close-stdin,
+/// resizes, signals. The end of the client's stream closes stdin (nothing
+/// more can come); a broken stream means the client is gone.
 async fn forward_inbound(
     mut inbound: Streaming<SpawnRequest>,
-    stdin: Option<tokio::process::ChildStdin>,
+    input: Option<Input>,
     pid: u32,
     client_gone: tokio_util::sync::CancellationToken,
 ) {
-    // Stdin is written by its own task so that a child that does not read
+    let (writer, pty) = match input {
+        Some(Input::Pipe(w)) => (Some(w), None),
+        Some(Input::Terminal(w, pty)) => (Some(w), Some(pty)),
+        None => (None, None),
+    };
+    // Input is written by its own task so that a child that does not read
     // (a full pipe) cannot hold up signals behind it for long: the queue
     // gives the client room before it is pushed back.
-    let mut stdin_tx = stdin.map(|mut stdin| {
+    let mut stdin_tx = writer.map(|mut writer| {
         let (tx, mut rx) = mpsc::channel::<Bytes>(64);
         tokio::spawn(async move {
             while let Some(data) = rx.recv().await {
-                if stdin.write_all(&data).await.is_err() || stdin.flush().await.is_err() {
+                if writer.write_all(&data).await.is_err() || writer.flush().await.is_err() {
                     break;
                 }
             }
@@ -384,7 +447,21 @@ async fn forward_inbound(
                         stdin_tx = None;
                     }
                 }
+                Some(spawn_request::Request::CloseStdin(_)) if pty.is_some() => {
+                    if let Some(tx) = &stdin_tx {
+                        let _ = tx.send(Bytes::from_static(&[TERMINAL_EOF])).await;
+                    }
+                }
                 Some(spawn_request::Request::CloseStdin(_)) => stdin_tx = None,
+                Some(spawn_request::Request::Resize(size)) => match (&pty, terminal_size(&size)) {
+                    (Some(pty), Ok((rows, cols))) => {
+                        if let Err(e) = pty.resize(rows, cols) {
+                            tracing::debug!(pid, error = %e, "terminal resize failed");
+                        }
+                    }
+                    (Some(_), Err(e)) => tracing::warn!(pid, error = %e, "ignoring a bad terminal size"),
+                    (None, _) => tracing::warn!(pid, "ignoring a resize of a process without a terminal"),
+                },
                 Some(spawn_request::Request::Signal(signo)) => {
                     if !child::is_valid_signal(signo) {
                         tracing::warn!(pid, signo, "ignoring an invalid signal number");
@@ -397,6 +474,12 @@ async fn forward_inbound(
                 }
                 None => {}
             },
+            Ok(None) if pty.is_some() => {
+                // A terminal whose user left: the process is killed with
+                // the stream (terminals are never detached).
+                client_gone.cancel();
+                return;
+            }
             Ok(None) => return,
             Err(_) => {
                 client_gone.cancel();
@@ -460,6 +543,7 @@ impl ProcessService for Processes {
 
 #[cfg(test)]
 mod tests {
+    use proto::SpawnStart;
     use proto::process_service_client::ProcessServiceClient;
     use proto::process_service_server::ProcessServiceServer;
     use tonic::transport::Server;
@@ -490,6 +574,65 @@ mod tests {
         let missing = ExecRequest { command: Some(true_cmd), cwd: "nowhere".into(), ..Default::default() };
         let err = client.exec(missing).await.unwrap_err();
         assert_eq!(err.code(), tonic::Code::NotFound, "{err:?}");
+    }
+
+    #[tokio::test]
+    async fn a_pty_spawn_is_a_terminal_that_follows_resizes_and_reports_the_exit() {
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = testing::context(dir.path());
+        let channel =
+            testing::channel(Server::builder().add_service(ProcessServiceServer::new(Processes::new(&ctx))))
+                .await;
+        let mut client = ProcessServiceClient::new(channel);
+        let (tx, rx) = mpsc::channel(8);
+        let script =
+            "test -t 0 && test -t 1 && echo tty-yes; stty size; read line; stty size; echo got=$line; exit 3";
+        let start = SpawnStart {
+            command: Some(Command { kind: Some(proto::command::Kind::Shell(script.into())) }),
+            pty: Some(TerminalSize { rows: 30, cols: 100 }),
+            ..Default::default()
+        };
+        tx.send(SpawnRequest { request: Some(spawn_request::Request::Start(start)) }).await.unwrap();
+        let mut events = client.spawn(ReceiverStream::new(rx)).await.unwrap().into_inner();
+        let mut output = String::new();
+        let mut typed = false;
+        let status = loop {
+            match events.message().await.unwrap().unwrap().event.unwrap() {
+                spawn_response::Event::Started(_) => {}
+                spawn_response::Event::Output(chunk) => {
+                    output.push_str(&String::from_utf8_lossy(&chunk.data));
+                    if !typed && output.contains("30 100") {
+                        typed = true;
+                        let resize = TerminalSize { rows: 40, cols: 120 };
+                        tx.send(SpawnRequest { request: Some(spawn_request::Request::Resize(resize)) })
+                            .await
+                            .unwrap();
+                        tx.send(SpawnRequest {
+                            request: Some(spawn_request::Request::Stdin(b"hello\r".to_vec())),
+                        })
+                        .await
+                        .unwrap();
+                    }
+                }
+                spawn_response::Event::Exited(status) => break status,
+            }
+        };
+        assert!(output.contains("tty-yes"), "{output:?}");
+        assert!(output.contains("40 120"), "the resize reached the terminal: {output:?}");
+        assert!(output.contains("got=hello"), "{output:?}");
+        assert_eq!(status.status, Some(proto::exit_status::Status::Code(3)));
+
+        // A terminal is never detached.
+        let (tx, rx) = mpsc::channel(1);
+        let start = SpawnStart {
+            command: Some(Command { kind: Some(proto::command::Kind::Shell("true".into())) }),
+            pty: Some(TerminalSize { rows: 1, cols: 1 }),
+            detached: true,
+            ..Default::default()
+        };
+        tx.send(SpawnRequest { request: Some(spawn_request::Request::Start(start)) }).await.unwrap();
+        let err = client.spawn(ReceiverStream::new(rx)).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
     }
 
     #[test]

@@ -11,6 +11,7 @@ use anyhow::Context;
 use shared::proto::agent::v1::fs_service_server::FsServiceServer;
 use shared::proto::agent::v1::info_service_server::InfoServiceServer;
 use shared::proto::agent::v1::journal_service_server::JournalServiceServer;
+use shared::proto::agent::v1::port_service_server::PortServiceServer;
 use shared::proto::agent::v1::process_service_server::ProcessServiceServer;
 use shared::proto::agent::v1::secret_service_server::SecretServiceServer;
 use shared::proto::agent::v1::shell_service_server::ShellServiceServer;
@@ -73,6 +74,7 @@ fn router(
         .add_service(reflection)
         .add_service(shared::sized!(InfoServiceServer::new(crate::info::Info::new(ctx))))
         .add_service(shared::sized!(ProcessServiceServer::new(crate::process::Processes::new(ctx))))
+        .add_service(shared::sized!(PortServiceServer::new(crate::port::Ports::new(ctx))))
         .add_service(shared::sized!(ShellServiceServer::new(crate::shell::Shells::new(ctx))))
         .add_service(shared::sized!(FsServiceServer::new(crate::fs::Files::new(ctx))))
         .add_service(shared::sized!(JournalServiceServer::new(crate::journal::Journal::new(ctx))))

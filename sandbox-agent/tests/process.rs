@@ -221,7 +221,7 @@ async fn read_exit(stream: &mut Streaming<SpawnResponse>) -> Exit {
 }
 
 fn start(cmd: Option<Command>, detached: bool) -> SpawnStart {
-    SpawnStart { command: cmd, cwd: String::new(), env: HashMap::new(), detached }
+    SpawnStart { command: cmd, cwd: String::new(), env: HashMap::new(), detached, pty: None }
 }
 
 #[tokio::test]
@@ -347,7 +347,8 @@ async fn signal_process_and_spawn_failures() {
         (argv(&["true"]), "../outside", Code::PermissionDenied),
         (None, "", Code::InvalidArgument),
     ] {
-        let st = SpawnStart { command: cmd, cwd: cwd.into(), env: HashMap::new(), detached: false };
+        let st =
+            SpawnStart { command: cmd, cwd: cwd.into(), env: HashMap::new(), detached: false, pty: None };
         let msgs = vec![SpawnRequest { request: Some(spawn_request::Request::Start(st)) }];
         assert_eq!(c.spawn(tokio_stream::iter(msgs)).await.unwrap_err().code(), expected);
     }

@@ -10,6 +10,10 @@ use std::sync::OnceLock;
 /// registry).
 pub const TEST_IMAGE: &str = "sandhold-test-busybox:latest";
 
+/// Debian with git, bash and python3 (`scripts/build-test-images
+/// --debian`): for what the busybox image cannot run.
+pub const DEBIAN_IMAGE: &str = "sandhold-test-debian:latest";
+
 pub use control_plane::provider::LABEL_TENANT;
 
 /// Make sure the test images exist (built locally; no registry), once per
@@ -20,6 +24,21 @@ pub fn ensure_test_image() {
         let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/build-test-images");
         let out = Command::new(&script).output().expect("running scripts/build-test-images");
         assert!(out.status.success(), "build-test-images failed: {}", String::from_utf8_lossy(&out.stderr));
+    });
+}
+
+/// Make sure [`DEBIAN_IMAGE`] exists and is current (the first build
+/// bootstraps Debian, later ones reuse a cache), once per test binary.
+pub fn ensure_debian_image() {
+    static BUILT: OnceLock<()> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/build-test-images");
+        let out = Command::new(&script).arg("--debian").output().expect("running scripts/build-test-images");
+        assert!(
+            out.status.success(),
+            "build-test-images --debian failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     });
 }
 

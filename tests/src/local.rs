@@ -175,3 +175,18 @@ impl Drop for ChildGuard {
         }
     }
 }
+
+/// `git -C dir ARGS` with the host's git, as a fixed identity on branch
+/// `main` by default; its trimmed stdout. Panics (with git's message) when
+/// git fails.
+pub fn git(dir: &Path, args: &[&str]) -> String {
+    let out = std::process::Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(["-c", "user.name=t", "-c", "user.email=t@example.com", "-c", "init.defaultBranch=main"])
+        .args(args)
+        .output()
+        .expect("git on the test host");
+    assert!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}

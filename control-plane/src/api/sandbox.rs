@@ -212,6 +212,84 @@ impl SandboxService for SandboxApi {
         Ok(Response::new(api::RenameFileResponse {}))
     }
 
+    type ConnectPortStream = BoxStream<api::ConnectPortResponse>;
+
+    async fn connect_port(
+        &self,
+        request: Request<Streaming<api::ConnectPortRequest>>,
+    ) -> Result<Response<Self::ConnectPortStream>, Status> {
+        let tenant = tenant_of(&request)?;
+        let events = self.sandboxes.connect_port(&tenant, request.into_inner()).await?;
+        Ok(Response::new(to_status_stream(events)))
+    }
+
+    type OpenTerminalStream = BoxStream<api::OpenTerminalResponse>;
+
+    async fn open_terminal(
+        &self,
+        request: Request<Streaming<api::OpenTerminalRequest>>,
+    ) -> Result<Response<Self::OpenTerminalStream>, Status> {
+        let tenant = tenant_of(&request)?;
+        let events = self.sandboxes.open_terminal(&tenant, request.into_inner()).await?;
+        Ok(Response::new(to_status_stream(events)))
+    }
+
+    async fn git_status(
+        &self,
+        request: Request<api::GitStatusRequest>,
+    ) -> Result<Response<api::GitStatusResponse>, Status> {
+        let tenant = tenant_of(&request)?;
+        Ok(Response::new(self.sandboxes.git_status(&tenant, request.into_inner()).await?))
+    }
+
+    async fn git_diff(
+        &self,
+        request: Request<api::GitDiffRequest>,
+    ) -> Result<Response<api::GitDiffResponse>, Status> {
+        let tenant = tenant_of(&request)?;
+        Ok(Response::new(self.sandboxes.git_diff(&tenant, request.into_inner()).await?))
+    }
+
+    async fn git_add(
+        &self,
+        request: Request<api::GitAddRequest>,
+    ) -> Result<Response<api::GitAddResponse>, Status> {
+        let tenant = tenant_of(&request)?;
+        Ok(Response::new(self.sandboxes.git_add(&tenant, request.into_inner()).await?))
+    }
+
+    async fn git_commit(
+        &self,
+        request: Request<api::GitCommitRequest>,
+    ) -> Result<Response<api::GitCommitResponse>, Status> {
+        let tenant = tenant_of(&request)?;
+        Ok(Response::new(self.sandboxes.git_commit(&tenant, request.into_inner()).await?))
+    }
+
+    async fn git_branch(
+        &self,
+        request: Request<api::GitBranchRequest>,
+    ) -> Result<Response<api::GitBranchResponse>, Status> {
+        let tenant = tenant_of(&request)?;
+        Ok(Response::new(self.sandboxes.git_branch(&tenant, request.into_inner()).await?))
+    }
+
+    async fn git_push(
+        &self,
+        request: Request<api::GitPushRequest>,
+    ) -> Result<Response<api::GitPushResponse>, Status> {
+        let tenant = tenant_of(&request)?;
+        Ok(Response::new(self.sandboxes.git_push(&tenant, request.into_inner()).await?))
+    }
+
+    async fn git_pull(
+        &self,
+        request: Request<api::GitPullRequest>,
+    ) -> Result<Response<api::GitPullResponse>, Status> {
+        let tenant = tenant_of(&request)?;
+        Ok(Response::new(self.sandboxes.git_pull(&tenant, request.into_inner()).await?))
+    }
+
     type WatchFilesStream = BoxStream<api::WatchFilesResponse>;
 
     async fn watch_files(

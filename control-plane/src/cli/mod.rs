@@ -4,13 +4,16 @@
 
 mod client;
 mod definition_file;
+mod git;
 mod logging;
 mod output;
+mod port_forward;
 mod progress;
 mod render;
 mod run;
 mod sandboxes;
 mod serve;
+mod shell;
 mod thread;
 
 use std::process::ExitCode;
@@ -52,6 +55,12 @@ pub enum Command {
     /// Store, list or remove sandbox definitions.
     #[command(subcommand)]
     Definitions(sandboxes::DefinitionsCommand),
+    /// Forward local connections to a port on a sandbox's loopback, until Ctrl-C.
+    PortForward(port_forward::PortForwardArgs),
+    /// Git on a sandbox's workspace: status, diff, add, commit, branch, push, pull.
+    Git(git::GitArgs),
+    /// An interactive terminal in a sandbox (a login shell, or CMD); exits with its code.
+    Shell(shell::ShellArgs),
 }
 
 /// A flag that no longer exists and what to use instead (clap's own
@@ -104,6 +113,9 @@ pub fn main() -> ExitCode {
             Command::Sandboxes(c) => sandboxes::sandboxes(c).await,
             Command::Exec(args) => sandboxes::exec(args).await,
             Command::Definitions(c) => sandboxes::definitions(c).await,
+            Command::PortForward(args) => port_forward::port_forward(args).await,
+            Command::Git(args) => git::git(args).await,
+            Command::Shell(args) => shell::shell(args).await,
         }
     });
     // Background tasks of an embedded server (renewers, sandboxes' idle

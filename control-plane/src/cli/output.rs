@@ -78,6 +78,17 @@ pub fn status_error(status: tonic::Status) -> anyhow::Error {
     anyhow::Error::new(error)
 }
 
+/// The exit code of a CLI that ends with a sandbox process: its code, or
+/// 128 + the signal that killed it (as a shell says).
+pub fn process_exit_code(status: Option<shared::proto::v1::exit_status::Status>) -> u8 {
+    use shared::proto::v1::exit_status::Status;
+    match status {
+        Some(Status::Code(c)) => u8::try_from(c).unwrap_or(1),
+        Some(Status::Signal(s)) => u8::try_from(128 + s).unwrap_or(1),
+        None => 1,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use shared::proto::v1 as api;

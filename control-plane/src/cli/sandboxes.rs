@@ -12,7 +12,7 @@ use tokio_stream::StreamExt;
 
 use super::client::ClientArgs;
 use super::definition_file;
-use super::output::{OutputFormat, json_line, message_json, status_error};
+use super::output::{OutputFormat, json_line, message_json, process_exit_code, status_error};
 use super::run::{SecretRef, age, secret_values, with_connection};
 
 #[derive(Debug, Clone, Subcommand)]
@@ -36,8 +36,10 @@ pub enum SandboxesCommand {
     },
 }
 
+/// Which sandbox a process runs in, where, and with which secrets: the
+/// arguments `exec` and `shell` share.
 #[derive(Debug, Clone, Args)]
-pub struct ExecArgs {
+pub struct ProcessArgs {
     #[command(flatten)]
     pub client: ClientArgs,
     /// The sandbox (an id from `sandhold sandboxes ls`).
@@ -48,6 +50,12 @@ pub struct ExecArgs {
     /// A secret for the process, NAME=ENV_VAR (value read from ENV_VAR here). Repeatable.
     #[arg(long = "secret", value_name = "NAME=ENV_VAR")]
     pub secrets: Vec<SecretRef>,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ExecArgs {
+    #[command(flatten)]
+    pub process: ProcessArgs,
     /// The program and its arguments (no shell; use `sh -c '...'` for one).
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<String>,
@@ -146,6 +154,7 @@ pub async fn sandboxes(command: SandboxesCommand) -> ExitCode {
 /// Runs the command with its output streamed; exits with its exit code
 /// (128 + N for a signal).
 pub async fn exec(args: ExecArgs) -> ExitCode {
+    let (args, command) = (args.process, args.command);
     let client = args.client.clone();
     let format = client.output;
     with_connection(&client, async move |conn| {
@@ -153,7 +162,7 @@ pub async fn exec(args: ExecArgs) -> ExitCode {
         let start = api::ExecStreamStart {
             sandbox_id: args.sandbox_id.clone(),
             command: Some(api::Command {
-                kind: Some(api::command::Kind::Argv(api::Argv { args: args.command.clone() })),
+                kind: Some(api::command::Kind::Argv(api::Argv { args: command.clone() })),
             }),
             cwd: args.cwd.clone().unwrap_or_default(),
             env: Default::default(),
@@ -185,11 +194,7 @@ pub async fn exec(args: ExecArgs) -> ExitCode {
                     }
                 }
                 Some(api::exec_stream_response::Event::Exited(status)) => {
-                    return Ok(match status.status {
-                        Some(api::exit_status::Status::Code(c)) => u8::try_from(c).unwrap_or(1),
-                        Some(api::exit_status::Status::Signal(s)) => u8::try_from(128 + s).unwrap_or(1),
-                        None => 1,
-                    });
+                    return Ok(process_exit_code(status.status));
                 }
                 _ => {}
             }

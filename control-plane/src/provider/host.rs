@@ -135,11 +135,89 @@ pub fn default_agent_binary() -> Option<PathBuf> {
     std::env::split_paths(&path).map(|d| d.join(NAME)).find(|c| c.is_file())
 }
 
+/// Where `scripts/build-agent-static` puts the static agent, relative to
+/// cargo's target dir (`target/debug/sandhold` →
+/// `target/static/x86_64-unknown-linux-gnu/debug/sandhold-agent`).
+const STATIC_BUILD_DIR: &str = "static/x86_64-unknown-linux-gnu";
+
+/// Where a static agent (one that runs in any image) is when none is
+/// configured: where `scripts/build-agent-static` puts it next to this
+/// executable's build, else the agent [`default_agent_binary`] finds when
+/// that one is static itself (an installed release build).
+pub fn default_static_agent_binary() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    static_agent_near(&exe).or_else(|| default_agent_binary().filter(|p| is_static_executable(p)))
+}
+
+/// The static agent of the build `exe` belongs to: `exe` is
+/// `<target>/<profile>/sandhold` (or a test binary in
+/// `<target>/<profile>/deps/`).
+fn static_agent_near(exe: &Path) -> Option<PathBuf> {
+    let mut dir = exe.parent()?;
+    if dir.file_name().is_some_and(|n| n == "deps") {
+        dir = dir.parent()?;
+    }
+    let profile = dir.file_name()?;
+    let candidate = dir.parent()?.join(STATIC_BUILD_DIR).join(profile).join("sandhold-agent");
+    (candidate.is_file() && is_static_executable(&candidate)).then_some(candidate)
+}
+
+/// Whether `path` is an x86-64/aarch64 ELF executable that needs no
+/// dynamic loader (no `PT_INTERP` program header), so it runs in an image
+/// that has no libc at all.
+pub fn is_static_executable(path: &Path) -> bool {
+    use std::io::Read;
+    const PT_INTERP: u32 = 3;
+    let mut header = [0u8; 64];
+    let Ok(mut file) = std::fs::File::open(path) else { return false };
+    if file.read_exact(&mut header).is_err() || &header[..4] != b"\x7fELF" || header[4] != 2 || header[5] != 1
+    {
+        return false; // not a 64-bit little-endian ELF
+    }
+    let u16_at = |b: &[u8], i: usize| u16::from_le_bytes([b[i], b[i + 1]]);
+    let phoff = u64::from_le_bytes(header[32..40].try_into().unwrap_or_default());
+    let (phentsize, phnum) = (usize::from(u16_at(&header, 54)), usize::from(u16_at(&header, 56)));
+    if phentsize < 4 || phnum == 0 {
+        return false;
+    }
+    let mut table = vec![0u8; phentsize * phnum];
+    use std::io::Seek;
+    if file.seek(std::io::SeekFrom::Start(phoff)).is_err() || file.read_exact(&mut table).is_err() {
+        return false;
+    }
+    !table
+        .chunks(phentsize)
+        .any(|entry| u32::from_le_bytes([entry[0], entry[1], entry[2], entry[3]]) == PT_INTERP)
+}
+
 #[cfg(test)]
 mod tests {
     use shared::error::{Error as WireError, ErrorCode};
 
     use super::*;
+
+    #[test]
+    fn a_static_agent_is_found_where_the_build_script_puts_it() {
+        // This test binary is dynamic; /bin/busybox (busybox-static, which
+        // the test images need) is not.
+        let me = std::env::current_exe().unwrap();
+        assert!(!is_static_executable(&me));
+        assert!(!is_static_executable(Path::new("/etc/passwd")));
+        let busybox = Path::new("/bin/busybox");
+        assert!(is_static_executable(busybox), "busybox-static is installed by scripts/build-test-images");
+
+        let target = tempfile::tempdir().unwrap();
+        let exe = target.path().join("debug/sandhold");
+        let agent = target.path().join("static/x86_64-unknown-linux-gnu/debug/sandhold-agent");
+        std::fs::create_dir_all(agent.parent().unwrap()).unwrap();
+        std::fs::create_dir_all(exe.parent().unwrap().join("deps")).unwrap();
+        assert_eq!(static_agent_near(&exe), None, "nothing built yet");
+        std::fs::copy(&me, &agent).unwrap();
+        assert_eq!(static_agent_near(&exe), None, "a dynamic binary there is not taken");
+        std::fs::copy(busybox, &agent).unwrap();
+        assert_eq!(static_agent_near(&exe), Some(agent.clone()));
+        assert_eq!(static_agent_near(&exe.parent().unwrap().join("deps/test-bin")), Some(agent));
+    }
 
     #[test]
     fn long_socket_paths_are_refused_with_advice() {

@@ -59,6 +59,11 @@ pub struct Capabilities {
     /// The sandbox's network can be cut off or chosen (Docker: `none` by
     /// default, or a named network).
     pub network_policy: bool,
+    /// `ConnectPort` reaches the sandbox's own loopback (a local sandbox
+    /// has none of its own: it shares the host's).
+    pub ports: bool,
+    /// `OpenTerminal`: a pseudo-terminal in the sandbox.
+    pub terminal: bool,
 }
 
 /// A place sandboxes live. Object-safe: held as `Arc<dyn Provider>`.

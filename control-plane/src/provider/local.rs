@@ -246,6 +246,8 @@ impl Provider for LocalProvider {
             writable_stdin: true,
             durable_filesystem: true,
             network_policy: false,
+            ports: false,
+            terminal: true,
         }
     }
 

@@ -22,11 +22,11 @@ mod spec;
 pub use docker::{DockerOptions, DockerProvider, DockerProviderOptions, MountSpec};
 pub use error::Error;
 pub use handle::{ListedSandbox, Sandbox, Snapshot};
-pub use host::default_agent_binary;
 pub(crate) use host::{
     check_socket_path, is_agent_socket, new_short_id, new_token, own_uid, read_private_file,
     write_private_file,
 };
+pub use host::{default_agent_binary, default_static_agent_binary, is_static_executable};
 pub use interface::{Capabilities, Provider, ProviderKind, Result};
 pub use local::{LocalProvider, LocalProviderOptions};
 pub use spec::{LABEL_DEFINITION, LABEL_MANAGED, LABEL_SANDBOX_KEY, LABEL_TENANT, SandboxSpec};

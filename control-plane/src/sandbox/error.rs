@@ -53,6 +53,9 @@ pub enum Error {
     /// A save needs the value of every declared secret, to zero it.
     #[error("the value of secret {0} is not known to this server; EnsureSandbox with it, then save")]
     SecretNotKnown(String),
+    /// git in the sandbox refused (its message), or is not there.
+    #[error("{0}")]
+    Git(String),
     /// The channel to the agent closed before the request was sent.
     #[error("{0}")]
     Closed(&'static str),
@@ -106,7 +109,9 @@ impl From<Error> for WireError {
             Error::InvalidField(e) => e.into(),
             Error::Invalid(e) => e.into(),
             Error::DefinitionNotFound(_) | Error::NotFound(_) => WireError::not_found(message),
-            Error::NoSandboxToSave(_) | Error::PerRunSandbox | Error::NotRunning(_) => precondition(),
+            Error::NoSandboxToSave(_) | Error::PerRunSandbox | Error::NotRunning(_) | Error::Git(_) => {
+                precondition()
+            }
             Error::SecretNotKnown(name) => precondition().with_meta("secret", name),
             Error::ProviderOff { kind, .. } => precondition().with_meta("provider", kind.as_str()),
             Error::CorruptDefinition(_) | Error::UnknownProvider(_) | Error::Closed(_) => {

@@ -464,6 +464,8 @@ impl Lifecycle {
                 writable_stdin: c.writable_stdin,
                 durable_filesystem: c.durable_filesystem,
                 network_policy: c.network_policy,
+                ports: c.ports,
+                terminal: c.terminal,
             }
         });
         api::Sandbox {

@@ -23,6 +23,8 @@ pub mod quota;
 mod checkpoint;
 mod error;
 mod files;
+mod git;
+mod ports;
 mod process;
 mod sandboxes;
 
@@ -35,7 +37,8 @@ pub use error::Error;
 pub use files::{ReadFileStream, WatchStream};
 pub use lifecycle::{EnsureInput, Lifecycle, Providers};
 pub use policy::OperatorPolicy;
-pub use process::ExecEvents;
+pub use ports::PortEvents;
+pub use process::{ExecEvents, TerminalEvents};
 pub use quota::SandboxQuota;
 pub use sandboxes::{EnsureStream, Sandboxes};
 

@@ -14,6 +14,8 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
 
 use super::ensure::secrets_of;
+use super::lifecycle::Live;
+use super::sandboxes::Optional;
 use super::{Error, Sandboxes};
 use crate::provision::{InvalidField, Secrets, valid_env_name};
 use crate::store::Tenant;
@@ -24,6 +26,15 @@ pub const EXEC_TIMEOUT_DEFAULT_MS: u64 = 60 * 60 * 1000;
 
 /// What an `ExecStream` answers: the pid, output, then the exit.
 pub type ExecEvents = BoxStream<'static, Result<api::ExecStreamResponse, Error>>;
+/// What an `OpenTerminal` answers: the pid, the terminal's output, then
+/// the exit.
+pub type TerminalEvents = BoxStream<'static, Result<api::OpenTerminalResponse, Error>>;
+
+/// A terminal's command when the caller names none: the run user's login
+/// shell, bash where the image has it.
+const LOGIN_SHELL: &str = r#"exec "$(command -v bash || echo /bin/sh)" -l"#;
+/// $TERM when the caller sets none.
+const DEFAULT_TERM: &str = "xterm-256color";
 
 impl Sandboxes {
     /// Run a command in the tenant's sandbox to completion.
@@ -78,28 +89,13 @@ impl Sandboxes {
         let live = self.live(tenant, &start.sandbox_id).await?;
         let command = agent_command(start.command)?;
         let env = process_env(&live.secrets, &live.env, start.env, start.secrets)?;
-        let (tx, rx) = mpsc::channel::<agent::SpawnRequest>(16);
-        let start = agent::SpawnRequest {
-            request: Some(agent::spawn_request::Request::Start(agent::SpawnStart {
-                command: Some(command),
-                cwd: start.cwd,
-                env,
-                detached: false,
-            })),
-        };
-        tx.send(start).await.map_err(|_| Error::Closed("exec stream closed before start"))?;
-        // Held by the response stream: a client that half-closes its side
-        // after `start` must not end the agent's request stream (and with it
-        // the process) while output is still flowing.
-        let hold_open = tx.clone();
-        self.forward(inbound, tx, |message: api::ExecStreamRequest| {
-            let request = message.request.and_then(spawn_request)?;
-            Some(agent::SpawnRequest { request: Some(request) })
+        let start =
+            agent::SpawnStart { command: Some(command), cwd: start.cwd, env, detached: false, pty: None };
+        let outbound = self.spawn(&live, start, inbound, |message: api::ExecStreamRequest| {
+            message.request.and_then(spawn_request)
         });
-        let outbound = live.agent.process().spawn(ReceiverStream::new(rx)).await?.into_inner();
-        let mapped = outbound.map(move |item| {
-            let _ = &hold_open;
-            let event = item?.event.map(|e| match e {
+        let mapped = outbound.await?.map(|item| {
+            let event = item?.map(|e| match e {
                 agent::spawn_response::Event::Started(s) => {
                     api::exec_stream_response::Event::StartedPid(s.pid)
                 }
@@ -117,6 +113,103 @@ impl Sandboxes {
         });
         Ok(Box::pin(mapped))
     }
+
+    /// Start the terminal `inbound` begins with (`start`) and forward the
+    /// rest of it (typed bytes, resizes, signals) until the caller's
+    /// stream ends (which kills the terminal's command), the command's
+    /// does, or the server shuts down.
+    pub async fn open_terminal<S>(&self, tenant: &Tenant, mut inbound: S) -> Result<TerminalEvents, Error>
+    where
+        S: Stream<Item = Result<api::OpenTerminalRequest, Status>> + Send + Unpin + 'static,
+    {
+        let first = inbound.next().await.transpose()?.and_then(|m| m.request);
+        let Some(api::open_terminal_request::Request::Start(start)) = first else {
+            return Err(InvalidField::new("start", "the first message must be `start`").into());
+        };
+        let size = start.size.unwrap_or(api::TerminalSize { rows: 24, cols: 80 });
+        let size = terminal_size(size, "start.size")?;
+        let live = self.live_for(tenant, &start.sandbox_id, Optional::Terminal).await?;
+        let command = match start.command {
+            None => agent::Command { kind: Some(agent::command::Kind::Shell(LOGIN_SHELL.into())) },
+            given => agent_command(given)?,
+        };
+        let mut env = process_env(&live.secrets, &live.env, start.env, start.secrets)?;
+        let term = if start.term.is_empty() { DEFAULT_TERM.to_string() } else { start.term };
+        env.insert("TERM".into(), term);
+        let start = agent::SpawnStart {
+            command: Some(command),
+            cwd: start.cwd,
+            env,
+            detached: false,
+            pty: Some(size),
+        };
+        let outbound = self.spawn(&live, start, inbound, |message: api::OpenTerminalRequest| {
+            use agent::spawn_request::Request;
+            match message.request? {
+                api::open_terminal_request::Request::Input(data) => Some(Request::Stdin(data)),
+                api::open_terminal_request::Request::Resize(size) => {
+                    // The agent refuses (and logs) a bad size; it is never fatal.
+                    Some(Request::Resize(agent::TerminalSize { rows: size.rows, cols: size.cols }))
+                }
+                api::open_terminal_request::Request::Signal(n) => Some(Request::Signal(n)),
+                api::open_terminal_request::Request::Start(_) => None,
+            }
+        });
+        let mapped = outbound.await?.map(|item| {
+            let event = item?.map(|e| match e {
+                agent::spawn_response::Event::Started(s) => {
+                    api::open_terminal_response::Event::StartedPid(s.pid)
+                }
+                agent::spawn_response::Event::Output(o) => api::open_terminal_response::Event::Output(o.data),
+                agent::spawn_response::Event::Exited(x) => {
+                    api::open_terminal_response::Event::Exited(exit_status(Some(x)).unwrap_or_default())
+                }
+            });
+            Ok(api::OpenTerminalResponse { event })
+        });
+        Ok(Box::pin(mapped))
+    }
+
+    /// Spawn `start` through the live sandbox's agent and forward the
+    /// caller's later messages, as `to_agent` maps them, to it. Answers the
+    /// agent's events.
+    async fn spawn<T, S>(
+        &self,
+        live: &Live,
+        start: agent::SpawnStart,
+        inbound: S,
+        to_agent: impl Fn(T) -> Option<agent::spawn_request::Request> + Send + 'static,
+    ) -> Result<BoxStream<'static, Result<Option<agent::spawn_response::Event>, Error>>, Error>
+    where
+        T: Send + 'static,
+        S: Stream<Item = Result<T, Status>> + Send + Unpin + 'static,
+    {
+        let (tx, rx) = mpsc::channel::<agent::SpawnRequest>(16);
+        let start = agent::SpawnRequest { request: Some(agent::spawn_request::Request::Start(start)) };
+        tx.send(start).await.map_err(|_| Error::Closed("process stream closed before start"))?;
+        // Held by the response stream: a client that half-closes its side
+        // after `start` must not end the agent's request stream (and with it
+        // the process) while output is still flowing.
+        let hold_open = tx.clone();
+        self.forward(inbound, tx, move |message: T| {
+            Some(agent::SpawnRequest { request: Some(to_agent(message)?) })
+        });
+        let outbound = live.agent.process().spawn(ReceiverStream::new(rx)).await?.into_inner();
+        Ok(Box::pin(outbound.map(move |item| {
+            let _ = &hold_open;
+            Ok(item?.event)
+        })))
+    }
+}
+
+/// A terminal's size as the agent takes it, refused when a side is 0.
+fn terminal_size(size: api::TerminalSize, field: &str) -> Result<agent::TerminalSize, Error> {
+    if size.rows == 0 || size.cols == 0 || size.rows > u32::from(u16::MAX) || size.cols > u32::from(u16::MAX)
+    {
+        let message = format!("{} rows x {} columns: each must be 1-65535", size.rows, size.cols);
+        return Err(InvalidField::new(field, message).into());
+    }
+    Ok(agent::TerminalSize { rows: size.rows, cols: size.cols })
 }
 
 /// What a caller's message after `start` asks of the agent (`None` for a

@@ -15,8 +15,18 @@ use tonic::Status;
 use super::lifecycle::Live;
 use super::{Error, Lifecycle, definition, ensure_input};
 use crate::lease::Leases;
+use crate::provider;
 use crate::provision::{InvalidField, Progress};
 use crate::store::{Stores, Tenant};
+
+/// An operation of a live sandbox that not every provider offers.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Optional {
+    /// `ConnectPort`.
+    Ports,
+    /// `OpenTerminal`.
+    Terminal,
+}
 
 /// An ensure's progress events, then exactly one `ready` or error.
 pub type EnsureStream = BoxStream<'static, Result<api::EnsureSandboxResponse, Error>>;
@@ -84,6 +94,29 @@ impl Sandboxes {
     /// A connected agent for the tenant's sandbox `sandbox_id`.
     pub(super) async fn live(&self, tenant: &Tenant, sandbox_id: &str) -> Result<Live, Error> {
         self.lifecycle.agent(&self.stores, tenant, sandbox_id).await
+    }
+
+    /// As [`Sandboxes::live`], for an operation that both the sandbox's
+    /// provider and its agent must offer (an older agent may not).
+    pub(super) async fn live_for(
+        &self,
+        tenant: &Tenant,
+        sandbox_id: &str,
+        what: Optional,
+    ) -> Result<Live, Error> {
+        let live = self.live(tenant, sandbox_id).await?;
+        let provider = self.lifecycle.providers.get(live.provider)?.capabilities();
+        let agent = live.agent.handshake().capabilities.unwrap_or_default();
+        let (capability, offered) = match what {
+            Optional::Ports => ("ports", provider.ports && agent.ports),
+            Optional::Terminal => ("terminal", provider.terminal && agent.pty),
+        };
+        if !offered {
+            return Err(
+                provider::Error::Unsupported { kind: live.provider, capability: capability.into() }.into()
+            );
+        }
+        Ok(live)
     }
 
     /// Validate and store `definition` as the tenant's (replacing one of

@@ -33,6 +33,8 @@ impl Default for Deadlines {
 /// Unary methods of the public API that move sandboxes or snapshots.
 const LONG: &[&str] = &[
     "/sandhold.v1.SandboxService/DestroySandbox",
+    "/sandhold.v1.SandboxService/GitPush",
+    "/sandhold.v1.SandboxService/GitPull",
     "/sandhold.v1.SnapshotService/SaveSnapshot",
     "/sandhold.v1.SnapshotService/ForkSnapshot",
     "/sandhold.v1.SnapshotService/DeleteSnapshot",
@@ -52,6 +54,8 @@ const STREAMS: &[&str] = &[
     "/sandhold.v1.SandboxService/ReadFile",
     "/sandhold.v1.SandboxService/WriteFile",
     "/sandhold.v1.SandboxService/WatchFiles",
+    "/sandhold.v1.SandboxService/ConnectPort",
+    "/sandhold.v1.SandboxService/OpenTerminal",
     "/sandhold.v1.SnapshotService/ReadArtifact",
     "/grpc.health.v1.Health/Watch",
 ];

@@ -52,14 +52,21 @@ pub async fn providers_from_config(config: &ServeConfig) -> Providers {
         info!("docker provider off: {why}");
         return providers.without(ProviderKind::Docker, why);
     }
-    let static_agent = config.agent_static_binary.clone().or_else(|| config.agent_binary.clone());
+    // Configured, else the configured agent when it is static itself, else
+    // where `scripts/build-agent-static` puts one.
+    let static_agent = config
+        .agent_static_binary
+        .clone()
+        .or_else(|| config.agent_binary.clone().filter(|p| crate::provider::is_static_executable(p)))
+        .or_else(crate::provider::default_static_agent_binary);
     match static_agent {
         None => {
-            info!("docker provider disabled: no --agent-static-binary configured");
+            info!("docker provider disabled: no static sandhold-agent found");
             providers = providers.without(
                 ProviderKind::Docker,
-                "no static agent is configured (--agent-static-binary / SANDHOLD_AGENT_STATIC_BINARY; \
-                 build one with scripts/build-agent-static)",
+                "no static sandhold-agent was found (containers need one: it runs in images without a libc). \
+                 Run `scripts/build-agent-static` in the checkout this sandhold was built from (it puts the \
+                 agent where sandhold looks), or set --agent-static-binary / SANDHOLD_AGENT_STATIC_BINARY",
             );
         }
         Some(agent) => {

@@ -15,5 +15,6 @@ mod skills;
 mod violations;
 
 pub use crate::provision::Error;
+pub(crate) use git::environment as git_environment;
 pub use provisioner::{WorkspaceProvisioner, project_for_run, provisions_anything};
 pub use violations::violations;

@@ -33,6 +33,8 @@ impl Provider for DockerProvider {
             writable_stdin: true,
             durable_filesystem: true,
             network_policy: true,
+            ports: true,
+            terminal: true,
         }
     }
 
