@@ -8,8 +8,9 @@
 # root, Debian/Ubuntu), `npm ci` in this package (the lock pins every
 # version), builds it (tsc), and runs the tests. The binaries: SANDHOLD_BIN /
 # SANDHOLD_AGENT_BIN, else built with cargo (into $CARGO_TARGET_DIR or
-# target/). Under SANDHOLD_REQUIRE_SERVICES=1 a missing Chromium fails the
-# browser test instead of skipping it. Extra arguments go to node --test.
+# target/). CHROMIUM names the browser (default /usr/bin/chromium). Under
+# SANDHOLD_REQUIRE_SERVICES=1 a missing Chromium fails the browser tests
+# instead of skipping them. Extra arguments go to node --test.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
