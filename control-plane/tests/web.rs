@@ -194,3 +194,54 @@ async fn cors_allows_the_own_origin_by_default_and_configured_origins_only() {
     assert_eq!(status, http::StatusCode::FORBIDDEN, "another port is another origin");
     configured.stop().await.unwrap();
 }
+
+/// Over TLS, a browser that speaks HTTP/1.1 only (ALPN `http/1.1`) gets
+/// the console; `h2` stays the choice of clients that offer it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_tls_http1_browsers_get_the_console() {
+    use std::sync::Arc;
+
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, ServerName};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let dir = tempfile::tempdir().unwrap();
+    let ca = sandhold_tests::tls::TestCa::new("web-test-ca");
+    let files = ca.write(dir.path(), &ca.leaf(7));
+    let mut cfg = config(&dir.path().join("data"), &[], &[]);
+    cfg.tls_cert = Some(files.cert.clone());
+    cfg.tls_key = Some(files.key.clone());
+    let server = start(cfg).await;
+    let addr = server.local_addr().to_string();
+
+    let (_, h2) = sandhold_tests::tls::presented(&addr, &files.ca).await.unwrap();
+    assert_eq!(h2.as_deref(), Some(&b"h2"[..]));
+
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(&files.ca).unwrap() {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let mut tls =
+        rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+    tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let mut stream = tokio_rustls::TlsConnector::from(Arc::new(tls))
+        .connect(ServerName::try_from("localhost").unwrap(), tcp)
+        .await
+        .expect("a TLS handshake offering only http/1.1 succeeds");
+    assert_eq!(stream.get_ref().1.alpn_protocol(), Some(&b"http/1.1"[..]));
+    stream
+        .write_all(b"GET /runs/r-1 HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut response = Vec::new();
+    tokio::time::timeout(PATIENCE, stream.read_to_end(&mut response)).await.unwrap().unwrap_or_default();
+    let response = String::from_utf8_lossy(&response);
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    assert!(response.contains(r#"src="/assets/console.js""#), "{response}");
+    server.stop().await.unwrap();
+}
