@@ -199,10 +199,6 @@ async fn cors_allows_the_own_origin_by_default_and_configured_origins_only() {
 /// the console; `h2` stays the choice of clients that offer it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_tls_http1_browsers_get_the_console() {
-    use std::sync::Arc;
-
-    use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::{CertificateDer, ServerName};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     let dir = tempfile::tempdir().unwrap();
@@ -217,20 +213,7 @@ async fn over_tls_http1_browsers_get_the_console() {
     let (_, h2) = sandhold_tests::tls::presented(&addr, &files.ca).await.unwrap();
     assert_eq!(h2.as_deref(), Some(&b"h2"[..]));
 
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_file_iter(&files.ca).unwrap() {
-        roots.add(cert.unwrap()).unwrap();
-    }
-    let mut tls =
-        rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-    tls.alpn_protocols = vec![b"http/1.1".to_vec()];
-    let tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();
-    let mut stream = tokio_rustls::TlsConnector::from(Arc::new(tls))
-        .connect(ServerName::try_from("localhost").unwrap(), tcp)
+    let mut stream = sandhold_tests::tls::connect(&addr, &files.ca, &[b"http/1.1"])
         .await
         .expect("a TLS handshake offering only http/1.1 succeeds");
     assert_eq!(stream.get_ref().1.alpn_protocol(), Some(&b"http/1.1"[..]));
