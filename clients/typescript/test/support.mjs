@@ -46,6 +46,7 @@ const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
  * SIGTERM after the test, which must exit 0.
  */
 export async function startServer(t, { tokens = true, extraArgs = [] } = {}) {
+  const binary = sandholdBinary(); // before anything is made that would need cleaning up
   const dataDir = mkdtempSync(join(tmpdir(), "sandhold-ts-"));
   const port = await freePort();
   const token = `ts-token-${Math.random().toString(16).slice(2)}`;
@@ -55,7 +56,7 @@ export async function startServer(t, { tokens = true, extraArgs = [] } = {}) {
   const logPath = join(dataDir, "server.log");
   const log = openSync(logPath, "w");
   const child = spawn(
-    sandholdBinary(),
+    binary,
     ["serve", "--listen", `127.0.0.1:${port}`, "--data-dir", join(dataDir, "data"), "--shutdown-grace-ms", "3000",
       ...(tokens ? ["--allow-local-with-tokens"] : []), ...extraArgs],
     { env, stdio: ["ignore", log, log] },
