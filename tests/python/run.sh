@@ -11,16 +11,8 @@ here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 target=${CARGO_TARGET_DIR:-$repo/target}
 
-if [ -z "${SANDHOLD_BIN:-}" ]; then
-  (cd "$repo" && cargo build -q -p control-plane --bin sandhold)
-  SANDHOLD_BIN=$target/debug/sandhold
-fi
-export SANDHOLD_BIN
-if [ -z "${SANDHOLD_AGENT_BIN:-}" ]; then
-  (cd "$repo" && cargo build -q -p sandbox-agent --bin sandhold-agent)
-  SANDHOLD_AGENT_BIN=$target/debug/sandhold-agent
-fi
-export SANDHOLD_AGENT_BIN
+. "$repo/scripts/lib/binaries.sh"
+binaries_build "$repo"
 
 venv=${SANDHOLD_PY_VENV:-$target/python-venv}
 if [ ! -x "$venv/bin/python" ]; then

@@ -75,9 +75,13 @@ impl Leaf {
     }
 }
 
-/// What a TLS server at `addr` presents to a new connection that trusts
-/// `ca` and offers ALPN `h2`: its certificate (DER) and the protocol agreed.
-pub async fn presented(addr: &str, ca: &Path) -> anyhow::Result<(Vec<u8>, Option<Vec<u8>>)> {
+/// A TLS connection to `addr` as `localhost`, trusting `ca` and offering
+/// the ALPN protocols `alpn`.
+pub async fn connect(
+    addr: &str,
+    ca: &Path,
+    alpn: &[&[u8]],
+) -> anyhow::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
     let mut roots = rustls::RootCertStore::empty();
     for cert in CertificateDer::pem_file_iter(ca)? {
         roots.add(cert?)?;
@@ -87,11 +91,17 @@ pub async fn presented(addr: &str, ca: &Path) -> anyhow::Result<(Vec<u8>, Option
             .with_safe_default_protocol_versions()?
             .with_root_certificates(roots)
             .with_no_client_auth();
-    config.alpn_protocols = vec![b"h2".to_vec()];
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
     let tcp = tokio::net::TcpStream::connect(addr).await?;
-    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+    Ok(tokio_rustls::TlsConnector::from(Arc::new(config))
         .connect(ServerName::try_from("localhost")?, tcp)
-        .await?;
+        .await?)
+}
+
+/// What a TLS server at `addr` presents to a new connection that trusts
+/// `ca` and offers ALPN `h2`: its certificate (DER) and the protocol agreed.
+pub async fn presented(addr: &str, ca: &Path) -> anyhow::Result<(Vec<u8>, Option<Vec<u8>>)> {
+    let tls = connect(addr, ca, &[b"h2"]).await?;
     let (_, connection) = tls.get_ref();
     let cert = connection.peer_certificates().and_then(|c| c.first()).map(|c| c.to_vec());
     Ok((

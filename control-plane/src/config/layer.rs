@@ -217,6 +217,13 @@ pub struct ConfigLayer {
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub insecure_listen: bool,
 
+    /// A browser origin (`scheme://host[:port]`, or `*` for any) whose pages
+    /// may call the API through gRPC-Web besides the server's own console;
+    /// repeatable (comma-separated in the variable) [default: none, same origin only].
+    #[arg(long = "cors-origin", env = "SANDHOLD_CORS_ORIGINS", value_name = "ORIGIN", value_delimiter = ',')]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cors_origins: Option<Vec<String>>,
+
     /// Providers tenants may use; repeatable (the variable takes a
     /// comma-separated list) [default: local,docker].
     #[arg(long = "provider", env = "SANDHOLD_PROVIDERS", value_name = "PROVIDER", value_delimiter = ',')]

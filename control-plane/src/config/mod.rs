@@ -20,6 +20,7 @@ mod redact;
 mod serve;
 mod snapshot;
 mod tokens_file;
+mod web;
 
 pub use layer::{ConfigLayer, TOKENS_VAR};
 pub use options::{
@@ -41,3 +42,4 @@ pub use serve::{
     TlsFiles, default_data_dir,
 };
 pub use snapshot::{ByteMax, DEFAULT_MAX_SNAPSHOT_BYTES, DEFAULT_MAX_SNAPSHOT_FILE_BYTES, SnapshotLimits};
+pub use web::{ANY_ORIGIN, normalize_origin};

@@ -142,6 +142,10 @@ pub struct ServeConfig {
     /// Tokens in plain text beyond loopback are allowed (the operator's call).
     #[serde(default)]
     pub insecure_listen: bool,
+    /// Browser origins besides the server's own that may call the API
+    /// through gRPC-Web (normalized; `*`: any). Empty: same origin only.
+    #[serde(default)]
+    pub cors_origins: Vec<String>,
     /// What tenants' definitions may ask for (providers, Docker options,
     /// limits).
     #[serde(flatten)]
@@ -202,6 +206,7 @@ impl ServeConfig {
             tls_cert: None,
             tls_key: None,
             insecure_listen: false,
+            cors_origins: Vec::new(),
             policy: Policy::default(),
             quotas: Quotas::default(),
             snapshot_limits: SnapshotLimits::default(),
@@ -234,6 +239,13 @@ impl ServeConfig {
                 "TLS needs both a certificate and a key (--tls-cert and --tls-key, or tls_cert and tls_key)"
             );
         }
+        config.cors_origins = config
+            .cors_origins
+            .iter()
+            .filter(|o| !o.trim().is_empty())
+            .map(|o| super::normalize_origin(o))
+            .collect::<Result<_, _>>()
+            .map_err(|e| anyhow::anyhow!("{e} (--cors-origin, SANDHOLD_CORS_ORIGINS, cors_origins)"))?;
         if let Some(path) = &config.tokens_file {
             config.file_tokens = super::tokens_file::read(path)?;
         }
@@ -403,6 +415,19 @@ max_running_runs_per_tenant = 9
         assert_eq!(ServeConfig::resolve(off).unwrap().quotas.sandboxes().max, None, "0 turns it off");
         let zero = ConfigLayer { tenant_sweep_budget_ms: Some(0), ..Default::default() };
         assert!(ServeConfig::resolve(zero).is_err());
+    }
+
+    #[test]
+    fn cors_origins_are_normalized_and_checked() {
+        assert!(ServeConfig::resolve(ConfigLayer::default()).unwrap().cors_origins.is_empty());
+        let file: ConfigLayer =
+            toml::from_str("cors_origins = [\"HTTPS://Console.Example.com:443\"]\n").unwrap();
+        let c = ServeConfig::resolve(file).unwrap();
+        assert_eq!(c.cors_origins, ["https://console.example.com"]);
+        assert!(c.to_redacted_toml().contains("cors_origins = [\"https://console.example.com\"]"));
+        let bad = ConfigLayer { cors_origins: Some(vec!["https://x/path".into()]), ..Default::default() };
+        let err = ServeConfig::resolve(bad).unwrap_err().to_string();
+        assert!(err.contains("--cors-origin"), "{err}");
     }
 
     #[test]

@@ -7,8 +7,11 @@
 //! in the background (retrying), then SERVING ([`ready`]). On shutdown
 //! ([`shutdown`]): NOT_SERVING, release leases, stop accepting, drain
 //! in-flight calls within a time box, close the stores. Unary calls have
-//! deadlines ([`deadline`]).
+//! deadlines ([`deadline`]). Browsers reach the same services through
+//! gRPC-Web on the same port, and get the web console for plain `GET`s
+//! ([`web`], [`console`]).
 
+mod console;
 mod deadline;
 mod gate;
 mod health;
@@ -17,6 +20,7 @@ mod ready;
 mod shutdown;
 mod start;
 mod tls;
+mod web;
 
 pub use providers::providers_from_config;
 pub use start::{RunningServer, serve, start};

@@ -1,7 +1,8 @@
 //! Binding and serving: refuse an exposed server without tokens (or with
 //! tokens in plain text), bind (with TLS when configured),
-//! mount health, reflection and the four gated public services, start the
-//! metrics endpoint, then hand readiness and shutdown to the supervisor.
+//! mount health, reflection and the four gated public services (also as
+//! gRPC-Web, behind the console and the origin gate), start the metrics
+//! endpoint, then hand readiness and shutdown to the supervisor.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
@@ -24,6 +25,7 @@ use super::health::set_health;
 use super::ready;
 use super::shutdown::{Serving, supervise};
 use super::tls::{self, Certificate};
+use super::web::{Origins, WebLayer};
 use crate::auth::{AuthLayer, Authenticator, SINGLE_USER_TENANT};
 use crate::config::{ServeConfig, redact_url};
 use crate::context::Context;
@@ -191,10 +193,18 @@ pub async fn start(config: ServeConfig, shutdown: CancellationToken) -> anyhow::
     let (sandbox, sandbox_slot) = gate();
     let (runs, runs_slot) = gate();
     let slots = Slots { admin: admin_slot, snapshot: snapshot_slot, sandbox: sandbox_slot, runs: runs_slot };
+    // HTTP/1.1 too: browsers speak gRPC-Web over it on a plain-text port.
+    // Outermost first: the console and the origin gate, CORS headers,
+    // gRPC-Web translation, then the same auth and deadlines as native gRPC.
+    let origins = Origins::new(config.cors_origins.clone());
     let router = tonic::transport::Server::builder()
+        .accept_http1(true)
         .max_concurrent_streams(Some(shared::limits::MAX_STREAMS_PER_CONNECTION))
         .http2_keepalive_interval(Some(shared::limits::KEEPALIVE_INTERVAL))
         .http2_keepalive_timeout(Some(shared::limits::KEEPALIVE_TIMEOUT))
+        .layer(WebLayer::new(origins.clone()))
+        .layer(origins.cors_layer())
+        .layer(tonic_web::GrpcWebLayer::new())
         .layer(AuthLayer::new(auth.clone()))
         .layer(super::deadline::DeadlineLayer::new(super::deadline::Deadlines::default()))
         .add_service(health_service)
@@ -213,6 +223,7 @@ pub async fn start(config: ServeConfig, shutdown: CancellationToken) -> anyhow::
         tls = tls.is_some(),
         replica_id = %config.replica_id,
         metrics = metrics_addr.map(|a| format!("http://{a}/metrics")).unwrap_or_else(|| "off".into()),
+        console = %format!("{}://{local_addr}/", if tls.is_some() { "https" } else { "http" }),
         database = %redact_url(&config.database_url),
         redis = config.redis_url.as_deref().map(redact_url).unwrap_or_else(|| "none (in-process leases)".into()),
         "sandhold serving"

@@ -59,14 +59,15 @@ impl Certificate {
         Ok(Arc::new(Self { files, provider, current: RwLock::new(Arc::new(key)) }))
     }
 
-    /// A rustls server configuration that always asks `self`; HTTP/2 only.
+    /// A rustls server configuration that always asks `self`; HTTP/2 for
+    /// gRPC, HTTP/1.1 too for the console and gRPC-Web clients without h2.
     pub(super) fn acceptor(self: &Arc<Self>) -> anyhow::Result<TlsAcceptor> {
         let mut config = rustls::ServerConfig::builder_with_provider(self.provider.clone())
             .with_safe_default_protocol_versions()
             .context("TLS protocol versions")?
             .with_no_client_auth()
             .with_cert_resolver(self.clone());
-        config.alpn_protocols = vec![b"h2".to_vec()];
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
         Ok(TlsAcceptor::from(Arc::new(config)))
     }
 
