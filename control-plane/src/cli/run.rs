@@ -422,9 +422,14 @@ fn print_runs(runs: &[api::Run]) {
         eprintln!("no runs");
         return;
     }
-    println!("{:<24} {:<11} {:<12} {:<24} STARTED", "RUN", "STATUS", "HARNESS", "THREAD");
+    use std::io::Write;
+    // Written, not println!: a reader that stops early (`sandhold runs |
+    // head`) closes the pipe, and the rest is not wanted.
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{:<24} {:<11} {:<12} {:<24} STARTED", "RUN", "STATUS", "HARNESS", "THREAD");
     for r in runs {
-        println!(
+        let line = writeln!(
+            out,
             "{:<24} {:<11} {:<12} {:<24} {}",
             r.run_id,
             status_name(r.status()),
@@ -432,6 +437,9 @@ fn print_runs(runs: &[api::Run]) {
             r.thread_id,
             age(r.started_at_ms)
         );
+        if line.is_err() {
+            return;
+        }
     }
 }
 
