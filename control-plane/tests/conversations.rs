@@ -1,6 +1,6 @@
 //! A thread is a conversation: the next run of a thread continues the
 //! harness session the previous one ended with, unless it asks for a new
-//! one. With the REAL Claude Code and Codex CLIs (`scripts/install-agent-clis`)
+//! one. With the REAL Claude Code, Codex and Gemini CLIs (`scripts/install-agent-clis`)
 //! in a local sandbox, driven through `StartRun`, against the fake model API
 //! on 127.0.0.1, which logs every request it is sent: what the model
 //! receives is the proof that the earlier turns were carried over.
@@ -132,6 +132,28 @@ async fn codex_continues_the_threads_session() {
         options.env.insert("HOME".into(), home.display().to_string());
         options.env.insert("CODEX_HOME".into(), home.display().to_string());
         options.env.insert("FAKE_API_KEY".into(), "x".into());
+        options
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gemini_continues_the_threads_session() {
+    let Some(bin) = cli("gemini") else { return };
+    a_thread_continues_its_session("gemini", |home, port| {
+        // With a base URL Gemini CLI picks its `gateway` auth, which headless
+        // mode refuses; the API-key auth is chosen in the user's settings.
+        std::fs::create_dir_all(home.join(".gemini")).unwrap();
+        let settings = r#"{"security":{"auth":{"selectedType":"gemini-api-key"}}}"#;
+        std::fs::write(home.join(".gemini/settings.json"), settings).unwrap();
+        let mut options = api::HarnessOptions {
+            program: bin.display().to_string(),
+            model: "fake-model".into(),
+            ..Default::default()
+        };
+        options.env.insert("HOME".into(), home.display().to_string());
+        options.env.insert("GOOGLE_GEMINI_BASE_URL".into(), format!("http://127.0.0.1:{port}"));
+        options.env.insert("GEMINI_API_KEY".into(), "x".into());
         options
     })
     .await;

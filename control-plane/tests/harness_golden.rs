@@ -177,13 +177,39 @@ fn opencode_tool() {
     assert_chunks(&got, want);
 }
 
-const GOLDEN: [(Harness, &str); 6] = [
+#[test]
+fn gemini_plain() {
+    let got = translate(Harness::Gemini, &journal("gemini-plain"), 0, "");
+    let mut want = vec![started(), session("gemini", "db70c8e3-b3cf-4618-b535-fd156d7c6810")];
+    want.extend(text("run-1-0", PLAIN));
+    want.push(finished("stop", usage(12, 7, None)));
+    assert_chunks(&got, want);
+}
+
+#[test]
+fn gemini_tool() {
+    let got = translate(Harness::Gemini, &journal("gemini-tool"), 0, "");
+    let mut want = vec![started(), session("gemini", "44f35d34-7b08-4277-83c3-940a66186596")];
+    want.extend(tool(
+        "run-1-0",
+        "run_shell_command",
+        json!({"command": "printf 'hello from the tool\\n' > hello.txt", "description": "Write hello.txt"}),
+    ));
+    want.push(json!({"type": "TOOL_CALL_RESULT", "tool_call_id": "run-1-0"}));
+    want.extend(text("run-1-1", FINAL));
+    want.push(finished("stop", usage(24, 14, None)));
+    assert_chunks(&got, want);
+}
+
+const GOLDEN: [(Harness, &str); 8] = [
     (Harness::ClaudeCode, "claude-code-plain"),
     (Harness::ClaudeCode, "claude-code-tool"),
     (Harness::Codex, "codex-plain"),
     (Harness::Codex, "codex-tool"),
     (Harness::OpenCode, "opencode-plain"),
     (Harness::OpenCode, "opencode-tool"),
+    (Harness::Gemini, "gemini-plain"),
+    (Harness::Gemini, "gemini-tool"),
 ];
 
 #[test]

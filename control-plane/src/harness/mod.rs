@@ -17,6 +17,7 @@
 pub mod claude_code;
 pub mod codex;
 pub mod command;
+pub mod gemini;
 pub mod opencode;
 
 mod spec;

@@ -19,11 +19,13 @@ pub enum Harness {
     Codex,
     /// `opencode run --format json`.
     OpenCode,
+    /// `gemini --output-format stream-json`.
+    Gemini,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum HarnessError {
-    #[error("unknown harness {0:?} (known: command, claude-code, codex, opencode)")]
+    #[error("unknown harness {0:?} (known: command, claude-code, codex, opencode, gemini)")]
     Unknown(String),
     #[error("the command harness needs a command (argv) to run")]
     MissingCommand,
@@ -32,7 +34,8 @@ pub enum HarnessError {
 }
 
 impl Harness {
-    pub const ALL: [Harness; 4] = [Harness::Command, Harness::ClaudeCode, Harness::Codex, Harness::OpenCode];
+    pub const ALL: [Harness; 5] =
+        [Harness::Command, Harness::ClaudeCode, Harness::Codex, Harness::OpenCode, Harness::Gemini];
 
     /// Whether the CLI has sessions a later run can continue (everything
     /// but a plain command).
@@ -48,6 +51,7 @@ impl Harness {
             Harness::ClaudeCode => "claude-code",
             Harness::Codex => "codex",
             Harness::OpenCode => "opencode",
+            Harness::Gemini => "gemini",
         }
     }
 
@@ -62,6 +66,7 @@ impl Harness {
             Harness::ClaudeCode => claude_code::command(options, prompt),
             Harness::Codex => codex::command(options, prompt),
             Harness::OpenCode => opencode::command(options, prompt),
+            Harness::Gemini => gemini::command(options, prompt),
         }
     }
 
@@ -78,6 +83,7 @@ impl Harness {
             Harness::ClaudeCode => Box::new(claude_code::ClaudeCodeTranslator::default()),
             Harness::Codex => Box::new(codex::CodexTranslator::default()),
             Harness::OpenCode => Box::new(opencode::OpenCodeTranslator::default()),
+            Harness::Gemini => Box::new(gemini::GeminiTranslator::default()),
         };
         Translator { em: Emitter::new(self, run_id, thread_id, clock), inner }
     }
@@ -96,7 +102,8 @@ pub struct HarnessOptions {
     /// Continue this CLI session (the value of a `<harness>.session-id`).
     pub resume_session_id: Option<String>,
     /// Claude Code `--permission-mode` (default `bypassPermissions`: the
-    /// sandbox is the isolation).
+    /// sandbox is the isolation); Gemini CLI `--approval-mode` (default
+    /// `yolo`, for the same reason).
     pub permission_mode: Option<String>,
     /// Claude Code `--max-turns`.
     pub max_turns: Option<u32>,
@@ -198,7 +205,7 @@ mod tests {
         for h in Harness::ALL {
             assert_eq!(Harness::parse(h.name()), Ok(h));
         }
-        assert!(matches!(Harness::parse("gemini"), Err(HarnessError::Unknown(_))));
+        assert!(matches!(Harness::parse("grok"), Err(HarnessError::Unknown(_))));
     }
 
     #[test]

@@ -164,6 +164,16 @@ impl Emitter {
         id
     }
 
+    /// The text message open in `slot`, started (and kept there) when none is.
+    pub(super) fn open_text(&mut self, slot: &mut Option<String>) -> String {
+        if let Some(id) = slot {
+            return id.clone();
+        }
+        let id = self.start_text();
+        *slot = Some(id.clone());
+        id
+    }
+
     pub(super) fn start_reasoning(&mut self) -> String {
         let id = self.new_id();
         self.push(self.f.reasoning_start(&id));
@@ -360,6 +370,9 @@ mod tests {
             "text",
             "tool_use",
             "step_finish",
+            "init",
+            "message",
+            "tool_result",
             "TEXT_MESSAGE_START",
             "TEXT_MESSAGE_END",
             "TOOL_CALL_RESULT",
@@ -395,6 +408,9 @@ mod tests {
                         "state",
                         "error",
                         "name",
+                        "role",
+                        "tool_id",
+                        "session_id",
                     ]),
                     inner,
                     0..5
