@@ -7,11 +7,14 @@
 
 use std::path::Path;
 
+use sandhold_tests::auth::bearer;
 use sandhold_tests::model::{FakeModel, cli};
 use sandhold_tests::provider::Kind;
 use sandhold_tests::run::*;
 use sandhold_tests::server::*;
+use sandhold_tests::wait::{PATIENCE, eventually};
 use shared::proto::v1 as api;
+use shared::proto::v1::snapshot_service_client::SnapshotServiceClient;
 
 /// A harness run of `prompt` on `thread`, read to its end; its record and
 /// what its client saw.
@@ -100,41 +103,117 @@ async fn a_thread_continues_its_session(harness: &str, options: impl Fn(&Path, u
     assert!(asked.iter().all(|r| !r.contains(&fresh)), "a lost session was resumed: {asked:?}");
 }
 
+/// With portable snapshots, the session travels in the thread's checkpoint:
+/// run 1 tells a fact, its sandbox is destroyed, and run 2, in a new
+/// sandbox whose CLI home never held the session, still sends the model
+/// the earlier turn.
+async fn a_session_survives_its_sandbox(harness: &str, options: impl Fn(&Path, u16) -> api::HarnessOptions) {
+    let s = TenantServer::start("carry", &[]).await;
+    let mut def = definition("def", Kind::Local);
+    let portable = api::PortableSnapshots { enabled: true, ..Default::default() };
+    def.lifecycle = Some(api::Lifecycle { portable_snapshots: Some(portable), ..Default::default() });
+    put_definition(&mut s.server.sandboxes(&s.token).await, def).await;
+    let (home1, home2) = (s.server.log.with_file_name("home1"), s.server.log.with_file_name("home2"));
+    std::fs::create_dir_all(&home1).unwrap();
+    std::fs::create_dir_all(&home2).unwrap();
+    let model = FakeModel::logging("plain", s.server.log.with_file_name("model.log"));
+    let mut runs = s.server.runs(&s.token).await;
+    let fact = format!("The code word is quince-{}.", s.nonce);
+    let question = format!("Which code word did I give, {}?", s.nonce);
+
+    let run1 = format!("c1-{}", s.nonce);
+    let (first, _) =
+        turn(&mut runs, &run1, "chat", harness, &options(&home1, model.port), &fact, false).await;
+    assert!(!first.session_id.is_empty(), "{first:?}");
+    // The checkpoint after the run (saved once the run is terminal).
+    let snapshots = SnapshotServiceClient::with_interceptor(s.server.channel().await, bearer(&s.token));
+    let saved = eventually(PATIENCE, || {
+        let mut snapshots = snapshots.clone();
+        let run1 = run1.clone();
+        async move {
+            let listed =
+                snapshots.list_snapshots(api::ListSnapshotsRequest { thread_id: "chat".into() }).await;
+            listed.is_ok_and(|l| l.into_inner().checkpoints.iter().any(|c| c.run_id == run1))
+        }
+    })
+    .await;
+    assert!(saved, "no checkpoint after the first run:\n{}", s.server.log_text());
+
+    let mut sandboxes = s.server.sandboxes(&s.token).await;
+    sandboxes
+        .destroy_sandbox(api::DestroySandboxRequest { sandbox_id: first.sandbox_id.clone() })
+        .await
+        .unwrap();
+
+    let run2 = format!("c2-{}", s.nonce);
+    let (second, seen) =
+        turn(&mut runs, &run2, "chat", harness, &options(&home2, model.port), &question, false).await;
+    let lost: Vec<_> = seen
+        .chunks
+        .iter()
+        .filter(|(_, c)| c.name == "harness.warning" && c.value_json.contains("session"))
+        .collect();
+    assert!(lost.is_empty(), "the session was carried, yet: {lost:?}");
+    assert!(!second.session_id.is_empty());
+    let requests = model.requests();
+    let asked = sent_with(&requests, &question);
+    assert!(!asked.is_empty(), "the question reached the model");
+    assert!(
+        asked.iter().any(|r| r.contains(&fact)),
+        "the new sandbox's run was sent without the first turn: {asked:?}\n{}",
+        s.server.log_text()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_code_session_survives_its_sandbox() {
+    let Some(bin) = cli("claude") else { return };
+    a_session_survives_its_sandbox("claude-code", |home, port| claude_options(&bin, home, port)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn codex_session_survives_its_sandbox() {
+    let Some(bin) = cli("codex") else { return };
+    a_session_survives_its_sandbox("codex", |home, port| codex_options(&bin, home, port)).await;
+}
+
+fn claude_options(bin: &Path, home: &Path, port: u16) -> api::HarnessOptions {
+    let mut options = api::HarnessOptions { program: bin.display().to_string(), ..Default::default() };
+    options.env.insert("HOME".into(), home.display().to_string());
+    options.env.insert("ANTHROPIC_BASE_URL".into(), format!("http://127.0.0.1:{port}"));
+    options.env.insert("ANTHROPIC_API_KEY".into(), "x".into());
+    options
+}
+
+fn codex_options(bin: &Path, home: &Path, port: u16) -> api::HarnessOptions {
+    let provider = format!(
+        "{{ name = \"fake\", base_url = \"http://127.0.0.1:{port}/v1\", env_key = \"FAKE_API_KEY\", wire_api = \"responses\" }}"
+    );
+    let mut options = api::HarnessOptions {
+        program: bin.display().to_string(),
+        model: "fake-model".into(),
+        config_overrides: vec![
+            api::ConfigOverride { key: "model_provider".into(), value: "\"fake\"".into() },
+            api::ConfigOverride { key: "model_providers.fake".into(), value: provider },
+        ],
+        ..Default::default()
+    };
+    options.env.insert("HOME".into(), home.display().to_string());
+    options.env.insert("CODEX_HOME".into(), home.display().to_string());
+    options.env.insert("FAKE_API_KEY".into(), "x".into());
+    options
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claude_code_continues_the_threads_session() {
     let Some(bin) = cli("claude") else { return };
-    a_thread_continues_its_session("claude-code", |home, port| {
-        let mut options = api::HarnessOptions { program: bin.display().to_string(), ..Default::default() };
-        options.env.insert("HOME".into(), home.display().to_string());
-        options.env.insert("ANTHROPIC_BASE_URL".into(), format!("http://127.0.0.1:{port}"));
-        options.env.insert("ANTHROPIC_API_KEY".into(), "x".into());
-        options
-    })
-    .await;
+    a_thread_continues_its_session("claude-code", |home, port| claude_options(&bin, home, port)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn codex_continues_the_threads_session() {
     let Some(bin) = cli("codex") else { return };
-    a_thread_continues_its_session("codex", |home, port| {
-        let provider = format!(
-            "{{ name = \"fake\", base_url = \"http://127.0.0.1:{port}/v1\", env_key = \"FAKE_API_KEY\", wire_api = \"responses\" }}"
-        );
-        let mut options = api::HarnessOptions {
-            program: bin.display().to_string(),
-            model: "fake-model".into(),
-            config_overrides: vec![
-                api::ConfigOverride { key: "model_provider".into(), value: "\"fake\"".into() },
-                api::ConfigOverride { key: "model_providers.fake".into(), value: provider },
-            ],
-            ..Default::default()
-        };
-        options.env.insert("HOME".into(), home.display().to_string());
-        options.env.insert("CODEX_HOME".into(), home.display().to_string());
-        options.env.insert("FAKE_API_KEY".into(), "x".into());
-        options
-    })
-    .await;
+    a_thread_continues_its_session("codex", |home, port| codex_options(&bin, home, port)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -19,6 +19,7 @@ pub mod codex;
 pub mod command;
 pub mod gemini;
 pub mod opencode;
+pub mod session;
 
 mod spec;
 #[cfg(test)]
