@@ -8,6 +8,7 @@
 use std::path::Path;
 
 use sandhold_tests::auth::bearer;
+use sandhold_tests::docker::DockerCleanup;
 use sandhold_tests::model::{FakeModel, cli};
 use sandhold_tests::provider::Kind;
 use sandhold_tests::run::*;
@@ -125,19 +126,7 @@ async fn a_session_survives_its_sandbox(harness: &str, options: impl Fn(&Path, u
     let (first, _) =
         turn(&mut runs, &run1, "chat", harness, &options(&home1, model.port), &fact, false).await;
     assert!(!first.session_id.is_empty(), "{first:?}");
-    // The checkpoint after the run (saved once the run is terminal).
-    let snapshots = SnapshotServiceClient::with_interceptor(s.server.channel().await, bearer(&s.token));
-    let saved = eventually(PATIENCE, || {
-        let mut snapshots = snapshots.clone();
-        let run1 = run1.clone();
-        async move {
-            let listed =
-                snapshots.list_snapshots(api::ListSnapshotsRequest { thread_id: "chat".into() }).await;
-            listed.is_ok_and(|l| l.into_inner().checkpoints.iter().any(|c| c.run_id == run1))
-        }
-    })
-    .await;
-    assert!(saved, "no checkpoint after the first run:\n{}", s.server.log_text());
+    wait_checkpoint(&s, "chat", &run1).await;
 
     let mut sandboxes = s.server.sandboxes(&s.token).await;
     sandboxes
@@ -148,19 +137,25 @@ async fn a_session_survives_its_sandbox(harness: &str, options: impl Fn(&Path, u
     let run2 = format!("c2-{}", s.nonce);
     let (second, seen) =
         turn(&mut runs, &run2, "chat", harness, &options(&home2, model.port), &question, false).await;
+    assert!(!second.session_id.is_empty());
+    assert_carried(&s, &seen, &model, &fact, &question);
+}
+
+/// The run `seen` continued the session: no warning of a lost one, and the
+/// model was sent the earlier `fact` with the `question`.
+fn assert_carried(s: &TenantServer, seen: &Seen, model: &FakeModel, fact: &str, question: &str) {
     let lost: Vec<_> = seen
         .chunks
         .iter()
         .filter(|(_, c)| c.name == "harness.warning" && c.value_json.contains("session"))
         .collect();
     assert!(lost.is_empty(), "the session was carried, yet: {lost:?}");
-    assert!(!second.session_id.is_empty());
     let requests = model.requests();
-    let asked = sent_with(&requests, &question);
+    let asked = sent_with(&requests, question);
     assert!(!asked.is_empty(), "the question reached the model");
     assert!(
-        asked.iter().any(|r| r.contains(&fact)),
-        "the new sandbox's run was sent without the first turn: {asked:?}\n{}",
+        asked.iter().any(|r| r.contains(fact)),
+        "the run in the new sandbox was sent without the earlier turn: {asked:?}\n{}",
         s.server.log_text()
     );
 }
@@ -175,6 +170,119 @@ async fn claude_code_session_survives_its_sandbox() {
 async fn codex_session_survives_its_sandbox() {
     let Some(bin) = cli("codex") else { return };
     a_session_survives_its_sandbox("codex", |home, port| codex_options(&bin, home, port)).await;
+}
+
+/// Across providers: run 1 in a Docker sandbox (the real Claude Code from
+/// a read-only bind of the installed CLIs, talking to a fake model started
+/// inside the container, which has no network), its sandbox destroyed, the
+/// thread's definition moved to the local provider, and run 2 in a local
+/// sandbox still sends the model the turn told in the container.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_code_session_moves_from_docker_to_local() {
+    let Some(bin) = cli("claude") else { return };
+    if !sandhold_tests::services::docker() {
+        return;
+    }
+    ensure_debian_image();
+    let clis = bin.parent().unwrap().parent().unwrap().parent().unwrap().to_path_buf();
+    let fake = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fake-model").canonicalize().unwrap();
+    let s = TenantServer::start_with_args(
+        "carry-docker",
+        &[],
+        &["--docker-bind-prefix", clis.to_str().unwrap(), "--docker-bind-prefix", fake.to_str().unwrap()],
+    )
+    .await;
+    let _cleanup = DockerCleanup { tenant: s.tenant.clone() };
+    let portable = api::PortableSnapshots { enabled: true, ..Default::default() };
+    let lifecycle = api::Lifecycle { portable_snapshots: Some(portable), ..Default::default() };
+    let mount = |source: &Path| api::Mount {
+        source: source.display().to_string(),
+        target: source.display().to_string(),
+        read_only: true,
+    };
+    let docker = api::DockerProvider {
+        image: "sandhold-test-debian:latest".into(),
+        mounts: vec![mount(&clis), mount(&fake)],
+        ..Default::default()
+    };
+    // Claude Code in the container, with the fake model it talks to.
+    let wrapper = format!(
+        "printf '%s\\n' '#!/bin/sh' \
+           'python3 {fake}/fake_model.py --port 8765 >/tmp/fake-model.out 2>&1 &' \
+           'for i in $(seq 100); do grep -q PORT= /tmp/fake-model.out && break; sleep 0.1; done' \
+           'exec {bin} \"$@\"' > /tmp/claude-in-box && chmod +x /tmp/claude-in-box",
+        fake = fake.display(),
+        bin = bin.display()
+    );
+    let def = api::SandboxDefinition {
+        id: "def".into(),
+        provider: Some(api::ProviderSpec { provider: Some(api::provider_spec::Provider::Docker(docker)) }),
+        workspace: Some(api::WorkspaceDefinition {
+            setup: vec![api::SetupStep { step: Some(api::setup_step::Step::Serial(wrapper)) }],
+            ..Default::default()
+        }),
+        lifecycle: Some(lifecycle.clone()),
+        ..Default::default()
+    };
+    let mut sandboxes = s.server.sandboxes(&s.token).await;
+    put_definition(&mut sandboxes, def).await;
+    let mut runs = s.server.runs(&s.token).await;
+    let fact = format!("The code word is medlar-{}.", s.nonce);
+    let question = format!("Which code word was it, {}?", s.nonce);
+
+    let mut in_box = api::HarnessOptions { program: "/tmp/claude-in-box".into(), ..Default::default() };
+    in_box.env.insert("ANTHROPIC_BASE_URL".into(), "http://127.0.0.1:8765".into());
+    in_box.env.insert("ANTHROPIC_API_KEY".into(), "x".into());
+    let run1 = format!("d1-{}", s.nonce);
+    let (first, _) = turn(&mut runs, &run1, "chat", "claude-code", &in_box, &fact, false).await;
+    assert!(!first.session_id.is_empty(), "{first:?}");
+    wait_checkpoint(&s, "chat", &run1).await;
+    sandboxes
+        .destroy_sandbox(api::DestroySandboxRequest { sandbox_id: first.sandbox_id.clone() })
+        .await
+        .unwrap();
+
+    // The same thread, now on the local provider.
+    let local = api::SandboxDefinition { lifecycle: Some(lifecycle), ..definition("def", Kind::Local) };
+    put_definition(&mut sandboxes, local).await;
+    let home = s.server.log.with_file_name("home-local");
+    std::fs::create_dir_all(&home).unwrap();
+    let model = FakeModel::logging("plain", s.server.log.with_file_name("model.log"));
+    let run2 = format!("d2-{}", s.nonce);
+    let (second, seen) = turn(
+        &mut runs,
+        &run2,
+        "chat",
+        "claude-code",
+        &claude_options(&bin, &home, model.port),
+        &question,
+        false,
+    )
+    .await;
+    assert_ne!(second.sandbox_id, first.sandbox_id, "a new sandbox of the local provider");
+    assert_carried(&s, &seen, &model, &fact, &question);
+}
+
+fn ensure_debian_image() {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/build-test-images");
+    let out =
+        std::process::Command::new(&script).arg("--debian").output().expect("scripts/build-test-images");
+    assert!(out.status.success(), "build-test-images --debian: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// Waits for the checkpoint saved after `run` (once the run is terminal).
+async fn wait_checkpoint(s: &TenantServer, thread: &str, run: &str) {
+    let snapshots = SnapshotServiceClient::with_interceptor(s.server.channel().await, bearer(&s.token));
+    let saved = eventually(PATIENCE, || {
+        let mut snapshots = snapshots.clone();
+        let request = api::ListSnapshotsRequest { thread_id: thread.into() };
+        async move {
+            let listed = snapshots.list_snapshots(request).await;
+            listed.is_ok_and(|l| l.into_inner().checkpoints.iter().any(|c| c.run_id == run))
+        }
+    })
+    .await;
+    assert!(saved, "no checkpoint after {run}:\n{}", s.server.log_text());
 }
 
 fn claude_options(bin: &Path, home: &Path, port: u16) -> api::HarnessOptions {
