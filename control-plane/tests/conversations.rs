@@ -306,9 +306,7 @@ fn codex_options(bin: &Path, home: &Path, port: u16) -> api::HarnessOptions {
         ],
         ..Default::default()
     };
-    options.env.insert("HOME".into(), home.display().to_string());
-    options.env.insert("CODEX_HOME".into(), home.display().to_string());
-    options.env.insert("FAKE_API_KEY".into(), "x".into());
+    codex_env(&mut options, home);
     options
 }
 
@@ -344,4 +342,99 @@ async fn gemini_continues_the_threads_session() {
         options
     })
     .await;
+}
+
+/// The `acp` harness with a real ACP agent: through `StartRun`, under the
+/// run journal, the sandbox agent's ACP client drives the agent against the
+/// fake model's tool scenario (a shell call that writes hello.txt, then an
+/// answer).
+async fn an_acp_agent_runs_the_tool_scenario(
+    options: impl Fn(&Path, u16) -> api::HarnessOptions,
+    tool: &str,
+) {
+    let s = TenantServer::start("acp", &[]).await;
+    put_definition(&mut s.server.sandboxes(&s.token).await, definition("def", Kind::Local)).await;
+    let home = s.server.log.with_file_name("home");
+    std::fs::create_dir_all(&home).unwrap();
+    let model = FakeModel::start("tool");
+    let mut runs = s.server.runs(&s.token).await;
+    let run = format!("a1-{}", s.nonce);
+    let (record, seen) =
+        turn(&mut runs, &run, "acp", "acp", &options(&home, model.port), "write hello", false).await;
+    assert!(!record.session_id.is_empty(), "{record:?}");
+    let chunks: Vec<&api::Chunk> = seen.chunks.iter().map(|(_, c)| c).collect();
+    let start = chunks.iter().find(|c| c.r#type() == api::ChunkType::ToolCallStart);
+    assert_eq!(start.map(|c| c.tool_name.as_str()), Some(tool), "{chunks:?}");
+    let args = chunks.iter().find(|c| c.r#type() == api::ChunkType::ToolCallArgs).unwrap();
+    assert!(args.delta.contains("hello.txt"), "{}", args.delta);
+    let result = chunks.iter().find(|c| c.r#type() == api::ChunkType::ToolCallResult).unwrap();
+    assert!(!result.is_error, "{result:?}");
+    let text: String = chunks
+        .iter()
+        .filter(|c| c.r#type() == api::ChunkType::TextMessageContent)
+        .map(|c| c.delta.as_str())
+        .collect();
+    assert!(text.ends_with("I wrote hello.txt."), "{text:?}");
+    assert_eq!(chunks.last().unwrap().r#type(), api::ChunkType::RunFinished);
+    // The call really ran in the sandbox.
+    let mut sandboxes = s.server.sandboxes(&s.token).await;
+    let read = sandboxes
+        .exec(api::ExecRequest {
+            sandbox_id: record.sandbox_id.clone(),
+            command: Some(api::Command { kind: Some(api::command::Kind::Shell("cat hello.txt".into())) }),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(String::from_utf8_lossy(&read.stdout), "hello from the tool\n");
+}
+
+fn codex_acp_options(bin: &Path, home: &Path, port: u16) -> api::HarnessOptions {
+    let config = format!(
+        "model = \"fake-model\"\nmodel_provider = \"fake\"\n[model_providers.fake]\nname = \"fake\"\nbase_url = \"http://127.0.0.1:{port}/v1\"\nenv_key = \"FAKE_API_KEY\"\nwire_api = \"responses\"\n"
+    );
+    std::fs::write(home.join("config.toml"), config).unwrap();
+    let mut options = api::HarnessOptions {
+        command: vec![bin.display().to_string()],
+        // Codex's own sandbox (bubblewrap) is off: the sandbox is the isolation.
+        sandbox_mode: "full-access".into(),
+        ..Default::default()
+    };
+    codex_env(&mut options, home);
+    options
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn codex_acp_runs_the_tool_scenario() {
+    let Some(bin) = cli("codex-acp") else { return };
+    an_acp_agent_runs_the_tool_scenario(|home, port| codex_acp_options(&bin, home, port), "execute").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_code_acp_runs_the_tool_scenario() {
+    let Some(bin) = cli("claude-code-acp") else { return };
+    // Its default mode asks before running Bash: the permission is answered
+    // allow (the default `permission_mode`).
+    an_acp_agent_runs_the_tool_scenario(
+        |home, port| api::HarnessOptions {
+            command: vec![bin.display().to_string()],
+            ..claude_options(&bin, home, port)
+        },
+        "Bash",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn codex_acp_continues_the_threads_session() {
+    let Some(bin) = cli("codex-acp") else { return };
+    a_thread_continues_its_session("acp", |home, port| codex_acp_options(&bin, home, port)).await;
+}
+
+/// Codex's home (its config and sessions) and the fake model's key.
+fn codex_env(options: &mut api::HarnessOptions, home: &Path) {
+    options.env.insert("HOME".into(), home.display().to_string());
+    options.env.insert("CODEX_HOME".into(), home.display().to_string());
+    options.env.insert("FAKE_API_KEY".into(), "x".into());
 }

@@ -15,7 +15,7 @@ use serde_json::{Map, Value};
 use shared::chunk::Usage;
 
 use super::{
-    CommandSpec, Emitter, HarnessError, HarnessOptions, Translate, parse_object, program, prompt_stdin,
+    CommandSpec, Emitter, HarnessError, HarnessOptions, Translate, parse_event, program, prompt_stdin,
     str_of, u64_of,
 };
 
@@ -119,18 +119,10 @@ impl GeminiTranslator {
 
 impl Translate for GeminiTranslator {
     fn line(&mut self, em: &mut Emitter, line: &[u8]) {
-        let event = match parse_object(line) {
-            Ok(Some(e)) => Value::Object(e),
-            Ok(None) => return,
-            Err(why) => return em.warning(why, Some(line)),
-        };
+        let Some(event) = parse_event(em, line) else { return };
         match str_of(&event, "type") {
             "init" => {
-                let session = str_of(&event, "session_id");
-                if !self.session_seen && !session.is_empty() {
-                    self.session_seen = true;
-                    em.session_id(session);
-                }
+                em.first_session_id(&mut self.session_seen, str_of(&event, "session_id"));
             }
             "message" => self.message(em, &event),
             "tool_use" => {

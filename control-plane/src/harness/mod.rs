@@ -14,6 +14,7 @@
 //! not what the CLI should print becomes a `harness.warning` CUSTOM chunk; an
 //! event type an adapter does not know produces nothing.
 
+pub mod acp;
 pub mod claude_code;
 pub mod codex;
 pub mod command;

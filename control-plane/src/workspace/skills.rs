@@ -45,7 +45,7 @@ fn skills_folder(harness: Harness) -> Option<&'static str> {
     match harness {
         Harness::ClaudeCode => Some(".claude/skills"),
         Harness::Codex => Some(".codex/skills"),
-        Harness::OpenCode | Harness::Gemini | Harness::Command => None,
+        Harness::OpenCode | Harness::Gemini | Harness::Acp | Harness::Command => None,
     }
 }
 
@@ -56,7 +56,7 @@ pub(crate) fn mcp_file(harness: Harness) -> Option<&'static str> {
         Harness::Codex => Some(".codex/config.toml"),
         Harness::OpenCode => Some("opencode.json"),
         Harness::Gemini => Some(".gemini/settings.json"),
-        Harness::Command => None,
+        Harness::Acp | Harness::Command => None,
     }
 }
 
@@ -185,7 +185,7 @@ fn merged_config(harness: Harness, existing: Option<&[u8]>, servers: &[Server]) 
             out.push(b'\n');
             Ok(out)
         }
-        Harness::Command => Err("the command harness reads no MCP config".into()),
+        Harness::Acp | Harness::Command => Err(format!("the {} harness reads no MCP config", harness.name())),
     }
 }
 
