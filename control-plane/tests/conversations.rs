@@ -1,17 +1,21 @@
 //! A thread is a conversation: the next run of a thread continues the
 //! harness session the previous one ended with, unless it asks for a new
-//! one. With the REAL Claude Code and Codex CLIs (`scripts/install-agent-clis`)
+//! one. With the REAL Claude Code, Codex and Gemini CLIs (`scripts/install-agent-clis`)
 //! in a local sandbox, driven through `StartRun`, against the fake model API
 //! on 127.0.0.1, which logs every request it is sent: what the model
 //! receives is the proof that the earlier turns were carried over.
 
 use std::path::Path;
 
+use sandhold_tests::auth::bearer;
+use sandhold_tests::docker::DockerCleanup;
 use sandhold_tests::model::{FakeModel, cli};
 use sandhold_tests::provider::Kind;
 use sandhold_tests::run::*;
 use sandhold_tests::server::*;
+use sandhold_tests::wait::{PATIENCE, eventually};
 use shared::proto::v1 as api;
+use shared::proto::v1::snapshot_service_client::SnapshotServiceClient;
 
 /// A harness run of `prompt` on `thread`, read to its end; its record and
 /// what its client saw.
@@ -100,39 +104,337 @@ async fn a_thread_continues_its_session(harness: &str, options: impl Fn(&Path, u
     assert!(asked.iter().all(|r| !r.contains(&fresh)), "a lost session was resumed: {asked:?}");
 }
 
+/// With portable snapshots, the session travels in the thread's checkpoint:
+/// run 1 tells a fact, its sandbox is destroyed, and run 2, in a new
+/// sandbox whose CLI home never held the session, still sends the model
+/// the earlier turn.
+async fn a_session_survives_its_sandbox(harness: &str, options: impl Fn(&Path, u16) -> api::HarnessOptions) {
+    let s = TenantServer::start("carry", &[]).await;
+    let mut def = definition("def", Kind::Local);
+    let portable = api::PortableSnapshots { enabled: true, ..Default::default() };
+    def.lifecycle = Some(api::Lifecycle { portable_snapshots: Some(portable), ..Default::default() });
+    put_definition(&mut s.server.sandboxes(&s.token).await, def).await;
+    let (home1, home2) = (s.server.log.with_file_name("home1"), s.server.log.with_file_name("home2"));
+    std::fs::create_dir_all(&home1).unwrap();
+    std::fs::create_dir_all(&home2).unwrap();
+    let model = FakeModel::logging("plain", s.server.log.with_file_name("model.log"));
+    let mut runs = s.server.runs(&s.token).await;
+    let fact = format!("The code word is quince-{}.", s.nonce);
+    let question = format!("Which code word did I give, {}?", s.nonce);
+
+    let run1 = format!("c1-{}", s.nonce);
+    let (first, _) =
+        turn(&mut runs, &run1, "chat", harness, &options(&home1, model.port), &fact, false).await;
+    assert!(!first.session_id.is_empty(), "{first:?}");
+    wait_checkpoint(&s, "chat", &run1).await;
+
+    let mut sandboxes = s.server.sandboxes(&s.token).await;
+    sandboxes
+        .destroy_sandbox(api::DestroySandboxRequest { sandbox_id: first.sandbox_id.clone() })
+        .await
+        .unwrap();
+
+    let run2 = format!("c2-{}", s.nonce);
+    let (second, seen) =
+        turn(&mut runs, &run2, "chat", harness, &options(&home2, model.port), &question, false).await;
+    assert!(!second.session_id.is_empty());
+    assert_carried(&s, &seen, &model, &fact, &question);
+}
+
+/// The run `seen` continued the session: no warning of a lost one, and the
+/// model was sent the earlier `fact` with the `question`.
+fn assert_carried(s: &TenantServer, seen: &Seen, model: &FakeModel, fact: &str, question: &str) {
+    let lost: Vec<_> = seen
+        .chunks
+        .iter()
+        .filter(|(_, c)| c.name == "harness.warning" && c.value_json.contains("session"))
+        .collect();
+    assert!(lost.is_empty(), "the session was carried, yet: {lost:?}");
+    let requests = model.requests();
+    let asked = sent_with(&requests, question);
+    assert!(!asked.is_empty(), "the question reached the model");
+    assert!(
+        asked.iter().any(|r| r.contains(fact)),
+        "the run in the new sandbox was sent without the earlier turn: {asked:?}\n{}",
+        s.server.log_text()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_code_session_survives_its_sandbox() {
+    let Some(bin) = cli("claude") else { return };
+    a_session_survives_its_sandbox("claude-code", |home, port| claude_options(&bin, home, port)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn codex_session_survives_its_sandbox() {
+    let Some(bin) = cli("codex") else { return };
+    a_session_survives_its_sandbox("codex", |home, port| codex_options(&bin, home, port)).await;
+}
+
+/// Across providers: run 1 in a Docker sandbox (the real Claude Code from
+/// a read-only bind of the installed CLIs, talking to a fake model started
+/// inside the container, which has no network), its sandbox destroyed, the
+/// thread's definition moved to the local provider, and run 2 in a local
+/// sandbox still sends the model the turn told in the container.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_code_session_moves_from_docker_to_local() {
+    let Some(bin) = cli("claude") else { return };
+    if !sandhold_tests::services::docker() {
+        return;
+    }
+    ensure_debian_image();
+    let clis = bin.parent().unwrap().parent().unwrap().parent().unwrap().to_path_buf();
+    let fake = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fake-model").canonicalize().unwrap();
+    let s = TenantServer::start_with_args(
+        "carry-docker",
+        &[],
+        &["--docker-bind-prefix", clis.to_str().unwrap(), "--docker-bind-prefix", fake.to_str().unwrap()],
+    )
+    .await;
+    let _cleanup = DockerCleanup { tenant: s.tenant.clone() };
+    let portable = api::PortableSnapshots { enabled: true, ..Default::default() };
+    let lifecycle = api::Lifecycle { portable_snapshots: Some(portable), ..Default::default() };
+    let mount = |source: &Path| api::Mount {
+        source: source.display().to_string(),
+        target: source.display().to_string(),
+        read_only: true,
+    };
+    let docker = api::DockerProvider {
+        image: "sandhold-test-debian:latest".into(),
+        mounts: vec![mount(&clis), mount(&fake)],
+        ..Default::default()
+    };
+    // Claude Code in the container, with the fake model it talks to.
+    let wrapper = format!(
+        "printf '%s\\n' '#!/bin/sh' \
+           'python3 {fake}/fake_model.py --port 8765 >/tmp/fake-model.out 2>&1 &' \
+           'for i in $(seq 100); do grep -q PORT= /tmp/fake-model.out && break; sleep 0.1; done' \
+           'exec {bin} \"$@\"' > /tmp/claude-in-box && chmod +x /tmp/claude-in-box",
+        fake = fake.display(),
+        bin = bin.display()
+    );
+    let def = api::SandboxDefinition {
+        id: "def".into(),
+        provider: Some(api::ProviderSpec { provider: Some(api::provider_spec::Provider::Docker(docker)) }),
+        workspace: Some(api::WorkspaceDefinition {
+            setup: vec![api::SetupStep { step: Some(api::setup_step::Step::Serial(wrapper)) }],
+            ..Default::default()
+        }),
+        lifecycle: Some(lifecycle.clone()),
+        ..Default::default()
+    };
+    let mut sandboxes = s.server.sandboxes(&s.token).await;
+    put_definition(&mut sandboxes, def).await;
+    let mut runs = s.server.runs(&s.token).await;
+    let fact = format!("The code word is medlar-{}.", s.nonce);
+    let question = format!("Which code word was it, {}?", s.nonce);
+
+    let mut in_box = api::HarnessOptions { program: "/tmp/claude-in-box".into(), ..Default::default() };
+    in_box.env.insert("ANTHROPIC_BASE_URL".into(), "http://127.0.0.1:8765".into());
+    in_box.env.insert("ANTHROPIC_API_KEY".into(), "x".into());
+    let run1 = format!("d1-{}", s.nonce);
+    let (first, _) = turn(&mut runs, &run1, "chat", "claude-code", &in_box, &fact, false).await;
+    assert!(!first.session_id.is_empty(), "{first:?}");
+    wait_checkpoint(&s, "chat", &run1).await;
+    sandboxes
+        .destroy_sandbox(api::DestroySandboxRequest { sandbox_id: first.sandbox_id.clone() })
+        .await
+        .unwrap();
+
+    // The same thread, now on the local provider.
+    let local = api::SandboxDefinition { lifecycle: Some(lifecycle), ..definition("def", Kind::Local) };
+    put_definition(&mut sandboxes, local).await;
+    let home = s.server.log.with_file_name("home-local");
+    std::fs::create_dir_all(&home).unwrap();
+    let model = FakeModel::logging("plain", s.server.log.with_file_name("model.log"));
+    let run2 = format!("d2-{}", s.nonce);
+    let (second, seen) = turn(
+        &mut runs,
+        &run2,
+        "chat",
+        "claude-code",
+        &claude_options(&bin, &home, model.port),
+        &question,
+        false,
+    )
+    .await;
+    assert_ne!(second.sandbox_id, first.sandbox_id, "a new sandbox of the local provider");
+    assert_carried(&s, &seen, &model, &fact, &question);
+}
+
+fn ensure_debian_image() {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/build-test-images");
+    let out =
+        std::process::Command::new(&script).arg("--debian").output().expect("scripts/build-test-images");
+    assert!(out.status.success(), "build-test-images --debian: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// Waits for the checkpoint saved after `run` (once the run is terminal).
+async fn wait_checkpoint(s: &TenantServer, thread: &str, run: &str) {
+    let snapshots = SnapshotServiceClient::with_interceptor(s.server.channel().await, bearer(&s.token));
+    let saved = eventually(PATIENCE, || {
+        let mut snapshots = snapshots.clone();
+        let request = api::ListSnapshotsRequest { thread_id: thread.into() };
+        async move {
+            let listed = snapshots.list_snapshots(request).await;
+            listed.is_ok_and(|l| l.into_inner().checkpoints.iter().any(|c| c.run_id == run))
+        }
+    })
+    .await;
+    assert!(saved, "no checkpoint after {run}:\n{}", s.server.log_text());
+}
+
+fn claude_options(bin: &Path, home: &Path, port: u16) -> api::HarnessOptions {
+    let mut options = api::HarnessOptions { program: bin.display().to_string(), ..Default::default() };
+    options.env.insert("HOME".into(), home.display().to_string());
+    options.env.insert("ANTHROPIC_BASE_URL".into(), format!("http://127.0.0.1:{port}"));
+    options.env.insert("ANTHROPIC_API_KEY".into(), "x".into());
+    options
+}
+
+fn codex_options(bin: &Path, home: &Path, port: u16) -> api::HarnessOptions {
+    let provider = format!(
+        "{{ name = \"fake\", base_url = \"http://127.0.0.1:{port}/v1\", env_key = \"FAKE_API_KEY\", wire_api = \"responses\" }}"
+    );
+    let mut options = api::HarnessOptions {
+        program: bin.display().to_string(),
+        model: "fake-model".into(),
+        config_overrides: vec![
+            api::ConfigOverride { key: "model_provider".into(), value: "\"fake\"".into() },
+            api::ConfigOverride { key: "model_providers.fake".into(), value: provider },
+        ],
+        ..Default::default()
+    };
+    codex_env(&mut options, home);
+    options
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claude_code_continues_the_threads_session() {
     let Some(bin) = cli("claude") else { return };
-    a_thread_continues_its_session("claude-code", |home, port| {
-        let mut options = api::HarnessOptions { program: bin.display().to_string(), ..Default::default() };
-        options.env.insert("HOME".into(), home.display().to_string());
-        options.env.insert("ANTHROPIC_BASE_URL".into(), format!("http://127.0.0.1:{port}"));
-        options.env.insert("ANTHROPIC_API_KEY".into(), "x".into());
-        options
-    })
-    .await;
+    a_thread_continues_its_session("claude-code", |home, port| claude_options(&bin, home, port)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn codex_continues_the_threads_session() {
     let Some(bin) = cli("codex") else { return };
-    a_thread_continues_its_session("codex", |home, port| {
-        let provider = format!(
-            "{{ name = \"fake\", base_url = \"http://127.0.0.1:{port}/v1\", env_key = \"FAKE_API_KEY\", wire_api = \"responses\" }}"
-        );
+    a_thread_continues_its_session("codex", |home, port| codex_options(&bin, home, port)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gemini_continues_the_threads_session() {
+    let Some(bin) = cli("gemini") else { return };
+    a_thread_continues_its_session("gemini", |home, port| {
+        // With a base URL Gemini CLI picks its `gateway` auth, which headless
+        // mode refuses; the API-key auth is chosen in the user's settings.
+        std::fs::create_dir_all(home.join(".gemini")).unwrap();
+        let settings = r#"{"security":{"auth":{"selectedType":"gemini-api-key"}}}"#;
+        std::fs::write(home.join(".gemini/settings.json"), settings).unwrap();
         let mut options = api::HarnessOptions {
             program: bin.display().to_string(),
             model: "fake-model".into(),
-            config_overrides: vec![
-                api::ConfigOverride { key: "model_provider".into(), value: "\"fake\"".into() },
-                api::ConfigOverride { key: "model_providers.fake".into(), value: provider },
-            ],
             ..Default::default()
         };
         options.env.insert("HOME".into(), home.display().to_string());
-        options.env.insert("CODEX_HOME".into(), home.display().to_string());
-        options.env.insert("FAKE_API_KEY".into(), "x".into());
+        options.env.insert("GOOGLE_GEMINI_BASE_URL".into(), format!("http://127.0.0.1:{port}"));
+        options.env.insert("GEMINI_API_KEY".into(), "x".into());
         options
     })
     .await;
+}
+
+/// The `acp` harness with a real ACP agent: through `StartRun`, under the
+/// run journal, the sandbox agent's ACP client drives the agent against the
+/// fake model's tool scenario (a shell call that writes hello.txt, then an
+/// answer).
+async fn an_acp_agent_runs_the_tool_scenario(
+    options: impl Fn(&Path, u16) -> api::HarnessOptions,
+    tool: &str,
+) {
+    let s = TenantServer::start("acp", &[]).await;
+    put_definition(&mut s.server.sandboxes(&s.token).await, definition("def", Kind::Local)).await;
+    let home = s.server.log.with_file_name("home");
+    std::fs::create_dir_all(&home).unwrap();
+    let model = FakeModel::start("tool");
+    let mut runs = s.server.runs(&s.token).await;
+    let run = format!("a1-{}", s.nonce);
+    let (record, seen) =
+        turn(&mut runs, &run, "acp", "acp", &options(&home, model.port), "write hello", false).await;
+    assert!(!record.session_id.is_empty(), "{record:?}");
+    let chunks: Vec<&api::Chunk> = seen.chunks.iter().map(|(_, c)| c).collect();
+    let start = chunks.iter().find(|c| c.r#type() == api::ChunkType::ToolCallStart);
+    assert_eq!(start.map(|c| c.tool_name.as_str()), Some(tool), "{chunks:?}");
+    let args = chunks.iter().find(|c| c.r#type() == api::ChunkType::ToolCallArgs).unwrap();
+    assert!(args.delta.contains("hello.txt"), "{}", args.delta);
+    let result = chunks.iter().find(|c| c.r#type() == api::ChunkType::ToolCallResult).unwrap();
+    assert!(!result.is_error, "{result:?}");
+    let text: String = chunks
+        .iter()
+        .filter(|c| c.r#type() == api::ChunkType::TextMessageContent)
+        .map(|c| c.delta.as_str())
+        .collect();
+    assert!(text.ends_with("I wrote hello.txt."), "{text:?}");
+    assert_eq!(chunks.last().unwrap().r#type(), api::ChunkType::RunFinished);
+    // The call really ran in the sandbox.
+    let mut sandboxes = s.server.sandboxes(&s.token).await;
+    let read = sandboxes
+        .exec(api::ExecRequest {
+            sandbox_id: record.sandbox_id.clone(),
+            command: Some(api::Command { kind: Some(api::command::Kind::Shell("cat hello.txt".into())) }),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(String::from_utf8_lossy(&read.stdout), "hello from the tool\n");
+}
+
+fn codex_acp_options(bin: &Path, home: &Path, port: u16) -> api::HarnessOptions {
+    let config = format!(
+        "model = \"fake-model\"\nmodel_provider = \"fake\"\n[model_providers.fake]\nname = \"fake\"\nbase_url = \"http://127.0.0.1:{port}/v1\"\nenv_key = \"FAKE_API_KEY\"\nwire_api = \"responses\"\n"
+    );
+    std::fs::write(home.join("config.toml"), config).unwrap();
+    let mut options = api::HarnessOptions {
+        command: vec![bin.display().to_string()],
+        // Codex's own sandbox (bubblewrap) is off: the sandbox is the isolation.
+        sandbox_mode: "full-access".into(),
+        ..Default::default()
+    };
+    codex_env(&mut options, home);
+    options
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn codex_acp_runs_the_tool_scenario() {
+    let Some(bin) = cli("codex-acp") else { return };
+    an_acp_agent_runs_the_tool_scenario(|home, port| codex_acp_options(&bin, home, port), "execute").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_code_acp_runs_the_tool_scenario() {
+    let Some(bin) = cli("claude-code-acp") else { return };
+    // Its default mode asks before running Bash: the permission is answered
+    // allow (the default `permission_mode`).
+    an_acp_agent_runs_the_tool_scenario(
+        |home, port| api::HarnessOptions {
+            command: vec![bin.display().to_string()],
+            ..claude_options(&bin, home, port)
+        },
+        "Bash",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn codex_acp_continues_the_threads_session() {
+    let Some(bin) = cli("codex-acp") else { return };
+    a_thread_continues_its_session("acp", |home, port| codex_acp_options(&bin, home, port)).await;
+}
+
+/// Codex's home (its config and sessions) and the fake model's key.
+fn codex_env(options: &mut api::HarnessOptions, home: &Path) {
+    options.env.insert("HOME".into(), home.display().to_string());
+    options.env.insert("CODEX_HOME".into(), home.display().to_string());
+    options.env.insert("FAKE_API_KEY".into(), "x".into());
 }

@@ -165,6 +165,30 @@ fn codex_runs_the_tool_scenario() {
     assert_tool_run(Harness::Codex, "command_execution", &w.ws, &stdout, exit, &stderr);
 }
 
+#[test]
+fn gemini_runs_the_tool_scenario() {
+    let Some(bin) = cli("gemini") else { return };
+    let model = FakeModel::start("tool");
+    let w = workspace();
+    // With a base URL Gemini CLI picks its `gateway` auth, which headless
+    // mode refuses; the API-key auth is chosen in the user's settings.
+    std::fs::create_dir_all(w.home.join(".gemini")).unwrap();
+    std::fs::write(w.home.join(".gemini/settings.json"), GEMINI_SETTINGS).unwrap();
+    let mut options = HarnessOptions {
+        program: Some(bin.display().to_string()),
+        model: Some("fake-model".into()),
+        ..Default::default()
+    };
+    options.env.insert("HOME".into(), w.home.display().to_string());
+    options.env.insert("GOOGLE_GEMINI_BASE_URL".into(), format!("http://127.0.0.1:{}", model.port));
+    options.env.insert("GEMINI_API_KEY".into(), "x".into());
+    let spec = Harness::Gemini.command(&options, "write hello").unwrap();
+    let (stdout, exit, stderr) = run(&spec, &w.ws);
+    assert_tool_run(Harness::Gemini, "run_shell_command", &w.ws, &stdout, exit, &stderr);
+}
+
+const GEMINI_SETTINGS: &str = r#"{"security":{"auth":{"selectedType":"gemini-api-key"}}}"#;
+
 // OpenCode loads a configured provider's npm package (`@ai-sdk/anthropic`
 // here) at run time and waits on the registry for it: offline it hangs with
 // no output. Run with `--ignored` where npm can reach its registry (as

@@ -177,13 +177,117 @@ fn opencode_tool() {
     assert_chunks(&got, want);
 }
 
-const GOLDEN: [(Harness, &str); 6] = [
+#[test]
+fn gemini_plain() {
+    let got = translate(Harness::Gemini, &journal("gemini-plain"), 0, "");
+    let mut want = vec![started(), session("gemini", "db70c8e3-b3cf-4618-b535-fd156d7c6810")];
+    want.extend(text("run-1-0", PLAIN));
+    want.push(finished("stop", usage(12, 7, None)));
+    assert_chunks(&got, want);
+}
+
+#[test]
+fn gemini_tool() {
+    let got = translate(Harness::Gemini, &journal("gemini-tool"), 0, "");
+    let mut want = vec![started(), session("gemini", "44f35d34-7b08-4277-83c3-940a66186596")];
+    want.extend(tool(
+        "run-1-0",
+        "run_shell_command",
+        json!({"command": "printf 'hello from the tool\\n' > hello.txt", "description": "Write hello.txt"}),
+    ));
+    want.push(json!({"type": "TOOL_CALL_RESULT", "tool_call_id": "run-1-0"}));
+    want.extend(text("run-1-1", FINAL));
+    want.push(finished("stop", usage(24, 14, None)));
+    assert_chunks(&got, want);
+}
+
+const CODEX_METADATA_TEXT: &str = "Model metadata for `fake-model` not found. Defaulting to fallback metadata; this can degrade performance and cause issues.";
+
+fn acp_finished() -> Value {
+    json!({"type": "RUN_FINISHED", "finish_reason": "stop"})
+}
+
+/// The raw input of the journal's first ACP `tool_call` that has one.
+fn acp_raw_input(name: &str) -> Value {
+    let bytes = journal(name);
+    let text = String::from_utf8(bytes).unwrap();
+    text.lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter_map(|v| v.pointer("/update/rawInput").cloned())
+        .find(|v| v.as_object().is_some_and(|m| !m.is_empty()))
+        .expect("a tool call with its input")
+}
+
+#[test]
+fn acp_codex_plain() {
+    let got = translate(Harness::Acp, &journal("acp-codex-plain"), 0, "");
+    let want = vec![
+        started(),
+        session("acp", "01a235ed-c0d9-7813-b90e-0eb5b2c7cf9f"),
+        json!({"type": "TEXT_MESSAGE_START", "message_id": "run-1-0"}),
+        json!({"type": "TEXT_MESSAGE_CONTENT", "message_id": "run-1-0", "delta": CODEX_METADATA_TEXT}),
+        json!({"type": "TEXT_MESSAGE_CONTENT", "message_id": "run-1-0", "delta": PLAIN}),
+        json!({"type": "TEXT_MESSAGE_END", "message_id": "run-1-0"}),
+        acp_finished(),
+    ];
+    assert_chunks(&got, want);
+}
+
+#[test]
+fn acp_codex_tool() {
+    let got = translate(Harness::Acp, &journal("acp-codex-tool"), 0, "");
+    let mut want = vec![started(), session("acp", "01a235ed-f451-7602-9204-df2a42bcabf1")];
+    want.extend(text("run-1-0", CODEX_METADATA_TEXT));
+    let input = acp_raw_input("acp-codex-tool");
+    assert_eq!(input["command"], json!(["/bin/bash", "-lc", "printf 'hello from the tool\\n' > hello.txt"]));
+    let mut call = tool("run-1-1", "execute", input);
+    call[0]["parent_message_id"] = json!("run-1-0");
+    want.extend(call);
+    want.push(json!({"type": "TOOL_CALL_RESULT", "tool_call_id": "run-1-1", "exit_code": 0}));
+    want.extend(text("run-1-2", FINAL));
+    want.push(acp_finished());
+    assert_chunks(&got, want);
+}
+
+#[test]
+fn acp_claude_code_plain() {
+    let got = translate(Harness::Acp, &journal("acp-claude-code-plain"), 0, "");
+    let mut want = vec![started(), session("acp", "531cce9a-e86b-4a81-9723-06e45514e9ef")];
+    want.extend(text("run-1-0", PLAIN));
+    want.push(acp_finished());
+    assert_chunks(&got, want);
+}
+
+#[test]
+fn acp_claude_code_tool_asks_and_is_allowed() {
+    let got = translate(Harness::Acp, &journal("acp-claude-code-tool"), 0, "");
+    let mut want = vec![started(), session("acp", "c773894a-cf2b-4672-b442-fc2e70d9af34")];
+    // Announced twice (without, then with its input): one call.
+    let input =
+        json!({"command": "printf 'hello from the tool\\n' > hello.txt", "description": "Write hello.txt"});
+    want.extend(tool("run-1-0", "Bash", input.clone()));
+    want.push(json!({"type": "CUSTOM", "name": "acp.permission", "value": {
+        "toolCall": {"rawInput": input, "title": "`printf 'hello from the tool\\n' > hello.txt`", "toolCallId": "toolu_fake_1"},
+        "optionId": "allow", "allowed": true}}));
+    want.push(json!({"type": "TOOL_CALL_RESULT", "tool_call_id": "run-1-0"}));
+    want.extend(text("run-1-1", FINAL));
+    want.push(acp_finished());
+    assert_chunks(&got, want);
+}
+
+const GOLDEN: [(Harness, &str); 12] = [
     (Harness::ClaudeCode, "claude-code-plain"),
     (Harness::ClaudeCode, "claude-code-tool"),
     (Harness::Codex, "codex-plain"),
     (Harness::Codex, "codex-tool"),
     (Harness::OpenCode, "opencode-plain"),
     (Harness::OpenCode, "opencode-tool"),
+    (Harness::Gemini, "gemini-plain"),
+    (Harness::Gemini, "gemini-tool"),
+    (Harness::Acp, "acp-codex-plain"),
+    (Harness::Acp, "acp-codex-tool"),
+    (Harness::Acp, "acp-claude-code-plain"),
+    (Harness::Acp, "acp-claude-code-tool"),
 ];
 
 #[test]

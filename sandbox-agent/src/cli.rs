@@ -38,6 +38,10 @@ pub enum Command {
     /// Supervise one journaled run (started by the agent's StartRun).
     #[command(hide = true)]
     Shim(crate::shim::ShimArgs),
+    /// Drive an Agent Client Protocol agent (the command after `--`) for one
+    /// prompt read from stdin, writing one JSON line per ACP event to stdout
+    /// (the `acp` harness runs this under the run journal).
+    Acp(crate::acp::AcpArgs),
     /// Run as PID 1 of a container: reap orphans and keep the daemon given
     /// after `--` running (restarting it when it dies), e.g.
     /// `sandhold-agent init -- serve --listen unix:/run/sandhold/agent.sock ...`.
@@ -119,6 +123,7 @@ pub fn main(cli: Cli) -> ExitCode {
     init_tracing(cli.log_format);
     match cli.command {
         Command::Shim(args) => crate::shim::main(args),
+        Command::Acp(args) => crate::acp::main(args),
         Command::Init { daemon_args } => crate::init::run(daemon_args),
         Command::Serve(args) => {
             let runtime = match tokio::runtime::Runtime::new() {

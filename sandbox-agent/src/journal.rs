@@ -197,11 +197,16 @@ impl JournalService for Journal {
     async fn start_run(&self, req: Request<StartRunRequest>) -> Result<Response<StartRunResponse>, Status> {
         let mut req = req.into_inner();
         let run_id = parse_run_id(&req.run_id)?;
-        let argv: Vec<String> = match req.command.take().and_then(|c| c.kind) {
+        let mut argv: Vec<String> = match req.command.take().and_then(|c| c.kind) {
             Some(CommandKind::Argv(a)) if !a.args.is_empty() && !a.args[0].is_empty() => a.args,
             Some(CommandKind::Shell(s)) if !s.is_empty() => vec!["/bin/sh".into(), "-c".into(), s],
             _ => return Err(Error::invalid_field("command", "an argv or a shell string is required").into()),
         };
+        if argv[0] == shared::journal::AGENT_PROGRAM {
+            // This agent's own binary (its `acp` mode), wherever it is.
+            let exe = shim_program().map_err(|e| io_error("finding the agent's binary", e))?;
+            argv[0] = exe.display().to_string();
+        }
         crate::child::validate_env(&req.env)?;
         if req.sentinel_key.len() > crate::shim::MAX_KEY_LEN {
             return Err(Error::invalid_field("sentinel_key", "longer than 4096 bytes").into());

@@ -7,6 +7,7 @@
 
 // Bottom to top: a module imports only modules declared before it.
 // Mechanisms and settings:
+pub mod acp;
 pub mod auth;
 pub mod child;
 pub mod confine;

@@ -37,6 +37,9 @@ use crate::ids::RunId;
 
 /// Extension of the stdout journal.
 pub const NDJSON_EXT: &str = "ndjson";
+/// A journaled run whose argv starts with this name runs the sandbox
+/// agent's own binary (wherever the provider put it), e.g. its `acp` mode.
+pub const AGENT_PROGRAM: &str = "sandhold-agent";
 /// Extension of the stderr sidecar.
 pub const ERR_EXT: &str = "err";
 /// Extension of the supervisor's lock file.

@@ -10,6 +10,16 @@ use crate::proto::agent::v1::{EntryKind, ManifestEntry};
 /// projected. Never captured, whatever the policy says.
 pub const PROJECTION_MARKER: &str = ".sandhold/projection.json";
 
+/// Where the workspace carries the harness sessions of its thread (one
+/// folder per harness), so that portable snapshots take them along. A
+/// policy's exclusions never reach inside it.
+pub const SESSIONS_DIR: &str = ".sandhold/sessions";
+
+/// Whether `path` is the sessions folder or inside it.
+pub fn is_session_state(path: &str) -> bool {
+    path.strip_prefix(SESSIONS_DIR).is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+}
+
 /// Folders whose direct children are projected skills (`<folder>/<name>`).
 pub const PROJECTED_SKILL_FOLDERS: [&str; 3] = [".claude/skills", ".codex/skills", ".sandhold/skills"];
 
@@ -186,6 +196,8 @@ mod tests {
         }
         assert!(always_excluded(PROJECTION_MARKER));
         assert!(!always_excluded("sub/.sandhold/projection.json"));
+        assert!(is_session_state(SESSIONS_DIR) && is_session_state(".sandhold/sessions/codex/a.jsonl"));
+        assert!(!is_session_state(".sandhold/sessionsX") && !is_session_state(".sandhold"));
     }
 
     #[test]

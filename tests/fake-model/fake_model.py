@@ -3,11 +3,13 @@
 
 Model APIs are paid services that cannot be reached from here, so this
 stands in for them -- and only for them: the CLIs themselves (Claude Code,
-Codex, OpenCode) are the real npm packages.
+Codex, OpenCode, Gemini CLI) are the real npm packages.
 
-It speaks just enough of two wire protocols, streaming included:
+It speaks just enough of three wire protocols, streaming included:
   * Anthropic Messages  (POST /v1/messages)   -- Claude Code, OpenCode
   * OpenAI Responses    (POST /v1/responses)  -- Codex
+  * Gemini              (POST /v1beta/models/M:streamGenerateContent,
+                         :generateContent, :countTokens) -- Gemini CLI
 
 and answers with a scripted conversation chosen by --scenario:
   plain  one text answer ("Hello from the fake model.")
@@ -195,6 +197,46 @@ def responses_sse(handler, body):
     event({"type": "response.completed", "response": done})
 
 
+# ----------------------------------------------------------------- Gemini
+
+def gemini_has_function_response(body):
+    for content in body.get("contents") or []:
+        for part in content.get("parts") or []:
+            if isinstance(part, dict) and "functionResponse" in part:
+                return True
+    return False
+
+
+def gemini_shell_tool(body):
+    for tool in body.get("tools") or []:
+        for decl in tool.get("functionDeclarations") or []:
+            if decl.get("name", "").lower() in SHELL_TOOL_NAMES:
+                return decl
+    return None
+
+
+def gemini_response(body):
+    """The one candidate answering this request, with usage."""
+    tool = gemini_shell_tool(body)
+    if ARGS.scenario == "tool" and tool and not gemini_has_function_response(body):
+        schema = tool.get("parametersJsonSchema") or tool.get("parameters")
+        parts = [{"functionCall": {"name": tool["name"], "args": shell_args_for(schema)}}]
+    else:
+        parts = [{"text": FINAL_TEXT if gemini_has_function_response(body) else PLAIN_TEXT}]
+    return {"candidates": [{"content": {"role": "model", "parts": parts}, "finishReason": "STOP", "index": 0}],
+            "usageMetadata": {"promptTokenCount": 12, "candidatesTokenCount": 7, "totalTokenCount": 19},
+            "modelVersion": "fake-model", "responseId": "resp_fake"}
+
+
+def gemini_sse(handler, body):
+    handler.send_response(200)
+    handler.send_header("content-type", "text/event-stream")
+    handler.send_header("cache-control", "no-cache")
+    handler.end_headers()
+    handler.wfile.write(f"data: {json.dumps(gemini_response(body))}\r\n\r\n".encode())
+    handler.wfile.flush()
+
+
 # ----------------------------------------------------------------- HTTP
 
 def send_json(handler, status, obj):
@@ -248,6 +290,13 @@ class Handler(BaseHTTPRequestHandler):
         elif path.endswith("/responses"):
             self.close_connection = True
             responses_sse(self, body)
+        elif path.endswith(":streamGenerateContent"):
+            self.close_connection = True
+            gemini_sse(self, body)
+        elif path.endswith(":generateContent"):
+            send_json(self, 200, gemini_response(body))
+        elif path.endswith(":countTokens"):
+            send_json(self, 200, {"totalTokens": 12})
         else:
             send_json(self, 404, {"error": {"message": f"no fake for {path}"}})
 

@@ -6,7 +6,8 @@ use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 
-/// The installed agent CLI `name` (`claude`, `codex`, `opencode`). Skips
+/// The installed agent CLI `name` (`claude`, `codex`, `opencode`, `gemini`,
+/// `codex-acp`, `claude-code-acp`). Skips
 /// when it is missing, unless `SANDHOLD_REQUIRE_SERVICES=1`.
 pub fn cli(name: &str) -> Option<PathBuf> {
     let dir = std::env::var_os("SANDHOLD_CLI_DIR")

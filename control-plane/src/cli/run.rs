@@ -41,6 +41,7 @@ pub enum Harness {
     ClaudeCode,
     Codex,
     Opencode,
+    Gemini,
 }
 
 impl Harness {
@@ -50,6 +51,7 @@ impl Harness {
             Self::ClaudeCode => "claude-code",
             Self::Codex => "codex",
             Self::Opencode => "opencode",
+            Self::Gemini => "gemini",
         }
     }
 }

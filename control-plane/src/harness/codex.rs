@@ -15,7 +15,7 @@ use serde_json::{Map, Value, json};
 use shared::chunk::Usage;
 
 use super::{
-    CommandSpec, Emitter, HarnessError, HarnessOptions, Translate, add_usage, parse_object, program,
+    CommandSpec, Emitter, HarnessError, HarnessOptions, Translate, add_usage, parse_event, program,
     prompt_stdin, result_text, str_of, u64_of,
 };
 
@@ -183,11 +183,7 @@ impl CodexTranslator {
 
 impl Translate for CodexTranslator {
     fn line(&mut self, em: &mut Emitter, line: &[u8]) {
-        let event = match parse_object(line) {
-            Ok(Some(e)) => Value::Object(e),
-            Ok(None) => return,
-            Err(why) => return em.warning(why, Some(line)),
-        };
+        let Some(event) = parse_event(em, line) else { return };
         match str_of(&event, "type") {
             "thread.started" => {
                 let id = str_of(&event, "thread_id");

@@ -85,14 +85,7 @@ impl Translate for CommandTranslator {
             self.pass_through(em, c);
             return;
         }
-        let id = match &self.text {
-            Some(id) => id.clone(),
-            None => {
-                let id = em.start_text();
-                self.text = Some(id.clone());
-                id
-            }
-        };
+        let id = em.open_text(&mut self.text);
         let mut text = String::from_utf8_lossy(line).into_owned();
         text.push('\n');
         em.push(em.f.text_content(&id, &text));

@@ -14,10 +14,13 @@
 //! not what the CLI should print becomes a `harness.warning` CUSTOM chunk; an
 //! event type an adapter does not know produces nothing.
 
+pub mod acp;
 pub mod claude_code;
 pub mod codex;
 pub mod command;
+pub mod gemini;
 pub mod opencode;
+pub mod session;
 
 mod spec;
 #[cfg(test)]

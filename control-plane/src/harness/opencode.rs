@@ -13,7 +13,7 @@ use shared::chunk::Usage;
 
 use super::{
     CommandSpec, Emitter, HarnessError, HarnessOptions, StdinSpec, Translate, add_usage, finish_reason,
-    parse_object, program, result_text, str_of, u64_of,
+    parse_event, program, result_text, str_of, u64_of,
 };
 
 pub(super) fn command(options: &HarnessOptions, prompt: &str) -> Result<CommandSpec, HarnessError> {
@@ -82,11 +82,7 @@ impl OpenCodeTranslator {
 
 impl Translate for OpenCodeTranslator {
     fn line(&mut self, em: &mut Emitter, line: &[u8]) {
-        let event = match parse_object(line) {
-            Ok(Some(e)) => Value::Object(e),
-            Ok(None) => return,
-            Err(why) => return em.warning(why, Some(line)),
-        };
+        let Some(event) = parse_event(em, line) else { return };
         let session = str_of(&event, "sessionID");
         if !self.session_seen && !session.is_empty() {
             self.session_seen = true;

@@ -19,11 +19,16 @@ pub enum Harness {
     Codex,
     /// `opencode run --format json`.
     OpenCode,
+    /// `gemini --output-format stream-json`.
+    Gemini,
+    /// Any Agent Client Protocol agent (the run's `command`), driven by the
+    /// sandbox agent's `acp` mode.
+    Acp,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum HarnessError {
-    #[error("unknown harness {0:?} (known: command, claude-code, codex, opencode)")]
+    #[error("unknown harness {0:?} (known: command, claude-code, codex, opencode, gemini, acp)")]
     Unknown(String),
     #[error("the command harness needs a command (argv) to run")]
     MissingCommand,
@@ -32,7 +37,14 @@ pub enum HarnessError {
 }
 
 impl Harness {
-    pub const ALL: [Harness; 4] = [Harness::Command, Harness::ClaudeCode, Harness::Codex, Harness::OpenCode];
+    pub const ALL: [Harness; 6] = [
+        Harness::Command,
+        Harness::ClaudeCode,
+        Harness::Codex,
+        Harness::OpenCode,
+        Harness::Gemini,
+        Harness::Acp,
+    ];
 
     /// Whether the CLI has sessions a later run can continue (everything
     /// but a plain command).
@@ -48,6 +60,8 @@ impl Harness {
             Harness::ClaudeCode => "claude-code",
             Harness::Codex => "codex",
             Harness::OpenCode => "opencode",
+            Harness::Gemini => "gemini",
+            Harness::Acp => "acp",
         }
     }
 
@@ -62,6 +76,8 @@ impl Harness {
             Harness::ClaudeCode => claude_code::command(options, prompt),
             Harness::Codex => codex::command(options, prompt),
             Harness::OpenCode => opencode::command(options, prompt),
+            Harness::Gemini => gemini::command(options, prompt),
+            Harness::Acp => acp::command(options, prompt),
         }
     }
 
@@ -78,6 +94,8 @@ impl Harness {
             Harness::ClaudeCode => Box::new(claude_code::ClaudeCodeTranslator::default()),
             Harness::Codex => Box::new(codex::CodexTranslator::default()),
             Harness::OpenCode => Box::new(opencode::OpenCodeTranslator::default()),
+            Harness::Gemini => Box::new(gemini::GeminiTranslator::default()),
+            Harness::Acp => Box::new(acp::AcpTranslator::default()),
         };
         Translator { em: Emitter::new(self, run_id, thread_id, clock), inner }
     }
@@ -90,13 +108,14 @@ pub struct HarnessOptions {
     /// The program to run instead of the CLI's usual name (`claude`, `codex`,
     /// `opencode`), e.g. an absolute path. Not for `command`.
     pub program: Option<String>,
-    /// `command` only: the argv to run.
+    /// `command`: the argv to run; `acp`: the ACP agent's command line.
     pub command: Vec<String>,
     pub model: Option<String>,
     /// Continue this CLI session (the value of a `<harness>.session-id`).
     pub resume_session_id: Option<String>,
     /// Claude Code `--permission-mode` (default `bypassPermissions`: the
-    /// sandbox is the isolation).
+    /// sandbox is the isolation); Gemini CLI `--approval-mode` (default
+    /// `yolo`, for the same reason).
     pub permission_mode: Option<String>,
     /// Claude Code `--max-turns`.
     pub max_turns: Option<u32>,
@@ -109,7 +128,8 @@ pub struct HarnessOptions {
     pub mcp_config_path: Option<String>,
     /// Claude Code `--include-partial-messages` (streamed text deltas).
     pub include_partial_messages: bool,
-    /// Codex `--sandbox` mode; unset means
+    /// Codex `--sandbox` mode (`acp`: the session mode to set, e.g. an
+    /// agent's unsandboxed one); unset means
     /// `--dangerously-bypass-approvals-and-sandbox` (the sandbox is the
     /// isolation, and Codex's own sandbox does not work in most containers).
     pub sandbox_mode: Option<String>,
@@ -198,7 +218,7 @@ mod tests {
         for h in Harness::ALL {
             assert_eq!(Harness::parse(h.name()), Ok(h));
         }
-        assert!(matches!(Harness::parse("gemini"), Err(HarnessError::Unknown(_))));
+        assert!(matches!(Harness::parse("grok"), Err(HarnessError::Unknown(_))));
     }
 
     #[test]

@@ -164,6 +164,16 @@ impl Emitter {
         id
     }
 
+    /// The text message open in `slot`, started (and kept there) when none is.
+    pub(super) fn open_text(&mut self, slot: &mut Option<String>) -> String {
+        if let Some(id) = slot {
+            return id.clone();
+        }
+        let id = self.start_text();
+        *slot = Some(id.clone());
+        id
+    }
+
     pub(super) fn start_reasoning(&mut self) -> String {
         let id = self.new_id();
         self.push(self.f.reasoning_start(&id));
@@ -218,6 +228,15 @@ impl Emitter {
         self.push(self.f.custom(&name, &serde_json::json!({ "session_id": session_id })));
     }
 
+    /// The session id, unless one was already reported (`seen`) or it is
+    /// empty.
+    pub(super) fn first_session_id(&mut self, seen: &mut bool, session_id: &str) {
+        if !*seen && !session_id.is_empty() {
+            *seen = true;
+            self.session_id(session_id);
+        }
+    }
+
     /// The terminal chunk decided by the exit code: RUN_FINISHED for 0,
     /// RUN_ERROR otherwise with the CLI's last error or the stderr tail.
     pub(super) fn finish_from_exit(
@@ -261,6 +280,19 @@ pub(super) fn parse_object(line: &[u8]) -> Result<Option<serde_json::Map<String,
         Ok(Value::Object(m)) => Ok(Some(m)),
         Ok(_) => Err("journal line is JSON but not an object"),
         Err(_) => Err("journal line is not JSON"),
+    }
+}
+
+/// A JSON harness's journal line as an event: `None` for a blank line, and
+/// for one that is not a JSON object (said in a warning).
+pub(super) fn parse_event(em: &mut Emitter, line: &[u8]) -> Option<Value> {
+    match parse_object(line) {
+        Ok(Some(e)) => Some(Value::Object(e)),
+        Ok(None) => None,
+        Err(why) => {
+            em.warning(why, Some(line));
+            None
+        }
     }
 }
 
@@ -360,6 +392,9 @@ mod tests {
             "text",
             "tool_use",
             "step_finish",
+            "init",
+            "message",
+            "tool_result",
             "TEXT_MESSAGE_START",
             "TEXT_MESSAGE_END",
             "TOOL_CALL_RESULT",
@@ -395,6 +430,9 @@ mod tests {
                         "state",
                         "error",
                         "name",
+                        "role",
+                        "tool_id",
+                        "session_id",
                     ]),
                     inner,
                     0..5

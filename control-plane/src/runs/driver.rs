@@ -18,8 +18,10 @@ use tracing::{debug, info, warn};
 use super::align::Aligner;
 use super::coalesce::Coalesced;
 use super::retry::{GaveUp, Interrupts, retry};
+use super::session;
 use super::{Error, RunSpec, Runs, StopReason};
 use crate::agent::AgentClient;
+use crate::harness::session::Carry;
 use crate::harness::{CommandSpec, Harness, Translator};
 use crate::lease::Lease;
 use crate::provision::Masks;
@@ -50,10 +52,21 @@ pub(crate) struct FreshStart {
     pub progress: Progress,
     /// `harness.warning`s decided before the run started.
     pub notes: Vec<String>,
-    /// The command, and a note, for when the ensure does not resume the
-    /// thread's sandbox: `command` continues a session whose files lived
-    /// there.
-    pub unless_resumed: Option<(CommandSpec, String)>,
+    /// For when the ensure does not resume the thread's sandbox: `command`
+    /// continues a session whose files lived there.
+    pub unless_resumed: Option<Unresumed>,
+}
+
+/// What a run that continues a session does in a sandbox that is not the
+/// one the session was left in.
+pub(crate) struct Unresumed {
+    /// Starts a new session instead.
+    pub fresh: CommandSpec,
+    /// Says so, as a `harness.warning`.
+    pub note: String,
+    /// The session, which a checkpoint restored into the new sandbox may
+    /// carry.
+    pub session: String,
 }
 
 /// One drive: who drives, under which epoch, for which run.
@@ -201,12 +214,9 @@ impl Runs {
             .await
             .map_err(|e| Ending::Failed(e.into()))?;
         drop(progress); // ends the progress part of StartRun's stream
-        if let Some((fresh, note)) = unless_resumed
-            && ensured.outcome() != shared::proto::v1::EnsureOutcome::Resumed
-        {
-            command = fresh;
-            notes.push(note);
-        }
+        let restored = !ensured.restored_checkpoint_id.is_empty();
+        let unresumed =
+            unless_resumed.filter(|_| ensured.outcome() != shared::proto::v1::EnsureOutcome::Resumed);
         let key = ensured.sandbox_id;
         let update = RunUpdate { sandbox_key: Some(Some(key.clone())), ..Default::default() };
         cx.stores.runs.update(&ctx.key, update).await.map_err(|e| Ending::Failed(e.into()))?;
@@ -220,6 +230,34 @@ impl Runs {
         if ctx.interrupts.drive.stop.is_cancelled() {
             // Stopped while the sandbox was being made: nothing to start.
             return Ok((key, live.agent, live.secrets));
+        }
+        if let Some(u) = unresumed {
+            // A checkpoint restored into the new sandbox may carry the
+            // session: put it back where the CLI looks for it.
+            let env = session::carry_env(&live.env, &ctx.spec.session_env);
+            let carried = restored
+                && match session::carry(
+                    &live.agent,
+                    ctx.harness,
+                    Carry::Import,
+                    &u.session,
+                    &ctx.spec.cwd,
+                    env,
+                )
+                .await
+                {
+                    Ok(found) => found,
+                    Err(e) => {
+                        warn!(run_id = %ctx.key.run, error = %e, "could not restore the thread's session");
+                        false
+                    }
+                };
+            if carried {
+                info!(run_id = %ctx.key.run, session = %u.session, "session restored from the checkpoint");
+            } else {
+                command = u.fresh;
+                notes.push(u.note);
+            }
         }
         // Files that carry secrets are written for each run, for its harness
         // only; what the harness cannot use is a warning, not an error.
@@ -728,6 +766,19 @@ impl Runs {
         let stored = cx.stores.definitions.get(&ctx.key.tenant, &ctx.spec.definition_id).await?;
         let definition = crate::sandbox::definition::from_stored(&stored.body)?;
         let live = self.inner.ctx.lifecycle.agent(&cx.stores, &ctx.key.tenant, key).await?;
+        let session = ctx.session.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if let Some(session) = session.filter(|_| crate::snapshot::enabled(&definition)) {
+            // Into the workspace, for the checkpoint to carry it along.
+            let env = session::carry_env(&live.env, &ctx.spec.session_env);
+            match session::carry(&live.agent, ctx.harness, Carry::Export, &session, &ctx.spec.cwd, env).await
+            {
+                Ok(true) => debug!(run_id = %ctx.key.run, %session, "session copied for the checkpoint"),
+                Ok(false) => {}
+                Err(e) => {
+                    warn!(run_id = %ctx.key.run, error = %e, "could not copy the session for the checkpoint")
+                }
+            }
+        }
         let saved = crate::snapshot::checkpoint_after_run(
             &cx.stores,
             &live.agent,

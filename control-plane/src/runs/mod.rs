@@ -27,6 +27,7 @@ mod error;
 mod records;
 mod replica;
 mod retry;
+mod session;
 mod spec;
 mod start;
 mod toolchain;

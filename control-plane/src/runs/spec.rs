@@ -1,6 +1,7 @@
 //! What a run is and how its drivers are timed: the spec kept on the
 //! record, and the driver's options.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -19,6 +20,10 @@ pub struct RunSpec {
     pub detach_on_disconnect: bool,
     #[serde(default)]
     pub cwd: String,
+    /// The run's own location variables (`harness::session::LOCATION_VARS`:
+    /// HOME, CODEX_HOME, ...), for carrying its session where it is kept.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub session_env: BTreeMap<String, String>,
 }
 
 impl RunSpec {

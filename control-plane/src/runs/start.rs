@@ -11,7 +11,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
-use super::driver::{DriveCtx, FreshStart, encode_chunk};
+use super::driver::{DriveCtx, FreshStart, Unresumed, encode_chunk};
 use super::retry::Interrupts;
 use super::{Error, RunEvents, RunSpec, Runs};
 use crate::harness::{Harness, HarnessOptions};
@@ -88,9 +88,15 @@ impl Runs {
         if options.resume_session_id.is_none() && !req.new_session && harness.has_sessions() {
             match self.thread_session(&req.tenant, &req.thread_id, &req.definition_id, harness).await? {
                 Session::Continue(id) => {
-                    // Should the ensure not resume the sandbox, its files are gone.
-                    let note = lost_session(harness, &id, "lived in a sandbox that is gone");
-                    unless_resumed = Some((build(&options)?, note));
+                    // Should the ensure not resume the sandbox, its files are
+                    // gone, unless a restored checkpoint carried them.
+                    let why = if harness.carries_sessions() {
+                        "lived in a sandbox that is gone, and no checkpoint of the thread carried it"
+                    } else {
+                        "lived in a sandbox that is gone (its sessions do not travel in checkpoints)"
+                    };
+                    let note = lost_session(harness, &id, why);
+                    unless_resumed = Some(Unresumed { fresh: build(&options)?, note, session: id.clone() });
                     options.resume_session_id = Some(id);
                 }
                 Session::Lost(note) => notes.push(note),
@@ -127,6 +133,10 @@ impl Runs {
             durable: req.durable,
             detach_on_disconnect: req.detach_on_disconnect.unwrap_or(req.durable),
             cwd: req.cwd,
+            session_env: crate::harness::session::LOCATION_VARS
+                .iter()
+                .filter_map(|k| options.env.get(*k).map(|v| ((*k).to_owned(), v.clone())))
+                .collect(),
         };
         // The lease first: from the record's creation on, an attach on
         // another replica must see the run as driven.

@@ -1,11 +1,11 @@
 //! Skills, projected per harness.
 //!
-//! | skill | Claude Code | Codex | OpenCode |
-//! |---|---|---|---|
-//! | file | the file | the file | the file |
-//! | git | `.claude/skills/<name>` | `.codex/skills/<name>` | warning |
-//! | MCP | `.mcp.json` | `.codex/config.toml` | `opencode.json` |
-//! | named | warning | warning | warning |
+//! | skill | Claude Code | Codex | OpenCode | Gemini CLI |
+//! |---|---|---|---|---|
+//! | file | the file | the file | the file | the file |
+//! | git | `.claude/skills/<name>` | `.codex/skills/<name>` | warning | warning |
+//! | MCP | `.mcp.json` | `.codex/config.toml` | `opencode.json` | `.gemini/settings.json` |
+//! | named | warning | warning | warning | warning |
 //!
 //! A git skill is cloned at depth 1 into its `into` path (default
 //! `.sandhold/skills/<name>`); every folder holding a `SKILL.md` up to 6
@@ -45,7 +45,7 @@ fn skills_folder(harness: Harness) -> Option<&'static str> {
     match harness {
         Harness::ClaudeCode => Some(".claude/skills"),
         Harness::Codex => Some(".codex/skills"),
-        Harness::OpenCode | Harness::Command => None,
+        Harness::OpenCode | Harness::Gemini | Harness::Acp | Harness::Command => None,
     }
 }
 
@@ -55,13 +55,15 @@ pub(crate) fn mcp_file(harness: Harness) -> Option<&'static str> {
         Harness::ClaudeCode => Some(".mcp.json"),
         Harness::Codex => Some(".codex/config.toml"),
         Harness::OpenCode => Some("opencode.json"),
-        Harness::Command => None,
+        Harness::Gemini => Some(".gemini/settings.json"),
+        Harness::Acp | Harness::Command => None,
     }
 }
 
 /// The harnesses skills are projected for (`command` runs anything and
 /// reads none of these files).
-pub(crate) const AGENT_HARNESSES: [Harness; 3] = [Harness::ClaudeCode, Harness::Codex, Harness::OpenCode];
+pub(crate) const AGENT_HARNESSES: [Harness; 4] =
+    [Harness::ClaudeCode, Harness::Codex, Harness::OpenCode, Harness::Gemini];
 
 fn mcp_skills(w: &WorkspaceDefinition) -> impl Iterator<Item = &McpSkill> {
     w.skills.iter().filter_map(|s| match &s.skill {
@@ -155,7 +157,7 @@ fn merged_config(harness: Harness, existing: Option<&[u8]>, servers: &[Server]) 
             }
             toml::to_string(&doc).map(String::into_bytes).map_err(|e| e.to_string())
         }
-        Harness::ClaudeCode | Harness::OpenCode => {
+        Harness::ClaudeCode | Harness::OpenCode | Harness::Gemini => {
             let mut doc: Value = match existing {
                 Some(b) => serde_json::from_slice(b).map_err(|e| e.to_string())?,
                 None if harness == Harness::OpenCode => {
@@ -163,7 +165,7 @@ fn merged_config(harness: Harness, existing: Option<&[u8]>, servers: &[Server]) 
                 }
                 None => json!({}),
             };
-            let key = if harness == Harness::ClaudeCode { "mcpServers" } else { "mcp" };
+            let key = if harness == Harness::OpenCode { "mcp" } else { "mcpServers" };
             let root = doc.as_object_mut().ok_or("not a JSON object")?;
             let table = root
                 .entry(key)
@@ -171,10 +173,11 @@ fn merged_config(harness: Harness, existing: Option<&[u8]>, servers: &[Server]) 
                 .as_object_mut()
                 .ok_or(format!("{key} is not an object"))?;
             for s in servers {
-                let entry = if harness == Harness::ClaudeCode {
-                    json!({ "type": "http", "url": s.url, "headers": s.headers })
-                } else {
-                    json!({ "type": "remote", "url": s.url, "enabled": true, "headers": s.headers })
+                let entry = match harness {
+                    Harness::ClaudeCode => json!({ "type": "http", "url": s.url, "headers": s.headers }),
+                    // Gemini CLI: `httpUrl` is streamable HTTP (`url` is SSE).
+                    Harness::Gemini => json!({ "httpUrl": s.url, "headers": s.headers }),
+                    _ => json!({ "type": "remote", "url": s.url, "enabled": true, "headers": s.headers }),
                 };
                 table.insert(s.name.clone(), entry);
             }
@@ -182,7 +185,7 @@ fn merged_config(harness: Harness, existing: Option<&[u8]>, servers: &[Server]) 
             out.push(b'\n');
             Ok(out)
         }
-        Harness::Command => Err("the command harness reads no MCP config".into()),
+        Harness::Acp | Harness::Command => Err(format!("the {} harness reads no MCP config", harness.name())),
     }
 }
 

@@ -5,7 +5,7 @@
 use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
 use shared::error::Error;
 use shared::proto::agent::v1::CapturePolicy;
-use shared::snapshot::{always_excluded, default_excluded};
+use shared::snapshot::{always_excluded, default_excluded, is_session_state};
 
 /// A compiled [`CapturePolicy`].
 #[derive(Debug, Clone)]
@@ -44,8 +44,13 @@ impl Policy {
         })
     }
 
-    /// Left out, with everything below it.
+    /// Left out, with everything below it. The carried harness sessions
+    /// never are by a pattern of their own (only through an excluded
+    /// ancestor): they are what lets a thread continue in a new sandbox.
     pub fn excluded(&self, path: &str) -> bool {
+        if is_session_state(path) {
+            return false;
+        }
         always_excluded(path)
             || match &self.exclude {
                 Some(set) => set.is_match(path),
@@ -54,6 +59,9 @@ impl Policy {
     }
 
     pub fn included(&self, path: &str) -> bool {
+        if is_session_state(path) {
+            return true;
+        }
         match &self.include {
             None => true,
             Some(set) => self_and_ancestors(path).any(|p| set.is_match(p)),
@@ -90,6 +98,12 @@ mod tests {
         assert!(p.excluded(shared::snapshot::PROJECTION_MARKER), "except the projection marker");
         assert!(p.redacted("src/x.key"));
         assert!(!p.redacted("src/a/x.key"), "`*` stays within a segment");
+        let session = ".sandhold/sessions/codex/2026/rollout-1.jsonl";
+        assert!(p.included(session), "the carried sessions are kept whatever the include list");
+        let no_jsonl =
+            Policy::compile(&CapturePolicy { exclude: vec!["**/*.jsonl".into()], ..Default::default() })
+                .unwrap();
+        assert!(no_jsonl.excluded("a/b.jsonl") && !no_jsonl.excluded(session));
         let defaults = Policy::compile(&CapturePolicy::default()).unwrap();
         assert!(defaults.excluded("a/node_modules") && defaults.included("anything"));
     }

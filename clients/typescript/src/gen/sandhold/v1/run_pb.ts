@@ -25,14 +25,15 @@ export const file_sandhold_v1_run: GenFile = /*@__PURE__*/
 export type HarnessOptions = Message<"sandhold.v1.HarnessOptions"> & {
   /**
    * The program to run instead of the CLI's usual name (`claude`, `codex`,
-   * `opencode`), e.g. an absolute path. Not for `command`.
+   * `opencode`, `gemini`), e.g. an absolute path. Not for `command`.
    *
    * @generated from field: string program = 1;
    */
   program: string;
 
   /**
-   * `command` only: the argv to run (required).
+   * `command`: the argv to run (required); `acp`: the ACP agent's command
+   * line (required).
    *
    * @generated from field: repeated string command = 2;
    */
@@ -52,7 +53,9 @@ export type HarnessOptions = Message<"sandhold.v1.HarnessOptions"> & {
 
   /**
    * Claude Code --permission-mode (default bypassPermissions: the sandbox is
-   * the isolation).
+   * the isolation); Gemini CLI --approval-mode (default yolo, likewise);
+   * `acp`: how the agent's permission requests are answered, allow (default)
+   * or deny.
    *
    * @generated from field: string permission_mode = 5;
    */
@@ -98,7 +101,8 @@ export type HarnessOptions = Message<"sandhold.v1.HarnessOptions"> & {
 
   /**
    * Codex --sandbox mode; empty means
-   * --dangerously-bypass-approvals-and-sandbox.
+   * --dangerously-bypass-approvals-and-sandbox. `acp`: the session mode to
+   * set (session/set_mode), e.g. codex-acp's full-access.
    *
    * @generated from field: string sandbox_mode = 12;
    */
@@ -194,7 +198,7 @@ export type StartRunRequest = Message<"sandhold.v1.StartRunRequest"> & {
   secrets: { [key: string]: string };
 
   /**
-   * "command", "claude-code", "codex" or "opencode".
+   * "command", "claude-code", "codex", "opencode", "gemini" or "acp".
    *
    * @generated from field: string harness = 5;
    */
