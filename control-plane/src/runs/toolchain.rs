@@ -71,20 +71,15 @@ pub(super) async fn run_path(
         ProviderKind::Docker => MOUNT.to_string(),
         ProviderKind::Local => toolchains.root().display().to_string(),
     };
-    let path = image.libc.map(|libc| {
-        let bin = format!("{root}/{}/bin", libc.as_str());
-        if image.path.is_empty() { bin } else { format!("{}:{bin}", image.path) }
-    });
-    // An image with no C library still runs a static build (Codex).
-    let path = path.or_else(|| {
-        let bin = format!("{root}/{}/bin", Libc::Musl.as_str());
-        Some(if image.path.is_empty() { bin } else { format!("{}:{bin}", image.path) })
-    });
+    // An image with no C library still runs a static build (Codex), which
+    // every libc's bin dir links.
+    let bin = format!("{root}/{}/bin", image.libc.unwrap_or(Libc::Musl).as_str());
+    let path = if image.path.is_empty() { bin } else { format!("{}:{bin}", image.path) };
     let warning = match cli {
         Some(cli) if !image.has_cli => missing(cli, toolchains, image.libc),
         _ => None,
     };
-    (path, warning)
+    (Some(path), warning)
 }
 
 /// Why `cli` will not be found, if it will not.
