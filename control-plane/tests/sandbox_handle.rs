@@ -607,3 +607,108 @@ async fn shell_is_a_terminal_that_follows_its_window_and_exits_with_the_code() {
     assert!(pane.contains("cli-exit=3"), "{pane}");
     assert!(pane.contains("terminal-restored"), "the local terminal was left changed:\n{pane}");
 }
+
+/// Standard base64 (what HTTP Basic auth sends), padding ignored.
+fn base64_decode(text: &str) -> Vec<u8> {
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let (mut out, mut acc, mut bits) = (Vec::new(), 0u32, 0);
+    for c in text.bytes().filter(|c| *c != b'=') {
+        let Some(v) = ALPHABET.iter().position(|a| *a == c) else { continue };
+        acc = (acc << 6) | v as u32;
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push((acc >> bits) as u8);
+        }
+    }
+    out
+}
+
+/// An HTTP git remote on the host's loopback that asks for Basic auth and
+/// records every password it is sent (then refuses: the push fails, but
+/// what reached the remote is what the test checks).
+async fn recording_remote() -> (u16, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let record = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let record = record.clone();
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") && socket.read_exact(&mut byte).await.is_ok() {
+                    head.push(byte[0]);
+                }
+                let head = String::from_utf8_lossy(&head).into_owned();
+                let basic = head.lines().find_map(|l| {
+                    let (name, value) = l.split_once(':')?;
+                    let value = value.trim();
+                    (name.eq_ignore_ascii_case("authorization"))
+                        .then(|| value.strip_prefix("Basic ").map(str::to_string))?
+                });
+                let reply: &[u8] = match basic {
+                    Some(b) => {
+                        let decoded = String::from_utf8_lossy(&base64_decode(&b)).into_owned();
+                        record.lock().unwrap().push(decoded.split_once(':').map(|(_, p)| p.to_string()).unwrap_or(decoded));
+                        b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                    }
+                    None => b"HTTP/1.1 401 Unauthorized\r\nWWW-Authenticate: Basic realm=\"git\"\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+                };
+                let _ = socket.write_all(reply).await;
+            });
+        }
+    });
+    (port, seen)
+}
+
+/// The workspace's `auth_secret` token reaches the remote through git's
+/// credential helper (the call's value over the ensure's), and nowhere it
+/// could be read later: not in `.git/config`, not in the error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_push_authenticates_with_the_auth_secret_and_leaves_it_nowhere() {
+    let s = TenantServer::start("git-auth", &[]).await;
+    let dir = TestDir::new("git-auth-origin");
+    let bare = origin(dir.path());
+    let mut def = with_source(definition("auth", Kind::Local), &bare.display().to_string());
+    def.secret_names = vec!["GIT_TOKEN".into()];
+    if let Some(api::source::Source::Git(g)) =
+        def.workspace.as_mut().and_then(|w| w.source.as_mut()).and_then(|s| s.source.as_mut())
+    {
+        g.auth_secret = "GIT_TOKEN".into();
+    }
+    let mut sandboxes = s.server.sandboxes(&s.token).await;
+    put_definition(&mut sandboxes, def).await;
+    let req = api::EnsureSandboxRequest {
+        definition_id: "auth".into(),
+        thread_id: "auth".into(),
+        secrets: [("GIT_TOKEN".to_string(), "ensure-token-4e1f".to_string())].into(),
+        ..Default::default()
+    };
+    let sandbox = ensure(&mut sandboxes, req).await.1.unwrap().sandbox_id;
+    let (port, seen) = recording_remote().await;
+    let (code, out) =
+        sh(&mut sandboxes, &sandbox, &format!("git remote add review http://127.0.0.1:{port}/app.git")).await;
+    assert_eq!(code, 0, "{out}");
+
+    let push = |secrets: &[(&str, &str)]| api::GitPushRequest {
+        sandbox_id: sandbox.clone(),
+        remote: "review".into(),
+        secrets: secrets.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        ..Default::default()
+    };
+    let err = sandboxes.git_push(push(&[("GIT_TOKEN", "call-token-9b2c")])).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
+    assert!(!err.message().contains("call-token-9b2c"), "{err:?}");
+    let err = sandboxes.git_push(push(&[])).await.unwrap_err();
+    assert!(!err.message().contains("ensure-token-4e1f"), "{err:?}");
+    let passwords = seen.lock().unwrap().clone();
+    assert!(passwords.contains(&"call-token-9b2c".to_string()), "{passwords:?}");
+    assert!(
+        passwords.contains(&"ensure-token-4e1f".to_string()),
+        "the ensure's token without a call's: {passwords:?}"
+    );
+    let (_, config) = sh(&mut sandboxes, &sandbox, "cat .git/config; git config --list --show-origin").await;
+    assert!(!config.contains("token-"), "a token was written down: {config}");
+}
