@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use backon::{ConstantBuilder, Retryable};
 use shared::error::{Error, ErrorCode};
+use shared::proto::agent::v1::egress_service_client::EgressServiceClient;
 use shared::proto::agent::v1::fs_service_client::FsServiceClient;
 use shared::proto::agent::v1::info_service_client::InfoServiceClient;
 use shared::proto::agent::v1::journal_service_client::JournalServiceClient;
@@ -160,6 +161,10 @@ impl AgentClient {
 
     pub fn snapshot(&self) -> SnapshotServiceClient<AuthedChannel> {
         shared::sized!(SnapshotServiceClient::new(self.channel.clone()))
+    }
+
+    pub fn egress(&self) -> EgressServiceClient<AuthedChannel> {
+        shared::sized!(EgressServiceClient::new(self.channel.clone()))
     }
 
     pub fn secrets(&self) -> SecretServiceClient<AuthedChannel> {

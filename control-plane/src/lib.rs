@@ -7,6 +7,7 @@ pub mod auth;
 pub mod cli;
 pub mod config;
 pub mod context;
+pub mod egress;
 pub mod harness;
 pub mod lease;
 pub mod metrics;

@@ -369,7 +369,14 @@ async fn provisioner_suite(kind: Kind) {
     let secrets = Secrets::new();
     let progress = Progress::discard();
     let err = WorkspaceProvisioner
-        .provision(ProvisionContext { agent: &agent, workspace: &ws, secrets: &secrets, progress: &progress })
+        .provision(ProvisionContext {
+            agent: &agent,
+            workspace: &ws,
+            secrets: &secrets,
+            withheld: &Default::default(),
+            env: &Default::default(),
+            progress: &progress,
+        })
         .await
         .unwrap_err();
     let err = shared::error::Error::from(err);
@@ -385,7 +392,14 @@ async fn provisioner_suite(kind: Kind) {
         ..Default::default()
     };
     WorkspaceProvisioner
-        .provision(ProvisionContext { agent: &agent, workspace: &ws, secrets: &secrets, progress: &progress })
+        .provision(ProvisionContext {
+            agent: &agent,
+            workspace: &ws,
+            secrets: &secrets,
+            withheld: &Default::default(),
+            env: &Default::default(),
+            progress: &progress,
+        })
         .await
         .expect("no clone is attempted into an existing checkout");
     assert_eq!(provider::sh_ok(&agent, "cat .git/marker").await, "mine\n");

@@ -17,6 +17,13 @@ pub const SANDBOX_FILE: &str = "sandbox.file";
 pub const FILE_CHANGED: &str = "file.changed";
 /// Something the run goes on past: `{message, line?}`.
 pub const HARNESS_WARNING: &str = "harness.warning";
+/// A connection through the sandbox's egress (model broker or proxy):
+/// `{host, port, purpose, allowed, error?, bytes_sent, bytes_received,
+/// duration_ms}`.
+pub const SANDBOX_NETWORK: &str = "sandbox.network";
+/// The run's model upstream could not be reached: `{upstream, error,
+/// unreachable_ms}`.
+pub const MODEL_UNAVAILABLE: &str = "model.unavailable";
 /// Suffix of `<harness>.session-id`: `{session_id}`.
 pub const SESSION_ID_SUFFIX: &str = ".session-id";
 

@@ -56,10 +56,12 @@ pub enum ErrorCode {
     JournalFull,
     /// The disk under the server's data dir is full; the write failed.
     StorageFull,
+    /// A run's model upstream stayed unreachable past its bound.
+    ModelUnreachable,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 27] = [
+    pub const ALL: [ErrorCode; 28] = [
         Self::InvalidArgument,
         Self::NotFound,
         Self::AlreadyExists,
@@ -87,6 +89,7 @@ impl ErrorCode {
         Self::SnapshotTooLarge,
         Self::JournalFull,
         Self::StorageFull,
+        Self::ModelUnreachable,
     ];
 
     /// The stable reason string carried in `ErrorInfo.reason`.
@@ -119,6 +122,7 @@ impl ErrorCode {
             Self::SnapshotTooLarge => "SNAPSHOT_TOO_LARGE",
             Self::JournalFull => "JOURNAL_FULL",
             Self::StorageFull => "STORAGE_FULL",
+            Self::ModelUnreachable => "MODEL_UNREACHABLE",
         }
     }
 
@@ -152,6 +156,7 @@ impl ErrorCode {
             Self::SnapshotTooLarge => Code::ResourceExhausted,
             Self::JournalFull => Code::ResourceExhausted,
             Self::StorageFull => Code::ResourceExhausted,
+            Self::ModelUnreachable => Code::Unavailable,
         }
     }
 

@@ -22,12 +22,16 @@ exec_command / ...), and its arguments are shaped after that tool's JSON
 schema, so CLI upgrades that rename or reshape the tool keep working.
 
 Prints `PORT=<n>` on its first stdout line once it is listening. Every
-request is appended as one JSON line to --log when given.
+request is appended as one JSON line to --log when given (path, the auth
+headers it carried, body). While the file named by --stall-file exists,
+every POST waits before it is answered (a slow model).
 """
 
 import argparse
 import json
+import os
 import sys
+import time
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -40,11 +44,23 @@ ARGS = None
 LOG_LOCK = threading.Lock()
 
 
-def log_request(path, body):
+AUTH_HEADERS = ("x-api-key", "authorization", "x-goog-api-key")
+
+
+def log_request(path, body, headers=None):
     if not ARGS.log:
         return
+    auth = {h: headers.get(h) for h in AUTH_HEADERS if headers is not None and headers.get(h)}
     with LOG_LOCK, open(ARGS.log, "a", encoding="utf-8") as f:
-        f.write(json.dumps({"path": path, "body": body}) + "\n")
+        f.write(json.dumps({"path": path, "auth": auth, "body": body}) + "\n")
+
+
+def stall():
+    """While --stall-file exists, hold every model answer back."""
+    if not ARGS.stall_file:
+        return
+    while os.path.exists(ARGS.stall_file):
+        time.sleep(0.1)
 
 
 def shell_args_for(schema):
@@ -262,7 +278,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_GET(self):
         path = self.path.split("?")[0]
-        log_request(path, None)
+        log_request(path, None, self.headers)
         if path.endswith("/models"):
             send_json(self, 200, {"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
         else:
@@ -277,7 +293,8 @@ class Handler(BaseHTTPRequestHandler):
             send_json(self, 400, {"error": {"message": "bad json"}})
             return
         path = self.path.split("?")[0]
-        log_request(path, body)
+        log_request(path, body, self.headers)
+        stall()
         # Streaming responses end with the connection.
         if path.endswith("/messages/count_tokens"):
             send_json(self, 200, {"input_tokens": 12})
@@ -308,6 +325,7 @@ def main():
     p.add_argument("--scenario", choices=["plain", "tool"], default="plain")
     p.add_argument("--log")
     p.add_argument("--verbose", action="store_true")
+    p.add_argument("--stall-file", help="while this file exists, model answers wait")
     ARGS = p.parse_args()
     server = ThreadingHTTPServer(("127.0.0.1", ARGS.port), Handler)
     print(f"PORT={server.server_address[1]}", flush=True)

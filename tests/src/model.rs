@@ -27,33 +27,45 @@ pub fn cli(name: &str) -> Option<PathBuf> {
 pub struct FakeModel {
     child: Child,
     pub port: u16,
-    /// Every request it received, one JSON line each (`{"path", "body"}`).
+    /// Every request it received, one JSON line each (`{"path", "auth",
+    /// "body"}`).
     pub log: Option<PathBuf>,
+    /// While this file exists, answers wait ([`FakeModel::stalling`]).
+    pub stall_file: Option<PathBuf>,
 }
 
 impl FakeModel {
     pub fn start(scenario: &str) -> Self {
-        Self::spawn(scenario, None)
+        Self::spawn(scenario, None, None)
     }
 
     /// As [`FakeModel::start`], appending every request to `log`.
     pub fn logging(scenario: &str, log: PathBuf) -> Self {
-        Self::spawn(scenario, Some(log))
+        Self::spawn(scenario, Some(log), None)
     }
 
-    fn spawn(scenario: &str, log: Option<PathBuf>) -> Self {
+    /// As [`FakeModel::logging`]; its answers wait while `stall_file`
+    /// exists (create it to stall, remove it to go on).
+    pub fn stalling(scenario: &str, log: PathBuf, stall_file: PathBuf) -> Self {
+        Self::spawn(scenario, Some(log), Some(stall_file))
+    }
+
+    fn spawn(scenario: &str, log: Option<PathBuf>, stall_file: Option<PathBuf>) -> Self {
         let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fake-model/fake_model.py");
         let mut cmd = Command::new("python3");
         cmd.arg(script).args(["--scenario", scenario, "--port", "0"]);
         if let Some(log) = &log {
             cmd.arg("--log").arg(log);
         }
+        if let Some(stall) = &stall_file {
+            cmd.arg("--stall-file").arg(stall);
+        }
         let mut child =
             cmd.stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().expect("python3 runs the fake model");
         let mut first = String::new();
         BufReader::new(child.stdout.take().unwrap()).read_line(&mut first).unwrap();
         let port = first.trim().strip_prefix("PORT=").and_then(|p| p.parse().ok()).expect("PORT=<n> first");
-        Self { child, port, log }
+        Self { child, port, log, stall_file }
     }
 
     /// The bodies of the requests received so far, as text.

@@ -93,9 +93,11 @@ impl EmbeddedArgs {
             replica_id: Some(format!("embedded-{}", std::process::id())),
             // The embedded server is the caller's own, single-user: its
             // definitions may read any host path (`--repo ./dir` binds it
-            // read-only) and join any network but the host's.
+            // read-only), join any network but the host's, and reach
+            // this machine's own addresses through sandbox egress.
             docker_bind_prefixes: Some(vec!["/".into()]),
             docker_networks: Some(vec!["*".into()]),
+            egress_private_addresses: Some(true),
             ..Default::default()
         })
     }

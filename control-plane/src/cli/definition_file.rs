@@ -82,6 +82,11 @@ pub struct FromFlags {
     pub network: Option<String>,
     /// One-off runs (no `--thread`) remove their sandbox once completed.
     pub destroy_on_complete: bool,
+    /// Model access through the broker (from `--secret` of the harness's
+    /// key and `--model-upstream`).
+    pub model_access: Vec<api::ModelAccess>,
+    /// `--allow-host`: the egress proxy's allowlist.
+    pub allow_hosts: Vec<String>,
 }
 
 /// Where a local repository is mounted in a Docker sandbox.
@@ -140,6 +145,9 @@ impl FromFlags {
             env: Default::default(),
             secret_names: self.secret_names.clone(),
             max_journal_bytes: None,
+            model_access: self.model_access.clone(),
+            network: (!self.allow_hosts.is_empty())
+                .then(|| api::Network { allow_hosts: self.allow_hosts.clone(), ..Default::default() }),
         };
         definition.secret_names.sort();
         definition.secret_names.dedup();

@@ -101,7 +101,9 @@ fn headline(p: &EnsureProgress) -> String {
         EnsurePhase::Projecting => "writing instructions and skills",
         EnsurePhase::Snapshotting => "taking a snapshot",
     };
-    if p.phase() == EnsurePhase::Setup && p.steps > 0 {
+    if !p.network.is_empty() {
+        clip(&p.message, 120)
+    } else if p.phase() == EnsurePhase::Setup && p.steps > 0 {
         format!("setup step {}/{}: {}", p.step, p.steps, clip(&p.command, 80))
     } else if !p.message.is_empty() && p.phase() != EnsurePhase::Setup {
         format!("{phase}: {}", clip(&p.message, 100))

@@ -105,8 +105,6 @@ impl Renderer {
             }
             // The command says "cancelled" itself, with the run id.
             ChunkType::RunError if c.error_code == "CANCELLED" => {}
-            // The command says "cancelled" itself, with the run id.
-            ChunkType::RunError if c.error_code == "CANCELLED" => {}
             ChunkType::RunError => {
                 let code =
                     if c.error_code.is_empty() { String::new() } else { format!(" [{}]", c.error_code) };
@@ -123,6 +121,22 @@ impl Renderer {
             "sandbox.file" => self.note(&format!("  {} {}", s("type"), s("path")), true),
             "file.changed" => self.note(&format!("  changed {}", s("path")), true),
             "harness.warning" => self.note(&format!("warning: {}", s("message")), false),
+            "model.unavailable" => self.note(
+                &format!("model unavailable: {}: {} (the CLI retries)", s("upstream"), s("error")),
+                false,
+            ),
+            "sandbox.network" => {
+                let allowed = value.get("allowed").and_then(Value::as_bool).unwrap_or(false);
+                let port = value.get("port").and_then(Value::as_u64).unwrap_or(0);
+                let error = s("error");
+                if !allowed {
+                    self.note(&format!("network refused: {}:{port}: {error}", s("host")), false);
+                } else if s("purpose") == "proxy" || !error.is_empty() {
+                    let what =
+                        if error.is_empty() { "connected".to_string() } else { format!("failed: {error}") };
+                    self.note(&format!("  network {}:{port} {what}", s("host")), true);
+                }
+            }
             _ => {}
         }
     }

@@ -141,6 +141,21 @@ pub struct RunArgs {
     #[arg(long = "secret", value_name = "NAME=ENV_VAR")]
     pub secrets: Vec<SecretRef>,
 
+    /// The model API the harness's requests go to, through the sandbox's
+    /// broker (which adds the key: the sandbox never holds it): the URL
+    /// the CLI would take as its own base URL [default: the harness's
+    /// public API]. The key is the `--secret` named as the CLI expects it
+    /// (ANTHROPIC_API_KEY, OPENAI_API_KEY, GEMINI_API_KEY). Applies on top
+    /// of --definition too.
+    #[arg(long, value_name = "URL")]
+    pub model_upstream: Option<String>,
+
+    /// A host the sandbox may reach through its egress proxy (HTTPS_PROXY
+    /// is set for setup and the run): `host` (ports 80 and 443),
+    /// `host:port` or `*.domain`. Repeatable; adds to --definition's.
+    #[arg(long = "allow-host", value_name = "HOST[:PORT]")]
+    pub allow_hosts: Vec<String>,
+
     /// Start a new harness session instead of continuing the one the
     /// thread's last run of this harness ended with.
     #[arg(long)]
@@ -198,6 +213,8 @@ impl RunArgs {
             || self.repo.is_some()
             || !self.setup.is_empty()
             || self.network.is_some()
+            || self.model_upstream.is_some()
+            || !self.allow_hosts.is_empty()
     }
 }
 
@@ -243,13 +260,20 @@ struct Prepared {
 
 fn prepare(args: &RunArgs) -> anyhow::Result<Prepared> {
     let secrets = secret_values(&args.secrets)?;
+    let secret_names: Vec<String> = args.secrets.iter().map(|s| s.name.clone()).collect();
     let definition = match &args.definition {
-        Some(path) => definition_file::load(path)?,
+        Some(path) => {
+            let mut definition = definition_file::load(path)?;
+            broker_on_top(&mut definition, args, &secret_names)?;
+            definition
+        }
         None => FromFlags {
             image: args.image.clone(),
             repo: args.repo.clone(),
             setup: args.setup.clone(),
-            secret_names: args.secrets.iter().map(|s| s.name.clone()).collect(),
+            model_access: model_access(args, &secret_names, &[])?.into_iter().collect(),
+            allow_hosts: args.allow_hosts.clone(),
+            secret_names,
             network: args.network.clone(),
             destroy_on_complete: args.thread.is_none(),
         }
@@ -282,6 +306,67 @@ fn prepare(args: &RunArgs) -> anyhow::Result<Prepared> {
         new_session: args.new_session,
     };
     Ok(Prepared { definition, request })
+}
+
+/// The harness's brokered model access from the flags: its key is the
+/// `--secret` the CLI would read it from (or the one `existing` names), the
+/// upstream `--model-upstream`. `None` when no key is passed: the run then
+/// uses whatever the image or definition gives the CLI.
+fn model_access(
+    args: &RunArgs,
+    secret_names: &[String],
+    existing: &[api::ModelAccess],
+) -> anyhow::Result<Option<api::ModelAccess>> {
+    let harness = crate::harness::Harness::parse(args.harness.name()).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let Some(api) = harness.model_api() else {
+        if args.model_upstream.is_some() {
+            bail!("--model-upstream: the {} harness has no model API to broker", args.harness.name());
+        }
+        return Ok(None);
+    };
+    let mine = existing.iter().find(|m| m.harness == harness.name());
+    let key = mine.map(|m| m.key_secret.clone()).or_else(|| {
+        api.key_vars.iter().find(|v| secret_names.iter().any(|n| n == *v)).map(|v| v.to_string())
+    });
+    let Some(key_secret) = key else {
+        if args.model_upstream.is_some() {
+            bail!(
+                "--model-upstream needs the model's key as a secret the broker adds: --secret {}=ENV_VAR",
+                api.key_vars[0]
+            );
+        }
+        return Ok(None);
+    };
+    let upstream =
+        args.model_upstream.clone().or_else(|| mine.map(|m| m.upstream.clone())).unwrap_or_default();
+    Ok(Some(api::ModelAccess { harness: harness.name().to_string(), upstream, key_secret }))
+}
+
+/// `--model-upstream`, `--allow-host` and the model key's `--secret` on top
+/// of a definition file's own settings.
+fn broker_on_top(
+    definition: &mut api::SandboxDefinition,
+    args: &RunArgs,
+    secret_names: &[String],
+) -> anyhow::Result<()> {
+    let mut names = definition.secret_names.clone();
+    names.extend(secret_names.iter().cloned());
+    if let Some(access) = model_access(args, &names, &definition.model_access)? {
+        if !definition.secret_names.contains(&access.key_secret) {
+            definition.secret_names.push(access.key_secret.clone());
+        }
+        definition.model_access.retain(|m| m.harness != access.harness);
+        definition.model_access.push(access);
+    }
+    if !args.allow_hosts.is_empty() {
+        let network = definition.network.get_or_insert_with(Default::default);
+        for host in &args.allow_hosts {
+            if !network.allow_hosts.contains(host) {
+                network.allow_hosts.push(host.clone());
+            }
+        }
+    }
+    Ok(())
 }
 
 async fn start(conn: &Connection, args: &RunArgs, prepared: Prepared) -> anyhow::Result<u8> {

@@ -243,6 +243,30 @@ pub struct ConfigLayer {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub allow_local_with_tokens: Option<bool>,
 
+    /// Let sandbox egress (model upstreams, allowed hosts) reach loopback,
+    /// private and link-local addresses [default: false].
+    #[arg(
+        long,
+        env = "SANDHOLD_EGRESS_PRIVATE_ADDRESSES",
+        value_name = "BOOL",
+        num_args = 0..=1,
+        default_missing_value = "true"
+    )]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub egress_private_addresses: Option<bool>,
+
+    /// A host pattern definitions' `network.allow_hosts` may list (`host`,
+    /// `host:port`, `*.domain`, `*` for any); repeatable (comma-separated
+    /// in the variable) [default: *].
+    #[arg(
+        long = "egress-host",
+        env = "SANDHOLD_EGRESS_HOSTS",
+        value_name = "PATTERN",
+        value_delimiter = ','
+    )]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub egress_hosts: Option<Vec<String>>,
+
     /// A Docker network definitions may join besides `none`, `*` for any;
     /// repeatable (comma-separated in the variable). `host` and
     /// `container:*` are refused [default: none].

@@ -75,6 +75,15 @@ pub struct Policy {
     pub default_journal_bytes: u64,
     /// The largest `max_journal_bytes` a definition may name.
     pub max_journal_bytes: u64,
+    /// Sandbox egress (the model broker's upstreams and the proxy's
+    /// allowed hosts) may reach loopback, private and link-local addresses.
+    /// Off by default: a tenant listing `10.0.0.5:5432` or `127.0.0.1`
+    /// would otherwise reach the operator's own network through the
+    /// control plane.
+    pub egress_private_addresses: bool,
+    /// Hosts tenants' `network.allow_hosts` may list (same patterns:
+    /// `host`, `host:port`, `*.domain`); `*`: any public host.
+    pub egress_hosts: Vec<String>,
 }
 
 impl Default for Policy {
@@ -95,6 +104,8 @@ impl Default for Policy {
             docker_max_pids_limit: DEFAULT_DOCKER_MAX_PIDS_LIMIT,
             default_journal_bytes: DEFAULT_JOURNAL_BYTES,
             max_journal_bytes: DEFAULT_MAX_JOURNAL_BYTES,
+            egress_private_addresses: false,
+            egress_hosts: vec!["*".into()],
         }
     }
 }

@@ -19,6 +19,7 @@ pub mod claude_code;
 pub mod codex;
 pub mod command;
 pub mod gemini;
+pub mod model_api;
 pub mod opencode;
 pub mod session;
 

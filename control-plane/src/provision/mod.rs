@@ -15,7 +15,7 @@ mod error;
 mod field;
 mod progress;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use async_trait::async_trait;
 use shared::proto::v1::WorkspaceDefinition;
@@ -36,6 +36,11 @@ pub struct ProvisionContext<'a> {
     pub agent: &'a AgentClient,
     pub workspace: &'a WorkspaceDefinition,
     pub secrets: &'a Secrets,
+    /// Secrets only the agent holds (model keys): never in a setup step's
+    /// environment.
+    pub withheld: &'a BTreeSet<String>,
+    /// Added to every setup step's environment (the egress proxy's).
+    pub env: &'a BTreeMap<String, String>,
     pub progress: &'a Progress,
 }
 

@@ -5,8 +5,8 @@
 //! has chunks left, an offered chunk must equal the next stored one by
 //! fingerprint (every field but the timestamp) and is skipped; once the
 //! stored prefix is used up, chunks are delivered. Chunks the server adds
-//! outside translation (`run.accepted`, `sandbox.file`, `file.changed`,
-//! `harness.warning`) never come back on replay, so the stored log may skip
+//! outside translation (`run.accepted`, `sandbox.file`, `sandbox.network`,
+//! `model.unavailable`, `file.changed`, `harness.warning`) never come back on replay, so the stored log may skip
 //! over them, at most [`MAX_OUT_OF_BAND_RUN`] in a row. Anything else is a
 //! divergence: the journal no longer explains the log, and nothing past it
 //! may be delivered.
@@ -16,7 +16,8 @@ use std::sync::Arc;
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use shared::chunk::{
-    FILE_CHANGED, HARNESS_WARNING, RUN_ACCEPTED, SANDBOX_FILE, fingerprint, fingerprint_hex,
+    FILE_CHANGED, HARNESS_WARNING, MODEL_UNAVAILABLE, RUN_ACCEPTED, SANDBOX_FILE, SANDBOX_NETWORK,
+    fingerprint, fingerprint_hex,
 };
 use shared::proto::v1::{Chunk, ChunkType};
 
@@ -31,7 +32,15 @@ pub const MAX_OUT_OF_BAND_RUN: usize = 64;
 /// Whether the server, not translation, produced this chunk.
 pub fn is_out_of_band(chunk: &Chunk) -> bool {
     chunk.r#type() == ChunkType::Custom
-        && matches!(chunk.name.as_str(), RUN_ACCEPTED | SANDBOX_FILE | FILE_CHANGED | HARNESS_WARNING)
+        && matches!(
+            chunk.name.as_str(),
+            RUN_ACCEPTED
+                | SANDBOX_FILE
+                | SANDBOX_NETWORK
+                | MODEL_UNAVAILABLE
+                | FILE_CHANGED
+                | HARNESS_WARNING
+        )
 }
 
 /// The stored log, in order, as the aligner reads it.

@@ -17,10 +17,12 @@ use tracing::{debug, info, warn};
 
 use super::align::Aligner;
 use super::coalesce::Coalesced;
+use super::egress::{ModelHealth, RunEgress};
 use super::retry::{GaveUp, Interrupts, retry};
 use super::session;
 use super::{Error, RunSpec, Runs, StopReason};
 use crate::agent::AgentClient;
+use crate::egress::{Carriers, Connection};
 use crate::harness::session::Carry;
 use crate::harness::{CommandSpec, Harness, Translator};
 use crate::lease::Lease;
@@ -206,6 +208,7 @@ impl Runs {
         let FreshStart { input, mut command, progress, mut notes, unless_resumed } = start;
         let workspace = input.definition.workspace.clone().unwrap_or_default();
         let journal_cap = cx.lifecycle.policy.journal_cap(&input.definition);
+        let definition = input.definition.clone();
         let ensured = self
             .inner
             .ctx
@@ -284,10 +287,18 @@ impl Runs {
             let chunks: Vec<Chunk> = warnings.iter().map(|w| factory.warning(w, None)).collect();
             self.append(ctx, &chunks).await?;
         }
+        // The model broker's URL and placeholder key, and the proxy.
+        let private_ok = cx.lifecycle.policy.egress_private_addresses();
+        if let Some(egress) = RunEgress::of(&definition, ctx.harness, private_ok).map_err(Ending::Failed)? {
+            super::egress::point(&egress, &definition, ctx.harness, &live.agent, &mut command)
+                .await
+                .map_err(Ending::Failed)?;
+        }
         let mut request = command.start_run_request(&ctx.key.run, &ctx.spec.cwd, ctx.sentinel_key.clone());
         // Enforced by the sandbox agent, so it holds while no replica drives.
         request.max_journal_bytes = journal_cap;
-        for (name, value) in live.secrets.iter() {
+        // Model keys stay with the agent.
+        for (name, value) in live.process_secrets() {
             request.env.entry(name.clone()).or_insert_with(|| value.expose().to_string());
         }
         // The sandbox's SetEnv variables, below the harness's and the secrets.
@@ -356,6 +367,18 @@ impl Runs {
         };
         let (file_tx, mut file_rx) = mpsc::channel::<Vec<agent::FileEvent>>(64);
         let watcher = tokio::spawn(watch_files(agent.clone(), ctx.spec.cwd.clone(), file_tx));
+        // The sandbox's egress rides carriers this driver keeps open; a
+        // successor opens its own.
+        let egress = match self.run_egress(ctx).await {
+            Ok(egress) => egress,
+            Err(e) => return Ending::Failed(e),
+        };
+        let (net_tx, mut net_rx) = mpsc::unbounded_channel::<Connection>();
+        let carry = |agent: &AgentClient| {
+            egress.as_ref().map(|e| Carriers::open(agent.clone(), e.plan.clone(), net_tx.clone()))
+        };
+        let mut carriers = carry(&agent);
+        let mut health = ModelHealth::default();
         // Between follows that fail or break without a line: a journal the
         // agent keeps refusing must not turn into a tight loop, and many
         // drives whose agent restarted must not come back in step.
@@ -401,7 +424,10 @@ impl Runs {
                         break ending;
                     }
                     match self.reconnect(ctx, key).await {
-                        Ok((a, _)) => agent = a,
+                        Ok((a, _)) => {
+                            agent = a;
+                            carriers = carry(&agent);
+                        }
                         Err(ending) => break ending,
                     }
                     continue;
@@ -431,6 +457,12 @@ impl Runs {
                             Ok(_) => {}
                             Err(e) => debug!(run_id = %ctx.key.run, error = %e, "cancel check failed"),
                         }
+                        if let Some(e) = egress
+                            .as_ref()
+                            .and_then(|e| health.expired(e.unreachable_after, e.upstream.as_ref()))
+                        {
+                            break 'follow Ending::Failed(e);
+                        }
                         if last_activity.elapsed() >= self.inner.options.liveness_probe {
                             last_activity = Instant::now();
                             match probe(&agent, ctx).await {
@@ -445,6 +477,13 @@ impl Runs {
                     }
                     Some(events) = file_rx.recv() => {
                         if let Err(ending) = self.file_events(ctx, &mut pump, events).await {
+                            break 'follow ending;
+                        }
+                    }
+                    Some(connection) = net_rx.recv() => {
+                        let upstream = egress.as_ref().and_then(|e| e.upstream.as_ref());
+                        let chunks = health.observe(&connection, upstream, &pump.factory);
+                        if let Err(ending) = self.out_of_band(ctx, &mut pump, chunks).await {
                             break 'follow ending;
                         }
                     }
@@ -477,11 +516,15 @@ impl Runs {
                 break ending;
             }
             match self.reconnect(ctx, key).await {
-                Ok((a, _)) => agent = a,
+                Ok((a, _)) => {
+                    agent = a;
+                    carriers = carry(&agent);
+                }
                 Err(ending) => break ending,
             }
         };
         watcher.abort();
+        drop(carriers);
         if pump.dropped_file_events > 0 {
             info!(run_id = %ctx.key.run, dropped = pump.dropped_file_events, "file events over the per-gap budget were dropped");
         }
@@ -545,13 +588,38 @@ impl Runs {
             let value = serde_json::json!({"type": kind, "path": e.path, "timestamp": e.timestamp_ms});
             batch.push(pump.factory.custom(SANDBOX_FILE, &value));
         }
+        self.out_of_band(ctx, pump, batch).await
+    }
+
+    /// Append chunks the server adds outside translation (file and network
+    /// events), within the per-gap budget.
+    async fn out_of_band(&self, ctx: &DriveCtx, pump: &mut Pump, batch: Vec<Chunk>) -> Result<(), Ending> {
         if batch.is_empty() {
+            return Ok(());
+        }
+        if pump.out_of_band_run + batch.len() > FILE_EVENT_BUDGET {
+            pump.dropped_file_events += batch.len() as u64;
             return Ok(());
         }
         pump.out_of_band_run += batch.len();
         // Out of band: never offered to the aligner (a replay does not
         // produce them; the aligner skips the stored ones).
         if pump.aligner.caught_up() { self.append(ctx, &batch).await } else { Ok(()) }
+    }
+
+    /// The run's egress, from its definition as stored (a successor reads
+    /// it too); `None` when the definition has none.
+    async fn run_egress(&self, ctx: &DriveCtx) -> Result<Option<RunEgress>, Error> {
+        let cx = &self.inner.ctx;
+        let stored = match cx.stores.definitions.get(&ctx.key.tenant, &ctx.spec.definition_id).await {
+            Ok(stored) => stored,
+            // Deleted since: the run goes on without egress.
+            Err(store::Error::NotFound(_)) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        let definition = crate::sandbox::definition::from_stored(&stored.body)
+            .map_err(|e| Error::Egress(e.to_string()))?;
+        RunEgress::of(&definition, ctx.harness, cx.lifecycle.policy.egress_private_addresses())
     }
 
     /// The sentinel was read: the rest of the translation, the workspace's

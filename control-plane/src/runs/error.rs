@@ -80,6 +80,13 @@ pub enum Error {
     /// The run's sandbox could not be reached within the reconnect budget.
     #[error("reaching the run's sandbox: {0}")]
     Unreachable(sandbox::Error),
+    /// The definition's model access for the run's harness is unusable.
+    #[error("the run's model access: {0}")]
+    Egress(String),
+    /// The run's model upstream stayed unreachable past its bound; the CLI
+    /// is stopped.
+    #[error("the model upstream {upstream} has been unreachable for {} s: {error}", waited_ms / 1000)]
+    ModelUnreachable { upstream: String, error: String, waited_ms: u64 },
     /// The files that carry secrets could not be written for this run.
     #[error("projecting skills for the run: {0}")]
     Projecting(provision::Error),
@@ -112,7 +119,10 @@ impl Error {
         // A full disk: the command would go on filling it (a local
         // sandbox's journal is on it), and destroying its sandbox is what
         // frees room for the run's end to be recorded.
-        matches!(self, Self::LineTooLong(_) | Self::Store(store::Error::StorageFull(_)))
+        matches!(
+            self,
+            Self::LineTooLong(_) | Self::ModelUnreachable { .. } | Self::Store(store::Error::StorageFull(_))
+        )
     }
 
     /// A store lookup of `run`, where NotFound names the run.
@@ -153,6 +163,10 @@ impl From<Error> for WireError {
             }
             Error::Unreachable(e) => WireError::from(e).context("reaching the run's sandbox"),
             Error::Projecting(e) => WireError::from(e).context("projecting skills for the run"),
+            Error::Egress(_) => WireError::new(ErrorCode::FailedPrecondition, message),
+            Error::ModelUnreachable { upstream, .. } => {
+                WireError::new(ErrorCode::ModelUnreachable, message).with_meta("upstream", upstream)
+            }
             Error::Provision(e) => e.into(),
             Error::Store(e) => e.into(),
             Error::Lease(e) => e.into(),

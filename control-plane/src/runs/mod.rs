@@ -23,6 +23,7 @@ pub mod driver;
 pub mod quiet;
 
 mod attach;
+mod egress;
 mod error;
 mod records;
 mod replica;

@@ -2,7 +2,7 @@
 //! provision, under a lease on the sandbox key; and the sandboxes this
 //! replica has live agents for.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -81,6 +81,16 @@ pub(crate) struct Live {
     /// The sandbox's `SetEnv` variables, as last read from its record
     /// ([`Lifecycle::agent`] refreshes them on every call).
     pub env: BTreeMap<String, String>,
+    /// Secrets only the agent holds (model keys): never in a process's
+    /// environment.
+    pub withheld: Arc<BTreeSet<String>>,
+}
+
+impl Live {
+    /// The secrets a process in the sandbox may be given.
+    pub fn process_secrets(&self) -> impl Iterator<Item = (&String, &shared::secret::Secret)> {
+        self.secrets.iter().filter(|(name, _)| !self.withheld.contains(*name))
+    }
 }
 
 /// What an ensure was asked for, validated.
@@ -262,6 +272,7 @@ impl Lifecycle {
         // since the last one lost them (and refuses to serve runs that had
         // them until then).
         crate::provision::hand_over(&agent, &input.secrets).await?;
+        let withheld = Arc::new(crate::egress::withheld(&input.definition));
         let secrets = Arc::new(input.secrets);
         self.set_live(
             &key,
@@ -274,6 +285,7 @@ impl Lifecycle {
                 destroy_on_complete: lifecycle.destroy_on_complete,
                 last_used: Instant::now(),
                 env: BTreeMap::new(),
+                withheld,
             },
         );
         info!(sandbox_key = %key, tenant = %input.tenant, outcome = ?outcome, provider = %kind, "sandbox ready");
@@ -395,6 +407,40 @@ impl Lifecycle {
         }
     }
 
+    /// The egress of a definition that wants it, for its setup: the
+    /// agent's listener configured, carriers open (dropped with the
+    /// returned guard) and each connection shown as progress; returns the
+    /// proxy environment for setup steps.
+    async fn setup_egress(
+        &self,
+        agent: &AgentClient,
+        definition: &api::SandboxDefinition,
+        progress: &Progress,
+    ) -> Result<(BTreeMap<String, String>, Option<crate::egress::Carriers>), Error> {
+        if !crate::egress::wanted(definition) {
+            return Ok((BTreeMap::new(), None));
+        }
+        let port = crate::egress::configure(agent, definition, Vec::new()).await?;
+        let proxied = definition.network.as_ref().is_some_and(|n| !n.allow_hosts.is_empty());
+        let env =
+            if proxied { crate::egress::proxy_env(port).into_iter().collect() } else { BTreeMap::new() };
+        let plan = Arc::new(crate::egress::Plan::of(definition, self.policy.egress_private_addresses()));
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<crate::egress::Connection>();
+        let carriers = crate::egress::Carriers::open(agent.clone(), plan, tx);
+        let progress = progress.clone();
+        tokio::spawn(async move {
+            while let Some(connection) = rx.recv().await {
+                progress.send(api::EnsureProgress {
+                    phase: EnsurePhase::Setup as i32,
+                    message: connection.summary(),
+                    network: connection.to_json().to_string(),
+                    ..Default::default()
+                });
+            }
+        });
+        Ok((env, Some(carriers)))
+    }
+
     /// Provision a created sandbox, then take the native snapshot when the
     /// lifecycle asks and the provider can. Returns the snapshot, encoded.
     async fn provision(
@@ -408,8 +454,17 @@ impl Lifecycle {
     ) -> Result<Option<String>, Error> {
         let agent = connect(&sandbox.address, &sandbox.token).await?;
         crate::provision::hand_over(&agent, &input.secrets).await?;
+        let withheld = crate::egress::withheld(&input.definition);
+        let (egress_env, _carriers) = self.setup_egress(&agent, &input.definition, progress).await?;
         self.provisioner
-            .provision(ProvisionContext { agent: &agent, workspace, secrets: &input.secrets, progress })
+            .provision(ProvisionContext {
+                agent: &agent,
+                workspace,
+                secrets: &input.secrets,
+                withheld: &withheld,
+                env: &egress_env,
+                progress,
+            })
             .await?;
         // Only a provisioned workspace is worth capturing: restoring a
         // snapshot of an untouched sandbox is just a slower create.
@@ -532,6 +587,7 @@ impl Lifecycle {
             destroy_on_complete: false,
             last_used: Instant::now(),
             env: instance.env,
+            withheld: Arc::default(),
         };
         self.set_live(key, live.clone());
         Ok(live)

@@ -95,7 +95,13 @@ impl OperatorPolicy {
         {
             self.docker_violations(docker, on_host, &mut out);
         }
+        out.extend(crate::egress::violations(d, &self.policy.egress_hosts));
         out
+    }
+
+    /// Whether sandbox egress may reach private addresses.
+    pub fn egress_private_addresses(&self) -> bool {
+        self.policy.egress_private_addresses
     }
 
     fn docker_violations(&self, d: &DockerProvider, on_host: bool, out: &mut Vec<(String, String)>) {

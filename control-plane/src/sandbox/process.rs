@@ -17,7 +17,7 @@ use super::ensure::secrets_of;
 use super::lifecycle::Live;
 use super::sandboxes::Optional;
 use super::{Error, Sandboxes};
-use crate::provision::{InvalidField, Secrets, valid_env_name};
+use crate::provision::{InvalidField, valid_env_name};
 use crate::store::Tenant;
 
 /// How long an `Exec` without a `timeout_ms` may run: an hour, then it is
@@ -47,7 +47,7 @@ impl Sandboxes {
         }
         let live = self.live(tenant, &req.sandbox_id).await?;
         let command = agent_command(req.command)?;
-        let env = process_env(&live.secrets, &live.env, req.env, req.secrets)?;
+        let env = process_env(live.process_secrets(), &live.env, req.env, req.secrets)?;
         let resp = live
             .agent
             .process()
@@ -88,7 +88,7 @@ impl Sandboxes {
         };
         let live = self.live(tenant, &start.sandbox_id).await?;
         let command = agent_command(start.command)?;
-        let env = process_env(&live.secrets, &live.env, start.env, start.secrets)?;
+        let env = process_env(live.process_secrets(), &live.env, start.env, start.secrets)?;
         let start =
             agent::SpawnStart { command: Some(command), cwd: start.cwd, env, detached: false, pty: None };
         let outbound = self.spawn(&live, start, inbound, |message: api::ExecStreamRequest| {
@@ -133,7 +133,7 @@ impl Sandboxes {
             None => agent::Command { kind: Some(agent::command::Kind::Shell(LOGIN_SHELL.into())) },
             given => agent_command(given)?,
         };
-        let mut env = process_env(&live.secrets, &live.env, start.env, start.secrets)?;
+        let mut env = process_env(live.process_secrets(), &live.env, start.env, start.secrets)?;
         let term = if start.term.is_empty() { DEFAULT_TERM.to_string() } else { start.term };
         env.insert("TERM".into(), term);
         let start = agent::SpawnStart {
@@ -228,14 +228,14 @@ fn spawn_request(request: api::exec_stream_request::Request) -> Option<agent::sp
 /// The environment of a process: the sandbox's `SetEnv` variables
 /// (`sandbox`), the ensure's secrets (`ensured`), then the call's plain
 /// env, then the call's secrets.
-fn process_env(
-    ensured: &Secrets,
+fn process_env<'a>(
+    ensured: impl Iterator<Item = (&'a String, &'a shared::secret::Secret)>,
     sandbox: &BTreeMap<String, String>,
     env: HashMap<String, String>,
     secrets: HashMap<String, String>,
 ) -> Result<HashMap<String, String>, Error> {
     let mut out: HashMap<String, String> = sandbox.clone().into_iter().collect();
-    out.extend(ensured.iter().map(|(k, v)| (k.clone(), v.expose().to_string())));
+    out.extend(ensured.map(|(k, v)| (k.clone(), v.expose().to_string())));
     for (k, v) in env {
         if !valid_env_name(&k) {
             return Err(InvalidField::new(format!("env[{k}]"), "not a valid variable name").into());
@@ -271,6 +271,8 @@ fn exit_status(s: Option<agent::ExitStatus>) -> Option<api::ExitStatus> {
 mod tests {
     use shared::secret::Secret;
 
+    use crate::provision::Secrets;
+
     use super::*;
 
     fn map(pairs: &[(&str, &str)]) -> HashMap<String, String> {
@@ -295,7 +297,7 @@ mod tests {
             ("MODE".to_string(), "from-set-env".to_string()),
         ]);
         let env = process_env(
-            &ensured,
+            ensured.iter(),
             &sandbox,
             map(&[("TOKEN", "from-env"), ("MODE", "plain")]),
             map(&[("MODE", "from-secrets-1")]),
@@ -315,10 +317,12 @@ mod tests {
     #[test]
     fn invalid_variable_names_are_refused_by_field() {
         let bad_env =
-            process_env(&Secrets::new(), &BTreeMap::new(), map(&[("1X", "v")]), HashMap::new()).unwrap_err();
+            process_env(Secrets::new().iter(), &BTreeMap::new(), map(&[("1X", "v")]), HashMap::new())
+                .unwrap_err();
         assert_eq!(refused_field(bad_env), "env[1X]");
         let bad_secret =
-            process_env(&Secrets::new(), &BTreeMap::new(), HashMap::new(), map(&[("a-b", "v")])).unwrap_err();
+            process_env(Secrets::new().iter(), &BTreeMap::new(), HashMap::new(), map(&[("a-b", "v")]))
+                .unwrap_err();
         assert_eq!(refused_field(bad_secret), "secrets[a-b]");
     }
 

@@ -30,8 +30,13 @@ pub(crate) async fn run(
     if steps.is_empty() {
         return Ok(());
     }
-    let mut env: HashMap<String, String> =
-        ctx.secrets.iter().map(|(k, v)| (k.clone(), v.expose().to_string())).collect();
+    let mut env: HashMap<String, String> = ctx
+        .secrets
+        .iter()
+        .filter(|(k, _)| !ctx.withheld.contains(*k))
+        .map(|(k, v)| (k.clone(), v.expose().to_string()))
+        .collect();
+    env.extend(ctx.env.iter().map(|(k, v)| (k.clone(), v.clone())));
     env.extend(extra_env);
     let session = ctx
         .agent
@@ -222,7 +227,7 @@ fn step_progress(progress: &Progress, n: u32, total: u32, command: &str, line: S
         steps: total,
         command: command.to_string(),
         output_line: line,
-        elapsed_ms: 0,
+        ..Default::default()
     });
 }
 

@@ -1,0 +1,332 @@
+//! Sandbox egress, carried by the control plane.
+//!
+//! A sandbox with no network still reaches two kinds of destination, both
+//! through its agent's loopback listener (`EgressService`):
+//! - its harness's model API, through the broker: the harness is given the
+//!   broker's URL and a per-run placeholder key; the agent swaps in the
+//!   real key (it holds it; no process in the sandbox does) and speaks TLS
+//!   to the upstream itself;
+//! - the hosts the definition's `network.allow_hosts` lists, through the
+//!   proxy (`HTTPS_PROXY` / `HTTP_PROXY`).
+//!
+//! Every upstream connection rides a carrier ([`Carriers`]) that this
+//! replica keeps open while it uses the sandbox; this side decides where a
+//! connection may go ([`Plan`]) and reports each one ([`Connection`]),
+//! refused ones included. Nothing here ever sees a key in the clear unless
+//! the upstream is plain HTTP (then it passes as bytes).
+//!
+//! Design note: the key stays in the agent, so a run survives the death of
+//! its driving replica without any secret stored: the next driver opens
+//! new carriers and the agent goes on adding the key. The control plane
+//! enforces the allowlist because nothing inside the sandbox is trusted.
+
+mod carrier;
+mod hosts;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use shared::proto::agent::v1 as agent;
+use shared::proto::v1::SandboxDefinition;
+use tokio::net::TcpStream;
+
+pub use carrier::{Carriers, Connection};
+pub use hosts::{HostPattern, is_private, resolve};
+
+use crate::agent::AgentClient;
+use crate::harness::Harness;
+
+pub use shared::chunk::{MODEL_UNAVAILABLE, SANDBOX_NETWORK};
+/// How long a model upstream may stay unreachable when the definition
+/// does not say.
+pub const DEFAULT_MODEL_UNREACHABLE: Duration = Duration::from_secs(120);
+/// Where the broker and proxy listen, as the sandbox sees it.
+pub const LOOPBACK: &str = "127.0.0.1";
+
+/// What a connection is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Purpose {
+    Model,
+    Proxy,
+}
+
+impl Purpose {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Purpose::Model => "model",
+            Purpose::Proxy => "proxy",
+        }
+    }
+
+    fn from_wire(purpose: i32) -> Self {
+        if purpose == agent::CarryPurpose::Model as i32 { Purpose::Model } else { Purpose::Proxy }
+    }
+}
+
+/// A model upstream, parsed: where the broker sends a harness's requests.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Upstream {
+    pub harness: Harness,
+    pub scheme: String,
+    pub host: String,
+    pub port: u16,
+    /// The URL's path without a trailing `/` (e.g. `/v1`): the harness's
+    /// base URL is the broker's origin plus this.
+    pub path: String,
+    pub key_secret: String,
+}
+
+impl Upstream {
+    /// `url` (empty: the harness's public API) for `harness`.
+    pub fn parse(harness: Harness, url: &str, key_secret: &str) -> Result<Self, String> {
+        let Some(api) = harness.model_api() else {
+            return Err(format!("the {} harness has no model API to broker", harness.name()));
+        };
+        let url = if url.is_empty() { api.default_upstream } else { url };
+        let parsed = url::Url::parse(url).map_err(|e| format!("{url:?} is not a URL: {e}"))?;
+        let scheme = parsed.scheme().to_string();
+        if scheme != "http" && scheme != "https" {
+            return Err(format!("{url:?}: the scheme must be http or https"));
+        }
+        if !parsed.username().is_empty() || parsed.password().is_some() {
+            return Err(format!("{url:?}: no credentials in the URL (name a secret in key_secret)"));
+        }
+        if parsed.query().is_some() || parsed.fragment().is_some() {
+            return Err(format!("{url:?}: no query or fragment"));
+        }
+        let host = match parsed.host() {
+            Some(url::Host::Domain(d)) => d.to_string(),
+            Some(url::Host::Ipv4(ip)) => ip.to_string(),
+            Some(url::Host::Ipv6(ip)) => format!("[{ip}]"),
+            None => return Err(format!("{url:?} has no host")),
+        };
+        let port = parsed.port_or_known_default().unwrap_or(443);
+        Ok(Self {
+            harness,
+            scheme,
+            host,
+            port,
+            path: parsed.path().trim_end_matches('/').to_string(),
+            key_secret: key_secret.to_string(),
+        })
+    }
+
+    /// What the upstream is called in events and errors (never a key).
+    pub fn display(&self) -> String {
+        format!("{}://{}:{}{}", self.scheme, self.host, self.port, self.path)
+    }
+
+    /// The agent's route for a run with `placeholder`.
+    pub fn route(&self, placeholder: &str) -> agent::EgressRoute {
+        agent::EgressRoute {
+            placeholder: placeholder.to_string(),
+            scheme: self.scheme.clone(),
+            host: self.host.trim_start_matches('[').trim_end_matches(']').to_string(),
+            port: u32::from(self.port),
+            secret_name: self.key_secret.clone(),
+            label: self.harness.name().to_string(),
+        }
+    }
+}
+
+/// The model upstream `definition` gives `harness`, if it brokers one.
+pub fn upstream_for(definition: &SandboxDefinition, harness: Harness) -> Result<Option<Upstream>, String> {
+    definition
+        .model_access
+        .iter()
+        .find(|m| m.harness == harness.name())
+        .map(|m| Upstream::parse(harness, &m.upstream, &m.key_secret))
+        .transpose()
+}
+
+/// Secrets no process in the sandbox may see: the model keys, which only
+/// the agent holds.
+pub fn withheld(definition: &SandboxDefinition) -> BTreeSet<String> {
+    definition.model_access.iter().map(|m| m.key_secret.clone()).collect()
+}
+
+/// Whether `definition` needs the agent's egress listener at all.
+pub fn wanted(definition: &SandboxDefinition) -> bool {
+    !definition.model_access.is_empty()
+        || definition.network.as_ref().is_some_and(|n| !n.allow_hosts.is_empty())
+}
+
+/// The model-unreachable bound of `definition`.
+pub fn unreachable_after(definition: &SandboxDefinition) -> Duration {
+    match definition.network.as_ref().map(|n| n.model_unreachable_ms) {
+        Some(ms) if ms > 0 => Duration::from_millis(ms),
+        _ => DEFAULT_MODEL_UNREACHABLE,
+    }
+}
+
+/// Where one sandbox's egress may go.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    allow: Vec<HostPattern>,
+    models: Vec<Upstream>,
+    private_ok: bool,
+}
+
+/// Why a connection was not made.
+#[derive(Debug, Clone)]
+pub struct Refusal {
+    pub reason: String,
+    /// The plan refused it (as opposed to a failed connection).
+    pub refused: bool,
+}
+
+impl Plan {
+    /// The plan of `definition` under the operator's `private_ok`. Patterns
+    /// were validated with the definition; one that does not parse now is
+    /// skipped (it allows nothing).
+    pub fn of(definition: &SandboxDefinition, private_ok: bool) -> Self {
+        let allow = definition
+            .network
+            .iter()
+            .flat_map(|n| n.allow_hosts.iter())
+            .filter_map(|p| HostPattern::parse(p).ok())
+            .collect();
+        let models = definition
+            .model_access
+            .iter()
+            .filter_map(|m| {
+                Upstream::parse(Harness::parse(&m.harness).ok()?, &m.upstream, &m.key_secret).ok()
+            })
+            .collect();
+        Self { allow, models, private_ok }
+    }
+
+    /// Check `dial` and connect to it.
+    async fn connect(&self, dial: &agent::CarryDial, timeout: Duration) -> Result<TcpStream, Refusal> {
+        let refuse = |reason: String| Refusal { reason, refused: true };
+        let port =
+            u16::try_from(dial.port).ok().filter(|p| *p > 0).ok_or_else(|| refuse("no port".into()))?;
+        let host = dial.host.as_str();
+        let allowed = match Purpose::from_wire(dial.purpose) {
+            Purpose::Model => self.models.iter().any(|m| {
+                m.harness.name() == dial.route
+                    && m.host.trim_start_matches('[').trim_end_matches(']') == host
+                    && m.port == port
+            }),
+            Purpose::Proxy => self.allow.iter().any(|p| p.matches(host, port)),
+        };
+        if !allowed {
+            return Err(refuse(format!("{host}:{port} is not on the sandbox's allowlist")));
+        }
+        let addrs = resolve(host, port, self.private_ok).await.map_err(refuse)?;
+        let failed = |reason: String| Refusal { reason, refused: false };
+        let mut last = String::new();
+        for addr in addrs {
+            match tokio::time::timeout(timeout, TcpStream::connect(addr)).await {
+                Ok(Ok(stream)) => {
+                    let _ = stream.set_nodelay(true);
+                    return Ok(stream);
+                }
+                Ok(Err(e)) => last = format!("connecting to {host}:{port} ({addr}): {e}"),
+                Err(_) => last = format!("connecting to {host}:{port} ({addr}): timed out after {timeout:?}"),
+            }
+        }
+        Err(failed(last))
+    }
+}
+
+/// Configure the agent's listener for `definition` (and `routes`, for a
+/// run); returns the listener's port. An agent without egress is refused
+/// with what to do.
+pub async fn configure(
+    agent: &AgentClient,
+    definition: &SandboxDefinition,
+    routes: Vec<agent::EgressRoute>,
+) -> Result<u16, tonic::Status> {
+    let caps = agent.handshake().capabilities.unwrap_or_default();
+    if !caps.egress {
+        return Err(tonic::Status::failed_precondition(
+            "the sandbox's agent has no egress listener (an older sandhold-agent): model access and \
+             network.allow_hosts need this version's agent",
+        ));
+    }
+    let network = definition.network.clone().unwrap_or_default();
+    let request = agent::ConfigureEgressRequest {
+        routes,
+        allow_hosts: network.allow_hosts,
+        extra_roots_pem: network.extra_roots_pem,
+    };
+    let port = agent.egress().configure(request).await?.into_inner().port;
+    u16::try_from(port)
+        .map_err(|_| tonic::Status::internal(format!("the agent's egress port {port} is not a port")))
+}
+
+/// The environment of every process that should use the proxy.
+pub fn proxy_env(port: u16) -> Vec<(String, String)> {
+    let url = format!("http://{LOOPBACK}:{port}");
+    let no_proxy = "127.0.0.1,localhost,::1".to_string();
+    vec![
+        ("HTTPS_PROXY".into(), url.clone()),
+        ("HTTP_PROXY".into(), url.clone()),
+        ("https_proxy".into(), url.clone()),
+        ("http_proxy".into(), url),
+        ("NO_PROXY".into(), no_proxy.clone()),
+        ("no_proxy".into(), no_proxy),
+    ]
+}
+
+/// A fresh placeholder key for one run: worthless outside the sandbox's
+/// broker, and shaped so no CLI refuses it.
+pub fn placeholder() -> String {
+    format!("sandhold-placeholder-{}", uuid::Uuid::new_v4().simple())
+}
+
+/// Refusals of `definition`'s model access and network against the
+/// operator's host patterns: `(field, why)`.
+pub fn violations(definition: &SandboxDefinition, operator_hosts: &[String]) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut seen = BTreeSet::new();
+    for (i, m) in definition.model_access.iter().enumerate() {
+        let field = format!("definition.model_access[{i}]");
+        let harness = match Harness::parse(&m.harness) {
+            Ok(h) => h,
+            Err(e) => {
+                out.push((format!("{field}.harness"), e.to_string()));
+                continue;
+            }
+        };
+        if !seen.insert(harness.name()) {
+            out.push((format!("{field}.harness"), format!("{} has model access twice", m.harness)));
+        }
+        if let Err(why) = Upstream::parse(harness, &m.upstream, &m.key_secret) {
+            out.push((format!("{field}.upstream"), why));
+        }
+        if m.key_secret.is_empty() {
+            out.push((
+                format!("{field}.key_secret"),
+                "required: the name of the secret holding the key".into(),
+            ));
+        } else if !definition.secret_names.contains(&m.key_secret) {
+            out.push((
+                format!("{field}.key_secret"),
+                format!("{:?} is not one of the definition's secret_names", m.key_secret),
+            ));
+        }
+    }
+    let operator: Vec<HostPattern> =
+        operator_hosts.iter().filter_map(|p| HostPattern::parse(p).ok()).collect();
+    if let Some(network) = &definition.network {
+        for (i, text) in network.allow_hosts.iter().enumerate() {
+            let field = format!("definition.network.allow_hosts[{i}]");
+            match HostPattern::parse(text) {
+                Err(why) => out.push((field, why)),
+                Ok(p) if !p.within(&operator) => out.push((
+                    field,
+                    format!("{text:?} is outside the hosts the operator allows (egress_hosts)"),
+                )),
+                Ok(_) => {}
+            }
+        }
+        if !network.extra_roots_pem.is_empty()
+            && !network.extra_roots_pem.contains("-----BEGIN CERTIFICATE-----")
+        {
+            out.push(("definition.network.extra_roots_pem".into(), "no PEM certificate in it".into()));
+        }
+    }
+    out
+}

@@ -1,0 +1,459 @@
+//! Real agent CLIs in Docker sandboxes with no network (issue #18): the
+//! model reached only through the sandbox agent's broker, the key never in
+//! the sandbox; egress for setup through the allowlisted proxy; a model
+//! that cannot be reached is said so, then ends the run; a run survives
+//! the death of the replica carrying its model traffic.
+//!
+//! Everything is real (Docker engine, the CLIs from the toolchain dir, the
+//! agent, PostgreSQL and Redis for the takeover) but the model API, which
+//! is the fake on the host's 127.0.0.1 (`tests/fake-model`).
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use sandhold_tests::docker::{DEBIAN_IMAGE, DockerCleanup, ensure_debian_image};
+use sandhold_tests::local::TestDir;
+use sandhold_tests::model::FakeModel;
+use sandhold_tests::run::{Seen, attach_after, put_definition, read_until, wait_terminal};
+use sandhold_tests::server::{Sandboxes, TenantServer};
+use shared::proto::v1 as api;
+
+/// The toolchain dir the tests share (see toolchain.rs).
+fn toolchains() -> PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = std::env::var_os("SANDHOLD_TEST_TOOLCHAIN_DIR")
+            .map_or_else(|| PathBuf::from("/var/cache/sandhold-toolchains"), PathBuf::from);
+        let data = TestDir::new("broker-toolchain");
+        let out = sandhold_tests::cli::sandhold(data.path())
+            .args(["harness", "install", "claude-code", "codex", "opencode", "--toolchain-dir"])
+            .arg(&dir)
+            .output()
+            .expect("running sandhold harness install");
+        assert!(out.status.success(), "harness install: {}", String::from_utf8_lossy(&out.stderr));
+        dir
+    })
+    .clone()
+}
+
+/// Flags of every server here: the toolchain, and egress to this
+/// machine's loopback (where the fake model listens).
+fn server_args() -> Vec<String> {
+    vec!["--toolchain-dir".into(), toolchains().display().to_string(), "--egress-private-addresses".into()]
+}
+
+async fn server(prefix: &str) -> TenantServer {
+    let args = server_args();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    TenantServer::start_with_args(prefix, &[], &args).await
+}
+
+/// What each CLI needs for a brokered run against the fake model.
+struct Cli {
+    harness: &'static str,
+    key_name: &'static str,
+    /// The upstream for the fake model on `port`.
+    upstream: fn(u16) -> String,
+    model: &'static str,
+    /// The header the fake model must have received the key in.
+    auth_header: &'static str,
+    auth_prefix: &'static str,
+}
+
+const CLAUDE: Cli = Cli {
+    harness: "claude-code",
+    key_name: "ANTHROPIC_API_KEY",
+    upstream: |port| format!("http://127.0.0.1:{port}"),
+    model: "",
+    auth_header: "x-api-key",
+    auth_prefix: "",
+};
+
+const CODEX: Cli = Cli {
+    harness: "codex",
+    key_name: "OPENAI_API_KEY",
+    upstream: |port| format!("http://127.0.0.1:{port}/v1"),
+    model: "fake-model",
+    auth_header: "authorization",
+    auth_prefix: "Bearer ",
+};
+
+const OPENCODE: Cli = Cli {
+    harness: "opencode",
+    key_name: "ANTHROPIC_API_KEY",
+    upstream: |port| format!("http://127.0.0.1:{port}/v1"),
+    model: "anthropic/fake-model",
+    auth_header: "x-api-key",
+    auth_prefix: "",
+};
+
+fn docker_definition(id: &str, cli: &Cli, upstream: String) -> api::SandboxDefinition {
+    let docker = api::DockerProvider { image: DEBIAN_IMAGE.into(), ..Default::default() };
+    api::SandboxDefinition {
+        id: id.into(),
+        provider: Some(api::ProviderSpec { provider: Some(api::provider_spec::Provider::Docker(docker)) }),
+        secret_names: vec![cli.key_name.into()],
+        model_access: vec![api::ModelAccess {
+            harness: cli.harness.into(),
+            upstream,
+            key_secret: cli.key_name.into(),
+        }],
+        ..Default::default()
+    }
+}
+
+fn start_request(cli: &Cli, run_id: &str, thread: &str, definition: &str, key: &str) -> api::StartRunRequest {
+    api::StartRunRequest {
+        thread_id: thread.into(),
+        run_id: run_id.into(),
+        definition_id: definition.into(),
+        secrets: [(cli.key_name.to_string(), key.to_string())].into(),
+        harness: cli.harness.into(),
+        options: Some(api::HarnessOptions { model: cli.model.into(), ..Default::default() }),
+        prompt: "write hello.txt".into(),
+        durable: true,
+        ..Default::default()
+    }
+}
+
+/// The fake model's log lines (JSON).
+fn requests(model: &FakeModel) -> Vec<serde_json::Value> {
+    model.requests().iter().filter_map(|l| serde_json::from_str(l).ok()).collect()
+}
+
+async fn wait_for_a_request(model: &FakeModel) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    while requests(model).iter().all(|r| r["body"].is_null()) {
+        assert!(tokio::time::Instant::now() < deadline, "the CLI never reached the fake model");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn exec(sandboxes: &mut Sandboxes, sandbox: &str, script: &str, stdin: &[u8]) -> String {
+    let out = sandboxes
+        .exec(api::ExecRequest {
+            sandbox_id: sandbox.into(),
+            command: Some(api::Command { kind: Some(api::command::Kind::Shell(script.into())) }),
+            stdin: stdin.to_vec().into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+async fn sandbox_of_thread(sandboxes: &mut Sandboxes, thread: &str) -> String {
+    let list = sandboxes.list_sandboxes(api::ListSandboxesRequest::default()).await.unwrap().into_inner();
+    list.sandboxes.iter().find(|s| s.thread_id == thread).expect("the thread sandbox").sandbox_id.clone()
+}
+
+fn customs<'a>(seen: &'a Seen, name: &str) -> Vec<serde_json::Value> {
+    seen.chunks
+        .iter()
+        .filter(|(_, c)| c.r#type() == api::ChunkType::Custom && c.name == name)
+        .map(|(_, c)| serde_json::from_str(&c.value_json).unwrap())
+        .collect()
+}
+
+/// One CLI's brokered run in a Docker sandbox with no network: while the
+/// model stalls, the sandbox is searched for the key as the run user would;
+/// then the run completes with the tool's file.
+async fn brokered_run_in_docker(cli: Cli) {
+    if !sandhold_tests::services::docker() || sandhold_tests::model::cli("claude").is_none() {
+        return;
+    }
+    ensure_debian_image();
+    let s = server(&format!("broker-{}", cli.harness)).await;
+    let _cleanup = DockerCleanup { tenant: s.tenant.clone() };
+    let dir = TestDir::new("broker-model");
+    let stall = dir.path().join("stall");
+    std::fs::write(&stall, b"").unwrap();
+    let model = FakeModel::stalling("tool", dir.path().join("model.log"), stall.clone());
+    let key = format!("sk-real-{}", uuid::Uuid::new_v4().simple());
+
+    let mut sandboxes = s.server.sandboxes(&s.token).await;
+    put_definition(&mut sandboxes, docker_definition("def", &cli, (cli.upstream)(model.port))).await;
+    let run_id = format!("r-{}", s.nonce);
+    let mut runs = s.server.runs(&s.token).await;
+    let mut stream =
+        runs.start_run(start_request(&cli, &run_id, "t", "def", &key)).await.unwrap().into_inner();
+
+    // The CLI is waiting on the model: look for the key as the run user.
+    wait_for_a_request(&model).await;
+    let sandbox = sandbox_of_thread(&mut sandboxes, "t").await;
+    let dump = "for f in /proc/[0-9]*/environ /proc/[0-9]*/cmdline; do tr '\\0' '\\n' < $f 2>/dev/null; done";
+    let seen_by_processes = exec(&mut sandboxes, &sandbox, dump, b"").await;
+    assert!(!seen_by_processes.contains(&key), "the key is in a process's environment or argv");
+    assert!(
+        seen_by_processes.contains("sandhold-placeholder-"),
+        "the CLI has the placeholder: {seen_by_processes}"
+    );
+    let files = "grep -rlsF -f /dev/stdin / --exclude-dir=proc --exclude-dir=sys --exclude-dir=dev \
+                 --exclude-dir=toolchains --exclude-dir=usr; echo scanned";
+    let holding = exec(&mut sandboxes, &sandbox, files, key.as_bytes()).await;
+    assert_eq!(holding.trim(), "scanned", "files the run user can read hold the key: {holding}");
+
+    std::fs::remove_file(&stall).unwrap();
+    let mut seen = Seen::default();
+    read_until(&mut stream, &mut seen, |_| false)
+        .await
+        .unwrap_or_else(|e| panic!("{e:?}\n{}", s.server.log_text()));
+    let terminal = seen.terminal().expect("a terminal chunk");
+    assert_eq!(terminal.r#type(), api::ChunkType::RunFinished, "{:?}\n{}", seen.chunks, s.server.log_text());
+    assert!(terminal.usage.as_ref().is_some_and(|u| u.input_tokens > 0), "usage: {terminal:?}");
+    let written = exec(&mut sandboxes, &sandbox, "cat hello.txt", b"").await;
+    assert_eq!(written, "hello from the tool\n");
+    let files: Vec<_> = customs(&seen, "sandbox.file");
+    assert!(files.iter().any(|f| f["path"].as_str().is_some_and(|p| p.ends_with("hello.txt"))), "{files:?}");
+    let changed = customs(&seen, "file.changed");
+    assert!(changed.iter().any(|f| f["path"] == "hello.txt"), "{changed:?}");
+    let network = customs(&seen, "sandbox.network");
+    assert!(
+        network.iter().any(|n| n["purpose"] == "model"
+            && n["allowed"] == true
+            && n["bytes_received"].as_u64() > Some(0)),
+        "{network:?}"
+    );
+    // The model got the real key, and never the placeholder.
+    let received = requests(&model);
+    let posts: Vec<_> = received.iter().filter(|r| !r["body"].is_null()).collect();
+    assert!(!posts.is_empty());
+    for r in &posts {
+        let auth = r["auth"][cli.auth_header].as_str().unwrap_or_default();
+        assert_eq!(auth, format!("{}{key}", cli.auth_prefix), "{r}");
+    }
+}
+
+#[tokio::test]
+async fn claude_code_in_docker_without_network_reaches_the_model_through_the_broker() {
+    brokered_run_in_docker(CLAUDE).await;
+}
+
+#[tokio::test]
+async fn codex_in_docker_without_network_reaches_the_model_through_the_broker() {
+    brokered_run_in_docker(CODEX).await;
+}
+
+#[tokio::test]
+async fn opencode_in_docker_without_network_reaches_the_model_through_the_broker() {
+    brokered_run_in_docker(OPENCODE).await;
+}
+
+/// A plain HTTP server on the host's `addr` serving `body` at `/`.
+struct HostServer {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl HostServer {
+    fn start(dir: &Path, addr: &str, body: &str) -> Self {
+        let root = dir.join(format!("www-{addr}"));
+        std::fs::create_dir_all(&root).unwrap();
+        std::fs::write(root.join("index.html"), body).unwrap();
+        let port = std::net::TcpListener::bind(format!("{addr}:0")).unwrap().local_addr().unwrap().port();
+        let child = std::process::Command::new("python3")
+            .args(["-m", "http.server", "--bind", addr, &port.to_string(), "--directory"])
+            .arg(&root)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect((addr, port)).is_err() {
+            assert!(std::time::Instant::now() < deadline, "the host's HTTP server did not start");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Self { child, port }
+    }
+}
+
+impl Drop for HostServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test]
+async fn setup_reaches_an_allowed_host_through_the_proxy_and_nothing_else() {
+    if !sandhold_tests::services::docker() {
+        return;
+    }
+    ensure_debian_image();
+    let s = server("broker-setup").await;
+    let _cleanup = DockerCleanup { tenant: s.tenant.clone() };
+    let dir = TestDir::new("broker-setup-www");
+    // Two servers on this machine; only the first is on the list.
+    let allowed = HostServer::start(dir.path(), "127.0.0.2", "served-to-the-sandbox");
+    let other = HostServer::start(dir.path(), "127.0.0.3", "never-served");
+    let fetch = |addr: &str, port: u16| {
+        format!(
+            "python3 -c \"import urllib.request as u; print(u.urlopen('http://{addr}:{port}/', timeout=20).read().decode())\""
+        )
+    };
+    let docker = api::DockerProvider { image: DEBIAN_IMAGE.into(), ..Default::default() };
+    let definition = api::SandboxDefinition {
+        id: "setup".into(),
+        provider: Some(api::ProviderSpec { provider: Some(api::provider_spec::Provider::Docker(docker)) }),
+        workspace: Some(api::WorkspaceDefinition {
+            setup: vec![
+                api::SetupStep {
+                    step: Some(api::setup_step::Step::Serial(fetch("127.0.0.2", allowed.port))),
+                },
+                api::SetupStep {
+                    step: Some(api::setup_step::Step::Serial(format!(
+                        "{} || echo refused-as-expected",
+                        fetch("127.0.0.3", other.port)
+                    ))),
+                },
+            ],
+            ..Default::default()
+        }),
+        network: Some(api::Network {
+            allow_hosts: vec![format!("127.0.0.2:{}", allowed.port)],
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let mut sandboxes = s.server.sandboxes(&s.token).await;
+    put_definition(&mut sandboxes, definition).await;
+    let mut stream = sandboxes
+        .ensure_sandbox(api::EnsureSandboxRequest {
+            definition_id: "setup".into(),
+            thread_id: "t".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut lines = Vec::new();
+    let mut network = Vec::new();
+    let mut ready = false;
+    while let Some(message) =
+        stream.message().await.unwrap_or_else(|e| panic!("{e:?}\n{}", s.server.log_text()))
+    {
+        match message.event {
+            Some(api::ensure_sandbox_response::Event::Progress(p)) => {
+                lines.push(p.output_line.clone());
+                if !p.network.is_empty() {
+                    network.push(serde_json::from_str::<serde_json::Value>(&p.network).unwrap());
+                }
+            }
+            Some(api::ensure_sandbox_response::Event::Ready(_)) => ready = true,
+            _ => {}
+        }
+    }
+    assert!(ready, "{lines:?}\n{}", s.server.log_text());
+    assert!(lines.iter().any(|l| l.contains("served-to-the-sandbox")), "{lines:?}");
+    assert!(!lines.iter().any(|l| l.contains("never-served")), "{lines:?}");
+    assert!(lines.iter().any(|l| l.contains("refused-as-expected")), "{lines:?}");
+    let to = |port: u16| network.iter().find(|n| n["port"] == port).cloned();
+    let ok = to(allowed.port).unwrap_or_else(|| panic!("{network:?}"));
+    assert_eq!((ok["allowed"].as_bool(), ok["purpose"].as_str()), (Some(true), Some("proxy")), "{ok}");
+    assert!(ok["bytes_received"].as_u64() > Some(0), "{ok}");
+    let refused = to(other.port).unwrap_or_else(|| panic!("{network:?}"));
+    assert_eq!(refused["allowed"], false, "{refused}");
+    assert!(refused["error"].as_str().is_some_and(|e| e.contains("allowlist")), "{refused}");
+}
+
+#[tokio::test]
+async fn an_unreachable_model_is_said_as_it_happens_then_ends_the_run() {
+    if sandhold_tests::model::cli("claude").is_none() {
+        return;
+    }
+    let s = server("broker-unreachable").await;
+    // Nothing listens there.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let definition = api::SandboxDefinition {
+        id: "gone".into(),
+        provider: Some(api::ProviderSpec {
+            provider: Some(api::provider_spec::Provider::Local(api::LocalProvider {})),
+        }),
+        secret_names: vec!["ANTHROPIC_API_KEY".into()],
+        model_access: vec![api::ModelAccess {
+            harness: "claude-code".into(),
+            upstream: format!("http://127.0.0.1:{closed}"),
+            key_secret: "ANTHROPIC_API_KEY".into(),
+        }],
+        network: Some(api::Network { model_unreachable_ms: 4000, ..Default::default() }),
+        ..Default::default()
+    };
+    let mut sandboxes = s.server.sandboxes(&s.token).await;
+    put_definition(&mut sandboxes, definition).await;
+    let mut runs = s.server.runs(&s.token).await;
+    let run_id = format!("gone-{}", s.nonce);
+    let key = format!("sk-real-{}", s.nonce);
+    let mut stream =
+        runs.start_run(start_request(&CLAUDE, &run_id, "t", "gone", &key)).await.unwrap().into_inner();
+    let mut seen = Seen::default();
+    read_until(&mut stream, &mut seen, |_| false).await.unwrap();
+    let unavailable = customs(&seen, "model.unavailable");
+    assert!(
+        unavailable
+            .first()
+            .is_some_and(|u| u["upstream"].as_str().is_some_and(|x| x.contains(&closed.to_string()))),
+        "{:?}",
+        seen.chunks
+    );
+    let terminal = seen.terminal().unwrap();
+    assert_eq!(terminal.r#type(), api::ChunkType::RunError, "{terminal:?}");
+    assert_eq!(terminal.error_code, "MODEL_UNREACHABLE", "{terminal:?}");
+    let record = wait_terminal(&mut runs, &run_id).await;
+    assert_eq!(record.status, api::RunStatus::Failed as i32);
+}
+
+#[tokio::test]
+async fn a_run_survives_kill_9_of_the_replica_carrying_its_model_traffic() {
+    if !sandhold_tests::services::docker() || sandhold_tests::model::cli("claude").is_none() {
+        return;
+    }
+    let Some(cluster) = sandhold_tests::cluster::Cluster::create("broker-kill").await else { return };
+    ensure_debian_image();
+    let nonce = cluster.nonce.clone();
+    let token = format!("tok-{nonce}");
+    let tenant = format!("t{nonce}");
+    let _cleanup = DockerCleanup { tenant: tenant.clone() };
+    let mut replicas = Vec::new();
+    for i in 0..2 {
+        let tokens = vec![format!("{tenant}={token}")];
+        replicas.push(cluster.replica(&format!("b{i}"), tokens, (2000, 500), server_args()).await);
+    }
+    let dir = TestDir::new("broker-kill-model");
+    let stall = dir.path().join("stall");
+    std::fs::write(&stall, b"").unwrap();
+    let model = FakeModel::stalling("tool", dir.path().join("model.log"), stall.clone());
+    let mut sandboxes = replicas[0].sandboxes(&token).await;
+    put_definition(&mut sandboxes, docker_definition("def", &CLAUDE, (CLAUDE.upstream)(model.port))).await;
+    let run_id = format!("k-{nonce}");
+    let key = format!("sk-real-{nonce}");
+    let mut runs0 = replicas[0].runs(&token).await;
+    let mut stream =
+        runs0.start_run(start_request(&CLAUDE, &run_id, "t", "def", &key)).await.unwrap().into_inner();
+    let mut seen = Seen::default();
+    read_until(&mut stream, &mut seen, |s| !s.chunks.is_empty()).await.unwrap();
+    // The CLI waits on the model, through replica 0's carrier.
+    wait_for_a_request(&model).await;
+    replicas[0].kill9().await;
+    std::fs::remove_file(&stall).unwrap();
+    let mut runs1 = replicas[1].runs(&token).await;
+    let mut stream = attach_after(&mut runs1, &run_id, &seen).await.unwrap();
+    read_until(&mut stream, &mut seen, |_| false)
+        .await
+        .unwrap_or_else(|e| panic!("{e:?}\n{}", replicas[1].log_text()));
+    let record = wait_terminal(&mut runs1, &run_id).await;
+    assert_eq!(record.status, api::RunStatus::Completed as i32, "{record:?}\n{}", replicas[1].log_text());
+    // Every chunk once: offsets and translated chunks never repeat.
+    let mut offsets: Vec<_> = seen.chunks.iter().map(|(o, _)| o.clone()).collect();
+    offsets.sort();
+    offsets.dedup();
+    assert_eq!(offsets.len(), seen.chunks.len(), "a chunk came twice");
+    let starts = seen.chunks.iter().filter(|(_, c)| c.r#type() == api::ChunkType::RunStarted).count();
+    assert_eq!(starts, 1);
+    let mut sandboxes = replicas[1].sandboxes(&token).await;
+    let sandbox = sandbox_of_thread(&mut sandboxes, "t").await;
+    assert_eq!(exec(&mut sandboxes, &sandbox, "cat hello.txt", b"").await, "hello from the tool\n");
+    drop(replicas);
+    cluster.tear_down().await;
+}
