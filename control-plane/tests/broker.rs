@@ -457,3 +457,71 @@ async fn a_run_survives_kill_9_of_the_replica_carrying_its_model_traffic() {
     drop(replicas);
     cluster.tear_down().await;
 }
+
+/// The README's blocks fenced ```` ```sh quickstart ````.
+fn quickstarts() -> Vec<String> {
+    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md")).unwrap();
+    let mut blocks = Vec::new();
+    let mut lines = readme.lines();
+    while let Some(line) = lines.next() {
+        if line.trim() == "```sh quickstart" {
+            blocks.push(lines.by_ref().take_while(|l| l.trim() != "```").collect::<Vec<_>>().join("\n"));
+        }
+    }
+    blocks
+}
+
+/// The README's Claude Code quickstarts, run as written (the key from the
+/// environment, the fake model as the upstream through
+/// `SANDHOLD_MODEL_UPSTREAM`, the shared toolchain dir), locally and in
+/// Docker: the model's tool call writes the file, its final text is shown.
+#[test]
+fn the_readme_quickstarts_work_as_written() {
+    if !sandhold_tests::services::docker() || sandhold_tests::model::cli("claude").is_none() {
+        return;
+    }
+    let blocks = quickstarts();
+    assert_eq!(blocks.len(), 2, "{blocks:?}");
+    assert!(blocks[0].contains("--local") && blocks[1].contains("--image debian:bookworm-slim"), "{blocks:?}");
+    ensure_debian_image();
+    // No registry here: the Debian test image (a bookworm rootfs) is what
+    // `debian:bookworm-slim` names, unless the engine has the real one.
+    let has = std::process::Command::new("docker").args(["image", "inspect", "debian:bookworm-slim"]).output();
+    if !has.is_ok_and(|o| o.status.success()) {
+        let tag = std::process::Command::new("docker").args(["tag", DEBIAN_IMAGE, "debian:bookworm-slim"]).status();
+        assert!(tag.is_ok_and(|s| s.success()));
+    }
+    let dir = TestDir::new("broker-quickstart");
+    let model = FakeModel::logging("tool", dir.path().join("model.log"));
+    let bin = dir.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_sandhold"), bin.join("sandhold")).unwrap();
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+    let key = format!("sk-ant-real-{}", uuid::Uuid::new_v4().simple());
+    for (i, body) in blocks.iter().enumerate() {
+        let mut cmd = std::process::Command::new("bash");
+        cmd.arg("-euo").arg("pipefail").arg("-c").arg(body);
+        for (k, _) in std::env::vars() {
+            if k.starts_with("SANDHOLD_") && k != "SANDHOLD_REQUIRE_SERVICES" {
+                cmd.env_remove(k);
+            }
+        }
+        let out = cmd
+            .current_dir(dir.path())
+            .env("PATH", &path)
+            .env("SANDHOLD_DATA_DIR", dir.path().join(format!("data-{i}")))
+            .env("SANDHOLD_TOOLCHAIN_DIR", toolchains())
+            .env("SANDHOLD_MODEL_UPSTREAM", format!("http://127.0.0.1:{}", model.port))
+            .env("ANTHROPIC_API_KEY", &key)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "quickstart {i} failed:\n{body}\nstdout:\n{stdout}\nstderr:\n{stderr}");
+        assert!(stdout.contains("I wrote hello.txt."), "quickstart {i}:\n{stdout}\n{stderr}");
+    }
+    let posts: Vec<_> = requests(&model).into_iter().filter(|r| !r["body"].is_null()).collect();
+    assert!(posts.len() >= 4, "two runs, a tool call each: {posts:?}");
+    assert!(posts.iter().all(|r| r["auth"]["x-api-key"] == key.as_str()), "{posts:?}");
+}

@@ -147,7 +147,7 @@ pub struct RunArgs {
     /// public API]. The key is the `--secret` named as the CLI expects it
     /// (ANTHROPIC_API_KEY, OPENAI_API_KEY, GEMINI_API_KEY). Applies on top
     /// of --definition too.
-    #[arg(long, value_name = "URL")]
+    #[arg(long, env = "SANDHOLD_MODEL_UPSTREAM", value_name = "URL")]
     pub model_upstream: Option<String>,
 
     /// A host the sandbox may reach through its egress proxy (HTTPS_PROXY
@@ -318,12 +318,8 @@ fn model_access(
     existing: &[api::ModelAccess],
 ) -> anyhow::Result<Option<api::ModelAccess>> {
     let harness = crate::harness::Harness::parse(args.harness.name()).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let Some(api) = harness.model_api() else {
-        if args.model_upstream.is_some() {
-            bail!("--model-upstream: the {} harness has no model API to broker", args.harness.name());
-        }
-        return Ok(None);
-    };
+    // A harness without a model API (`command`) has nothing to broker.
+    let Some(api) = harness.model_api() else { return Ok(None) };
     let mine = existing.iter().find(|m| m.harness == harness.name());
     let key = mine.map(|m| m.key_secret.clone()).or_else(|| {
         api.key_vars.iter().find(|v| secret_names.iter().any(|n| n == *v)).map(|v| v.to_string())
