@@ -482,13 +482,18 @@ fn the_readme_quickstarts_work_as_written() {
     }
     let blocks = quickstarts();
     assert_eq!(blocks.len(), 2, "{blocks:?}");
-    assert!(blocks[0].contains("--local") && blocks[1].contains("--image debian:bookworm-slim"), "{blocks:?}");
+    assert!(
+        blocks[0].contains("--local") && blocks[1].contains("--image debian:bookworm-slim"),
+        "{blocks:?}"
+    );
     ensure_debian_image();
     // No registry here: the Debian test image (a bookworm rootfs) is what
     // `debian:bookworm-slim` names, unless the engine has the real one.
-    let has = std::process::Command::new("docker").args(["image", "inspect", "debian:bookworm-slim"]).output();
+    let has =
+        std::process::Command::new("docker").args(["image", "inspect", "debian:bookworm-slim"]).output();
     if !has.is_ok_and(|o| o.status.success()) {
-        let tag = std::process::Command::new("docker").args(["tag", DEBIAN_IMAGE, "debian:bookworm-slim"]).status();
+        let tag =
+            std::process::Command::new("docker").args(["tag", DEBIAN_IMAGE, "debian:bookworm-slim"]).status();
         assert!(tag.is_ok_and(|s| s.success()));
     }
     let dir = TestDir::new("broker-quickstart");
