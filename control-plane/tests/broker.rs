@@ -135,7 +135,7 @@ async fn exec(sandboxes: &mut Sandboxes, sandbox: &str, script: &str, stdin: &[u
         .exec(api::ExecRequest {
             sandbox_id: sandbox.into(),
             command: Some(api::Command { kind: Some(api::command::Kind::Shell(script.into())) }),
-            stdin: stdin.to_vec().into(),
+            stdin: stdin.to_vec(),
             ..Default::default()
         })
         .await
@@ -149,7 +149,7 @@ async fn sandbox_of_thread(sandboxes: &mut Sandboxes, thread: &str) -> String {
     list.sandboxes.iter().find(|s| s.thread_id == thread).expect("the thread sandbox").sandbox_id.clone()
 }
 
-fn customs<'a>(seen: &'a Seen, name: &str) -> Vec<serde_json::Value> {
+fn customs(seen: &Seen, name: &str) -> Vec<serde_json::Value> {
     seen.chunks
         .iter()
         .filter(|(_, c)| c.r#type() == api::ChunkType::Custom && c.name == name)

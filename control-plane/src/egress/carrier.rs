@@ -264,7 +264,7 @@ async fn splice(
                 Ok(0) | Err(_) => break,
                 Ok(n) => {
                     received += n as u64;
-                    let data = message(agent::carry_request::Message::Data(buf[..n].to_vec().into()));
+                    let data = message(agent::carry_request::Message::Data(buf[..n].to_vec()));
                     if tx.send(data).await.is_err() {
                         return received;
                     }
