@@ -47,13 +47,14 @@ pub struct EgressConfig {
     pub extra_roots_pem: String,
 }
 
-/// One allowlist pattern: `host`, `host:port`, `*.domain`, `*.domain:port`
-/// (host names compared case-insensitively). A pattern without a port
+/// One allowlist pattern: `host`, `host:port`, `*.domain`, `*.domain:port`,
+/// `*` (any host), `*:port` (host names compared case-insensitively; IPv6
+/// addresses in brackets when a port follows). A pattern without a port
 /// allows the web's ports only, 80 and 443: anything else is named with its
-/// port.
+/// port. The same syntax as the control plane's, which checks again.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Allowed {
-    /// Lowercase; for `*.domain`, the `domain`.
+    /// Lowercase; for `*.domain`, the `domain`; empty for `*`.
     pub host: String,
     pub any_subdomain: bool,
     pub port: Option<u16>,
@@ -62,7 +63,10 @@ pub struct Allowed {
 impl Allowed {
     /// Parse one pattern; `Err` says what is wrong with it.
     pub fn parse(pattern: &str) -> Result<Self, String> {
-        let (host, port) = split_host_port(pattern)?;
+        let (host, port) = split_host_port(pattern.trim())?;
+        if host == "*" {
+            return Ok(Self { host: String::new(), any_subdomain: true, port });
+        }
         let (host, any_subdomain) = match host.strip_prefix("*.") {
             Some(rest) => (rest, true),
             None => (host, false),
@@ -92,7 +96,9 @@ impl Allowed {
             None => port == 80 || port == 443,
         };
         let host = host.trim_start_matches('[').trim_end_matches(']').trim_end_matches('.');
-        let host_ok = if self.any_subdomain {
+        let host_ok = if self.host.is_empty() {
+            true
+        } else if self.any_subdomain {
             host.len() > self.host.len() + 1
                 && host[host.len() - self.host.len()..].eq_ignore_ascii_case(&self.host)
                 && host.as_bytes()[host.len() - self.host.len() - 1] == b'.'
@@ -105,7 +111,11 @@ impl Allowed {
 
 impl std::fmt::Display for Allowed {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let star = if self.any_subdomain { "*." } else { "" };
+        let star = match (self.any_subdomain, self.host.is_empty()) {
+            (true, true) => "*",
+            (true, false) => "*.",
+            (false, _) => "",
+        };
         let host = if self.host.contains(':') { format!("[{}]", self.host) } else { self.host.clone() };
         match self.port {
             Some(p) => write!(f, "{star}{host}:{p}"),
@@ -125,7 +135,9 @@ fn split_host_port(s: &str) -> Result<(&str, Option<u16>), String> {
     } else {
         match s.rsplit_once(':') {
             Some((host, port)) if !host.contains(':') => (host, Some(port)),
-            Some(_) => return Err("an IPv6 address goes in brackets".to_string()),
+            // A bare IPv6 address (no port).
+            Some(_) if s.parse::<std::net::Ipv6Addr>().is_ok() => (s, None),
+            Some(_) => return Err("an IPv6 address with a port goes in brackets".to_string()),
             None => (s, None),
         }
     };
@@ -266,7 +278,14 @@ mod tests {
 
     #[test]
     fn patterns_match_hosts_ports_and_subdomains() {
-        let a = allow(&["registry.npmjs.org", "*.pypi.org", "db.internal:5432", "[::1]:8080", "10.0.0.1"]);
+        let a = allow(&[
+            "registry.npmjs.org",
+            "*.pypi.org",
+            "db.internal:5432",
+            "[::1]:8080",
+            "10.0.0.1",
+            "fd00::7",
+        ]);
         assert!(allowed(&a, "registry.npmjs.org", 443));
         assert!(allowed(&a, "REGISTRY.npmjs.org", 80));
         assert!(!allowed(&a, "registry.npmjs.org", 8443), "no port: 80 and 443 only");
@@ -279,8 +298,13 @@ mod tests {
         assert!(allowed(&a, "::1", 8080));
         assert!(allowed(&a, "10.0.0.1", 80));
         assert!(!allowed(&a, "registry.npmjs.org.evil.com", 443));
+        assert!(allowed(&a, "fd00::7", 443));
         assert!(!allowed(&[], "registry.npmjs.org", 443));
-        for bad in ["", "*.", "a b", "host:0", "host:99999", "a..b", "::1", "[::1", "*.[::1]", "x/y"] {
+        let any = allow(&["*", "*:8080"]);
+        assert!(allowed(&any, "anything.test", 443) && allowed(&any, "x.test", 8080));
+        assert!(!allowed(&any, "x.test", 22));
+        assert_eq!(any[0].to_string(), "*");
+        for bad in ["", "*.", "a b", "host:0", "host:99999", "a..b", "::1:x", "[::1", "*.[::1]", "x/y"] {
             assert!(Allowed::parse(bad).is_err(), "{bad:?}");
         }
         assert_eq!(Allowed::parse("*.Example.com:8443").unwrap().to_string(), "*.example.com:8443");
