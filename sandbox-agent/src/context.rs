@@ -70,6 +70,6 @@ pub fn capabilities() -> Capabilities {
         snapshots: true,
         ports: true,
         pty: true,
-        egress: false,
+        egress: true,
     }
 }

@@ -19,6 +19,7 @@ pub mod vault;
 // What the services share:
 pub mod context;
 // The services (one per gRPC service, none importing another):
+pub mod egress;
 pub mod fs;
 pub mod info;
 pub mod journal;

@@ -8,6 +8,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use anyhow::Context;
+use shared::proto::agent::v1::egress_service_server::EgressServiceServer;
 use shared::proto::agent::v1::fs_service_server::FsServiceServer;
 use shared::proto::agent::v1::info_service_server::InfoServiceServer;
 use shared::proto::agent::v1::journal_service_server::JournalServiceServer;
@@ -54,6 +55,7 @@ pub async fn shutdown_signal() {
 fn router(
     ctx: &AgentContext,
     token: Secret,
+    egress: crate::egress::Egress,
 ) -> anyhow::Result<
     tonic::transport::server::Router<
         tower::layer::util::Stack<InterceptorLayer<TokenCheck>, tower::layer::util::Identity>,
@@ -80,7 +82,8 @@ fn router(
         .add_service(shared::sized!(JournalServiceServer::new(crate::journal::Journal::new(ctx))))
         .add_service(shared::sized!(WatchServiceServer::new(crate::watch::Watch::new(ctx))))
         .add_service(shared::sized!(SnapshotServiceServer::new(crate::snapshot::Snapshots::new(ctx))))
-        .add_service(shared::sized!(SecretServiceServer::new(crate::secrets::Secrets::new(ctx))));
+        .add_service(shared::sized!(SecretServiceServer::new(crate::secrets::Secrets::new(ctx))))
+        .add_service(shared::sized!(EgressServiceServer::new(egress)));
     Ok(router)
 }
 
@@ -91,7 +94,10 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let ctx = AgentContext::new(&options)?;
-    let router = router(&ctx, options.token.clone())?;
+    // Lives as long as the agent: it listens again on what the journal dir
+    // keeps, and closes when serving ends.
+    let egress = crate::egress::Egress::new(&ctx);
+    let router = router(&ctx, options.token.clone(), egress.clone())?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopped = {
         let mut rx = stop_rx.clone();
@@ -99,8 +105,11 @@ pub async fn serve(
             let _ = rx.wait_for(|s| *s).await;
         }
     };
+    let stopping = egress.clone();
     tokio::spawn(async move {
         shutdown.await;
+        // Idle carriers would hold the drain up until its timeout.
+        stopping.stop();
         let _ = stop_tx.send(true);
     });
 
@@ -146,6 +155,7 @@ pub async fn serve(
         r = serving => r,
         _ = drain_deadline => Ok(()),
     };
+    egress.stop();
     if let Address::Unix(path) = &options.listen {
         let _ = std::fs::remove_file(path);
     }

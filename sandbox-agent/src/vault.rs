@@ -58,8 +58,13 @@ impl Vault {
             let mut values = self.values.lock().expect("vault poisoned");
             for (name, value) in pairs {
                 let held = values.entry(name).or_default();
-                if !held.iter().any(|s| s.expose() == value) {
-                    held.push(Secret::new(value));
+                // Last is latest: a value handed over again moves to the end.
+                match held.iter().position(|s| s.expose() == value) {
+                    Some(i) => {
+                        let again = held.remove(i);
+                        held.push(again);
+                    }
+                    None => held.push(Secret::new(value)),
                 }
             }
             values.keys().cloned().collect::<Vec<_>>()
@@ -78,6 +83,12 @@ impl Vault {
     /// The names held now.
     pub fn names(&self) -> Vec<String> {
         self.values.lock().expect("vault poisoned").keys().cloned().collect()
+    }
+
+    /// The value handed over last for `name` (what a rotated secret is
+    /// now), if any.
+    pub fn latest(&self, name: &str) -> Option<Secret> {
+        self.values.lock().expect("vault poisoned").get(name).and_then(|held| held.last().cloned())
     }
 
     /// Every value held.
@@ -151,6 +162,10 @@ mod tests {
         vault.put([("TOK".to_string(), "value-two-2".to_string())]).unwrap();
         let masks = vault.masks(&["TOK".to_string()], "reading").unwrap();
         assert_eq!(masks.mask("value-one-1 value-two-2"), "[secret:TOK] [secret:TOK]");
+        assert_eq!(vault.latest("TOK").unwrap().expose(), "value-two-2");
+        vault.put([("TOK".to_string(), "value-one-1".to_string())]).unwrap();
+        assert_eq!(vault.latest("TOK").unwrap().expose(), "value-one-1", "handed over again: latest");
+        assert!(vault.latest("OTHER").is_none());
         for entry in std::fs::read_dir(dir.path()).unwrap() {
             let body = std::fs::read_to_string(entry.unwrap().path()).unwrap();
             assert!(!body.contains("value-"), "{body}");

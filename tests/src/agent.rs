@@ -56,22 +56,46 @@ impl TestAgent {
         let journal_dir = dir.path().join("journal");
         let socket = dir.path().join("agent.sock");
         let token = format!("tok-{}", uuid::Uuid::new_v4().simple());
+        let mut agent = Self { dir, root, journal_dir, socket, token, stop: None, task: None };
+        agent.serve().await;
+        agent.root = agent.root.canonicalize().unwrap();
+        agent
+    }
+
+    /// Serve on this agent's directories and socket.
+    async fn serve(&mut self) {
         let options = AgentOptions {
-            listen: Address::Unix(socket.clone()),
-            root: root.clone(),
-            token: Secret::new(token.clone()),
-            journal_dir: journal_dir.clone(),
+            listen: Address::Unix(self.socket.clone()),
+            root: self.root.clone(),
+            token: Secret::new(self.token.clone()),
+            journal_dir: self.journal_dir.clone(),
             run_user: None,
         };
         let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(sandbox_agent::serve(options, async move {
+        self.task = Some(tokio::spawn(sandbox_agent::serve(options, async move {
             let _ = stopped.await;
-        }));
+        })));
+        self.stop = Some(stop);
+        let socket = &self.socket;
         let listening =
             crate::wait::eventually(Duration::from_secs(2), || std::future::ready(socket.exists())).await;
         assert!(listening, "agent did not start listening");
-        let root = root.canonicalize().unwrap();
-        Self { dir, root, journal_dir, socket, token, stop: Some(stop), task: Some(task) }
+    }
+
+    /// Stop this agent and start another on the same directories (what the
+    /// journal dir keeps survives; what the agent held in memory does not).
+    pub async fn restart(&mut self) {
+        self.halt().await;
+        self.serve().await;
+    }
+
+    async fn halt(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.task.take() {
+            let _ = tokio::time::timeout(Duration::from_secs(10), t).await;
+        }
     }
 
     /// A channel carrying this agent's token.
@@ -90,12 +114,7 @@ impl TestAgent {
     }
 
     pub async fn stop(mut self) {
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(());
-        }
-        if let Some(t) = self.task.take() {
-            let _ = tokio::time::timeout(Duration::from_secs(10), t).await;
-        }
+        self.halt().await;
     }
 }
 

@@ -1,0 +1,23 @@
+//! `EgressService`: model access brokered and an HTTP proxy, for a sandbox
+//! that has no network, carried by the control plane over the agent's
+//! connection (see `proto/sandhold/agent/v1/egress.proto`).
+//!
+//! One listener on the sandbox's 127.0.0.1 serves both: an origin-form
+//! request whose header values carry a route's placeholder goes to that
+//! route's upstream with the placeholder replaced by the secret's value
+//! (held in the agent's memory, where the run user cannot read it; TLS to
+//! the upstream is the agent's own), and `CONNECT` / absolute-form `http://`
+//! requests are proxied to the hosts the allowlist names. Every upstream
+//! connection travels on a carrier, a `Carry` stream the control plane
+//! opened ahead of time; the control plane checks every destination again
+//! and alone decides.
+
+mod carrier;
+mod config;
+mod listener;
+mod service;
+mod tls;
+
+pub use carrier::DialError;
+pub use config::{Allowed, CONFIG_FILE, MAX_ROUTES, MIN_PLACEHOLDER};
+pub use service::{CARRIER_WAIT, DIAL_TIMEOUT, Egress, Settings};

@@ -1,0 +1,629 @@
+//! EgressService over a real agent (real Unix socket, real loopback
+//! listener): the model broker and the proxy, carried by a test-side
+//! carrier that plays the control plane's part (it connects to servers on
+//! 127.0.0.1 the test started, and refuses the hosts it is told to).
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use sandhold_tests::agent::TestAgent;
+use sandhold_tests::tls::TestCa;
+use shared::proto::agent::v1::egress_service_client::EgressServiceClient;
+use shared::proto::agent::v1::secret_service_client::SecretServiceClient;
+use shared::proto::agent::v1::{
+    CarryClose, CarryDial, CarryDialed, CarryPurpose, CarryRequest, ConfigureEgressRequest, EgressRoute,
+    NamedSecret, PutSecretsRequest, carry_request, carry_response,
+};
+use shared::transport::AuthedChannel;
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Notify, mpsc};
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+
+const PLACEHOLDER: &str = "sandhold-placeholder-5f0c1d2e3a4b";
+const SECRET: &str = "sk-real-value-9a8b7c6d5e4f";
+
+// ---------------------------------------------------------------------------
+// The test-side carrier.
+
+/// Keeps `IDLE` carriers open on an agent; each connects its dial to
+/// 127.0.0.1:port (whatever the host), unless the host is to be refused.
+struct TestCarrier {
+    dials: Arc<Mutex<Vec<CarryDial>>>,
+    stop: CancellationToken,
+}
+
+const IDLE: usize = 2;
+
+#[derive(Clone)]
+struct CarrierCtx {
+    client: EgressServiceClient<AuthedChannel>,
+    refuse: Arc<HashSet<String>>,
+    dials: Arc<Mutex<Vec<CarryDial>>>,
+    stop: CancellationToken,
+}
+
+impl TestCarrier {
+    async fn start(agent: &TestAgent, refuse: &[&str]) -> Self {
+        let ctx = CarrierCtx {
+            client: EgressServiceClient::new(agent.channel().await),
+            refuse: Arc::new(refuse.iter().map(|h| h.to_string()).collect()),
+            dials: Arc::default(),
+            stop: CancellationToken::new(),
+        };
+        for _ in 0..IDLE {
+            spawn_carrier(ctx.clone());
+        }
+        Self { dials: ctx.dials.clone(), stop: ctx.stop.clone() }
+    }
+
+    fn dials(&self) -> Vec<CarryDial> {
+        self.dials.lock().unwrap().clone()
+    }
+}
+
+impl Drop for TestCarrier {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+fn spawn_carrier(ctx: CarrierCtx) {
+    let stop = ctx.stop.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            () = carry_one(ctx) => {},
+            () = stop.cancelled() => {},
+        }
+    });
+}
+
+fn send(tx: &mpsc::Sender<CarryRequest>, message: carry_request::Message) -> bool {
+    tx.try_send(CarryRequest { message: Some(message) }).is_ok()
+}
+
+async fn carry_one(mut ctx: CarrierCtx) {
+    let (tx, rx) = mpsc::channel::<CarryRequest>(64);
+    let Ok(resp) = ctx.client.carry(ReceiverStream::new(rx)).await else { return };
+    let mut responses = resp.into_inner();
+    let dial = match responses.message().await {
+        Ok(Some(m)) => match m.message {
+            Some(carry_response::Message::Dial(dial)) => dial,
+            other => panic!("the agent's first carrier message must be dial, got {other:?}"),
+        },
+        _ => return,
+    };
+    // Another stands by in this one's place.
+    spawn_carrier(ctx.clone());
+    ctx.dials.lock().unwrap().push(dial.clone());
+    if ctx.refuse.contains(&dial.host) {
+        let refused = CarryDialed { error: format!("{} is not on the allowlist", dial.host), refused: true };
+        send(&tx, carry_request::Message::Dialed(refused));
+        while let Ok(Some(_)) = responses.message().await {}
+        return;
+    }
+    let tcp = match TcpStream::connect(("127.0.0.1", dial.port as u16)).await {
+        Ok(tcp) => tcp,
+        Err(e) => {
+            send(&tx, carry_request::Message::Dialed(CarryDialed { error: e.to_string(), refused: false }));
+            return;
+        }
+    };
+    send(&tx, carry_request::Message::Dialed(CarryDialed::default()));
+    let (mut read, mut write) = tcp.into_split();
+    let up = async {
+        loop {
+            match responses.message().await {
+                Ok(Some(m)) => match m.message {
+                    Some(carry_response::Message::Data(d)) => {
+                        if write.write_all(&d).await.is_err() {
+                            return;
+                        }
+                    }
+                    Some(carry_response::Message::Close(_)) => {
+                        let _ = write.shutdown().await;
+                    }
+                    other => panic!("unexpected carrier message {other:?}"),
+                },
+                _ => return,
+            }
+        }
+    };
+    let down = async {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            match read.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    let data =
+                        CarryRequest { message: Some(carry_request::Message::Data(buf[..n].to_vec())) };
+                    if tx.send(data).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+        let _ = tx.send(CarryRequest { message: Some(carry_request::Message::Close(CarryClose {})) }).await;
+        // The carrier ends when the agent ends its side.
+        std::future::pending::<()>().await;
+    };
+    tokio::select! {
+        () = up => {},
+        () = down => {},
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Upstreams started by the test.
+
+/// One request as an upstream saw it.
+#[derive(Debug, Clone)]
+struct Seen {
+    request_line: String,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+impl Seen {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+    }
+}
+
+/// An HTTP/1.1 upstream on 127.0.0.1 (TLS when given an acceptor) that
+/// records each request and answers with an event stream in two pieces:
+/// the first at once, the second only once `release` is notified.
+struct Upstream {
+    port: u16,
+    seen: Arc<Mutex<Vec<Seen>>>,
+    release: Arc<Notify>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+const FIRST: &str = "event: message_start\ndata: {\"n\":1}\n\n";
+const LAST: &str = "event: message_stop\ndata: {\"n\":2}\n\n";
+
+impl Upstream {
+    async fn start(tls: Option<tokio_rustls::TlsAcceptor>) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let release = Arc::new(Notify::new());
+        let (seen2, release2) = (seen.clone(), release.clone());
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((tcp, _)) = listener.accept().await else { return };
+                let (seen, release, tls) = (seen2.clone(), release2.clone(), tls.clone());
+                tokio::spawn(async move {
+                    match tls {
+                        Some(acceptor) => {
+                            if let Ok(stream) = acceptor.accept(tcp).await {
+                                answer(stream, &seen, &release).await;
+                            }
+                        }
+                        None => answer(tcp, &seen, &release).await,
+                    }
+                });
+            }
+        });
+        Self { port, seen, release, task }
+    }
+
+    fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn answer<S: AsyncRead + AsyncWrite + Unpin>(stream: S, seen: &Mutex<Vec<Seen>>, release: &Notify) {
+    let mut stream = BufReader::new(stream);
+    let mut request_line = String::new();
+    if stream.read_line(&mut request_line).await.unwrap_or(0) == 0 {
+        return;
+    }
+    let mut headers = Vec::new();
+    loop {
+        let mut line = String::new();
+        stream.read_line(&mut line).await.unwrap();
+        let line = line.trim_end();
+        if line.is_empty() {
+            break;
+        }
+        let (name, value) = line.split_once(':').unwrap();
+        headers.push((name.trim().to_ascii_lowercase(), value.trim().to_string()));
+    }
+    let length: usize =
+        headers.iter().find(|(n, _)| n == "content-length").map(|(_, v)| v.parse().unwrap()).unwrap_or(0);
+    let mut body = vec![0u8; length];
+    stream.read_exact(&mut body).await.unwrap();
+    seen.lock().unwrap().push(Seen { request_line: request_line.trim_end().to_string(), headers, body });
+    let stream = stream.get_mut();
+    let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
+    stream.write_all(head.as_bytes()).await.unwrap();
+    stream.write_all(format!("{:x}\r\n{FIRST}\r\n", FIRST.len()).as_bytes()).await.unwrap();
+    stream.flush().await.unwrap();
+    release.notified().await;
+    stream.write_all(format!("{:x}\r\n{LAST}\r\n0\r\n\r\n", LAST.len()).as_bytes()).await.unwrap();
+    stream.flush().await.unwrap();
+    let _ = stream.shutdown().await;
+}
+
+// ---------------------------------------------------------------------------
+// Clients of the agent's listener.
+
+/// Send `req` to the listener on `port`, on a new connection.
+async fn request(port: u16, req: http::Request<Full<Bytes>>) -> http::Response<Incoming> {
+    let tcp = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await.unwrap();
+    tokio::spawn(conn);
+    sender.send_request(req).await.unwrap()
+}
+
+fn post(path: &str, headers: &[(&str, &str)], body: &str) -> http::Request<Full<Bytes>> {
+    let mut req = http::Request::post(path).header("host", "127.0.0.1");
+    for (n, v) in headers {
+        req = req.header(*n, *v);
+    }
+    req.body(Full::new(Bytes::from(body.to_string()))).unwrap()
+}
+
+async fn json_error(resp: http::Response<Incoming>) -> (u16, String) {
+    let status = resp.status().as_u16();
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    (status, json["error"]["message"].as_str().unwrap().to_string())
+}
+
+/// Read the body's next data frame.
+async fn next_data(body: &mut Incoming) -> Option<Bytes> {
+    loop {
+        let frame =
+            tokio::time::timeout(Duration::from_secs(10), body.frame()).await.expect("a frame in time")?;
+        if let Ok(data) = frame.unwrap().into_data() {
+            return Some(data);
+        }
+    }
+}
+
+fn route(upstream_port: u16, scheme: &str, host: &str, secret: &str) -> EgressRoute {
+    EgressRoute {
+        placeholder: PLACEHOLDER.to_string(),
+        scheme: scheme.to_string(),
+        host: host.to_string(),
+        port: u32::from(upstream_port),
+        secret_name: secret.to_string(),
+        label: "claude-code".to_string(),
+    }
+}
+
+async fn configure(agent: &TestAgent, req: ConfigureEgressRequest) -> u16 {
+    let mut client = EgressServiceClient::new(agent.channel().await);
+    u16::try_from(client.configure(req).await.unwrap().into_inner().port).unwrap()
+}
+
+async fn put_secret(agent: &TestAgent, name: &str, value: &str) {
+    SecretServiceClient::new(agent.channel().await)
+        .put_secrets(PutSecretsRequest {
+            secrets: vec![NamedSecret { name: name.to_string(), value: value.to_string() }],
+        })
+        .await
+        .unwrap();
+}
+
+// ---------------------------------------------------------------------------
+// The broker.
+
+/// An agent holding `held` (=[`SECRET`]) with an `http` route to a new
+/// upstream whose key is `ANTHROPIC_API_KEY`; the listener's port.
+async fn http_route(held: &str) -> (TestAgent, Upstream, u16) {
+    let agent = TestAgent::start().await;
+    let upstream = Upstream::start(None).await;
+    put_secret(&agent, held, SECRET).await;
+    let port = configure(
+        &agent,
+        ConfigureEgressRequest {
+            routes: vec![route(upstream.port, "http", "api.model.test", "ANTHROPIC_API_KEY")],
+            allow_hosts: vec!["registry.npmjs.org".into()],
+            ..Default::default()
+        },
+    )
+    .await;
+    (agent, upstream, port)
+}
+
+#[tokio::test]
+async fn the_broker_adds_the_key_and_streams_the_response_piece_by_piece() {
+    let (agent, upstream, port) = http_route("ANTHROPIC_API_KEY").await;
+    let carrier = TestCarrier::start(&agent, &[]).await;
+
+    let resp = request(
+        port,
+        post(
+            "/v1/messages?beta=true",
+            &[
+                ("x-api-key", PLACEHOLDER),
+                ("authorization", &format!("Bearer {PLACEHOLDER}")),
+                ("x-keep", "as-is"),
+            ],
+            r#"{"model":"m","stream":true}"#,
+        ),
+    )
+    .await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["content-type"], "text/event-stream");
+    let mut body = resp.into_body();
+    // The first piece arrives while the upstream still holds the last back.
+    assert_eq!(next_data(&mut body).await.unwrap(), FIRST.as_bytes());
+    upstream.release.notify_one();
+    let mut rest = Vec::new();
+    while let Some(data) = next_data(&mut body).await {
+        rest.extend_from_slice(&data);
+    }
+    assert_eq!(rest, LAST.as_bytes());
+
+    let seen = upstream.seen();
+    assert_eq!(seen.len(), 1);
+    let seen = &seen[0];
+    assert_eq!(seen.request_line, "POST /v1/messages?beta=true HTTP/1.1");
+    assert_eq!(seen.header("x-api-key"), Some(SECRET));
+    assert_eq!(seen.header("authorization"), Some(format!("Bearer {SECRET}").as_str()));
+    assert_eq!(seen.header("x-keep"), Some("as-is"));
+    assert_eq!(seen.header("host"), Some(format!("api.model.test:{}", upstream.port).as_str()));
+    assert_eq!(seen.body, br#"{"model":"m","stream":true}"#);
+    assert!(seen.headers.iter().all(|(_, v)| !v.contains(PLACEHOLDER)), "{seen:?}");
+    let dials = carrier.dials();
+    assert_eq!(dials.len(), 1);
+    assert_eq!(
+        (dials[0].host.as_str(), dials[0].port, dials[0].purpose(), dials[0].route.as_str()),
+        ("api.model.test", u32::from(upstream.port), CarryPurpose::Model, "claude-code")
+    );
+    agent.stop().await;
+}
+
+#[tokio::test]
+async fn no_placeholder_is_401_and_a_secret_not_held_is_503_naming_it() {
+    let (agent, upstream, port) = http_route("OTHER_KEY").await;
+    let carrier = TestCarrier::start(&agent, &[]).await;
+
+    let (status, message) =
+        json_error(request(port, post("/v1/messages", &[("x-api-key", "sk-mine")], "{}")).await).await;
+    assert_eq!(status, 401, "{message}");
+    assert!(message.contains("no Sandhold placeholder"), "{message}");
+
+    let (status, message) =
+        json_error(request(port, post("/v1/messages", &[("x-api-key", PLACEHOLDER)], "{}")).await).await;
+    assert_eq!(status, 503, "{message}");
+    assert!(message.contains("ANTHROPIC_API_KEY"), "{message}");
+    assert!(!message.contains(SECRET), "{message}");
+    assert!(upstream.seen().is_empty());
+    assert!(carrier.dials().is_empty(), "nothing is dialed for a request that cannot go");
+    agent.stop().await;
+}
+
+fn tls_acceptor(ca: &TestCa) -> tokio_rustls::TlsAcceptor {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let leaf = ca.leaf(1);
+    let certs = vec![CertificateDer::from_pem_slice(leaf.cert_pem.as_bytes()).unwrap()];
+    let key = PrivateKeyDer::from_pem_slice(leaf.key_pem.as_bytes()).unwrap();
+    let config =
+        rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(certs, key)
+            .unwrap();
+    tokio_rustls::TlsAcceptor::from(Arc::new(config))
+}
+
+#[tokio::test]
+async fn an_https_route_trusts_the_extra_roots_and_only_them() {
+    let agent = TestAgent::start().await;
+    let ca = TestCa::new("egress-test-ca");
+    let upstream = Upstream::start(Some(tls_acceptor(&ca))).await;
+    put_secret(&agent, "ANTHROPIC_API_KEY", SECRET).await;
+    let with_root = ConfigureEgressRequest {
+        routes: vec![route(upstream.port, "https", "localhost", "ANTHROPIC_API_KEY")],
+        extra_roots_pem: ca.pem().to_string(),
+        ..Default::default()
+    };
+    let port = configure(&agent, with_root).await;
+    let _carrier = TestCarrier::start(&agent, &[]).await;
+
+    let resp = request(port, post("/v1/messages", &[("x-api-key", PLACEHOLDER)], "{}")).await;
+    assert_eq!(resp.status(), 200);
+    let mut body = resp.into_body();
+    assert_eq!(next_data(&mut body).await.unwrap(), FIRST.as_bytes());
+    upstream.release.notify_one();
+    while next_data(&mut body).await.is_some() {}
+    assert_eq!(upstream.seen()[0].header("x-api-key"), Some(SECRET));
+
+    // The same route (kept), the extra root gone: the test CA is no webpki root.
+    assert_eq!(configure(&agent, ConfigureEgressRequest::default()).await, port);
+    let (status, message) =
+        json_error(request(port, post("/v1/messages", &[("x-api-key", PLACEHOLDER)], "{}")).await).await;
+    assert_eq!(status, 502, "{message}");
+    assert!(message.contains("TLS failed") && message.contains("invalid peer certificate"), "{message}");
+    assert_eq!(upstream.seen().len(), 1);
+    agent.stop().await;
+}
+
+#[tokio::test]
+async fn configure_refuses_what_is_malformed_naming_the_field() {
+    let agent = TestAgent::start().await;
+    let mut client = EgressServiceClient::new(agent.channel().await);
+    let mut bad = route(443, "https", "api.model.test", "ANTHROPIC_API_KEY");
+    bad.placeholder = "short".into();
+    let cases = [
+        (ConfigureEgressRequest { routes: vec![bad], ..Default::default() }, "routes[0].placeholder"),
+        (ConfigureEgressRequest { allow_hosts: vec!["a b".into()], ..Default::default() }, "allow_hosts[0]"),
+        (ConfigureEgressRequest { extra_roots_pem: "junk".into(), ..Default::default() }, "extra_roots_pem"),
+    ];
+    for (req, field) in cases {
+        let status = client.configure(req).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::InvalidArgument);
+        let err = shared::error::Error::from_status(&status);
+        assert!(err.field_violations.iter().any(|(f, _)| f == field), "{field}: {err:?}");
+    }
+    agent.stop().await;
+}
+
+// ---------------------------------------------------------------------------
+// The proxy.
+
+/// An upper-casing echo server on 127.0.0.1.
+async fn echo_server() -> (u16, tokio::task::JoinHandle<()>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((mut tcp, _)) = listener.accept().await else { return };
+            tokio::spawn(async move {
+                let mut buf = [0u8; 1024];
+                while let Ok(n @ 1..) = tcp.read(&mut buf).await {
+                    if tcp.write_all(&buf[..n].to_ascii_uppercase()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (port, task)
+}
+
+/// `CONNECT target` on a new connection; the status and the connection.
+async fn connect(port: u16, target: &str) -> (u16, BufReader<TcpStream>) {
+    let mut tcp = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    tcp.write_all(format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes()).await.unwrap();
+    let mut tcp = BufReader::new(tcp);
+    let mut status_line = String::new();
+    tcp.read_line(&mut status_line).await.unwrap();
+    let status = status_line.split(' ').nth(1).unwrap().parse().unwrap();
+    let mut content_length = 0;
+    loop {
+        let mut line = String::new();
+        tcp.read_line(&mut line).await.unwrap();
+        if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+            content_length = v.trim().parse().unwrap();
+        }
+        if line.trim_end().is_empty() {
+            break;
+        }
+    }
+    let mut body = vec![0u8; content_length];
+    tcp.read_exact(&mut body).await.unwrap();
+    (status, tcp)
+}
+
+#[tokio::test]
+async fn the_proxy_tunnels_to_allowed_hosts_only() {
+    let agent = TestAgent::start().await;
+    let (echo, echo_task) = echo_server().await;
+    let upstream = Upstream::start(None).await;
+    let port = configure(
+        &agent,
+        ConfigureEgressRequest {
+            allow_hosts: vec![
+                format!("127.0.0.1:{echo}"),
+                format!("refused.test:{echo}"),
+                format!("127.0.0.1:{}", upstream.port),
+            ],
+            ..Default::default()
+        },
+    )
+    .await;
+    let carrier = TestCarrier::start(&agent, &["refused.test"]).await;
+
+    // Allowed: bytes both ways.
+    let (status, mut tunnel) = connect(port, &format!("127.0.0.1:{echo}")).await;
+    assert_eq!(status, 200);
+    for word in ["hello", "tunnel"] {
+        tunnel.get_mut().write_all(word.as_bytes()).await.unwrap();
+        let mut back = vec![0u8; word.len()];
+        tunnel.read_exact(&mut back).await.unwrap();
+        assert_eq!(back, word.to_ascii_uppercase().as_bytes());
+    }
+    drop(tunnel);
+    assert_eq!(carrier.dials().len(), 1);
+    assert_eq!(carrier.dials()[0].purpose(), CarryPurpose::Proxy);
+
+    // Not on the agent's list: refused without a dial (the port is not
+    // the allowed one either).
+    let (status, _) = connect(port, "not-allowed.test:443").await;
+    assert_eq!(status, 403);
+    let (status, _) = connect(port, &format!("127.0.0.1:{}", echo.wrapping_add(1))).await;
+    assert_eq!(status, 403);
+    assert_eq!(carrier.dials().len(), 1, "{:?}", carrier.dials());
+
+    // On the agent's list, refused by the control plane: 403 too.
+    let (status, _) = connect(port, &format!("refused.test:{echo}")).await;
+    assert_eq!(status, 403);
+    assert_eq!(carrier.dials().last().unwrap().host, "refused.test");
+
+    // Absolute-form http:// is forwarded in origin-form, the proxy's own
+    // headers stripped.
+    let req = http::Request::get(format!("http://127.0.0.1:{}/simple/pkg/?x=1", upstream.port))
+        .header("host", format!("127.0.0.1:{}", upstream.port))
+        .header("proxy-authorization", "Basic Zm9vOmJhcg==")
+        .header("proxy-connection", "keep-alive")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    upstream.release.notify_one();
+    let resp = request(port, req).await;
+    assert_eq!(resp.status(), 200);
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(body, format!("{FIRST}{LAST}").as_bytes());
+    let seen = &upstream.seen()[0];
+    assert_eq!(seen.request_line, "GET /simple/pkg/?x=1 HTTP/1.1");
+    assert!(seen.header("proxy-authorization").is_none() && seen.header("proxy-connection").is_none());
+    let req = http::Request::get("http://elsewhere.test/")
+        .header("host", "elsewhere.test")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    assert_eq!(request(port, req).await.status(), 403);
+    assert_eq!(carrier.dials().len(), 3, "{:?}", carrier.dials());
+
+    echo_task.abort();
+    agent.stop().await;
+}
+
+// ---------------------------------------------------------------------------
+// Restart.
+
+#[tokio::test]
+async fn routes_and_port_survive_an_agent_restart() {
+    let (mut agent, upstream, port) = http_route("ANTHROPIC_API_KEY").await;
+    let saved = agent.journal_dir.join(sandbox_agent::egress::CONFIG_FILE);
+    let text = std::fs::read_to_string(&saved).unwrap();
+    assert!(text.contains("ANTHROPIC_API_KEY") && !text.contains(SECRET), "{text}");
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(std::fs::metadata(&saved).unwrap().permissions().mode() & 0o777, 0o600);
+
+    agent.restart().await;
+    // The value went with the old agent's memory; the route did not.
+    let (status, message) =
+        json_error(request(port, post("/v1/messages", &[("x-api-key", PLACEHOLDER)], "{}")).await).await;
+    assert_eq!(status, 503, "{message}");
+    assert!(message.contains("ANTHROPIC_API_KEY"), "{message}");
+    put_secret(&agent, "ANTHROPIC_API_KEY", SECRET).await;
+    let _carrier = TestCarrier::start(&agent, &[]).await;
+    upstream.release.notify_one();
+    let resp = request(port, post("/v1/messages", &[("x-api-key", PLACEHOLDER)], "{}")).await;
+    assert_eq!(resp.status(), 200);
+    resp.into_body().collect().await.unwrap();
+    assert_eq!(upstream.seen()[0].header("x-api-key"), Some(SECRET));
+    // Configuring again keeps the port.
+    assert_eq!(configure(&agent, ConfigureEgressRequest::default()).await, port);
+    agent.stop().await;
+}
