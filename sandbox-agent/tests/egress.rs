@@ -334,7 +334,6 @@ async fn http_route(held: &str) -> (TestAgent, Upstream, u16) {
         &agent,
         ConfigureEgressRequest {
             routes: vec![route(upstream.port, "http", "api.model.test", "ANTHROPIC_API_KEY")],
-            allow_hosts: vec!["registry.npmjs.org".into()],
             ..Default::default()
         },
     )
@@ -467,7 +466,6 @@ async fn configure_refuses_what_is_malformed_naming_the_field() {
     bad.placeholder = "short".into();
     let cases = [
         (ConfigureEgressRequest { routes: vec![bad], ..Default::default() }, "routes[0].placeholder"),
-        (ConfigureEgressRequest { allow_hosts: vec!["a b".into()], ..Default::default() }, "allow_hosts[0]"),
         (ConfigureEgressRequest { extra_roots_pem: "junk".into(), ..Default::default() }, "extra_roots_pem"),
     ];
     for (req, field) in cases {
@@ -527,23 +525,12 @@ async fn connect(port: u16, target: &str) -> (u16, BufReader<TcpStream>) {
 }
 
 #[tokio::test]
-async fn the_proxy_tunnels_to_allowed_hosts_only() {
+async fn the_proxy_tunnels_where_the_control_plane_allows_only() {
     let agent = TestAgent::start().await;
     let (echo, echo_task) = echo_server().await;
     let upstream = Upstream::start(None).await;
-    let port = configure(
-        &agent,
-        ConfigureEgressRequest {
-            allow_hosts: vec![
-                format!("127.0.0.1:{echo}"),
-                format!("refused.test:{echo}"),
-                format!("127.0.0.1:{}", upstream.port),
-            ],
-            ..Default::default()
-        },
-    )
-    .await;
-    let carrier = TestCarrier::start(&agent, &["refused.test"]).await;
+    let port = configure(&agent, ConfigureEgressRequest::default()).await;
+    let carrier = TestCarrier::start(&agent, &["refused.test", "elsewhere.test"]).await;
 
     // Allowed: bytes both ways.
     let (status, mut tunnel) = connect(port, &format!("127.0.0.1:{echo}")).await;
@@ -558,18 +545,16 @@ async fn the_proxy_tunnels_to_allowed_hosts_only() {
     assert_eq!(carrier.dials().len(), 1);
     assert_eq!(carrier.dials()[0].purpose(), CarryPurpose::Proxy);
 
-    // Not on the agent's list: refused without a dial (the port is not
-    // the allowed one either).
-    let (status, _) = connect(port, "not-allowed.test:443").await;
-    assert_eq!(status, 403);
-    let (status, _) = connect(port, &format!("127.0.0.1:{}", echo.wrapping_add(1))).await;
-    assert_eq!(status, 403);
-    assert_eq!(carrier.dials().len(), 1, "{:?}", carrier.dials());
-
-    // On the agent's list, refused by the control plane: 403 too.
+    // Refused by the control plane: 403, and the control plane saw the
+    // attempt (the agent dials everything; it is not trusted to decide).
     let (status, _) = connect(port, &format!("refused.test:{echo}")).await;
     assert_eq!(status, 403);
     assert_eq!(carrier.dials().last().unwrap().host, "refused.test");
+    // A destination the control plane cannot connect to: 502.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let (status, _) = connect(port, &format!("127.0.0.1:{closed}")).await;
+    assert_eq!(status, 502);
+    assert_eq!(carrier.dials().len(), 3, "{:?}", carrier.dials());
 
     // Absolute-form http:// is forwarded in origin-form, the proxy's own
     // headers stripped.
@@ -592,7 +577,7 @@ async fn the_proxy_tunnels_to_allowed_hosts_only() {
         .body(Full::new(Bytes::new()))
         .unwrap();
     assert_eq!(request(port, req).await.status(), 403);
-    assert_eq!(carrier.dials().len(), 3, "{:?}", carrier.dials());
+    assert_eq!(carrier.dials().len(), 5, "{:?}", carrier.dials());
 
     echo_task.abort();
     agent.stop().await;

@@ -241,19 +241,29 @@ async fn splice(
     let (mut read, mut write) = stream.into_split();
     let up = async move {
         let mut sent = 0u64;
+        let mut writing = true;
+        // Read to the stream's end even after `close`: dropping it early
+        // would end the carrier while the destination's answer (a tunnel's
+        // client may half-close first) is still being carried down.
         while let Some(Ok(response)) = inbound.next().await {
             match response.message {
-                Some(agent::carry_response::Message::Data(data)) => {
+                Some(agent::carry_response::Message::Data(data)) if writing => {
                     if write.write_all(&data).await.is_err() {
-                        break;
+                        writing = false;
+                        let _ = write.shutdown().await;
                     }
                     sent += data.len() as u64;
                 }
-                Some(agent::carry_response::Message::Close(_)) => break,
+                Some(agent::carry_response::Message::Close(_)) if writing => {
+                    writing = false;
+                    let _ = write.shutdown().await;
+                }
                 _ => {}
             }
         }
-        let _ = write.shutdown().await;
+        if writing {
+            let _ = write.shutdown().await;
+        }
         sent
     };
     let down = async move {

@@ -246,11 +246,7 @@ pub async fn configure(
         ));
     }
     let network = definition.network.clone().unwrap_or_default();
-    let request = agent::ConfigureEgressRequest {
-        routes,
-        allow_hosts: network.allow_hosts,
-        extra_roots_pem: network.extra_roots_pem,
-    };
+    let request = agent::ConfigureEgressRequest { routes, extra_roots_pem: network.extra_roots_pem };
     let port = agent.egress().configure(request).await?.into_inner().port;
     u16::try_from(port)
         .map_err(|_| tonic::Status::internal(format!("the agent's egress port {port} is not a port")))

@@ -1,5 +1,5 @@
-//! What the egress listener serves: the model routes, the proxy's
-//! allowlist and the extra roots; validated, and kept in the journal dir
+//! What the egress listener serves: the model routes and the extra roots
+//! (where the proxy may go, the control plane alone decides); validated, and kept in the journal dir
 //! (names of secrets only, never a value) with the listener's port.
 
 use std::io::Write;
@@ -43,120 +43,9 @@ impl Route {
 pub struct EgressConfig {
     /// Oldest first.
     pub routes: Vec<Route>,
-    pub allow_hosts: Vec<Allowed>,
     pub extra_roots_pem: String,
 }
 
-/// One allowlist pattern: `host`, `host:port`, `*.domain`, `*.domain:port`,
-/// `*` (any host), `*:port` (host names compared case-insensitively; IPv6
-/// addresses in brackets when a port follows). A pattern without a port
-/// allows the web's ports only, 80 and 443: anything else is named with its
-/// port. The same syntax as the control plane's, which checks again.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Allowed {
-    /// Lowercase; for `*.domain`, the `domain`; empty for `*`.
-    pub host: String,
-    pub any_subdomain: bool,
-    pub port: Option<u16>,
-}
-
-impl Allowed {
-    /// Parse one pattern; `Err` says what is wrong with it.
-    pub fn parse(pattern: &str) -> Result<Self, String> {
-        let (host, port) = split_host_port(pattern.trim())?;
-        if host == "*" {
-            return Ok(Self { host: String::new(), any_subdomain: true, port });
-        }
-        let (host, any_subdomain) = match host.strip_prefix("*.") {
-            Some(rest) => (rest, true),
-            None => (host, false),
-        };
-        if host.is_empty() {
-            return Err("no host".to_string());
-        }
-        let ipv6 = host.contains(':');
-        let valid = if ipv6 {
-            !any_subdomain && host.parse::<std::net::Ipv6Addr>().is_ok()
-        } else {
-            host.split('.').all(|label| {
-                !label.is_empty()
-                    && label.len() <= 63
-                    && label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-            })
-        };
-        if !valid {
-            return Err("not a host name, `*.domain` or IP address".to_string());
-        }
-        Ok(Self { host: host.to_ascii_lowercase(), any_subdomain, port })
-    }
-
-    pub fn allows(&self, host: &str, port: u16) -> bool {
-        let port_ok = match self.port {
-            Some(p) => p == port,
-            None => port == 80 || port == 443,
-        };
-        let host = host.trim_start_matches('[').trim_end_matches(']').trim_end_matches('.');
-        let host_ok = if self.host.is_empty() {
-            true
-        } else if self.any_subdomain {
-            host.len() > self.host.len() + 1
-                && host[host.len() - self.host.len()..].eq_ignore_ascii_case(&self.host)
-                && host.as_bytes()[host.len() - self.host.len() - 1] == b'.'
-        } else {
-            host.eq_ignore_ascii_case(&self.host)
-        };
-        port_ok && host_ok
-    }
-}
-
-impl std::fmt::Display for Allowed {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let star = match (self.any_subdomain, self.host.is_empty()) {
-            (true, true) => "*",
-            (true, false) => "*.",
-            (false, _) => "",
-        };
-        let host = if self.host.contains(':') { format!("[{}]", self.host) } else { self.host.clone() };
-        match self.port {
-            Some(p) => write!(f, "{star}{host}:{p}"),
-            None => write!(f, "{star}{host}"),
-        }
-    }
-}
-
-/// `host`, `host:port`, `[v6]`, `[v6]:port`.
-fn split_host_port(s: &str) -> Result<(&str, Option<u16>), String> {
-    let (host, port) = if let Some(rest) = s.strip_prefix('[') {
-        let (host, after) = rest.split_once(']').ok_or("an unclosed `[`")?;
-        match after {
-            "" => (host, None),
-            _ => (host, Some(after.strip_prefix(':').ok_or("junk after `]`")?)),
-        }
-    } else {
-        match s.rsplit_once(':') {
-            Some((host, port)) if !host.contains(':') => (host, Some(port)),
-            // A bare IPv6 address (no port).
-            Some(_) if s.parse::<std::net::Ipv6Addr>().is_ok() => (s, None),
-            Some(_) => return Err("an IPv6 address with a port goes in brackets".to_string()),
-            None => (s, None),
-        }
-    };
-    let port = match port {
-        None => None,
-        Some(p) => Some(
-            p.parse::<u16>()
-                .ok()
-                .filter(|p| *p != 0)
-                .ok_or_else(|| format!("{p:?} is not a port (1-65535)"))?,
-        ),
-    };
-    Ok((host, port))
-}
-
-/// Whether `allow` lets the proxy reach `host:port`.
-pub fn allowed(allow: &[Allowed], host: &str, port: u16) -> bool {
-    allow.iter().any(|a| a.allows(host, port))
-}
 
 /// Validate one route from the wire; the field path names what is wrong.
 pub fn route(index: usize, r: &EgressRoute) -> Result<Route, Error> {
@@ -201,15 +90,9 @@ pub fn route(index: usize, r: &EgressRoute) -> Result<Route, Error> {
 
 /// The configuration `current` becomes with `req`: routes added or
 /// replaced by placeholder (a replaced one counts as new), at most
-/// [`MAX_ROUTES`]; allowlist and roots replaced.
+/// [`MAX_ROUTES`]; the extra roots replaced.
 pub fn apply(current: &EgressConfig, req: &ConfigureEgressRequest) -> Result<EgressConfig, Error> {
     let routes = req.routes.iter().enumerate().map(|(i, r)| route(i, r)).collect::<Result<Vec<_>, _>>()?;
-    let allow_hosts = req
-        .allow_hosts
-        .iter()
-        .enumerate()
-        .map(|(i, p)| Allowed::parse(p).map_err(|why| Error::invalid_field(format!("allow_hosts[{i}]"), why)))
-        .collect::<Result<Vec<_>, _>>()?;
     super::tls::extra_roots(&req.extra_roots_pem)
         .map_err(|why| Error::invalid_field("extra_roots_pem", why))?;
     let mut next = current.routes.clone();
@@ -219,7 +102,7 @@ pub fn apply(current: &EgressConfig, req: &ConfigureEgressRequest) -> Result<Egr
     }
     let excess = next.len().saturating_sub(MAX_ROUTES);
     next.drain(..excess);
-    Ok(EgressConfig { routes: next, allow_hosts, extra_roots_pem: req.extra_roots_pem.clone() })
+    Ok(EgressConfig { routes: next, extra_roots_pem: req.extra_roots_pem.clone() })
 }
 
 /// What the journal dir keeps.
@@ -272,43 +155,6 @@ pub fn load(journal_dir: &Path) -> Option<Saved> {
 mod tests {
     use super::*;
 
-    fn allow(patterns: &[&str]) -> Vec<Allowed> {
-        patterns.iter().map(|p| Allowed::parse(p).unwrap()).collect()
-    }
-
-    #[test]
-    fn patterns_match_hosts_ports_and_subdomains() {
-        let a = allow(&[
-            "registry.npmjs.org",
-            "*.pypi.org",
-            "db.internal:5432",
-            "[::1]:8080",
-            "10.0.0.1",
-            "fd00::7",
-        ]);
-        assert!(allowed(&a, "registry.npmjs.org", 443));
-        assert!(allowed(&a, "REGISTRY.npmjs.org", 80));
-        assert!(!allowed(&a, "registry.npmjs.org", 8443), "no port: 80 and 443 only");
-        assert!(allowed(&a, "files.pypi.org", 443));
-        assert!(allowed(&a, "a.b.pypi.org", 443));
-        assert!(!allowed(&a, "pypi.org", 443), "`*.` is subdomains only");
-        assert!(!allowed(&a, "evilpypi.org", 443));
-        assert!(allowed(&a, "db.internal", 5432));
-        assert!(!allowed(&a, "db.internal", 443));
-        assert!(allowed(&a, "::1", 8080));
-        assert!(allowed(&a, "10.0.0.1", 80));
-        assert!(!allowed(&a, "registry.npmjs.org.evil.com", 443));
-        assert!(allowed(&a, "fd00::7", 443));
-        assert!(!allowed(&[], "registry.npmjs.org", 443));
-        let any = allow(&["*", "*:8080"]);
-        assert!(allowed(&any, "anything.test", 443) && allowed(&any, "x.test", 8080));
-        assert!(!allowed(&any, "x.test", 22));
-        assert_eq!(any[0].to_string(), "*");
-        for bad in ["", "*.", "a b", "host:0", "host:99999", "a..b", "::1:x", "[::1", "*.[::1]", "x/y"] {
-            assert!(Allowed::parse(bad).is_err(), "{bad:?}");
-        }
-        assert_eq!(Allowed::parse("*.Example.com:8443").unwrap().to_string(), "*.example.com:8443");
-    }
 
     fn wire(placeholder: &str) -> EgressRoute {
         EgressRoute {
@@ -339,12 +185,6 @@ mod tests {
             assert_eq!(err.code, shared::error::ErrorCode::InvalidArgument);
             assert!(err.field_violations.iter().any(|v| v.0 == field), "{field}: {err:?}");
         }
-        let req = ConfigureEgressRequest {
-            allow_hosts: vec!["ok.com".into(), "bad host".into()],
-            ..Default::default()
-        };
-        let err = apply(&EgressConfig::default(), &req).unwrap_err();
-        assert!(err.field_violations.iter().any(|v| v.0 == "allow_hosts[1]"), "{err:?}");
         let req = ConfigureEgressRequest { extra_roots_pem: "not a pem".into(), ..Default::default() };
         let err = apply(&EgressConfig::default(), &req).unwrap_err();
         assert!(err.field_violations.iter().any(|v| v.0 == "extra_roots_pem"), "{err:?}");

@@ -213,18 +213,10 @@ impl Broker {
     }
 
     /// A carrier to `host:port` for the proxy, or the response that says
-    /// why not. The agent refuses what its allowlist does not name without
-    /// dialing; the control plane checks again and alone decides.
+    /// why not. Every attempt is dialed: the control plane alone decides
+    /// (nothing in the sandbox is trusted) and records each one, refused
+    /// ones included.
     async fn proxy_dial(&self, host: &str, port: u16) -> Result<tokio::io::DuplexStream, Response<Body>> {
-        let table = self.table();
-        if !config::allowed(&table.config.allow_hosts, host, port) {
-            tracing::info!(host, port, "egress refused: not on the sandbox's allowlist");
-            return Err(error(
-                StatusCode::FORBIDDEN,
-                "forbidden",
-                &format!("egress to {host}:{port} is not allowed in this sandbox"),
-            ));
-        }
         let dial = CarryDial {
             host: host.to_string(),
             port: u32::from(port),

@@ -7,10 +7,10 @@
 //! route's upstream with the placeholder replaced by the secret's value
 //! (held in the agent's memory, where the run user cannot read it; TLS to
 //! the upstream is the agent's own), and `CONNECT` / absolute-form `http://`
-//! requests are proxied to the hosts the allowlist names. Every upstream
-//! connection travels on a carrier, a `Carry` stream the control plane
-//! opened ahead of time; the control plane checks every destination again
-//! and alone decides.
+//! requests are proxied. Every upstream connection travels on a carrier, a
+//! `Carry` stream the control plane opened ahead of time; the control plane
+//! checks every destination against the sandbox's allowlist, alone decides
+//! and records each attempt.
 
 mod carrier;
 mod config;
@@ -19,5 +19,5 @@ mod service;
 mod tls;
 
 pub use carrier::DialError;
-pub use config::{Allowed, CONFIG_FILE, MAX_ROUTES, MIN_PLACEHOLDER};
+pub use config::{CONFIG_FILE, MAX_ROUTES, MIN_PLACEHOLDER};
 pub use service::{CARRIER_WAIT, DIAL_TIMEOUT, Egress, Settings};

@@ -146,7 +146,6 @@ impl Egress {
         tracing::info!(
             port = listening,
             routes = next.routes.len(),
-            allow_hosts = next.allow_hosts.len(),
             "egress configured"
         );
         *self.inner.broker.table.write().expect("egress table poisoned") =
@@ -228,7 +227,6 @@ mod tests {
                 secret_name: "MODEL_KEY".to_string(),
                 label: "codex".to_string(),
             }],
-            allow_hosts: vec!["registry.test".to_string()],
             extra_roots_pem: String::new(),
         };
         let port = egress.configure(&req).await.unwrap();
