@@ -1,6 +1,6 @@
 //! A thread is a conversation: the next run of a thread continues the
 //! harness session the previous one ended with, unless it asks for a new
-//! one. With the REAL Claude Code, Codex and Gemini CLIs (`scripts/install-agent-clis`)
+//! one. With the REAL Claude Code, Codex, OpenCode and Gemini CLIs (`scripts/install-agent-clis`)
 //! in a local sandbox, driven through `StartRun`, against the fake model API
 //! on 127.0.0.1, which logs every request it is sent: what the model
 //! receives is the proof that the earlier turns were carried over.
@@ -172,6 +172,18 @@ async fn codex_session_survives_its_sandbox() {
     a_session_survives_its_sandbox("codex", |home, port| codex_options(&bin, home, port)).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opencode_session_survives_its_sandbox() {
+    let Some(bin) = cli("opencode") else { return };
+    a_session_survives_its_sandbox("opencode", |home, port| opencode_options(&bin, home, port)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gemini_session_survives_its_sandbox() {
+    let Some(bin) = cli("gemini") else { return };
+    a_session_survives_its_sandbox("gemini", |home, port| gemini_options(&bin, home, port)).await;
+}
+
 /// Across providers: run 1 in a Docker sandbox (the real Claude Code from
 /// a read-only bind of the installed CLIs, talking to a fake model started
 /// inside the container, which has no network), its sandbox destroyed, the
@@ -325,23 +337,51 @@ async fn codex_continues_the_threads_session() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gemini_continues_the_threads_session() {
     let Some(bin) = cli("gemini") else { return };
-    a_thread_continues_its_session("gemini", |home, port| {
-        // With a base URL Gemini CLI picks its `gateway` auth, which headless
-        // mode refuses; the API-key auth is chosen in the user's settings.
-        std::fs::create_dir_all(home.join(".gemini")).unwrap();
-        let settings = r#"{"security":{"auth":{"selectedType":"gemini-api-key"}}}"#;
-        std::fs::write(home.join(".gemini/settings.json"), settings).unwrap();
-        let mut options = api::HarnessOptions {
-            program: bin.display().to_string(),
-            model: "fake-model".into(),
-            ..Default::default()
-        };
-        options.env.insert("HOME".into(), home.display().to_string());
-        options.env.insert("GOOGLE_GEMINI_BASE_URL".into(), format!("http://127.0.0.1:{port}"));
-        options.env.insert("GEMINI_API_KEY".into(), "x".into());
-        options
-    })
-    .await;
+    a_thread_continues_its_session("gemini", |home, port| gemini_options(&bin, home, port)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opencode_continues_the_threads_session() {
+    let Some(bin) = cli("opencode") else { return };
+    a_thread_continues_its_session("opencode", |home, port| opencode_options(&bin, home, port)).await;
+}
+
+fn gemini_options(bin: &Path, home: &Path, port: u16) -> api::HarnessOptions {
+    // With a base URL Gemini CLI picks its `gateway` auth, which headless
+    // mode refuses; the API-key auth is chosen in the user's settings.
+    std::fs::create_dir_all(home.join(".gemini")).unwrap();
+    let settings = r#"{"security":{"auth":{"selectedType":"gemini-api-key"}}}"#;
+    std::fs::write(home.join(".gemini/settings.json"), settings).unwrap();
+    let mut options = api::HarnessOptions {
+        program: bin.display().to_string(),
+        model: "fake-model".into(),
+        ..Default::default()
+    };
+    options.env.insert("HOME".into(), home.display().to_string());
+    options.env.insert("GOOGLE_GEMINI_BASE_URL".into(), format!("http://127.0.0.1:{port}"));
+    options.env.insert("GEMINI_API_KEY".into(), "x".into());
+    options
+}
+
+/// OpenCode with the fake model as an Anthropic provider, configured in the
+/// user's config (the workspace is the sandbox's, made anew).
+fn opencode_options(bin: &Path, home: &Path, port: u16) -> api::HarnessOptions {
+    let config = serde_json::json!({
+        "provider": {"fake": {"npm": "@ai-sdk/anthropic", "name": "Fake",
+            "options": {"baseURL": format!("http://127.0.0.1:{port}/v1"), "apiKey": "x"},
+            "models": {"fake-model": {"name": "Fake model"}}}},
+        "autoupdate": false,
+        "share": "disabled"
+    });
+    std::fs::create_dir_all(home.join(".config/opencode")).unwrap();
+    std::fs::write(home.join(".config/opencode/opencode.json"), config.to_string()).unwrap();
+    let mut options = api::HarnessOptions {
+        program: bin.display().to_string(),
+        model: "fake/fake-model".into(),
+        ..Default::default()
+    };
+    options.env.insert("HOME".into(), home.display().to_string());
+    options
 }
 
 /// The `acp` harness with a real ACP agent: through `StartRun`, under the
