@@ -401,6 +401,12 @@ async fn an_acp_agent_runs_the_tool_scenario(
     let run = format!("a1-{}", s.nonce);
     let (record, seen) =
         turn(&mut runs, &run, "acp", "acp", &options(&home, model.port), "write hello", false).await;
+    assert_tool_scenario(&s, &record, &seen, tool).await;
+}
+
+/// The run followed the fake model's tool scenario: the agent's shell tool
+/// (`tool`) wrote hello.txt in the sandbox, then it answered.
+async fn assert_tool_scenario(s: &TenantServer, record: &api::Run, seen: &Seen, tool: &str) {
     assert!(!record.session_id.is_empty(), "{record:?}");
     let chunks: Vec<&api::Chunk> = seen.chunks.iter().map(|(_, c)| c).collect();
     let start = chunks.iter().find(|c| c.r#type() == api::ChunkType::ToolCallStart);
@@ -417,17 +423,166 @@ async fn an_acp_agent_runs_the_tool_scenario(
     assert!(text.ends_with("I wrote hello.txt."), "{text:?}");
     assert_eq!(chunks.last().unwrap().r#type(), api::ChunkType::RunFinished);
     // The call really ran in the sandbox.
+    assert_eq!(sandbox_file(s, &record.sandbox_id, "hello.txt").await, "hello from the tool\n");
+}
+
+async fn sandbox_file(s: &TenantServer, sandbox_id: &str, path: &str) -> String {
     let mut sandboxes = s.server.sandboxes(&s.token).await;
     let read = sandboxes
         .exec(api::ExecRequest {
-            sandbox_id: record.sandbox_id.clone(),
-            command: Some(api::Command { kind: Some(api::command::Kind::Shell("cat hello.txt".into())) }),
+            sandbox_id: sandbox_id.into(),
+            command: Some(api::Command {
+                kind: Some(api::command::Kind::Argv(api::Argv { args: vec!["cat".into(), path.into()] })),
+            }),
             ..Default::default()
         })
         .await
         .unwrap()
         .into_inner();
-    assert_eq!(String::from_utf8_lossy(&read.stdout), "hello from the tool\n");
+    String::from_utf8_lossy(&read.stdout).into_owned()
+}
+
+/// ACP in a Docker sandbox (network none), through `StartRun`: codex-acp
+/// against the fake model's tool scenario, both inside the container. The
+/// agent is codex-acp's native build (glibc, from a read-only bind of the
+/// installed CLIs): the npm package's `codex-acp` is a node launcher for
+/// it, and the Debian image has no node (claude-code-acp, a node program,
+/// needs an image with node).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn codex_acp_runs_the_tool_scenario_in_docker() {
+    let Some(bin) = cli("codex-acp-linux-x64") else { return };
+    if !sandhold_tests::services::docker() {
+        return;
+    }
+    ensure_debian_image();
+    let clis = bin.parent().unwrap().parent().unwrap().parent().unwrap().to_path_buf();
+    let fake = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fake-model").canonicalize().unwrap();
+    let s = TenantServer::start_with_args(
+        "acp-docker",
+        &[],
+        &["--docker-bind-prefix", clis.to_str().unwrap(), "--docker-bind-prefix", fake.to_str().unwrap()],
+    )
+    .await;
+    let _cleanup = DockerCleanup { tenant: s.tenant.clone() };
+    let mount = |source: &Path| api::Mount {
+        source: source.display().to_string(),
+        target: source.display().to_string(),
+        read_only: true,
+    };
+    let docker = api::DockerProvider {
+        image: "sandhold-test-debian:latest".into(),
+        mounts: vec![mount(&clis), mount(&fake)],
+        ..Default::default()
+    };
+    // Started by the run, as the run user: the fake model inside the
+    // container, Codex's config pointing at it, then the agent.
+    let wrapper = format!(
+        r#"#!/bin/sh
+python3 {fake}/fake_model.py --scenario tool --port 8765 >/tmp/fake-model.out 2>&1 &
+for i in $(seq 100); do grep -q PORT= /tmp/fake-model.out && break; sleep 0.1; done
+mkdir -p "$CODEX_HOME" && cat >"$CODEX_HOME/config.toml" <<EOF
+model = "fake-model"
+model_provider = "fake"
+[model_providers.fake]
+name = "fake"
+base_url = "http://127.0.0.1:8765/v1"
+env_key = "FAKE_API_KEY"
+wire_api = "responses"
+EOF
+exec "$@"
+"#,
+        fake = fake.display()
+    );
+    let skill = api::Skill {
+        skill: Some(api::skill::Skill::File(api::FileSkill {
+            path: "acp-in-box.sh".into(),
+            content: wrapper,
+        })),
+    };
+    let def = api::SandboxDefinition {
+        id: "def".into(),
+        provider: Some(api::ProviderSpec { provider: Some(api::provider_spec::Provider::Docker(docker)) }),
+        workspace: Some(api::WorkspaceDefinition { skills: vec![skill], ..Default::default() }),
+        ..Default::default()
+    };
+    put_definition(&mut s.server.sandboxes(&s.token).await, def).await;
+    let mut options = api::HarnessOptions {
+        command: vec!["sh".into(), "acp-in-box.sh".into(), bin.display().to_string()],
+        sandbox_mode: "full-access".into(),
+        ..Default::default()
+    };
+    options.env.insert("CODEX_HOME".into(), "/tmp/codex-home".into());
+    options.env.insert("FAKE_API_KEY".into(), "x".into());
+    let mut runs = s.server.runs(&s.token).await;
+    let run = format!("ad1-{}", s.nonce);
+    let (record, seen) = turn(&mut runs, &run, "acp", "acp", &options, "write hello", false).await;
+    assert_tool_scenario(&s, &record, &seen, "execute").await;
+}
+
+/// The workspace's MCP servers reach an ACP agent's `session/new`: an MCP
+/// skill whose header is drawn from a secret, a run in a folder below the
+/// workspace root, and the fake ACP agent, which logs what it is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acp_agent_gets_the_workspaces_mcp_servers() {
+    let s = TenantServer::start("acp-mcp", &[]).await;
+    let header = api::HeaderValue { value: Some(api::header_value::Value::BearerSecret("MCP_TOKEN".into())) };
+    let mcp = api::McpSkill {
+        name: "docs".into(),
+        url: "https://mcp.example/docs".into(),
+        headers: [("Authorization".to_string(), header)].into(),
+    };
+    let mut def = definition("def", Kind::Local);
+    def.secret_names = vec!["MCP_TOKEN".into()];
+    def.workspace = Some(api::WorkspaceDefinition {
+        setup: vec![api::SetupStep { step: Some(api::setup_step::Step::Serial("mkdir -p sub/dir".into())) }],
+        skills: vec![api::Skill { skill: Some(api::skill::Skill::Mcp(mcp)) }],
+        ..Default::default()
+    });
+    put_definition(&mut s.server.sandboxes(&s.token).await, def).await;
+    let log = s.server.log.with_file_name("acp-agent.log");
+    let agent = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fake-acp/fake_acp_agent.py");
+    let options = api::HarnessOptions {
+        command: vec![
+            "python3".into(),
+            agent.display().to_string(),
+            "--log".into(),
+            log.display().to_string(),
+        ],
+        ..Default::default()
+    };
+    let token = format!("mcp-token-{}", s.nonce);
+    let request = api::StartRunRequest {
+        thread_id: "chat".into(),
+        run_id: format!("m1-{}", s.nonce),
+        definition_id: "def".into(),
+        harness: "acp".into(),
+        options: Some(options),
+        prompt: "which servers?".into(),
+        durable: true,
+        cwd: "sub/dir".into(),
+        secrets: [("MCP_TOKEN".to_string(), token.clone())].into(),
+        ..Default::default()
+    };
+    let mut runs = s.server.runs(&s.token).await;
+    let mut stream = runs.start_run(request).await.unwrap().into_inner();
+    let mut seen = Seen::default();
+    assert!(read_until(&mut stream, &mut seen, |_| false).await.unwrap());
+    let text: String = seen
+        .chunks
+        .iter()
+        .filter(|(_, c)| c.r#type() == api::ChunkType::TextMessageContent)
+        .map(|(_, c)| c.delta.as_str())
+        .collect();
+    assert_eq!(text, "1 MCP servers: docs", "{:?}", seen.chunks);
+    let sent: Vec<serde_json::Value> =
+        std::fs::read_to_string(&log).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let new = sent.iter().find(|m| m["method"] == "session/new").expect("session/new");
+    let want = serde_json::json!([{
+        "type": "http", "name": "docs", "url": "https://mcp.example/docs",
+        "headers": [{ "name": "Authorization", "value": format!("Bearer {token}") }],
+    }]);
+    assert_eq!(new["params"]["mcpServers"], want);
+    assert!(new["params"]["cwd"].as_str().unwrap().ends_with("/sub/dir"), "{new}");
 }
 
 fn codex_acp_options(bin: &Path, home: &Path, port: u16) -> api::HarnessOptions {
