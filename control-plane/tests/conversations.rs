@@ -184,14 +184,19 @@ async fn gemini_session_survives_its_sandbox() {
     a_session_survives_its_sandbox("gemini", |home, port| gemini_options(&bin, home, port)).await;
 }
 
-/// Across providers: run 1 in a Docker sandbox (the real Claude Code from
-/// a read-only bind of the installed CLIs, talking to a fake model started
+/// Across providers: run 1 in a Docker sandbox (the real CLI from a
+/// read-only bind of the installed CLIs, talking to a fake model started
 /// inside the container, which has no network), its sandbox destroyed, the
 /// thread's definition moved to the local provider, and run 2 in a local
-/// sandbox still sends the model the turn told in the container.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn claude_code_session_moves_from_docker_to_local() {
-    let Some(bin) = cli("claude") else { return };
+/// sandbox, whose workspace is another path, still sends the model the
+/// turn told in the container. `in_box` sets the run's options for the CLI
+/// in the container (its program is set here), `local` for the local run.
+async fn a_session_moves_from_docker_to_local(
+    harness: &str,
+    bin: &Path,
+    in_box: impl Fn(&mut api::HarnessOptions),
+    local: impl Fn(&Path, u16) -> api::HarnessOptions,
+) {
     if !sandhold_tests::services::docker() {
         return;
     }
@@ -217,12 +222,13 @@ async fn claude_code_session_moves_from_docker_to_local() {
         mounts: vec![mount(&clis), mount(&fake)],
         ..Default::default()
     };
-    // Claude Code in the container, with the fake model it talks to.
+    // The CLI in the container, with the fake model it talks to (started
+    // once: OpenCode's session export runs the program again).
     let wrapper = format!(
         "printf '%s\\n' '#!/bin/sh' \
-           'python3 {fake}/fake_model.py --port 8765 >/tmp/fake-model.out 2>&1 &' \
-           'for i in $(seq 100); do grep -q PORT= /tmp/fake-model.out && break; sleep 0.1; done' \
-           'exec {bin} \"$@\"' > /tmp/claude-in-box && chmod +x /tmp/claude-in-box",
+           'grep -qs PORT= /tmp/fake-model.out || python3 {fake}/fake_model.py --port 8765 >/tmp/fake-model.out 2>&1 &' \
+           'for i in $(seq 100); do grep -qs PORT= /tmp/fake-model.out && break; sleep 0.1; done' \
+           'exec {bin} \"$@\"' > /tmp/cli-in-box && chmod +x /tmp/cli-in-box",
         fake = fake.display(),
         bin = bin.display()
     );
@@ -242,11 +248,10 @@ async fn claude_code_session_moves_from_docker_to_local() {
     let fact = format!("The code word is medlar-{}.", s.nonce);
     let question = format!("Which code word was it, {}?", s.nonce);
 
-    let mut in_box = api::HarnessOptions { program: "/tmp/claude-in-box".into(), ..Default::default() };
-    in_box.env.insert("ANTHROPIC_BASE_URL".into(), "http://127.0.0.1:8765".into());
-    in_box.env.insert("ANTHROPIC_API_KEY".into(), "x".into());
+    let mut options = api::HarnessOptions { program: "/tmp/cli-in-box".into(), ..Default::default() };
+    in_box(&mut options);
     let run1 = format!("d1-{}", s.nonce);
-    let (first, _) = turn(&mut runs, &run1, "chat", "claude-code", &in_box, &fact, false).await;
+    let (first, _) = turn(&mut runs, &run1, "chat", harness, &options, &fact, false).await;
     assert!(!first.session_id.is_empty(), "{first:?}");
     wait_checkpoint(&s, "chat", &run1).await;
     sandboxes
@@ -255,24 +260,44 @@ async fn claude_code_session_moves_from_docker_to_local() {
         .unwrap();
 
     // The same thread, now on the local provider.
-    let local = api::SandboxDefinition { lifecycle: Some(lifecycle), ..definition("def", Kind::Local) };
-    put_definition(&mut sandboxes, local).await;
+    let local_def = api::SandboxDefinition { lifecycle: Some(lifecycle), ..definition("def", Kind::Local) };
+    put_definition(&mut sandboxes, local_def).await;
     let home = s.server.log.with_file_name("home-local");
     std::fs::create_dir_all(&home).unwrap();
     let model = FakeModel::logging("plain", s.server.log.with_file_name("model.log"));
     let run2 = format!("d2-{}", s.nonce);
-    let (second, seen) = turn(
-        &mut runs,
-        &run2,
-        "chat",
-        "claude-code",
-        &claude_options(&bin, &home, model.port),
-        &question,
-        false,
-    )
-    .await;
+    let (second, seen) =
+        turn(&mut runs, &run2, "chat", harness, &local(&home, model.port), &question, false).await;
     assert_ne!(second.sandbox_id, first.sandbox_id, "a new sandbox of the local provider");
     assert_carried(&s, &seen, &model, &fact, &question);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_code_session_moves_from_docker_to_local() {
+    let Some(bin) = cli("claude") else { return };
+    let in_box = |o: &mut api::HarnessOptions| {
+        o.env.insert("ANTHROPIC_BASE_URL".into(), "http://127.0.0.1:8765".into());
+        o.env.insert("ANTHROPIC_API_KEY".into(), "x".into());
+    };
+    a_session_moves_from_docker_to_local("claude-code", &bin, in_box, |home, port| {
+        claude_options(&bin, home, port)
+    })
+    .await;
+}
+
+/// OpenCode's native build runs in the Debian image (Gemini CLI, a node
+/// program, would need an image with node).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opencode_session_moves_from_docker_to_local() {
+    let Some(bin) = cli("opencode") else { return };
+    let in_box = |o: &mut api::HarnessOptions| {
+        o.model = "fake/fake-model".into();
+        o.env.insert("OPENCODE_CONFIG_CONTENT".into(), opencode_config(8765).to_string());
+    };
+    a_session_moves_from_docker_to_local("opencode", &bin, in_box, |home, port| {
+        opencode_options(&bin, home, port)
+    })
+    .await;
 }
 
 fn ensure_debian_image() {
@@ -363,18 +388,21 @@ fn gemini_options(bin: &Path, home: &Path, port: u16) -> api::HarnessOptions {
     options
 }
 
-/// OpenCode with the fake model as an Anthropic provider, configured in the
-/// user's config (the workspace is the sandbox's, made anew).
-fn opencode_options(bin: &Path, home: &Path, port: u16) -> api::HarnessOptions {
-    let config = serde_json::json!({
+fn opencode_config(port: u16) -> serde_json::Value {
+    serde_json::json!({
         "provider": {"fake": {"npm": "@ai-sdk/anthropic", "name": "Fake",
             "options": {"baseURL": format!("http://127.0.0.1:{port}/v1"), "apiKey": "x"},
             "models": {"fake-model": {"name": "Fake model"}}}},
         "autoupdate": false,
         "share": "disabled"
-    });
+    })
+}
+
+/// OpenCode with the fake model as an Anthropic provider, configured in the
+/// user's config (the workspace is the sandbox's, made anew).
+fn opencode_options(bin: &Path, home: &Path, port: u16) -> api::HarnessOptions {
     std::fs::create_dir_all(home.join(".config/opencode")).unwrap();
-    std::fs::write(home.join(".config/opencode/opencode.json"), config.to_string()).unwrap();
+    std::fs::write(home.join(".config/opencode/opencode.json"), opencode_config(port).to_string()).unwrap();
     let mut options = api::HarnessOptions {
         program: bin.display().to_string(),
         model: "fake/fake-model".into(),
