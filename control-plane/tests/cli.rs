@@ -267,21 +267,15 @@ fn run_drives_an_acp_agent_given_on_the_command_line() {
     assert_eq!(sent[3]["params"]["prompt"][0]["text"], "hello agent");
 
     // The flags belong together, and a line that does not split is refused.
-    let missing = sandhold(&data).args(["run", "--harness", "acp", "--", "hi"]).output().unwrap();
-    assert_eq!(missing.status.code(), Some(2));
-    assert!(stderr(&missing).contains("--acp-command"), "{}", stderr(&missing));
-    let stray = sandhold(&data)
-        .args(["run", "--harness", "codex", "--acp-command", "x", "--", "hi"])
-        .output()
-        .unwrap();
-    assert_eq!(stray.status.code(), Some(2));
-    assert!(stderr(&stray).contains("--acp-command is for --harness acp"), "{}", stderr(&stray));
-    let unsplit = sandhold(&data)
-        .args(["run", "--harness", "acp", "--acp-command", "agent 'open", "--", "hi"])
-        .output()
-        .unwrap();
-    assert_eq!(unsplit.status.code(), Some(2));
-    assert!(stderr(&unsplit).contains("not a command line"), "{}", stderr(&unsplit));
+    for (args, says) in [
+        (&["--harness", "acp"][..], "--acp-command"),
+        (&["--harness", "codex", "--acp-command", "x"], "--acp-command is for --harness acp"),
+        (&["--harness", "acp", "--acp-command", "agent 'open"], "not a command line"),
+    ] {
+        let out = sandhold(&data).arg("run").args(args).args(["--", "hi"]).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert!(stderr(&out).contains(says), "{args:?}: {}", stderr(&out));
+    }
 }
 
 const TICKING: &str = "i=0; while [ $i -lt 600 ]; do i=$((i+1)); echo tick $i; sleep 0.1; done";

@@ -5,7 +5,7 @@
 //! on 127.0.0.1, which logs every request it is sent: what the model
 //! receives is the proof that the earlier turns were carried over.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use sandhold_tests::auth::bearer;
 use sandhold_tests::docker::DockerCleanup;
@@ -197,31 +197,9 @@ async fn a_session_moves_from_docker_to_local(
     in_box: impl Fn(&mut api::HarnessOptions),
     local: impl Fn(&Path, u16) -> api::HarnessOptions,
 ) {
-    if !sandhold_tests::services::docker() {
-        return;
-    }
-    ensure_debian_image();
-    let clis = bin.parent().unwrap().parent().unwrap().parent().unwrap().to_path_buf();
-    let fake = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fake-model").canonicalize().unwrap();
-    let s = TenantServer::start_with_args(
-        "carry-docker",
-        &[],
-        &["--docker-bind-prefix", clis.to_str().unwrap(), "--docker-bind-prefix", fake.to_str().unwrap()],
-    )
-    .await;
-    let _cleanup = DockerCleanup { tenant: s.tenant.clone() };
+    let Some(InBox { s, docker, fake, _cleanup }) = InBox::start("carry-docker", bin).await else { return };
     let portable = api::PortableSnapshots { enabled: true, ..Default::default() };
     let lifecycle = api::Lifecycle { portable_snapshots: Some(portable), ..Default::default() };
-    let mount = |source: &Path| api::Mount {
-        source: source.display().to_string(),
-        target: source.display().to_string(),
-        read_only: true,
-    };
-    let docker = api::DockerProvider {
-        image: "sandhold-test-debian:latest".into(),
-        mounts: vec![mount(&clis), mount(&fake)],
-        ..Default::default()
-    };
     // The CLI in the container, with the fake model it talks to (started
     // once: OpenCode's session export runs the program again).
     let wrapper = format!(
@@ -298,6 +276,45 @@ async fn opencode_session_moves_from_docker_to_local() {
         opencode_options(&bin, home, port)
     })
     .await;
+}
+
+/// A server whose Docker sandboxes of the Debian test image get the
+/// installed CLIs (the folder `bin` is in) and the fake model's folder
+/// `fake`, read-only at the same paths. `None` without Docker.
+struct InBox {
+    s: TenantServer,
+    docker: api::DockerProvider,
+    fake: PathBuf,
+    _cleanup: DockerCleanup,
+}
+
+impl InBox {
+    async fn start(prefix: &str, bin: &Path) -> Option<Self> {
+        if !sandhold_tests::services::docker() {
+            return None;
+        }
+        ensure_debian_image();
+        let clis = bin.parent().unwrap().parent().unwrap().parent().unwrap().to_path_buf();
+        let fake = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fake-model").canonicalize().unwrap();
+        let s = TenantServer::start_with_args(
+            prefix,
+            &[],
+            &["--docker-bind-prefix", clis.to_str().unwrap(), "--docker-bind-prefix", fake.to_str().unwrap()],
+        )
+        .await;
+        let _cleanup = DockerCleanup { tenant: s.tenant.clone() };
+        let mount = |source: &Path| api::Mount {
+            source: source.display().to_string(),
+            target: source.display().to_string(),
+            read_only: true,
+        };
+        let docker = api::DockerProvider {
+            image: "sandhold-test-debian:latest".into(),
+            mounts: vec![mount(&clis), mount(&fake)],
+            ..Default::default()
+        };
+        Some(Self { s, docker, fake, _cleanup })
+    }
 }
 
 fn ensure_debian_image() {
@@ -479,29 +496,7 @@ async fn sandbox_file(s: &TenantServer, sandbox_id: &str, path: &str) -> String 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn codex_acp_runs_the_tool_scenario_in_docker() {
     let Some(bin) = cli("codex-acp-linux-x64") else { return };
-    if !sandhold_tests::services::docker() {
-        return;
-    }
-    ensure_debian_image();
-    let clis = bin.parent().unwrap().parent().unwrap().parent().unwrap().to_path_buf();
-    let fake = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fake-model").canonicalize().unwrap();
-    let s = TenantServer::start_with_args(
-        "acp-docker",
-        &[],
-        &["--docker-bind-prefix", clis.to_str().unwrap(), "--docker-bind-prefix", fake.to_str().unwrap()],
-    )
-    .await;
-    let _cleanup = DockerCleanup { tenant: s.tenant.clone() };
-    let mount = |source: &Path| api::Mount {
-        source: source.display().to_string(),
-        target: source.display().to_string(),
-        read_only: true,
-    };
-    let docker = api::DockerProvider {
-        image: "sandhold-test-debian:latest".into(),
-        mounts: vec![mount(&clis), mount(&fake)],
-        ..Default::default()
-    };
+    let Some(InBox { s, docker, fake, _cleanup }) = InBox::start("acp-docker", &bin).await else { return };
     // Started by the run, as the run user: the fake model inside the
     // container, Codex's config pointing at it, then the agent.
     let wrapper = format!(
