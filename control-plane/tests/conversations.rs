@@ -190,20 +190,26 @@ async fn gemini_session_survives_its_sandbox() {
 /// thread's definition moved to the local provider, and run 2 in a local
 /// sandbox, whose workspace is another path, still sends the model the
 /// turn told in the container. `in_box` sets the run's options for the CLI
-/// in the container (its program is set here), `local` for the local run.
+/// in the container (its program is set here), `local` for the local run;
+/// `needs` mounts more host files into the container, and `prelude` is a
+/// shell line (without single quotes) the CLI's wrapper runs first.
 async fn a_session_moves_from_docker_to_local(
     harness: &str,
     bin: &Path,
+    needs: &[(&Path, &str)],
+    prelude: &str,
     in_box: impl Fn(&mut api::HarnessOptions),
     local: impl Fn(&Path, u16) -> api::HarnessOptions,
 ) {
-    let Some(InBox { s, docker, fake, _cleanup }) = InBox::start("carry-docker", bin).await else { return };
+    let Some(InBox { s, docker, fake, _cleanup }) = InBox::start("carry-docker", bin, needs).await else {
+        return;
+    };
     let portable = api::PortableSnapshots { enabled: true, ..Default::default() };
     let lifecycle = api::Lifecycle { portable_snapshots: Some(portable), ..Default::default() };
     // The CLI in the container, with the fake model it talks to (started
     // once: OpenCode's session export runs the program again).
     let wrapper = format!(
-        "printf '%s\\n' '#!/bin/sh' \
+        "printf '%s\\n' '#!/bin/sh' '{prelude}' \
            'grep -qs PORT= /tmp/fake-model.out || python3 {fake}/fake_model.py --port 8765 >/tmp/fake-model.out 2>&1 &' \
            'for i in $(seq 100); do grep -qs PORT= /tmp/fake-model.out && break; sleep 0.1; done' \
            'exec {bin} \"$@\"' > /tmp/cli-in-box && chmod +x /tmp/cli-in-box",
@@ -257,14 +263,13 @@ async fn claude_code_session_moves_from_docker_to_local() {
         o.env.insert("ANTHROPIC_BASE_URL".into(), "http://127.0.0.1:8765".into());
         o.env.insert("ANTHROPIC_API_KEY".into(), "x".into());
     };
-    a_session_moves_from_docker_to_local("claude-code", &bin, in_box, |home, port| {
+    a_session_moves_from_docker_to_local("claude-code", &bin, &[], ":", in_box, |home, port| {
         claude_options(&bin, home, port)
     })
     .await;
 }
 
-/// OpenCode's native build runs in the Debian image (Gemini CLI, a node
-/// program, would need an image with node).
+/// OpenCode's native build runs in the Debian image as it is.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn opencode_session_moves_from_docker_to_local() {
     let Some(bin) = cli("opencode") else { return };
@@ -272,15 +277,43 @@ async fn opencode_session_moves_from_docker_to_local() {
         o.model = "fake/fake-model".into();
         o.env.insert("OPENCODE_CONFIG_CONTENT".into(), opencode_config(8765).to_string());
     };
-    a_session_moves_from_docker_to_local("opencode", &bin, in_box, |home, port| {
+    a_session_moves_from_docker_to_local("opencode", &bin, &[], ":", in_box, |home, port| {
         opencode_options(&bin, home, port)
+    })
+    .await;
+}
+
+/// Gemini CLI is a node program and the Debian image has no node: the
+/// host's (which links only the C and C++ runtimes the image has) is
+/// mounted for it. Its home is `GEMINI_CLI_HOME`, whose settings choose the
+/// API-key auth (see `gemini_options`), written by the wrapper as the run
+/// user.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gemini_session_moves_from_docker_to_local() {
+    let Some(bin) = cli("gemini") else { return };
+    let node = Path::new("/usr/bin/node");
+    if !node.is_file() {
+        panic!("the test mounts the host's node, and there is none at {}", node.display());
+    }
+    let prelude = r#"mkdir -p "$GEMINI_CLI_HOME/.gemini" && echo {\"security\":{\"auth\":{\"selectedType\":\"gemini-api-key\"}}} > "$GEMINI_CLI_HOME/.gemini/settings.json""#;
+    let in_box = |o: &mut api::HarnessOptions| {
+        o.model = "fake-model".into();
+        o.env.insert("PATH".into(), "/opt/node/bin:/usr/local/bin:/usr/bin:/bin".into());
+        o.env.insert("GEMINI_CLI_HOME".into(), "/tmp/gemini-home".into());
+        o.env.insert("GOOGLE_GEMINI_BASE_URL".into(), "http://127.0.0.1:8765".into());
+        o.env.insert("GEMINI_API_KEY".into(), "x".into());
+    };
+    let needs = [(node, "/opt/node/bin/node")];
+    a_session_moves_from_docker_to_local("gemini", &bin, &needs, prelude, in_box, |home, port| {
+        gemini_options(&bin, home, port)
     })
     .await;
 }
 
 /// A server whose Docker sandboxes of the Debian test image get the
 /// installed CLIs (the folder `bin` is in) and the fake model's folder
-/// `fake`, read-only at the same paths. `None` without Docker.
+/// `fake`, read-only at the same paths, and each of `needs` (a host path
+/// and where it goes). `None` without Docker.
 struct InBox {
     s: TenantServer,
     docker: api::DockerProvider,
@@ -289,30 +322,30 @@ struct InBox {
 }
 
 impl InBox {
-    async fn start(prefix: &str, bin: &Path) -> Option<Self> {
+    async fn start(prefix: &str, bin: &Path, needs: &[(&Path, &str)]) -> Option<Self> {
         if !sandhold_tests::services::docker() {
             return None;
         }
         ensure_debian_image();
         let clis = bin.parent().unwrap().parent().unwrap().parent().unwrap().to_path_buf();
         let fake = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fake-model").canonicalize().unwrap();
-        let s = TenantServer::start_with_args(
-            prefix,
-            &[],
-            &["--docker-bind-prefix", clis.to_str().unwrap(), "--docker-bind-prefix", fake.to_str().unwrap()],
-        )
-        .await;
+        let mut binds =
+            vec![(clis.as_path(), clis.to_str().unwrap()), (fake.as_path(), fake.to_str().unwrap())];
+        binds.extend_from_slice(needs);
+        let args: Vec<&str> =
+            binds.iter().flat_map(|(source, _)| ["--docker-bind-prefix", source.to_str().unwrap()]).collect();
+        let s = TenantServer::start_with_args(prefix, &[], &args).await;
         let _cleanup = DockerCleanup { tenant: s.tenant.clone() };
-        let mount = |source: &Path| api::Mount {
-            source: source.display().to_string(),
-            target: source.display().to_string(),
-            read_only: true,
-        };
-        let docker = api::DockerProvider {
-            image: "sandhold-test-debian:latest".into(),
-            mounts: vec![mount(&clis), mount(&fake)],
-            ..Default::default()
-        };
+        let mounts = binds
+            .iter()
+            .map(|(source, target)| api::Mount {
+                source: source.display().to_string(),
+                target: (*target).to_owned(),
+                read_only: true,
+            })
+            .collect();
+        let docker =
+            api::DockerProvider { image: "sandhold-test-debian:latest".into(), mounts, ..Default::default() };
         Some(Self { s, docker, fake, _cleanup })
     }
 }
@@ -496,7 +529,9 @@ async fn sandbox_file(s: &TenantServer, sandbox_id: &str, path: &str) -> String 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn codex_acp_runs_the_tool_scenario_in_docker() {
     let Some(bin) = cli("codex-acp-linux-x64") else { return };
-    let Some(InBox { s, docker, fake, _cleanup }) = InBox::start("acp-docker", &bin).await else { return };
+    let Some(InBox { s, docker, fake, _cleanup }) = InBox::start("acp-docker", &bin, &[]).await else {
+        return;
+    };
     // Started by the run, as the run user: the fake model inside the
     // container, Codex's config pointing at it, then the agent.
     let wrapper = format!(
