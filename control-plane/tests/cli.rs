@@ -229,6 +229,55 @@ fn run_on_the_embedded_server() {
     run_json_and_exit_codes(|| sandhold(&data));
 }
 
+/// `--harness acp`: the agent's command line from `--acp-command` (split as
+/// a shell would), its mode and permission answer; the agent (the fake ACP
+/// agent, which logs every request) gets the prompt, and its text is the
+/// run's.
+#[test]
+fn run_drives_an_acp_agent_given_on_the_command_line() {
+    let dir = sandhold_tests::local::TestDir::new("sh-acp");
+    let data = dir.path().join("data");
+    let log = dir.path().join("agent log.jsonl");
+    let agent = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fake-acp/fake_acp_agent.py");
+    let line = format!("python3 {} --log '{}'", agent.display(), log.display());
+    let out = sandhold(&data)
+        .args([
+            "run",
+            "--harness",
+            "acp",
+            "--acp-command",
+            &line,
+            "--acp-mode",
+            "yolo",
+            "--",
+            "hello",
+            "agent",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(stdout(ok(&out)).trim_end(), "0 MCP servers");
+    let sent: Vec<serde_json::Value> = std::fs::read_to_string(&log)
+        .expect("the agent ran, with its --log argument whole")
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let methods: Vec<&str> = sent.iter().map(|m| m["method"].as_str().unwrap()).collect();
+    assert_eq!(methods, ["initialize", "session/new", "session/set_mode", "session/prompt"]);
+    assert_eq!(sent[2]["params"]["modeId"], "yolo");
+    assert_eq!(sent[3]["params"]["prompt"][0]["text"], "hello agent");
+
+    // The flags belong together, and a line that does not split is refused.
+    for (args, says) in [
+        (&["--harness", "acp"][..], "--acp-command"),
+        (&["--harness", "codex", "--acp-command", "x"], "--acp-command is for --harness acp"),
+        (&["--harness", "acp", "--acp-command", "agent 'open"], "not a command line"),
+    ] {
+        let out = sandhold(&data).arg("run").args(args).args(["--", "hi"]).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert!(stderr(&out).contains(says), "{args:?}: {}", stderr(&out));
+    }
+}
+
 const TICKING: &str = "i=0; while [ $i -lt 600 ]; do i=$((i+1)); echo tick $i; sleep 0.1; done";
 
 /// SIGINT once detaches (the run goes on, attach picks it up again);

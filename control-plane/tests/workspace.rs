@@ -564,6 +564,16 @@ async fn projection_suite(kind: Kind) {
     assert_eq!(opencode["mcp"]["docs"]["type"], "remote");
     assert_eq!(opencode["mcp"]["docs"]["headers"]["Authorization"], format!("Bearer {rotated}"));
     assert!(project_for_run(&agent, &ws, &secrets, Cli::Command).await.unwrap().is_empty());
+    // ACP agents get the servers in `session/new`, from Sandhold's own file.
+    project_for_run(&agent, &ws, &secrets, Cli::Acp).await.unwrap();
+    let acp: serde_json::Value =
+        serde_json::from_str(&out(&mut h, &sandbox, "cat .sandhold/acp/mcp-servers.json").await).unwrap();
+    let headers = serde_json::json!([
+        { "name": "Authorization", "value": format!("Bearer {rotated}") },
+        { "name": "X-Team", "value": "core" },
+    ]);
+    assert_eq!(acp[0]["url"], "https://mcp.example/docs");
+    assert_eq!(acp[0]["headers"], headers);
 
     // Without a secret, the MCP configs of every harness are written once,
     // at ensure time.
@@ -573,6 +583,7 @@ async fn projection_suite(kind: Kind) {
     assert_eq!(mcp["mcpServers"]["docs"]["headers"]["Authorization"], "Bearer public");
     assert!(out(&mut h, &public, "cat .codex/config.toml").await.contains("[mcp_servers.docs]"));
     assert!(out(&mut h, &public, "cat opencode.json").await.contains("\"remote\""));
+    assert!(out(&mut h, &public, "cat .sandhold/acp/mcp-servers.json").await.contains("Bearer public"));
 
     for id in [sandbox, public] {
         h.acme.destroy_sandbox(api::DestroySandboxRequest { sandbox_id: id }).await.unwrap();

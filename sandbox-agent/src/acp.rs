@@ -19,6 +19,14 @@
 //! - `{"type":"stop","stopReason":…}` at the end of the turn, or
 //!   `{"type":"error","message":…,"code":…}` when a call failed (exit 1).
 //!
+//! The MCP servers of the run (`--mcp-servers FILE`: a JSON array in ACP's
+//! `McpServer` shape, which Sandhold writes at the sandbox root from the
+//! workspace's MCP skills) go to `session/new` and `session/load`; a
+//! relative FILE is looked for in the working directory, then in each
+//! folder above it (a run's working directory may be below the root), and
+//! none found means no servers. Servers over a transport the agent does not
+//! advertise (`mcpCapabilities.http` / `.sse`) are left out, with a warning.
+//!
 //! It advertises the file system capability and serves
 //! `fs/read_text_file` and `fs/write_text_file` itself (it runs as the run
 //! user, in the run's working directory); terminals are not offered.
@@ -55,6 +63,10 @@ pub struct AcpArgs {
     /// How permission requests are answered.
     #[arg(long, value_enum, default_value_t = Permissions::Allow)]
     pub permissions: Permissions,
+    /// The session's MCP servers: a JSON array of ACP `McpServer`s. A
+    /// relative path is looked for from the working directory upward.
+    #[arg(long)]
+    pub mcp_servers: Option<std::path::PathBuf>,
     /// The ACP agent's command line.
     #[arg(last = true, required = true)]
     pub command: Vec<String>,
@@ -215,8 +227,12 @@ impl<W: Write> Client<W> {
     }
 
     /// The whole exchange of one run.
-    fn run(&mut self, session: Option<&str>, mode: Option<&str>, prompt: &str) -> Result<(), Failure> {
-        let cwd = std::env::current_dir().map_err(|e| Failure::io("the working directory", e))?;
+    fn run(&mut self, args: &AcpArgs, prompt: &str, cwd: &std::path::Path) -> Result<(), Failure> {
+        let (session, mode) = (args.session.as_deref(), args.mode.as_deref());
+        let servers = match &args.mcp_servers {
+            Some(path) => mcp_servers(cwd, path)?,
+            None => Vec::new(),
+        };
         let cwd = cwd.display().to_string();
         let init = self.call(
             "initialize",
@@ -228,12 +244,13 @@ impl<W: Write> Client<W> {
         )?;
         let can_load =
             init.pointer("/agentCapabilities/loadSession").and_then(Value::as_bool).unwrap_or(false);
+        let servers = self.servers_for(&init, servers)?;
         let mut loaded = None;
         if let Some(id) = session {
             if can_load {
                 self.replaying = true;
                 let result =
-                    self.call("session/load", json!({ "sessionId": id, "cwd": cwd, "mcpServers": [] }));
+                    self.call("session/load", json!({ "sessionId": id, "cwd": cwd, "mcpServers": servers }));
                 self.replaying = false;
                 match result {
                     Ok(r) => loaded = Some((id.to_owned(), r)),
@@ -255,7 +272,7 @@ impl<W: Write> Client<W> {
                 id
             }
             None => {
-                let created = self.call("session/new", json!({ "cwd": cwd, "mcpServers": [] }))?;
+                let created = self.call("session/new", json!({ "cwd": cwd, "mcpServers": servers }))?;
                 let id = created.get("sessionId").and_then(Value::as_str).unwrap_or_default().to_owned();
                 let modes = created.get("modes").cloned().unwrap_or(Value::Null);
                 self.emit(&json!({ "type": "session", "sessionId": id, "loaded": false, "modes": modes }))?;
@@ -269,6 +286,48 @@ impl<W: Write> Client<W> {
         let done = self.call("session/prompt", prompt)?;
         let reason = done.get("stopReason").and_then(Value::as_str).unwrap_or("end_turn");
         self.emit(&json!({ "type": "stop", "stopReason": reason }))
+    }
+
+    /// The servers the agent takes: stdio always; HTTP and SSE only when
+    /// its `initialize` result advertises them (the others are said).
+    fn servers_for(&mut self, init: &Value, servers: Vec<Value>) -> Result<Vec<Value>, Failure> {
+        let mut kept = Vec::with_capacity(servers.len());
+        for server in servers {
+            let transport = server.get("type").and_then(Value::as_str).unwrap_or("stdio").to_owned();
+            let advertised = transport == "stdio"
+                || init
+                    .pointer(&format!("/agentCapabilities/mcpCapabilities/{transport}"))
+                    .and_then(Value::as_bool)
+                    .unwrap_or(false);
+            if advertised {
+                kept.push(server);
+            } else {
+                let name = server.get("name").and_then(Value::as_str).unwrap_or_default();
+                let message =
+                    format!("MCP server {name:?} left out: the agent takes no {transport} MCP servers");
+                self.emit(&json!({ "type": "warning", "message": message }))?;
+            }
+        }
+        Ok(kept)
+    }
+}
+
+/// The MCP servers in `path` (relative: the first found from `cwd` up);
+/// none when there is no such file.
+fn mcp_servers(cwd: &std::path::Path, path: &std::path::Path) -> Result<Vec<Value>, Failure> {
+    let found = if path.is_absolute() {
+        Some(path.to_path_buf()).filter(|p| p.is_file())
+    } else {
+        cwd.ancestors().map(|dir| dir.join(path)).find(|p| p.is_file())
+    };
+    let Some(file) = found else { return Ok(Vec::new()) };
+    let bytes = std::fs::read(&file).map_err(|e| Failure::io(&file.display().to_string(), e))?;
+    match serde_json::from_slice(&bytes) {
+        Ok(Value::Array(servers)) => Ok(servers),
+        _ => Err(Failure {
+            message: format!("{}: not a JSON array of MCP servers", file.display()),
+            code: "acp_mcp_servers".into(),
+        }),
     }
 }
 
@@ -304,8 +363,22 @@ pub fn main(args: AcpArgs) -> ExitCode {
         eprintln!("sandhold-agent acp: reading the prompt: {e}");
         return ExitCode::FAILURE;
     }
+    let cwd = match std::env::current_dir() {
+        Ok(cwd) => cwd,
+        Err(e) => {
+            eprintln!("sandhold-agent acp: the working directory: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    drive(&args, &prompt, &cwd, std::io::stdout().lock())
+}
+
+/// Run the agent of `args` in `cwd` for one prompt, writing the journal
+/// lines to `out`.
+fn drive(args: &AcpArgs, prompt: &str, cwd: &std::path::Path, out: impl Write) -> ExitCode {
     let spawned = Command::new(&args.command[0])
         .args(&args.command[1..])
+        .current_dir(cwd)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -323,12 +396,12 @@ pub fn main(args: AcpArgs) -> ExitCode {
     let mut client = Client {
         to_agent,
         from_agent: BufReader::new(from_agent),
-        out: std::io::stdout().lock(),
+        out,
         next_id: 0,
         permissions: args.permissions,
         replaying: false,
     };
-    let result = client.run(args.session.as_deref(), args.mode.as_deref(), &prompt);
+    let result = client.run(args, prompt, cwd);
     let failed = match result {
         Ok(()) => false,
         Err(f) => {
@@ -339,4 +412,88 @@ pub fn main(args: AcpArgs) -> ExitCode {
     drop(client);
     stop(&mut child);
     if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::{Path, PathBuf};
+
+    use super::*;
+
+    fn fake_agent(log: &Path, mcp: &str) -> Vec<String> {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fake-acp/fake_acp_agent.py");
+        ["python3", script.to_str().unwrap(), "--log", log.to_str().unwrap(), "--mcp", mcp]
+            .map(str::to_owned)
+            .to_vec()
+    }
+
+    /// The lines the agent was sent with `method`, and what the client
+    /// journaled, for a run in `cwd`.
+    fn exchange(args: &AcpArgs, cwd: &Path, log: &Path, method: &str) -> (Vec<Value>, Vec<Value>) {
+        let mut out = Vec::new();
+        let code = drive(args, "hi", cwd, &mut out);
+        assert_eq!(code, ExitCode::SUCCESS, "{}", String::from_utf8_lossy(&out));
+        let sent = std::fs::read_to_string(log).unwrap();
+        let sent = sent.lines().map(|l| serde_json::from_str::<Value>(l).unwrap());
+        let journal = String::from_utf8(out).unwrap();
+        (
+            sent.filter(|m| m["method"] == method).collect(),
+            journal.lines().map(|l| serde_json::from_str(l).unwrap()).collect(),
+        )
+    }
+
+    #[test]
+    fn the_runs_mcp_servers_reach_session_new_as_far_as_the_agent_takes_them() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path();
+        let servers = json!([
+            { "type": "http", "name": "docs", "url": "https://mcp.example/docs",
+              "headers": [{ "name": "Authorization", "value": "Bearer t" }] },
+            { "type": "sse", "name": "events", "url": "https://mcp.example/sse", "headers": [] },
+            { "name": "local", "command": "/bin/mcp", "args": ["--stdio"], "env": [] },
+        ]);
+        std::fs::create_dir_all(root.join(".sandhold/acp")).unwrap();
+        std::fs::create_dir_all(root.join("sub/dir")).unwrap();
+        std::fs::write(root.join(".sandhold/acp/mcp-servers.json"), servers.to_string()).unwrap();
+        let log = root.join("agent.log");
+        let args = |mcp: &str, file: PathBuf| AcpArgs {
+            session: None,
+            mode: None,
+            permissions: Permissions::Allow,
+            mcp_servers: Some(file),
+            command: fake_agent(&log, mcp),
+        };
+        // The run's working directory is below the root: the file is found
+        // above it.
+        let cwd = root.join("sub/dir");
+        let relative = PathBuf::from(".sandhold/acp/mcp-servers.json");
+        let (new, journal) = exchange(&args("http,sse", relative.clone()), &cwd, &log, "session/new");
+        assert_eq!(new.len(), 1);
+        assert_eq!(new[0]["params"]["cwd"], cwd.display().to_string());
+        assert_eq!(new[0]["params"]["mcpServers"], servers, "every server, as written");
+        let text = journal.iter().find(|l| l["type"] == "update").unwrap();
+        assert_eq!(text["update"]["content"]["text"], "3 MCP servers: docs,events,local");
+
+        // An agent that takes stdio only: the others are left out, and said.
+        std::fs::remove_file(&log).unwrap();
+        let (new, journal) = exchange(&args("", relative), &cwd, &log, "session/new");
+        assert_eq!(new[0]["params"]["mcpServers"], json!([servers[2]]));
+        let warned: Vec<_> = journal
+            .iter()
+            .filter(|l| l["type"] == "warning")
+            .map(|l| l["message"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            warned,
+            [
+                "MCP server \"docs\" left out: the agent takes no http MCP servers",
+                "MCP server \"events\" left out: the agent takes no sse MCP servers"
+            ]
+        );
+
+        // No file: no servers.
+        std::fs::remove_file(&log).unwrap();
+        let (new, _) = exchange(&args("http", root.join("none.json")), &cwd, &log, "session/new");
+        assert_eq!(new[0]["params"]["mcpServers"], json!([]));
+    }
 }

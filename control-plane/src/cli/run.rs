@@ -42,6 +42,8 @@ pub enum Harness {
     Codex,
     Opencode,
     Gemini,
+    /// An Agent Client Protocol agent: its command line in --acp-command.
+    Acp,
 }
 
 impl Harness {
@@ -52,6 +54,7 @@ impl Harness {
             Self::Codex => "codex",
             Self::Opencode => "opencode",
             Self::Gemini => "gemini",
+            Self::Acp => "acp",
         }
     }
 }
@@ -135,6 +138,20 @@ pub struct RunArgs {
     /// The model, for the agent harnesses.
     #[arg(long)]
     pub model: Option<String>,
+
+    /// The ACP agent's command line, split as a shell would (no expansion),
+    /// e.g. 'npx codex-acp'. Required with --harness acp.
+    #[arg(long, value_name = "CMD", required_if_eq("harness", "acp"))]
+    pub acp_command: Option<String>,
+
+    /// A mode the ACP agent lists, set on its session (`session/set_mode`),
+    /// e.g. codex-acp's `full-access`.
+    #[arg(long, value_name = "MODE", requires = "acp_command")]
+    pub acp_mode: Option<String>,
+
+    /// How the ACP agent's permission requests are answered [default: allow].
+    #[arg(long, value_name = "ANSWER", value_parser = ["allow", "deny"], requires = "acp_command")]
+    pub acp_permissions: Option<String>,
 
     /// A secret the sandbox gets as an environment variable, NAME=ENV_VAR:
     /// its value is read from ENV_VAR here. Repeatable.
@@ -285,6 +302,17 @@ fn prepare(args: &RunArgs) -> anyhow::Result<Prepared> {
     let thread_id = args.thread.clone().unwrap_or_else(|| format!("thread-{}", short()));
     let mut options =
         api::HarnessOptions { model: args.model.clone().unwrap_or_default(), ..Default::default() };
+    if let Some(line) = &args.acp_command {
+        if args.harness != Harness::Acp {
+            anyhow::bail!("--acp-command is for --harness acp");
+        }
+        options.command = match shlex::split(line) {
+            Some(words) if !words.is_empty() => words,
+            _ => anyhow::bail!("--acp-command: not a command line: {line:?}"),
+        };
+        options.sandbox_mode = args.acp_mode.clone().unwrap_or_default();
+        options.permission_mode = args.acp_permissions.clone().unwrap_or_default();
+    }
     let prompt = match args.harness {
         Harness::Command => {
             options.command = args.command.clone();

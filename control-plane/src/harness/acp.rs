@@ -25,6 +25,11 @@ use super::{
     str_of,
 };
 
+/// Where the workspace's MCP servers are written for ACP agents (relative
+/// to the sandbox root), in ACP's `McpServer` shape; the client passes them
+/// to `session/new` and `session/load`.
+pub const MCP_SERVERS_FILE: &str = ".sandhold/acp/mcp-servers.json";
+
 pub(super) fn command(options: &HarnessOptions, prompt: &str) -> Result<CommandSpec, HarnessError> {
     if options.command.is_empty() || options.command[0].is_empty() {
         return Err(HarnessError::InvalidOption {
@@ -39,7 +44,14 @@ pub(super) fn command(options: &HarnessOptions, prompt: &str) -> Result<CommandS
             reason: format!("ACP permission requests are answered allow or deny, not {permissions:?}"),
         });
     }
-    let mut argv = vec![AGENT_PROGRAM.into(), "acp".into(), "--permissions".into(), permissions.into()];
+    let mut argv = vec![
+        AGENT_PROGRAM.into(),
+        "acp".into(),
+        "--permissions".into(),
+        permissions.into(),
+        "--mcp-servers".into(),
+        MCP_SERVERS_FILE.into(),
+    ];
     if let Some(mode) = &options.sandbox_mode {
         argv.push("--mode".into());
         argv.push(mode.clone());
@@ -258,6 +270,7 @@ impl Translate for AcpTranslator {
 mod tests {
     use super::super::testing::*;
     use super::super::*;
+    use super::MCP_SERVERS_FILE;
 
     #[test]
     fn command_line_runs_the_agents_own_acp_client() {
@@ -275,6 +288,8 @@ mod tests {
                 "acp",
                 "--permissions",
                 "allow",
+                "--mcp-servers",
+                MCP_SERVERS_FILE,
                 "--mode",
                 "full-access",
                 "--session",

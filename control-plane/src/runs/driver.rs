@@ -234,10 +234,21 @@ impl Runs {
             // Stopped while the sandbox was being made: nothing to start.
             return Ok((key, live.agent, live.secrets));
         }
+        let toolchains = cx.lifecycle.toolchains.as_ref();
+        let program = command.argv.first().map(String::as_str).unwrap_or_default();
+        let (path, missing) = super::toolchain::run_path(
+            toolchains,
+            ctx.harness,
+            program,
+            &command.env,
+            live.provider,
+            &live.agent,
+        )
+        .await;
         if let Some(u) = unresumed {
             // A checkpoint restored into the new sandbox may carry the
             // session: put it back where the CLI looks for it.
-            let env = session::carry_env(&live.env, &ctx.spec.session_env);
+            let env = session::carry_env(&live.env, &ctx.spec.session_env, path.as_deref());
             let carried = restored
                 && match session::carry(
                     &live.agent,
@@ -245,6 +256,7 @@ impl Runs {
                     Carry::Import,
                     &u.session,
                     &ctx.spec.cwd,
+                    &ctx.spec.program,
                     env,
                 )
                 .await
@@ -265,17 +277,6 @@ impl Runs {
         // Files that carry secrets are written for each run, for its harness
         // only; what the harness cannot use is a warning, not an error.
         let mut warnings = notes;
-        let toolchains = cx.lifecycle.toolchains.as_ref();
-        let program = command.argv.first().map(String::as_str).unwrap_or_default();
-        let (path, missing) = super::toolchain::run_path(
-            toolchains,
-            ctx.harness,
-            program,
-            &command.env,
-            live.provider,
-            &live.agent,
-        )
-        .await;
         warnings.extend(missing);
         warnings.extend(
             crate::workspace::project_for_run(&live.agent, &workspace, &live.secrets, ctx.harness)
@@ -836,10 +837,21 @@ impl Runs {
         let live = self.inner.ctx.lifecycle.agent(&cx.stores, &ctx.key.tenant, key).await?;
         let session = ctx.session.lock().unwrap_or_else(|e| e.into_inner()).clone();
         if let Some(session) = session.filter(|_| crate::snapshot::enabled(&definition)) {
-            // Into the workspace, for the checkpoint to carry it along.
-            let env = session::carry_env(&live.env, &ctx.spec.session_env);
-            match session::carry(&live.agent, ctx.harness, Carry::Export, &session, &ctx.spec.cwd, env).await
-            {
+            // Into the workspace, for the checkpoint to carry it along, with
+            // the PATH the run had (OpenCode's export runs the CLI).
+            let toolchains = cx.lifecycle.toolchains.as_ref();
+            let (program, run_env) = (&ctx.spec.program, &ctx.spec.session_env);
+            let path = if ctx.harness.carry_runs_the_cli() {
+                let agent = &live.agent;
+                super::toolchain::run_path(toolchains, ctx.harness, program, run_env, live.provider, agent)
+                    .await
+                    .0
+            } else {
+                None
+            };
+            let env = session::carry_env(&live.env, run_env, path.as_deref());
+            let (way, cwd) = (Carry::Export, &ctx.spec.cwd);
+            match session::carry(&live.agent, ctx.harness, way, &session, cwd, program, env).await {
                 Ok(true) => debug!(run_id = %ctx.key.run, %session, "session copied for the checkpoint"),
                 Ok(false) => {}
                 Err(e) => {

@@ -24,9 +24,10 @@ pub(super) async fn carry(
     way: Carry,
     session: &str,
     cwd: &str,
+    program: &str,
     env: BTreeMap<String, String>,
 ) -> Result<bool, String> {
-    let Some(argv) = harness.carry_session(way, session, cwd) else { return Ok(false) };
+    let Some(argv) = harness.carry_session(way, session, cwd, program) else { return Ok(false) };
     let request = agent::ExecRequest {
         command: Some(agent::Command { kind: Some(agent::command::Kind::Argv(agent::Argv { args: argv })) }),
         // The root: the scripts name the workspace's sessions folder from it.
@@ -46,12 +47,17 @@ pub(super) async fn carry(
 }
 
 /// The environment a carry script runs with: the sandbox's variables, then
-/// the run's location variables (`RunSpec::session_env`) over them.
+/// the run's location variables (`RunSpec::session_env`) over them, and the
+/// toolchain's `path` when neither sets PATH (as the run itself gets them).
 pub(super) fn carry_env(
     sandbox: &BTreeMap<String, String>,
     run: &BTreeMap<String, String>,
+    path: Option<&str>,
 ) -> BTreeMap<String, String> {
     let mut env = sandbox.clone();
     env.extend(run.iter().map(|(k, v)| (k.clone(), v.clone())));
+    if let Some(path) = path {
+        env.entry("PATH".into()).or_insert_with(|| path.to_owned());
+    }
     env
 }

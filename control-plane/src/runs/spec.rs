@@ -24,6 +24,10 @@ pub struct RunSpec {
     /// HOME, CODEX_HOME, ...), for carrying its session where it is kept.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub session_env: BTreeMap<String, String>,
+    /// The CLI the run started (its argv[0]), for a harness whose sessions
+    /// are carried: OpenCode's are, with the CLI's own export and import.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub program: String,
 }
 
 impl RunSpec {

@@ -137,6 +137,7 @@ impl Runs {
                 .iter()
                 .filter_map(|k| options.env.get(*k).map(|v| ((*k).to_owned(), v.clone())))
                 .collect(),
+            program: command.argv.first().filter(|_| harness.carries_sessions()).cloned().unwrap_or_default(),
         };
         // The lease first: from the record's creation on, an attach on
         // another replica must see the run as driven.

@@ -1,11 +1,11 @@
 //! Skills, projected per harness.
 //!
-//! | skill | Claude Code | Codex | OpenCode | Gemini CLI |
-//! |---|---|---|---|---|
-//! | file | the file | the file | the file | the file |
-//! | git | `.claude/skills/<name>` | `.codex/skills/<name>` | warning | warning |
-//! | MCP | `.mcp.json` | `.codex/config.toml` | `opencode.json` | `.gemini/settings.json` |
-//! | named | warning | warning | warning | warning |
+//! | skill | Claude Code | Codex | OpenCode | Gemini CLI | ACP |
+//! |---|---|---|---|---|---|
+//! | file | the file | the file | the file | the file | the file |
+//! | git | `.claude/skills/<name>` | `.codex/skills/<name>` | warning | warning | warning |
+//! | MCP | `.mcp.json` | `.codex/config.toml` | `opencode.json` | `.gemini/settings.json` | `.sandhold/acp/mcp-servers.json`, passed to `session/new` |
+//! | named | warning | warning | warning | warning | warning |
 //!
 //! A git skill is cloned at depth 1 into its `into` path (default
 //! `.sandhold/skills/<name>`); every folder holding a `SKILL.md` up to 6
@@ -56,14 +56,15 @@ pub(crate) fn mcp_file(harness: Harness) -> Option<&'static str> {
         Harness::Codex => Some(".codex/config.toml"),
         Harness::OpenCode => Some("opencode.json"),
         Harness::Gemini => Some(".gemini/settings.json"),
-        Harness::Acp | Harness::Command => None,
+        Harness::Acp => Some(crate::harness::acp::MCP_SERVERS_FILE),
+        Harness::Command => None,
     }
 }
 
 /// The harnesses skills are projected for (`command` runs anything and
 /// reads none of these files).
-pub(crate) const AGENT_HARNESSES: [Harness; 4] =
-    [Harness::ClaudeCode, Harness::Codex, Harness::OpenCode, Harness::Gemini];
+pub(crate) const AGENT_HARNESSES: [Harness; 5] =
+    [Harness::ClaudeCode, Harness::Codex, Harness::OpenCode, Harness::Gemini, Harness::Acp];
 
 fn mcp_skills(w: &WorkspaceDefinition) -> impl Iterator<Item = &McpSkill> {
     w.skills.iter().filter_map(|s| match &s.skill {
@@ -133,6 +134,21 @@ struct Server {
 /// read as that format.
 fn merged_config(harness: Harness, existing: Option<&[u8]>, servers: &[Server]) -> Result<Vec<u8>, String> {
     match harness {
+        // Sandhold's own file, not the repository's: written whole, as
+        // ACP's `mcpServers` (headers are name/value pairs).
+        Harness::Acp => {
+            let servers: Vec<Value> = servers
+                .iter()
+                .map(|s| {
+                    let headers: Vec<Value> =
+                        s.headers.iter().map(|(k, v)| json!({ "name": k, "value": v })).collect();
+                    json!({ "type": "http", "name": s.name, "url": s.url, "headers": headers })
+                })
+                .collect();
+            let mut out = serde_json::to_vec_pretty(&servers).map_err(|e| e.to_string())?;
+            out.push(b'\n');
+            Ok(out)
+        }
         Harness::Codex => {
             let mut doc: toml::Table = match existing {
                 Some(b) => std::str::from_utf8(b)
@@ -185,7 +201,7 @@ fn merged_config(harness: Harness, existing: Option<&[u8]>, servers: &[Server]) 
             out.push(b'\n');
             Ok(out)
         }
-        Harness::Acp | Harness::Command => Err(format!("the {} harness reads no MCP config", harness.name())),
+        Harness::Command => Err(format!("the {} harness reads no MCP config", harness.name())),
     }
 }
 
@@ -368,6 +384,12 @@ mod tests {
         assert_eq!(opencode["mcp"]["docs"]["type"], "remote");
         assert_eq!(opencode["mcp"]["docs"]["headers"]["Authorization"], "Bearer v-123");
         assert!(merged_config(Harness::ClaudeCode, Some(b"not json"), &s).is_err());
+        // ACP's `mcpServers`, whatever the file held before.
+        let acp: Value =
+            serde_json::from_slice(&merged_config(Harness::Acp, Some(b"stale"), &s).unwrap()).unwrap();
+        let header = serde_json::json!([{ "name": "Authorization", "value": "Bearer v-123" }]);
+        let want = serde_json::json!([{ "type": "http", "name": "docs", "url": "https://mcp.example/x", "headers": header }]);
+        assert_eq!(acp, want);
     }
 
     #[test]
