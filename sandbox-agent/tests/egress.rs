@@ -112,6 +112,9 @@ async fn carry_one(mut ctx: CarrierCtx) {
         Ok(tcp) => tcp,
         Err(e) => {
             send(&tx, carry_request::Message::Dialed(CarryDialed { error: e.to_string(), refused: false }));
+            // Until the agent ends the stream: dropping the response
+            // stream now could reset it before the answer is sent.
+            while let Ok(Some(_)) = responses.message().await {}
             return;
         }
     };

@@ -209,6 +209,13 @@ async fn carry(
             let _ = tx.send(message(agent::carry_request::Message::Dialed(dialed))).await;
             connection.duration_ms = started.elapsed().as_millis() as u64;
             let _ = events.send(connection);
+            // Until the agent ends the carrier: dropping the stream now
+            // could reset it before the answer reaches the agent, which
+            // would then try the next carrier, and the next.
+            let _ = tokio::time::timeout(CONNECT_TIMEOUT, async {
+                while let Some(Ok(_)) = inbound.next().await {}
+            })
+            .await;
             return Outcome::Used;
         }
     };

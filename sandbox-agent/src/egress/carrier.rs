@@ -129,6 +129,11 @@ impl Pool {
     pub async fn dial(&self, dial: CarryDial) -> Result<DuplexStream, DialError> {
         let deadline = Instant::now() + self.inner.wait;
         loop {
+            // Carriers that keep vanishing before they answer must not
+            // keep this request busy past the wait.
+            if Instant::now() >= deadline {
+                return Err(DialError::NoCarrier(self.inner.wait));
+            }
             let carrier = self.take(deadline).await.ok_or(DialError::NoCarrier(self.inner.wait))?;
             match carrier.dial(dial.clone(), self.inner.dial_timeout).await {
                 Ok(stream) => return Ok(stream),

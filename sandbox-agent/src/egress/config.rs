@@ -46,7 +46,6 @@ pub struct EgressConfig {
     pub extra_roots_pem: String,
 }
 
-
 /// Validate one route from the wire; the field path names what is wrong.
 pub fn route(index: usize, r: &EgressRoute) -> Result<Route, Error> {
     let field = |name: &str| format!("routes[{index}].{name}");
@@ -154,7 +153,6 @@ pub fn load(journal_dir: &Path) -> Option<Saved> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
 
     fn wire(placeholder: &str) -> EgressRoute {
         EgressRoute {

@@ -143,11 +143,7 @@ impl Egress {
         };
         config::save(&self.inner.journal_dir, &Saved { port: listening, config: next.clone() })?;
         *port = Some(listening);
-        tracing::info!(
-            port = listening,
-            routes = next.routes.len(),
-            "egress configured"
-        );
+        tracing::info!(port = listening, routes = next.routes.len(), "egress configured");
         *self.inner.broker.table.write().expect("egress table poisoned") =
             Arc::new(Table { config: next, tls });
         Ok(listening)
