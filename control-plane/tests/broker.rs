@@ -99,6 +99,15 @@ fn docker_definition(id: &str, cli: &Cli, upstream: String) -> api::SandboxDefin
             upstream,
             key_secret: cli.key_name.into(),
         }],
+        // A git work tree, so the run's changes come as `file.changed`.
+        workspace: Some(api::WorkspaceDefinition {
+            setup: vec![api::SetupStep {
+                step: Some(api::setup_step::Step::Serial(
+                    "git init -q . && git -c user.name=t -c user.email=t@t commit -q --allow-empty -m init".into(),
+                )),
+            }],
+            ..Default::default()
+        }),
         ..Default::default()
     }
 }
@@ -210,6 +219,7 @@ async fn brokered_run_in_docker(cli: Cli) {
     let changed = customs(&seen, "file.changed");
     assert!(changed.iter().any(|f| f["path"] == "hello.txt"), "{changed:?}");
     let network = customs(&seen, "sandbox.network");
+    let names: Vec<&str> = seen.chunks.iter().map(|(_, c)| c.name.as_str()).collect();
     assert!(
         network.iter().any(|n| n["purpose"] == "model"
             && n["allowed"] == true

@@ -256,8 +256,8 @@ pub struct ConfigLayer {
     pub egress_private_addresses: Option<bool>,
 
     /// A host pattern definitions' `network.allow_hosts` may list (`host`,
-    /// `host:port`, `*.domain`, `*` for any); repeatable (comma-separated
-    /// in the variable) [default: *].
+    /// `host:port`, `*.domain`, `*` for any; no port: any port);
+    /// repeatable (comma-separated in the variable) [default: *].
     #[arg(
         long = "egress-host",
         env = "SANDHOLD_EGRESS_HOSTS",

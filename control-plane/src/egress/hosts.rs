@@ -68,12 +68,12 @@ impl HostPattern {
     }
 
     /// Whether everything this pattern allows is allowed by one of
-    /// `within` (the operator's patterns).
+    /// `within` (the operator's patterns, where no port means any port).
     pub fn within(&self, within: &[HostPattern]) -> bool {
         within.iter().any(|outer| {
+            // An operator's pattern without a port allows any port.
             let port_ok = match (outer.port, self.port) {
-                (None, None) => true,
-                (None, Some(p)) => WEB_PORTS.contains(&p),
+                (None, _) => true,
                 (Some(o), Some(p)) => o == p,
                 (Some(_), None) => false,
             };
@@ -226,7 +226,8 @@ mod tests {
         assert!(p("registry.npmjs.org").within(&operator));
         assert!(p("*.npmjs.org").within(&operator));
         assert!(p("pypi.org:443").within(&operator));
-        assert!(!p("pypi.org:8080").within(&operator));
+        assert!(p("pypi.org:8080").within(&operator));
+        assert!(!p("pypi.org").within(&[p("pypi.org:8080")]));
         assert!(!p("*").within(&operator));
         assert!(!p("example.com").within(&operator));
         assert!(p("anything.example:8080").within(&[p("*:8080")]));

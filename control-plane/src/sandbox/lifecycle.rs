@@ -430,6 +430,10 @@ impl Lifecycle {
         let progress = progress.clone();
         tokio::spawn(async move {
             while let Some(connection) = rx.recv().await {
+                // Recorded once it ended (with its bytes), or was refused.
+                if !connection.ended {
+                    continue;
+                }
                 progress.send(api::EnsureProgress {
                     phase: EnsurePhase::Setup as i32,
                     message: connection.summary(),
