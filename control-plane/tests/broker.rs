@@ -445,6 +445,7 @@ async fn a_run_survives_kill_9_of_the_replica_carrying_its_model_traffic() {
     read_until(&mut stream, &mut seen, |s| !s.chunks.is_empty()).await.unwrap();
     // The CLI waits on the model, through replica 0's carrier.
     wait_for_a_request(&model).await;
+    let before_the_kill = requests(&model).len();
     replicas[0].kill9().await;
     std::fs::remove_file(&stall).unwrap();
     let mut runs1 = replicas[1].runs(&token).await;
@@ -454,6 +455,11 @@ async fn a_run_survives_kill_9_of_the_replica_carrying_its_model_traffic() {
         .unwrap_or_else(|e| panic!("{e:?}\n{}", replicas[1].log_text()));
     let record = wait_terminal(&mut runs1, &run_id).await;
     assert_eq!(record.status, api::RunStatus::Completed as i32, "{record:?}\n{}", replicas[1].log_text());
+    // The model was asked again after the kill: through the successor's
+    // carriers (the key still added by the agent).
+    let after = requests(&model);
+    assert!(after.len() > before_the_kill, "{after:?}");
+    assert!(after[before_the_kill..].iter().all(|r| r["body"].is_null() || r["auth"]["x-api-key"] == key.as_str()));
     // Every chunk once: offsets and translated chunks never repeat.
     let mut offsets: Vec<_> = seen.chunks.iter().map(|(o, _)| o.clone()).collect();
     offsets.sort();
