@@ -8,34 +8,16 @@
 //! agent, PostgreSQL and Redis for the takeover) but the model API, which
 //! is the fake on the host's 127.0.0.1 (`tests/fake-model`).
 
-use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::path::Path;
 use std::time::Duration;
 
+use sandhold_tests::cli::toolchains;
 use sandhold_tests::docker::{DEBIAN_IMAGE, DockerCleanup, ensure_debian_image};
 use sandhold_tests::local::TestDir;
 use sandhold_tests::model::FakeModel;
 use sandhold_tests::run::{Seen, attach_after, put_definition, read_until, wait_terminal};
 use sandhold_tests::server::{Sandboxes, TenantServer};
 use shared::proto::v1 as api;
-
-/// The toolchain dir the tests share (see toolchain.rs).
-fn toolchains() -> PathBuf {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let dir = std::env::var_os("SANDHOLD_TEST_TOOLCHAIN_DIR")
-            .map_or_else(|| PathBuf::from("/var/cache/sandhold-toolchains"), PathBuf::from);
-        let data = TestDir::new("broker-toolchain");
-        let out = sandhold_tests::cli::sandhold(data.path())
-            .args(["harness", "install", "claude-code", "codex", "opencode", "--toolchain-dir"])
-            .arg(&dir)
-            .output()
-            .expect("running sandhold harness install");
-        assert!(out.status.success(), "harness install: {}", String::from_utf8_lossy(&out.stderr));
-        dir
-    })
-    .clone()
-}
 
 /// Flags of every server here: the toolchain, and egress to this
 /// machine's loopback (where the fake model listens).
@@ -103,7 +85,8 @@ fn docker_definition(id: &str, cli: &Cli, upstream: String) -> api::SandboxDefin
         workspace: Some(api::WorkspaceDefinition {
             setup: vec![api::SetupStep {
                 step: Some(api::setup_step::Step::Serial(
-                    "git init -q . && git -c user.name=t -c user.email=t@t commit -q --allow-empty -m init".into(),
+                    "git init -q . && git -c user.name=t -c user.email=t@t commit -q --allow-empty -m init"
+                        .into(),
                 )),
             }],
             ..Default::default()
@@ -219,7 +202,6 @@ async fn brokered_run_in_docker(cli: Cli) {
     let changed = customs(&seen, "file.changed");
     assert!(changed.iter().any(|f| f["path"] == "hello.txt"), "{changed:?}");
     let network = customs(&seen, "sandbox.network");
-    let names: Vec<&str> = seen.chunks.iter().map(|(_, c)| c.name.as_str()).collect();
     assert!(
         network.iter().any(|n| n["purpose"] == "model"
             && n["allowed"] == true
@@ -459,7 +441,11 @@ async fn a_run_survives_kill_9_of_the_replica_carrying_its_model_traffic() {
     // carriers (the key still added by the agent).
     let after = requests(&model);
     assert!(after.len() > before_the_kill, "{after:?}");
-    assert!(after[before_the_kill..].iter().all(|r| r["body"].is_null() || r["auth"]["x-api-key"] == key.as_str()));
+    assert!(
+        after[before_the_kill..]
+            .iter()
+            .all(|r| r["body"].is_null() || r["auth"]["x-api-key"] == key.as_str())
+    );
     // Every chunk once: offsets and translated chunks never repeat.
     let mut offsets: Vec<_> = seen.chunks.iter().map(|(o, _)| o.clone()).collect();
     offsets.sort();

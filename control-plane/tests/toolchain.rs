@@ -5,9 +5,7 @@
 //! with no C library (only Codex's static build runs; a Claude Code run
 //! says why it cannot), and in a local sandbox.
 
-use std::path::PathBuf;
-use std::sync::OnceLock;
-
+use sandhold_tests::cli::toolchains;
 use sandhold_tests::docker::{
     DEBIAN_IMAGE, DockerCleanup, TEST_IMAGE, ensure_debian_image, ensure_test_image,
 };
@@ -16,26 +14,6 @@ use sandhold_tests::provider::Kind;
 use sandhold_tests::run::{Seen, command_run, definition, put_definition, read_until};
 use sandhold_tests::server::TenantServer;
 use shared::proto::v1 as api;
-
-/// The toolchain dir the tests share (a download of about 1 GiB once, then
-/// kept): `SANDHOLD_TEST_TOOLCHAIN_DIR`, else /var/cache/sandhold-toolchains.
-/// Filled through the real `sandhold harness install`, once per binary.
-fn toolchains() -> PathBuf {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let dir = std::env::var_os("SANDHOLD_TEST_TOOLCHAIN_DIR")
-            .map_or_else(|| PathBuf::from("/var/cache/sandhold-toolchains"), PathBuf::from);
-        let data = TestDir::new("toolchain-cli");
-        let out = sandhold_tests::cli::sandhold(data.path())
-            .args(["harness", "install", "claude-code", "codex", "opencode", "--toolchain-dir"])
-            .arg(&dir)
-            .output()
-            .expect("running sandhold harness install");
-        assert!(out.status.success(), "harness install: {}", String::from_utf8_lossy(&out.stderr));
-        dir
-    })
-    .clone()
-}
 
 async fn server(prefix: &str) -> TenantServer {
     let dir = toolchains().display().to_string();

@@ -273,3 +273,25 @@ impl Drop for Live {
         let _ = self.child.wait();
     }
 }
+
+/// The toolchain dir the tests share (a download of about 1 GiB once, then
+/// kept): `SANDHOLD_TEST_TOOLCHAIN_DIR`, else /var/cache/sandhold-toolchains.
+/// Filled through the real `sandhold harness install`, once per binary.
+pub fn toolchains() -> std::path::PathBuf {
+    static DIR: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = std::env::var_os("SANDHOLD_TEST_TOOLCHAIN_DIR").map_or_else(
+            || std::path::PathBuf::from("/var/cache/sandhold-toolchains"),
+            std::path::PathBuf::from,
+        );
+        let data = crate::local::TestDir::new("toolchain-cli");
+        let out = sandhold(data.path())
+            .args(["harness", "install", "claude-code", "codex", "opencode", "--toolchain-dir"])
+            .arg(&dir)
+            .output()
+            .expect("running sandhold harness install");
+        assert!(out.status.success(), "harness install: {}", String::from_utf8_lossy(&out.stderr));
+        dir
+    })
+    .clone()
+}

@@ -18,7 +18,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use super::carrier::{DialError, Pool};
-use super::config::{self, EgressConfig, Route};
+use super::config::{EgressConfig, Route};
 use crate::vault::Vault;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
