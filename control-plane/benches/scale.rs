@@ -5,14 +5,18 @@
 //! `SANDHOLD_BENCH_SCALE_LINES` lines, default 100) in one warm local
 //! sandbox, so what grows with N is the control plane's work, not sandbox
 //! start-up. Runs are started 32 at a time; `StartRun` latency is from the
-//! call to the run's first chunk on its stream. Once all are started, M
+//! call to its answer (the run recorded and accepted), and to the run's
+//! first chunk on its stream (after its sandbox's ensure: runs of a thread
+//! take turns on the sandbox's lease). Once all are started, M
 //! `AttachRun` streams from the start are spread over the runs. Every
 //! stream must end with the run's terminal chunk and every line. Per
 //! configuration, a fresh server: its peak RSS (`VmHWM`), its CPU seconds
 //! (user + system) per 1,000 stored chunks, `StartRun` p50/p99.
 //!
 //! `cargo bench -p control-plane --bench scale`. The PostgreSQL rows need
-//! SANDHOLD_TEST_DATABASE_URL (scripts/bench sets it).
+//! SANDHOLD_TEST_DATABASE_URL (scripts/bench sets it);
+//! `SANDHOLD_BENCH_SCALE=10x0,500x1000` picks other configurations (runs x
+//! attached streams), `SANDHOLD_BENCH_SCALE_DB=SQLite` one database.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -38,6 +42,7 @@ struct Outcome {
     peak_rss_mb: f64,
     cpu_s: f64,
     start: Row,
+    first_chunk: Row,
     wall: Duration,
 }
 
@@ -141,6 +146,7 @@ async fn configuration(
             let permit = gate.acquire_owned().await.unwrap();
             let t = Instant::now();
             let mut stream = client.start_run(request).await.expect("start run").into_inner();
+            let accepted = t.elapsed();
             // The first chunk: the run is recorded and its stream is live.
             let first = loop {
                 let event = stream.message().await.expect("run stream").expect("a first chunk");
@@ -153,7 +159,7 @@ async fn configuration(
             let _ = live.send(());
             let (chunks, lines, terminal) = drain(stream).await;
             let first_lines = first.delta.matches("line ").count();
-            (latency, chunks + 1, lines + first_lines, terminal)
+            (accepted, latency, chunks + 1, lines + first_lines, terminal)
         }));
     }
     // Every run has its first chunk before the attaches begin.
@@ -170,14 +176,16 @@ async fn configuration(
         }));
     }
     let mut start = Vec::with_capacity(runs);
+    let mut first_chunk = Vec::with_capacity(runs);
     let mut chunks = 0;
     for task in started {
-        let (latency, n, seen_lines, terminal) = task.await.unwrap();
+        let (accepted, latency, n, seen_lines, terminal) = task.await.unwrap();
         assert!(
             terminal && seen_lines == lines,
             "a run's stream ended with {seen_lines} lines, terminal {terminal}"
         );
-        start.push(latency);
+        start.push(accepted);
+        first_chunk.push(latency);
         chunks += n;
     }
     for task in attached {
@@ -196,6 +204,7 @@ async fn configuration(
         peak_rss_mb,
         cpu_s,
         start: Row { name: "", samples: start },
+        first_chunk: Row { name: "", samples: first_chunk },
         wall,
     }
 }
@@ -211,28 +220,43 @@ async fn main() {
             "PostgreSQL rows skipped: SANDHOLD_TEST_DATABASE_URL is not set (scripts/bench sets it)"
         ),
     }
+    if let Ok(only) = std::env::var("SANDHOLD_BENCH_SCALE_DB") {
+        databases.retain(|(name, _)| *name == only);
+    }
+    let configs: Vec<(usize, usize)> = match std::env::var("SANDHOLD_BENCH_SCALE") {
+        Ok(list) => list
+            .split(',')
+            .map(|c| {
+                let (runs, streams) = c.split_once('x').expect("RUNSxSTREAMS");
+                (runs.trim().parse().unwrap(), streams.trim().parse().unwrap())
+            })
+            .collect(),
+        Err(_) => CONFIGS.to_vec(),
+    };
     let mut outcomes = Vec::new();
     for (database, url) in &databases {
-        for (runs, streams) in CONFIGS {
+        for &(runs, streams) in &configs {
             outcomes.push(configuration(database, url.clone(), runs, streams, lines).await);
         }
     }
     println!("durable runs at a model's pace ({lines} lines, one every 100 ms) on one server, local sandbox");
     println!(
-        "{:<11} {:>5} {:>15} {:>8} {:>13} {:>16} {:>14} {:>14} {:>8}",
+        "{:<11} {:>5} {:>9} {:>7} {:>8} {:>10} {:>11} {:>11} {:>13} {:>13} {:>7}",
         "database",
         "runs",
         "attached",
         "chunks",
-        "peak RSS MB",
-        "CPU s/1k chunks",
-        "StartRun p50",
-        "StartRun p99",
+        "RSS MB",
+        "CPU s/1k",
+        "start p50",
+        "start p99",
+        "1st chunk p50",
+        "1st chunk p99",
         "wall s"
     );
     for o in &outcomes {
         println!(
-            "{:<11} {:>5} {:>15} {:>8} {:>13.0} {:>16.3} {:>11.1} ms {:>11.1} ms {:>8.1}",
+            "{:<11} {:>5} {:>9} {:>7} {:>8.0} {:>10.3} {:>8.1} ms {:>8.1} ms {:>10.0} ms {:>10.0} ms {:>7.1}",
             o.database,
             o.runs,
             o.streams,
@@ -241,17 +265,20 @@ async fn main() {
             o.cpu_s / (o.chunks as f64 / 1000.0),
             ms(o.start.quantile(0.5)),
             ms(o.start.quantile(0.99)),
+            ms(o.first_chunk.quantile(0.5)),
+            ms(o.first_chunk.quantile(0.99)),
             o.wall.as_secs_f64()
         );
         summary(
             100 + o.runs as u32 / 10 + o.streams as u32 / 100 + u32::from(o.database == "PostgreSQL") * 1000,
             &format!("scale, {}: {} runs + {} attached streams", o.database, o.runs, o.streams),
             &format!(
-                "RSS {:.0} MB, {:.2} CPU s/1k chunks, StartRun p50 {:.1} / p99 {:.1} ms, all streams complete",
+                "RSS {:.0} MB, {:.2} CPU s/1k chunks, StartRun p50 {:.1} / p99 {:.1} ms (first chunk p99 {:.0} ms), all streams complete",
                 o.peak_rss_mb,
                 o.cpu_s / (o.chunks as f64 / 1000.0),
                 ms(o.start.quantile(0.5)),
-                ms(o.start.quantile(0.99))
+                ms(o.start.quantile(0.99)),
+                ms(o.first_chunk.quantile(0.99))
             ),
             "",
             None,
