@@ -146,7 +146,7 @@ async fn main() {
             order,
             &format!("first portable snapshot {what} ({:.0} MB in {files} files)", total as f64 / 1e6),
             &format!("{:.0} MB/s", mb_per_s(total, d)),
-            &format!("`tar c | tar x` {tar_rate:.0} MB/s"),
+            &format!("`tar c \\| tar x` {tar_rate:.0} MB/s"),
             Some(mb_per_s(total, d) / tar_rate),
             "≥ 0.5×",
         );
