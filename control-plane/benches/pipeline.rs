@@ -17,7 +17,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use control_plane::agent::AgentClient;
 use control_plane::provider::{LocalProvider, LocalProviderOptions, Provider, SandboxSpec};
 use sandhold_tests::agent::static_agent;
-use sandhold_tests::bench::{Row, ms};
+use sandhold_tests::bench::{Row, ms, summary};
 use sandhold_tests::server::embedded as embedded_server;
 use shared::proto::agent::v1 as agent;
 use shared::proto::v1 as api;
@@ -202,6 +202,22 @@ async fn main() {
             o.elapsed.as_secs_f64(),
             ms(o.latencies.quantile(0.5)),
             ms(o.latencies.quantile(0.99)),
+        );
+    }
+    let rate = |o: &Outcome| o.chunks as f64 / o.elapsed.as_secs_f64();
+    let follow = &outcomes[0];
+    for (i, o) in outcomes.iter().enumerate().skip(1) {
+        summary(
+            20 + i as u32,
+            &format!("{} ({lines} lines as fast as they come)", o.path),
+            &format!("{:.1}k chunks/s, p50 {:.0} ms", rate(o) / 1e3, ms(o.latencies.quantile(0.5))),
+            &format!(
+                "journal Follow alone {:.1}k/s, p50 {:.1} ms",
+                rate(follow) / 1e3,
+                ms(follow.latencies.quantile(0.5))
+            ),
+            Some(rate(o) / rate(follow)),
+            "≥ 0.8× of Follow alone; p50 ≤ 20 ms",
         );
     }
 }

@@ -17,7 +17,7 @@ use shared::proto::v1 as api;
 use shared::proto::v1::sandbox_service_client::SandboxServiceClient;
 use tonic::transport::Channel;
 
-use sandhold_tests::bench::{Row, ms};
+use sandhold_tests::bench::{Row, ms, summary};
 use sandhold_tests::docker::{self, TEST_IMAGE as IMAGE};
 use sandhold_tests::server::embedded as embedded_server;
 
@@ -143,4 +143,14 @@ async fn main() {
     println!();
     println!("cold ensure / docker run (median): {:.2}x", ratio(&rows[0], &rows[1]));
     println!("control-plane Exec / docker exec (median): {:.2}x", ratio(&rows[3], &rows[4]));
+    let median = |r: &Row| ms(r.quantile(0.5));
+    summary(
+        40,
+        "cold `EnsureSandbox` (Docker)",
+        &format!("{:.0} ms", median(&rows[0])),
+        &format!("`docker run --rm` {:.0} ms", median(&rows[1])),
+        Some(ratio(&rows[0], &rows[1])),
+        "≤ 1.2×",
+    );
+    summary(50, "warm `EnsureSandbox` (resume)", &format!("{:.1} ms", median(&rows[2])), "—", None, "≤ 5 ms");
 }

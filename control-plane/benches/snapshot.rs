@@ -140,6 +140,17 @@ async fn main() {
         after.count - before.count,
         first.uploaded_bytes
     );
+    let tar_rate = mb_per_s(total, tar);
+    for (order, what, d) in [(70, "capture", capture), (71, "restore", restore)] {
+        sandhold_tests::bench::summary(
+            order,
+            &format!("first portable snapshot {what} ({:.0} MB in {files} files)", total as f64 / 1e6),
+            &format!("{:.0} MB/s", mb_per_s(total, d)),
+            &format!("`tar c \\| tar x` {tar_rate:.0} MB/s"),
+            Some(mb_per_s(total, d) / tar_rate),
+            "≥ 0.5×",
+        );
+    }
     let _ = provider.destroy(&source.provider_id).await;
     let _ = provider.destroy(&target.provider_id).await;
 }

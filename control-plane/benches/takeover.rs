@@ -10,7 +10,7 @@
 
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use sandhold_tests::bench::{Row, ms};
+use sandhold_tests::bench::{Row, ms, summary};
 use sandhold_tests::provider::Kind;
 use sandhold_tests::run::*;
 use sandhold_tests::server::*;
@@ -96,5 +96,14 @@ async fn main() {
         ms(row.quantile(0.5)),
         ms(row.quantile(0.95)),
         LEASE_TTL_MS
+    );
+    let p50 = ms(row.quantile(0.5));
+    summary(
+        90,
+        "takeover after `kill -9` of the driver",
+        &format!("{p50:.0} ms p50, {:.0} ms p95", ms(row.quantile(0.95))),
+        &format!("the lease TTL {LEASE_TTL_MS} ms"),
+        Some(p50 / LEASE_TTL_MS as f64),
+        "≤ 1 s with the default TTL",
     );
 }

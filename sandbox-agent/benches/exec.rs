@@ -97,4 +97,12 @@ fn main() {
         ms(agent_median) / ms(direct_median),
         ms(agent_p99) / ms(direct_p99)
     );
+    sandhold_tests::bench::summary(
+        60,
+        "`Exec` of `true` through the agent",
+        &format!("{:.2} ms", ms(agent_median)),
+        &format!("spawn from Rust {:.2} ms", ms(direct_median)),
+        Some(ms(agent_median) / ms(direct_median)),
+        "≤ 1.2×",
+    );
 }

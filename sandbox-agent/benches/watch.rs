@@ -170,6 +170,17 @@ async fn run(c: &mut Client, root: &Path) {
         }
         print_row(case.label, &mut our_lat);
         print_row("  inotifywait, same writes (baseline)", &mut their_lat);
+        if case.quiet > Duration::ZERO {
+            let (ours, theirs) = (ms(percentile(&our_lat, 50.0)), ms(percentile(&their_lat, 50.0)));
+            sandhold_tests::bench::summary(
+                80,
+                "file event, default settings (first of a burst)",
+                &format!("{ours:.2} ms p50"),
+                &format!("`inotifywait` {theirs:.2} ms"),
+                Some(ours / theirs),
+                "≤ 2 ms p50",
+            );
+        }
         let _ = child.kill();
         let _ = child.wait();
     }

@@ -12,7 +12,7 @@
 
 leftovers_target_dir=$(realpath -m "${CARGO_TARGET_DIR:-$PWD/target}")
 
-leftovers_agents() { pgrep -f 'sandhold-agent (init|serve)' | sort; }
+leftovers_agents() { { pgrep -f 'sandhold-agent (init|serve)' || true; } | sort; }
 
 leftovers_ours() {
   local pid exe

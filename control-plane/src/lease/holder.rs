@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -36,6 +37,34 @@ struct LeasesInner {
     owner: String,
     held: Mutex<HashMap<u64, Held>>,
     next_id: AtomicU64,
+    /// Waiters in [`Leases::acquire`] by store key: a release through this
+    /// handle wakes one at once instead of leaving it to its next poll
+    /// (runs of one thread starting together queue on its sandbox's lease).
+    waiters: Mutex<HashMap<String, Arc<Notify>>>,
+}
+
+impl LeasesInner {
+    /// The wake-up of `key`'s waiters; [`LeasesInner::unwait`] when done.
+    fn wait_on(&self, key: &str) -> Arc<Notify> {
+        let mut map = self.waiters.lock().expect("lease waiters poisoned");
+        map.entry(key.to_string()).or_default().clone()
+    }
+
+    fn unwait(&self, key: &str, notify: Arc<Notify>) {
+        let mut map = self.waiters.lock().expect("lease waiters poisoned");
+        drop(notify);
+        // Clones are only made under this lock: one left is the map's own.
+        if map.get(key).is_some_and(|n| Arc::strong_count(n) == 1) {
+            map.remove(key);
+        }
+    }
+
+    /// `key` was released here: the next waiter for it tries now.
+    fn released(&self, key: &str) {
+        if let Some(n) = self.waiters.lock().expect("lease waiters poisoned").get(key) {
+            n.notify_one();
+        }
+    }
 }
 
 /// What `release_all` needs of a held lease.
@@ -75,6 +104,7 @@ impl Leases {
                 owner: owner.to_string(),
                 held: Mutex::new(HashMap::new()),
                 next_id: AtomicU64::new(1),
+                waiters: Mutex::new(HashMap::new()),
             }),
         })
     }
@@ -131,19 +161,29 @@ impl Leases {
     pub async fn acquire(&self, name: &str, cancel: &CancellationToken) -> Result<Option<Lease>, LeaseError> {
         validate_name(name)?;
         // Polling at the renewal interval bounds the wait after a holder
-        // dies to its TTL plus one interval.
+        // dies to its TTL plus one interval. A release through this handle
+        // wakes a waiter at once; the poll is for other holders.
         let interval = self.inner.options.renew_every.min(Duration::from_secs(1));
-        loop {
+        let key = self.key(name);
+        let notify = self.inner.wait_on(&key);
+        let result = loop {
+            // Registered before the attempt, so a release in between wakes it.
+            let released = notify.notified();
+            tokio::pin!(released);
+            released.as_mut().enable();
             match self.try_acquire(name).await {
-                Ok(Some(lease)) => return Ok(Some(lease)),
+                Ok(Some(lease)) => break Ok(Some(lease)),
                 Ok(None) => {}
                 Err(err) => debug!(lease = name, error = %err, "lease acquire attempt failed, retrying"),
             }
             tokio::select! {
-                _ = cancel.cancelled() => return Ok(None),
+                _ = cancel.cancelled() => break Ok(None),
                 _ = tokio::time::sleep(interval) => {}
+                _ = &mut released => {}
             }
-        }
+        };
+        self.inner.unwait(&key, notify);
+        result
     }
 
     /// The owner named in the token lease `name` holds now: `None` when it
@@ -352,6 +392,7 @@ impl Lease {
         }
         self.leases.held.lock().expect("lease registry poisoned").remove(&self.id);
         let result = self.leases.store.unlock(&self.key, &self.token).await;
+        self.leases.released(&self.key);
         self.lost.cancel();
         debug!(lease = %self.name, "lease released");
         result
@@ -375,6 +416,7 @@ impl Drop for Lease {
             let (key, token) = (std::mem::take(&mut self.key), std::mem::take(&mut self.token));
             handle.spawn(async move {
                 let _ = tokio::time::timeout(Duration::from_secs(2), leases.store.unlock(&key, &token)).await;
+                leases.released(&key);
             });
         }
     }
@@ -471,6 +513,35 @@ mod tests {
         })
         .await;
         assert!(!embedded.contains("cannot be fenced"), "{embedded}");
+    }
+
+    /// Waiters for a lease released through the same handle go on at once,
+    /// one at a time, not at their next poll (1 s with default options).
+    #[tokio::test]
+    async fn a_release_wakes_a_waiter_at_once() {
+        let leases = open(None, LeaseOptions::default(), "sqlite", "").await.unwrap();
+        let first = leases.try_acquire("sandbox:k").await.unwrap().expect("free");
+        let started = Instant::now();
+        let waiters: Vec<_> = (0..3)
+            .map(|_| {
+                let leases = leases.clone();
+                tokio::spawn(async move {
+                    let lease =
+                        leases.acquire("sandbox:k", &CancellationToken::new()).await.unwrap().unwrap();
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    lease.release().await.unwrap();
+                })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        first.release().await.unwrap();
+        for w in waiters {
+            w.await.unwrap();
+        }
+        // Polling, the three would take three poll intervals at least.
+        let poll = leases.options().renew_every.min(Duration::from_secs(1));
+        assert!(started.elapsed() < poll, "waited {:?}, a poll is {poll:?}", started.elapsed());
+        assert!(leases.inner.waiters.lock().unwrap().is_empty(), "no waiter entry left behind");
     }
 
     #[tokio::test]
