@@ -34,6 +34,7 @@ export const ERROR_REASONS = [
   "SNAPSHOT_TOO_LARGE",
   "JOURNAL_FULL",
   "STORAGE_FULL",
+  "MODEL_UNREACHABLE",
 ] as const;
 
 /** A stable error reason of the Sandhold API. */
