@@ -404,11 +404,17 @@ async fn a_run_whose_driver_died_before_its_status_is_finished_after_its_client_
         .await
         .unwrap();
     let dead_driver = lease_holder(&cluster.redis_url, LEASE_TTL_MS, LEASE_RENEW_MS).await;
-    let lease = dead_driver
-        .try_acquire(&run_lease(&format!("t{}", cluster.nonce), &run_id))
-        .await
-        .unwrap()
-        .expect("the lease is free");
+    // The first driver writes the terminal status, then releases its
+    // lease: take it as soon as it is free.
+    let name = run_lease(&format!("t{}", cluster.nonce), &run_id);
+    let deadline = Instant::now() + PATIENCE;
+    let lease = loop {
+        if let Some(lease) = dead_driver.try_acquire(&name).await.unwrap() {
+            break lease;
+        }
+        assert!(Instant::now() < deadline, "the finished driver's lease was never released");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
 
     let mut attached = attach_after(&mut other, &run_id, &Seen::default()).await.unwrap();
     let mut again = Seen::default();
