@@ -9,6 +9,7 @@ pub mod ids;
 pub mod journal;
 pub mod limits;
 pub mod mask;
+pub mod policy;
 pub mod redact;
 pub mod secret;
 pub mod snapshot;
