@@ -11,6 +11,7 @@ pub mod limits;
 pub mod mask;
 pub mod policy;
 pub mod redact;
+pub mod requests;
 pub mod secret;
 pub mod snapshot;
 pub mod transport;
