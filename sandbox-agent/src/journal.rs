@@ -506,9 +506,9 @@ struct FollowRead {
 /// it does not continue a value).
 fn masked_lines(masker: Option<&mut LineMasker<'_>>, bytes: Vec<u8>, end_offset: u64) -> Vec<JournalLine> {
     match masker {
-        None => vec![JournalLine { data: bytes, end_offset }],
+        None => vec![JournalLine { data: bytes, end_offset, sealed: false }],
         Some(m) => {
-            m.push(&bytes).into_iter().map(|(data, end_offset)| JournalLine { data, end_offset }).collect()
+            m.push(&bytes).into_iter().map(|(data, end_offset)| JournalLine { data, end_offset, sealed: false }).collect()
         }
     }
 }
@@ -516,7 +516,7 @@ fn masked_lines(masker: Option<&mut LineMasker<'_>>, bytes: Vec<u8>, end_offset:
 /// The lines a masker still holds at the end of the output.
 fn flushed_lines(masker: Option<&mut LineMasker<'_>>) -> Vec<JournalLine> {
     masker.map_or_else(Vec::new, |m| {
-        m.finish().into_iter().map(|(data, end_offset)| JournalLine { data, end_offset }).collect()
+        m.finish().into_iter().map(|(data, end_offset)| JournalLine { data, end_offset, sealed: false }).collect()
     })
 }
 

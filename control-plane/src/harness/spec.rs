@@ -193,6 +193,7 @@ impl CommandSpec {
             sentinel_key,
             // The driver sets the run's cap.
             max_journal_bytes: 0,
+            requests: None,
         }
     }
 }
