@@ -54,6 +54,8 @@ pub(crate) fn options_from_api(o: api::HarnessOptions) -> HarnessOptions {
         config_overrides: o.config_overrides.into_iter().map(|c| (c.key, c.value)).collect(),
         extra_args: o.extra_args,
         env: o.env.into_iter().collect(),
+        policy: Default::default(),
+        client_tools: Vec::new(),
         prompt_file: None,
     }
 }

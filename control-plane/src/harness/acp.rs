@@ -63,7 +63,7 @@ pub(super) fn command(options: &HarnessOptions, prompt: &str) -> Result<CommandS
     argv.push("--".into());
     argv.extend(options.command.iter().cloned());
     argv.extend(options.extra_args.iter().cloned());
-    Ok(CommandSpec { argv, env: options.env.clone(), stdin: prompt_stdin(options, prompt) })
+    Ok(CommandSpec::new(argv, options.env.clone(), prompt_stdin(options, prompt)))
 }
 
 /// A tool call announced and not yet out: agents may announce one before

@@ -65,7 +65,7 @@ pub(super) fn command(options: &HarnessOptions, prompt: &str) -> Result<CommandS
     env.entry("IS_SANDBOX".into()).or_insert_with(|| "1".into());
     env.entry("DISABLE_TELEMETRY".into()).or_insert_with(|| "1".into());
     env.entry("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC".into()).or_insert_with(|| "1".into());
-    Ok(CommandSpec { argv, env, stdin: prompt_stdin(options, prompt) })
+    Ok(CommandSpec::new(argv, env, prompt_stdin(options, prompt)))
 }
 
 /// What a streamed content block (by index) became.

@@ -53,7 +53,7 @@ pub(super) fn command(options: &HarnessOptions, prompt: &str) -> Result<CommandS
     // `-`: the prompt is read from stdin, so it never lands in argv (size
     // limits, process listings).
     argv.push("-".into());
-    Ok(CommandSpec { argv, env: options.env.clone(), stdin: prompt_stdin(options, prompt) })
+    Ok(CommandSpec::new(argv, options.env.clone(), prompt_stdin(options, prompt)))
 }
 
 #[derive(Debug)]

@@ -15,7 +15,7 @@ pub(super) fn command(options: &HarnessOptions, prompt: &str) -> Result<CommandS
     let mut argv = options.command.clone();
     argv.extend(options.extra_args.iter().cloned());
     // A script reads the prompt on stdin if it wants it.
-    Ok(CommandSpec { argv, env: options.env.clone(), stdin: prompt_stdin(options, prompt) })
+    Ok(CommandSpec::new(argv, options.env.clone(), prompt_stdin(options, prompt)))
 }
 
 #[derive(Debug, Default)]

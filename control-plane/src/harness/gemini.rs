@@ -53,7 +53,7 @@ pub(super) fn command(options: &HarnessOptions, prompt: &str) -> Result<CommandS
         argv.push(s.clone());
     }
     argv.extend(options.extra_args.iter().cloned());
-    Ok(CommandSpec { argv, env: options.env.clone(), stdin: prompt_stdin(options, prompt) })
+    Ok(CommandSpec::new(argv, options.env.clone(), prompt_stdin(options, prompt)))
 }
 
 #[derive(Debug, Default)]

@@ -32,7 +32,7 @@ pub(super) fn command(options: &HarnessOptions, prompt: &str) -> Result<CommandS
     argv.push(prompt.to_owned());
     let mut env = options.env.clone();
     env.entry("OPENCODE_DISABLE_AUTOUPDATE".into()).or_insert_with(|| "1".into());
-    Ok(CommandSpec { argv, env, stdin: StdinSpec::Null })
+    Ok(CommandSpec::new(argv, env, StdinSpec::Null))
 }
 
 #[derive(Debug, Default)]

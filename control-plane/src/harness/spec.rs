@@ -140,6 +140,13 @@ pub struct HarnessOptions {
     pub extra_args: Vec<String>,
     /// Added to the run's environment (secrets included; never logged).
     pub env: BTreeMap<String, String>,
+    /// What the harness may do without asking (the empty policy allows
+    /// everything). Each adapter maps it onto the CLI's own permission
+    /// settings and routes what asks through the agent's request tools.
+    pub policy: shared::policy::Policy,
+    /// Tools the client declared: served to the CLI as MCP tools of the
+    /// `sandhold` server; every call is a request the client answers.
+    pub client_tools: Vec<agent::ClientTool>,
     /// Deliver the prompt through this file (a path under the sandbox root)
     /// redirected to stdin, for providers without writable stdin. Unset: the
     /// prompt is written to stdin directly.
@@ -148,12 +155,18 @@ pub struct HarnessOptions {
 
 /// What to start in the sandbox: maps onto the agent's
 /// `JournalService.StartRun`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct CommandSpec {
     pub argv: Vec<String>,
     /// Added to the agent's environment.
     pub env: BTreeMap<String, String>,
     pub stdin: StdinSpec,
+    /// Set when the run may ask (a policy that is not allow-everything, or
+    /// client tools): the agent sets up the run's request dir.
+    pub requests: Option<agent::RequestSetup>,
+    /// What the CLI cannot express of the policy (or of anything else the
+    /// run asked for): each becomes a `harness.warning` chunk.
+    pub warnings: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -168,6 +181,10 @@ pub enum StdinSpec {
 }
 
 impl CommandSpec {
+    pub fn new(argv: Vec<String>, env: BTreeMap<String, String>, stdin: StdinSpec) -> Self {
+        CommandSpec { argv, env, stdin, requests: None, warnings: Vec::new() }
+    }
+
     /// The agent request that starts this command as journaled run `run_id`.
     /// For [`StdinSpec::File`] the caller writes the file (FsService) before
     /// sending it.
@@ -193,7 +210,7 @@ impl CommandSpec {
             sentinel_key,
             // The driver sets the run's cap.
             max_journal_bytes: 0,
-            requests: None,
+            requests: self.requests.clone(),
         }
     }
 }
