@@ -7,7 +7,7 @@ use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
 use crate::ids::RunId;
-pub use crate::proto::v1::{Chunk, ChunkType, Usage};
+pub use crate::proto::v1::{Chunk, ChunkRequest, ChunkType, Usage};
 
 /// First chunk of a fresh durable run, appended by the server.
 pub const RUN_ACCEPTED: &str = "run.accepted";
@@ -251,7 +251,54 @@ pub fn to_json(chunk: &Chunk) -> Value {
         let value = serde_json::from_str(&chunk.value_json).unwrap_or(Value::Null);
         m.insert("value".into(), value);
     }
+    if let Some(r) = &chunk.request {
+        m.insert("request".into(), request_to_json(r));
+    }
     Value::Object(m)
+}
+
+/// The JSON shape of a chunk's request: its fields, empty ones left out,
+/// the input as a JSON value (`input`), not text.
+pub fn request_to_json(r: &ChunkRequest) -> Value {
+    let mut m = Map::new();
+    let mut put = |k: &str, v: &str| {
+        if !v.is_empty() {
+            m.insert(k.into(), Value::String(v.to_owned()));
+        }
+    };
+    put("request_id", &r.request_id);
+    put("kind", &r.kind);
+    put("rule", &r.rule);
+    put("answered_by", &r.answered_by);
+    if !r.input_json.is_empty() {
+        let input = serde_json::from_str(&r.input_json).unwrap_or(Value::String(r.input_json.clone()));
+        m.insert("input".into(), input);
+    }
+    if r.deadline_ms != 0 {
+        m.insert("deadline_ms".into(), r.deadline_ms.into());
+    }
+    if !r.answered_by.is_empty() {
+        m.insert("allowed".into(), Value::Bool(r.allowed));
+    }
+    if r.awaiting_client {
+        m.insert("awaiting_client".into(), Value::Bool(true));
+    }
+    Value::Object(m)
+}
+
+fn request_from_json(value: &Value) -> Option<ChunkRequest> {
+    let o = value.as_object()?;
+    let s = |k: &str| o.get(k).and_then(Value::as_str).unwrap_or_default().to_owned();
+    Some(ChunkRequest {
+        request_id: s("request_id"),
+        kind: s("kind"),
+        rule: s("rule"),
+        deadline_ms: o.get("deadline_ms").and_then(Value::as_i64).unwrap_or(0),
+        input_json: o.get("input").map(|v| v.to_string()).unwrap_or_default(),
+        allowed: o.get("allowed").and_then(Value::as_bool).unwrap_or(false),
+        answered_by: s("answered_by"),
+        awaiting_client: o.get("awaiting_client").and_then(Value::as_bool).unwrap_or(false),
+    })
 }
 
 /// The JSON shape of token usage, as in a chunk's `usage` and a run
@@ -314,6 +361,7 @@ pub fn from_json(value: &Value) -> Option<Chunk> {
         error_code: s("error_code"),
         name,
         value_json,
+        request: obj.get("request").and_then(request_from_json),
         ..Default::default()
     })
 }
@@ -338,7 +386,11 @@ const FINGERPRINT_DOMAIN: &[u8] = b"sandhold/chunk-fingerprint/v1\0";
 /// bits (8 bytes); error_message; error_code; name; and value_json: a byte 1
 /// then the canonical JSON (object keys sorted by their UTF-8 bytes, no
 /// whitespace, numbers as serde_json prints them) when it parses, else a byte
-/// 0 then the raw text.
+/// 0 then the raw text. Then, only when the chunk has a request (so that
+/// chunks from before requests keep their fingerprints): a byte 1, its
+/// request_id, kind, rule, deadline_ms (8 bytes), input_json (canonical like
+/// value_json), allowed (one byte), answered_by and awaiting_client (one
+/// byte).
 pub fn fingerprint(chunk: &Chunk) -> [u8; 32] {
     let mut h = Sha256::new();
     h.update(FINGERPRINT_DOMAIN);
@@ -404,6 +456,24 @@ pub fn fingerprint(chunk: &Chunk) -> [u8; 32] {
             h.update([0]);
             str_field(&mut h, &chunk.value_json);
         }
+    }
+    if let Some(r) = &chunk.request {
+        h.update([1]);
+        str_field(&mut h, &r.request_id);
+        str_field(&mut h, &r.kind);
+        str_field(&mut h, &r.rule);
+        h.update(r.deadline_ms.to_be_bytes());
+        match serde_json::from_str::<Value>(&r.input_json) {
+            Ok(v) => {
+                let mut canon = String::new();
+                canonical_json(&v, &mut canon);
+                str_field(&mut h, &canon);
+            }
+            Err(_) => str_field(&mut h, &r.input_json),
+        }
+        h.update([u8::from(r.allowed)]);
+        str_field(&mut h, &r.answered_by);
+        h.update([u8::from(r.awaiting_client)]);
     }
     h.finalize().into()
 }
@@ -477,6 +547,16 @@ mod tests {
             error_code: "k".into(),
             name: "custom".into(),
             value_json: r#"{"a":1,"b":[true,null]}"#.into(),
+            request: Some(ChunkRequest {
+                request_id: "r1".into(),
+                kind: "permission".into(),
+                rule: "ask command:*".into(),
+                deadline_ms: 7,
+                input_json: r#"{"a":1}"#.into(),
+                allowed: true,
+                answered_by: "client".into(),
+                awaiting_client: true,
+            }),
         }
     }
 
@@ -550,6 +630,15 @@ mod tests {
             ("name", |c| c.name.push('x')),
             ("value_json", |c| c.value_json = "[]".into()),
             ("value_json unparsable", |c| c.value_json = "{".into()),
+            ("request presence", |c| c.request = None),
+            ("request_id", |c| c.request.as_mut().unwrap().request_id.push('x')),
+            ("kind", |c| c.request.as_mut().unwrap().kind.push('x')),
+            ("rule", |c| c.request.as_mut().unwrap().rule.push('x')),
+            ("deadline_ms", |c| c.request.as_mut().unwrap().deadline_ms += 1),
+            ("input_json", |c| c.request.as_mut().unwrap().input_json = r#"{"a":2}"#.into()),
+            ("allowed", |c| c.request.as_mut().unwrap().allowed = false),
+            ("answered_by", |c| c.request.as_mut().unwrap().answered_by.push('x')),
+            ("awaiting_client", |c| c.request.as_mut().unwrap().awaiting_client = false),
         ];
         let base = fingerprint(&full());
         let mut seen = std::collections::HashSet::new();

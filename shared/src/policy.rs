@@ -82,9 +82,9 @@ impl Action {
             "command" | "cmd" | "bash" => Ok(Action::Command),
             "file_write" | "write" | "file" => Ok(Action::FileWrite),
             "network" | "net" | "host" => Ok(Action::Network),
-            other => Err(PolicyError(format!(
-                "unknown action {other:?}: expected command, file_write or network"
-            ))),
+            other => {
+                Err(PolicyError(format!("unknown action {other:?}: expected command, file_write or network")))
+            }
         }
     }
 }
@@ -154,6 +154,11 @@ pub struct Policy {
     /// How long a request waits before it is denied. Unset: 10 minutes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request_timeout_ms: Option<u64>,
+    /// Policies this one stays within (a run's policy within its
+    /// definition's): each decision is the strictest of this policy's and
+    /// theirs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub bounds: Vec<Policy>,
 }
 
 /// The outcome of [`Policy::decide`]: the effect and what decided it
@@ -167,7 +172,8 @@ pub struct Decision {
 impl Policy {
     /// Parse and check the JSON form.
     pub fn from_json(text: &str) -> Result<Self, PolicyError> {
-        let policy: Policy = serde_json::from_str(text).map_err(|e| PolicyError(format!("bad policy: {e}")))?;
+        let policy: Policy =
+            serde_json::from_str(text).map_err(|e| PolicyError(format!("bad policy: {e}")))?;
         policy.validate()?;
         Ok(policy)
     }
@@ -183,18 +189,51 @@ impl Policy {
         for r in &self.rules {
             r.matcher()?;
         }
-        Ok(())
+        self.bounds.iter().try_for_each(Policy::validate)
     }
 
     /// True when nothing can ask or be denied: the policy of a run without
     /// one.
     pub fn allows_everything(&self) -> bool {
-        self.default == Effect::Allow && self.rules.iter().all(|r| r.effect == Effect::Allow)
+        self.default == Effect::Allow
+            && self.rules.iter().all(|r| r.effect == Effect::Allow)
+            && self.bounds.iter().all(Policy::allows_everything)
     }
 
     /// True when some action may need an answer.
     pub fn can_ask(&self) -> bool {
-        self.default == Effect::Ask || self.rules.iter().any(|r| r.effect == Effect::Ask)
+        self.default == Effect::Ask
+            || self.rules.iter().any(|r| r.effect == Effect::Ask)
+            || self.bounds.iter().any(Policy::can_ask)
+    }
+
+    /// This policy (a run's) within `outer` (its definition's): for every
+    /// action the stricter of the two decisions. Rules can loosen a default,
+    /// so no flat rule list says the same in general: the outer policy is
+    /// kept as a bound that [`decide`](Self::decide) also consults. The
+    /// timeout is the shorter.
+    pub fn within(&self, outer: &Policy) -> Policy {
+        let mut merged = self.clone();
+        merged.bounds.push(outer.clone());
+        merged.request_timeout_ms = match (self.request_timeout_ms, outer.request_timeout_ms) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        merged
+    }
+
+    /// Every rule of this policy and of its bounds, and the strictest
+    /// default: what a CLI's native settings can be given. Exact without
+    /// bounds; with them, [`decide`](Self::decide) is the authority.
+    pub fn flattened(&self) -> (Effect, Vec<Rule>) {
+        let mut default = self.default;
+        let mut rules = self.rules.clone();
+        for b in &self.bounds {
+            let (d, r) = b.flattened();
+            default = default.max(d);
+            rules.extend(r);
+        }
+        (default, rules)
     }
 
     pub fn request_timeout_ms(&self) -> u64 {
@@ -206,11 +245,21 @@ impl Policy {
     /// after [`validate`](Self::validate)) matches everything, so a broken
     /// deny still denies.
     pub fn decide(&self, action: Action, subject: &str) -> Decision {
+        let own = self.decide_own(action, subject);
+        self.bounds
+            .iter()
+            .map(|b| b.decide(action, subject))
+            .fold(own, |a, b| if b.effect > a.effect { b } else { a })
+    }
+
+    fn decide_own(&self, action: Action, subject: &str) -> Decision {
         let subject = subject.trim();
         let mut best: Option<&Rule> = None;
         for r in self.rules.iter().filter(|r| r.action == action) {
             let hit = match r.matcher() {
-                Ok(m) => m.is_match(subject) || (action == Action::FileWrite && m.is_match(relative(subject))),
+                Ok(m) => {
+                    m.is_match(subject) || (action == Action::FileWrite && m.is_match(relative(subject)))
+                }
                 Err(_) => true,
             };
             if hit && best.is_none_or(|b| r.effect > b.effect) {
@@ -264,17 +313,18 @@ pub fn classify(tool: &str, input: &Value) -> Classified {
         | "bashoutput" | "notebookread" | "search" | "think" | "websearch" | "view" | "codesearch" => {
             Classified::ReadOnly
         }
-        "bash" | "shell" | "execute" | "exec" | "exec_command" | "local_shell" | "command" | "run_shell_command" => {
-            match field(&["command", "cmd", "commandLine"]) {
-                Some(c) => Classified::Action(Action::Command, c),
-                None => Classified::Action(Action::Command, String::new()),
+        "bash" | "shell" | "execute" | "exec" | "exec_command" | "local_shell" | "command"
+        | "run_shell_command" => match field(&["command", "cmd", "commandLine"]) {
+            Some(c) => Classified::Action(Action::Command, c),
+            None => Classified::Action(Action::Command, String::new()),
+        },
+        "write" | "edit" | "multiedit" | "notebookedit" | "patch" | "apply_patch" | "delete" | "move"
+        | "write_file" | "replace" => {
+            match field(&["file_path", "filePath", "path", "notebook_path", "absolute_path"]) {
+                Some(p) => Classified::Action(Action::FileWrite, p),
+                None => Classified::Action(Action::FileWrite, String::new()),
             }
         }
-        "write" | "edit" | "multiedit" | "notebookedit" | "patch" | "apply_patch" | "delete" | "move"
-        | "write_file" | "replace" => match field(&["file_path", "filePath", "path", "notebook_path", "absolute_path"]) {
-            Some(p) => Classified::Action(Action::FileWrite, p),
-            None => Classified::Action(Action::FileWrite, String::new()),
-        },
         "webfetch" | "fetch" | "web_fetch" => match field(&["url", "uri"]) {
             Some(u) => Classified::Action(Action::Network, host_of(&u)),
             None => Classified::Action(Action::Network, String::new()),
@@ -330,6 +380,7 @@ mod tests {
                 .map(|(a, p, e)| Rule { action: *a, pattern: p.to_string(), effect: *e })
                 .collect(),
             request_timeout_ms: None,
+            bounds: Vec::new(),
         }
     }
 
@@ -392,12 +443,51 @@ mod tests {
         assert_eq!(p.decide_tool("Write", &json!({"file_path": "README.md"})).effect, Effect::Allow);
         assert_eq!(p.decide_tool("Read", &json!({"file_path": "x"})).effect, Effect::Allow);
         // Codex / ACP: argv arrays, `sh -c` unwrapped
-        assert_eq!(p.decide_tool("shell", &json!({"command": ["bash", "-lc", "echo hi"]})).effect, Effect::Deny);
+        assert_eq!(
+            p.decide_tool("shell", &json!({"command": ["bash", "-lc", "echo hi"]})).effect,
+            Effect::Deny
+        );
         assert_eq!(p.decide_tool("execute", &json!({"command": ["ls", "-la"]})).effect, Effect::Ask);
         // OpenCode
         assert_eq!(p.decide_tool("edit", &json!({"filePath": "notes.md"})).effect, Effect::Allow);
         // Another tool gets the default; MCP prefixes are ignored for the name.
         assert_eq!(p.decide_tool("mcp__srv__frobnicate", &json!({})).effect, Effect::Ask);
+    }
+
+    #[test]
+    fn a_run_policy_within_its_definition_is_the_stricter_of_the_two_everywhere() {
+        // Every pair of small policies over two overlapping patterns, on
+        // subjects hitting neither, one or both.
+        let effects = [Effect::Allow, Effect::Ask, Effect::Deny];
+        let patterns = ["git *", "git push*"];
+        let mut policies = Vec::new();
+        for default in effects {
+            policies.push(policy(default, &[]));
+            for (i, p) in patterns.iter().enumerate() {
+                for e in effects {
+                    policies.push(policy(default, &[(Action::Command, p, e)]));
+                    // Two rules: the narrower pattern second, either way.
+                    for e2 in effects.into_iter().filter(|_| i == 0) {
+                        let other = patterns[1 - i];
+                        policies
+                            .push(policy(default, &[(Action::Command, p, e), (Action::Command, other, e2)]));
+                    }
+                }
+            }
+        }
+        for run in &policies {
+            for def in &policies {
+                let merged = run.within(def);
+                for subject in ["ls", "git status", "git push origin"] {
+                    let want = run
+                        .decide(Action::Command, subject)
+                        .effect
+                        .max(def.decide(Action::Command, subject).effect);
+                    let got = merged.decide(Action::Command, subject).effect;
+                    assert_eq!(got, want, "run {run:?} within {def:?} on {subject:?}");
+                }
+            }
+        }
     }
 
     #[test]
@@ -423,7 +513,9 @@ mod tests {
         assert_eq!(Policy::from_json(&serde_json::to_string(&p).unwrap()).unwrap(), p);
         let e = Policy::from_json(r#"{"default":"maybe"}"#).unwrap_err();
         assert!(e.0.contains("maybe"), "{e}");
-        assert!(Policy::from_json(r#"{"rules":[{"action":"command","pattern":"[","effect":"deny"}]}"#).is_err());
+        assert!(
+            Policy::from_json(r#"{"rules":[{"action":"command","pattern":"[","effect":"deny"}]}"#).is_err()
+        );
         assert!(Policy::default().allows_everything());
         assert_eq!(Policy::default().request_timeout_ms(), DEFAULT_REQUEST_TIMEOUT_MS);
     }

@@ -116,7 +116,9 @@ pub enum Record {
 
 /// True for a request id the agent accepts.
 pub fn valid_request_id(id: &str) -> bool {
-    !id.is_empty() && id.len() <= 64 && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    !id.is_empty()
+        && id.len() <= 64
+        && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
 fn mac(key: &[u8], run_id: &RunId, record: &[u8]) -> Hmac<Sha256> {
