@@ -15,6 +15,7 @@ use shared::proto::agent::v1::info_service_client::InfoServiceClient;
 use shared::proto::agent::v1::journal_service_client::JournalServiceClient;
 use shared::proto::agent::v1::port_service_client::PortServiceClient;
 use shared::proto::agent::v1::process_service_client::ProcessServiceClient;
+use shared::proto::agent::v1::request_service_client::RequestServiceClient;
 use shared::proto::agent::v1::secret_service_client::SecretServiceClient;
 use shared::proto::agent::v1::shell_service_client::ShellServiceClient;
 use shared::proto::agent::v1::snapshot_service_client::SnapshotServiceClient;
@@ -165,6 +166,10 @@ impl AgentClient {
 
     pub fn egress(&self) -> EgressServiceClient<AuthedChannel> {
         shared::sized!(EgressServiceClient::new(self.channel.clone()))
+    }
+
+    pub fn requests(&self) -> RequestServiceClient<AuthedChannel> {
+        shared::sized!(RequestServiceClient::new(self.channel.clone()))
     }
 
     pub fn secrets(&self) -> SecretServiceClient<AuthedChannel> {

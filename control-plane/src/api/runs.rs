@@ -118,6 +118,13 @@ impl RunService for RunApi {
             detach_on_disconnect: req.detach_on_disconnect,
             cwd: req.cwd,
             new_session: req.new_session,
+            policy: req
+                .policy
+                .as_ref()
+                .map(|p| runs::policy_from_api(p, "policy"))
+                .transpose()
+                .map_err(runs::Error::from)?,
+            client_tools: req.client_tools,
         };
         Ok(Response::new(to_status_stream(self.runs.start(start).await?)))
     }
@@ -172,5 +179,28 @@ impl RunService for RunApi {
         let tenant = tenant_of(&request)?;
         let active = self.runs.active(&tenant, &request.into_inner().thread_id).await?;
         Ok(Response::new(api::GetActiveRunResponse { run: active.as_ref().map(run_to_api) }))
+    }
+
+    async fn respond_to_request(
+        &self,
+        request: Request<api::RespondToRequestRequest>,
+    ) -> Result<Response<api::RespondToRequestResponse>, Status> {
+        let tenant = tenant_of(&request)?;
+        let req = request.into_inner();
+        let answer = req.answer.ok_or_else(|| {
+            runs::Error::from(crate::provision::InvalidField::new("answer", "permission or tool_result"))
+        })?;
+        let answered = self.runs.respond(&tenant, &req.run_id, &req.request_id, answer).await?;
+        Ok(Response::new(api::RespondToRequestResponse { request: Some(answered) }))
+    }
+
+    async fn list_requests(
+        &self,
+        request: Request<api::ListRequestsRequest>,
+    ) -> Result<Response<api::ListRequestsResponse>, Status> {
+        let tenant = tenant_of(&request)?;
+        let req = request.into_inner();
+        let requests = self.runs.list_requests(&tenant, &req.run_id, req.include_answered).await?;
+        Ok(Response::new(api::ListRequestsResponse { requests }))
     }
 }

@@ -148,6 +148,8 @@ impl FromFlags {
             model_access: self.model_access.clone(),
             network: (!self.allow_hosts.is_empty())
                 .then(|| api::Network { allow_hosts: self.allow_hosts.clone(), ..Default::default() }),
+            // The run's --policy flags go on the run, within any definition.
+            policy: None,
         };
         definition.secret_names.sort();
         definition.secret_names.dedup();

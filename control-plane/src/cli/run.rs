@@ -173,6 +173,33 @@ pub struct RunArgs {
     #[arg(long = "allow-host", value_name = "HOST[:PORT]")]
     pub allow_hosts: Vec<String>,
 
+    /// What the harness may do without asking when no rule matches
+    /// (the policy: see the README's "Policy and requests"). With `ask`, a
+    /// terminal shows each request as a prompt; `sandhold respond` answers
+    /// from anywhere.
+    #[arg(long, value_name = "EFFECT", value_parser = ["allow", "ask", "deny"])]
+    pub policy_default: Option<String>,
+
+    /// Allow without asking: `[command:|write:|network:]GLOB` (a command
+    /// line glob without a prefix). Repeatable.
+    #[arg(long = "allow", value_name = "PATTERN")]
+    pub allow: Vec<String>,
+
+    /// Ask the client first (a request the run waits on). Repeatable.
+    #[arg(long = "ask", value_name = "PATTERN")]
+    pub ask: Vec<String>,
+
+    /// Never, and without asking. Repeatable.
+    #[arg(long = "deny", value_name = "PATTERN")]
+    pub deny: Vec<String>,
+
+    /// A policy file (JSON: {"default":"ask","rules":[{"action":"command",
+    /// "pattern":"git push*","effect":"deny"}],"request_timeout_ms":600000});
+    /// --policy-default and the rule flags add to it. The run's policy
+    /// tightens the definition's, never loosens it.
+    #[arg(long = "policy", value_name = "FILE")]
+    pub policy_file: Option<PathBuf>,
+
     /// Start a new harness session instead of continuing the one the
     /// thread's last run of this harness ended with.
     #[arg(long)]
@@ -332,8 +359,41 @@ fn prepare(args: &RunArgs) -> anyhow::Result<Prepared> {
         detach_on_disconnect: None,
         cwd: String::new(),
         new_session: args.new_session,
+        policy: run_policy(args)?.map(|p| crate::runs::policy_to_api(&p)),
+        client_tools: Vec::new(),
     };
     Ok(Prepared { definition, request })
+}
+
+/// The run's policy from `--policy FILE`, `--policy-default` and the rule
+/// flags; `None` when none is given.
+fn run_policy(args: &RunArgs) -> anyhow::Result<Option<shared::policy::Policy>> {
+    use shared::policy::{Effect, Policy, Rule};
+    let flags = args.policy_default.is_some()
+        || !(args.allow.is_empty() && args.ask.is_empty() && args.deny.is_empty());
+    let mut policy = match &args.policy_file {
+        Some(path) => {
+            let text =
+                std::fs::read_to_string(path).with_context(|| format!("--policy {}", path.display()))?;
+            Policy::from_json(&text).map_err(|e| anyhow::anyhow!("--policy {}: {e}", path.display()))?
+        }
+        None if !flags => return Ok(None),
+        None => Policy::default(),
+    };
+    if let Some(d) = &args.policy_default {
+        policy.default = Effect::parse(d).map_err(|e| anyhow::anyhow!("--policy-default: {e}"))?;
+    }
+    for (effect, patterns, flag) in [
+        (Effect::Allow, &args.allow, "--allow"),
+        (Effect::Ask, &args.ask, "--ask"),
+        (Effect::Deny, &args.deny, "--deny"),
+    ] {
+        for p in patterns {
+            policy.rules.push(Rule::from_flag(effect, p).map_err(|e| anyhow::anyhow!("{flag} {p:?}: {e}"))?);
+        }
+    }
+    policy.validate().map_err(|e| anyhow::anyhow!("the run's policy: {e}"))?;
+    Ok(Some(policy))
 }
 
 /// The harness's brokered model access from the flags: its key is the

@@ -220,6 +220,10 @@ impl ClaudeCodeTranslator {
 }
 
 impl Translate for ClaudeCodeTranslator {
+    fn tool_call_id(&self, cli_id: &str) -> Option<String> {
+        self.tool_ids.get(cli_id).cloned()
+    }
+
     fn line(&mut self, em: &mut Emitter, line: &[u8]) {
         let event = match parse_object(line) {
             Ok(Some(e)) => e,

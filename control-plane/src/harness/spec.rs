@@ -97,7 +97,7 @@ impl Harness {
             Harness::Gemini => Box::new(gemini::GeminiTranslator::default()),
             Harness::Acp => Box::new(acp::AcpTranslator::default()),
         };
-        Translator { em: Emitter::new(self, run_id, thread_id, clock), inner }
+        Translator { em: Emitter::new(self, run_id, thread_id, clock), inner, requests: Default::default() }
     }
 }
 

@@ -13,6 +13,7 @@ use super::*;
 pub struct Translator {
     pub(super) em: Emitter,
     pub(super) inner: Box<dyn Translate>,
+    pub(super) requests: super::requests::Requests,
 }
 
 impl std::fmt::Debug for Translator {
@@ -31,6 +32,16 @@ impl Translator {
         self.em.ensure_started();
         if !self.em.terminal {
             self.inner.line(&mut self.em, line);
+        }
+        std::mem::take(&mut self.em.out)
+    }
+
+    /// The chunks of a sealed record of the journal (a request or an
+    /// answer, verified by the agent: `JournalLine.sealed`).
+    pub fn feed_record(&mut self, record: &[u8]) -> Vec<Chunk> {
+        self.em.ensure_started();
+        if !self.em.terminal {
+            self.requests.record(&mut self.em, self.inner.as_ref(), record);
         }
         std::mem::take(&mut self.em.out)
     }
@@ -61,6 +72,10 @@ impl Translator {
 pub(super) trait Translate: Send {
     fn line(&mut self, em: &mut Emitter, line: &[u8]);
     fn finish(&mut self, em: &mut Emitter, exit_code: i32, stderr_tail: &str);
+    /// This run's id of the tool call the CLI calls `cli_id`, once seen.
+    fn tool_call_id(&self, _cli_id: &str) -> Option<String> {
+        None
+    }
 }
 
 /// Longest piece of an offending line a warning carries.

@@ -277,6 +277,7 @@ impl Runs {
         // Files that carry secrets are written for each run, for its harness
         // only; what the harness cannot use is a warning, not an error.
         let mut warnings = notes;
+        warnings.append(&mut command.warnings);
         warnings.extend(missing);
         warnings.extend(
             crate::workspace::project_for_run(&live.agent, &workspace, &live.secrets, ctx.harness)
@@ -525,11 +526,53 @@ impl Runs {
             }
         };
         watcher.abort();
+        if matches!(ending, Ending::Stopped(StopReason::Cancel)) {
+            self.deny_pending(ctx, &mut pump, &agent).await;
+        }
         drop(carriers);
         if pump.dropped_file_events > 0 {
             info!(run_id = %ctx.key.run, dropped = pump.dropped_file_events, "file events over the per-gap budget were dropped");
         }
         ending
+    }
+
+    /// A cancelled run's waiting requests are denied, and the denials
+    /// recorded before the run's end: the agent writes them to the journal,
+    /// read here once more.
+    async fn deny_pending(&self, ctx: &DriveCtx, pump: &mut Pump, agent: &AgentClient) {
+        let request = agent::DenyPendingRequest {
+            run_id: ctx.key.run.to_string(),
+            sentinel_key: ctx.sentinel_key.clone(),
+            by: shared::requests::AnsweredBy::Cancel.as_str().into(),
+            message: "the run was cancelled".into(),
+        };
+        let denied = match agent.requests().deny_pending(request).await {
+            Ok(r) => r.into_inner().request_ids,
+            Err(status) => {
+                debug!(run_id = %ctx.key.run, error = %status.message(), "denying the waiting requests failed");
+                return;
+            }
+        };
+        if denied.is_empty() {
+            return;
+        }
+        info!(run_id = %ctx.key.run, denied = denied.len(), "waiting requests denied by the cancel");
+        let read = agent::ReadJournalRequest {
+            run_id: ctx.key.run.to_string(),
+            from_byte: pump.from_byte,
+            max_bytes: 0,
+            sentinel_key: ctx.sentinel_key.clone(),
+        };
+        match agent.journal().read_journal(read).await {
+            Ok(r) => {
+                if let Err(e) = self.lines(ctx, pump, r.into_inner().lines).await {
+                    debug!(run_id = %ctx.key.run, ending = ending_name(&e), "recording the denials failed");
+                }
+            }
+            Err(status) => {
+                debug!(run_id = %ctx.key.run, error = %status.message(), "reading the denials failed")
+            }
+        }
     }
 
     fn translator(&self, ctx: &DriveCtx) -> Translator {
@@ -546,7 +589,12 @@ impl Runs {
         let mut batch = Vec::new();
         crate::metrics::journal().read(lines.iter().map(|l| l.data.len() as u64 + 1).sum());
         for line in &lines {
-            for c in pump.translator.feed(&line.data) {
+            let chunks = if line.sealed {
+                pump.translator.feed_record(&line.data)
+            } else {
+                pump.translator.feed(&line.data)
+            };
+            for c in chunks {
                 if let Some(session) = session_of(ctx.harness, &c) {
                     *ctx.session.lock().unwrap_or_else(|e| e.into_inner()) = Some(session);
                 }

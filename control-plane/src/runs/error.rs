@@ -87,6 +87,15 @@ pub enum Error {
     /// is stopped.
     #[error("the model upstream {upstream} has been unreachable for {} s: {error}", waited_ms / 1000)]
     ModelUnreachable { upstream: String, error: String, waited_ms: u64 },
+    /// No such request in the run (not recorded in its sandbox).
+    #[error("run {run} has no request {request}")]
+    RequestNotFound { run: RunId, request: String },
+    /// The request was answered already, or the run has ended.
+    #[error("{0}")]
+    RequestClosed(String),
+    /// The sandbox's agent refused an answer for another reason.
+    #[error("answering in the run's sandbox: {}", .0.message())]
+    AnswerRefused(tonic::Status),
     /// The files that carry secrets could not be written for this run.
     #[error("projecting skills for the run: {0}")]
     Projecting(provision::Error),
@@ -163,6 +172,11 @@ impl From<Error> for WireError {
             }
             Error::Unreachable(e) => WireError::from(e).context("reaching the run's sandbox"),
             Error::Projecting(e) => WireError::from(e).context("projecting skills for the run"),
+            Error::RequestNotFound { .. } => WireError::not_found(message),
+            Error::RequestClosed(_) => WireError::new(ErrorCode::FailedPrecondition, message),
+            Error::AnswerRefused(status) => {
+                WireError::from_status(&status).context("answering in the run's sandbox")
+            }
             Error::Egress(_) => WireError::new(ErrorCode::FailedPrecondition, message),
             Error::ModelUnreachable { upstream, .. } => {
                 WireError::new(ErrorCode::ModelUnreachable, message).with_meta("upstream", upstream)

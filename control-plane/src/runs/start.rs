@@ -38,6 +38,10 @@ pub struct StartRun {
     pub cwd: String,
     /// Start a new harness session instead of continuing the thread's.
     pub new_session: bool,
+    /// Tightens the definition's policy (checked already).
+    pub policy: Option<shared::policy::Policy>,
+    /// Tools the client runs itself (checked by [`Runs::start`]).
+    pub client_tools: Vec<shared::proto::v1::ClientTool>,
 }
 
 impl Runs {
@@ -79,31 +83,6 @@ impl Runs {
         }
         let harness =
             Harness::parse(&req.harness).map_err(|e| InvalidField::new("harness", e.to_string()))?;
-        let mut options = req.options;
-        let mut notes = Vec::new();
-        let mut unless_resumed = None;
-        let build = |options: &HarnessOptions| {
-            harness.command(options, &req.prompt).map_err(|e| Error::InvalidCommand(e.to_string()))
-        };
-        if options.resume_session_id.is_none() && !req.new_session && harness.has_sessions() {
-            match self.thread_session(&req.tenant, &req.thread_id, &req.definition_id, harness).await? {
-                Session::Continue(id) => {
-                    // Should the ensure not resume the sandbox, its files are
-                    // gone, unless a restored checkpoint carried them.
-                    let why = if harness.carries_sessions() {
-                        "lived in a sandbox that is gone, and no checkpoint of the thread carried it"
-                    } else {
-                        "lived in a sandbox that is gone (its sessions do not travel in checkpoints)"
-                    };
-                    let note = lost_session(harness, &id, why);
-                    unless_resumed = Some(Unresumed { fresh: build(&options)?, note, session: id.clone() });
-                    options.resume_session_id = Some(id);
-                }
-                Session::Lost(note) => notes.push(note),
-                Session::None => {}
-            }
-        }
-        let command = build(&options)?;
         let run = if req.run_id.is_empty() {
             if req.durable {
                 return Err(InvalidField::new(
@@ -127,6 +106,38 @@ impl Runs {
             req.secrets,
         )
         .await?;
+        let mut options = req.options;
+        // The run's policy within its definition's.
+        let outer = super::requests::definition_policy(&input.definition)?;
+        options.policy = match req.policy {
+            Some(own) => own.within(&outer),
+            None => outer,
+        };
+        options.client_tools = super::requests::client_tools(req.client_tools)?;
+        let mut notes = Vec::new();
+        let mut unless_resumed = None;
+        let build = |options: &HarnessOptions| {
+            harness.command(options, &req.prompt).map_err(|e| Error::InvalidCommand(e.to_string()))
+        };
+        if options.resume_session_id.is_none() && !req.new_session && harness.has_sessions() {
+            match self.thread_session(&tenant, &req.thread_id, &req.definition_id, harness).await? {
+                Session::Continue(id) => {
+                    // Should the ensure not resume the sandbox, its files are
+                    // gone, unless a restored checkpoint carried them.
+                    let why = if harness.carries_sessions() {
+                        "lived in a sandbox that is gone, and no checkpoint of the thread carried it"
+                    } else {
+                        "lived in a sandbox that is gone (its sessions do not travel in checkpoints)"
+                    };
+                    let note = lost_session(harness, &id, why);
+                    unless_resumed = Some(Unresumed { fresh: build(&options)?, note, session: id.clone() });
+                    options.resume_session_id = Some(id);
+                }
+                Session::Lost(note) => notes.push(note),
+                Session::None => {}
+            }
+        }
+        let command = build(&options)?;
         let spec = RunSpec {
             harness: harness.name().to_owned(),
             definition_id: req.definition_id.clone(),

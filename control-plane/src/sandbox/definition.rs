@@ -64,6 +64,11 @@ pub fn validate(d: &SandboxDefinition) -> Result<(), Violations> {
     if d.max_journal_bytes == Some(0) {
         bad("definition.max_journal_bytes", "must be positive (unset: the operator's default, 1 GiB)");
     }
+    if let Some(p) = &d.policy
+        && let Err(e) = crate::runs::policy_from_api(p, "definition.policy")
+    {
+        bad(&e.field, &e.reason);
+    }
     for name in d.env.keys() {
         if !valid_env_name(name) {
             bad(&format!("definition.env[{name}]"), "not a valid variable name");
