@@ -47,9 +47,10 @@ impl Requests {
         match r.kind {
             RequestKind::Permission => {
                 // The CLI's id of the call, as this run's chunks name it.
-                let call = (!r.tool_call_id.is_empty())
-                    .then(|| inner.tool_call_id(&r.tool_call_id).unwrap_or_else(|| r.tool_call_id.clone()))
-                    .unwrap_or_default();
+                let call = match r.tool_call_id.as_str() {
+                    "" => String::new(),
+                    cli => inner.tool_call_id(cli).unwrap_or_else(|| cli.to_owned()),
+                };
                 em.push(Chunk {
                     tool_name: r.tool.clone(),
                     tool_call_id: call.clone(),

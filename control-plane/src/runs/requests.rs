@@ -173,15 +173,16 @@ pub(crate) fn requests_of<'a>(chunks: impl IntoIterator<Item = (String, &'a Chun
             continue;
         }
         let answered = matches!(c.r#type(), ChunkType::PermissionResolved | ChunkType::ToolCallResult);
-        if answered && !r.answered_by.is_empty() {
-            if let Some(q) = out.iter_mut().find(|q| q.request_id == r.request_id && q.answer.is_none()) {
-                q.answer = Some(api::RequestAnswer {
-                    allowed: r.allowed,
-                    message: c.content.clone(),
-                    is_error: c.is_error,
-                    answered_by: r.answered_by.clone(),
-                });
-            }
+        if answered
+            && !r.answered_by.is_empty()
+            && let Some(q) = out.iter_mut().find(|q| q.request_id == r.request_id && q.answer.is_none())
+        {
+            q.answer = Some(api::RequestAnswer {
+                allowed: r.allowed,
+                message: c.content.clone(),
+                is_error: c.is_error,
+                answered_by: r.answered_by.clone(),
+            });
         }
     }
     out
