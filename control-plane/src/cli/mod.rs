@@ -11,6 +11,7 @@ mod output;
 mod port_forward;
 mod progress;
 mod render;
+mod requests;
 mod run;
 mod sandboxes;
 mod serve;
@@ -48,6 +49,10 @@ pub enum Command {
     Runs(run::RunsArgs),
     /// Print a run's stored log without following or driving it.
     Logs(run::RunIdArgs),
+    /// The requests a run waits on (permissions, client tool calls).
+    Requests(requests::RequestsArgs),
+    /// Answer a run's request: allow or deny (any replica; once).
+    Respond(requests::RespondArgs),
     /// List or remove sandboxes.
     #[command(subcommand)]
     Sandboxes(sandboxes::SandboxesCommand),
@@ -115,6 +120,8 @@ pub fn main() -> ExitCode {
             Command::Cancel(args) => run::cancel(args).await,
             Command::Runs(args) => run::runs(args).await,
             Command::Logs(args) => run::logs(args).await,
+            Command::Requests(args) => requests::requests(args).await,
+            Command::Respond(args) => requests::respond(args).await,
             Command::Sandboxes(c) => sandboxes::sandboxes(c).await,
             Command::Exec(args) => sandboxes::exec(args).await,
             Command::Definitions(c) => sandboxes::definitions(c).await,

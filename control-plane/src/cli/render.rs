@@ -61,6 +61,8 @@ pub struct Renderer {
     tools: HashMap<String, (String, String)>,
     /// Whether stdout is at the start of a line.
     at_line_start: bool,
+    /// Client tool calls (the client runs them, answering a request).
+    awaiting: std::collections::HashSet<String>,
 }
 
 impl Default for Renderer {
@@ -71,7 +73,12 @@ impl Default for Renderer {
 
 impl Renderer {
     pub fn new() -> Self {
-        Self { dim: std::io::stderr().is_terminal(), tools: HashMap::new(), at_line_start: true }
+        Self {
+            dim: std::io::stderr().is_terminal(),
+            tools: HashMap::new(),
+            at_line_start: true,
+            awaiting: Default::default(),
+        }
     }
 
     pub fn chunk(&mut self, c: &Chunk) {
@@ -80,6 +87,9 @@ impl Renderer {
             ChunkType::TextMessageEnd => {}
             ChunkType::ReasoningContent => self.note(&format!("thinking: {}", clip(&c.delta, 120)), true),
             ChunkType::ToolCallStart => {
+                if c.request.as_ref().is_some_and(|r| r.awaiting_client) {
+                    self.awaiting.insert(c.tool_call_id.clone());
+                }
                 self.tools.insert(c.tool_call_id.clone(), (c.tool_name.clone(), String::new()));
             }
             ChunkType::ToolCallArgs => {
@@ -89,7 +99,9 @@ impl Renderer {
             }
             ChunkType::ToolCallEnd => {
                 if let Some((name, args)) = self.tools.remove(&c.tool_call_id) {
-                    self.note(&format!("→ {}", tool_summary(&name, &args)), false);
+                    let client =
+                        if self.awaiting.contains(&c.tool_call_id) { " (the client runs it)" } else { "" };
+                    self.note(&format!("→ {}{client}", tool_summary(&name, &args)), false);
                 }
             }
             ChunkType::ToolCallResult if c.is_error || c.exit_code.is_some_and(|e| e != 0) => {
@@ -98,6 +110,30 @@ impl Renderer {
                 self.note(&format!("  ✗ {}{code}", clip(first, 100)), false);
             }
             ChunkType::Custom => self.custom(c),
+            ChunkType::PermissionRequested => {
+                let input = c.request.as_ref().map(|r| r.input_json.as_str()).unwrap_or_default();
+                let rule = c.request.as_ref().map(|r| r.rule.as_str()).unwrap_or_default();
+                let id = c.request.as_ref().map(|r| r.request_id.as_str()).unwrap_or_default();
+                self.note(
+                    &format!(
+                        "? {} asks: {} ({rule}) [request {id}]",
+                        c.tool_name,
+                        tool_summary(&c.tool_name, input)
+                    ),
+                    false,
+                );
+            }
+            ChunkType::PermissionResolved => {
+                if let Some(r) = &c.request {
+                    let verb = if r.allowed { "allowed" } else { "denied" };
+                    let why = if c.content.is_empty() {
+                        String::new()
+                    } else {
+                        format!(": {}", clip(&c.content, 100))
+                    };
+                    self.note(&format!("  {verb} by {}{why}", r.answered_by), !r.allowed);
+                }
+            }
             ChunkType::RunFinished => {
                 if let Some(u) = &c.usage {
                     self.note(&usage_line(u), true);

@@ -25,7 +25,7 @@ use super::definition_file::{self, FromFlags};
 use super::output::{self, OutputFormat, json_line, message_json, status_error};
 use super::progress::EnsureDisplay;
 use super::render::{Outcome, Renderer, chunk_json};
-use super::thread;
+use super::{requests, thread};
 
 /// A second Ctrl-C within this window cancels instead of detaching.
 const CANCEL_WINDOW: Duration = Duration::from_secs(2);
@@ -636,8 +636,31 @@ pub fn age(ms: i64) -> String {
     }
 }
 
-/// Following one run's stream on behalf of the user: rendering, and what
-/// Ctrl-C means.
+/// The next line typed, or never when nothing reads stdin.
+async fn typed(lines: &mut Option<tokio::sync::mpsc::UnboundedReceiver<String>>) -> Option<String> {
+    match lines {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Lines of stdin, read on a thread of their own (a blocking read cannot
+/// be cancelled; the thread ends with the process).
+fn stdin_lines() -> tokio::sync::mpsc::UnboundedReceiver<String> {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        while std::io::stdin().read_line(&mut line).is_ok_and(|n| n > 0) {
+            if tx.send(std::mem::take(&mut line)).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// Following one run's stream on behalf of the user: rendering, what
+/// Ctrl-C means, and prompts for the run's permission requests.
 struct Session<'a> {
     conn: &'a Connection,
     run_id: String,
@@ -645,12 +668,31 @@ struct Session<'a> {
     renderer: Renderer,
     display: Option<EnsureDisplay>,
     interrupt: Option<Signal>,
+    prompt: Prompt,
+}
+
+/// Permission requests shown as prompts, one at a time, on a terminal.
+#[derive(Default)]
+struct Prompt {
+    /// Human output with a terminal on stdin and stderr.
+    enabled: bool,
+    /// Waiting to be shown: (request id, tool, what to show).
+    queue: std::collections::VecDeque<(String, String, String)>,
+    /// Shown, waiting for a typed answer.
+    current: Option<(String, String)>,
+    /// Tools the user allowed for the rest of the run: answered at once.
+    always: std::collections::HashSet<String>,
+    /// Requests to allow without asking (a tool allowed always).
+    auto: Vec<String>,
+    /// Lines typed, from a thread reading stdin (started at the first prompt).
+    lines: Option<tokio::sync::mpsc::UnboundedReceiver<String>>,
 }
 
 enum Step {
     Event(Option<Result<api::RunEvent, tonic::Status>>),
     Interrupt,
     DetachNow,
+    Typed(Option<String>),
 }
 
 impl<'a> Session<'a> {
@@ -664,6 +706,12 @@ impl<'a> Session<'a> {
             // Without a handler (no signal support) Ctrl-C simply ends the
             // process, which detaches too.
             interrupt: signal(SignalKind::interrupt()).ok(),
+            prompt: Prompt {
+                enabled: format == OutputFormat::Human
+                    && std::io::IsTerminal::is_terminal(&std::io::stdin())
+                    && std::io::IsTerminal::is_terminal(&std::io::stderr()),
+                ..Default::default()
+            },
         }
     }
 
@@ -736,12 +784,37 @@ impl<'a> Session<'a> {
                 event = stream.next() => Step::Event(event),
                 _ = recv(&mut self.interrupt) => Step::Interrupt,
                 _ = sleep_until(detach_at) => Step::DetachNow,
+                line = typed(&mut self.prompt.lines) => Step::Typed(line),
             };
             match step {
                 Step::Event(Some(Ok(event))) => {
                     if let Some(outcome) = self.event(event) {
                         self.end_display(None);
                         return Ok(self.finish(outcome));
+                    }
+                    for id in std::mem::take(&mut self.prompt.auto) {
+                        self.answer(&id, requests::Decision::Allow, false).await;
+                    }
+                    self.show_prompt();
+                }
+                Step::Typed(None) => self.prompt.lines = None,
+                Step::Typed(Some(line)) => {
+                    let Some((id, tool)) = self.prompt.current.clone() else { continue };
+                    match requests::parse_prompt(&line) {
+                        None => eprint!("allow {tool}? [y]es once / [n]o / al[w]ays for this run: "),
+                        Some(p) => {
+                            self.prompt.current = None;
+                            if p == requests::Prompted::Always {
+                                self.prompt.always.insert(tool);
+                            }
+                            let decision = if p == requests::Prompted::Deny {
+                                requests::Decision::Deny
+                            } else {
+                                requests::Decision::Allow
+                            };
+                            self.answer(&id, decision, p == requests::Prompted::Always).await;
+                            self.show_prompt();
+                        }
                     }
                 }
                 Step::Event(Some(Err(status))) => {
@@ -794,6 +867,62 @@ impl<'a> Session<'a> {
         }
     }
 
+    /// Answer a request from this terminal; a failure (answered elsewhere
+    /// first) is a note, not the end of the session.
+    async fn answer(&mut self, id: &str, decision: requests::Decision, always: bool) {
+        if let Err(e) = requests::answer(self.conn, &self.run_id, id, decision, None, always).await {
+            self.note(&format!("request {id}: {e:#}"));
+        }
+    }
+
+    /// Show the next waiting request, if none is shown.
+    fn show_prompt(&mut self) {
+        if self.prompt.current.is_some() {
+            return;
+        }
+        let Some((id, tool, line)) = self.prompt.queue.pop_front() else { return };
+        self.end_display(None);
+        if self.prompt.lines.is_none() {
+            self.prompt.lines = Some(stdin_lines());
+        }
+        eprintln!("? {line}");
+        eprint!("allow {tool}? [y]es once / [n]o / al[w]ays for this run: ");
+        self.prompt.current = Some((id, tool));
+    }
+
+    /// Keep the prompt's queue in step with the log's requests.
+    fn track_request(&mut self, chunk: &shared::chunk::Chunk) {
+        let Some(r) = &chunk.request else { return };
+        match chunk.r#type() {
+            ChunkType::PermissionRequested => {
+                if self.prompt.always.contains(&chunk.tool_name) {
+                    self.prompt.auto.push(r.request_id.clone());
+                    return;
+                }
+                let request = api::RunRequest {
+                    request_id: r.request_id.clone(),
+                    kind: r.kind.clone(),
+                    tool: chunk.tool_name.clone(),
+                    input_json: r.input_json.clone(),
+                    rule: r.rule.clone(),
+                    ..Default::default()
+                };
+                let line = requests::request_line(&self.run_id, &request);
+                self.prompt.queue.push_back((r.request_id.clone(), chunk.tool_name.clone(), line));
+            }
+            ChunkType::PermissionResolved => {
+                self.prompt.queue.retain(|(id, _, _)| *id != r.request_id);
+                if self.prompt.current.as_ref().is_some_and(|(id, _)| *id == r.request_id) {
+                    self.prompt.current = None;
+                    eprintln!();
+                    let verb = if r.allowed { "allowed" } else { "denied" };
+                    eprintln!("request {} {verb} by {} elsewhere", r.request_id, r.answered_by);
+                }
+            }
+            _ => {}
+        }
+    }
+
     /// Handle one event; `Some` once the run has ended.
     fn event(&mut self, event: api::RunEvent) -> Option<Outcome> {
         match event.event? {
@@ -813,6 +942,9 @@ impl<'a> Session<'a> {
                 match self.format {
                     OutputFormat::Json => json_line(&chunk_json(&rc.offset, &chunk)),
                     OutputFormat::Human => self.renderer.chunk(&chunk),
+                }
+                if self.prompt.enabled {
+                    self.track_request(&chunk);
                 }
                 Outcome::of(&chunk)
             }

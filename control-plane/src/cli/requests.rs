@@ -1,0 +1,243 @@
+//! `sandhold requests RUN` and `sandhold respond RUN REQUEST allow|deny`:
+//! what a run waits on, answered from any terminal (or script) against any
+//! replica; and the prompt `sandhold run` shows for a request on a terminal.
+
+use std::process::ExitCode;
+
+use clap::Args;
+use serde_json::{Value, json};
+use shared::proto::v1 as api;
+
+use super::client::{ClientArgs, Connection};
+use super::output::OutputFormat;
+use super::output::{json_line, status_error};
+use super::progress::clip;
+use super::run::with_connection;
+
+#[derive(Debug, Clone, Args)]
+pub struct RequestsArgs {
+    #[command(flatten)]
+    pub client: ClientArgs,
+    pub run_id: String,
+    /// Answered requests too, with their answers.
+    #[arg(long)]
+    pub all: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Decision {
+    Allow,
+    Deny,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct RespondArgs {
+    #[command(flatten)]
+    pub client: ClientArgs,
+    pub run_id: String,
+    pub request_id: String,
+    /// For a permission: whether the harness may go on. For a client tool
+    /// call: allow answers with --message as the tool's result, deny with an
+    /// error result.
+    pub decision: Decision,
+    /// Told to the harness: why it was denied, or the client tool's result.
+    #[arg(long, value_name = "TEXT")]
+    pub message: Option<String>,
+    /// With allow: allow this tool for the rest of the run (where the
+    /// harness supports it).
+    #[arg(long)]
+    pub always: bool,
+}
+
+/// One request as `--output json` prints it.
+pub fn request_json(r: &api::RunRequest) -> Value {
+    let input: Value = serde_json::from_str(&r.input_json).unwrap_or(Value::String(r.input_json.clone()));
+    let mut v = json!({
+        "request_id": r.request_id,
+        "kind": r.kind,
+        "tool": r.tool,
+        "input": input,
+        "rule": r.rule,
+        "tool_call_id": r.tool_call_id,
+        "deadline_ms": r.deadline_ms,
+        "offset": r.offset,
+    });
+    if let Some(a) = &r.answer {
+        v["answer"] = json!({
+            "allowed": a.allowed,
+            "message": a.message,
+            "is_error": a.is_error,
+            "answered_by": a.answered_by,
+        });
+    }
+    v
+}
+
+/// One line for people: what is asked and how to answer.
+pub fn request_line(run_id: &str, r: &api::RunRequest) -> String {
+    let what = match r.kind.as_str() {
+        "client_tool" => format!("client tool {} {}", r.tool, clip(&r.input_json, 120)),
+        _ => format!("{} {}", r.tool, clip(&summary(&r.input_json), 120)),
+    };
+    let rule = if r.rule.is_empty() { String::new() } else { format!(" ({})", r.rule) };
+    format!("{} {what}{rule}: sandhold respond {run_id} {} allow|deny", r.request_id, r.request_id)
+}
+
+/// The input's command, path or URL when it has one, else its JSON.
+fn summary(input_json: &str) -> String {
+    let v: Value = serde_json::from_str(input_json).unwrap_or(Value::Null);
+    ["command", "file_path", "filePath", "path", "url"]
+        .iter()
+        .find_map(|k| v.get(*k).and_then(Value::as_str).map(str::to_owned))
+        .unwrap_or_else(|| input_json.to_owned())
+}
+
+pub async fn requests(args: RequestsArgs) -> ExitCode {
+    let client = args.client.clone();
+    with_connection(&client, async move |conn| {
+        let requests = conn
+            .runs()
+            .list_requests(api::ListRequestsRequest {
+                run_id: args.run_id.clone(),
+                include_answered: args.all,
+            })
+            .await
+            .map_err(status_error)?
+            .into_inner()
+            .requests;
+        match args.client.output {
+            OutputFormat::Json => requests.iter().for_each(|r| json_line(&request_json(r))),
+            OutputFormat::Human if requests.is_empty() => {
+                eprintln!("run {} waits on no request", args.run_id)
+            }
+            OutputFormat::Human => {
+                for r in &requests {
+                    let answered = match &r.answer {
+                        Some(a) if a.allowed => format!("  [allowed by {}]", a.answered_by),
+                        Some(a) => format!("  [denied by {}]", a.answered_by),
+                        None => String::new(),
+                    };
+                    println!("{}{answered}", request_line(&args.run_id, r));
+                }
+            }
+        }
+        Ok(0)
+    })
+    .await
+}
+
+pub async fn respond(args: RespondArgs) -> ExitCode {
+    let client = args.client.clone();
+    with_connection(&client, async move |conn| {
+        let answered =
+            answer(conn, &args.run_id, &args.request_id, args.decision, args.message.clone(), args.always)
+                .await?;
+        match args.client.output {
+            OutputFormat::Json => json_line(&request_json(&answered)),
+            OutputFormat::Human => {
+                let verb = if args.decision == Decision::Allow { "allowed" } else { "denied" };
+                eprintln!("request {} of run {}: {verb}", args.request_id, args.run_id);
+            }
+        }
+        Ok(0)
+    })
+    .await
+}
+
+/// Answer a request, in the form its kind takes (looked up in the run's log).
+pub async fn answer(
+    conn: &Connection,
+    run_id: &str,
+    request_id: &str,
+    decision: Decision,
+    message: Option<String>,
+    always: bool,
+) -> anyhow::Result<api::RunRequest> {
+    let known = conn
+        .runs()
+        .list_requests(api::ListRequestsRequest { run_id: run_id.into(), include_answered: true })
+        .await
+        .map_err(status_error)?
+        .into_inner()
+        .requests
+        .into_iter()
+        .find(|r| r.request_id == request_id);
+    let allow = decision == Decision::Allow;
+    let answer = match known.as_ref().map(|r| r.kind.as_str()) {
+        Some("client_tool") => api::respond_to_request_request::Answer::ToolResult(api::ToolResult {
+            content: message
+                .unwrap_or_else(|| if allow { String::new() } else { "denied by the client".into() }),
+            is_error: !allow,
+        }),
+        _ => api::respond_to_request_request::Answer::Permission(api::PermissionAnswer {
+            allow,
+            message: message.unwrap_or_default(),
+            always,
+        }),
+    };
+    let request = api::RespondToRequestRequest {
+        run_id: run_id.into(),
+        request_id: request_id.into(),
+        answer: Some(answer),
+    };
+    Ok(conn
+        .runs()
+        .respond_to_request(request)
+        .await
+        .map_err(status_error)?
+        .into_inner()
+        .request
+        .unwrap_or_default())
+}
+
+/// What a terminal answer means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Prompted {
+    Once,
+    Deny,
+    Always,
+}
+
+/// Read one answer from a line the user typed: `y`/`yes`/`a`llow (once),
+/// `n`/`no`/`d`eny, `w`/`always`. Anything else: ask again.
+pub fn parse_prompt(line: &str) -> Option<Prompted> {
+    match line.trim().to_ascii_lowercase().as_str() {
+        "y" | "yes" | "a" | "allow" | "o" | "once" => Some(Prompted::Once),
+        "n" | "no" | "d" | "deny" => Some(Prompted::Deny),
+        "w" | "always" => Some(Prompted::Always),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn typed_answers_are_understood_and_anything_else_asks_again() {
+        assert_eq!(parse_prompt("y\n"), Some(Prompted::Once));
+        assert_eq!(parse_prompt(" Allow "), Some(Prompted::Once));
+        assert_eq!(parse_prompt("n"), Some(Prompted::Deny));
+        assert_eq!(parse_prompt("always"), Some(Prompted::Always));
+        assert_eq!(parse_prompt(""), None);
+        assert_eq!(parse_prompt("maybe"), None);
+    }
+
+    #[test]
+    fn a_request_prints_with_its_input_parsed_and_how_to_answer_it() {
+        let r = api::RunRequest {
+            request_id: "r1".into(),
+            kind: "permission".into(),
+            tool: "Bash".into(),
+            input_json: r#"{"command":"rm -rf build"}"#.into(),
+            rule: "ask command:rm *".into(),
+            ..Default::default()
+        };
+        let v = request_json(&r);
+        assert_eq!(v["input"]["command"], "rm -rf build");
+        assert!(v.get("answer").is_none());
+        let line = request_line("run-1", &r);
+        assert!(line.contains("Bash rm -rf build (ask command:rm *)"), "{line}");
+        assert!(line.ends_with("sandhold respond run-1 r1 allow|deny"), "{line}");
+    }
+}
