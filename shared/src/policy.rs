@@ -82,9 +82,9 @@ impl Action {
             "command" | "cmd" | "bash" => Ok(Action::Command),
             "file_write" | "write" | "file" => Ok(Action::FileWrite),
             "network" | "net" | "host" => Ok(Action::Network),
-            other => Err(PolicyError(format!(
-                "unknown action {other:?}: expected command, file_write or network"
-            ))),
+            other => {
+                Err(PolicyError(format!("unknown action {other:?}: expected command, file_write or network")))
+            }
         }
     }
 }
@@ -167,7 +167,8 @@ pub struct Decision {
 impl Policy {
     /// Parse and check the JSON form.
     pub fn from_json(text: &str) -> Result<Self, PolicyError> {
-        let policy: Policy = serde_json::from_str(text).map_err(|e| PolicyError(format!("bad policy: {e}")))?;
+        let policy: Policy =
+            serde_json::from_str(text).map_err(|e| PolicyError(format!("bad policy: {e}")))?;
         policy.validate()?;
         Ok(policy)
     }
@@ -210,7 +211,9 @@ impl Policy {
         let mut best: Option<&Rule> = None;
         for r in self.rules.iter().filter(|r| r.action == action) {
             let hit = match r.matcher() {
-                Ok(m) => m.is_match(subject) || (action == Action::FileWrite && m.is_match(relative(subject))),
+                Ok(m) => {
+                    m.is_match(subject) || (action == Action::FileWrite && m.is_match(relative(subject)))
+                }
                 Err(_) => true,
             };
             if hit && best.is_none_or(|b| r.effect > b.effect) {
@@ -264,17 +267,18 @@ pub fn classify(tool: &str, input: &Value) -> Classified {
         | "bashoutput" | "notebookread" | "search" | "think" | "websearch" | "view" | "codesearch" => {
             Classified::ReadOnly
         }
-        "bash" | "shell" | "execute" | "exec" | "exec_command" | "local_shell" | "command" | "run_shell_command" => {
-            match field(&["command", "cmd", "commandLine"]) {
-                Some(c) => Classified::Action(Action::Command, c),
-                None => Classified::Action(Action::Command, String::new()),
+        "bash" | "shell" | "execute" | "exec" | "exec_command" | "local_shell" | "command"
+        | "run_shell_command" => match field(&["command", "cmd", "commandLine"]) {
+            Some(c) => Classified::Action(Action::Command, c),
+            None => Classified::Action(Action::Command, String::new()),
+        },
+        "write" | "edit" | "multiedit" | "notebookedit" | "patch" | "apply_patch" | "delete" | "move"
+        | "write_file" | "replace" => {
+            match field(&["file_path", "filePath", "path", "notebook_path", "absolute_path"]) {
+                Some(p) => Classified::Action(Action::FileWrite, p),
+                None => Classified::Action(Action::FileWrite, String::new()),
             }
         }
-        "write" | "edit" | "multiedit" | "notebookedit" | "patch" | "apply_patch" | "delete" | "move"
-        | "write_file" | "replace" => match field(&["file_path", "filePath", "path", "notebook_path", "absolute_path"]) {
-            Some(p) => Classified::Action(Action::FileWrite, p),
-            None => Classified::Action(Action::FileWrite, String::new()),
-        },
         "webfetch" | "fetch" | "web_fetch" => match field(&["url", "uri"]) {
             Some(u) => Classified::Action(Action::Network, host_of(&u)),
             None => Classified::Action(Action::Network, String::new()),
@@ -392,7 +396,10 @@ mod tests {
         assert_eq!(p.decide_tool("Write", &json!({"file_path": "README.md"})).effect, Effect::Allow);
         assert_eq!(p.decide_tool("Read", &json!({"file_path": "x"})).effect, Effect::Allow);
         // Codex / ACP: argv arrays, `sh -c` unwrapped
-        assert_eq!(p.decide_tool("shell", &json!({"command": ["bash", "-lc", "echo hi"]})).effect, Effect::Deny);
+        assert_eq!(
+            p.decide_tool("shell", &json!({"command": ["bash", "-lc", "echo hi"]})).effect,
+            Effect::Deny
+        );
         assert_eq!(p.decide_tool("execute", &json!({"command": ["ls", "-la"]})).effect, Effect::Ask);
         // OpenCode
         assert_eq!(p.decide_tool("edit", &json!({"filePath": "notes.md"})).effect, Effect::Allow);
@@ -423,7 +430,9 @@ mod tests {
         assert_eq!(Policy::from_json(&serde_json::to_string(&p).unwrap()).unwrap(), p);
         let e = Policy::from_json(r#"{"default":"maybe"}"#).unwrap_err();
         assert!(e.0.contains("maybe"), "{e}");
-        assert!(Policy::from_json(r#"{"rules":[{"action":"command","pattern":"[","effect":"deny"}]}"#).is_err());
+        assert!(
+            Policy::from_json(r#"{"rules":[{"action":"command","pattern":"[","effect":"deny"}]}"#).is_err()
+        );
         assert!(Policy::default().allows_everything());
         assert_eq!(Policy::default().request_timeout_ms(), DEFAULT_REQUEST_TIMEOUT_MS);
     }
