@@ -299,8 +299,7 @@ impl JournalService for Journal {
             return Err(io_error("making the run's request dir", e).into());
         }
         let requests = requests.map(|(dir, _)| dir);
-        match start_supervisor(&paths, &run_id, &argv, &cwd, stdin_file, &req, requests.as_ref(), self).await
-        {
+        match start_supervisor(&paths, &run_id, &argv, &cwd, stdin_file, &req, self).await {
             Ok((pid, supervisor_pid)) => {
                 tracing::info!(run_id = %run_id, pid, supervisor_pid, "run started");
                 Ok(Response::new(StartRunResponse {
@@ -360,7 +359,6 @@ impl JournalService for Journal {
         let run_id = parse_run_id(&req.run_id)?;
         let paths = self.paths(&run_id);
         let file = open_journal(&paths, &run_id)?;
-        let nonce = journal::nonce(&req.sentinel_key, &run_id);
         let max = match req.max_bytes {
             0 => DEFAULT_READ_BYTES,
             n => n.min(MAX_READ_BYTES),
@@ -372,7 +370,7 @@ impl JournalService for Journal {
                 record_requests(dir, &req.sentinel_key, &run_id, &paths.ndjson);
             }
             let key = &req.sentinel_key;
-            bounded_read(&file, &paths, &run_id, req.from_byte, max, &nonce, key, masks.as_ref())
+            bounded_read(&file, &paths, &run_id, req.from_byte, max, key, masks.as_ref())
         })
         .await
         .map_err(|e| Error::internal(e.to_string()))??;
@@ -440,9 +438,9 @@ async fn start_supervisor(
     cwd: &Path,
     stdin_file: Option<PathBuf>,
     req: &StartRunRequest,
-    requests: Option<&RequestDir>,
     journal: &Journal,
 ) -> Result<(u32, u32), Error> {
+    let requests = journal.requests(run_id);
     let (journal_dir, run_user) = (&journal.journal_dir, journal.run_user.as_ref());
     let mut stdin_arg = stdin_file.map(|p| (p, false));
     if let Some(start_run_request::Stdin::StdinBytes(bytes)) = &req.stdin {
@@ -475,7 +473,7 @@ async fn start_supervisor(
     if let Some(user) = run_user {
         cmd.arg("--run-as").arg(user.ids());
     }
-    if let Some(dir) = requests {
+    if let Some(dir) = &requests {
         cmd.arg("--requests").arg(dir.path());
     }
     if req.max_journal_bytes > 0 {
@@ -788,10 +786,10 @@ fn bounded_read(
     run_id: &RunId,
     from: u64,
     max: u64,
-    nonce: &str,
     key: &[u8],
     masks: Option<&Masks>,
 ) -> Result<ReadJournalResponse, Error> {
+    let nonce = &journal::nonce(key, run_id);
     let size = file.metadata().map_err(|e| io_error("reading the journal", e))?.len();
     if from > size {
         return Err(Error::invalid_field(

@@ -250,7 +250,10 @@ async fn two_answers_at_once_one_wins() {
     let (ra, rb) = tokio::join!(a.answer(req(true)), b.answer(req(false)));
     let won = [ra.is_ok(), rb.is_ok()];
     assert_eq!(won.iter().filter(|w| **w).count(), 1, "{ra:?} {rb:?}");
-    let lost = if ra.is_ok() { rb.unwrap_err() } else { ra.unwrap_err() };
+    let lost = match (ra, rb) {
+        (Err(e), Ok(_)) | (Ok(_), Err(e)) => e,
+        other => panic!("exactly one wins: {other:?}"),
+    };
     assert_eq!(lost.code(), Code::FailedPrecondition);
     let behavior = verdict(&run.reply(1).await)["behavior"].clone();
     assert_eq!(behavior, if won[0] { "allow" } else { "deny" });
