@@ -660,4 +660,42 @@ mod tests {
         assert_eq!(requests_root(Path::new("/x/journal"), true), Path::new("/x/journal.requests"));
         assert_eq!(requests_root(Path::new("/x/journal"), false), Path::new("/x/journal"));
     }
+
+    #[test]
+    fn with_a_run_user_the_dir_is_a_reachable_sibling_it_can_only_ask_in() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return; // chown needs root
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let journal_dir = tmp.path().join("journal");
+        std::fs::create_dir(&journal_dir).unwrap();
+        let user = RunUser { uid: 10001, gid: 10001, name: "sandhold".into(), home: "/home/sandhold".into() };
+        let run_id = run();
+        let dir = RequestDir::of_run(&journal_dir, true, &run_id);
+        assert_eq!(dir.path(), tmp.path().join("journal.requests/run-1.requests"));
+        dir.create(&setup(None), Some(&user), b"k", &run_id).unwrap();
+        let meta = |p: &Path| std::fs::metadata(p).unwrap();
+        let mode = |p: &Path| meta(p).mode() & 0o7777;
+        assert_eq!(mode(&tmp.path().join("journal.requests")), 0o711);
+        assert_eq!(mode(dir.path()), 0o755);
+        assert_eq!(mode(&dir.path().join(POLICY_FILE)), 0o644);
+        assert_eq!(mode(&dir.path().join(TOOLS_FILE)), 0o644);
+        assert_eq!((mode(&dir.path().join(ASK_DIR)), meta(&dir.path().join(ASK_DIR)).uid()), (0o700, 10001));
+        assert_eq!(
+            (mode(&dir.path().join(ANSWER_DIR)), meta(&dir.path().join(ANSWER_DIR)).uid()),
+            (0o755, 0)
+        );
+        assert_eq!(mode(&dir.path().join(RECORDED_DIR)), 0o700);
+        assert_eq!(mode(&dir.path().join(KEY_FILE)), 0o600);
+        assert_eq!(mode(&dir.path().join(LOCK_FILE)), 0o600);
+        // A link to a file the user cannot read is never recorded.
+        let secret = tmp.path().join("secret");
+        std::fs::write(&secret, serde_json::to_vec(&request("a", 0)).unwrap()).unwrap();
+        std::fs::hard_link(&secret, dir.ask_file("a")).unwrap();
+        let journal = journal_dir.join("run-1.ndjson");
+        std::fs::write(&journal, b"").unwrap();
+        dir.lock(b"k", &run_id, &journal).unwrap().sync(now_ms()).unwrap();
+        assert!(records(&journal).is_empty());
+    }
 }
