@@ -635,7 +635,7 @@ for line in sys.stdin:
         let run = RunId::parse("run-acp").unwrap();
         let journal = tmp.path().join("run-acp.ndjson");
         std::fs::write(&journal, b"").unwrap();
-        let dir = RequestDir::of_run(tmp.path(), false, &run);
+        let dir = RequestDir::choose(tmp.path(), None, &run);
         let policy = Policy::from_json(
             r#"{"default":"ask","rules":[{"action":"command","pattern":"rm *","effect":"deny"},
                {"action":"command","pattern":"ls*","effect":"allow"}]}"#,

@@ -94,8 +94,7 @@ impl Journal {
 
     /// The run's request dir, when it has one.
     fn requests(&self, run_id: &RunId) -> Option<RequestDir> {
-        let dir = RequestDir::of_run(&self.journal_dir, self.run_user.is_some(), run_id);
-        dir.exists().then_some(dir)
+        RequestDir::find(&self.journal_dir, run_id)
     }
 
     /// The masks of the secrets recorded for a run (`None`: it has none),
@@ -227,7 +226,7 @@ impl JournalService for Journal {
                     );
                 }
                 let setup = Setup::from_proto(setup)?;
-                let dir = RequestDir::of_run(&self.journal_dir, self.run_user.is_some(), &run_id);
+                let dir = RequestDir::choose(&self.journal_dir, self.run_user.as_ref(), &run_id);
                 let exe = shim_program().map_err(|e| io_error("finding the agent's binary", e))?;
                 let (exe, path) = (exe.display().to_string(), dir.path().display().to_string());
                 for arg in &mut argv {

@@ -234,7 +234,7 @@ mod tests {
     fn server(policy: &str) -> (tempfile::TempDir, Server) {
         let tmp = tempfile::tempdir().unwrap();
         let run = RunId::parse("run-1").unwrap();
-        let dir = RequestDir::of_run(tmp.path(), false, &run);
+        let dir = RequestDir::choose(tmp.path(), None, &run);
         let tools = vec![ToolSpec {
             name: "lookup".into(),
             description: "d".into(),

@@ -2,10 +2,12 @@
 //! call of a client tool) and wait, and where the agent records what was
 //! asked and answered into the run's journal (see `shared::requests`).
 //!
-//! Layout, `<journal dir>/<run_id>.requests/` (with a run user the journal
-//! dir is closed to it, so the dir is `<journal dir>.requests/<run_id>.requests/`
-//! instead, under a parent the agent owns with mode 0711: traversable, not
-//! listable):
+//! Layout, `<journal dir>/<run_id>.requests/`. With a run user the journal
+//! dir is closed to it (0700), so the dir goes under a root the agent owns
+//! with mode 0711 (traversable, not listable) that the run user can reach:
+//! the sibling `<journal dir>.requests/` when the journal dir's parent lets
+//! it through, else [`FALLBACK_ROOT`] (the Docker provider's `/run/sandhold`
+//! is 0700). Readers look in all three places.
 //!
 //! | path | owner, mode | what |
 //! |---|---|---|
@@ -51,6 +53,9 @@ pub const TOOLS_FILE: &str = "tools.json";
 const LOCK_FILE: &str = ".lock";
 const KEY_FILE: &str = ".key";
 const CLOSED_FILE: &str = ".closed";
+/// Where request dirs go when the run user cannot reach the journal dir's
+/// parent.
+pub const FALLBACK_ROOT: &str = "/tmp/.sandhold-requests";
 /// Extension of a run's request dir.
 pub const REQUESTS_EXT: &str = "requests";
 /// Largest ask file recorded.
@@ -122,15 +127,29 @@ impl Setup {
     }
 }
 
-/// Where request dirs of a journal dir live: beside the journals, or (with
-/// a run user, who cannot reach into the journal dir) in the sibling
-/// `<journal dir>.requests/`.
-pub fn requests_root(journal_dir: &Path, run_user: bool) -> PathBuf {
-    if !run_user {
-        return journal_dir.to_path_buf();
-    }
+/// The sibling root of a journal dir: `<journal dir>.requests/`.
+pub fn sibling_root(journal_dir: &Path) -> PathBuf {
     let name = journal_dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     journal_dir.with_file_name(format!("{name}.{REQUESTS_EXT}"))
+}
+
+/// Make `root` (or take it as it is: a real dir of the agent's user that
+/// nobody else may write) and check the run user reaches it.
+fn prepare_root(root: &Path, user: &RunUser) -> std::io::Result<()> {
+    match std::fs::create_dir(root) {
+        Ok(()) => std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o711))?,
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    let meta = std::fs::symlink_metadata(root)?;
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if !meta.is_dir() || meta.uid() != me || meta.mode() & 0o022 != 0 {
+        return Err(std::io::Error::other(format!("{} is not the agent's own dir", root.display())));
+    }
+    // Reachable when the user may search every dir above it.
+    let _as_user = crate::run_user::FsAs::new(Some(user));
+    std::fs::metadata(root.join(".")).map(drop)
 }
 
 /// Milliseconds since the Unix epoch.
@@ -149,13 +168,35 @@ impl RequestDir {
         Self { path: path.into() }
     }
 
-    pub fn of_run(journal_dir: &Path, run_user: bool, run_id: &RunId) -> Self {
-        Self::new(requests_root(journal_dir, run_user).join(format!("{}.{REQUESTS_EXT}", run_id.as_str())))
+    fn under(root: &Path, run_id: &RunId) -> Self {
+        Self::new(root.join(format!("{}.{REQUESTS_EXT}", run_id.as_str())))
     }
 
-    /// Both places a run's dir may be (for deletion).
-    pub fn candidates(journal_dir: &Path, run_id: &RunId) -> [Self; 2] {
-        [Self::of_run(journal_dir, false, run_id), Self::of_run(journal_dir, true, run_id)]
+    /// Where a new run's dir goes (see the module docs).
+    pub fn choose(journal_dir: &Path, run_user: Option<&RunUser>, run_id: &RunId) -> Self {
+        let Some(user) = run_user else { return Self::under(journal_dir, run_id) };
+        let sibling = sibling_root(journal_dir);
+        for root in [sibling.clone(), PathBuf::from(FALLBACK_ROOT)] {
+            match prepare_root(&root, user) {
+                Ok(()) => return Self::under(&root, run_id),
+                Err(e) => tracing::debug!(root = %root.display(), error = %e, "not a request root"),
+            }
+        }
+        Self::under(&sibling, run_id)
+    }
+
+    /// Every place a run's dir may be.
+    pub fn candidates(journal_dir: &Path, run_id: &RunId) -> [Self; 3] {
+        [
+            Self::under(journal_dir, run_id),
+            Self::under(&sibling_root(journal_dir), run_id),
+            Self::under(Path::new(FALLBACK_ROOT), run_id),
+        ]
+    }
+
+    /// The run's dir, when it has one.
+    pub fn find(journal_dir: &Path, run_id: &RunId) -> Option<Self> {
+        Self::candidates(journal_dir, run_id).into_iter().find(Self::exists)
     }
 
     pub fn path(&self) -> &Path {
@@ -211,12 +252,6 @@ impl RequestDir {
         run_id: &RunId,
     ) -> std::io::Result<()> {
         let mode = |p: &Path, m: u32| std::fs::set_permissions(p, std::fs::Permissions::from_mode(m));
-        if let Some(parent) = self.path.parent()
-            && run_user.is_some()
-        {
-            std::fs::create_dir_all(parent)?;
-            mode(parent, 0o711)?;
-        }
         let _ = std::fs::remove_dir_all(&self.path);
         std::fs::create_dir(&self.path)?;
         mode(&self.path, 0o755)?;
@@ -590,7 +625,7 @@ mod tests {
         let journal = tmp.path().join("run-1.ndjson");
         std::fs::write(&journal, b"partial").unwrap();
         let run_id = run();
-        let dir = RequestDir::of_run(tmp.path(), false, &run_id);
+        let dir = RequestDir::choose(tmp.path(), None, &run_id);
         dir.create(&setup(Some(1000)), None, b"k", &run_id).unwrap();
         assert!(dir.lock(b"wrong", &run(), &journal).is_err());
         let now = now_ms();
@@ -629,7 +664,7 @@ mod tests {
         let journal = tmp.path().join("run-1.ndjson");
         std::fs::write(&journal, b"").unwrap();
         let run_id = run();
-        let dir = RequestDir::of_run(tmp.path(), false, &run_id);
+        let dir = RequestDir::choose(tmp.path(), None, &run_id);
         dir.create(&setup(None), None, b"k", &run_id).unwrap();
         let asker = {
             let dir = dir.clone();
@@ -657,8 +692,7 @@ mod tests {
             substitute("{{sandhold-agent}} mcp --requests {{sandhold-requests}}", "/a", "/d"),
             "/a mcp --requests /d"
         );
-        assert_eq!(requests_root(Path::new("/x/journal"), true), Path::new("/x/journal.requests"));
-        assert_eq!(requests_root(Path::new("/x/journal"), false), Path::new("/x/journal"));
+        assert_eq!(sibling_root(Path::new("/x/journal")), Path::new("/x/journal.requests"));
     }
 
     #[test]
@@ -668,12 +702,20 @@ mod tests {
             return; // chown needs root
         }
         let tmp = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
         let journal_dir = tmp.path().join("journal");
         std::fs::create_dir(&journal_dir).unwrap();
         let user = RunUser { uid: 10001, gid: 10001, name: "sandhold".into(), home: "/home/sandhold".into() };
         let run_id = run();
-        let dir = RequestDir::of_run(&journal_dir, true, &run_id);
+        let dir = RequestDir::choose(&journal_dir, Some(&user), &run_id);
         assert_eq!(dir.path(), tmp.path().join("journal.requests/run-1.requests"));
+        // A journal dir whose parent the user cannot pass: the fallback.
+        let closed = tmp.path().join("closed");
+        std::fs::create_dir(&closed).unwrap();
+        std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let other = RunId::parse("run-fallback").unwrap();
+        let fallback = RequestDir::choose(&closed.join("journal"), Some(&user), &other);
+        assert_eq!(fallback.path(), Path::new(FALLBACK_ROOT).join("run-fallback.requests"));
         dir.create(&setup(None), Some(&user), b"k", &run_id).unwrap();
         let meta = |p: &Path| std::fs::metadata(p).unwrap();
         let mode = |p: &Path| meta(p).mode() & 0o7777;

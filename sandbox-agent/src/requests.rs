@@ -16,12 +16,11 @@ use crate::request_dir::{RequestDir, now_ms};
 
 pub struct Requests {
     journal_dir: PathBuf,
-    run_user: bool,
 }
 
 impl Requests {
     pub fn new(ctx: &AgentContext) -> Self {
-        Self { journal_dir: ctx.journal_dir.clone(), run_user: ctx.run_user.is_some() }
+        Self { journal_dir: ctx.journal_dir.clone() }
     }
 
     /// The run's dir and journal, `NOT_FOUND` when it has no requests.
@@ -30,10 +29,9 @@ impl Requests {
         if key.is_empty() {
             return Err(Error::invalid_field("sentinel_key", "required"));
         }
-        let dir = RequestDir::of_run(&self.journal_dir, self.run_user, &run_id);
-        if !dir.exists() {
+        let Some(dir) = RequestDir::find(&self.journal_dir, &run_id) else {
             return Err(Error::not_found(format!("run {run_id} has no requests")));
-        }
+        };
         let journal = JournalPaths::new(&self.journal_dir, &run_id).ndjson;
         Ok((dir, run_id, journal))
     }

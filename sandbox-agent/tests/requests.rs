@@ -11,8 +11,9 @@ use serde_json::{Value, json};
 use shared::proto::agent::v1::journal_service_client::JournalServiceClient;
 use shared::proto::agent::v1::request_service_client::RequestServiceClient;
 use shared::proto::agent::v1::{
-    AnswerRequest, ClientTool, Command, DenyPendingRequest, FollowRequest, FollowResponse, JournalLine,
-    ReadJournalRequest, RequestSetup, RunExit, StartRunRequest, command, follow_response,
+    AnswerRequest, ClientTool, Command, DeleteJournalsRequest, DenyPendingRequest, FollowRequest,
+    FollowResponse, JournalLine, ReadJournalRequest, RequestSetup, RunExit, StartRunRequest, command,
+    follow_response,
 };
 use shared::requests::{Answer, AnsweredBy, Record, Request, RequestKind};
 use shared::transport::AuthedChannel;
@@ -231,6 +232,12 @@ async fn an_asked_permission_is_recorded_answered_once_and_allowed() {
         .into_inner();
     let sealed: Vec<Record> = read.lines.iter().filter_map(record).collect();
     assert_eq!(sealed, run.records());
+
+    // Deleting the journal deletes the request dir.
+    let dir = agent.journal_dir.join("ask-allow.requests");
+    assert!(dir.join("ask").is_dir());
+    run.journal.delete_journals(DeleteJournalsRequest { run_ids: vec![run.id.clone()] }).await.unwrap();
+    assert!(!dir.exists());
     agent.stop().await;
 }
 
