@@ -228,6 +228,11 @@ impl JournalService for Journal {
                 let setup = Setup::from_proto(setup)?;
                 let dir = RequestDir::choose(&self.journal_dir, self.run_user.as_ref(), &run_id);
                 let exe = shim_program().map_err(|e| io_error("finding the agent's binary", e))?;
+                if let Some(user) = &self.run_user
+                    && !runnable_by(&exe, user)
+                {
+                    tracing::warn!(run_id = %run_id, exe = %exe.display(), "the run user cannot run the agent's binary");
+                }
                 let (exe, path) = (exe.display().to_string(), dir.path().display().to_string());
                 for arg in &mut argv {
                     *arg = request_dir::substitute(arg, &exe, &path);
@@ -557,6 +562,15 @@ struct FollowRead {
     key: Vec<u8>,
     /// The run's request dir, recorded from at each wake-up.
     requests: Option<RequestDir>,
+}
+
+/// Whether `user` may execute `exe` (checked with its file system ids).
+fn runnable_by(exe: &Path, user: &RunUser) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c) = std::ffi::CString::new(exe.as_os_str().as_bytes()) else { return false };
+    let _as_user = crate::run_user::FsAs::new(Some(user));
+    // SAFETY: a valid C string; AT_EACCESS checks with the fs ids set above.
+    unsafe { libc::faccessat(libc::AT_FDCWD, c.as_ptr(), libc::X_OK, libc::AT_EACCESS) == 0 }
 }
 
 /// One recording pass over a run's request dir (blocking). A wrong key

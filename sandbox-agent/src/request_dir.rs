@@ -133,6 +133,14 @@ pub fn sibling_root(journal_dir: &Path) -> PathBuf {
     journal_dir.with_file_name(format!("{name}.{REQUESTS_EXT}"))
 }
 
+/// A real dir of the agent's user that nobody else may write: the roots
+/// outside the journal dir are used only then (`/tmp` is everybody's).
+fn own_root(root: &Path) -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    std::fs::symlink_metadata(root).is_ok_and(|m| m.is_dir() && m.uid() == me && m.mode() & 0o022 == 0)
+}
+
 /// Make `root` (or take it as it is: a real dir of the agent's user that
 /// nobody else may write) and check the run user reaches it.
 fn prepare_root(root: &Path, user: &RunUser) -> std::io::Result<()> {
@@ -141,10 +149,7 @@ fn prepare_root(root: &Path, user: &RunUser) -> std::io::Result<()> {
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
         Err(e) => return Err(e),
     }
-    let meta = std::fs::symlink_metadata(root)?;
-    // SAFETY: geteuid has no preconditions.
-    let me = unsafe { libc::geteuid() };
-    if !meta.is_dir() || meta.uid() != me || meta.mode() & 0o022 != 0 {
+    if !own_root(root) {
         return Err(std::io::Error::other(format!("{} is not the agent's own dir", root.display())));
     }
     // Reachable when the user may search every dir above it.
@@ -186,12 +191,14 @@ impl RequestDir {
     }
 
     /// Every place a run's dir may be.
-    pub fn candidates(journal_dir: &Path, run_id: &RunId) -> [Self; 3] {
-        [
-            Self::under(journal_dir, run_id),
-            Self::under(&sibling_root(journal_dir), run_id),
-            Self::under(Path::new(FALLBACK_ROOT), run_id),
-        ]
+    pub fn candidates(journal_dir: &Path, run_id: &RunId) -> Vec<Self> {
+        let mut dirs = vec![Self::under(journal_dir, run_id)];
+        for root in [sibling_root(journal_dir), PathBuf::from(FALLBACK_ROOT)] {
+            if own_root(&root) {
+                dirs.push(Self::under(&root, run_id));
+            }
+        }
+        dirs
     }
 
     /// The run's dir, when it has one.
