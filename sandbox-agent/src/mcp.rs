@@ -28,7 +28,7 @@ use shared::requests::{Answer, Request, RequestKind};
 use crate::request_dir::{self, RequestDir, ToolSpec};
 
 /// The MCP protocol versions spoken (newest first).
-pub const PROTOCOL_VERSIONS: &[&str] = &["2025-06-18", "2025-03-26", "2024-11-05"];
+pub const PROTOCOL_VERSIONS: &[&str] = &["2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05"];
 /// The server's name: Claude Code calls its tools `mcp__sandhold__<tool>`.
 pub const SERVER_NAME: &str = "sandhold";
 /// The permission prompt tool.
