@@ -13,7 +13,9 @@
 //!   not repeated;
 //! - `{"type":"permission","toolCall":{…},"optionId":…,"allowed":bool}` per
 //!   `session/request_permission`, answered by `--permissions` (allow: the
-//!   first allow option; deny: the first reject option);
+//!   first allow option; deny: the first reject option; policy: the run's
+//!   policy in `--requests DIR` decides, and where it asks, the client
+//!   answers a durable request; the line then has the deciding `rule`);
 //! - `{"type":"warning","message":…}` (a session the agent cannot or could
 //!   not load: a new session is started instead; a stray non-protocol line);
 //! - `{"type":"stop","stopReason":…}` at the end of the turn, or
@@ -36,6 +38,10 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+use shared::policy::{Effect, Policy};
+use shared::requests::{Request, RequestKind};
+
+use crate::request_dir::{self, RequestDir};
 
 /// The ACP version spoken.
 const PROTOCOL_VERSION: u64 = 1;
@@ -48,6 +54,9 @@ pub enum Permissions {
     Allow,
     /// Every permission request gets its first reject option.
     Deny,
+    /// The run's policy (`--requests`) decides; an `ask` is a durable
+    /// request the client answers.
+    Policy,
 }
 
 #[derive(Debug, clap::Args)]
@@ -63,6 +72,10 @@ pub struct AcpArgs {
     /// How permission requests are answered.
     #[arg(long, value_enum, default_value_t = Permissions::Allow)]
     pub permissions: Permissions,
+    /// The run's request dir (`{{sandhold-requests}}`), for
+    /// `--permissions policy`.
+    #[arg(long)]
+    pub requests: Option<std::path::PathBuf>,
     /// The session's MCP servers: a JSON array of ACP `McpServer`s. A
     /// relative path is looked for from the working directory upward.
     #[arg(long)]
@@ -92,6 +105,10 @@ struct Client<W: Write> {
     out: W,
     next_id: u64,
     permissions: Permissions,
+    /// The run's request dir and policy (`--permissions policy`).
+    requests: Option<(RequestDir, Policy)>,
+    /// Tools the client allowed for the rest of the run.
+    always: std::collections::HashSet<String>,
     /// While true, `session/update`s are the history of a loaded session.
     replaying: bool,
 }
@@ -180,21 +197,29 @@ impl<W: Write> Client<W> {
         match method {
             "session/request_permission" => {
                 let options = params.get("options").and_then(Value::as_array).cloned().unwrap_or_default();
-                let wanted: &[&str] = match self.permissions {
-                    Permissions::Allow => &["allow_once", "allow_always"],
-                    Permissions::Deny => &["reject_once", "reject_always"],
+                let tool_call = params.get("toolCall").cloned().unwrap_or(Value::Null);
+                let (allowed, rule) = match self.permissions {
+                    Permissions::Allow => (true, None),
+                    Permissions::Deny => (false, None),
+                    Permissions::Policy => {
+                        let (allowed, rule) = self.decide(&tool_call);
+                        (allowed, Some(rule))
+                    }
                 };
+                let wanted: &[&str] =
+                    if allowed { &["allow_once", "allow_always"] } else { &["reject_once", "reject_always"] };
                 let chosen = wanted.iter().find_map(|kind| {
                     options.iter().find(|o| o.get("kind").and_then(Value::as_str) == Some(kind))
                 });
-                let tool_call = params.get("toolCall").cloned().unwrap_or(Value::Null);
                 let Some(option_id) = chosen.and_then(|o| o.get("optionId")).cloned() else {
                     let _ =
                         self.emit(&json!({ "type": "permission", "toolCall": tool_call, "allowed": false }));
                     return Ok(json!({ "outcome": { "outcome": "cancelled" } }));
                 };
-                let allowed = self.permissions == Permissions::Allow;
-                let line = json!({ "type": "permission", "toolCall": tool_call, "optionId": option_id, "allowed": allowed });
+                let mut line = json!({ "type": "permission", "toolCall": tool_call, "optionId": option_id, "allowed": allowed });
+                if let Some(rule) = rule {
+                    line["rule"] = json!(rule);
+                }
                 self.emit(&line).map_err(|f| (-32603, f.message))?;
                 Ok(json!({ "outcome": { "outcome": "selected", "optionId": option_id } }))
             }
@@ -223,6 +248,45 @@ impl<W: Write> Client<W> {
                 Ok(Value::Null)
             }
             other => Err((-32601, format!("method not found: {other}"))),
+        }
+    }
+
+    /// A permission by the run's policy: allowed or not, and what decided
+    /// (a rule, or the client's answer to the request it asked).
+    fn decide(&mut self, tool_call: &Value) -> (bool, String) {
+        let Some((dir, policy)) = &self.requests else { return (false, "no policy".into()) };
+        let (tool, input) = policy_subject(tool_call);
+        let decision = policy.decide_tool(&tool, &input);
+        match decision.effect {
+            Effect::Allow => (true, decision.rule),
+            Effect::Deny => (false, decision.rule),
+            Effect::Ask if self.always.contains(&tool) => (true, "allowed always by the client".into()),
+            Effect::Ask => {
+                let request = Request {
+                    request_id: String::new(),
+                    kind: RequestKind::Permission,
+                    tool: tool.clone(),
+                    input: tool_call.get("rawInput").cloned().unwrap_or(input),
+                    tool_call_id: tool_call
+                        .get("toolCallId")
+                        .and_then(Value::as_str)
+                        .unwrap_or_default()
+                        .into(),
+                    rule: decision.rule.clone(),
+                    deadline_ms: 0,
+                };
+                let answer = request_dir::ask(dir, request).unwrap_or_else(|e| {
+                    request_dir::denial(
+                        "",
+                        shared::requests::AnsweredBy::Deadline,
+                        &format!("cannot ask: {e}"),
+                    )
+                });
+                if answer.allowed && answer.always {
+                    self.always.insert(tool);
+                }
+                (answer.allowed, decision.rule)
+            }
         }
     }
 
@@ -373,9 +437,46 @@ pub fn main(args: AcpArgs) -> ExitCode {
     drive(&args, &prompt, &cwd, std::io::stdout().lock())
 }
 
+/// What the policy judges of an ACP tool call: its kind (or, for `other`,
+/// its title) as the tool, and its raw input with the first location's path
+/// and, for a command, the title standing in for what the input lacks.
+fn policy_subject(tool_call: &Value) -> (String, Value) {
+    let kind = tool_call.get("kind").and_then(Value::as_str).unwrap_or_default();
+    let title = tool_call.get("title").and_then(Value::as_str).unwrap_or_default();
+    let tool = if kind.is_empty() || kind == "other" { title } else { kind };
+    let mut input = match tool_call.get("rawInput") {
+        Some(Value::Object(m)) => Value::Object(m.clone()),
+        _ => json!({}),
+    };
+    let path = tool_call.pointer("/locations/0/path").and_then(Value::as_str);
+    let has = |input: &Value, keys: &[&str]| keys.iter().any(|k| input.get(*k).is_some());
+    if let Some(path) = path
+        && !has(&input, &["path", "file_path", "filePath"])
+    {
+        input["path"] = json!(path);
+    }
+    if kind == "execute" && !has(&input, &["command", "cmd"]) && !title.is_empty() {
+        input["command"] = json!(title.trim_matches('`'));
+    }
+    (tool.to_string(), input)
+}
+
 /// Run the agent of `args` in `cwd` for one prompt, writing the journal
 /// lines to `out`.
 fn drive(args: &AcpArgs, prompt: &str, cwd: &std::path::Path, out: impl Write) -> ExitCode {
+    let requests = match (args.permissions, &args.requests) {
+        (Permissions::Policy, None) => {
+            eprintln!("sandhold-agent acp: --permissions policy needs --requests DIR");
+            return ExitCode::from(2);
+        }
+        (Permissions::Policy, Some(path)) => {
+            let dir = RequestDir::new(path);
+            // No policy file: every governed action asks.
+            let policy = dir.policy().unwrap_or(Policy { default: Effect::Ask, ..Policy::default() });
+            Some((dir, policy))
+        }
+        _ => None,
+    };
     let spawned = Command::new(&args.command[0])
         .args(&args.command[1..])
         .current_dir(cwd)
@@ -399,6 +500,8 @@ fn drive(args: &AcpArgs, prompt: &str, cwd: &std::path::Path, out: impl Write) -
         out,
         next_id: 0,
         permissions: args.permissions,
+        requests,
+        always: Default::default(),
         replaying: false,
     };
     let result = client.run(args, prompt, cwd);
@@ -460,6 +563,7 @@ mod tests {
             session: None,
             mode: None,
             permissions: Permissions::Allow,
+            requests: None,
             mcp_servers: Some(file),
             command: fake_agent(&log, mcp),
         };
@@ -495,5 +599,115 @@ mod tests {
         std::fs::remove_file(&log).unwrap();
         let (new, _) = exchange(&args("http", root.join("none.json")), &cwd, &log, "session/new");
         assert_eq!(new[0]["params"]["mcpServers"], json!([]));
+    }
+
+    /// An ACP agent that asks permission for each of `calls` in its turn.
+    const ASKING_AGENT: &str = r#"
+import json, sys
+calls = json.loads(sys.argv[1])
+def send(m):
+    sys.stdout.write(json.dumps(m) + "\n"); sys.stdout.flush()
+for line in sys.stdin:
+    m = json.loads(line)
+    method = m.get("method")
+    if method == "initialize":
+        send({"jsonrpc": "2.0", "id": m["id"], "result": {"protocolVersion": 1, "agentCapabilities": {}}})
+    elif method == "session/new":
+        send({"jsonrpc": "2.0", "id": m["id"], "result": {"sessionId": "s1"}})
+    elif method == "session/prompt":
+        for i, tc in enumerate(calls):
+            options = [{"optionId": "yes", "name": "Allow", "kind": "allow_once"},
+                       {"optionId": "no", "name": "Reject", "kind": "reject_once"}]
+            send({"jsonrpc": "2.0", "id": 100 + i, "method": "session/request_permission",
+                  "params": {"sessionId": "s1", "toolCall": tc, "options": options}})
+            sys.stdin.readline()
+        send({"jsonrpc": "2.0", "id": m["id"], "result": {"stopReason": "end_turn"}})
+        break
+"#;
+
+    #[test]
+    fn the_policy_decides_permissions_and_asks_the_client_where_it_says_so() {
+        use crate::request_dir::Setup;
+        use shared::ids::RunId;
+        use shared::requests::{Answer, AnsweredBy};
+
+        let tmp = tempfile::tempdir().unwrap();
+        let run = RunId::parse("run-acp").unwrap();
+        let journal = tmp.path().join("run-acp.ndjson");
+        std::fs::write(&journal, b"").unwrap();
+        let dir = RequestDir::choose(tmp.path(), None, &run);
+        let policy = Policy::from_json(
+            r#"{"default":"ask","rules":[{"action":"command","pattern":"rm *","effect":"deny"},
+               {"action":"command","pattern":"ls*","effect":"allow"}]}"#,
+        )
+        .unwrap();
+        dir.create(&Setup { policy: Some(policy), tools: vec![] }, None, b"k", &run).unwrap();
+        let calls = json!([
+            {"toolCallId": "c1", "title": "rm -rf build", "kind": "execute", "rawInput": {"command": ["bash", "-lc", "rm -rf build"]}},
+            {"toolCallId": "c2", "title": "`ls -la`", "kind": "execute"},
+            {"toolCallId": "c3", "title": "Edit notes.md", "kind": "edit", "locations": [{"path": "/w/notes.md"}], "rawInput": {"diff": "x"}},
+        ]);
+        // The client: allows whatever is asked, once it is recorded.
+        let answering = {
+            let (dir, run, journal) = (dir.clone(), run.clone(), journal.clone());
+            std::thread::spawn(move || {
+                for _ in 0..300 {
+                    let locked = dir.lock(b"k", &run, &journal).unwrap();
+                    locked.sync(request_dir::now_ms()).unwrap();
+                    if let Some(r) = locked.pending().pop() {
+                        let yes = Answer {
+                            allowed: true,
+                            ..request_dir::denial(&r.request_id, AnsweredBy::Client, "")
+                        };
+                        locked.answer(yes).unwrap();
+                        return Some(r);
+                    }
+                    drop(locked);
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                None
+            })
+        };
+        let args = AcpArgs {
+            session: None,
+            mode: None,
+            permissions: Permissions::Policy,
+            requests: Some(dir.path().to_path_buf()),
+            mcp_servers: None,
+            command: ["python3", "-c", ASKING_AGENT, &calls.to_string()].map(str::to_owned).to_vec(),
+        };
+        let mut out = Vec::new();
+        assert_eq!(
+            drive(&args, "hi", tmp.path(), &mut out),
+            ExitCode::SUCCESS,
+            "{}",
+            String::from_utf8_lossy(&out)
+        );
+        let asked = answering.join().unwrap().expect("one request");
+        assert_eq!(
+            (asked.tool.as_str(), asked.tool_call_id.as_str(), asked.rule.as_str()),
+            ("edit", "c3", "default")
+        );
+        let lines: Vec<Value> =
+            String::from_utf8(out).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        let permissions: Vec<(&str, bool, &str)> = lines
+            .iter()
+            .filter(|l| l["type"] == "permission")
+            .map(|l| {
+                (
+                    l["optionId"].as_str().unwrap(),
+                    l["allowed"].as_bool().unwrap(),
+                    l["rule"].as_str().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            permissions,
+            [
+                ("no", false, "deny command:rm *"),
+                ("yes", true, "allow command:ls*"),
+                ("yes", true, "default")
+            ]
+        );
     }
 }

@@ -42,6 +42,9 @@ pub enum Command {
     /// prompt read from stdin, writing one JSON line per ACP event to stdout
     /// (the `acp` harness runs this under the run journal).
     Acp(crate::acp::AcpArgs),
+    /// The run's `sandhold` MCP server over stdio: the permission prompt
+    /// tool and the client's tools, each call a durable request.
+    Mcp(crate::mcp::McpArgs),
     /// Run as PID 1 of a container: reap orphans and keep the daemon given
     /// after `--` running (restarting it when it dies), e.g.
     /// `sandhold-agent init -- serve --listen unix:/run/sandhold/agent.sock ...`.
@@ -124,6 +127,7 @@ pub fn main(cli: Cli) -> ExitCode {
     match cli.command {
         Command::Shim(args) => crate::shim::main(args),
         Command::Acp(args) => crate::acp::main(args),
+        Command::Mcp(args) => crate::mcp::main(args),
         Command::Init { daemon_args } => crate::init::run(daemon_args),
         Command::Serve(args) => {
             let runtime = match tokio::runtime::Runtime::new() {

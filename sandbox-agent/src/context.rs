@@ -71,6 +71,6 @@ pub fn capabilities() -> Capabilities {
         ports: true,
         pty: true,
         egress: true,
-        requests: false,
+        requests: true,
     }
 }

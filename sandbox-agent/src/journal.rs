@@ -30,6 +30,7 @@ use tonic::{Request, Response, Status};
 
 use crate::confine::Root;
 use crate::context::AgentContext;
+use crate::request_dir::{self, RequestDir, Setup};
 use crate::run_user::RunUser;
 use crate::shim::lock_is_held;
 use crate::vault::{self, Vault};
@@ -62,7 +63,8 @@ pub fn set_shim_program(program: impl Into<PathBuf>) {
     let _ = SHIM_PROGRAM.set(program.into());
 }
 
-fn shim_program() -> std::io::Result<PathBuf> {
+/// The agent's own executable, as supervisors and `{{sandhold-agent}}` use it.
+pub fn shim_program() -> std::io::Result<PathBuf> {
     match SHIM_PROGRAM.get() {
         Some(p) => Ok(p.clone()),
         None => std::env::current_exe(),
@@ -88,6 +90,11 @@ impl Journal {
 
     fn paths(&self, run_id: &RunId) -> JournalPaths {
         JournalPaths::new(&self.journal_dir, run_id)
+    }
+
+    /// The run's request dir, when it has one.
+    fn requests(&self, run_id: &RunId) -> Option<RequestDir> {
+        RequestDir::find(&self.journal_dir, run_id)
     }
 
     /// The masks of the secrets recorded for a run (`None`: it has none),
@@ -211,6 +218,32 @@ impl JournalService for Journal {
         if req.sentinel_key.len() > crate::shim::MAX_KEY_LEN {
             return Err(Error::invalid_field("sentinel_key", "longer than 4096 bytes").into());
         }
+        let requests = match &req.requests {
+            Some(setup) => {
+                if req.sentinel_key.is_empty() {
+                    return Err(
+                        Error::invalid_field("sentinel_key", "a run with requests needs a key").into()
+                    );
+                }
+                let setup = Setup::from_proto(setup)?;
+                let dir = RequestDir::choose(&self.journal_dir, self.run_user.as_ref(), &run_id);
+                let exe = shim_program().map_err(|e| io_error("finding the agent's binary", e))?;
+                if let Some(user) = &self.run_user
+                    && !runnable_by(&exe, user)
+                {
+                    tracing::warn!(run_id = %run_id, exe = %exe.display(), "the run user cannot run the agent's binary");
+                }
+                let (exe, path) = (exe.display().to_string(), dir.path().display().to_string());
+                for arg in &mut argv {
+                    *arg = request_dir::substitute(arg, &exe, &path);
+                }
+                for value in req.env.values_mut() {
+                    *value = request_dir::substitute(value, &exe, &path);
+                }
+                Some((dir, setup))
+            }
+            None => None,
+        };
         let cwd = self.root.resolve(&req.cwd)?;
         if !cwd.is_dir() {
             return Err(Error::invalid_field("cwd", "not a directory under the sandbox root").into());
@@ -260,6 +293,16 @@ impl JournalService for Journal {
             let _ = std::fs::remove_file(&paths.secrets);
             return Err(io_error("writing the journal cap", e).into());
         }
+        if let Some((dir, setup)) = &requests
+            && let Err(e) = dir.create(setup, self.run_user.as_ref(), &req.sentinel_key, &run_id)
+        {
+            let _ = dir.remove();
+            for p in paths.all() {
+                let _ = std::fs::remove_file(p);
+            }
+            return Err(io_error("making the run's request dir", e).into());
+        }
+        let requests = requests.map(|(dir, _)| dir);
         match start_supervisor(&paths, &run_id, &argv, &cwd, stdin_file, &req, self).await {
             Ok((pid, supervisor_pid)) => {
                 tracing::info!(run_id = %run_id, pid, supervisor_pid, "run started");
@@ -274,6 +317,9 @@ impl JournalService for Journal {
                 // Nothing ran: leave no journal, so the id is not burnt.
                 for p in paths.all() {
                     let _ = std::fs::remove_file(p);
+                }
+                if let Some(dir) = &requests {
+                    let _ = dir.remove();
                 }
                 Err(e.into())
             }
@@ -303,7 +349,9 @@ impl JournalService for Journal {
         };
         let masks = self.masks(&paths, &run_id)?;
         let cap = journal::read_cap(&paths.cap);
-        let read = FollowRead { from: req.from_byte, nonce, bound, masks, cap };
+        let requests = self.requests(&run_id);
+        let key = req.sentinel_key;
+        let read = FollowRead { from: req.from_byte, nonce, bound, masks, cap, key, requests };
         Ok(Response::new(Box::pin(follow_stream(file, paths, run_id, read))))
     }
 
@@ -315,14 +363,18 @@ impl JournalService for Journal {
         let run_id = parse_run_id(&req.run_id)?;
         let paths = self.paths(&run_id);
         let file = open_journal(&paths, &run_id)?;
-        let nonce = journal::nonce(&req.sentinel_key, &run_id);
         let max = match req.max_bytes {
             0 => DEFAULT_READ_BYTES,
             n => n.min(MAX_READ_BYTES),
         };
         let masks = self.masks(&paths, &run_id)?;
+        let requests = self.requests(&run_id);
         let resp = tokio::task::spawn_blocking(move || {
-            bounded_read(&file, &paths, &run_id, req.from_byte, max, &nonce, masks.as_ref())
+            if let Some(dir) = &requests {
+                record_requests(dir, &req.sentinel_key, &run_id, &paths.ndjson);
+            }
+            let key = &req.sentinel_key;
+            bounded_read(&file, &paths, &run_id, req.from_byte, max, key, masks.as_ref())
         })
         .await
         .map_err(|e| Error::internal(e.to_string()))??;
@@ -370,6 +422,9 @@ impl JournalService for Journal {
                     Err(e) => return Err(io_error("deleting a journal", e).into()),
                 }
             }
+            for dir in RequestDir::candidates(&self.journal_dir, &id) {
+                dir.remove().map_err(|e| io_error("deleting a request dir", e))?;
+            }
             if existed {
                 resp.deleted.push(id.to_string());
             } else {
@@ -389,6 +444,7 @@ async fn start_supervisor(
     req: &StartRunRequest,
     journal: &Journal,
 ) -> Result<(u32, u32), Error> {
+    let requests = journal.requests(run_id);
     let (journal_dir, run_user) = (&journal.journal_dir, journal.run_user.as_ref());
     let mut stdin_arg = stdin_file.map(|p| (p, false));
     if let Some(start_run_request::Stdin::StdinBytes(bytes)) = &req.stdin {
@@ -420,6 +476,9 @@ async fn start_supervisor(
         .arg(cwd);
     if let Some(user) = run_user {
         cmd.arg("--run-as").arg(user.ids());
+    }
+    if let Some(dir) = &requests {
+        cmd.arg("--requests").arg(dir.path());
     }
     if req.max_journal_bytes > 0 {
         cmd.arg("--max-journal-bytes").arg(req.max_journal_bytes.to_string());
@@ -499,6 +558,45 @@ struct FollowRead {
     /// The run's journal byte cap: a line ending past it is the one the
     /// cap cut, closed by the supervisor, and is never served.
     cap: Option<u64>,
+    /// The run's key: opens sealed lines and records requests.
+    key: Vec<u8>,
+    /// The run's request dir, recorded from at each wake-up.
+    requests: Option<RequestDir>,
+}
+
+/// Whether `user` may execute `exe` (checked with its file system ids).
+fn runnable_by(exe: &Path, user: &RunUser) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c) = std::ffi::CString::new(exe.as_os_str().as_bytes()) else { return false };
+    let _as_user = crate::run_user::FsAs::new(Some(user));
+    // SAFETY: a valid C string; AT_EACCESS checks with the fs ids set above.
+    unsafe { libc::faccessat(libc::AT_FDCWD, c.as_ptr(), libc::X_OK, libc::AT_EACCESS) == 0 }
+}
+
+/// One recording pass over a run's request dir (blocking). A wrong key
+/// records nothing: what it sealed could not be opened.
+pub fn record_requests(dir: &RequestDir, key: &[u8], run_id: &RunId, journal: &Path) -> bool {
+    match dir.lock(key, run_id, journal).and_then(|l| l.sync(request_dir::now_ms())) {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::debug!(run_id = %run_id, error = %e, "not recording requests");
+            false
+        }
+    }
+}
+
+/// The record of a sealed line whose MAC holds under the run's key.
+fn sealed_record<'a>(key: &[u8], run_id: &RunId, line: &'a [u8]) -> Option<&'a [u8]> {
+    if key.is_empty() || !shared::requests::looks_sealed(line) {
+        return None;
+    }
+    shared::requests::open(key, run_id, line)
+}
+
+/// A verified record as a line: masked like any line, whole.
+fn sealed_line(record: &[u8], end_offset: u64, masks: Option<&Masks>) -> JournalLine {
+    let data = masks.map_or_else(|| record.to_vec(), |m| m.mask_bytes(record));
+    JournalLine { data, end_offset, sealed: true }
 }
 
 /// Lines out of a reader, masked when the run has secrets: what a raw
@@ -507,16 +605,21 @@ struct FollowRead {
 fn masked_lines(masker: Option<&mut LineMasker<'_>>, bytes: Vec<u8>, end_offset: u64) -> Vec<JournalLine> {
     match masker {
         None => vec![JournalLine { data: bytes, end_offset, sealed: false }],
-        Some(m) => {
-            m.push(&bytes).into_iter().map(|(data, end_offset)| JournalLine { data, end_offset, sealed: false }).collect()
-        }
+        Some(m) => m
+            .push(&bytes)
+            .into_iter()
+            .map(|(data, end_offset)| JournalLine { data, end_offset, sealed: false })
+            .collect(),
     }
 }
 
 /// The lines a masker still holds at the end of the output.
 fn flushed_lines(masker: Option<&mut LineMasker<'_>>) -> Vec<JournalLine> {
     masker.map_or_else(Vec::new, |m| {
-        m.finish().into_iter().map(|(data, end_offset)| JournalLine { data, end_offset, sealed: false }).collect()
+        m.finish()
+            .into_iter()
+            .map(|(data, end_offset)| JournalLine { data, end_offset, sealed: false })
+            .collect()
     })
 }
 
@@ -527,7 +630,7 @@ fn follow_stream(
     read: FollowRead,
 ) -> impl Stream<Item = Result<FollowResponse, Status>> + Send {
     async_stream::try_stream! {
-        let FollowRead { from, nonce, bound, masks, cap } = read;
+        let FollowRead { from, nonce, bound, masks, cap, key, mut requests } = read;
         let mut masker = masks.as_ref().map(|m| LineMasker::new(m, from));
         // Woken by inotify; the periodic re-read covers filesystems where it
         // does not work and any missed wake-up.
@@ -538,6 +641,14 @@ fn follow_stream(
                 let _ = wake_tx.try_send(());
             })
             .and_then(|mut w| w.watch(&paths.ndjson, notify::RecursiveMode::NonRecursive).map(|()| w))
+            .map(|mut w| {
+                // New asks wake the recording pass too.
+                if let Some(dir) = &requests {
+                    use notify::Watcher;
+                    let _ = w.watch(&dir.path().join(request_dir::ASK_DIR), notify::RecursiveMode::NonRecursive);
+                }
+                w
+            })
         };
         let poll = if watcher.is_ok() { FOLLOW_POLL } else { FOLLOW_POLL_NO_INOTIFY };
         let _watcher = watcher.ok();
@@ -577,6 +688,15 @@ fn follow_stream(
                     if past_cap(cap, end_offset) {
                         continue;
                     }
+                    if let Some(record) = sealed_record(&key, &run_id, &bytes) {
+                        // Whole and in order: what the masker holds goes first.
+                        batch.extend(flushed_lines(masker.as_mut()));
+                        let line = sealed_line(record, end_offset, masks.as_ref());
+                        batch_bytes += line.data.len() + 16;
+                        batch.push(line);
+                        masker = masks.as_ref().map(|m| LineMasker::new(m, end_offset));
+                        continue;
+                    }
                     for line in masked_lines(masker.as_mut(), bytes, end_offset) {
                         batch_bytes += line.data.len() + 16;
                         batch.push(line);
@@ -609,6 +729,15 @@ fn follow_stream(
                 }
                 _ => None,
             };
+            if let Some(dir) = requests.clone() {
+                let (key, run_id, journal) = (key.clone(), run_id.clone(), paths.ndjson.clone());
+                let ok = tokio::task::spawn_blocking(move || record_requests(&dir, &key, &run_id, &journal))
+                    .await
+                    .unwrap_or(false);
+                if !ok {
+                    requests = None;
+                }
+            }
             let sleep_for = match stall_deadline {
                 Some(d) => poll.min(d.saturating_duration_since(Instant::now())),
                 None => poll,
@@ -670,9 +799,10 @@ fn bounded_read(
     run_id: &RunId,
     from: u64,
     max: u64,
-    nonce: &str,
+    key: &[u8],
     masks: Option<&Masks>,
 ) -> Result<ReadJournalResponse, Error> {
+    let nonce = &journal::nonce(key, run_id);
     let size = file.metadata().map_err(|e| io_error("reading the journal", e))?.len();
     if from > size {
         return Err(Error::invalid_field(
@@ -735,6 +865,13 @@ fn bounded_read(
                 return Ok(resp);
             }
             if past_cap(cap, line.end_offset) {
+                continue;
+            }
+            if let Some(record) = sealed_record(key, run_id, line.bytes) {
+                resp.lines.extend(flushed_lines(masker.as_mut()));
+                resp.lines.push(sealed_line(record, line.end_offset, masks));
+                resp.next_offset = line.end_offset;
+                masker = masks.map(|m| LineMasker::new(m, line.end_offset));
                 continue;
             }
             for l in masked_lines(masker.as_mut(), line.bytes.to_vec(), line.end_offset) {

@@ -14,6 +14,7 @@ use shared::proto::agent::v1::info_service_server::InfoServiceServer;
 use shared::proto::agent::v1::journal_service_server::JournalServiceServer;
 use shared::proto::agent::v1::port_service_server::PortServiceServer;
 use shared::proto::agent::v1::process_service_server::ProcessServiceServer;
+use shared::proto::agent::v1::request_service_server::RequestServiceServer;
 use shared::proto::agent::v1::secret_service_server::SecretServiceServer;
 use shared::proto::agent::v1::shell_service_server::ShellServiceServer;
 use shared::proto::agent::v1::snapshot_service_server::SnapshotServiceServer;
@@ -80,6 +81,7 @@ fn router(
         .add_service(shared::sized!(ShellServiceServer::new(crate::shell::Shells::new(ctx))))
         .add_service(shared::sized!(FsServiceServer::new(crate::fs::Files::new(ctx))))
         .add_service(shared::sized!(JournalServiceServer::new(crate::journal::Journal::new(ctx))))
+        .add_service(shared::sized!(RequestServiceServer::new(crate::requests::Requests::new(ctx))))
         .add_service(shared::sized!(WatchServiceServer::new(crate::watch::Watch::new(ctx))))
         .add_service(shared::sized!(SnapshotServiceServer::new(crate::snapshot::Snapshots::new(ctx))))
         .add_service(shared::sized!(SecretServiceServer::new(crate::secrets::Secrets::new(ctx))))

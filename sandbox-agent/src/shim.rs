@@ -66,6 +66,10 @@ pub struct ShimArgs {
     /// keeps its user, so the command cannot reach it or the journal dir.
     #[arg(long, value_parser = parse_ids)]
     pub run_as: Option<(u32, u32)>,
+    /// The run's request dir: before the sentinel, the shim records what is
+    /// left there and closes it (so it keeps the key until then).
+    #[arg(long)]
+    pub requests: Option<PathBuf>,
     /// The command's argv.
     #[arg(last = true, required = true)]
     pub command: Vec<String>,
@@ -115,6 +119,8 @@ struct Started {
     cap: u64,
     watched: [File; 2],
     nonce: String,
+    /// The run's id and key, kept only for a run with a request dir.
+    requests: Option<(crate::request_dir::RequestDir, RunId, Vec<u8>)>,
     // Held until exit: the lock is released by the kernel when we die.
     _lock: File,
 }
@@ -156,6 +162,12 @@ fn start(args: &ShimArgs) -> anyhow::Result<Started> {
     let run_id = RunId::parse(&args.run_id).context("run id")?;
     let mut key = read_key()?;
     let nonce = journal::nonce(&key, &run_id);
+    let requests = match &args.requests {
+        Some(dir) => {
+            Some((crate::request_dir::RequestDir::new(dir), run_id.clone(), std::mem::take(&mut key)))
+        }
+        None => None,
+    };
     key.fill(0);
     drop(key);
 
@@ -227,7 +239,7 @@ fn start(args: &ShimArgs) -> anyhow::Result<Started> {
         .process_group(0)
         .spawn()
         .with_context(|| format!("starting {program:?}"))?;
-    Ok(Started { child, paths, cap, watched, nonce, _lock: lock })
+    Ok(Started { child, paths, cap, watched, nonce, requests, _lock: lock })
 }
 
 /// In the command, before exec: no file it writes may grow past `cap`
@@ -335,6 +347,14 @@ fn finish(started: Started) -> anyhow::Result<()> {
         let tmp = started.paths.full.with_extension("full.tmp");
         std::fs::write(&tmp, full_marker(stream, started.cap))?;
         std::fs::rename(&tmp, &started.paths.full)?;
+    }
+    if let Some((dir, run_id, key)) = &started.requests {
+        // Nothing is recorded after the sentinel: the last pass is this one.
+        let closed =
+            dir.lock(key, run_id, &started.paths.ndjson).and_then(|l| l.close(crate::request_dir::now_ms()));
+        if let Err(e) = closed {
+            tracing::warn!(run_id = %run_id, error = %e, "cannot close the run's requests");
+        }
     }
     append_sentinel(&started.paths, code, &started.nonce)?;
     // The hint for listings without a key; written after the sentinel, so a

@@ -163,6 +163,16 @@ pub fn open<'a>(key: &[u8], run_id: &RunId, line: &'a [u8]) -> Option<&'a [u8]> 
     bool::from(expected.as_slice().ct_eq(&tag)).then_some(body)
 }
 
+/// A value that proves knowledge of a run's key without revealing it: the
+/// agent keeps it beside a run's requests, so a call with another key is
+/// refused instead of sealing records no reader could open.
+pub fn key_check(key: &[u8], run_id: &RunId) -> String {
+    let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(key).expect("hmac accepts any key length");
+    mac.update(b"sandhold/request-key-check/v1:");
+    mac.update(run_id.as_str().as_bytes());
+    hex::encode(mac.finalize().into_bytes())
+}
+
 /// Parse the record bytes [`open`] returned.
 pub fn parse(record: &[u8]) -> Option<Record> {
     serde_json::from_slice(record).ok()
@@ -229,5 +239,12 @@ mod tests {
         assert!(!valid_request_id(""));
         assert!(!valid_request_id("../x"));
         assert!(!valid_request_id(&"a".repeat(65)));
+    }
+
+    #[test]
+    fn key_checks_differ_by_key_and_run() {
+        assert_eq!(key_check(b"k", &run()), key_check(b"k", &run()));
+        assert_ne!(key_check(b"k", &run()), key_check(b"j", &run()));
+        assert_ne!(key_check(b"k", &run()), key_check(b"k", &RunId::parse("run-2").unwrap()));
     }
 }
