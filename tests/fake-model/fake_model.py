@@ -16,6 +16,10 @@ and answers with a scripted conversation chosen by --scenario:
   tool   first a call of the CLI's own shell tool that writes a file in the
          working directory (`printf 'hello from the tool\n' > hello.txt`),
          then, once the tool result comes back, a final text answer.
+  client-tool  (Anthropic) first a call of the first `mcp__sandhold__*`
+         tool offered (a client tool; not `permission`) with
+         {"query": "the question"}, then a final text quoting the tool's
+         result: "The client tool said: <result>".
 
 The shell tool is found in the request's tool list (Bash / bash / shell /
 exec_command / ...), and its arguments are shaped after that tool's JSON
@@ -97,8 +101,40 @@ def anthropic_shell_tool(body):
     return None
 
 
+def anthropic_client_tool(body):
+    for tool in body.get("tools") or []:
+        name = tool.get("name", "")
+        if name.startswith("mcp__sandhold__") and name != "mcp__sandhold__permission":
+            return tool
+    return None
+
+
+def anthropic_tool_result_text(body):
+    """The text of the last tool_result block of the conversation."""
+    text = ""
+    for msg in body.get("messages", []):
+        content = msg.get("content")
+        if not isinstance(content, list):
+            continue
+        for block in content:
+            if isinstance(block, dict) and block.get("type") == "tool_result":
+                inner = block.get("content")
+                if isinstance(inner, str):
+                    text = inner
+                elif isinstance(inner, list):
+                    text = "".join(b.get("text", "") for b in inner if isinstance(b, dict))
+    return text
+
+
 def anthropic_turn(body):
     """(blocks, stop_reason) for this request."""
+    if ARGS.scenario == "client-tool":
+        tool = anthropic_client_tool(body)
+        if tool and not anthropic_has_tool_result(body):
+            return [{"type": "tool_use", "id": "toolu_fake_client", "name": tool["name"],
+                     "input": {"query": "the question"}}], "tool_use"
+        if anthropic_has_tool_result(body):
+            return [{"type": "text", "text": "The client tool said: " + anthropic_tool_result_text(body)}], "end_turn"
     tool = anthropic_shell_tool(body)
     if ARGS.scenario == "tool" and tool and not anthropic_has_tool_result(body):
         args = shell_args_for(tool.get("input_schema"))
@@ -322,7 +358,7 @@ def main():
     global ARGS
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--port", type=int, default=0)
-    p.add_argument("--scenario", choices=["plain", "tool"], default="plain")
+    p.add_argument("--scenario", choices=["plain", "tool", "client-tool"], default="plain")
     p.add_argument("--log")
     p.add_argument("--verbose", action="store_true")
     p.add_argument("--stall-file", help="while this file exists, model answers wait")
