@@ -13,13 +13,61 @@ use std::collections::HashMap;
 
 use serde_json::{Map, Value, json};
 use shared::chunk::Usage;
+use shared::policy::{Action, Effect};
 
+use super::model_api::toml_string;
 use super::{
-    CommandSpec, Emitter, HarnessError, HarnessOptions, Translate, add_usage, parse_event, program,
-    prompt_stdin, result_text, str_of, u64_of,
+    CommandSpec, Emitter, HarnessError, HarnessOptions, Output, Translate, add_usage, parse_event, policy,
+    program, prompt_stdin, result_text, str_of, u64_of,
 };
 
+/// The warning of a Codex run whose command rules ask or deny: Codex's
+/// approval policy exempts what it knows to be read-only.
+pub const READ_ONLY_WARNING: &str = "Codex runs commands it knows to be read-only (ls, cat, grep, git status, ...) \
+     without asking, so the policy's command rules that ask or deny do not apply to them";
+/// The warning of a Codex run with network rules.
+pub const NETWORK_WARNING: &str = "Codex has no fetch tool: network rules apply to none of its actions \
+     (commands that reach the network are governed as commands)";
+
 pub(super) fn command(options: &HarnessOptions, prompt: &str) -> Result<CommandSpec, HarnessError> {
+    for (key, _) in &options.config_overrides {
+        if key.is_empty() || key.contains('=') {
+            return Err(HarnessError::InvalidOption {
+                option: "config_overrides",
+                reason: format!("bad key {key:?}"),
+            });
+        }
+    }
+    let policy = &options.policy;
+    let mut warnings = Vec::new();
+    if policy.rules.iter().any(|r| r.action == Action::Network && r.effect != Effect::Allow) {
+        warnings.push(NETWORK_WARNING.to_owned());
+    }
+    // `codex exec` cannot ask, and denies nothing by itself (its own
+    // sandbox does not work in most containers): unless commands and file
+    // writes are all allowed, Codex runs as an ACP agent (`codex-acp`)
+    // under the agent's bridge, which answers its approval requests by the
+    // policy.
+    let bridged = [Action::Command, Action::FileWrite]
+        .into_iter()
+        .any(|a| policy::uniform(policy, a) != Some(Effect::Allow));
+    let mut spec = if bridged {
+        if policy::uniform(policy, Action::Command) != Some(Effect::Allow) {
+            warnings.push(READ_ONLY_WARNING.to_owned());
+        }
+        acp_command(options, prompt)
+    } else {
+        exec_command(options, prompt)
+    };
+    if policy::applies(options) {
+        spec.requests = Some(policy::request_setup(options));
+    }
+    spec.warnings = warnings;
+    Ok(spec)
+}
+
+/// `codex exec --json ... -`.
+fn exec_command(options: &HarnessOptions, prompt: &str) -> CommandSpec {
     let mut argv =
         vec![program(options, "codex"), "exec".into(), "--json".into(), "--skip-git-repo-check".into()];
     match &options.sandbox_mode {
@@ -36,15 +84,10 @@ pub(super) fn command(options: &HarnessOptions, prompt: &str) -> Result<CommandS
         argv.push(m.clone());
     }
     for (key, value) in &options.config_overrides {
-        if key.is_empty() || key.contains('=') {
-            return Err(HarnessError::InvalidOption {
-                option: "config_overrides",
-                reason: format!("bad key {key:?}"),
-            });
-        }
         argv.push("-c".into());
         argv.push(format!("{key}={value}"));
     }
+    argv.extend(client_tool_overrides(options));
     argv.extend(options.extra_args.iter().cloned());
     if let Some(session) = &options.resume_session_id {
         argv.push("resume".into());
@@ -53,7 +96,61 @@ pub(super) fn command(options: &HarnessOptions, prompt: &str) -> Result<CommandS
     // `-`: the prompt is read from stdin, so it never lands in argv (size
     // limits, process listings).
     argv.push("-".into());
-    Ok(CommandSpec::new(argv, options.env.clone(), prompt_stdin(options, prompt)))
+    CommandSpec::new(argv, options.env.clone(), prompt_stdin(options, prompt))
+}
+
+/// The agent's MCP server in Codex's config, for client tools.
+fn client_tool_overrides(options: &HarnessOptions) -> Vec<String> {
+    if options.client_tools.is_empty() {
+        return Vec::new();
+    }
+    let (command, args) = policy::mcp_command();
+    let args: Vec<String> = args.iter().map(|a| toml_string(a)).collect();
+    let server = format!("mcp_servers.{}", policy::MCP_SERVER);
+    let timeout_sec = policy::tool_timeout_ms(&options.policy).div_ceil(1000);
+    [
+        format!("{server}.command={}", toml_string(&command)),
+        format!("{server}.args=[{}]", args.join(", ")),
+        format!("{server}.tool_timeout_sec={timeout_sec}"),
+    ]
+    .into_iter()
+    .flat_map(|o| ["-c".to_owned(), o])
+    .collect()
+}
+
+/// The ACP agent next to the run's Codex (`/x/codex` → `/x/codex-acp`), else
+/// `codex-acp` on the PATH.
+fn acp_program(options: &HarnessOptions) -> String {
+    match options.program.as_deref().map(std::path::Path::new).and_then(std::path::Path::parent) {
+        Some(dir) if !dir.as_os_str().is_empty() => dir.join(ACP_PROGRAM).display().to_string(),
+        _ => ACP_PROGRAM.to_owned(),
+    }
+}
+
+/// Codex's ACP agent.
+pub const ACP_PROGRAM: &str = "codex-acp";
+
+/// `sandhold-agent acp --permissions policy ... -- codex-acp -c ...`: Codex
+/// asks for every command it does not know to be read-only and for every
+/// patch (`approval_policy="untrusted"`), with its own sandbox off (it does
+/// not work in containers; the sandbox is the isolation).
+fn acp_command(options: &HarnessOptions, prompt: &str) -> CommandSpec {
+    let mut argv = policy::acp_bridge(options.resume_session_id.as_deref());
+    argv.push(acp_program(options));
+    let sandbox = options.sandbox_mode.as_deref().unwrap_or("danger-full-access");
+    let mut config: Vec<String> = options.model.iter().map(|m| format!("model={}", toml_string(m))).collect();
+    config.extend(options.config_overrides.iter().map(|(k, v)| format!("{k}={v}")));
+    // Last, so that the run's own overrides cannot turn the asking off.
+    config.push("approval_policy=\"untrusted\"".to_owned());
+    config.push(format!("sandbox_mode={}", toml_string(sandbox)));
+    for c in config {
+        argv.push("-c".into());
+        argv.push(c);
+    }
+    argv.extend(options.extra_args.iter().cloned());
+    let mut spec = CommandSpec::new(argv, options.env.clone(), prompt_stdin(options, prompt));
+    spec.output = Output::Acp;
+    spec
 }
 
 #[derive(Debug)]

@@ -93,8 +93,9 @@ mod tests {
     type Item = Result<FollowResponse, String>;
 
     fn lines(range: std::ops::Range<u64>) -> Item {
-        let lines =
-            range.map(|i| JournalLine { data: format!("l{i}").into_bytes(), end_offset: i + 1 }).collect();
+        let lines = range
+            .map(|i| JournalLine { data: format!("l{i}").into_bytes(), end_offset: i + 1, sealed: false })
+            .collect();
         Ok(FollowResponse { event: Some(follow_response::Event::Lines(JournalLines { lines })) })
     }
 
