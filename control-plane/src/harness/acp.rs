@@ -287,6 +287,49 @@ mod tests {
     use super::MCP_SERVERS_FILE;
 
     #[test]
+    fn a_policy_answers_permission_requests() {
+        let mut options = HarnessOptions {
+            command: vec!["codex-acp".into()],
+            policy: policy(Effect::Ask, vec![]),
+            ..Default::default()
+        };
+        let spec = Harness::Acp.command(&options, "hi").unwrap();
+        assert_eq!(
+            spec.argv,
+            [
+                "sandhold-agent",
+                "acp",
+                "--permissions",
+                "policy",
+                "--requests",
+                "{{sandhold-requests}}",
+                "--mcp-servers",
+                MCP_SERVERS_FILE,
+                "--",
+                "codex-acp"
+            ]
+        );
+        assert_eq!((spec.output, spec.requests.is_some()), (Output::Acp, true));
+        options.permission_mode = Some("allow".into());
+        assert!(matches!(Harness::Acp.command(&options, "x"), Err(HarnessError::InvalidOption { .. })));
+
+        // Client tools alone: the request dir for the bridge's MCP server.
+        let tools = HarnessOptions {
+            command: vec!["a".into()],
+            client_tools: vec![client_tool("t")],
+            ..Default::default()
+        };
+        let spec = Harness::Acp.command(&tools, "x").unwrap();
+        assert_eq!(spec.argv[2..6], ["--permissions", "allow", "--requests", "{{sandhold-requests}}"]);
+        let policy_mode = HarnessOptions {
+            command: vec!["a".into()],
+            permission_mode: Some("policy".into()),
+            ..Default::default()
+        };
+        assert!(Harness::Acp.command(&policy_mode, "x").is_err(), "no policy to answer by");
+    }
+
+    #[test]
     fn command_line_runs_the_agents_own_acp_client() {
         let options = HarnessOptions {
             command: vec!["codex-acp".into()],

@@ -335,6 +335,94 @@ impl Translate for CodexTranslator {
 mod tests {
     use super::super::testing::*;
     use super::super::*;
+    use super::{NETWORK_WARNING, READ_ONLY_WARNING};
+
+    #[test]
+    fn a_policy_that_asks_or_denies_runs_codex_acp_under_the_bridge() {
+        let options = HarnessOptions {
+            program: Some("/opt/clis/bin/codex".into()),
+            model: Some("gpt-5".into()),
+            resume_session_id: Some("th".into()),
+            config_overrides: vec![("approval_policy".into(), "\"never\"".into())],
+            policy: policy(Effect::Allow, vec![rule(Action::Command, "git push*", Effect::Deny)]),
+            ..Default::default()
+        };
+        let spec = Harness::Codex.command(&options, "hi").unwrap();
+        assert_eq!(
+            spec.argv,
+            [
+                "sandhold-agent",
+                "acp",
+                "--permissions",
+                "policy",
+                "--requests",
+                "{{sandhold-requests}}",
+                "--session",
+                "th",
+                "--",
+                "/opt/clis/bin/codex-acp",
+                "-c",
+                "model=\"gpt-5\"",
+                "-c",
+                "approval_policy=\"never\"",
+                "-c",
+                "approval_policy=\"untrusted\"",
+                "-c",
+                "sandbox_mode=\"danger-full-access\"",
+            ]
+        );
+        assert_eq!(spec.output, Output::Acp);
+        assert_eq!(spec.stdin, StdinSpec::Bytes(b"hi".to_vec()));
+        assert_eq!(spec.warnings, [READ_ONLY_WARNING]);
+        assert_eq!(spec.cli_program(), "/opt/clis/bin/codex-acp");
+        assert!(spec.requests.is_some());
+
+        // Only file writes governed: commands are all allowed, so no warning.
+        let writes = HarnessOptions {
+            policy: policy(Effect::Allow, vec![rule(Action::FileWrite, "**/.env", Effect::Ask)]),
+            ..Default::default()
+        };
+        let spec = Harness::Codex.command(&writes, "hi").unwrap();
+        assert_eq!(spec.argv[6..8], ["--", "codex-acp"]);
+        assert!(spec.warnings.is_empty(), "{:?}", spec.warnings);
+
+        // The broker's provider goes right after codex-acp.
+        let mut spec = Harness::Codex.command(&options, "hi").unwrap();
+        model_api::point_at(Harness::Codex, &mut spec, "http://127.0.0.1:5/v1", "ph");
+        assert_eq!(spec.argv[9..12], ["/opt/clis/bin/codex-acp", "-c", "model_provider=\"sandhold\""]);
+    }
+
+    #[test]
+    fn codex_exec_stays_while_commands_and_writes_are_allowed() {
+        let options = HarnessOptions {
+            policy: policy(Effect::Allow, vec![rule(Action::Network, "evil.example", Effect::Deny)]),
+            client_tools: vec![client_tool("lookup")],
+            ..Default::default()
+        };
+        let spec = Harness::Codex.command(&options, "hi").unwrap();
+        assert_eq!(
+            spec.argv,
+            [
+                "codex",
+                "exec",
+                "--json",
+                "--skip-git-repo-check",
+                "--dangerously-bypass-approvals-and-sandbox",
+                "-c",
+                "mcp_servers.sandhold.command=\"{{sandhold-agent}}\"",
+                "-c",
+                "mcp_servers.sandhold.args=[\"mcp\", \"--requests\", \"{{sandhold-requests}}\"]",
+                "-c",
+                "mcp_servers.sandhold.tool_timeout_sec=660",
+                "-",
+            ]
+        );
+        assert_eq!(spec.output, Output::Native);
+        assert_eq!(spec.warnings, [NETWORK_WARNING]);
+        assert_eq!(spec.requests.unwrap().tools.len(), 1);
+        let bare = Harness::Codex.command(&HarnessOptions::default(), "hi").unwrap();
+        assert_eq!((bare.requests, bare.warnings.len()), (None, 0));
+    }
 
     #[test]
     fn command_line() {

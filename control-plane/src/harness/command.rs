@@ -113,6 +113,19 @@ mod tests {
     use super::super::*;
 
     #[test]
+    fn a_policy_cannot_apply() {
+        let options = HarnessOptions {
+            command: vec!["true".into()],
+            policy: policy(Effect::Deny, vec![]),
+            ..Default::default()
+        };
+        let spec = Harness::Command.command(&options, "p").unwrap();
+        assert_eq!(spec.warnings, [policy::unsupported("command")]);
+        assert!(spec.requests.is_some());
+        assert_eq!(spec.argv, ["true"]);
+    }
+
+    #[test]
     fn needs_a_command_and_feeds_the_prompt_on_stdin() {
         assert_eq!(
             Harness::Command.command(&HarnessOptions::default(), "p"),

@@ -226,6 +226,45 @@ impl Translate for GeminiTranslator {
 mod tests {
     use super::super::testing::*;
     use super::super::*;
+    use super::CLIENT_TOOLS_WARNING;
+
+    fn approval_of(spec: &CommandSpec) -> &str {
+        let at = spec.argv.iter().position(|a| a == "--approval-mode").unwrap();
+        &spec.argv[at + 1]
+    }
+
+    #[test]
+    fn a_policy_picks_the_strictest_mode_that_runs_what_it_allows() {
+        let with = |p: Policy| HarnessOptions { policy: p, ..Default::default() };
+        let spec = Harness::Gemini.command(&HarnessOptions::default(), "p").unwrap();
+        assert_eq!((approval_of(&spec), spec.warnings.len(), spec.requests.is_none()), ("yolo", 0, true));
+
+        // Commands governed by rules: edits still run, commands do not.
+        let rules = with(policy(Effect::Allow, vec![rule(Action::Command, "rm *", Effect::Deny)]));
+        let spec = Harness::Gemini.command(&rules, "p").unwrap();
+        assert_eq!(approval_of(&spec), "auto_edit");
+        assert_eq!(
+            spec.warnings,
+            [
+                "Gemini CLI cannot ask or apply rules in headless mode: the policy's commands (run_shell_command) are not run at all",
+                "Gemini CLI cannot ask or apply rules in headless mode: the policy's fetches (web_fetch) are not run at all",
+            ]
+        );
+        assert!(spec.requests.is_some());
+
+        // Everything denied: nothing to warn about.
+        let spec = Harness::Gemini.command(&with(policy(Effect::Deny, vec![])), "p").unwrap();
+        assert_eq!((approval_of(&spec), spec.warnings.len()), ("default", 0));
+
+        let mut yolo = with(policy(Effect::Ask, vec![]));
+        yolo.permission_mode = Some("yolo".into());
+        assert!(matches!(Harness::Gemini.command(&yolo, "p"), Err(HarnessError::InvalidOption { .. })));
+        yolo.permission_mode = Some("plan".into());
+        assert_eq!(approval_of(&Harness::Gemini.command(&yolo, "p").unwrap()), "plan");
+
+        let tools = HarnessOptions { client_tools: vec![client_tool("t")], ..Default::default() };
+        assert_eq!(Harness::Gemini.command(&tools, "p").unwrap().warnings, [CLIENT_TOOLS_WARNING]);
+    }
 
     #[test]
     fn command_line_reads_the_prompt_from_stdin() {

@@ -195,6 +195,82 @@ mod tests {
     use super::super::testing::*;
     use super::super::*;
 
+    fn config_of(spec: &CommandSpec) -> serde_json::Value {
+        serde_json::from_str(&spec.env["OPENCODE_CONFIG_CONTENT"]).unwrap()
+    }
+
+    #[test]
+    fn allow_and_deny_of_whole_kinds_stay_native() {
+        let mut options = HarnessOptions {
+            policy: policy(Effect::Allow, vec![rule(Action::Command, "*", Effect::Deny)]),
+            client_tools: vec![client_tool("lookup")],
+            ..Default::default()
+        };
+        options.env.insert("OPENCODE_CONFIG_CONTENT".into(), r#"{"permission":{"read":"allow"}}"#.into());
+        let spec = Harness::OpenCode.command(&options, "hi").unwrap();
+        assert_eq!(spec.argv, ["opencode", "run", "--format", "json", "--", "hi"]);
+        assert_eq!(spec.output, Output::Native);
+        assert_eq!(
+            config_of(&spec),
+            serde_json::json!({
+                "permission": {"read": "allow", "bash": "deny", "edit": "allow", "webfetch": "allow"},
+                "mcp": {"sandhold": {"type": "local", "enabled": true,
+                    "command": ["{{sandhold-agent}}", "mcp", "--requests", "{{sandhold-requests}}"]}}
+            })
+        );
+        assert!(spec.requests.is_some() && spec.warnings.is_empty());
+
+        // The broker's provider merges in; the policy stays.
+        let mut spec = spec;
+        model_api::point_at(Harness::OpenCode, &mut spec, "http://127.0.0.1:5/v1", "ph");
+        let config = config_of(&spec);
+        assert_eq!(config["permission"]["bash"], "deny");
+        assert_eq!(config["provider"]["anthropic"]["options"]["baseURL"], "http://127.0.0.1:5/v1");
+
+        options.env.insert("OPENCODE_CONFIG_CONTENT".into(), "[1]".into());
+        assert!(matches!(Harness::OpenCode.command(&options, "x"), Err(HarnessError::InvalidOption { .. })));
+    }
+
+    #[test]
+    fn a_policy_that_asks_runs_opencode_acp_under_the_bridge() {
+        let options = HarnessOptions {
+            model: Some("anthropic/m-1".into()),
+            resume_session_id: Some("ses_1".into()),
+            policy: policy(Effect::Ask, vec![rule(Action::Command, "git status*", Effect::Allow)]),
+            client_tools: vec![client_tool("lookup")],
+            ..Default::default()
+        };
+        let mut spec = Harness::OpenCode.command(&options, "hi").unwrap();
+        assert_eq!(
+            spec.argv,
+            [
+                "sandhold-agent",
+                "acp",
+                "--permissions",
+                "policy",
+                "--requests",
+                "{{sandhold-requests}}",
+                "--session",
+                "ses_1",
+                "--",
+                "opencode",
+                "acp"
+            ]
+        );
+        assert_eq!((spec.output, spec.cli_program()), (Output::Acp, "opencode"));
+        assert_eq!(spec.stdin, StdinSpec::Bytes(b"hi".to_vec()));
+        // Client tools come from the bridge (session/new), not the config.
+        assert_eq!(
+            config_of(&spec),
+            serde_json::json!({
+                "permission": {"bash": "ask", "edit": "ask", "webfetch": "ask"},
+                "model": "anthropic/m-1"
+            })
+        );
+        model_api::point_at(Harness::OpenCode, &mut spec, "http://b/v1", "ph");
+        assert!(config_of(&spec)["provider"]["anthropic"]["models"]["m-1"].is_object());
+    }
+
     #[test]
     fn command_line_puts_the_prompt_last() {
         let options = HarnessOptions {

@@ -296,4 +296,21 @@ mod tests {
         assert_eq!(argv.args, spec.argv);
         assert_eq!(req.env.get("IS_SANDBOX").map(String::as_str), Some("1"));
     }
+
+    #[test]
+    fn an_acp_output_is_read_by_the_acp_translator_under_the_harness_name() {
+        let journal = [
+            r#"{"type":"session","sessionId":"019a","loaded":false}"#,
+            r#"{"type":"update","update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"hi"}}}"#,
+            r#"{"type":"stop","stopReason":"end_turn"}"#,
+        ];
+        let mut t = Harness::Codex.translator_for(Output::Acp, &RunId::parse("r").unwrap(), "t", || 0);
+        let mut chunks: Vec<_> = journal.iter().flat_map(|l| t.feed(l.as_bytes())).collect();
+        chunks.extend(t.finish(0, ""));
+        assert_eq!(chunks[1].name, "codex.session-id");
+        assert!(chunks.iter().any(|c| c.delta == "hi"));
+        assert_eq!(chunks.last().map(|c| c.finish_reason.as_str()), Some("stop"));
+        let plain = CommandSpec::new(vec!["claude".into()], BTreeMap::new(), StdinSpec::Null);
+        assert_eq!(plain.cli_program(), "claude");
+    }
 }
