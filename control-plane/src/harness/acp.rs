@@ -21,8 +21,8 @@ use serde_json::{Map, Value, json};
 use shared::journal::AGENT_PROGRAM;
 
 use super::{
-    CommandSpec, Emitter, HarnessError, HarnessOptions, Translate, finish_reason, parse_event, prompt_stdin,
-    str_of,
+    CommandSpec, Emitter, HarnessError, HarnessOptions, Output, Translate, finish_reason, parse_event,
+    policy, prompt_stdin, str_of,
 };
 
 /// Where the workspace's MCP servers are written for ACP agents (relative
@@ -37,21 +37,30 @@ pub(super) fn command(options: &HarnessOptions, prompt: &str) -> Result<CommandS
             reason: "the acp harness needs the ACP agent's command line".into(),
         });
     }
-    let permissions = options.permission_mode.as_deref().unwrap_or("allow");
-    if !["allow", "deny"].contains(&permissions) {
+    let governed = !options.policy.allows_everything();
+    let permissions = match (options.permission_mode.as_deref(), governed) {
+        (None, true) => "policy",
+        (Some(_), true) => {
+            return Err(HarnessError::InvalidOption {
+                option: "permission_mode",
+                reason: "under a sandbox policy the policy answers ACP permission requests".into(),
+            });
+        }
+        (m, false) => m.unwrap_or("allow"),
+    };
+    if !["allow", "deny", "policy"].contains(&permissions) || (permissions == "policy" && !governed) {
         return Err(HarnessError::InvalidOption {
             option: "permission_mode",
             reason: format!("ACP permission requests are answered allow or deny, not {permissions:?}"),
         });
     }
-    let mut argv = vec![
-        AGENT_PROGRAM.into(),
-        "acp".into(),
-        "--permissions".into(),
-        permissions.into(),
-        "--mcp-servers".into(),
-        MCP_SERVERS_FILE.into(),
-    ];
+    let mut argv = vec![AGENT_PROGRAM.into(), "acp".into(), "--permissions".into(), permissions.into()];
+    if policy::applies(options) {
+        argv.push("--requests".into());
+        argv.push(policy::REQUESTS_PLACEHOLDER.into());
+    }
+    argv.push("--mcp-servers".into());
+    argv.push(MCP_SERVERS_FILE.into());
     if let Some(mode) = &options.sandbox_mode {
         argv.push("--mode".into());
         argv.push(mode.clone());
@@ -63,7 +72,12 @@ pub(super) fn command(options: &HarnessOptions, prompt: &str) -> Result<CommandS
     argv.push("--".into());
     argv.extend(options.command.iter().cloned());
     argv.extend(options.extra_args.iter().cloned());
-    Ok(CommandSpec::new(argv, options.env.clone(), prompt_stdin(options, prompt)))
+    let mut spec = CommandSpec::new(argv, options.env.clone(), prompt_stdin(options, prompt));
+    spec.output = Output::Acp;
+    if policy::applies(options) {
+        spec.requests = Some(policy::request_setup(options));
+    }
+    Ok(spec)
 }
 
 /// A tool call announced and not yet out: agents may announce one before
@@ -271,6 +285,49 @@ mod tests {
     use super::super::testing::*;
     use super::super::*;
     use super::MCP_SERVERS_FILE;
+
+    #[test]
+    fn a_policy_answers_permission_requests() {
+        let mut options = HarnessOptions {
+            command: vec!["codex-acp".into()],
+            policy: policy(Effect::Ask, vec![]),
+            ..Default::default()
+        };
+        let spec = Harness::Acp.command(&options, "hi").unwrap();
+        assert_eq!(
+            spec.argv,
+            [
+                "sandhold-agent",
+                "acp",
+                "--permissions",
+                "policy",
+                "--requests",
+                "{{sandhold-requests}}",
+                "--mcp-servers",
+                MCP_SERVERS_FILE,
+                "--",
+                "codex-acp"
+            ]
+        );
+        assert_eq!((spec.output, spec.requests.is_some()), (Output::Acp, true));
+        options.permission_mode = Some("allow".into());
+        assert!(matches!(Harness::Acp.command(&options, "x"), Err(HarnessError::InvalidOption { .. })));
+
+        // Client tools alone: the request dir for the bridge's MCP server.
+        let tools = HarnessOptions {
+            command: vec!["a".into()],
+            client_tools: vec![client_tool("t")],
+            ..Default::default()
+        };
+        let spec = Harness::Acp.command(&tools, "x").unwrap();
+        assert_eq!(spec.argv[2..6], ["--permissions", "allow", "--requests", "{{sandhold-requests}}"]);
+        let policy_mode = HarnessOptions {
+            command: vec!["a".into()],
+            permission_mode: Some("policy".into()),
+            ..Default::default()
+        };
+        assert!(Harness::Acp.command(&policy_mode, "x").is_err(), "no policy to answer by");
+    }
 
     #[test]
     fn command_line_runs_the_agents_own_acp_client() {

@@ -11,15 +11,79 @@
 
 use std::collections::{HashMap, HashSet};
 
-use serde_json::{Map, Value};
+use serde_json::{Map, Value, json};
 use shared::chunk::Usage;
+use shared::policy::{Action, Effect};
 
 use super::{
-    CommandSpec, Emitter, HarnessError, HarnessOptions, Translate, finish_reason, parse_object, program,
-    prompt_stdin, result_text, str_of, u64_of,
+    CommandSpec, Emitter, HarnessError, HarnessOptions, Translate, finish_reason, parse_object, policy,
+    program, prompt_stdin, result_text, str_of, u64_of,
 };
 
+/// Claude Code's tools for each kind of action the policy governs.
+fn tools_of(action: Action) -> &'static [&'static str] {
+    match action {
+        Action::Command => &["Bash"],
+        Action::FileWrite => &["Edit", "Write", "MultiEdit", "NotebookEdit"],
+        Action::Network => &["WebFetch"],
+    }
+}
+
+/// Permission modes that leave the permission checks on (the others
+/// approve by themselves what the policy may ask about or deny).
+const CHECKED_MODES: [&str; 2] = ["default", "plan"];
+
+/// The `--settings` of a run under a policy: each governed tool allowed or
+/// denied when the policy decides its kind the same way for every subject,
+/// else `ask`, so that Claude Code calls the permission tool, which decides
+/// by the rules (Claude Code's own rule syntax is never used for patterns:
+/// it matches each part of a compound command separately and auto-approves
+/// read-only commands such as `ls` unless the tool is asked for). Client
+/// tools are allowed; the permission tool itself may not be called by the
+/// model.
+fn policy_settings(options: &HarnessOptions) -> Value {
+    let (mut allow, mut ask, mut deny) = (Vec::new(), Vec::new(), Vec::new());
+    // Client tools only: everything stays bypassed.
+    let governed = !options.policy.allows_everything();
+    for action in policy::ACTIONS.into_iter().filter(|_| governed) {
+        let list = match policy::native(&options.policy, action) {
+            Effect::Allow => &mut allow,
+            Effect::Ask => &mut ask,
+            Effect::Deny => &mut deny,
+        };
+        list.extend(tools_of(action).iter().map(|t| Value::from(*t)));
+    }
+    allow.extend(client_tool_names(options).map(Value::from));
+    deny.push(policy::CLAUDE_PERMISSION_TOOL.into());
+    let mut permissions = Map::new();
+    for (key, list) in [("allow", allow), ("ask", ask), ("deny", deny)] {
+        if !list.is_empty() {
+            permissions.insert(key.into(), Value::Array(list));
+        }
+    }
+    json!({ "permissions": permissions })
+}
+
+fn client_tool_names(options: &HarnessOptions) -> impl Iterator<Item = String> + '_ {
+    options.client_tools.iter().map(|t| format!("mcp__{}__{}", policy::MCP_SERVER, t.name))
+}
+
 pub(super) fn command(options: &HarnessOptions, prompt: &str) -> Result<CommandSpec, HarnessError> {
+    let requests = policy::applies(options);
+    let governed = !options.policy.allows_everything();
+    let mode = match (&options.permission_mode, governed) {
+        (Some(m), true) if !CHECKED_MODES.contains(&m.as_str()) => {
+            return Err(HarnessError::InvalidOption {
+                option: "permission_mode",
+                reason: format!(
+                    "{m:?} approves actions by itself; under a sandbox policy the mode is default or plan"
+                ),
+            });
+        }
+        (Some(m), _) => m.clone(),
+        (None, true) => "default".into(),
+        (None, false) => "bypassPermissions".into(),
+    };
     let mut argv = vec![
         program(options, "claude"),
         "-p".into(),
@@ -27,7 +91,7 @@ pub(super) fn command(options: &HarnessOptions, prompt: &str) -> Result<CommandS
         "stream-json".into(),
         "--verbose".into(),
         "--permission-mode".into(),
-        options.permission_mode.clone().unwrap_or_else(|| "bypassPermissions".into()),
+        mode,
     ];
     let mut flag = |name: &str, value: &str| {
         argv.push(name.into());
@@ -54,18 +118,36 @@ pub(super) fn command(options: &HarnessOptions, prompt: &str) -> Result<CommandS
     if let Some(p) = &options.mcp_config_path {
         flag("--mcp-config", p);
     }
+    if requests {
+        // A second `--mcp-config`: Claude Code loads them all.
+        flag("--mcp-config", &policy::claude_mcp_config());
+        flag("--settings", &policy_settings(options).to_string());
+    }
+    if governed {
+        flag("--permission-prompt-tool", policy::CLAUDE_PERMISSION_TOOL);
+    }
     if options.include_partial_messages {
         argv.push("--include-partial-messages".into());
     }
     argv.extend(options.extra_args.iter().cloned());
 
     let mut env = options.env.clone();
+    if requests {
+        // The permission tool and client tools wait for the client's answer,
+        // up to the policy's deadline.
+        env.entry("MCP_TOOL_TIMEOUT".into())
+            .or_insert_with(|| policy::tool_timeout_ms(&options.policy).to_string());
+    }
     // Claude Code refuses bypassPermissions as root unless told it is in a
     // sandbox, which it is.
     env.entry("IS_SANDBOX".into()).or_insert_with(|| "1".into());
     env.entry("DISABLE_TELEMETRY".into()).or_insert_with(|| "1".into());
     env.entry("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC".into()).or_insert_with(|| "1".into());
-    Ok(CommandSpec::new(argv, env, prompt_stdin(options, prompt)))
+    let mut spec = CommandSpec::new(argv, env, prompt_stdin(options, prompt));
+    if requests {
+        spec.requests = Some(policy::request_setup(options));
+    }
+    Ok(spec)
 }
 
 /// What a streamed content block (by index) became.
@@ -256,6 +338,9 @@ impl Translate for ClaudeCodeTranslator {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+    use shared::policy::{Action, Effect};
+
     use super::super::testing::*;
     use super::super::*;
 
@@ -305,6 +390,107 @@ mod tests {
         assert_eq!(spec.env.get("IS_SANDBOX").map(String::as_str), Some("1"));
         let bare = Harness::ClaudeCode.command(&HarnessOptions::default(), "x").unwrap();
         assert_eq!(bare.argv[5..], ["--permission-mode", "bypassPermissions"]);
+    }
+
+    fn rule(action: Action, pattern: &str, effect: Effect) -> shared::policy::Rule {
+        shared::policy::Rule { action, pattern: pattern.into(), effect }
+    }
+
+    fn settings_of(spec: &CommandSpec) -> serde_json::Value {
+        let at = spec.argv.iter().position(|a| a == "--settings").expect("--settings");
+        serde_json::from_str(&spec.argv[at + 1]).unwrap()
+    }
+
+    #[test]
+    fn a_policy_routes_what_it_governs_through_the_permission_tool() {
+        let mut options = HarnessOptions {
+            mcp_config_path: Some(".mcp.json".into()),
+            policy: shared::policy::Policy {
+                default: Effect::Allow,
+                rules: vec![
+                    rule(Action::Command, "git push*", Effect::Deny),
+                    rule(Action::FileWrite, "secrets/**", Effect::Ask),
+                ],
+                request_timeout_ms: Some(1000),
+            },
+            client_tools: vec![shared::proto::agent::v1::ClientTool {
+                name: "lookup".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let spec = Harness::ClaudeCode.command(&options, "p").unwrap();
+        assert_eq!(
+            spec.argv,
+            [
+                "claude",
+                "-p",
+                "--output-format",
+                "stream-json",
+                "--verbose",
+                "--permission-mode",
+                "default",
+                "--mcp-config",
+                ".mcp.json",
+                "--mcp-config",
+                r#"{"mcpServers":{"sandhold":{"args":["mcp","--requests","{{sandhold-requests}}"],"command":"{{sandhold-agent}}"}}}"#,
+                "--settings",
+                r#"{"permissions":{"allow":["WebFetch","mcp__sandhold__lookup"],"ask":["Bash","Edit","Write","MultiEdit","NotebookEdit"],"deny":["mcp__sandhold__permission"]}}"#,
+                "--permission-prompt-tool",
+                "mcp__sandhold__permission",
+            ]
+        );
+        assert_eq!(spec.env["IS_SANDBOX"], "1");
+        assert_eq!(spec.env["MCP_TOOL_TIMEOUT"], "61000");
+        assert!(spec.warnings.is_empty(), "{:?}", spec.warnings);
+        let setup = spec.requests.expect("requests");
+        assert_eq!(shared::policy::Policy::from_json(&setup.policy_json).unwrap(), options.policy);
+        assert_eq!(setup.tools.len(), 1);
+        assert_eq!(spec.output, Output::Native);
+
+        // Kinds the policy decides whole are allowed or denied natively.
+        options.policy = shared::policy::Policy { default: Effect::Deny, ..Default::default() };
+        options.policy.rules.push(rule(Action::Network, "*.example.com", Effect::Allow));
+        options.client_tools.clear();
+        assert_eq!(
+            settings_of(&Harness::ClaudeCode.command(&options, "p").unwrap()),
+            json!({"permissions": {
+                "ask": ["WebFetch"],
+                "deny": ["Bash", "Edit", "Write", "MultiEdit", "NotebookEdit", "mcp__sandhold__permission"]
+            }})
+        );
+
+        // A mode that approves by itself would bypass the policy.
+        options.permission_mode = Some("acceptEdits".into());
+        assert!(matches!(
+            Harness::ClaudeCode.command(&options, "p"),
+            Err(HarnessError::InvalidOption { option: "permission_mode", .. })
+        ));
+        options.permission_mode = Some("plan".into());
+        let spec = Harness::ClaudeCode.command(&options, "p").unwrap();
+        assert_eq!(spec.argv[5..7], ["--permission-mode", "plan"]);
+    }
+
+    #[test]
+    fn client_tools_alone_keep_permissions_bypassed() {
+        let options = HarnessOptions {
+            client_tools: vec![shared::proto::agent::v1::ClientTool {
+                name: "lookup".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let spec = Harness::ClaudeCode.command(&options, "p").unwrap();
+        assert_eq!(spec.argv[5..7], ["--permission-mode", "bypassPermissions"]);
+        assert_eq!(spec.argv[7], "--mcp-config");
+        assert_eq!(
+            settings_of(&spec),
+            json!({"permissions": {"allow": ["mcp__sandhold__lookup"], "deny": ["mcp__sandhold__permission"]}})
+        );
+        assert!(!spec.argv.contains(&"--permission-prompt-tool".to_string()));
+        assert!(spec.requests.is_some());
+        let bare = Harness::ClaudeCode.command(&HarnessOptions::default(), "p").unwrap();
+        assert_eq!((bare.requests, bare.argv.len()), (None, 7));
     }
 
     #[test]

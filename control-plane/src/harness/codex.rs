@@ -13,13 +13,61 @@ use std::collections::HashMap;
 
 use serde_json::{Map, Value, json};
 use shared::chunk::Usage;
+use shared::policy::{Action, Effect};
 
+use super::model_api::toml_string;
 use super::{
-    CommandSpec, Emitter, HarnessError, HarnessOptions, Translate, add_usage, parse_event, program,
-    prompt_stdin, result_text, str_of, u64_of,
+    CommandSpec, Emitter, HarnessError, HarnessOptions, Output, Translate, add_usage, parse_event, policy,
+    program, prompt_stdin, result_text, str_of, u64_of,
 };
 
+/// The warning of a Codex run whose command rules ask or deny: Codex's
+/// approval policy exempts what it knows to be read-only.
+pub const READ_ONLY_WARNING: &str = "Codex runs commands it knows to be read-only (ls, cat, grep, git status, ...) \
+     without asking, so the policy's command rules that ask or deny do not apply to them";
+/// The warning of a Codex run with network rules.
+pub const NETWORK_WARNING: &str = "Codex has no fetch tool: network rules apply to none of its actions \
+     (commands that reach the network are governed as commands)";
+
 pub(super) fn command(options: &HarnessOptions, prompt: &str) -> Result<CommandSpec, HarnessError> {
+    for (key, _) in &options.config_overrides {
+        if key.is_empty() || key.contains('=') {
+            return Err(HarnessError::InvalidOption {
+                option: "config_overrides",
+                reason: format!("bad key {key:?}"),
+            });
+        }
+    }
+    let policy = &options.policy;
+    let mut warnings = Vec::new();
+    if policy.rules.iter().any(|r| r.action == Action::Network && r.effect != Effect::Allow) {
+        warnings.push(NETWORK_WARNING.to_owned());
+    }
+    // `codex exec` cannot ask, and denies nothing by itself (its own
+    // sandbox does not work in most containers): unless commands and file
+    // writes are all allowed, Codex runs as an ACP agent (`codex-acp`)
+    // under the agent's bridge, which answers its approval requests by the
+    // policy.
+    let bridged = [Action::Command, Action::FileWrite]
+        .into_iter()
+        .any(|a| policy::uniform(policy, a) != Some(Effect::Allow));
+    let mut spec = if bridged {
+        if policy::uniform(policy, Action::Command) != Some(Effect::Allow) {
+            warnings.push(READ_ONLY_WARNING.to_owned());
+        }
+        acp_command(options, prompt)
+    } else {
+        exec_command(options, prompt)
+    };
+    if policy::applies(options) {
+        spec.requests = Some(policy::request_setup(options));
+    }
+    spec.warnings = warnings;
+    Ok(spec)
+}
+
+/// `codex exec --json ... -`.
+fn exec_command(options: &HarnessOptions, prompt: &str) -> CommandSpec {
     let mut argv =
         vec![program(options, "codex"), "exec".into(), "--json".into(), "--skip-git-repo-check".into()];
     match &options.sandbox_mode {
@@ -36,15 +84,10 @@ pub(super) fn command(options: &HarnessOptions, prompt: &str) -> Result<CommandS
         argv.push(m.clone());
     }
     for (key, value) in &options.config_overrides {
-        if key.is_empty() || key.contains('=') {
-            return Err(HarnessError::InvalidOption {
-                option: "config_overrides",
-                reason: format!("bad key {key:?}"),
-            });
-        }
         argv.push("-c".into());
         argv.push(format!("{key}={value}"));
     }
+    argv.extend(client_tool_overrides(options));
     argv.extend(options.extra_args.iter().cloned());
     if let Some(session) = &options.resume_session_id {
         argv.push("resume".into());
@@ -53,7 +96,61 @@ pub(super) fn command(options: &HarnessOptions, prompt: &str) -> Result<CommandS
     // `-`: the prompt is read from stdin, so it never lands in argv (size
     // limits, process listings).
     argv.push("-".into());
-    Ok(CommandSpec::new(argv, options.env.clone(), prompt_stdin(options, prompt)))
+    CommandSpec::new(argv, options.env.clone(), prompt_stdin(options, prompt))
+}
+
+/// The agent's MCP server in Codex's config, for client tools.
+fn client_tool_overrides(options: &HarnessOptions) -> Vec<String> {
+    if options.client_tools.is_empty() {
+        return Vec::new();
+    }
+    let (command, args) = policy::mcp_command();
+    let args: Vec<String> = args.iter().map(|a| toml_string(a)).collect();
+    let server = format!("mcp_servers.{}", policy::MCP_SERVER);
+    let timeout_sec = policy::tool_timeout_ms(&options.policy).div_ceil(1000);
+    [
+        format!("{server}.command={}", toml_string(&command)),
+        format!("{server}.args=[{}]", args.join(", ")),
+        format!("{server}.tool_timeout_sec={timeout_sec}"),
+    ]
+    .into_iter()
+    .flat_map(|o| ["-c".to_owned(), o])
+    .collect()
+}
+
+/// The ACP agent next to the run's Codex (`/x/codex` → `/x/codex-acp`), else
+/// `codex-acp` on the PATH.
+fn acp_program(options: &HarnessOptions) -> String {
+    match options.program.as_deref().map(std::path::Path::new).and_then(std::path::Path::parent) {
+        Some(dir) if !dir.as_os_str().is_empty() => dir.join(ACP_PROGRAM).display().to_string(),
+        _ => ACP_PROGRAM.to_owned(),
+    }
+}
+
+/// Codex's ACP agent.
+pub const ACP_PROGRAM: &str = "codex-acp";
+
+/// `sandhold-agent acp --permissions policy ... -- codex-acp -c ...`: Codex
+/// asks for every command it does not know to be read-only and for every
+/// patch (`approval_policy="untrusted"`), with its own sandbox off (it does
+/// not work in containers; the sandbox is the isolation).
+fn acp_command(options: &HarnessOptions, prompt: &str) -> CommandSpec {
+    let mut argv = policy::acp_bridge(options.resume_session_id.as_deref());
+    argv.push(acp_program(options));
+    let sandbox = options.sandbox_mode.as_deref().unwrap_or("danger-full-access");
+    let mut config: Vec<String> = options.model.iter().map(|m| format!("model={}", toml_string(m))).collect();
+    config.extend(options.config_overrides.iter().map(|(k, v)| format!("{k}={v}")));
+    // Last, so that the run's own overrides cannot turn the asking off.
+    config.push("approval_policy=\"untrusted\"".to_owned());
+    config.push(format!("sandbox_mode={}", toml_string(sandbox)));
+    for c in config {
+        argv.push("-c".into());
+        argv.push(c);
+    }
+    argv.extend(options.extra_args.iter().cloned());
+    let mut spec = CommandSpec::new(argv, options.env.clone(), prompt_stdin(options, prompt));
+    spec.output = Output::Acp;
+    spec
 }
 
 #[derive(Debug)]
@@ -238,6 +335,94 @@ impl Translate for CodexTranslator {
 mod tests {
     use super::super::testing::*;
     use super::super::*;
+    use super::{NETWORK_WARNING, READ_ONLY_WARNING};
+
+    #[test]
+    fn a_policy_that_asks_or_denies_runs_codex_acp_under_the_bridge() {
+        let options = HarnessOptions {
+            program: Some("/opt/clis/bin/codex".into()),
+            model: Some("gpt-5".into()),
+            resume_session_id: Some("th".into()),
+            config_overrides: vec![("approval_policy".into(), "\"never\"".into())],
+            policy: policy(Effect::Allow, vec![rule(Action::Command, "git push*", Effect::Deny)]),
+            ..Default::default()
+        };
+        let spec = Harness::Codex.command(&options, "hi").unwrap();
+        assert_eq!(
+            spec.argv,
+            [
+                "sandhold-agent",
+                "acp",
+                "--permissions",
+                "policy",
+                "--requests",
+                "{{sandhold-requests}}",
+                "--session",
+                "th",
+                "--",
+                "/opt/clis/bin/codex-acp",
+                "-c",
+                "model=\"gpt-5\"",
+                "-c",
+                "approval_policy=\"never\"",
+                "-c",
+                "approval_policy=\"untrusted\"",
+                "-c",
+                "sandbox_mode=\"danger-full-access\"",
+            ]
+        );
+        assert_eq!(spec.output, Output::Acp);
+        assert_eq!(spec.stdin, StdinSpec::Bytes(b"hi".to_vec()));
+        assert_eq!(spec.warnings, [READ_ONLY_WARNING]);
+        assert_eq!(spec.cli_program(), "/opt/clis/bin/codex-acp");
+        assert!(spec.requests.is_some());
+
+        // Only file writes governed: commands are all allowed, so no warning.
+        let writes = HarnessOptions {
+            policy: policy(Effect::Allow, vec![rule(Action::FileWrite, "**/.env", Effect::Ask)]),
+            ..Default::default()
+        };
+        let spec = Harness::Codex.command(&writes, "hi").unwrap();
+        assert_eq!(spec.argv[6..8], ["--", "codex-acp"]);
+        assert!(spec.warnings.is_empty(), "{:?}", spec.warnings);
+
+        // The broker's provider goes right after codex-acp.
+        let mut spec = Harness::Codex.command(&options, "hi").unwrap();
+        model_api::point_at(Harness::Codex, &mut spec, "http://127.0.0.1:5/v1", "ph");
+        assert_eq!(spec.argv[9..12], ["/opt/clis/bin/codex-acp", "-c", "model_provider=\"sandhold\""]);
+    }
+
+    #[test]
+    fn codex_exec_stays_while_commands_and_writes_are_allowed() {
+        let options = HarnessOptions {
+            policy: policy(Effect::Allow, vec![rule(Action::Network, "evil.example", Effect::Deny)]),
+            client_tools: vec![client_tool("lookup")],
+            ..Default::default()
+        };
+        let spec = Harness::Codex.command(&options, "hi").unwrap();
+        assert_eq!(
+            spec.argv,
+            [
+                "codex",
+                "exec",
+                "--json",
+                "--skip-git-repo-check",
+                "--dangerously-bypass-approvals-and-sandbox",
+                "-c",
+                "mcp_servers.sandhold.command=\"{{sandhold-agent}}\"",
+                "-c",
+                "mcp_servers.sandhold.args=[\"mcp\", \"--requests\", \"{{sandhold-requests}}\"]",
+                "-c",
+                "mcp_servers.sandhold.tool_timeout_sec=660",
+                "-",
+            ]
+        );
+        assert_eq!(spec.output, Output::Native);
+        assert_eq!(spec.warnings, [NETWORK_WARNING]);
+        assert_eq!(spec.requests.unwrap().tools.len(), 1);
+        let bare = Harness::Codex.command(&HarnessOptions::default(), "hi").unwrap();
+        assert_eq!((bare.requests, bare.warnings.len()), (None, 0));
+    }
 
     #[test]
     fn command_line() {

@@ -6,7 +6,7 @@
 
 use shared::chunk::{self, ChunkType};
 
-use super::{CommandSpec, Emitter, HarnessError, HarnessOptions, Translate, prompt_stdin};
+use super::{CommandSpec, Emitter, HarnessError, HarnessOptions, Translate, policy, prompt_stdin};
 
 pub(super) fn command(options: &HarnessOptions, prompt: &str) -> Result<CommandSpec, HarnessError> {
     if options.command.is_empty() {
@@ -15,7 +15,17 @@ pub(super) fn command(options: &HarnessOptions, prompt: &str) -> Result<CommandS
     let mut argv = options.command.clone();
     argv.extend(options.extra_args.iter().cloned());
     // A script reads the prompt on stdin if it wants it.
-    Ok(CommandSpec::new(argv, options.env.clone(), prompt_stdin(options, prompt)))
+    let mut spec = CommandSpec::new(argv, options.env.clone(), prompt_stdin(options, prompt));
+    if policy::applies(options) {
+        // The request dir exists and `{{sandhold-agent}}` /
+        // `{{sandhold-requests}}` are replaced, for a command that serves
+        // the client's tools to whatever it runs; nothing asks the policy.
+        spec.requests = Some(policy::request_setup(options));
+    }
+    if !options.policy.allows_everything() {
+        spec.warnings.push(policy::unsupported("command"));
+    }
+    Ok(spec)
 }
 
 #[derive(Debug, Default)]
@@ -101,6 +111,19 @@ impl Translate for CommandTranslator {
 mod tests {
     use super::super::testing::*;
     use super::super::*;
+
+    #[test]
+    fn a_policy_cannot_apply() {
+        let options = HarnessOptions {
+            command: vec!["true".into()],
+            policy: policy(Effect::Deny, vec![]),
+            ..Default::default()
+        };
+        let spec = Harness::Command.command(&options, "p").unwrap();
+        assert_eq!(spec.warnings, [policy::unsupported("command")]);
+        assert!(spec.requests.is_some());
+        assert_eq!(spec.argv, ["true"]);
+    }
 
     #[test]
     fn needs_a_command_and_feeds_the_prompt_on_stdin() {

@@ -13,17 +13,67 @@ use std::collections::HashMap;
 
 use serde_json::{Map, Value};
 use shared::chunk::Usage;
+use shared::policy::{Action, Effect};
 
 use super::{
-    CommandSpec, Emitter, HarnessError, HarnessOptions, Translate, parse_event, program, prompt_stdin,
-    str_of, u64_of,
+    CommandSpec, Emitter, HarnessError, HarnessOptions, Translate, parse_event, policy, program,
+    prompt_stdin, str_of, u64_of,
 };
 
 /// `--approval-mode` unless the run names one: the sandbox is the isolation.
 const DEFAULT_APPROVAL_MODE: &str = "yolo";
 
+/// What Gemini CLI's tools of each kind are called, for warnings.
+fn tools_of(action: Action) -> &'static str {
+    match action {
+        Action::Command => "commands (run_shell_command)",
+        Action::FileWrite => "file writes (write_file, replace)",
+        Action::Network => "fetches (web_fetch)",
+    }
+}
+
+/// The approval mode for a policy, and what it cannot express. Headless
+/// Gemini CLI cannot ask (a tool that needs a confirmation is not offered),
+/// and without a policy file its approval modes run either every tool
+/// (`yolo`), edits only (`auto_edit`) or none of the governed ones
+/// (`default`): a kind runs only when the policy allows all of it, and the
+/// strictest mode that runs those is chosen, so nothing denied runs.
+fn policy_mode(options: &HarnessOptions) -> (&'static str, Vec<String>) {
+    let allowed = |a| policy::uniform(&options.policy, a) == Some(Effect::Allow);
+    let mode = if policy::ACTIONS.into_iter().all(allowed) {
+        "yolo"
+    } else if allowed(Action::FileWrite) {
+        "auto_edit"
+    } else {
+        "default"
+    };
+    let runs = |a| match mode {
+        "yolo" => true,
+        "auto_edit" => a == Action::FileWrite,
+        _ => false,
+    };
+    let warnings = policy::ACTIONS
+        .into_iter()
+        .filter(|&a| !runs(a) && policy::uniform(&options.policy, a) != Some(Effect::Deny))
+        .map(|a| {
+            format!(
+                "Gemini CLI cannot ask or apply rules in headless mode: the policy's {} are not run at all",
+                tools_of(a)
+            )
+        })
+        .collect();
+    (mode, warnings)
+}
+
+/// The warning of a Gemini run with client tools.
+pub const CLIENT_TOOLS_WARNING: &str =
+    "Gemini CLI reads MCP servers from its settings file only: the client's tools are not offered";
+
 pub(super) fn command(options: &HarnessOptions, prompt: &str) -> Result<CommandSpec, HarnessError> {
-    let approval = options.permission_mode.as_deref().unwrap_or(DEFAULT_APPROVAL_MODE);
+    let governed = !options.policy.allows_everything();
+    let (policy_mode, mut warnings) =
+        if governed { policy_mode(options) } else { (DEFAULT_APPROVAL_MODE, Vec::new()) };
+    let approval = options.permission_mode.as_deref().unwrap_or(policy_mode);
     if !["default", "auto_edit", "yolo", "plan"].contains(&approval) {
         return Err(HarnessError::InvalidOption {
             option: "permission_mode",
@@ -31,6 +81,15 @@ pub(super) fn command(options: &HarnessOptions, prompt: &str) -> Result<CommandS
                 "Gemini CLI approval modes are default, auto_edit, yolo and plan, not {approval:?}"
             ),
         });
+    }
+    if governed && !["default", "plan", policy_mode].contains(&approval) {
+        return Err(HarnessError::InvalidOption {
+            option: "permission_mode",
+            reason: format!("{approval:?} runs what the sandbox policy does not allow (use {policy_mode:?})"),
+        });
+    }
+    if !options.client_tools.is_empty() {
+        warnings.push(CLIENT_TOOLS_WARNING.to_owned());
     }
     let mut argv = vec![
         program(options, "gemini"),
@@ -53,7 +112,12 @@ pub(super) fn command(options: &HarnessOptions, prompt: &str) -> Result<CommandS
         argv.push(s.clone());
     }
     argv.extend(options.extra_args.iter().cloned());
-    Ok(CommandSpec::new(argv, options.env.clone(), prompt_stdin(options, prompt)))
+    let mut spec = CommandSpec::new(argv, options.env.clone(), prompt_stdin(options, prompt));
+    if policy::applies(options) {
+        spec.requests = Some(policy::request_setup(options));
+    }
+    spec.warnings = warnings;
+    Ok(spec)
 }
 
 #[derive(Debug, Default)]
@@ -162,6 +226,45 @@ impl Translate for GeminiTranslator {
 mod tests {
     use super::super::testing::*;
     use super::super::*;
+    use super::CLIENT_TOOLS_WARNING;
+
+    fn approval_of(spec: &CommandSpec) -> &str {
+        let at = spec.argv.iter().position(|a| a == "--approval-mode").unwrap();
+        &spec.argv[at + 1]
+    }
+
+    #[test]
+    fn a_policy_picks_the_strictest_mode_that_runs_what_it_allows() {
+        let with = |p: Policy| HarnessOptions { policy: p, ..Default::default() };
+        let spec = Harness::Gemini.command(&HarnessOptions::default(), "p").unwrap();
+        assert_eq!((approval_of(&spec), spec.warnings.len(), spec.requests.is_none()), ("yolo", 0, true));
+
+        // Commands governed by rules: edits still run, commands do not.
+        let rules = with(policy(Effect::Allow, vec![rule(Action::Command, "rm *", Effect::Deny)]));
+        let spec = Harness::Gemini.command(&rules, "p").unwrap();
+        assert_eq!(approval_of(&spec), "auto_edit");
+        assert_eq!(
+            spec.warnings,
+            [
+                "Gemini CLI cannot ask or apply rules in headless mode: the policy's commands (run_shell_command) are not run at all",
+                "Gemini CLI cannot ask or apply rules in headless mode: the policy's fetches (web_fetch) are not run at all",
+            ]
+        );
+        assert!(spec.requests.is_some());
+
+        // Everything denied: nothing to warn about.
+        let spec = Harness::Gemini.command(&with(policy(Effect::Deny, vec![])), "p").unwrap();
+        assert_eq!((approval_of(&spec), spec.warnings.len()), ("default", 0));
+
+        let mut yolo = with(policy(Effect::Ask, vec![]));
+        yolo.permission_mode = Some("yolo".into());
+        assert!(matches!(Harness::Gemini.command(&yolo, "p"), Err(HarnessError::InvalidOption { .. })));
+        yolo.permission_mode = Some("plan".into());
+        assert_eq!(approval_of(&Harness::Gemini.command(&yolo, "p").unwrap()), "plan");
+
+        let tools = HarnessOptions { client_tools: vec![client_tool("t")], ..Default::default() };
+        assert_eq!(Harness::Gemini.command(&tools, "p").unwrap().warnings, [CLIENT_TOOLS_WARNING]);
+    }
 
     #[test]
     fn command_line_reads_the_prompt_from_stdin() {

@@ -21,6 +21,7 @@ pub mod command;
 pub mod gemini;
 pub mod model_api;
 pub mod opencode;
+pub mod policy;
 mod requests;
 pub mod session;
 

@@ -3,7 +3,7 @@
 //! uses this to point a run's CLI at the sandbox's loopback with a
 //! placeholder key.
 
-use super::{CommandSpec, Harness};
+use super::{CommandSpec, Harness, Output};
 
 /// A CLI's model API.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,13 +60,24 @@ pub fn point_at(harness: Harness, spec: &mut CommandSpec, base_url: &str, key: &
             // OpenCode's anthropic provider, pointed at the broker; the
             // run's model (`anthropic/<id>`) is declared so an id its
             // catalogue does not know still resolves.
+            // The config the adapter wrote (policy, MCP, the model of an
+            // ACP run) or the run set is kept, and wins key by key.
+            let existing = spec.env.get("OPENCODE_CONFIG_CONTENT").map(|c| serde_json::from_str(c));
+            let existing = match existing {
+                None => serde_json::Value::Object(Default::default()),
+                Some(Ok(v @ serde_json::Value::Object(_))) => v,
+                // Not ours to fix: left as the run set it.
+                Some(_) => return,
+            };
+            let model = model.or_else(|| existing.get("model").and_then(|m| m.as_str()));
             let mut provider = serde_json::json!({"options": {"baseURL": base_url, "apiKey": key}});
             if let Some(id) = model.and_then(|m| m.strip_prefix("anthropic/")) {
                 provider["models"] = serde_json::json!({ id: {"name": id} });
             }
-            let config = serde_json::json!({"provider": {"anthropic": provider}});
-            set("OPENCODE_CONFIG_CONTENT", config.to_string());
-            set("ANTHROPIC_API_KEY", key.to_string());
+            let mut config = serde_json::json!({"provider": {"anthropic": provider}});
+            super::policy::merge_json(&mut config, existing);
+            spec.env.insert("OPENCODE_CONFIG_CONTENT".into(), config.to_string());
+            spec.env.entry("ANTHROPIC_API_KEY".into()).or_insert_with(|| key.to_string());
         }
         Harness::Codex => {
             set(CODEX_KEY_VAR, key.to_string());
@@ -74,8 +85,13 @@ pub fn point_at(harness: Harness, spec: &mut CommandSpec, base_url: &str, key: &
                 "{{ name = \"Sandhold broker\", base_url = {}, env_key = \"{CODEX_KEY_VAR}\", wire_api = \"responses\" }}",
                 toml_string(base_url)
             );
-            // Right after `exec`, before the run's own overrides.
-            let at = spec.argv.iter().position(|a| a == "exec").map_or(spec.argv.len(), |i| i + 1);
+            // Right after `exec` (or, under the ACP bridge, after
+            // `codex-acp`), before the run's own overrides.
+            let at = match spec.argv.iter().position(|a| a == "exec") {
+                Some(i) if spec.output == Output::Native => i + 1,
+                _ => spec.argv.iter().position(|a| a == "--").map_or(spec.argv.len(), |i| i + 2),
+            };
+            let at = at.min(spec.argv.len());
             let overrides = [
                 "-c".to_string(),
                 format!("model_provider=\"{CODEX_PROVIDER}\""),
@@ -94,7 +110,7 @@ fn model_of(argv: &[String]) -> Option<String> {
 }
 
 /// `s` as a TOML basic string.
-fn toml_string(s: &str) -> String {
+pub(super) fn toml_string(s: &str) -> String {
     let mut out = String::with_capacity(s.len() + 2);
     out.push('"');
     for c in s.chars() {

@@ -8,31 +8,106 @@
 //! reason; RUN_FINISHED comes at exit, since a run is many steps) and
 //! `error` (RUN_ERROR).
 
-use serde_json::{Map, Value};
+use serde_json::{Map, Value, json};
 use shared::chunk::Usage;
+use shared::policy::{Action, Effect};
 
 use super::{
-    CommandSpec, Emitter, HarnessError, HarnessOptions, StdinSpec, Translate, add_usage, finish_reason,
-    parse_event, program, result_text, str_of, u64_of,
+    CommandSpec, Emitter, HarnessError, HarnessOptions, Output, StdinSpec, Translate, add_usage,
+    finish_reason, parse_event, policy, program, prompt_stdin, result_text, str_of, u64_of,
 };
 
+/// OpenCode's permission for each kind of action the policy governs
+/// (`edit` covers its edit, write and patch tools).
+fn permission_of(action: Action) -> &'static str {
+    match action {
+        Action::Command => "bash",
+        Action::FileWrite => "edit",
+        Action::Network => "webfetch",
+    }
+}
+
+/// The variable OpenCode reads inline config from.
+const CONFIG_VAR: &str = "OPENCODE_CONFIG_CONTENT";
+
 pub(super) fn command(options: &HarnessOptions, prompt: &str) -> Result<CommandSpec, HarnessError> {
-    let mut argv = vec![program(options, "opencode"), "run".into(), "--format".into(), "json".into()];
-    if let Some(m) = &options.model {
-        argv.push("--model".into());
-        argv.push(m.clone());
+    let governed = !options.policy.allows_everything();
+    // Each kind allowed or denied whole natively, else `ask`: `opencode
+    // run` rejects whatever asks, so then OpenCode runs as an ACP agent
+    // (`opencode acp`) under the agent's bridge, which answers each
+    // question by the policy's rules.
+    let mut permission = Map::new();
+    let mut bridged = false;
+    for action in policy::ACTIONS.into_iter().filter(|_| governed) {
+        let effect = policy::native(&options.policy, action);
+        bridged |= effect == Effect::Ask;
+        permission.insert(permission_of(action).into(), effect.as_str().into());
     }
-    if let Some(s) = &options.resume_session_id {
-        argv.push("--session".into());
-        argv.push(s.clone());
+    let mut overlay = Map::new();
+    if governed {
+        overlay.insert("permission".into(), Value::Object(permission));
     }
-    argv.extend(options.extra_args.iter().cloned());
-    // `--` keeps a prompt that starts with a dash a message, not a flag.
-    argv.push("--".into());
-    argv.push(prompt.to_owned());
+    if !options.client_tools.is_empty() && !bridged {
+        let (command, args) = policy::mcp_command();
+        let command: Vec<String> = std::iter::once(command).chain(args).collect();
+        overlay.insert(
+            "mcp".into(),
+            json!({ (policy::MCP_SERVER): {"type": "local", "command": command, "enabled": true} }),
+        );
+    }
+    if bridged && let Some(m) = &options.model {
+        // `opencode acp` takes no `--model`.
+        overlay.insert("model".into(), m.clone().into());
+    }
+
     let mut env = options.env.clone();
     env.entry("OPENCODE_DISABLE_AUTOUPDATE".into()).or_insert_with(|| "1".into());
-    Ok(CommandSpec::new(argv, env, StdinSpec::Null))
+    if !overlay.is_empty() {
+        let mut config = match env.get(CONFIG_VAR) {
+            None => Value::Object(Map::new()),
+            Some(text) => match serde_json::from_str::<Value>(text) {
+                Ok(v @ Value::Object(_)) => v,
+                _ => {
+                    return Err(HarnessError::InvalidOption {
+                        option: "env",
+                        reason: format!("{CONFIG_VAR} is not a JSON object"),
+                    });
+                }
+            },
+        };
+        // The policy's settings win over the run's own.
+        policy::merge_json(&mut config, Value::Object(overlay));
+        env.insert(CONFIG_VAR.into(), config.to_string());
+    }
+
+    let mut spec = if bridged {
+        let mut argv = policy::acp_bridge(options.resume_session_id.as_deref());
+        argv.push(program(options, "opencode"));
+        argv.push("acp".into());
+        argv.extend(options.extra_args.iter().cloned());
+        let mut spec = CommandSpec::new(argv, env, prompt_stdin(options, prompt));
+        spec.output = Output::Acp;
+        spec
+    } else {
+        let mut argv = vec![program(options, "opencode"), "run".into(), "--format".into(), "json".into()];
+        if let Some(m) = &options.model {
+            argv.push("--model".into());
+            argv.push(m.clone());
+        }
+        if let Some(s) = &options.resume_session_id {
+            argv.push("--session".into());
+            argv.push(s.clone());
+        }
+        argv.extend(options.extra_args.iter().cloned());
+        // `--` keeps a prompt that starts with a dash a message, not a flag.
+        argv.push("--".into());
+        argv.push(prompt.to_owned());
+        CommandSpec::new(argv, env, StdinSpec::Null)
+    };
+    if policy::applies(options) {
+        spec.requests = Some(policy::request_setup(options));
+    }
+    Ok(spec)
 }
 
 #[derive(Debug, Default)]
@@ -119,6 +194,82 @@ impl Translate for OpenCodeTranslator {
 mod tests {
     use super::super::testing::*;
     use super::super::*;
+
+    fn config_of(spec: &CommandSpec) -> serde_json::Value {
+        serde_json::from_str(&spec.env["OPENCODE_CONFIG_CONTENT"]).unwrap()
+    }
+
+    #[test]
+    fn allow_and_deny_of_whole_kinds_stay_native() {
+        let mut options = HarnessOptions {
+            policy: policy(Effect::Allow, vec![rule(Action::Command, "*", Effect::Deny)]),
+            client_tools: vec![client_tool("lookup")],
+            ..Default::default()
+        };
+        options.env.insert("OPENCODE_CONFIG_CONTENT".into(), r#"{"permission":{"read":"allow"}}"#.into());
+        let spec = Harness::OpenCode.command(&options, "hi").unwrap();
+        assert_eq!(spec.argv, ["opencode", "run", "--format", "json", "--", "hi"]);
+        assert_eq!(spec.output, Output::Native);
+        assert_eq!(
+            config_of(&spec),
+            serde_json::json!({
+                "permission": {"read": "allow", "bash": "deny", "edit": "allow", "webfetch": "allow"},
+                "mcp": {"sandhold": {"type": "local", "enabled": true,
+                    "command": ["{{sandhold-agent}}", "mcp", "--requests", "{{sandhold-requests}}"]}}
+            })
+        );
+        assert!(spec.requests.is_some() && spec.warnings.is_empty());
+
+        // The broker's provider merges in; the policy stays.
+        let mut spec = spec;
+        model_api::point_at(Harness::OpenCode, &mut spec, "http://127.0.0.1:5/v1", "ph");
+        let config = config_of(&spec);
+        assert_eq!(config["permission"]["bash"], "deny");
+        assert_eq!(config["provider"]["anthropic"]["options"]["baseURL"], "http://127.0.0.1:5/v1");
+
+        options.env.insert("OPENCODE_CONFIG_CONTENT".into(), "[1]".into());
+        assert!(matches!(Harness::OpenCode.command(&options, "x"), Err(HarnessError::InvalidOption { .. })));
+    }
+
+    #[test]
+    fn a_policy_that_asks_runs_opencode_acp_under_the_bridge() {
+        let options = HarnessOptions {
+            model: Some("anthropic/m-1".into()),
+            resume_session_id: Some("ses_1".into()),
+            policy: policy(Effect::Ask, vec![rule(Action::Command, "git status*", Effect::Allow)]),
+            client_tools: vec![client_tool("lookup")],
+            ..Default::default()
+        };
+        let mut spec = Harness::OpenCode.command(&options, "hi").unwrap();
+        assert_eq!(
+            spec.argv,
+            [
+                "sandhold-agent",
+                "acp",
+                "--permissions",
+                "policy",
+                "--requests",
+                "{{sandhold-requests}}",
+                "--session",
+                "ses_1",
+                "--",
+                "opencode",
+                "acp"
+            ]
+        );
+        assert_eq!((spec.output, spec.cli_program()), (Output::Acp, "opencode"));
+        assert_eq!(spec.stdin, StdinSpec::Bytes(b"hi".to_vec()));
+        // Client tools come from the bridge (session/new), not the config.
+        assert_eq!(
+            config_of(&spec),
+            serde_json::json!({
+                "permission": {"bash": "ask", "edit": "ask", "webfetch": "ask"},
+                "model": "anthropic/m-1"
+            })
+        );
+        model_api::point_at(Harness::OpenCode, &mut spec, "http://b/v1", "ph");
+        assert!(config_of(&spec)["provider"]["anthropic"]["models"]["m-1"].is_object());
+    }
 
     #[test]
     fn command_line_puts_the_prompt_last() {

@@ -81,24 +81,52 @@ impl Harness {
         }
     }
 
-    /// A translator for one run of this harness. `clock` stamps
-    /// `timestamp_ms` only.
+    /// A translator for one run of this harness, reading the CLI's own
+    /// output ([`Output::Native`]). `clock` stamps `timestamp_ms` only.
     pub fn translator(
         self,
         run_id: &RunId,
         thread_id: &str,
         clock: impl Fn() -> i64 + Send + Sync + 'static,
     ) -> Translator {
-        let inner: Box<dyn Translate> = match self {
-            Harness::Command => Box::new(command::CommandTranslator::default()),
-            Harness::ClaudeCode => Box::new(claude_code::ClaudeCodeTranslator::default()),
-            Harness::Codex => Box::new(codex::CodexTranslator::default()),
-            Harness::OpenCode => Box::new(opencode::OpenCodeTranslator::default()),
-            Harness::Gemini => Box::new(gemini::GeminiTranslator::default()),
-            Harness::Acp => Box::new(acp::AcpTranslator::default()),
+        self.translator_for(Output::Native, run_id, thread_id, clock)
+    }
+
+    /// A translator for one run of this harness whose command prints
+    /// `output` (a [`CommandSpec::output`]). Chunk names stay the harness's
+    /// (`codex.session-id` for Codex through the ACP bridge: the ACP
+    /// session id is Codex's own thread id, as OpenCode's is its session
+    /// id, so a later run resumes it either way).
+    pub fn translator_for(
+        self,
+        output: Output,
+        run_id: &RunId,
+        thread_id: &str,
+        clock: impl Fn() -> i64 + Send + Sync + 'static,
+    ) -> Translator {
+        let inner: Box<dyn Translate> = match (self, output) {
+            (_, Output::Acp) | (Harness::Acp, _) => Box::new(acp::AcpTranslator::default()),
+            (Harness::Command, Output::Native) => Box::new(command::CommandTranslator::default()),
+            (Harness::ClaudeCode, Output::Native) => Box::new(claude_code::ClaudeCodeTranslator::default()),
+            (Harness::Codex, Output::Native) => Box::new(codex::CodexTranslator::default()),
+            (Harness::OpenCode, Output::Native) => Box::new(opencode::OpenCodeTranslator::default()),
+            (Harness::Gemini, Output::Native) => Box::new(gemini::GeminiTranslator::default()),
         };
         Translator { em: Emitter::new(self, run_id, thread_id, clock), inner, requests: Default::default() }
     }
+}
+
+/// What a run's command prints, for [`Harness::translator_for`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Output {
+    /// The CLI's own JSON lines (for `acp`: the bridge's, as always).
+    #[default]
+    Native,
+    /// The sandbox agent's ACP bridge's lines: the CLI runs as an ACP agent
+    /// under `sandhold-agent acp` (Codex and OpenCode under a policy they
+    /// cannot ask by themselves).
+    Acp,
 }
 
 /// What a client may set for a run. Options a harness has no use for are
@@ -167,6 +195,10 @@ pub struct CommandSpec {
     /// What the CLI cannot express of the policy (or of anything else the
     /// run asked for): each becomes a `harness.warning` chunk.
     pub warnings: Vec<String>,
+    /// What the command prints: the driver translates with
+    /// `Harness::translator_for(spec.output, ..)`, and a successor that
+    /// re-translates the journal must use the same (keep it with the run).
+    pub output: Output,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -182,7 +214,20 @@ pub enum StdinSpec {
 
 impl CommandSpec {
     pub fn new(argv: Vec<String>, env: BTreeMap<String, String>, stdin: StdinSpec) -> Self {
-        CommandSpec { argv, env, stdin, requests: None, warnings: Vec::new() }
+        CommandSpec { argv, env, stdin, requests: None, warnings: Vec::new(), output: Output::Native }
+    }
+
+    /// The CLI this command runs: argv[0], or for a command under the
+    /// agent's ACP bridge (`sandhold-agent acp ... -- CLI ...`) the agent's
+    /// program after `--` (what to look for in the image, whose sessions
+    /// to carry).
+    pub fn cli_program(&self) -> &str {
+        let first = self.argv.first().map_or("", String::as_str);
+        if first != shared::journal::AGENT_PROGRAM {
+            return first;
+        }
+        let after = self.argv.iter().position(|a| a == "--").and_then(|i| self.argv.get(i + 1));
+        after.map_or(first, String::as_str)
     }
 
     /// The agent request that starts this command as journaled run `run_id`.
@@ -250,5 +295,22 @@ mod tests {
         let Some(agent::command::Kind::Argv(argv)) = req.command.and_then(|c| c.kind) else { panic!("argv") };
         assert_eq!(argv.args, spec.argv);
         assert_eq!(req.env.get("IS_SANDBOX").map(String::as_str), Some("1"));
+    }
+
+    #[test]
+    fn an_acp_output_is_read_by_the_acp_translator_under_the_harness_name() {
+        let journal = [
+            r#"{"type":"session","sessionId":"019a","loaded":false}"#,
+            r#"{"type":"update","update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"hi"}}}"#,
+            r#"{"type":"stop","stopReason":"end_turn"}"#,
+        ];
+        let mut t = Harness::Codex.translator_for(Output::Acp, &RunId::parse("r").unwrap(), "t", || 0);
+        let mut chunks: Vec<_> = journal.iter().flat_map(|l| t.feed(l.as_bytes())).collect();
+        chunks.extend(t.finish(0, ""));
+        assert_eq!(chunks[1].name, "codex.session-id");
+        assert!(chunks.iter().any(|c| c.delta == "hi"));
+        assert_eq!(chunks.last().map(|c| c.finish_reason.as_str()), Some("stop"));
+        let plain = CommandSpec::new(vec!["claude".into()], BTreeMap::new(), StdinSpec::Null);
+        assert_eq!(plain.cli_program(), "claude");
     }
 }

@@ -2,6 +2,8 @@
 
 use shared::chunk::{self, Chunk};
 use shared::ids::RunId;
+pub use shared::policy::{Action, Effect, Policy, Rule};
+use shared::proto::agent::v1::ClientTool;
 
 use super::Harness;
 
@@ -17,4 +19,16 @@ pub fn translate(h: Harness, journal: &str, exit_code: i32, stderr: &str) -> Vec
 
 pub fn types(chunks: &[Chunk]) -> Vec<&'static str> {
     chunks.iter().map(|c| chunk::type_name(c.r#type())).collect()
+}
+
+pub fn rule(action: Action, pattern: &str, effect: Effect) -> Rule {
+    Rule { action, pattern: pattern.into(), effect }
+}
+
+pub fn policy(default: Effect, rules: Vec<Rule>) -> Policy {
+    Policy { default, rules, request_timeout_ms: None }
+}
+
+pub fn client_tool(name: &str) -> ClientTool {
+    ClientTool { name: name.into(), ..Default::default() }
 }
