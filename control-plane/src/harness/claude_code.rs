@@ -412,6 +412,7 @@ mod tests {
                     rule(Action::FileWrite, "secrets/**", Effect::Ask),
                 ],
                 request_timeout_ms: Some(1000),
+                bounds: Vec::new(),
             },
             client_tools: vec![shared::proto::agent::v1::ClientTool {
                 name: "lookup".into(),

@@ -73,7 +73,14 @@ pub fn tool_timeout_ms(policy: &Policy) -> u64 {
 /// not depend on the subject: no rule of that kind differs from the
 /// default, or a catch-all rule (`*`; `**` for file writes) is at least as
 /// strong as every other rule of the kind. `None`: it depends on the rules.
+/// A policy within bounds (a run's within its definition's) is uniform
+/// only where every layer is: then the strictest of them.
 pub fn uniform(policy: &Policy, action: Action) -> Option<Effect> {
+    let own = uniform_own(policy, action)?;
+    policy.bounds.iter().try_fold(own, |acc, b| Some(acc.max(uniform(b, action)?)))
+}
+
+fn uniform_own(policy: &Policy, action: Action) -> Option<Effect> {
     let rules: Vec<_> = policy.rules.iter().filter(|r| r.action == action).collect();
     let catch_all = |p: &str| p == "**" || (p == "*" && action != Action::FileWrite);
     let floor = rules.iter().filter(|r| catch_all(r.pattern.trim())).map(|r| r.effect).max();
@@ -201,5 +208,23 @@ mod tests {
             claude_mcp_config(),
             r#"{"mcpServers":{"sandhold":{"args":["mcp","--requests","{{sandhold-requests}}"],"command":"{{sandhold-agent}}"}}}"#
         );
+    }
+
+    #[test]
+    fn a_run_policy_that_allows_everything_within_one_that_denies_commands_denies_them() {
+        let definition = Policy {
+            rules: vec![Rule { action: Action::Command, pattern: "*".into(), effect: Effect::Deny }],
+            ..Default::default()
+        };
+        let run = Policy::default().within(&definition);
+        assert_eq!(uniform(&run, Action::Command), Some(Effect::Deny));
+        assert_eq!(uniform(&run, Action::FileWrite), Some(Effect::Allow));
+        let asks = Policy {
+            rules: vec![Rule { action: Action::Command, pattern: "git *".into(), effect: Effect::Ask }],
+            ..Default::default()
+        };
+        // One layer depends on the command: each command must reach the evaluator.
+        assert_eq!(uniform(&asks.within(&Policy::default()), Action::Command), None);
+        assert_eq!(native(&Policy::default().within(&asks), Action::Command), Effect::Ask);
     }
 }

@@ -26,7 +26,7 @@ pub fn rule(action: Action, pattern: &str, effect: Effect) -> Rule {
 }
 
 pub fn policy(default: Effect, rules: Vec<Rule>) -> Policy {
-    Policy { default, rules, request_timeout_ms: None }
+    Policy { default, rules, request_timeout_ms: None, bounds: Vec::new() }
 }
 
 pub fn client_tool(name: &str) -> ClientTool {

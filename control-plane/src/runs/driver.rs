@@ -235,7 +235,7 @@ impl Runs {
             return Ok((key, live.agent, live.secrets));
         }
         let toolchains = cx.lifecycle.toolchains.as_ref();
-        let program = command.argv.first().map(String::as_str).unwrap_or_default();
+        let program = command.cli_program();
         let (path, missing) = super::toolchain::run_path(
             toolchains,
             ctx.harness,
@@ -576,7 +576,7 @@ impl Runs {
     }
 
     fn translator(&self, ctx: &DriveCtx) -> Translator {
-        ctx.harness.translator(&ctx.key.run, &ctx.thread_id, chunk::now_ms)
+        ctx.harness.translator_for(ctx.spec.output, &ctx.key.run, &ctx.thread_id, chunk::now_ms)
     }
 
     /// Translate, align and append one batch of journal lines.

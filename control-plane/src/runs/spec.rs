@@ -28,6 +28,15 @@ pub struct RunSpec {
     /// are carried: OpenCode's are, with the CLI's own export and import.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub program: String,
+    /// What the run's command prints (the CLI's own lines, or the ACP
+    /// bridge's for a CLI run under it), so a successor translates the
+    /// journal the same way.
+    #[serde(default, skip_serializing_if = "is_native")]
+    pub output: crate::harness::Output,
+}
+
+fn is_native(o: &crate::harness::Output) -> bool {
+    *o == crate::harness::Output::Native
 }
 
 impl RunSpec {

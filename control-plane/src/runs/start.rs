@@ -148,7 +148,11 @@ impl Runs {
                 .iter()
                 .filter_map(|k| options.env.get(*k).map(|v| ((*k).to_owned(), v.clone())))
                 .collect(),
-            program: command.argv.first().filter(|_| harness.carries_sessions()).cloned().unwrap_or_default(),
+            program: Some(command.cli_program())
+                .filter(|_| harness.carries_sessions())
+                .unwrap_or_default()
+                .to_owned(),
+            output: command.output,
         };
         // The lease first: from the record's creation on, an attach on
         // another replica must see the run as driven.
