@@ -373,8 +373,9 @@ async fn a_pending_request_survives_its_client_and_its_driver() {
     let n = offsets.len();
     offsets.dedup();
     assert_eq!(offsets.len(), n, "no chunk twice");
-    let dir = cluster.local_sandbox_dir(&mut second.sandboxes(&token).await, &record.sandbox_id).await;
-    assert_eq!(std::fs::read_to_string(dir.join("hello.txt")).unwrap(), "hello from the tool\n");
+    let mut sandboxes = second.sandboxes(&token).await;
+    let (_, written) = sh(&mut sandboxes, &record.sandbox_id, "cat hello.txt").await;
+    assert_eq!(written, "hello from the tool\n");
     drop(second);
     cluster.tear_down().await;
 }
