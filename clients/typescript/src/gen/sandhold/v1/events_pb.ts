@@ -10,7 +10,75 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file sandhold/v1/events.proto.
  */
 export const file_sandhold_v1_events: GenFile = /*@__PURE__*/
-  fileDesc("ChhzYW5kaG9sZC92MS9ldmVudHMucHJvdG8SC3NhbmRob2xkLnYxIqkBCgVVc2FnZRIUCgxpbnB1dF90b2tlbnMYASABKAQSFQoNb3V0cHV0X3Rva2VucxgCIAEoBBIZChFjYWNoZV9yZWFkX3Rva2VucxgDIAEoBBIaChJjYWNoZV93cml0ZV90b2tlbnMYBCABKAQSGAoQcmVhc29uaW5nX3Rva2VucxgFIAEoBBIVCghjb3N0X3VzZBgGIAEoAUgAiAEBQgsKCV9jb3N0X3VzZCKdAwoFQ2h1bmsSJAoEdHlwZRgBIAEoDjIWLnNhbmRob2xkLnYxLkNodW5rVHlwZRIOCgZydW5faWQYAiABKAkSEQoJdGhyZWFkX2lkGAMgASgJEhQKDHRpbWVzdGFtcF9tcxgEIAEoAxISCgptZXNzYWdlX2lkGAUgASgJEhkKEXBhcmVudF9tZXNzYWdlX2lkGAYgASgJEhQKDHRvb2xfY2FsbF9pZBgHIAEoCRIRCgl0b29sX25hbWUYCCABKAkSDQoFZGVsdGEYCSABKAkSDwoHY29udGVudBgKIAEoCRIQCghpc19lcnJvchgLIAEoCBIWCglleGl0X2NvZGUYDCABKAVIAIgBARIVCg1maW5pc2hfcmVhc29uGA0gASgJEiEKBXVzYWdlGA4gASgLMhIuc2FuZGhvbGQudjEuVXNhZ2USFQoNZXJyb3JfbWVzc2FnZRgPIAEoCRISCgplcnJvcl9jb2RlGBAgASgJEgwKBG5hbWUYESABKAkSEgoKdmFsdWVfanNvbhgSIAEoCUIMCgpfZXhpdF9jb2RlKtgDCglDaHVua1R5cGUSGgoWQ0hVTktfVFlQRV9VTlNQRUNJRklFRBAAEhoKFkNIVU5LX1RZUEVfUlVOX1NUQVJURUQQARIhCh1DSFVOS19UWVBFX1RFWFRfTUVTU0FHRV9TVEFSVBACEiMKH0NIVU5LX1RZUEVfVEVYVF9NRVNTQUdFX0NPTlRFTlQQAxIfChtDSFVOS19UWVBFX1RFWFRfTUVTU0FHRV9FTkQQBBIeChpDSFVOS19UWVBFX1JFQVNPTklOR19TVEFSVBAFEiAKHENIVU5LX1RZUEVfUkVBU09OSU5HX0NPTlRFTlQQBhIcChhDSFVOS19UWVBFX1JFQVNPTklOR19FTkQQBxIeChpDSFVOS19UWVBFX1RPT0xfQ0FMTF9TVEFSVBAIEh0KGUNIVU5LX1RZUEVfVE9PTF9DQUxMX0FSR1MQCRIcChhDSFVOS19UWVBFX1RPT0xfQ0FMTF9FTkQQChIfChtDSFVOS19UWVBFX1RPT0xfQ0FMTF9SRVNVTFQQCxIbChdDSFVOS19UWVBFX1JVTl9GSU5JU0hFRBAMEhgKFENIVU5LX1RZUEVfUlVOX0VSUk9SEA0SFQoRQ0hVTktfVFlQRV9DVVNUT00QDmIGcHJvdG8z");
+  fileDesc("ChhzYW5kaG9sZC92MS9ldmVudHMucHJvdG8SC3NhbmRob2xkLnYxIqYBCgxDaHVua1JlcXVlc3QSEgoKcmVxdWVzdF9pZBgBIAEoCRIMCgRraW5kGAIgASgJEgwKBHJ1bGUYAyABKAkSEwoLZGVhZGxpbmVfbXMYBCABKAMSEgoKaW5wdXRfanNvbhgFIAEoCRIPCgdhbGxvd2VkGAYgASgIEhMKC2Fuc3dlcmVkX2J5GAcgASgJEhcKD2F3YWl0aW5nX2NsaWVudBgIIAEoCCKpAQoFVXNhZ2USFAoMaW5wdXRfdG9rZW5zGAEgASgEEhUKDW91dHB1dF90b2tlbnMYAiABKAQSGQoRY2FjaGVfcmVhZF90b2tlbnMYAyABKAQSGgoSY2FjaGVfd3JpdGVfdG9rZW5zGAQgASgEEhgKEHJlYXNvbmluZ190b2tlbnMYBSABKAQSFQoIY29zdF91c2QYBiABKAFIAIgBAUILCglfY29zdF91c2QiyQMKBUNodW5rEiQKBHR5cGUYASABKA4yFi5zYW5kaG9sZC52MS5DaHVua1R5cGUSDgoGcnVuX2lkGAIgASgJEhEKCXRocmVhZF9pZBgDIAEoCRIUCgx0aW1lc3RhbXBfbXMYBCABKAMSEgoKbWVzc2FnZV9pZBgFIAEoCRIZChFwYXJlbnRfbWVzc2FnZV9pZBgGIAEoCRIUCgx0b29sX2NhbGxfaWQYByABKAkSEQoJdG9vbF9uYW1lGAggASgJEg0KBWRlbHRhGAkgASgJEg8KB2NvbnRlbnQYCiABKAkSEAoIaXNfZXJyb3IYCyABKAgSFgoJZXhpdF9jb2RlGAwgASgFSACIAQESFQoNZmluaXNoX3JlYXNvbhgNIAEoCRIhCgV1c2FnZRgOIAEoCzISLnNhbmRob2xkLnYxLlVzYWdlEhUKDWVycm9yX21lc3NhZ2UYDyABKAkSEgoKZXJyb3JfY29kZRgQIAEoCRIMCgRuYW1lGBEgASgJEhIKCnZhbHVlX2pzb24YEiABKAkSKgoHcmVxdWVzdBgTIAEoCzIZLnNhbmRob2xkLnYxLkNodW5rUmVxdWVzdEIMCgpfZXhpdF9jb2RlKqEECglDaHVua1R5cGUSGgoWQ0hVTktfVFlQRV9VTlNQRUNJRklFRBAAEhoKFkNIVU5LX1RZUEVfUlVOX1NUQVJURUQQARIhCh1DSFVOS19UWVBFX1RFWFRfTUVTU0FHRV9TVEFSVBACEiMKH0NIVU5LX1RZUEVfVEVYVF9NRVNTQUdFX0NPTlRFTlQQAxIfChtDSFVOS19UWVBFX1RFWFRfTUVTU0FHRV9FTkQQBBIeChpDSFVOS19UWVBFX1JFQVNPTklOR19TVEFSVBAFEiAKHENIVU5LX1RZUEVfUkVBU09OSU5HX0NPTlRFTlQQBhIcChhDSFVOS19UWVBFX1JFQVNPTklOR19FTkQQBxIeChpDSFVOS19UWVBFX1RPT0xfQ0FMTF9TVEFSVBAIEh0KGUNIVU5LX1RZUEVfVE9PTF9DQUxMX0FSR1MQCRIcChhDSFVOS19UWVBFX1RPT0xfQ0FMTF9FTkQQChIfChtDSFVOS19UWVBFX1RPT0xfQ0FMTF9SRVNVTFQQCxIbChdDSFVOS19UWVBFX1JVTl9GSU5JU0hFRBAMEhgKFENIVU5LX1RZUEVfUlVOX0VSUk9SEA0SFQoRQ0hVTktfVFlQRV9DVVNUT00QDhIjCh9DSFVOS19UWVBFX1BFUk1JU1NJT05fUkVRVUVTVEVEEA8SIgoeQ0hVTktfVFlQRV9QRVJNSVNTSU9OX1JFU09MVkVEEBBiBnByb3RvMw");
+
+/**
+ * The request a chunk is about. PERMISSION_REQUESTED and
+ * PERMISSION_RESOLVED; for a client tool call, TOOL_CALL_START (with
+ * awaiting_client), ARGS, END and its TOOL_CALL_RESULT (with answered_by).
+ *
+ * @generated from message sandhold.v1.ChunkRequest
+ */
+export type ChunkRequest = Message<"sandhold.v1.ChunkRequest"> & {
+  /**
+   * @generated from field: string request_id = 1;
+   */
+  requestId: string;
+
+  /**
+   * "permission" or "client_tool".
+   *
+   * @generated from field: string kind = 2;
+   */
+  kind: string;
+
+  /**
+   * What asked: the policy rule ("ask command:git *", "default").
+   *
+   * @generated from field: string rule = 3;
+   */
+  rule: string;
+
+  /**
+   * When it is denied unless answered, ms since the Unix epoch.
+   *
+   * @generated from field: int64 deadline_ms = 4;
+   */
+  deadlineMs: bigint;
+
+  /**
+   * PERMISSION_REQUESTED: the tool call's input as JSON.
+   *
+   * @generated from field: string input_json = 5;
+   */
+  inputJson: string;
+
+  /**
+   * Answers.
+   *
+   * @generated from field: bool allowed = 6;
+   */
+  allowed: boolean;
+
+  /**
+   * @generated from field: string answered_by = 7;
+   */
+  answeredBy: string;
+
+  /**
+   * TOOL_CALL_START of a client tool call: the client runs the tool.
+   *
+   * @generated from field: bool awaiting_client = 8;
+   */
+  awaitingClient: boolean;
+};
+
+/**
+ * Describes the message sandhold.v1.ChunkRequest.
+ * Use `create(ChunkRequestSchema)` to create a new message.
+ */
+export const ChunkRequestSchema: GenMessage<ChunkRequest> = /*@__PURE__*/
+  messageDesc(file_sandhold_v1_events, 0);
 
 /**
  * Token counts and cost of a run (summed over its model calls).
@@ -62,7 +130,7 @@ export type Usage = Message<"sandhold.v1.Usage"> & {
  * Use `create(UsageSchema)` to create a new message.
  */
 export const UsageSchema: GenMessage<Usage> = /*@__PURE__*/
-  messageDesc(file_sandhold_v1_events, 0);
+  messageDesc(file_sandhold_v1_events, 1);
 
 /**
  * One event of a run's stream. Fields that do not apply to a type are left
@@ -185,6 +253,13 @@ export type Chunk = Message<"sandhold.v1.Chunk"> & {
    * @generated from field: string value_json = 18;
    */
   valueJson: string;
+
+  /**
+   * Requests (see ChunkRequest).
+   *
+   * @generated from field: sandhold.v1.ChunkRequest request = 19;
+   */
+  request?: ChunkRequest;
 };
 
 /**
@@ -192,7 +267,7 @@ export type Chunk = Message<"sandhold.v1.Chunk"> & {
  * Use `create(ChunkSchema)` to create a new message.
  */
 export const ChunkSchema: GenMessage<Chunk> = /*@__PURE__*/
-  messageDesc(file_sandhold_v1_events, 1);
+  messageDesc(file_sandhold_v1_events, 2);
 
 /**
  * What a chunk is. One set for every harness: the harness adapters translate
@@ -309,6 +384,23 @@ export enum ChunkType {
    * @generated from enum value: CHUNK_TYPE_CUSTOM = 14;
    */
   CUSTOM = 14,
+
+  /**
+   * The harness asks for a permission (policy `ask`): request (request_id,
+   * kind "permission", rule, deadline_ms, input_json), tool_name and, when
+   * the CLI gave one, tool_call_id. Waits until answered.
+   *
+   * @generated from enum value: CHUNK_TYPE_PERMISSION_REQUESTED = 15;
+   */
+  PERMISSION_REQUESTED = 15,
+
+  /**
+   * The answer: request (request_id, allowed, answered_by "client",
+   * "deadline" or "cancel") and content (the message).
+   *
+   * @generated from enum value: CHUNK_TYPE_PERMISSION_RESOLVED = 16;
+   */
+  PERMISSION_RESOLVED = 16,
 }
 
 /**

@@ -6,7 +6,7 @@ import type { GenEnum, GenFile, GenMessage, GenService } from "@bufbuild/protobu
 import { enumDesc, fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
 import type { Chunk, Usage } from "./events_pb.js";
 import { file_sandhold_v1_events } from "./events_pb.js";
-import type { EnsureProgress } from "./sandbox_pb.js";
+import type { EnsureProgress, SandboxPolicy } from "./sandbox_pb.js";
 import { file_sandhold_v1_sandbox } from "./sandbox_pb.js";
 import type { Message } from "@bufbuild/protobuf";
 
@@ -14,7 +14,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file sandhold/v1/run.proto.
  */
 export const file_sandhold_v1_run: GenFile = /*@__PURE__*/
-  fileDesc("ChVzYW5kaG9sZC92MS9ydW4ucHJvdG8SC3NhbmRob2xkLnYxIssDCg5IYXJuZXNzT3B0aW9ucxIPCgdwcm9ncmFtGAEgASgJEg8KB2NvbW1hbmQYAiADKAkSDQoFbW9kZWwYAyABKAkSGQoRcmVzdW1lX3Nlc3Npb25faWQYBCABKAkSFwoPcGVybWlzc2lvbl9tb2RlGAUgASgJEhEKCW1heF90dXJucxgGIAEoDRIVCg1hbGxvd2VkX3Rvb2xzGAcgAygJEhgKEGRpc2FsbG93ZWRfdG9vbHMYCCADKAkSFQoNc3lzdGVtX3Byb21wdBgJIAEoCRIXCg9tY3BfY29uZmlnX3BhdGgYCiABKAkSIAoYaW5jbHVkZV9wYXJ0aWFsX21lc3NhZ2VzGAsgASgIEhQKDHNhbmRib3hfbW9kZRgMIAEoCRI1ChBjb25maWdfb3ZlcnJpZGVzGA0gAygLMhsuc2FuZGhvbGQudjEuQ29uZmlnT3ZlcnJpZGUSEgoKZXh0cmFfYXJncxgOIAMoCRIxCgNlbnYYDyADKAsyJC5zYW5kaG9sZC52MS5IYXJuZXNzT3B0aW9ucy5FbnZFbnRyeRoqCghFbnZFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIiwKDkNvbmZpZ092ZXJyaWRlEgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCSL1AgoPU3RhcnRSdW5SZXF1ZXN0EhEKCXRocmVhZF9pZBgBIAEoCRIOCgZydW5faWQYAiABKAkSFQoNZGVmaW5pdGlvbl9pZBgDIAEoCRI6CgdzZWNyZXRzGAQgAygLMikuc2FuZGhvbGQudjEuU3RhcnRSdW5SZXF1ZXN0LlNlY3JldHNFbnRyeRIPCgdoYXJuZXNzGAUgASgJEiwKB29wdGlvbnMYBiABKAsyGy5zYW5kaG9sZC52MS5IYXJuZXNzT3B0aW9ucxIOCgZwcm9tcHQYByABKAkSDwoHZHVyYWJsZRgIIAEoCBIhChRkZXRhY2hfb25fZGlzY29ubmVjdBgJIAEoCEgAiAEBEgsKA2N3ZBgKIAEoCRITCgtuZXdfc2Vzc2lvbhgLIAEoCBouCgxTZWNyZXRzRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4AUIXChVfZGV0YWNoX29uX2Rpc2Nvbm5lY3QiYAoQQXR0YWNoUnVuUmVxdWVzdBIOCgZydW5faWQYASABKAkSFAoMYWZ0ZXJfb2Zmc2V0GAIgASgJEhEKCXRocmVhZF9pZBgDIAEoCRITCgtzdG9yZWRfb25seRgEIAEoCCJsCghSdW5FdmVudBImCgVjaHVuaxgBIAEoCzIVLnNhbmRob2xkLnYxLlJ1bkNodW5rSAASLwoIcHJvZ3Jlc3MYAiABKAsyGy5zYW5kaG9sZC52MS5FbnN1cmVQcm9ncmVzc0gAQgcKBWV2ZW50Ij0KCFJ1bkNodW5rEg4KBm9mZnNldBgBIAEoCRIhCgVjaHVuaxgCIAEoCzISLnNhbmRob2xkLnYxLkNodW5rIiIKEENhbmNlbFJ1blJlcXVlc3QSDgoGcnVuX2lkGAEgASgJIjIKEUNhbmNlbFJ1blJlc3BvbnNlEh0KA3J1bhgBIAEoCzIQLnNhbmRob2xkLnYxLlJ1biIfCg1HZXRSdW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCSIvCg5HZXRSdW5SZXNwb25zZRIdCgNydW4YASABKAsyEC5zYW5kaG9sZC52MS5SdW4iMwoPTGlzdFJ1bnNSZXF1ZXN0EhEKCXRocmVhZF9pZBgBIAEoCRINCgVsaW1pdBgCIAEoDSIyChBMaXN0UnVuc1Jlc3BvbnNlEh4KBHJ1bnMYASADKAsyEC5zYW5kaG9sZC52MS5SdW4iKAoTR2V0QWN0aXZlUnVuUmVxdWVzdBIRCgl0aHJlYWRfaWQYASABKAkiQgoUR2V0QWN0aXZlUnVuUmVzcG9uc2USIgoDcnVuGAEgASgLMhAuc2FuZGhvbGQudjEuUnVuSACIAQFCBgoEX3J1biIrCgpSdW5GYWlsdXJlEgwKBGNvZGUYASABKAkSDwoHbWVzc2FnZRgCIAEoCSKsAwoDUnVuEg4KBnJ1bl9pZBgBIAEoCRIRCgl0aHJlYWRfaWQYAiABKAkSJgoGc3RhdHVzGAMgASgOMhYuc2FuZGhvbGQudjEuUnVuU3RhdHVzEg8KB2hhcm5lc3MYBCABKAkSFQoNZGVmaW5pdGlvbl9pZBgFIAEoCRIPCgdkdXJhYmxlGAYgASgIEhUKDXN0YXJ0ZWRfYXRfbXMYByABKAMSGwoOZmluaXNoZWRfYXRfbXMYCCABKANIAIgBARImCgVlcnJvchgJIAEoCzIXLnNhbmRob2xkLnYxLlJ1bkZhaWx1cmUSIQoFdXNhZ2UYCiABKAsyEi5zYW5kaG9sZC52MS5Vc2FnZRISCgpzYW5kYm94X2lkGAsgASgJEh4KEWRldGFjaGVkX3NpbmNlX21zGAwgASgDSAGIAQESGAoQY2FuY2VsX3JlcXVlc3RlZBgNIAEoCBIXCg9mb3JrZWRfZnJvbV9ydW4YDiABKAkSEgoKc2Vzc2lvbl9pZBgPIAEoCUIRCg9fZmluaXNoZWRfYXRfbXNCFAoSX2RldGFjaGVkX3NpbmNlX21zKqQBCglSdW5TdGF0dXMSGgoWUlVOX1NUQVRVU19VTlNQRUNJRklFRBAAEhYKElJVTl9TVEFUVVNfUlVOTklORxABEhoKFlJVTl9TVEFUVVNfSU5URVJSVVBURUQQAhIYChRSVU5fU1RBVFVTX0NPTVBMRVRFRBADEhUKEVJVTl9TVEFUVVNfRkFJTEVEEAQSFgoSUlVOX1NUQVRVU19BQk9SVEVEEAUywQMKClJ1blNlcnZpY2USQQoIU3RhcnRSdW4SHC5zYW5kaG9sZC52MS5TdGFydFJ1blJlcXVlc3QaFS5zYW5kaG9sZC52MS5SdW5FdmVudDABEkMKCUF0dGFjaFJ1bhIdLnNhbmRob2xkLnYxLkF0dGFjaFJ1blJlcXVlc3QaFS5zYW5kaG9sZC52MS5SdW5FdmVudDABEkoKCUNhbmNlbFJ1bhIdLnNhbmRob2xkLnYxLkNhbmNlbFJ1blJlcXVlc3QaHi5zYW5kaG9sZC52MS5DYW5jZWxSdW5SZXNwb25zZRJBCgZHZXRSdW4SGi5zYW5kaG9sZC52MS5HZXRSdW5SZXF1ZXN0Ghsuc2FuZGhvbGQudjEuR2V0UnVuUmVzcG9uc2USRwoITGlzdFJ1bnMSHC5zYW5kaG9sZC52MS5MaXN0UnVuc1JlcXVlc3QaHS5zYW5kaG9sZC52MS5MaXN0UnVuc1Jlc3BvbnNlElMKDEdldEFjdGl2ZVJ1bhIgLnNhbmRob2xkLnYxLkdldEFjdGl2ZVJ1blJlcXVlc3QaIS5zYW5kaG9sZC52MS5HZXRBY3RpdmVSdW5SZXNwb25zZWIGcHJvdG8z", [file_sandhold_v1_events, file_sandhold_v1_sandbox]);
+  fileDesc("ChVzYW5kaG9sZC92MS9ydW4ucHJvdG8SC3NhbmRob2xkLnYxIssDCg5IYXJuZXNzT3B0aW9ucxIPCgdwcm9ncmFtGAEgASgJEg8KB2NvbW1hbmQYAiADKAkSDQoFbW9kZWwYAyABKAkSGQoRcmVzdW1lX3Nlc3Npb25faWQYBCABKAkSFwoPcGVybWlzc2lvbl9tb2RlGAUgASgJEhEKCW1heF90dXJucxgGIAEoDRIVCg1hbGxvd2VkX3Rvb2xzGAcgAygJEhgKEGRpc2FsbG93ZWRfdG9vbHMYCCADKAkSFQoNc3lzdGVtX3Byb21wdBgJIAEoCRIXCg9tY3BfY29uZmlnX3BhdGgYCiABKAkSIAoYaW5jbHVkZV9wYXJ0aWFsX21lc3NhZ2VzGAsgASgIEhQKDHNhbmRib3hfbW9kZRgMIAEoCRI1ChBjb25maWdfb3ZlcnJpZGVzGA0gAygLMhsuc2FuZGhvbGQudjEuQ29uZmlnT3ZlcnJpZGUSEgoKZXh0cmFfYXJncxgOIAMoCRIxCgNlbnYYDyADKAsyJC5zYW5kaG9sZC52MS5IYXJuZXNzT3B0aW9ucy5FbnZFbnRyeRoqCghFbnZFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIiwKDkNvbmZpZ092ZXJyaWRlEgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCSLQAwoPU3RhcnRSdW5SZXF1ZXN0EhEKCXRocmVhZF9pZBgBIAEoCRIOCgZydW5faWQYAiABKAkSFQoNZGVmaW5pdGlvbl9pZBgDIAEoCRI6CgdzZWNyZXRzGAQgAygLMikuc2FuZGhvbGQudjEuU3RhcnRSdW5SZXF1ZXN0LlNlY3JldHNFbnRyeRIPCgdoYXJuZXNzGAUgASgJEiwKB29wdGlvbnMYBiABKAsyGy5zYW5kaG9sZC52MS5IYXJuZXNzT3B0aW9ucxIOCgZwcm9tcHQYByABKAkSDwoHZHVyYWJsZRgIIAEoCBIhChRkZXRhY2hfb25fZGlzY29ubmVjdBgJIAEoCEgAiAEBEgsKA2N3ZBgKIAEoCRITCgtuZXdfc2Vzc2lvbhgLIAEoCBIqCgZwb2xpY3kYDCABKAsyGi5zYW5kaG9sZC52MS5TYW5kYm94UG9saWN5Ei0KDGNsaWVudF90b29scxgNIAMoCzIXLnNhbmRob2xkLnYxLkNsaWVudFRvb2waLgoMU2VjcmV0c0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAFCFwoVX2RldGFjaF9vbl9kaXNjb25uZWN0IkoKCkNsaWVudFRvb2wSDAoEbmFtZRgBIAEoCRITCgtkZXNjcmlwdGlvbhgCIAEoCRIZChFpbnB1dF9zY2hlbWFfanNvbhgDIAEoCSKsAQoXUmVzcG9uZFRvUmVxdWVzdFJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEhIKCnJlcXVlc3RfaWQYAiABKAkSMwoKcGVybWlzc2lvbhgDIAEoCzIdLnNhbmRob2xkLnYxLlBlcm1pc3Npb25BbnN3ZXJIABIuCgt0b29sX3Jlc3VsdBgEIAEoCzIXLnNhbmRob2xkLnYxLlRvb2xSZXN1bHRIAEIICgZhbnN3ZXIiQgoQUGVybWlzc2lvbkFuc3dlchINCgVhbGxvdxgBIAEoCBIPCgdtZXNzYWdlGAIgASgJEg4KBmFsd2F5cxgDIAEoCCIvCgpUb29sUmVzdWx0Eg8KB2NvbnRlbnQYASABKAkSEAoIaXNfZXJyb3IYAiABKAgiRAoYUmVzcG9uZFRvUmVxdWVzdFJlc3BvbnNlEigKB3JlcXVlc3QYASABKAsyFy5zYW5kaG9sZC52MS5SdW5SZXF1ZXN0Ij8KE0xpc3RSZXF1ZXN0c1JlcXVlc3QSDgoGcnVuX2lkGAEgASgJEhgKEGluY2x1ZGVfYW5zd2VyZWQYAiABKAgiQQoUTGlzdFJlcXVlc3RzUmVzcG9uc2USKQoIcmVxdWVzdHMYASADKAsyFy5zYW5kaG9sZC52MS5SdW5SZXF1ZXN0ItUBCgpSdW5SZXF1ZXN0EhIKCnJlcXVlc3RfaWQYASABKAkSDAoEa2luZBgCIAEoCRIMCgR0b29sGAMgASgJEhIKCmlucHV0X2pzb24YBCABKAkSDAoEcnVsZRgFIAEoCRIUCgx0b29sX2NhbGxfaWQYBiABKAkSEwoLZGVhZGxpbmVfbXMYByABKAMSDgoGb2Zmc2V0GAggASgJEi8KBmFuc3dlchgJIAEoCzIaLnNhbmRob2xkLnYxLlJlcXVlc3RBbnN3ZXJIAIgBAUIJCgdfYW5zd2VyIlgKDVJlcXVlc3RBbnN3ZXISDwoHYWxsb3dlZBgBIAEoCBIPCgdtZXNzYWdlGAIgASgJEhAKCGlzX2Vycm9yGAMgASgIEhMKC2Fuc3dlcmVkX2J5GAQgASgJImAKEEF0dGFjaFJ1blJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEhQKDGFmdGVyX29mZnNldBgCIAEoCRIRCgl0aHJlYWRfaWQYAyABKAkSEwoLc3RvcmVkX29ubHkYBCABKAgibAoIUnVuRXZlbnQSJgoFY2h1bmsYASABKAsyFS5zYW5kaG9sZC52MS5SdW5DaHVua0gAEi8KCHByb2dyZXNzGAIgASgLMhsuc2FuZGhvbGQudjEuRW5zdXJlUHJvZ3Jlc3NIAEIHCgVldmVudCI9CghSdW5DaHVuaxIOCgZvZmZzZXQYASABKAkSIQoFY2h1bmsYAiABKAsyEi5zYW5kaG9sZC52MS5DaHVuayIiChBDYW5jZWxSdW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCSIyChFDYW5jZWxSdW5SZXNwb25zZRIdCgNydW4YASABKAsyEC5zYW5kaG9sZC52MS5SdW4iHwoNR2V0UnVuUmVxdWVzdBIOCgZydW5faWQYASABKAkiLwoOR2V0UnVuUmVzcG9uc2USHQoDcnVuGAEgASgLMhAuc2FuZGhvbGQudjEuUnVuIjMKD0xpc3RSdW5zUmVxdWVzdBIRCgl0aHJlYWRfaWQYASABKAkSDQoFbGltaXQYAiABKA0iMgoQTGlzdFJ1bnNSZXNwb25zZRIeCgRydW5zGAEgAygLMhAuc2FuZGhvbGQudjEuUnVuIigKE0dldEFjdGl2ZVJ1blJlcXVlc3QSEQoJdGhyZWFkX2lkGAEgASgJIkIKFEdldEFjdGl2ZVJ1blJlc3BvbnNlEiIKA3J1bhgBIAEoCzIQLnNhbmRob2xkLnYxLlJ1bkgAiAEBQgYKBF9ydW4iKwoKUnVuRmFpbHVyZRIMCgRjb2RlGAEgASgJEg8KB21lc3NhZ2UYAiABKAkirAMKA1J1bhIOCgZydW5faWQYASABKAkSEQoJdGhyZWFkX2lkGAIgASgJEiYKBnN0YXR1cxgDIAEoDjIWLnNhbmRob2xkLnYxLlJ1blN0YXR1cxIPCgdoYXJuZXNzGAQgASgJEhUKDWRlZmluaXRpb25faWQYBSABKAkSDwoHZHVyYWJsZRgGIAEoCBIVCg1zdGFydGVkX2F0X21zGAcgASgDEhsKDmZpbmlzaGVkX2F0X21zGAggASgDSACIAQESJgoFZXJyb3IYCSABKAsyFy5zYW5kaG9sZC52MS5SdW5GYWlsdXJlEiEKBXVzYWdlGAogASgLMhIuc2FuZGhvbGQudjEuVXNhZ2USEgoKc2FuZGJveF9pZBgLIAEoCRIeChFkZXRhY2hlZF9zaW5jZV9tcxgMIAEoA0gBiAEBEhgKEGNhbmNlbF9yZXF1ZXN0ZWQYDSABKAgSFwoPZm9ya2VkX2Zyb21fcnVuGA4gASgJEhIKCnNlc3Npb25faWQYDyABKAlCEQoPX2ZpbmlzaGVkX2F0X21zQhQKEl9kZXRhY2hlZF9zaW5jZV9tcyqkAQoJUnVuU3RhdHVzEhoKFlJVTl9TVEFUVVNfVU5TUEVDSUZJRUQQABIWChJSVU5fU1RBVFVTX1JVTk5JTkcQARIaChZSVU5fU1RBVFVTX0lOVEVSUlVQVEVEEAISGAoUUlVOX1NUQVRVU19DT01QTEVURUQQAxIVChFSVU5fU1RBVFVTX0ZBSUxFRBAEEhYKElJVTl9TVEFUVVNfQUJPUlRFRBAFMvcECgpSdW5TZXJ2aWNlEkEKCFN0YXJ0UnVuEhwuc2FuZGhvbGQudjEuU3RhcnRSdW5SZXF1ZXN0GhUuc2FuZGhvbGQudjEuUnVuRXZlbnQwARJDCglBdHRhY2hSdW4SHS5zYW5kaG9sZC52MS5BdHRhY2hSdW5SZXF1ZXN0GhUuc2FuZGhvbGQudjEuUnVuRXZlbnQwARJKCglDYW5jZWxSdW4SHS5zYW5kaG9sZC52MS5DYW5jZWxSdW5SZXF1ZXN0Gh4uc2FuZGhvbGQudjEuQ2FuY2VsUnVuUmVzcG9uc2USQQoGR2V0UnVuEhouc2FuZGhvbGQudjEuR2V0UnVuUmVxdWVzdBobLnNhbmRob2xkLnYxLkdldFJ1blJlc3BvbnNlEkcKCExpc3RSdW5zEhwuc2FuZGhvbGQudjEuTGlzdFJ1bnNSZXF1ZXN0Gh0uc2FuZGhvbGQudjEuTGlzdFJ1bnNSZXNwb25zZRJTCgxHZXRBY3RpdmVSdW4SIC5zYW5kaG9sZC52MS5HZXRBY3RpdmVSdW5SZXF1ZXN0GiEuc2FuZGhvbGQudjEuR2V0QWN0aXZlUnVuUmVzcG9uc2USXwoQUmVzcG9uZFRvUmVxdWVzdBIkLnNhbmRob2xkLnYxLlJlc3BvbmRUb1JlcXVlc3RSZXF1ZXN0GiUuc2FuZGhvbGQudjEuUmVzcG9uZFRvUmVxdWVzdFJlc3BvbnNlElMKDExpc3RSZXF1ZXN0cxIgLnNhbmRob2xkLnYxLkxpc3RSZXF1ZXN0c1JlcXVlc3QaIS5zYW5kaG9sZC52MS5MaXN0UmVxdWVzdHNSZXNwb25zZWIGcHJvdG8z", [file_sandhold_v1_events, file_sandhold_v1_sandbox]);
 
 /**
  * Options of the harness adapters. An option a harness has no use for is
@@ -250,6 +250,23 @@ export type StartRunRequest = Message<"sandhold.v1.StartRunRequest"> & {
    * @generated from field: bool new_session = 11;
    */
   newSession: boolean;
+
+  /**
+   * Tightens the definition's policy for this run (never loosens it: for
+   * each action the stricter of the two decides).
+   *
+   * @generated from field: sandhold.v1.SandboxPolicy policy = 12;
+   */
+  policy?: SandboxPolicy;
+
+  /**
+   * Tools the client runs itself: offered to the harness as MCP tools of
+   * the `sandhold` server (Claude Code sees `mcp__sandhold__<name>`); each
+   * call is a durable request the client answers with RespondToRequest.
+   *
+   * @generated from field: repeated sandhold.v1.ClientTool client_tools = 13;
+   */
+  clientTools: ClientTool[];
 };
 
 /**
@@ -258,6 +275,300 @@ export type StartRunRequest = Message<"sandhold.v1.StartRunRequest"> & {
  */
 export const StartRunRequestSchema: GenMessage<StartRunRequest> = /*@__PURE__*/
   messageDesc(file_sandhold_v1_run, 2);
+
+/**
+ * @generated from message sandhold.v1.ClientTool
+ */
+export type ClientTool = Message<"sandhold.v1.ClientTool"> & {
+  /**
+   * [A-Za-z0-9_-], 1-64 characters.
+   *
+   * @generated from field: string name = 1;
+   */
+  name: string;
+
+  /**
+   * @generated from field: string description = 2;
+   */
+  description: string;
+
+  /**
+   * JSON Schema of the input (an object schema). Empty: any object.
+   *
+   * @generated from field: string input_schema_json = 3;
+   */
+  inputSchemaJson: string;
+};
+
+/**
+ * Describes the message sandhold.v1.ClientTool.
+ * Use `create(ClientToolSchema)` to create a new message.
+ */
+export const ClientToolSchema: GenMessage<ClientTool> = /*@__PURE__*/
+  messageDesc(file_sandhold_v1_run, 3);
+
+/**
+ * @generated from message sandhold.v1.RespondToRequestRequest
+ */
+export type RespondToRequestRequest = Message<"sandhold.v1.RespondToRequestRequest"> & {
+  /**
+   * @generated from field: string run_id = 1;
+   */
+  runId: string;
+
+  /**
+   * @generated from field: string request_id = 2;
+   */
+  requestId: string;
+
+  /**
+   * @generated from oneof sandhold.v1.RespondToRequestRequest.answer
+   */
+  answer: {
+    /**
+     * For a permission request.
+     *
+     * @generated from field: sandhold.v1.PermissionAnswer permission = 3;
+     */
+    value: PermissionAnswer;
+    case: "permission";
+  } | {
+    /**
+     * For a client tool call.
+     *
+     * @generated from field: sandhold.v1.ToolResult tool_result = 4;
+     */
+    value: ToolResult;
+    case: "toolResult";
+  } | { case: undefined; value?: undefined };
+};
+
+/**
+ * Describes the message sandhold.v1.RespondToRequestRequest.
+ * Use `create(RespondToRequestRequestSchema)` to create a new message.
+ */
+export const RespondToRequestRequestSchema: GenMessage<RespondToRequestRequest> = /*@__PURE__*/
+  messageDesc(file_sandhold_v1_run, 4);
+
+/**
+ * @generated from message sandhold.v1.PermissionAnswer
+ */
+export type PermissionAnswer = Message<"sandhold.v1.PermissionAnswer"> & {
+  /**
+   * @generated from field: bool allow = 1;
+   */
+  allow: boolean;
+
+  /**
+   * Told to the harness (why it was denied, or a note).
+   *
+   * @generated from field: string message = 2;
+   */
+  message: string;
+
+  /**
+   * Allow this tool for the rest of the run (harnesses that support it).
+   *
+   * @generated from field: bool always = 3;
+   */
+  always: boolean;
+};
+
+/**
+ * Describes the message sandhold.v1.PermissionAnswer.
+ * Use `create(PermissionAnswerSchema)` to create a new message.
+ */
+export const PermissionAnswerSchema: GenMessage<PermissionAnswer> = /*@__PURE__*/
+  messageDesc(file_sandhold_v1_run, 5);
+
+/**
+ * @generated from message sandhold.v1.ToolResult
+ */
+export type ToolResult = Message<"sandhold.v1.ToolResult"> & {
+  /**
+   * @generated from field: string content = 1;
+   */
+  content: string;
+
+  /**
+   * @generated from field: bool is_error = 2;
+   */
+  isError: boolean;
+};
+
+/**
+ * Describes the message sandhold.v1.ToolResult.
+ * Use `create(ToolResultSchema)` to create a new message.
+ */
+export const ToolResultSchema: GenMessage<ToolResult> = /*@__PURE__*/
+  messageDesc(file_sandhold_v1_run, 6);
+
+/**
+ * @generated from message sandhold.v1.RespondToRequestResponse
+ */
+export type RespondToRequestResponse = Message<"sandhold.v1.RespondToRequestResponse"> & {
+  /**
+   * The request, answered.
+   *
+   * @generated from field: sandhold.v1.RunRequest request = 1;
+   */
+  request?: RunRequest;
+};
+
+/**
+ * Describes the message sandhold.v1.RespondToRequestResponse.
+ * Use `create(RespondToRequestResponseSchema)` to create a new message.
+ */
+export const RespondToRequestResponseSchema: GenMessage<RespondToRequestResponse> = /*@__PURE__*/
+  messageDesc(file_sandhold_v1_run, 7);
+
+/**
+ * @generated from message sandhold.v1.ListRequestsRequest
+ */
+export type ListRequestsRequest = Message<"sandhold.v1.ListRequestsRequest"> & {
+  /**
+   * @generated from field: string run_id = 1;
+   */
+  runId: string;
+
+  /**
+   * Answered ones too.
+   *
+   * @generated from field: bool include_answered = 2;
+   */
+  includeAnswered: boolean;
+};
+
+/**
+ * Describes the message sandhold.v1.ListRequestsRequest.
+ * Use `create(ListRequestsRequestSchema)` to create a new message.
+ */
+export const ListRequestsRequestSchema: GenMessage<ListRequestsRequest> = /*@__PURE__*/
+  messageDesc(file_sandhold_v1_run, 8);
+
+/**
+ * @generated from message sandhold.v1.ListRequestsResponse
+ */
+export type ListRequestsResponse = Message<"sandhold.v1.ListRequestsResponse"> & {
+  /**
+   * In the order the run asked.
+   *
+   * @generated from field: repeated sandhold.v1.RunRequest requests = 1;
+   */
+  requests: RunRequest[];
+};
+
+/**
+ * Describes the message sandhold.v1.ListRequestsResponse.
+ * Use `create(ListRequestsResponseSchema)` to create a new message.
+ */
+export const ListRequestsResponseSchema: GenMessage<ListRequestsResponse> = /*@__PURE__*/
+  messageDesc(file_sandhold_v1_run, 9);
+
+/**
+ * A request as the run's log records it.
+ *
+ * @generated from message sandhold.v1.RunRequest
+ */
+export type RunRequest = Message<"sandhold.v1.RunRequest"> & {
+  /**
+   * @generated from field: string request_id = 1;
+   */
+  requestId: string;
+
+  /**
+   * "permission" or "client_tool".
+   *
+   * @generated from field: string kind = 2;
+   */
+  kind: string;
+
+  /**
+   * @generated from field: string tool = 3;
+   */
+  tool: string;
+
+  /**
+   * The tool call's input as JSON.
+   *
+   * @generated from field: string input_json = 4;
+   */
+  inputJson: string;
+
+  /**
+   * The policy rule that asked ("ask command:git *", "default").
+   *
+   * @generated from field: string rule = 5;
+   */
+  rule: string;
+
+  /**
+   * The CLI's id of the tool call, when it gave one.
+   *
+   * @generated from field: string tool_call_id = 6;
+   */
+  toolCallId: string;
+
+  /**
+   * @generated from field: int64 deadline_ms = 7;
+   */
+  deadlineMs: bigint;
+
+  /**
+   * Offset of the chunk that recorded the request.
+   *
+   * @generated from field: string offset = 8;
+   */
+  offset: string;
+
+  /**
+   * Set once answered.
+   *
+   * @generated from field: optional sandhold.v1.RequestAnswer answer = 9;
+   */
+  answer?: RequestAnswer;
+};
+
+/**
+ * Describes the message sandhold.v1.RunRequest.
+ * Use `create(RunRequestSchema)` to create a new message.
+ */
+export const RunRequestSchema: GenMessage<RunRequest> = /*@__PURE__*/
+  messageDesc(file_sandhold_v1_run, 10);
+
+/**
+ * @generated from message sandhold.v1.RequestAnswer
+ */
+export type RequestAnswer = Message<"sandhold.v1.RequestAnswer"> & {
+  /**
+   * @generated from field: bool allowed = 1;
+   */
+  allowed: boolean;
+
+  /**
+   * @generated from field: string message = 2;
+   */
+  message: string;
+
+  /**
+   * @generated from field: bool is_error = 3;
+   */
+  isError: boolean;
+
+  /**
+   * "client", "deadline" or "cancel".
+   *
+   * @generated from field: string answered_by = 4;
+   */
+  answeredBy: string;
+};
+
+/**
+ * Describes the message sandhold.v1.RequestAnswer.
+ * Use `create(RequestAnswerSchema)` to create a new message.
+ */
+export const RequestAnswerSchema: GenMessage<RequestAnswer> = /*@__PURE__*/
+  messageDesc(file_sandhold_v1_run, 11);
 
 /**
  * @generated from message sandhold.v1.AttachRunRequest
@@ -298,7 +609,7 @@ export type AttachRunRequest = Message<"sandhold.v1.AttachRunRequest"> & {
  * Use `create(AttachRunRequestSchema)` to create a new message.
  */
 export const AttachRunRequestSchema: GenMessage<AttachRunRequest> = /*@__PURE__*/
-  messageDesc(file_sandhold_v1_run, 3);
+  messageDesc(file_sandhold_v1_run, 12);
 
 /**
  * @generated from message sandhold.v1.RunEvent
@@ -332,7 +643,7 @@ export type RunEvent = Message<"sandhold.v1.RunEvent"> & {
  * Use `create(RunEventSchema)` to create a new message.
  */
 export const RunEventSchema: GenMessage<RunEvent> = /*@__PURE__*/
-  messageDesc(file_sandhold_v1_run, 4);
+  messageDesc(file_sandhold_v1_run, 13);
 
 /**
  * @generated from message sandhold.v1.RunChunk
@@ -356,7 +667,7 @@ export type RunChunk = Message<"sandhold.v1.RunChunk"> & {
  * Use `create(RunChunkSchema)` to create a new message.
  */
 export const RunChunkSchema: GenMessage<RunChunk> = /*@__PURE__*/
-  messageDesc(file_sandhold_v1_run, 5);
+  messageDesc(file_sandhold_v1_run, 14);
 
 /**
  * @generated from message sandhold.v1.CancelRunRequest
@@ -373,7 +684,7 @@ export type CancelRunRequest = Message<"sandhold.v1.CancelRunRequest"> & {
  * Use `create(CancelRunRequestSchema)` to create a new message.
  */
 export const CancelRunRequestSchema: GenMessage<CancelRunRequest> = /*@__PURE__*/
-  messageDesc(file_sandhold_v1_run, 6);
+  messageDesc(file_sandhold_v1_run, 15);
 
 /**
  * @generated from message sandhold.v1.CancelRunResponse
@@ -393,7 +704,7 @@ export type CancelRunResponse = Message<"sandhold.v1.CancelRunResponse"> & {
  * Use `create(CancelRunResponseSchema)` to create a new message.
  */
 export const CancelRunResponseSchema: GenMessage<CancelRunResponse> = /*@__PURE__*/
-  messageDesc(file_sandhold_v1_run, 7);
+  messageDesc(file_sandhold_v1_run, 16);
 
 /**
  * @generated from message sandhold.v1.GetRunRequest
@@ -410,7 +721,7 @@ export type GetRunRequest = Message<"sandhold.v1.GetRunRequest"> & {
  * Use `create(GetRunRequestSchema)` to create a new message.
  */
 export const GetRunRequestSchema: GenMessage<GetRunRequest> = /*@__PURE__*/
-  messageDesc(file_sandhold_v1_run, 8);
+  messageDesc(file_sandhold_v1_run, 17);
 
 /**
  * @generated from message sandhold.v1.GetRunResponse
@@ -427,7 +738,7 @@ export type GetRunResponse = Message<"sandhold.v1.GetRunResponse"> & {
  * Use `create(GetRunResponseSchema)` to create a new message.
  */
 export const GetRunResponseSchema: GenMessage<GetRunResponse> = /*@__PURE__*/
-  messageDesc(file_sandhold_v1_run, 9);
+  messageDesc(file_sandhold_v1_run, 18);
 
 /**
  * @generated from message sandhold.v1.ListRunsRequest
@@ -453,7 +764,7 @@ export type ListRunsRequest = Message<"sandhold.v1.ListRunsRequest"> & {
  * Use `create(ListRunsRequestSchema)` to create a new message.
  */
 export const ListRunsRequestSchema: GenMessage<ListRunsRequest> = /*@__PURE__*/
-  messageDesc(file_sandhold_v1_run, 10);
+  messageDesc(file_sandhold_v1_run, 19);
 
 /**
  * @generated from message sandhold.v1.ListRunsResponse
@@ -470,7 +781,7 @@ export type ListRunsResponse = Message<"sandhold.v1.ListRunsResponse"> & {
  * Use `create(ListRunsResponseSchema)` to create a new message.
  */
 export const ListRunsResponseSchema: GenMessage<ListRunsResponse> = /*@__PURE__*/
-  messageDesc(file_sandhold_v1_run, 11);
+  messageDesc(file_sandhold_v1_run, 20);
 
 /**
  * @generated from message sandhold.v1.GetActiveRunRequest
@@ -487,7 +798,7 @@ export type GetActiveRunRequest = Message<"sandhold.v1.GetActiveRunRequest"> & {
  * Use `create(GetActiveRunRequestSchema)` to create a new message.
  */
 export const GetActiveRunRequestSchema: GenMessage<GetActiveRunRequest> = /*@__PURE__*/
-  messageDesc(file_sandhold_v1_run, 12);
+  messageDesc(file_sandhold_v1_run, 21);
 
 /**
  * @generated from message sandhold.v1.GetActiveRunResponse
@@ -506,7 +817,7 @@ export type GetActiveRunResponse = Message<"sandhold.v1.GetActiveRunResponse"> &
  * Use `create(GetActiveRunResponseSchema)` to create a new message.
  */
 export const GetActiveRunResponseSchema: GenMessage<GetActiveRunResponse> = /*@__PURE__*/
-  messageDesc(file_sandhold_v1_run, 13);
+  messageDesc(file_sandhold_v1_run, 22);
 
 /**
  * @generated from message sandhold.v1.RunFailure
@@ -528,7 +839,7 @@ export type RunFailure = Message<"sandhold.v1.RunFailure"> & {
  * Use `create(RunFailureSchema)` to create a new message.
  */
 export const RunFailureSchema: GenMessage<RunFailure> = /*@__PURE__*/
-  messageDesc(file_sandhold_v1_run, 14);
+  messageDesc(file_sandhold_v1_run, 23);
 
 /**
  * @generated from message sandhold.v1.Run
@@ -629,7 +940,7 @@ export type Run = Message<"sandhold.v1.Run"> & {
  * Use `create(RunSchema)` to create a new message.
  */
 export const RunSchema: GenMessage<Run> = /*@__PURE__*/
-  messageDesc(file_sandhold_v1_run, 15);
+  messageDesc(file_sandhold_v1_run, 24);
 
 /**
  * @generated from enum sandhold.v1.RunStatus
@@ -749,6 +1060,31 @@ export const RunService: GenService<{
     methodKind: "unary";
     input: typeof GetActiveRunRequestSchema;
     output: typeof GetActiveRunResponseSchema;
+  },
+  /**
+   * Answer a request of a run (a permission under an `ask` rule, or a call
+   * of a client tool), on any replica: the answer reaches the sandbox and
+   * the run's log records it (PERMISSION_RESOLVED, or TOOL_CALL_RESULT). A
+   * request answered already (by a client, its deadline or a cancel) is
+   * FAILED_PRECONDITION; an unknown one NOT_FOUND; a run that has ended
+   * FAILED_PRECONDITION.
+   *
+   * @generated from rpc sandhold.v1.RunService.RespondToRequest
+   */
+  respondToRequest: {
+    methodKind: "unary";
+    input: typeof RespondToRequestRequestSchema;
+    output: typeof RespondToRequestResponseSchema;
+  },
+  /**
+   * The requests of a run, from its log: those still waiting, or all.
+   *
+   * @generated from rpc sandhold.v1.RunService.ListRequests
+   */
+  listRequests: {
+    methodKind: "unary";
+    input: typeof ListRequestsRequestSchema;
+    output: typeof ListRequestsResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_sandhold_v1_run, 0);
