@@ -16,6 +16,7 @@ use sandhold_tests::provider::Kind;
 use sandhold_tests::run::{definition, put_definition};
 use sandhold_tests::sandbox::{ensure, sh};
 use sandhold_tests::server::{Sandboxes, TenantServer};
+use sandhold_tests::tmux::{Tmux, has_line};
 use sandhold_tests::wait::{PATIENCE, eventually};
 use shared::proto::v1 as api;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -480,68 +481,6 @@ async fn git_in_a_docker_sandbox_commits_and_pushes_to_a_repository_it_can_reach
     )
     .await;
     assert_eq!(log.trim(), format!("{}|Bot|bot@example.com|Change the app", commit.commit));
-}
-
-/// A tmux server of its own (its own socket), killed on drop.
-struct Tmux {
-    socket: String,
-}
-
-impl Tmux {
-    fn new() -> Self {
-        sandhold_tests::services::program("tmux").expect("tmux");
-        Self { socket: format!("sandhold-test-{}", sandhold_tests::nonce()) }
-    }
-
-    fn run(&self, args: &[&str]) -> String {
-        let out =
-            Command::new("tmux").args(["-L", &self.socket, "-f", "/dev/null"]).args(args).output().unwrap();
-        assert!(out.status.success(), "tmux {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    fn pane(&self) -> String {
-        self.run(&["capture-pane", "-p", "-J", "-t", "s"])
-    }
-
-    fn size(&self) -> String {
-        self.run(&["display-message", "-p", "-t", "s", "#{pane_height} #{pane_width}"]).trim().to_string()
-    }
-
-    /// Until one of the pane's lines is `line`; the pane's text either way.
-    fn wait_for_line(&self, line: &str) -> String {
-        let deadline = Instant::now() + PATIENCE;
-        loop {
-            let pane = self.pane();
-            if has_line(&pane, line) || Instant::now() > deadline {
-                return pane;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    /// Until the pane shows `text`; the pane's text either way.
-    fn wait_for(&self, text: &str) -> String {
-        let deadline = Instant::now() + PATIENCE;
-        loop {
-            let pane = self.pane();
-            if pane.contains(text) || Instant::now() > deadline {
-                return pane;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-/// Whether one of `pane`'s lines is exactly `line`.
-fn has_line(pane: &str, line: &str) -> bool {
-    pane.lines().any(|l| l.trim_end() == line)
-}
-
-impl Drop for Tmux {
-    fn drop(&mut self) {
-        let _ = Command::new("tmux").args(["-L", &self.socket, "kill-server"]).output();
-    }
 }
 
 /// `sandhold shell` in a tmux pane: the shell in the sandbox sees the

@@ -27,6 +27,7 @@ pub mod sandbox;
 pub mod server;
 pub mod services;
 pub mod tls;
+pub mod tmux;
 pub mod wait;
 
 /// A short random tag (10 hex digits) that keeps the tenants, run ids and
