@@ -11,6 +11,12 @@ pub struct Tmux {
     socket: String,
 }
 
+impl Default for Tmux {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl Tmux {
     pub fn new() -> Self {
         crate::services::program("tmux").expect("tmux");
