@@ -121,7 +121,7 @@ impl RunService for RunApi {
             policy: req
                 .policy
                 .as_ref()
-                .map(|p| runs::policy_from_api(p, "policy"))
+                .map(|p| crate::sandbox::policy_from_api(p, "policy"))
                 .transpose()
                 .map_err(runs::Error::from)?,
             client_tools: req.client_tools,

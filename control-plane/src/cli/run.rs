@@ -359,7 +359,7 @@ fn prepare(args: &RunArgs) -> anyhow::Result<Prepared> {
         detach_on_disconnect: None,
         cwd: String::new(),
         new_session: args.new_session,
-        policy: run_policy(args)?.map(|p| crate::runs::policy_to_api(&p)),
+        policy: run_policy(args)?.map(|p| crate::sandbox::policy_to_api(&p)),
         client_tools: Vec::new(),
     };
     Ok(Prepared { definition, request })

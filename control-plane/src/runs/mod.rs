@@ -42,7 +42,5 @@ pub use attach::{RunEvents, Takeover};
 pub use error::Error;
 pub use records::lease_name;
 pub use replica::Runs;
-pub(crate) use requests::policy_from_api;
-pub use requests::policy_to_api;
 pub use spec::{RunOptions, RunSpec};
 pub use start::StartRun;

@@ -65,7 +65,7 @@ pub fn validate(d: &SandboxDefinition) -> Result<(), Violations> {
         bad("definition.max_journal_bytes", "must be positive (unset: the operator's default, 1 GiB)");
     }
     if let Some(p) = &d.policy
-        && let Err(e) = crate::runs::policy_from_api(p, "definition.policy")
+        && let Err(e) = super::policy_from_api(p, "definition.policy")
     {
         bad(&e.field, &e.reason);
     }

@@ -19,6 +19,7 @@ pub mod key;
 pub mod lifecycle;
 pub mod policy;
 pub mod quota;
+mod run_policy;
 
 mod checkpoint;
 mod error;
@@ -40,6 +41,7 @@ pub use policy::OperatorPolicy;
 pub use ports::PortEvents;
 pub use process::{ExecEvents, TerminalEvents};
 pub use quota::SandboxQuota;
+pub use run_policy::{policy_from_api, policy_to_api};
 pub use sandboxes::{EnsureStream, Sandboxes};
 
 /// How often idle sandboxes are looked for.
