@@ -1,8 +1,8 @@
-"""A grpc-core client (grpcio) reaches the sandbox agent over its Unix socket
-without overriding `:authority`. grpc-core sends the socket path there
-(`/tmp/.../agent.sock` or its %-encoding), which stock h2 refuses as a
-malformed authority; Sandhold's h2 (third_party/h2) serves such a request as
-having no authority. SANDHOLD_AGENT_BIN names the agent binary (run.sh sets it)."""
+"""A grpc-core client (grpcio) reaches a Sandhold gRPC server on a Unix socket
+the documented way: with `grpc.default_authority=localhost`. grpc-core sends
+the %-encoded socket path as `:authority` otherwise, which h2 (as published)
+refuses as malformed. The README's API guide says so; this tests that form.
+SANDHOLD_AGENT_BIN names the agent binary (run.sh sets it)."""
 
 import os
 import subprocess
@@ -59,18 +59,28 @@ def get_info(target, options=()):
         return call(b"", metadata=[("authorization", f"Bearer {TOKEN}")], timeout=10)
 
 
-def test_the_socket_path_as_authority_is_served(agent_socket):
+LOCALHOST = [("grpc.default_authority", "localhost")]
+
+
+def test_the_documented_authority_is_served(agent_socket):
     sock, root = agent_socket
-    # No grpc.default_authority: grpc-core puts the socket path in :authority.
-    reply = get_info(f"unix:{sock}")
+    reply = get_info(f"unix:{sock}", LOCALHOST)
     assert root.encode() in reply, reply
     # The unix:// form (absolute path after the scheme) as well.
-    assert root.encode() in get_info(f"unix://{sock}")
+    assert root.encode() in get_info(f"unix://{sock}", LOCALHOST)
+
+
+def test_without_the_option_the_socket_path_is_refused(agent_socket):
+    # Why the README names the option: grpc-core puts the socket path in
+    # :authority, and h2 refuses a request whose authority does not parse.
+    sock, _ = agent_socket
+    with pytest.raises(grpc.RpcError):
+        get_info(f"unix:{sock}")
 
 
 def test_a_token_is_still_required(agent_socket):
     sock, _ = agent_socket
-    with grpc.insecure_channel(f"unix:{sock}") as channel:
+    with grpc.insecure_channel(f"unix:{sock}", options=LOCALHOST) as channel:
         call = channel.unary_unary("/sandhold.agent.v1.InfoService/GetInfo",
                                    request_serializer=lambda b: b, response_deserializer=lambda b: b)
         with pytest.raises(grpc.RpcError) as err:

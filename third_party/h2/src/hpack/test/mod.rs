@@ -1,2 +1,0 @@
-mod fixture;
-mod fuzz;
