@@ -40,15 +40,22 @@ pub fn load(path: &Path) -> anyhow::Result<api::SandboxDefinition> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("reading the definition file {}", path.display()))?;
     let ext = path.extension().and_then(|e| e.to_str()).unwrap_or_default();
+    from_text(&text, ext).with_context(|| format!("the definition file {}", path.display()))
+}
+
+/// A definition file's text, by its extension (`toml`, `json`, or anything
+/// else: JSON, then TOML). Total: any text is a definition or an error
+/// (`fuzz/fuzz_targets/definition.rs` holds it to that).
+pub fn from_text(text: &str, ext: &str) -> anyhow::Result<api::SandboxDefinition> {
     let value = match ext {
-        "toml" => from_toml(&text)?,
-        "json" => serde_json::from_str(&text)?,
-        _ => match serde_json::from_str(&text) {
+        "toml" => from_toml(text)?,
+        "json" => serde_json::from_str(text)?,
+        _ => match serde_json::from_str(text) {
             Ok(v) => v,
-            Err(_) => from_toml(&text).context("neither JSON nor TOML")?,
+            Err(_) => from_toml(text).context("neither JSON nor TOML")?,
         },
     };
-    parse(value).with_context(|| format!("the definition file {}", path.display()))
+    parse(value)
 }
 
 fn from_toml(text: &str) -> anyhow::Result<serde_json::Value> {

@@ -3,7 +3,7 @@
 //! an embedded server started in the same process on the user's data dir.
 
 mod client;
-mod definition_file;
+pub mod definition_file;
 mod git;
 mod harness;
 mod logging;
