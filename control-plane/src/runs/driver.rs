@@ -7,7 +7,6 @@ use std::time::{Duration, Instant};
 
 use backon::ExponentialBuilder;
 use futures::{FutureExt, StreamExt};
-use prost::Message;
 use shared::chunk::{self, ChunkFactory, FILE_CHANGED, SANDBOX_FILE};
 use shared::error::{Error as WireError, ErrorCode};
 use shared::proto::agent::v1 as agent;
@@ -18,6 +17,7 @@ use tracing::{debug, info, warn};
 use super::align::Aligner;
 use super::coalesce::Coalesced;
 use super::egress::{ModelHealth, RunEgress};
+use super::log::{decode_chunk, encode_chunk};
 use super::retry::{GaveUp, Interrupts, retry};
 use super::session;
 use super::{Error, RunSpec, Runs, StopReason};
@@ -956,16 +956,6 @@ fn ending_name(e: &Ending) -> &'static str {
 
 fn is_transient(e: &store::Error) -> bool {
     matches!(e, store::Error::Unavailable(_) | store::Error::Database(_))
-}
-
-/// How a chunk is stored: its protobuf encoding, kind = its type name.
-pub(crate) fn encode_chunk(c: &Chunk) -> NewChunk {
-    NewChunk::new(chunk::type_name(c.r#type()), c.encode_to_vec())
-}
-
-pub(crate) fn decode_chunk(stored: &store::StoredChunk) -> Result<Chunk, Error> {
-    Chunk::decode(stored.payload.as_slice())
-        .map_err(|e| Error::Corrupt(format!("stored chunk at offset {} does not decode: {e}", stored.offset)))
 }
 
 async fn probe(agent: &AgentClient, ctx: &DriveCtx) -> Option<agent::RunState> {

@@ -25,6 +25,7 @@ pub mod quiet;
 mod attach;
 mod egress;
 mod error;
+mod log;
 mod records;
 mod replica;
 mod requests;
