@@ -10,7 +10,7 @@ use futures::{FutureExt, StreamExt};
 use shared::chunk::{self, ChunkFactory, FILE_CHANGED, SANDBOX_FILE};
 use shared::error::{Error as WireError, ErrorCode};
 use shared::proto::agent::v1 as agent;
-use shared::proto::v1::{Chunk, ChunkType};
+use shared::proto::v1::{Chunk, ChunkType, SandboxDefinition};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
@@ -87,6 +87,10 @@ pub(crate) struct DriveCtx {
     /// The harness session the translation last reported (replays
     /// included, so a successor knows it too); recorded with the run's end.
     pub(super) session: std::sync::Mutex<Option<String>>,
+    /// The run's definition, decoded once per drive (by its launch) and
+    /// read by its egress and its checkpoint. Unset when it was deleted
+    /// since the run started.
+    pub(super) definition: std::sync::OnceLock<SandboxDefinition>,
 }
 
 /// How a drive ended.
@@ -180,6 +184,17 @@ impl Runs {
                 if record.cancel_requested {
                     return Ending::Stopped(StopReason::Cancel);
                 }
+                match self.inner.sandbox.definition(&ctx.key.tenant, &ctx.spec.definition_id).await {
+                    Ok(definition) => {
+                        let _ = ctx.definition.set(definition);
+                    }
+                    // Deleted since: the run goes on without egress.
+                    Err(e) if e.is_not_found() => {}
+                    Err(e @ crate::sandbox::Error::CorruptDefinition(_)) => {
+                        return Ending::Failed(Error::Egress(e.to_string()));
+                    }
+                    Err(e) => return Ending::Failed(e.into()),
+                }
                 let Some(key) = record.sandbox_key else {
                     return Ending::Failed(Error::SandboxNeverReady);
                 };
@@ -205,17 +220,13 @@ impl Runs {
         start: FreshStart,
     ) -> Result<(String, AgentClient, Arc<Secrets>), Ending> {
         let cx = &self.inner.ctx;
+        let sandbox = &self.inner.sandbox;
         let FreshStart { input, mut command, progress, mut notes, unless_resumed } = start;
         let workspace = input.definition.workspace.clone().unwrap_or_default();
-        let journal_cap = cx.lifecycle.policy.journal_cap(&input.definition);
+        let journal_cap = sandbox.journal_cap(&input.definition);
         let definition = input.definition.clone();
-        let ensured = self
-            .inner
-            .ctx
-            .lifecycle
-            .ensure(&cx.stores, &cx.leases, input, &progress)
-            .await
-            .map_err(|e| Ending::Failed(e.into()))?;
+        let _ = ctx.definition.set(definition.clone());
+        let ensured = sandbox.ensure(input, &progress).await.map_err(|e| Ending::Failed(e.into()))?;
         drop(progress); // ends the progress part of StartRun's stream
         let restored = !ensured.restored_checkpoint_id.is_empty();
         let unresumed =
@@ -223,28 +234,12 @@ impl Runs {
         let key = ensured.sandbox_id;
         let update = RunUpdate { sandbox_key: Some(Some(key.clone())), ..Default::default() };
         cx.stores.runs.update(&ctx.key, update).await.map_err(|e| Ending::Failed(e.into()))?;
-        let live = self
-            .inner
-            .ctx
-            .lifecycle
-            .agent(&cx.stores, &ctx.key.tenant, &key)
-            .await
-            .map_err(|e| Ending::Failed(e.into()))?;
+        let live = sandbox.agent(&ctx.key.tenant, &key).await.map_err(|e| Ending::Failed(e.into()))?;
         if ctx.interrupts.drive.stop.is_cancelled() {
             // Stopped while the sandbox was being made: nothing to start.
             return Ok((key, live.agent, live.secrets));
         }
-        let toolchains = cx.lifecycle.toolchains.as_ref();
-        let program = command.cli_program();
-        let (path, missing) = super::toolchain::run_path(
-            toolchains,
-            ctx.harness,
-            program,
-            &command.env,
-            live.provider,
-            &live.agent,
-        )
-        .await;
+        let (path, missing) = sandbox.run_path(&live, ctx.harness, command.cli_program(), &command.env).await;
         if let Some(u) = unresumed {
             // A checkpoint restored into the new sandbox may carry the
             // session: put it back where the CLI looks for it.
@@ -290,7 +285,7 @@ impl Runs {
             self.append(ctx, &chunks).await?;
         }
         // The model broker's URL and placeholder key, and the proxy.
-        let private_ok = cx.lifecycle.policy.egress_private_addresses();
+        let private_ok = sandbox.egress_private_addresses();
         if let Some(egress) = RunEgress::of(&definition, ctx.harness, private_ok).map_err(Ending::Failed)? {
             super::egress::point(&egress, &definition, ctx.harness, &live.agent, &mut command)
                 .await
@@ -321,7 +316,7 @@ impl Runs {
 
     /// A connected agent for the sandbox, retried within the budget.
     async fn reconnect(&self, ctx: &DriveCtx, key: &str) -> Result<(AgentClient, Arc<Secrets>), Ending> {
-        let cx = &self.inner.ctx;
+        let sandbox = &self.inner.sandbox;
         let deadline = Instant::now() + self.inner.options.reconnect_budget;
         let backoff = ExponentialBuilder::default()
             .with_min_delay(Duration::from_millis(100))
@@ -330,7 +325,7 @@ impl Runs {
         let live = retry(
             ctx.interrupts.clone(),
             backoff,
-            || cx.lifecycle.agent(&cx.stores, &ctx.key.tenant, key),
+            || sandbox.agent(&ctx.key.tenant, key),
             |e: &crate::sandbox::Error| !e.is_not_found() && Instant::now() < deadline,
             |e, _| debug!(run_id = %ctx.key.run, error = %e, "sandbox agent unreachable; retrying"),
         )
@@ -371,7 +366,7 @@ impl Runs {
         let watcher = tokio::spawn(watch_files(agent.clone(), ctx.spec.cwd.clone(), file_tx));
         // The sandbox's egress rides carriers this driver keeps open; a
         // successor opens its own.
-        let egress = match self.run_egress(ctx).await {
+        let egress = match self.run_egress(ctx) {
             Ok(egress) => egress,
             Err(e) => return Ending::Failed(e),
         };
@@ -656,19 +651,12 @@ impl Runs {
         if pump.aligner.caught_up() { self.append(ctx, &batch).await } else { Ok(()) }
     }
 
-    /// The run's egress, from its definition as stored (a successor reads
-    /// it too); `None` when the definition has none.
-    async fn run_egress(&self, ctx: &DriveCtx) -> Result<Option<RunEgress>, Error> {
-        let cx = &self.inner.ctx;
-        let stored = match cx.stores.definitions.get(&ctx.key.tenant, &ctx.spec.definition_id).await {
-            Ok(stored) => stored,
-            // Deleted since: the run goes on without egress.
-            Err(store::Error::NotFound(_)) => return Ok(None),
-            Err(e) => return Err(e.into()),
-        };
-        let definition = crate::sandbox::definition::from_stored(&stored.body)
-            .map_err(|e| Error::Egress(e.to_string()))?;
-        RunEgress::of(&definition, ctx.harness, cx.lifecycle.policy.egress_private_addresses())
+    /// The run's egress, from its definition as the launch read it (a
+    /// successor reads it too); `None` when the definition has none or was
+    /// deleted since.
+    fn run_egress(&self, ctx: &DriveCtx) -> Result<Option<RunEgress>, Error> {
+        let Some(definition) = ctx.definition.get() else { return Ok(None) };
+        RunEgress::of(definition, ctx.harness, self.inner.sandbox.egress_private_addresses())
     }
 
     /// The sentinel was read: the rest of the translation, the workspace's
@@ -751,9 +739,8 @@ impl Runs {
     /// Stop the run's command. The CLI dies with its sandbox: destroying it
     /// is the one stop every provider can do, also for a wedged agent.
     async fn stop_command(&self, ctx: &DriveCtx, key: Option<&str>) {
-        let cx = &self.inner.ctx;
         if let Some(key) = key
-            && let Err(e) = cx.lifecycle.destroy(&cx.stores, &cx.leases, &ctx.key.tenant, key).await
+            && let Err(e) = self.inner.sandbox.destroy(&ctx.key.tenant, key).await
             && !e.is_not_found()
         {
             warn!(run_id = %ctx.key.run, sandbox_key = %key, error = %e, "could not destroy the sandbox of a stopped run");
@@ -868,11 +855,9 @@ impl Runs {
         if let Err(e) = self.checkpoint(ctx, key).await {
             warn!(run_id = %ctx.key.run, error = %e, "could not save the checkpoint after the run");
         }
-        if self.inner.ctx.lifecycle.destroy_on_complete(key) == Some(true) {
-            let cx = &self.inner.ctx;
-            if let Err(e) =
-                self.inner.ctx.lifecycle.destroy(&cx.stores, &cx.leases, &ctx.key.tenant, key).await
-            {
+        let sandbox = &self.inner.sandbox;
+        if sandbox.destroy_on_complete(key) == Some(true) {
+            if let Err(e) = sandbox.destroy(&ctx.key.tenant, key).await {
                 warn!(run_id = %ctx.key.run, sandbox_key = %key, error = %e, "destroy_on_complete failed");
             }
         }
@@ -880,20 +865,20 @@ impl Runs {
 
     async fn checkpoint(&self, ctx: &DriveCtx, key: &str) -> Result<(), crate::sandbox::Error> {
         let cx = &self.inner.ctx;
-        let stored = cx.stores.definitions.get(&ctx.key.tenant, &ctx.spec.definition_id).await?;
-        let definition = crate::sandbox::definition::from_stored(&stored.body)?;
-        let live = self.inner.ctx.lifecycle.agent(&cx.stores, &ctx.key.tenant, key).await?;
+        let sandbox = &self.inner.sandbox;
+        // A drive that found its log complete never launched: read it now.
+        let definition = match ctx.definition.get() {
+            Some(definition) => definition,
+            None => &sandbox.definition(&ctx.key.tenant, &ctx.spec.definition_id).await?,
+        };
+        let live = sandbox.agent(&ctx.key.tenant, key).await?;
         let session = ctx.session.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        if let Some(session) = session.filter(|_| crate::snapshot::enabled(&definition)) {
+        if let Some(session) = session.filter(|_| crate::snapshot::enabled(definition)) {
             // Into the workspace, for the checkpoint to carry it along, with
             // the PATH the run had (OpenCode's export runs the CLI).
-            let toolchains = cx.lifecycle.toolchains.as_ref();
             let (program, run_env) = (&ctx.spec.program, &ctx.spec.session_env);
             let path = if ctx.harness.carry_runs_the_cli() {
-                let agent = &live.agent;
-                super::toolchain::run_path(toolchains, ctx.harness, program, run_env, live.provider, agent)
-                    .await
-                    .0
+                sandbox.run_path(&live, ctx.harness, program, run_env).await.0
             } else {
                 None
             };
@@ -913,9 +898,9 @@ impl Runs {
             &ctx.key.tenant,
             &ctx.thread_id,
             ctx.key.run.as_str(),
-            &definition,
+            definition,
             &live.secrets,
-            cx.lifecycle.snapshot_limits(),
+            sandbox.snapshot_limits(),
         )
         .await?;
         if let Some(checkpoint) = saved {
@@ -926,7 +911,7 @@ impl Runs {
 
     /// The journal of a terminal run is no longer needed.
     async fn drop_journal(&self, ctx: &DriveCtx, key: &str) {
-        let Some(live) = self.inner.ctx.lifecycle.live(key) else { return };
+        let Some(live) = self.inner.sandbox.live(key) else { return };
         let request = agent::DeleteJournalsRequest { run_ids: vec![ctx.key.run.to_string()] };
         if let Err(status) = live.agent.journal().delete_journals(request).await {
             debug!(run_id = %ctx.key.run, error = %status.message(), "could not delete the journal");

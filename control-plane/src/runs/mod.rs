@@ -33,7 +33,6 @@ mod retry;
 mod session;
 mod spec;
 mod start;
-mod toolchain;
 
 use records::run_id_field;
 pub(crate) use replica::Drive;

@@ -11,6 +11,7 @@ use tracing::{debug, warn};
 
 use super::RunOptions;
 use crate::context::Context;
+use crate::sandbox::RunSandbox;
 use crate::store::{self, RunKey, RunRecord, RunUpdate, Timestamp};
 
 /// Why a driver was asked to stop a run it drives.
@@ -83,6 +84,8 @@ pub struct Runs {
 pub(super) struct Inner {
     /// Its shutdown token: drives detach, streams end.
     pub(super) ctx: Context,
+    /// What runs use of the sandbox layer.
+    pub(super) sandbox: RunSandbox,
     pub(super) options: RunOptions,
     registry: Mutex<Registry>,
     /// Every drive task, so shutdown can wait for them to detach.
@@ -93,6 +96,7 @@ impl Runs {
     pub fn new(ctx: Context, options: RunOptions) -> Self {
         Self {
             inner: Arc::new(Inner {
+                sandbox: ctx.run_sandbox(),
                 ctx,
                 options,
                 registry: Mutex::default(),

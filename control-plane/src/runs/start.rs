@@ -229,6 +229,7 @@ impl Runs {
             lease,
             spec,
             session: Default::default(),
+            definition: Default::default(),
         };
         info!(run_id = %run, harness = harness.name(), durable = ctx.spec.durable, "run accepted");
         crate::metrics::runs().started();
