@@ -10,9 +10,8 @@ use shared::proto::v1 as api;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::driver::DriveCtx;
+use super::drive::{DriveCtx, Interrupts};
 use super::log::decode_chunk;
-use super::retry::Interrupts;
 use super::{Error, RunSpec, Runs};
 use crate::harness::Harness;
 use crate::provision::InvalidField;

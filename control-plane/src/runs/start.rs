@@ -11,9 +11,8 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
-use super::driver::{DriveCtx, FreshStart, Unresumed};
+use super::drive::{DriveCtx, FreshStart, Interrupts, Unresumed};
 use super::log::encode_chunk;
-use super::retry::Interrupts;
 use super::{Error, RunEvents, RunSpec, Runs};
 use crate::harness::{Harness, HarnessOptions};
 use crate::provision::{InvalidField, Progress};
