@@ -68,9 +68,9 @@ impl Runs {
         if !record.status.is_terminal() {
             info!(run_id = %run.run, "cancel requested");
             if !self.stop_local(&run, StopReason::Cancel) {
-                // Driven elsewhere: tell that driver now (it would also see
-                // the record within its poll). Driven nowhere: drive it
-                // here to stop it.
+                // Driven elsewhere: tell that driver now, on the cancel bus.
+                // Driven nowhere: drive it here to stop it (a drive reads
+                // the record when it starts).
                 cx.cancels.publish(&run.encode()).await;
                 if let Err(e) = self.try_take_over(&run).await {
                     debug!(run_id = %run.run, error = %e, "could not take the cancelled run over");

@@ -159,6 +159,28 @@ impl Runs {
         }
     }
 
+    /// This replica's cancel subscription (re)started: a cancel announced
+    /// while it was down reached no one here, so the records of the runs
+    /// it drives are read once for a recorded cancel.
+    pub fn recheck_cancels(&self) {
+        let driven: Vec<RunKey> = self.registry().drives.keys().cloned().collect();
+        if driven.is_empty() {
+            return;
+        }
+        let runs = self.clone();
+        self.inner.drives.spawn(async move {
+            for run in driven {
+                match runs.inner.ctx.stores.runs.get(&run).await {
+                    Ok(record) if record.cancel_requested && runs.stop_local(&run, StopReason::Cancel) => {
+                        tracing::info!(run_id = %run.run, tenant = %run.tenant, "cancel found on the record after the subscription restarted");
+                    }
+                    Ok(_) => {}
+                    Err(e) => debug!(run_id = %run.run, error = %e, "could not read the record for a cancel"),
+                }
+            }
+        });
+    }
+
     /// Stop a drive of this replica as a cancel would (the reaper's time
     /// budget for it ran out): the sandbox is destroyed and the record
     /// `aborted`. False when this replica drives no such run.

@@ -111,6 +111,13 @@ impl Runs {
     ) -> Result<(String, AgentClient, Arc<Secrets>), Ending> {
         let cx = &self.inner.ctx;
         let sandbox = &self.inner.sandbox;
+        // A cancel recorded before this drive was registered found no
+        // driver to stop: the record is read once, now that one listens.
+        match cx.stores.runs.get(&ctx.key).await {
+            Ok(record) if record.cancel_requested => return Err(Ending::Stopped(StopReason::Cancel)),
+            Ok(_) => {}
+            Err(e) => debug!(run_id = %ctx.key.run, error = %e, "could not read the record for a cancel"),
+        }
         let FreshStart { input, mut command, progress, mut notes, unless_resumed } = start;
         let workspace = input.definition.workspace.clone().unwrap_or_default();
         let journal_cap = sandbox.journal_cap(&input.definition);

@@ -28,6 +28,10 @@ use crate::runs::replica::StopReason;
 
 /// The longest pause between follows that fail or break.
 const FOLLOW_PAUSE_MAX: Duration = Duration::from_secs(5);
+/// How often a silent journal's liveness and the model upstream's health
+/// are judged. Never a read of the run's record: cancels arrive on the
+/// cancel bus, and a successor's claim ends this drive through its lease.
+const HEALTH_EVERY: Duration = Duration::from_secs(1);
 
 impl Runs {
     /// Follow the journal from byte 0 to its sentinel, appending what the
@@ -40,7 +44,6 @@ impl Runs {
         secrets: &Secrets,
         aligner: Aligner,
     ) -> Ending {
-        let cx = &self.inner.ctx;
         let redactor = match crate::provision::redactor(secrets) {
             Ok(r) => r,
             Err(e) => return Ending::Failed(e.into()),
@@ -123,8 +126,8 @@ impl Runs {
                     continue;
                 }
             };
-            let mut cancel_poll = tokio::time::interval(self.inner.options.cancel_poll);
-            cancel_poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut health_check = tokio::time::interval(HEALTH_EVERY);
+            health_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let mut last_activity = Instant::now();
             let mut unknown_probes = 0u32;
             loop {
@@ -138,15 +141,7 @@ impl Runs {
                         let reason = ctx.interrupts.drive.reason().unwrap_or(StopReason::Cancel);
                         break 'follow Ending::Stopped(reason);
                     }
-                    _ = cancel_poll.tick() => {
-                        match cx.stores.runs.get(&ctx.key).await {
-                            Ok(r) if r.cancel_requested => break 'follow Ending::Stopped(StopReason::Cancel),
-                            Ok(r) if r.driver_epoch != ctx.writer.epoch() => {
-                                break 'follow Ending::Superseded(format!("run claimed at epoch {}", r.driver_epoch));
-                            }
-                            Ok(_) => {}
-                            Err(e) => debug!(run_id = %ctx.key.run, error = %e, "cancel check failed"),
-                        }
+                    _ = health_check.tick() => {
                         if let Some(e) = egress
                             .as_ref()
                             .and_then(|e| health.expired(e.unreachable_after, e.upstream.as_ref()))
