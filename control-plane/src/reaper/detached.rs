@@ -189,7 +189,7 @@ impl Reaper {
     /// stops it (destroying the sandbox), and make sure the sandbox is gone.
     async fn expire(&self, cx: &Context, record: &RunRecord, key: &str) -> RunReport {
         let run = &record.run_id;
-        if let Err(e) = cx.stores.runs.request_cancel(&record.key()).await {
+        if let Err(e) = self.inner.runs.record_cancel(&record.key()).await {
             return RunReport::new(run, SweepOutcome::Failed, format!("recording the cancel: {e}"));
         }
         info!(run_id = %run, tenant = %record.tenant, "detached run past its TTL: cancelling");

@@ -341,23 +341,8 @@ async fn a_recorded_cancel_whose_message_was_missed_still_stops_the_run() {
     let run_id = format!("silentcancel-{}", cluster.nonce);
     let marker = format!("sc{}", cluster.nonce);
     let mut driver = cluster.replicas[0].runs(&cluster.token).await;
-    let mut stream = driver
-        .start_run(command_run(&run_id, "thread", "def", &sleeper(&marker)))
-        .await
-        .unwrap()
-        .into_inner();
-    let mut seen = Seen::default();
-    read_until(&mut stream, &mut seen, |s| s.has_text("started")).await.unwrap();
-    assert!(process_with_marker(&marker));
-
-    // Record the cancel the way CancelRun does, but publish nothing.
-    let pool = sqlx::PgPool::connect(&cluster.database_url).await.unwrap();
-    let updated = sqlx::query("UPDATE runs SET cancel_requested = TRUE WHERE run_id = $1")
-        .bind(&run_id)
-        .execute(&pool)
-        .await
-        .unwrap();
-    assert_eq!(updated.rows_affected(), 1);
+    let (mut stream, mut seen) = start_sleeper(&mut driver, &run_id, &marker).await;
+    record_cancel_silently(&cluster.database_url, &run_id).await;
     // No driver polls the record: three times the old poll's interval later
     // the CLI still runs.
     let gone_unannounced = process_gone_within(&marker, Duration::from_secs(3)).await;
@@ -382,26 +367,11 @@ async fn a_cancel_recorded_while_no_driver_listened_is_honoured_when_one_starts(
     let run_id = format!("orphancancel-{}", cluster.nonce);
     let marker = format!("oc{}", cluster.nonce);
     let mut driver = cluster.replicas[0].runs(&cluster.token).await;
-    let mut stream = driver
-        .start_run(command_run(&run_id, "thread", "def", &sleeper(&marker)))
-        .await
-        .unwrap()
-        .into_inner();
-    let mut seen = Seen::default();
-    read_until(&mut stream, &mut seen, |s| s.has_text("started")).await.unwrap();
-    assert!(process_with_marker(&marker));
-    drop(stream);
+    drop(start_sleeper(&mut driver, &run_id, &marker).await);
     cluster.replicas[0].kill9().await;
     // The journal's supervisor outlives the replica.
     assert!(process_with_marker(&marker));
-
-    let pool = sqlx::PgPool::connect(&cluster.database_url).await.unwrap();
-    let updated = sqlx::query("UPDATE runs SET cancel_requested = TRUE WHERE run_id = $1")
-        .bind(&run_id)
-        .execute(&pool)
-        .await
-        .unwrap();
-    assert_eq!(updated.rows_affected(), 1);
+    record_cancel_silently(&cluster.database_url, &run_id).await;
     let mut other = cluster.replicas[1].runs(&cluster.token).await;
     let mut attached = attach_after(&mut other, &run_id, &Seen::default()).await.unwrap();
     let mut after = Seen::default();
@@ -410,6 +380,31 @@ async fn a_cancel_recorded_while_no_driver_listened_is_honoured_when_one_starts(
     assert!(process_gone_within(&marker, Duration::from_secs(10)).await, "the CLI survived the cancel");
     let record = wait_terminal(&mut other, &run_id).await;
     assert_eq!(record.status, api::RunStatus::Aborted as i32);
+}
+
+/// Start a run of [`sleeper`] and read it until its command started.
+async fn start_sleeper(
+    runs: &mut Runs,
+    run_id: &str,
+    marker: &str,
+) -> (tonic::Streaming<api::RunEvent>, Seen) {
+    let request = command_run(run_id, "thread", "def", &sleeper(marker));
+    let mut stream = runs.start_run(request).await.unwrap().into_inner();
+    let mut seen = Seen::default();
+    read_until(&mut stream, &mut seen, |s| s.has_text("started")).await.unwrap();
+    assert!(process_with_marker(marker));
+    (stream, seen)
+}
+
+/// Record a cancel the way `CancelRun` does, but announce nothing.
+async fn record_cancel_silently(database_url: &str, run_id: &str) {
+    let pool = sqlx::PgPool::connect(database_url).await.unwrap();
+    let updated = sqlx::query("UPDATE runs SET cancel_requested = TRUE WHERE run_id = $1")
+        .bind(run_id)
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert_eq!(updated.rows_affected(), 1);
 }
 
 /// Kill the Redis pub/sub connections process `pid` holds (its cancel
