@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::lease::{CancelBus, Leases};
-use crate::sandbox::{Lifecycle, Sandboxes};
+use crate::sandbox::{Lifecycle, RunSandbox, Sandboxes};
 use crate::store::{Presence, Stores};
 
 /// Cheap to clone: every field is a handle.
@@ -46,5 +46,10 @@ impl Context {
             self.tasks.clone(),
             self.shutdown.clone(),
         )
+    }
+
+    /// The sandbox layer as runs and the reaper use it.
+    pub fn run_sandbox(&self) -> RunSandbox {
+        RunSandbox::new(self.stores.clone(), self.leases.clone(), self.lifecycle.clone())
     }
 }

@@ -1,8 +1,10 @@
 //! Cancels between replicas. `CancelRun` lands on any replica; the run's
 //! driver may be another one. The record's `cancel_requested` is the
-//! authority (a driver re-reads it every second); this bus only makes the
-//! driver hear of it at once: Redis pub/sub when replicas share a Redis, a
-//! no-op on a single node, where the driver is in this process.
+//! authority; this bus is how a driver hears of it: Redis pub/sub when
+//! replicas share a Redis, a no-op on a single node, where the driver is in
+//! this process. Drivers never poll the record: a drive reads it once when
+//! it starts, and a replica whose subscription (re)starts reads the records
+//! of the runs it drives (a message published while it was down is lost).
 
 use std::time::Duration;
 
@@ -32,8 +34,8 @@ impl CancelBus {
         }
     }
 
-    /// Announce a cancel of `run` to every replica. Best effort: a missed
-    /// message is caught by the driver's poll of the record.
+    /// Announce a cancel of `run` to every replica. Best effort: a replica
+    /// that was not subscribed reads the record when it subscribes again.
     pub async fn publish(&self, run: &str) {
         let CancelBus::Redis { client, channel } = self else { return };
         let result: Result<i64, redis::RedisError> = async {
@@ -44,15 +46,22 @@ impl CancelBus {
         match result {
             Ok(receivers) => debug!(run_id = %run, receivers, "cancel published"),
             Err(e) => {
-                warn!(run_id = %run, error = %e, "could not publish the cancel; drivers poll the record")
+                warn!(run_id = %run, error = %e, "could not publish the cancel")
             }
         }
     }
 
     /// Hand every announced run id to `on_cancel` until `shutdown`,
-    /// resubscribing (with backoff) when the subscription breaks. Returns at
-    /// once on a single node.
-    pub async fn listen(&self, shutdown: CancellationToken, on_cancel: impl Fn(&str)) {
+    /// resubscribing (with backoff) when the subscription breaks, and call
+    /// `on_subscribed` each time the subscription starts (what was announced
+    /// before it is to be read from the records). Returns at once on a
+    /// single node.
+    pub async fn listen(
+        &self,
+        shutdown: CancellationToken,
+        on_cancel: impl Fn(&str),
+        on_subscribed: impl Fn(),
+    ) {
         let CancelBus::Redis { client, channel } = self else { return };
         let backoff = ExponentialBuilder::default()
             .with_min_delay(Duration::from_millis(100))
@@ -73,6 +82,7 @@ impl CancelBus {
                 Ok(mut pubsub) => {
                     info!(channel = %channel, "listening for cancels");
                     delays = backoff.build();
+                    on_subscribed();
                     let mut messages = pubsub.on_message();
                     loop {
                         let message = tokio::select! {

@@ -141,7 +141,7 @@ impl Reaper {
         let Some(key) = record.sandbox_key.clone() else {
             return RunReport::new(&run, SweepOutcome::Unknown, "the run has no sandbox recorded");
         };
-        let state = match self.probe(cx, &record, &key).await {
+        let state = match self.probe(&record, &key).await {
             Ok(state) => state,
             Err(e) => return RunReport::new(&run, SweepOutcome::Unknown, told(e)),
         };
@@ -165,9 +165,9 @@ impl Reaper {
     }
 
     /// Whether the run's journal finished, asked of its sandbox.
-    async fn probe(&self, cx: &Context, record: &RunRecord, key: &str) -> Result<agent::RunState, Error> {
+    async fn probe(&self, record: &RunRecord, key: &str) -> Result<agent::RunState, Error> {
         let ask = async {
-            let live = self.inner.cx.lifecycle.agent(&cx.stores, &record.tenant, key).await?;
+            let live = self.inner.sandbox.agent(&record.tenant, key).await?;
             let request = agent::ProbeExitRequest {
                 run_id: record.run_id.to_string(),
                 sentinel_key: record.sentinel_key.expose().as_bytes().to_vec(),
@@ -189,7 +189,7 @@ impl Reaper {
     /// stops it (destroying the sandbox), and make sure the sandbox is gone.
     async fn expire(&self, cx: &Context, record: &RunRecord, key: &str) -> RunReport {
         let run = &record.run_id;
-        if let Err(e) = cx.stores.runs.request_cancel(&record.key()).await {
+        if let Err(e) = self.inner.runs.record_cancel(&record.key()).await {
             return RunReport::new(run, SweepOutcome::Failed, format!("recording the cancel: {e}"));
         }
         info!(run_id = %run, tenant = %record.tenant, "detached run past its TTL: cancelling");
@@ -310,7 +310,7 @@ impl Reaper {
                 "sandbox kept: another run lives in it");
             return Ok(());
         }
-        match self.inner.cx.lifecycle.destroy(&cx.stores, &cx.leases, &record.tenant, key).await {
+        match self.inner.sandbox.destroy(&record.tenant, key).await {
             Ok(()) => Ok(()),
             Err(e) if e.is_not_found() => Ok(()),
             Err(e) => Err(Error::Reclaim(e)),

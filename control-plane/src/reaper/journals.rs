@@ -28,7 +28,7 @@ impl Reaper {
     /// Provider ids of the sandboxes that are running now, per provider name.
     async fn running_sandboxes(&self, labels: &BTreeMap<String, String>) -> HashSet<(String, String)> {
         let mut running = HashSet::new();
-        for provider in self.inner.cx.lifecycle.providers.all() {
+        for provider in self.inner.sandbox.providers() {
             match provider.list(labels).await {
                 Ok(listed) => running.extend(
                     listed
@@ -98,7 +98,7 @@ impl Reaper {
         instance: &store::Instance,
         budget: u64,
     ) -> Result<(u64, u64), Error> {
-        let live = self.inner.cx.lifecycle.agent(&cx.stores, &instance.tenant, &instance.sandbox_key).await?;
+        let live = self.inner.sandbox.agent(&instance.tenant, &instance.sandbox_key).await?;
         let journals = live
             .agent
             .journal()

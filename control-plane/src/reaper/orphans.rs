@@ -39,7 +39,7 @@ impl Reaper {
         };
         let grace = self.inner.options.orphan_sandbox_grace.as_millis() as i64;
         let now = Timestamp::now().as_millis();
-        for provider in self.inner.cx.lifecycle.providers.all() {
+        for provider in self.inner.sandbox.providers() {
             let listed = match provider.list(&Self::scope_labels(scope)).await {
                 Ok(l) => l,
                 Err(e) => {

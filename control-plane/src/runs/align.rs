@@ -22,7 +22,7 @@ use shared::chunk::{
 use shared::proto::v1::{Chunk, ChunkType};
 
 use super::Error;
-use super::driver::decode_chunk;
+use super::log::decode_chunk;
 use crate::store::{EventLog, Offset, RunKey};
 
 /// Out-of-band chunks the stored log may skip in a row. Writers keep runs of

@@ -10,8 +10,8 @@ use shared::proto::v1 as api;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::driver::{DriveCtx, decode_chunk};
-use super::retry::Interrupts;
+use super::drive::{DriveCtx, Interrupts};
+use super::log::decode_chunk;
 use super::{Error, RunSpec, Runs};
 use crate::harness::Harness;
 use crate::provision::InvalidField;
@@ -178,6 +178,7 @@ impl Runs {
             interrupts: Interrupts { shutdown: cx.shutdown.clone(), lease_lost: lease.lost(), drive },
             lease,
             session: Default::default(),
+            definition: Default::default(),
         };
         let epoch = record.driver_epoch;
         Ok(Takeover::Driving { drive: self.inner.drives.spawn(self.clone().drive(ctx, None)), epoch })

@@ -9,7 +9,7 @@
 //! a fenced [`LogWriter`](crate::store::LogWriter). Clients never talk to the
 //! driver: they read the log, from any replica.
 //!
-//! A drive ends in exactly one way ([`driver::Ending`]): the run exited and
+//! A drive ends in exactly one way (`drive::Ending`): the run exited and
 //! its terminal chunk and status are written; it was cancelled or (when it
 //! does not detach) its client left, and the sandbox is destroyed and the
 //! record `aborted`; an error failed it; or the driver stopped driving
@@ -19,23 +19,21 @@
 
 pub mod align;
 pub mod coalesce;
-pub mod driver;
 pub mod quiet;
 
 mod attach;
+mod drive;
 mod egress;
 mod error;
+mod log;
 mod records;
 mod replica;
 mod requests;
-mod retry;
 mod session;
 mod spec;
 mod start;
-mod toolchain;
 
 use records::run_id_field;
-pub(crate) use replica::Drive;
 use replica::StopReason;
 
 pub use attach::{RunEvents, Takeover};

@@ -4,7 +4,7 @@ use tracing::{debug, info};
 
 use super::{Error, Runs, StopReason};
 use crate::provision::InvalidField;
-use crate::store::{RunId, RunKey, RunRecord, Tenant};
+use crate::store::{self, RunId, RunKey, RunRecord, Tenant};
 
 /// Unset list limit.
 const DEFAULT_LIST_LIMIT: u32 = 100;
@@ -67,16 +67,35 @@ impl Runs {
         let record = cx.stores.runs.request_cancel(&run).await.map_err(Error::lookup(&run.run))?;
         if !record.status.is_terminal() {
             info!(run_id = %run.run, "cancel requested");
-            if !self.stop_local(&run, StopReason::Cancel) {
-                // Driven elsewhere: tell that driver now (it would also see
-                // the record within its poll). Driven nowhere: drive it
-                // here to stop it.
-                cx.cancels.publish(&run.encode()).await;
+            if !self.announce_cancel(&run).await {
+                // Driven nowhere, perhaps: drive it here to stop it (a drive
+                // reads the record when it starts).
                 if let Err(e) = self.try_take_over(&run).await {
                     debug!(run_id = %run.run, error = %e, "could not take the cancelled run over");
                 }
             }
         }
         Ok(record)
+    }
+
+    /// Record a cancel of `run` (the reaper's, of a run past its TTL) and
+    /// tell its driver, wherever it is.
+    pub async fn record_cancel(&self, run: &RunKey) -> Result<RunRecord, store::Error> {
+        let record = self.inner.ctx.stores.runs.request_cancel(run).await?;
+        if !record.status.is_terminal() {
+            self.announce_cancel(run).await;
+        }
+        Ok(record)
+    }
+
+    /// Make the driver of `run` hear of its recorded cancel: stopped at
+    /// once when this replica drives it, else announced on the cancel bus
+    /// (drivers never poll the record). True when it was driven here.
+    async fn announce_cancel(&self, run: &RunKey) -> bool {
+        if self.stop_local(run, StopReason::Cancel) {
+            return true;
+        }
+        self.inner.ctx.cancels.publish(&run.encode()).await;
+        false
     }
 }

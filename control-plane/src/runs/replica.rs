@@ -11,6 +11,7 @@ use tracing::{debug, warn};
 
 use super::RunOptions;
 use crate::context::Context;
+use crate::sandbox::RunSandbox;
 use crate::store::{self, RunKey, RunRecord, RunUpdate, Timestamp};
 
 /// Why a driver was asked to stop a run it drives.
@@ -83,6 +84,8 @@ pub struct Runs {
 pub(super) struct Inner {
     /// Its shutdown token: drives detach, streams end.
     pub(super) ctx: Context,
+    /// What runs use of the sandbox layer.
+    pub(super) sandbox: RunSandbox,
     pub(super) options: RunOptions,
     registry: Mutex<Registry>,
     /// Every drive task, so shutdown can wait for them to detach.
@@ -93,6 +96,7 @@ impl Runs {
     pub fn new(ctx: Context, options: RunOptions) -> Self {
         Self {
             inner: Arc::new(Inner {
+                sandbox: ctx.run_sandbox(),
                 ctx,
                 options,
                 registry: Mutex::default(),
@@ -153,6 +157,28 @@ impl Runs {
         {
             tracing::info!(run_id = %run.run, tenant = %run.tenant, "cancel announced by another replica");
         }
+    }
+
+    /// This replica's cancel subscription (re)started: a cancel announced
+    /// while it was down reached no one here, so the records of the runs
+    /// it drives are read once for a recorded cancel.
+    pub fn recheck_cancels(&self) {
+        let driven: Vec<RunKey> = self.registry().drives.keys().cloned().collect();
+        if driven.is_empty() {
+            return;
+        }
+        let runs = self.clone();
+        self.inner.drives.spawn(async move {
+            for run in driven {
+                match runs.inner.ctx.stores.runs.get(&run).await {
+                    Ok(record) if record.cancel_requested && runs.stop_local(&run, StopReason::Cancel) => {
+                        tracing::info!(run_id = %run.run, tenant = %run.tenant, "cancel found on the record after the subscription restarted");
+                    }
+                    Ok(_) => {}
+                    Err(e) => debug!(run_id = %run.run, error = %e, "could not read the record for a cancel"),
+                }
+            }
+        });
     }
 
     /// Stop a drive of this replica as a cancel would (the reaper's time

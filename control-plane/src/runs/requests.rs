@@ -159,7 +159,7 @@ impl Runs {
             ) {
                 continue;
             }
-            let chunk = super::driver::decode_chunk(&stored)?;
+            let chunk = super::log::decode_chunk(&stored)?;
             if chunk.request.is_some() {
                 chunks.push((stored.offset.to_string(), chunk));
             }

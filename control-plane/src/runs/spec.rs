@@ -50,9 +50,6 @@ impl RunSpec {
 /// Timings of the driver.
 #[derive(Debug, Clone)]
 pub struct RunOptions {
-    /// How often a driver re-reads the record for a cancel recorded on
-    /// another replica.
-    pub cancel_poll: Duration,
     /// A journal silent this long is probed (`ProbeExit`): a supervisor
     /// gone without its sentinel fails the run.
     pub liveness_probe: Duration,
@@ -74,7 +71,6 @@ pub struct RunOptions {
 impl Default for RunOptions {
     fn default() -> Self {
         Self {
-            cancel_poll: Duration::from_secs(1),
             liveness_probe: Duration::from_secs(5),
             reconnect_budget: Duration::from_secs(60),
             takeover_retry: Duration::from_millis(500),

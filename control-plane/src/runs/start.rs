@@ -11,8 +11,8 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
-use super::driver::{DriveCtx, FreshStart, Unresumed, encode_chunk};
-use super::retry::Interrupts;
+use super::drive::{DriveCtx, FreshStart, Interrupts, Unresumed};
+use super::log::encode_chunk;
 use super::{Error, RunEvents, RunSpec, Runs};
 use crate::harness::{Harness, HarnessOptions};
 use crate::provision::{InvalidField, Progress};
@@ -228,6 +228,7 @@ impl Runs {
             lease,
             spec,
             session: Default::default(),
+            definition: Default::default(),
         };
         info!(run_id = %run, harness = harness.name(), durable = ctx.spec.durable, "run accepted");
         crate::metrics::runs().started();

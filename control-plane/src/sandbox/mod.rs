@@ -27,6 +27,8 @@ mod files;
 mod git;
 mod ports;
 mod process;
+mod run_path;
+mod run_sandbox;
 mod sandboxes;
 
 use std::time::Duration;
@@ -42,6 +44,7 @@ pub use ports::PortEvents;
 pub use process::{ExecEvents, TerminalEvents};
 pub use quota::SandboxQuota;
 pub use run_policy::{policy_from_api, policy_to_api};
+pub use run_sandbox::RunSandbox;
 pub use sandboxes::{EnsureStream, Sandboxes};
 
 /// How often idle sandboxes are looked for.

@@ -177,7 +177,11 @@ impl Readiness {
         self.loops.spawn(reaper.run(shutdown.clone()));
         let listener = runs.clone();
         let (cancels, token) = (cx.cancels.clone(), shutdown.clone());
-        self.loops.spawn(async move { cancels.listen(token, |run| listener.cancel_announced(run)).await });
+        self.loops.spawn(async move {
+            let (announced, resubscribed) =
+                (|run: &str| listener.cancel_announced(run), || listener.recheck_cancels());
+            cancels.listen(token, announced, resubscribed).await
+        });
         self.built.set(Built { cx, runs });
     }
 

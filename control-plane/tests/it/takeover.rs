@@ -331,38 +331,126 @@ async fn cancel_through_another_replica_stops_the_run_at_once() {
     assert_eq!(record.status, api::RunStatus::Aborted as i32);
 }
 
-/// A cancel recorded without its notification (the pub/sub message lost,
-/// or published before the driver subscribed) is found by the driver at
-/// its next check of the record, which comes at least every second.
+/// A cancel recorded without its notification (the pub/sub message lost
+/// while the driver's subscription was down) is not polled for: the run goes
+/// on until the replica's subscription is back, which then reads the records
+/// of the runs it drives and stops this one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_recorded_cancel_whose_message_was_missed_still_stops_the_run() {
     let Some(cluster) = Cluster::start(1).await else { return };
     let run_id = format!("silentcancel-{}", cluster.nonce);
     let marker = format!("sc{}", cluster.nonce);
     let mut driver = cluster.replicas[0].runs(&cluster.token).await;
-    let mut stream = driver
-        .start_run(command_run(&run_id, "thread", "def", &sleeper(&marker)))
-        .await
-        .unwrap()
-        .into_inner();
-    let mut seen = Seen::default();
-    read_until(&mut stream, &mut seen, |s| s.has_text("started")).await.unwrap();
-    assert!(process_with_marker(&marker));
-
-    // Record the cancel the way CancelRun does, but publish nothing.
-    let pool = sqlx::PgPool::connect(&cluster.database_url).await.unwrap();
-    let updated = sqlx::query("UPDATE runs SET cancel_requested = TRUE WHERE run_id = $1")
-        .bind(&run_id)
-        .execute(&pool)
-        .await
-        .unwrap();
-    assert_eq!(updated.rows_affected(), 1);
+    let (mut stream, mut seen) = start_sleeper(&mut driver, &run_id, &marker).await;
+    record_cancel_silently(&cluster.database_url, &run_id).await;
+    // No driver polls the record: three times the old poll's interval later
+    // the CLI still runs.
+    let gone_unannounced = process_gone_within(&marker, Duration::from_secs(3)).await;
+    assert!(!gone_unannounced, "the driver polled the record:\n{}", cluster.logs());
+    // The driver's subscription breaks (as a network fault would) and comes back.
+    let killed = kill_pubsub_connections_of(&cluster.redis_url, cluster.replicas[0].pid()).await;
+    assert!(killed >= 1, "the replica held no pub/sub connection");
     let dead = process_gone_within(&marker, Duration::from_secs(10)).await;
     assert!(dead, "the driver never found the recorded cancel:\n{}", cluster.logs());
     assert!(read_until(&mut stream, &mut seen, |_| false).await.unwrap());
     assert_eq!(seen.terminal().unwrap().error_code, "CANCELLED");
     let record = wait_terminal(&mut driver, &run_id).await;
     assert_eq!(record.status, api::RunStatus::Aborted as i32);
+}
+
+/// A cancel recorded while no driver listened (its replica died, nothing
+/// was published) is honoured by the next driver when it starts: the
+/// takeover an attach sets off stops the run at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cancel_recorded_while_no_driver_listened_is_honoured_when_one_starts() {
+    let Some(mut cluster) = Cluster::start(2).await else { return };
+    let run_id = format!("orphancancel-{}", cluster.nonce);
+    let marker = format!("oc{}", cluster.nonce);
+    let mut driver = cluster.replicas[0].runs(&cluster.token).await;
+    drop(start_sleeper(&mut driver, &run_id, &marker).await);
+    cluster.replicas[0].kill9().await;
+    // The journal's supervisor outlives the replica.
+    assert!(process_with_marker(&marker));
+    record_cancel_silently(&cluster.database_url, &run_id).await;
+    let mut other = cluster.replicas[1].runs(&cluster.token).await;
+    let mut attached = attach_after(&mut other, &run_id, &Seen::default()).await.unwrap();
+    let mut after = Seen::default();
+    assert!(read_until(&mut attached, &mut after, |_| false).await.unwrap());
+    assert_eq!(after.terminal().unwrap().error_code, "CANCELLED", "{}", cluster.logs());
+    assert!(process_gone_within(&marker, Duration::from_secs(10)).await, "the CLI survived the cancel");
+    let record = wait_terminal(&mut other, &run_id).await;
+    assert_eq!(record.status, api::RunStatus::Aborted as i32);
+}
+
+/// Start a run of [`sleeper`] and read it until its command started.
+async fn start_sleeper(
+    runs: &mut Runs,
+    run_id: &str,
+    marker: &str,
+) -> (tonic::Streaming<api::RunEvent>, Seen) {
+    let request = command_run(run_id, "thread", "def", &sleeper(marker));
+    let mut stream = runs.start_run(request).await.unwrap().into_inner();
+    let mut seen = Seen::default();
+    read_until(&mut stream, &mut seen, |s| s.has_text("started")).await.unwrap();
+    assert!(process_with_marker(marker));
+    (stream, seen)
+}
+
+/// Record a cancel the way `CancelRun` does, but announce nothing.
+async fn record_cancel_silently(database_url: &str, run_id: &str) {
+    let pool = sqlx::PgPool::connect(database_url).await.unwrap();
+    let updated = sqlx::query("UPDATE runs SET cancel_requested = TRUE WHERE run_id = $1")
+        .bind(run_id)
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert_eq!(updated.rows_affected(), 1);
+}
+
+/// Kill the Redis pub/sub connections process `pid` holds (its cancel
+/// subscription); how many were killed.
+async fn kill_pubsub_connections_of(redis_url: &str, pid: u32) -> usize {
+    let ports = local_tcp_ports(pid);
+    let client = redis::Client::open(redis_url).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let list: String =
+        redis::cmd("CLIENT").arg("LIST").arg("TYPE").arg("pubsub").query_async(&mut conn).await.unwrap();
+    let mut killed = 0;
+    for line in list.lines() {
+        let field = |k: &str| line.split(' ').find_map(|f| f.strip_prefix(k));
+        let (Some(id), Some(addr)) = (field("id="), field("addr=")) else { continue };
+        let port = addr.rsplit(':').next().and_then(|p| p.parse::<u16>().ok());
+        if port.is_some_and(|p| ports.contains(&p)) {
+            let n: i64 =
+                redis::cmd("CLIENT").arg("KILL").arg("ID").arg(id).query_async(&mut conn).await.unwrap();
+            killed += n as usize;
+        }
+    }
+    killed
+}
+
+/// Local ports of the TCP sockets process `pid` has open.
+fn local_tcp_ports(pid: u32) -> std::collections::HashSet<u16> {
+    let inodes: std::collections::HashSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| std::fs::read_link(e.path()).ok())
+        .filter_map(|l| Some(l.to_str()?.strip_prefix("socket:[")?.strip_suffix(']')?.to_string()))
+        .collect();
+    let mut ports = std::collections::HashSet::new();
+    for table in ["tcp", "tcp6"] {
+        let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/net/{table}")) else { continue };
+        for line in text.lines().skip(1) {
+            // sl local_address rem_address st queues tr retrnsmt uid timeout inode
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            if cols.len() > 9 && inodes.contains(cols[9]) {
+                let port = cols[1].rsplit(':').next().and_then(|p| u16::from_str_radix(p, 16).ok());
+                ports.extend(port);
+            }
+        }
+    }
+    ports
 }
 
 /// A driver that dies between its run's terminal chunk and its terminal

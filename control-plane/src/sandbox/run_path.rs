@@ -41,7 +41,7 @@ fn parse(out: &str) -> Image {
 /// own variables (a `PATH` there is the run's and is kept). `None`, `None`
 /// when there is no toolchain dir or the probe fails (the run then goes on
 /// with the image's `PATH`, and the agent's error names a missing program).
-pub(super) async fn run_path(
+pub(crate) async fn run_path(
     toolchains: Option<&Toolchains>,
     harness: Harness,
     program: &str,

@@ -10,12 +10,12 @@ use std::time::Duration;
 use backon::{BackoffBuilder, Retryable};
 use tokio_util::sync::CancellationToken;
 
-use super::driver::Ending;
-use super::{Drive, StopReason};
+use super::ending::Ending;
+use crate::runs::replica::{Drive, StopReason};
 
 /// What ends a drive's pauses. Owned, so a backoff's sleeper can hold it.
 #[derive(Clone)]
-pub(super) struct Interrupts {
+pub(in crate::runs) struct Interrupts {
     pub shutdown: CancellationToken,
     pub lease_lost: CancellationToken,
     pub drive: Drive,

@@ -1,0 +1,182 @@
+//! What the pump does with what it reads: journal lines translated,
+//! aligned and appended; out-of-band chunks (file and network events)
+//! within their budget; and, at the sentinel, the rest of the translation,
+//! the workspace's changes and the terminal chunk.
+
+use shared::chunk::{self, ChunkFactory, SANDBOX_FILE};
+use shared::proto::agent::v1 as agent;
+use shared::proto::v1::{Chunk, ChunkType};
+
+use super::ctx::DriveCtx;
+use super::ending::Ending;
+use super::files::changed_files;
+use crate::agent::AgentClient;
+use crate::harness::{Harness, Translator};
+use crate::provision::Masks;
+use crate::runs::Runs;
+use crate::runs::align::Aligner;
+
+/// `sandbox.file` chunks allowed in a row between two translated chunks:
+/// kept under the aligner's limit of out-of-band chunks in a row, so a
+/// successor can always skip them. Further file events in the same gap are
+/// dropped (counted in the log).
+const FILE_EVENT_BUDGET: usize = 48;
+
+/// The state of the pump between journal reads.
+pub(super) struct Pump {
+    pub(super) translator: Translator,
+    pub(super) aligner: Aligner,
+    pub(super) factory: ChunkFactory,
+    /// Translated terminal chunk, held back until the exit is known so that
+    /// `file.changed` chunks come before it.
+    pub(super) held_terminal: Option<Chunk>,
+    pub(super) from_byte: u64,
+    /// Out-of-band chunks appended since the last translated one.
+    pub(super) out_of_band_run: usize,
+    pub(super) dropped_file_events: u64,
+    pub(super) redactor: Masks,
+}
+
+impl Runs {
+    pub(super) fn translator(&self, ctx: &DriveCtx) -> Translator {
+        ctx.harness.translator_for(ctx.spec.output, &ctx.key.run, &ctx.thread_id, chunk::now_ms)
+    }
+
+    /// Translate, align and append one batch of journal lines.
+    pub(super) async fn lines(
+        &self,
+        ctx: &DriveCtx,
+        pump: &mut Pump,
+        lines: Vec<agent::JournalLine>,
+    ) -> Result<(), Ending> {
+        let mut batch = Vec::new();
+        crate::metrics::journal().read(lines.iter().map(|l| l.data.len() as u64 + 1).sum());
+        for line in &lines {
+            let chunks = if line.sealed {
+                pump.translator.feed_record(&line.data)
+            } else {
+                pump.translator.feed(&line.data)
+            };
+            for c in chunks {
+                if let Some(session) = session_of(ctx.harness, &c) {
+                    *ctx.session.lock().unwrap_or_else(|e| e.into_inner()) = Some(session);
+                }
+                if chunk::is_terminal(&c) {
+                    pump.held_terminal = Some(c);
+                } else if pump.aligner.offer(&c).await.map_err(Ending::Failed)? {
+                    batch.push(c);
+                }
+            }
+        }
+        if let Some(last) = lines.last() {
+            pump.from_byte = last.end_offset;
+        }
+        if !batch.is_empty() {
+            pump.out_of_band_run = 0;
+            self.append(ctx, &batch).await?;
+        }
+        Ok(())
+    }
+
+    pub(super) async fn file_events(
+        &self,
+        ctx: &DriveCtx,
+        pump: &mut Pump,
+        events: Vec<agent::FileEvent>,
+    ) -> Result<(), Ending> {
+        let mut batch = Vec::new();
+        for e in events {
+            let kind = match agent::FileEventType::try_from(e.r#type) {
+                Ok(agent::FileEventType::Create) => "create",
+                Ok(agent::FileEventType::Change) => "change",
+                Ok(agent::FileEventType::Delete) => "delete",
+                Ok(agent::FileEventType::Rename) => "rename",
+                _ => continue,
+            };
+            if pump.out_of_band_run + batch.len() >= FILE_EVENT_BUDGET {
+                pump.dropped_file_events += 1;
+                continue;
+            }
+            let value = serde_json::json!({"type": kind, "path": e.path, "timestamp": e.timestamp_ms});
+            batch.push(pump.factory.custom(SANDBOX_FILE, &value));
+        }
+        self.out_of_band(ctx, pump, batch).await
+    }
+
+    /// Append chunks the server adds outside translation (file and network
+    /// events), within the per-gap budget.
+    pub(super) async fn out_of_band(
+        &self,
+        ctx: &DriveCtx,
+        pump: &mut Pump,
+        batch: Vec<Chunk>,
+    ) -> Result<(), Ending> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        if pump.out_of_band_run + batch.len() > FILE_EVENT_BUDGET {
+            pump.dropped_file_events += batch.len() as u64;
+            return Ok(());
+        }
+        pump.out_of_band_run += batch.len();
+        // Out of band: never offered to the aligner (a replay does not
+        // produce them; the aligner skips the stored ones).
+        if pump.aligner.caught_up() { self.append(ctx, &batch).await } else { Ok(()) }
+    }
+
+    /// The sentinel was read: the rest of the translation, the workspace's
+    /// changes, then the terminal chunk.
+    pub(super) async fn exited(
+        &self,
+        ctx: &DriveCtx,
+        pump: &mut Pump,
+        agent: &AgentClient,
+        exit_code: i32,
+        stderr_tail: &str,
+    ) -> Ending {
+        let mut batch = Vec::new();
+        for c in pump.translator.finish(exit_code, stderr_tail) {
+            if chunk::is_terminal(&c) {
+                pump.held_terminal.get_or_insert(c);
+            } else {
+                match pump.aligner.offer(&c).await {
+                    Ok(true) => batch.push(c),
+                    Ok(false) => {}
+                    Err(e) => return Ending::Failed(e),
+                }
+            }
+        }
+        for c in changed_files(agent, &ctx.spec.cwd, &pump.factory, &pump.redactor).await {
+            match pump.aligner.offer(&c).await {
+                Ok(true) => batch.push(c),
+                Ok(false) => {}
+                Err(e) => return Ending::Failed(e),
+            }
+        }
+        let terminal = pump.held_terminal.take().unwrap_or_else(|| {
+            // Translator::finish always yields one; keep the run closable anyway.
+            pump.factory.run_error("the run ended without a terminal event", "INTERNAL")
+        });
+        match pump.aligner.offer(&terminal).await {
+            Ok(true) => batch.push(terminal.clone()),
+            Ok(false) => {}
+            Err(e) => return Ending::Failed(e),
+        }
+        if let Err(e) = pump.aligner.finish().await {
+            return Ending::Failed(e);
+        }
+        if let Err(ending) = self.append(ctx, &batch).await {
+            return ending;
+        }
+        Ending::Exited { terminal }
+    }
+}
+
+/// The session a `<harness>.session-id` chunk reports.
+fn session_of(harness: Harness, c: &Chunk) -> Option<String> {
+    if c.r#type() != ChunkType::Custom || c.name != chunk::session_id_name(harness.name()) {
+        return None;
+    }
+    let value: serde_json::Value = serde_json::from_str(&c.value_json).ok()?;
+    value.get("session_id")?.as_str().filter(|s| !s.is_empty()).map(str::to_string)
+}

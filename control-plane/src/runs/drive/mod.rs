@@ -1,0 +1,76 @@
+//! One run's drive, by phase: [`launch`] (a fresh run's sandbox and
+//! command, or a takeover's reconnect), [`pump`] (follow the journal, with
+//! [`feed`] translating, aligning and appending what it reads), [`files`]
+//! (the workspace's changes) and [`conclude`] (stop, terminal write,
+//! checkpoint, session export). A drive ends in exactly one way
+//! ([`Ending`]); what ends its pauses early is [`retry::Interrupts`].
+
+mod append;
+mod conclude;
+mod ctx;
+mod ending;
+mod feed;
+mod files;
+mod launch;
+mod pump;
+mod retry;
+
+use std::panic::AssertUnwindSafe;
+use std::time::Instant;
+
+use futures::FutureExt;
+use tracing::info;
+
+pub(crate) use ctx::DriveCtx;
+pub(crate) use ending::Ending;
+use ending::ending_name;
+pub(crate) use launch::{FreshStart, Unresumed};
+pub(super) use retry::Interrupts;
+
+use crate::runs::align::Aligner;
+use crate::runs::{Error, Runs};
+
+impl Runs {
+    /// Drive `ctx`'s run to one ending and act on it. Never panics out, never
+    /// leaves the run `running` unless another driver (or a shutdown
+    /// detach) is meant to take it on.
+    pub(crate) async fn drive(self, ctx: DriveCtx, fresh: Option<FreshStart>) {
+        let started = Instant::now();
+        let _active = crate::metrics::drives().start();
+        let ending = match AssertUnwindSafe(self.drive_to_end(&ctx, fresh)).catch_unwind().await {
+            Ok(ending) => ending,
+            Err(panic) => {
+                let what = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
+                Ending::Failed(Error::Panicked(what))
+            }
+        };
+        info!(run_id = %ctx.key.run, epoch = ctx.writer.epoch(), ending = ?ending_name(&ending),
+            elapsed_ms = started.elapsed().as_millis() as u64, "drive ended");
+        self.conclude(&ctx, ending).await;
+        self.unregister(&ctx.key);
+        let DriveCtx { lease, .. } = ctx;
+        let _ = lease.release().await;
+    }
+    async fn drive_to_end(&self, ctx: &DriveCtx, fresh: Option<FreshStart>) -> Ending {
+        let cx = &self.inner.ctx;
+        let launched = match fresh {
+            Some(start) => self.start_fresh(ctx, start).await,
+            None => self.take_up(ctx).await,
+        };
+        let (key, agent, secrets) = match launched {
+            Ok(launched) => launched,
+            Err(ending) => return ending,
+        };
+        // The stored log is read after the start (a fresh run's accepted
+        // and warning chunks are in it), page by page as the replay goes.
+        let aligner = match Aligner::of_log(cx.stores.events.clone(), ctx.key.clone()).await {
+            Ok(aligner) => aligner,
+            Err(e) => return Ending::Failed(e),
+        };
+        self.pump(ctx, &key, agent, &secrets, aligner).await
+    }
+}

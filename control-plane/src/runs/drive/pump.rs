@@ -1,0 +1,287 @@
+//! The pump: follow the journal from byte 0 to its sentinel (reconnecting
+//! when a follow breaks), feed what it reads, watch the run's liveness and
+//! its egress, and end on an interrupt.
+
+use std::time::{Duration, Instant};
+
+use backon::ExponentialBuilder;
+use futures::StreamExt;
+use shared::chunk::{self, ChunkFactory};
+use shared::error::{Error as WireError, ErrorCode};
+use shared::proto::agent::v1 as agent;
+use tokio::sync::mpsc;
+use tracing::{debug, info};
+
+use super::ctx::DriveCtx;
+use super::ending::{Ending, ending_name};
+use super::feed::Pump;
+use super::files::watch_files;
+use crate::agent::AgentClient;
+use crate::egress::{Carriers, Connection};
+use crate::provision::Secrets;
+use crate::runs::Runs;
+use crate::runs::align::Aligner;
+use crate::runs::coalesce::Coalesced;
+use crate::runs::egress::{ModelHealth, RunEgress};
+use crate::runs::error::Error;
+use crate::runs::replica::StopReason;
+
+/// The longest pause between follows that fail or break.
+const FOLLOW_PAUSE_MAX: Duration = Duration::from_secs(5);
+/// How often a silent journal's liveness and the model upstream's health
+/// are judged. Never a read of the run's record: cancels arrive on the
+/// cancel bus, and a successor's claim ends this drive through its lease.
+const HEALTH_EVERY: Duration = Duration::from_secs(1);
+
+impl Runs {
+    /// Follow the journal from byte 0 to its sentinel, appending what the
+    /// log does not hold yet.
+    pub(super) async fn pump(
+        &self,
+        ctx: &DriveCtx,
+        key: &str,
+        mut agent: AgentClient,
+        secrets: &Secrets,
+        aligner: Aligner,
+    ) -> Ending {
+        let redactor = match crate::provision::redactor(secrets) {
+            Ok(r) => r,
+            Err(e) => return Ending::Failed(e.into()),
+        };
+        let mut pump = Pump {
+            translator: self.translator(ctx),
+            aligner,
+            factory: ChunkFactory::new(&ctx.key.run, &ctx.thread_id, chunk::now_ms),
+            held_terminal: None,
+            from_byte: 0,
+            out_of_band_run: 0,
+            dropped_file_events: 0,
+            redactor,
+        };
+        let (file_tx, mut file_rx) = mpsc::channel::<Vec<agent::FileEvent>>(64);
+        let watcher = tokio::spawn(watch_files(agent.clone(), ctx.spec.cwd.clone(), file_tx));
+        // The sandbox's egress rides carriers this driver keeps open; a
+        // successor opens its own.
+        let egress = match self.run_egress(ctx) {
+            Ok(egress) => egress,
+            Err(e) => return Ending::Failed(e),
+        };
+        let (net_tx, mut net_rx) = mpsc::unbounded_channel::<Connection>();
+        let carry = |agent: &AgentClient| {
+            egress.as_ref().map(|e| Carriers::open(agent.clone(), e.plan.clone(), net_tx.clone()))
+        };
+        let mut carriers = carry(&agent);
+        let mut health = ModelHealth::default();
+        // Between follows that fail or break without a line: a journal the
+        // agent keeps refusing must not turn into a tight loop, and many
+        // drives whose agent restarted must not come back in step.
+        let mut pause = follow_backoff();
+        let mut secrets_missing_since = None;
+        let ending = 'follow: loop {
+            let request = agent::FollowRequest {
+                run_id: ctx.key.run.to_string(),
+                from_byte: pump.from_byte,
+                sentinel_key: ctx.sentinel_key.clone(),
+                // Agents think for minutes without a byte; liveness is
+                // judged by probing the supervisor instead.
+                first_byte_timeout_ms: Some(0),
+            };
+            let mut stream = match agent.journal().follow(request).await {
+                Ok(s) => Coalesced::new(s.into_inner()),
+                Err(status) if status.code() == tonic::Code::NotFound => {
+                    break Ending::Failed(Error::NoJournal);
+                }
+                Err(status) if WireError::from_status(&status).code == ErrorCode::SecretsMissing => {
+                    // The agent restarted without the values: hand back what
+                    // this replica holds, else wait for an ensure to.
+                    let since = *secrets_missing_since.get_or_insert_with(Instant::now);
+                    if since.elapsed() >= self.inner.options.reconnect_budget {
+                        break Ending::Failed(Error::SecretsMissing(status));
+                    }
+                    if let Err(e) = crate::provision::hand_over(&agent, secrets).await {
+                        debug!(run_id = %ctx.key.run, error = %e.message(), "handing the secret values back failed");
+                    }
+                    if let Some(ending) = ctx.interrupts.during(Duration::from_millis(500)).await {
+                        break ending;
+                    }
+                    continue;
+                }
+                Err(status) => {
+                    if let Some(e) = Error::over_a_journal_bound(&status) {
+                        break Ending::Failed(e);
+                    }
+                    debug!(run_id = %ctx.key.run, error = %status.message(), "follow failed; reconnecting");
+                    if let Some(ending) =
+                        ctx.interrupts.during(pause.next().unwrap_or(FOLLOW_PAUSE_MAX)).await
+                    {
+                        break ending;
+                    }
+                    match self.reconnect(ctx, key).await {
+                        Ok((a, _)) => {
+                            agent = a;
+                            carriers = carry(&agent);
+                        }
+                        Err(ending) => break ending,
+                    }
+                    continue;
+                }
+            };
+            let mut health_check = tokio::time::interval(HEALTH_EVERY);
+            health_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut last_activity = Instant::now();
+            let mut unknown_probes = 0u32;
+            loop {
+                tokio::select! {
+                    biased;
+                    _ = ctx.interrupts.shutdown.cancelled() => break 'follow Ending::Detach,
+                    _ = ctx.interrupts.lease_lost.cancelled() => {
+                        break 'follow Ending::Superseded("the run's lease was lost".into());
+                    }
+                    _ = ctx.interrupts.drive.stop.cancelled() => {
+                        let reason = ctx.interrupts.drive.reason().unwrap_or(StopReason::Cancel);
+                        break 'follow Ending::Stopped(reason);
+                    }
+                    _ = health_check.tick() => {
+                        if let Some(e) = egress
+                            .as_ref()
+                            .and_then(|e| health.expired(e.unreachable_after, e.upstream.as_ref()))
+                        {
+                            break 'follow Ending::Failed(e);
+                        }
+                        if last_activity.elapsed() >= self.inner.options.liveness_probe {
+                            last_activity = Instant::now();
+                            match probe(&agent, ctx).await {
+                                Some(agent::RunState::Unknown) => unknown_probes += 1,
+                                Some(_) => unknown_probes = 0,
+                                None => {}
+                            }
+                            if unknown_probes >= 2 {
+                                break 'follow Ending::Failed(Error::SupervisorGone);
+                            }
+                        }
+                    }
+                    Some(events) = file_rx.recv() => {
+                        if let Err(ending) = self.file_events(ctx, &mut pump, events).await {
+                            break 'follow ending;
+                        }
+                    }
+                    Some(connection) = net_rx.recv() => {
+                        let upstream = egress.as_ref().and_then(|e| e.upstream.as_ref());
+                        let chunks = health.observe(&connection, upstream, &pump.factory);
+                        if let Err(ending) = self.out_of_band(ctx, &mut pump, chunks).await {
+                            break 'follow ending;
+                        }
+                    }
+                    message = stream.next() => match message {
+                        Some(Ok(agent::FollowResponse { event: Some(agent::follow_response::Event::Lines(lines)) })) => {
+                            last_activity = Instant::now();
+                            unknown_probes = 0;
+                            pause = follow_backoff();
+                            if let Err(ending) = self.lines(ctx, &mut pump, lines.lines).await {
+                                break 'follow ending;
+                            }
+                        }
+                        Some(Ok(agent::FollowResponse { event: Some(agent::follow_response::Event::Exit(exit)) })) => {
+                            let stderr = String::from_utf8_lossy(&exit.stderr_tail).into_owned();
+                            break 'follow self.exited(ctx, &mut pump, &agent, exit.exit_code, &stderr).await;
+                        }
+                        Some(Ok(_)) => {}
+                        Some(Err(status)) => {
+                            if let Some(e) = Error::over_a_journal_bound(&status) {
+                                break 'follow Ending::Failed(e);
+                            }
+                            debug!(run_id = %ctx.key.run, error = %status.message(), "follow broke; reconnecting");
+                            break;
+                        }
+                        None => break,
+                    },
+                }
+            }
+            if let Some(ending) = ctx.interrupts.during(pause.next().unwrap_or(FOLLOW_PAUSE_MAX)).await {
+                break ending;
+            }
+            match self.reconnect(ctx, key).await {
+                Ok((a, _)) => {
+                    agent = a;
+                    carriers = carry(&agent);
+                }
+                Err(ending) => break ending,
+            }
+        };
+        watcher.abort();
+        if matches!(ending, Ending::Stopped(StopReason::Cancel)) {
+            self.deny_pending(ctx, &mut pump, &agent).await;
+        }
+        drop(carriers);
+        if pump.dropped_file_events > 0 {
+            info!(run_id = %ctx.key.run, dropped = pump.dropped_file_events, "file events over the per-gap budget were dropped");
+        }
+        ending
+    }
+
+    /// A cancelled run's waiting requests are denied, and the denials
+    /// recorded before the run's end: the agent writes them to the journal,
+    /// read here once more.
+    async fn deny_pending(&self, ctx: &DriveCtx, pump: &mut Pump, agent: &AgentClient) {
+        let request = agent::DenyPendingRequest {
+            run_id: ctx.key.run.to_string(),
+            sentinel_key: ctx.sentinel_key.clone(),
+            by: shared::requests::AnsweredBy::Cancel.as_str().into(),
+            message: "the run was cancelled".into(),
+        };
+        let denied = match agent.requests().deny_pending(request).await {
+            Ok(r) => r.into_inner().request_ids,
+            Err(status) => {
+                debug!(run_id = %ctx.key.run, error = %status.message(), "denying the waiting requests failed");
+                return;
+            }
+        };
+        if denied.is_empty() {
+            return;
+        }
+        info!(run_id = %ctx.key.run, denied = denied.len(), "waiting requests denied by the cancel");
+        let read = agent::ReadJournalRequest {
+            run_id: ctx.key.run.to_string(),
+            from_byte: pump.from_byte,
+            max_bytes: 0,
+            sentinel_key: ctx.sentinel_key.clone(),
+        };
+        match agent.journal().read_journal(read).await {
+            Ok(r) => {
+                if let Err(e) = self.lines(ctx, pump, r.into_inner().lines).await {
+                    debug!(run_id = %ctx.key.run, ending = ending_name(&e), "recording the denials failed");
+                }
+            }
+            Err(status) => {
+                debug!(run_id = %ctx.key.run, error = %status.message(), "reading the denials failed")
+            }
+        }
+    }
+
+    /// The run's egress, from its definition as the launch read it (a
+    /// successor reads it too); `None` when the definition has none or was
+    /// deleted since.
+    fn run_egress(&self, ctx: &DriveCtx) -> Result<Option<RunEgress>, Error> {
+        let Some(definition) = ctx.definition.get() else { return Ok(None) };
+        RunEgress::of(definition, ctx.harness, self.inner.sandbox.egress_private_addresses())
+    }
+}
+
+async fn probe(agent: &AgentClient, ctx: &DriveCtx) -> Option<agent::RunState> {
+    let request =
+        agent::ProbeExitRequest { run_id: ctx.key.run.to_string(), sentinel_key: ctx.sentinel_key.clone() };
+    let response = agent.journal().probe_exit(request).await.ok()?.into_inner();
+    agent::RunState::try_from(response.state).ok()
+}
+
+/// Pauses between failed follows: from 100 ms doubling to
+/// [`FOLLOW_PAUSE_MAX`], each with random jitter.
+fn follow_backoff() -> impl Iterator<Item = Duration> {
+    use backon::BackoffBuilder;
+    ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(100))
+        .with_max_delay(FOLLOW_PAUSE_MAX)
+        .with_jitter()
+        .without_max_times()
+        .build()
+}

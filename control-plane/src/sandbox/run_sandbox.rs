@@ -1,0 +1,100 @@
+//! The sandbox layer as runs and the reaper see it: ensure a run's sandbox,
+//! reach its agent, destroy it, read the definition a run was started
+//! from, and what launching a run's command in it takes from the operator
+//! (journal cap, egress bounds, the toolchain's `PATH`). Everything else of
+//! the lifecycle (its policy, toolchains and providers) stays behind this.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use shared::proto::v1::{EnsureReady, SandboxDefinition};
+
+use super::lifecycle::Live;
+use super::{EnsureInput, Error, Lifecycle, definition};
+use crate::harness::Harness;
+use crate::lease::Leases;
+use crate::provider::Provider;
+use crate::provision::Progress;
+use crate::store::{Stores, Tenant};
+
+/// Cheap to clone: every field is a handle.
+#[derive(Clone)]
+pub struct RunSandbox {
+    stores: Stores,
+    leases: Leases,
+    lifecycle: Lifecycle,
+}
+
+impl RunSandbox {
+    pub fn new(stores: Stores, leases: Leases, lifecycle: Lifecycle) -> Self {
+        Self { stores, leases, lifecycle }
+    }
+
+    /// The tenant's stored definition `id`, decoded (the one place a run's
+    /// definition is decoded: a drive reads it once and hands it down).
+    pub async fn definition(&self, tenant: &Tenant, id: &str) -> Result<SandboxDefinition, Error> {
+        let stored = self.stores.definitions.get(tenant, id).await?;
+        definition::from_stored(&stored.body)
+    }
+
+    /// Resume, restore or create the sandbox of `input`.
+    pub async fn ensure(&self, input: EnsureInput, progress: &Progress) -> Result<EnsureReady, Error> {
+        self.lifecycle.ensure(&self.stores, &self.leases, input, progress).await
+    }
+
+    /// A connected agent for the tenant's sandbox `key` (resumed if need be).
+    pub(crate) async fn agent(&self, tenant: &Tenant, key: &str) -> Result<Live, Error> {
+        self.lifecycle.agent(&self.stores, tenant, key).await
+    }
+
+    /// The sandbox `key` when this replica holds its agent now.
+    pub(crate) fn live(&self, key: &str) -> Option<Live> {
+        self.lifecycle.live(key)
+    }
+
+    /// Destroy the tenant's sandbox `key` (and with it any command in it).
+    pub async fn destroy(&self, tenant: &Tenant, key: &str) -> Result<(), Error> {
+        self.lifecycle.destroy(&self.stores, &self.leases, tenant, key).await
+    }
+
+    /// Whether the live sandbox `key` asked to go after a successful run;
+    /// `None` when not live here.
+    pub fn destroy_on_complete(&self, key: &str) -> Option<bool> {
+        self.lifecycle.destroy_on_complete(key)
+    }
+
+    /// The journal byte cap of a run under `definition`, within the
+    /// operator's bounds.
+    pub fn journal_cap(&self, definition: &SandboxDefinition) -> u64 {
+        self.lifecycle.policy.journal_cap(definition)
+    }
+
+    /// Whether a run's egress may reach private addresses.
+    pub fn egress_private_addresses(&self) -> bool {
+        self.lifecycle.policy.egress_private_addresses()
+    }
+
+    /// The operator's maxima of portable snapshots.
+    pub fn snapshot_limits(&self) -> crate::config::SnapshotLimits {
+        self.lifecycle.snapshot_limits()
+    }
+
+    /// The run's `PATH` with the toolchain's CLIs on it, and a warning when
+    /// the harness's CLI is nowhere (see [`super::run_path`]).
+    pub(crate) async fn run_path(
+        &self,
+        live: &Live,
+        harness: Harness,
+        program: &str,
+        env: &BTreeMap<String, String>,
+    ) -> (Option<String>, Option<String>) {
+        let toolchains = self.lifecycle.toolchains.as_ref();
+        super::run_path::run_path(toolchains, harness, program, env, live.provider, &live.agent).await
+    }
+
+    /// Every provider this replica serves (for the reaper's sweeps of
+    /// sandboxes and journals).
+    pub fn providers(&self) -> impl Iterator<Item = &Arc<dyn Provider>> {
+        self.lifecycle.providers.all()
+    }
+}
