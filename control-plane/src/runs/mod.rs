@@ -32,6 +32,7 @@ mod retry;
 mod session;
 mod spec;
 mod start;
+mod thread;
 mod toolchain;
 
 use records::run_id_field;
