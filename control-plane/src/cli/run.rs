@@ -462,8 +462,9 @@ async fn start(conn: &Connection, args: &RunArgs, prepared: Prepared) -> anyhow:
     };
     let mut notice = None;
     match existing {
-        // A thread keeps its sandbox: no definition flags, the thread's definition.
-        Some(id) if !args.names_a_definition() => request.definition_id = id,
+        // A thread keeps its sandbox: no definition flags, the server takes
+        // the thread's definition.
+        Some(_) if !args.names_a_definition() => request.definition_id = String::new(),
         existing => {
             if let Some(id) = existing.filter(|id| *id != definition.id)
                 && let Some(old) = thread::stored(conn, &id).await?

@@ -244,13 +244,10 @@ pub async fn definitions(command: DefinitionsCommand) -> ExitCode {
                     OutputFormat::Human => {
                         println!("{:<24} {:<8} DETAIL", "DEFINITION", "PROVIDER");
                         for d in &list {
-                            let (provider, detail) =
-                                match d.provider.as_ref().and_then(|p| p.provider.as_ref()) {
-                                    Some(api::provider_spec::Provider::Docker(docker)) => {
-                                        ("docker", docker.image.clone())
-                                    }
-                                    _ => ("local", String::new()),
-                                };
+                            let (provider, detail) = match crate::provider::ProviderKind::of(d) {
+                                Some((kind, section)) => (kind.as_str(), kind.kind().detail(section)),
+                                None => ("", String::new()),
+                            };
                             println!("{:<24} {:<8} {}", d.id, provider, detail);
                         }
                     }

@@ -74,15 +74,7 @@ fn shown(s: &str) -> &str {
 }
 
 fn provider(d: &api::SandboxDefinition) -> String {
-    match d.provider.as_ref().and_then(|p| p.provider.as_ref()) {
-        Some(api::provider_spec::Provider::Docker(docker)) if docker.network.is_empty() => {
-            format!("docker {}", docker.image)
-        }
-        Some(api::provider_spec::Provider::Docker(docker)) => {
-            format!("docker {} (network {})", docker.image, docker.network)
-        }
-        Some(api::provider_spec::Provider::Local(_)) | None => "local".to_string(),
-    }
+    crate::provider::describe(d)
 }
 
 fn source(d: &api::SandboxDefinition) -> String {

@@ -33,6 +33,11 @@ pub enum ProviderName {
 }
 
 impl ProviderName {
+    /// The provider called `name`, if the policy knows it.
+    pub fn named(name: &str) -> Option<Self> {
+        <Self as clap::ValueEnum>::from_str(name, false).ok()
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Local => "local",

@@ -91,8 +91,10 @@ mod tests {
 
     #[test]
     fn unsupported_keeps_its_code_and_names_the_capability_and_provider() {
-        let wire =
-            WireError::from(Error::Unsupported { kind: ProviderKind::Docker, capability: "fork".into() });
+        let wire = WireError::from(Error::Unsupported {
+            kind: ProviderKind::new(&crate::provider::docker::KIND),
+            capability: "fork".into(),
+        });
         assert_eq!(wire.code, ErrorCode::Unsupported);
         assert_eq!(wire.message, "the docker provider does not support the fork capability");
         assert_eq!(wire.metadata.get("capability").map(String::as_str), Some("fork"));

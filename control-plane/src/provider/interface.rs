@@ -11,33 +11,10 @@ use std::collections::BTreeMap;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
-use super::{Error, ListedSandbox, Sandbox, SandboxSpec, Snapshot};
+use super::{Error, ListedSandbox, ProviderKind, Sandbox, SandboxSpec, Snapshot};
 
 /// Every provider result.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
-
-/// Which provider implementation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ProviderKind {
-    Local,
-    Docker,
-}
-
-impl ProviderKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Local => "local",
-            Self::Docker => "docker",
-        }
-    }
-}
-
-impl std::fmt::Display for ProviderKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
 
 /// What a provider can do. The lifecycle and the run driver branch on these,
 /// never on the provider's name.
@@ -147,7 +124,7 @@ mod tests {
     #[async_trait]
     impl Provider for Minimal {
         fn kind(&self) -> ProviderKind {
-            ProviderKind::Local
+            ProviderKind::named("local").expect("local is registered")
         }
         fn capabilities(&self) -> Capabilities {
             Capabilities::default()

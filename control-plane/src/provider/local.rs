@@ -28,6 +28,7 @@ use async_trait::async_trait;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use shared::error::Error as WireError;
+use shared::proto::v1::provider_spec;
 use shared::secret::Secret;
 use shared::transport::Address;
 
@@ -234,7 +235,7 @@ impl LocalProvider {
 #[async_trait]
 impl Provider for LocalProvider {
     fn kind(&self) -> ProviderKind {
-        ProviderKind::Local
+        ProviderKind::new(&KIND)
     }
 
     fn capabilities(&self) -> Capabilities {
@@ -476,6 +477,50 @@ fn with_log_tail(mut err: WireError, dir: &Path) -> WireError {
         }
     }
     err
+}
+
+/// The `local` provider as the server knows it: `provider.local` of a
+/// definition holds nothing, so there is nothing to check or key.
+pub struct Local;
+
+/// The `local` provider's registration.
+pub static KIND: Local = Local;
+
+impl super::Kind for Local {
+    fn name(&self) -> &'static str {
+        "local"
+    }
+
+    fn reads(&self, section: &provider_spec::Provider) -> bool {
+        matches!(section, provider_spec::Provider::Local(_))
+    }
+
+    fn build(&self, config: &crate::config::ServeConfig) -> super::Built {
+        let mut options = LocalProviderOptions::new(&config.data_dir);
+        options.agent_binary = config.agent_binary.clone();
+        let single_user = config.single_user();
+        Box::pin(async move {
+            match LocalProvider::new(options) {
+                Ok(p) if !single_user => {
+                    tracing::warn!(
+                        "local provider enabled with API tokens (allow_local_with_tokens): every tenant can run code \
+                         on this host as this server's user, read its environment and files"
+                    );
+                    Ok(std::sync::Arc::new(p) as std::sync::Arc<dyn Provider>)
+                }
+                Ok(p) => {
+                    tracing::warn!(
+                        "local provider enabled: its sandboxes are NOT isolated from this host (development only)"
+                    );
+                    Ok(std::sync::Arc::new(p) as std::sync::Arc<dyn Provider>)
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "local provider unavailable");
+                    Err(e.to_string())
+                }
+            }
+        })
+    }
 }
 
 #[cfg(test)]

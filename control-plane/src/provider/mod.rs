@@ -3,7 +3,10 @@
 //! A provider creates a sandbox with the `sandhold-agent` running inside and
 //! answering on a Unix socket the control plane can reach; everything that
 //! happens *in* a sandbox then goes through the agent (see
-//! [`crate::agent::AgentClient`]). Two implementations:
+//! [`crate::agent::AgentClient`]). A provider registers itself in
+//! [`kind`] (its name, how it reads its section of a definition, the
+//! operator's checks of that section, how it is built from configuration);
+//! the rest of the server asks a definition's [`ProviderKind`]. Two so far:
 //!
 //! - [`local`]: a directory on this host and the agent as a child process.
 //!   No isolation at all: development only.
@@ -13,12 +16,15 @@
 pub mod docker;
 pub mod local;
 
+mod canon;
 mod error;
 mod handle;
 mod host;
 mod interface;
+mod kind;
 mod spec;
 
+pub use canon::Canon;
 pub use docker::{DockerOptions, DockerProvider, DockerProviderOptions, MountSpec};
 pub use error::Error;
 pub use handle::{ListedSandbox, Sandbox, Snapshot};
@@ -27,6 +33,7 @@ pub(crate) use host::{
     write_private_file,
 };
 pub use host::{default_agent_binary, default_static_agent_binary, is_static_executable};
-pub use interface::{Capabilities, Provider, ProviderKind, Result};
+pub use interface::{Capabilities, Provider, Result};
+pub use kind::{Built, Kind, ProviderKind, Violation, describe};
 pub use local::{LocalProvider, LocalProviderOptions};
 pub use spec::{LABEL_DEFINITION, LABEL_MANAGED, LABEL_SANDBOX_KEY, LABEL_TENANT, SandboxSpec};

@@ -32,6 +32,7 @@ mod requests;
 mod session;
 mod spec;
 mod start;
+mod thread;
 
 use records::run_id_field;
 use replica::StopReason;

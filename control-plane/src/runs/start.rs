@@ -97,10 +97,25 @@ impl Runs {
         };
         let cx = &self.inner.ctx;
         let tenant = req.tenant;
+        // No definition named: the thread's (it keeps its sandbox).
+        let definition_id = match req.definition_id {
+            id if !id.is_empty() => id,
+            _ => {
+                super::thread::definition_of(&cx.stores, &tenant, &req.thread_id).await?.ok_or_else(|| {
+                    InvalidField::new(
+                        "definition_id",
+                        format!(
+                            "required: thread {} has no run or sandbox whose definition it would keep",
+                            req.thread_id
+                        ),
+                    )
+                })?
+            }
+        };
         let input = crate::sandbox::ensure_input(
             &cx.stores,
             tenant.clone(),
-            &req.definition_id,
+            &definition_id,
             req.thread_id.clone(),
             run.to_string(),
             req.secrets,
@@ -120,7 +135,7 @@ impl Runs {
             harness.command(options, &req.prompt).map_err(|e| Error::InvalidCommand(e.to_string()))
         };
         if options.resume_session_id.is_none() && !req.new_session && harness.has_sessions() {
-            match self.thread_session(&tenant, &req.thread_id, &req.definition_id, harness).await? {
+            match self.thread_session(&tenant, &req.thread_id, &definition_id, harness).await? {
                 Session::Continue(id) => {
                     // Should the ensure not resume the sandbox, its files are
                     // gone, unless a restored checkpoint carried them.
@@ -140,7 +155,7 @@ impl Runs {
         let command = build(&options)?;
         let spec = RunSpec {
             harness: harness.name().to_owned(),
-            definition_id: req.definition_id.clone(),
+            definition_id,
             durable: req.durable,
             detach_on_disconnect: req.detach_on_disconnect.unwrap_or(req.durable),
             cwd: req.cwd,

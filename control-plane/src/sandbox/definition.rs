@@ -7,7 +7,9 @@
 
 use super::Error;
 use crate::provision::{Violations, refuse, valid_env_name};
-use shared::proto::v1::{SandboxDefinition, provider_spec, setup_step};
+use shared::proto::v1::{SandboxDefinition, setup_step};
+
+use crate::provider::ProviderKind;
 
 const ENCODING: &str = "protobuf-hex";
 
@@ -39,27 +41,15 @@ pub fn validate(d: &SandboxDefinition) -> Result<(), Violations> {
         bad("definition.id", "must be 1-100 characters of [A-Za-z0-9._-]");
     }
     match d.provider.as_ref().and_then(|p| p.provider.as_ref()) {
-        None => bad("definition.provider", "required: local or docker"),
-        Some(provider_spec::Provider::Docker(docker)) => {
-            if docker.image.is_empty() {
-                bad("definition.provider.docker.image", "required");
+        None => bad("definition.provider", &format!("required: {}", ProviderKind::choices())),
+        Some(section) => match ProviderKind::reading(section) {
+            Some(kind) => {
+                let mut own = Vec::new();
+                kind.kind().validate(section, &mut own);
+                own.iter().for_each(|(field, why)| bad(field, why));
             }
-            if docker.cpus < 0.0 || !docker.cpus.is_finite() {
-                bad("definition.provider.docker.cpus", "must be a non-negative number");
-            }
-            if docker.pids_limit < 0 {
-                bad("definition.provider.docker.pids_limit", "must not be negative");
-            }
-            for (i, m) in docker.mounts.iter().enumerate() {
-                if m.source.is_empty() || !m.target.starts_with('/') {
-                    bad(
-                        &format!("definition.provider.docker.mounts[{i}]"),
-                        "needs a source and an absolute target",
-                    );
-                }
-            }
-        }
-        Some(provider_spec::Provider::Local(_)) => {}
+            None => bad("definition.provider", &format!("unknown: {}", ProviderKind::choices())),
+        },
     }
     if d.max_journal_bytes == Some(0) {
         bad("definition.max_journal_bytes", "must be positive (unset: the operator's default, 1 GiB)");
@@ -111,7 +101,7 @@ pub fn validate(d: &SandboxDefinition) -> Result<(), Violations> {
 mod tests {
     use super::*;
     use shared::error::ErrorCode;
-    use shared::proto::v1::{DockerProvider, ProviderSpec};
+    use shared::proto::v1::{DockerProvider, ProviderSpec, provider_spec};
 
     fn docker(image: &str) -> SandboxDefinition {
         SandboxDefinition {

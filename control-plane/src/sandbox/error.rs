@@ -149,7 +149,10 @@ mod tests {
 
     #[test]
     fn lifecycle_refusals_keep_their_codes_messages_and_metadata() {
-        let off = WireError::from(Error::ProviderOff { kind: ProviderKind::Docker, why: "no engine".into() });
+        let off = WireError::from(Error::ProviderOff {
+            kind: ProviderKind::named("docker").unwrap(),
+            why: "no engine".into(),
+        });
         assert_eq!(off.code, ErrorCode::FailedPrecondition);
         assert_eq!(off.message, "the docker provider is not available on this server: no engine");
         assert_eq!(off.metadata.get("provider").map(String::as_str), Some("docker"));
@@ -180,8 +183,10 @@ mod tests {
 
     #[test]
     fn the_layers_below_keep_their_mapping_and_not_found_is_told_apart() {
-        let unsupported =
-            provider::Error::Unsupported { kind: ProviderKind::Local, capability: "fork".into() };
+        let unsupported = provider::Error::Unsupported {
+            kind: ProviderKind::named("local").unwrap(),
+            capability: "fork".into(),
+        };
         let wire = WireError::from(Error::from(unsupported));
         assert_eq!(wire.code, ErrorCode::Unsupported);
         assert_eq!(wire.metadata.get("capability").map(String::as_str), Some("fork"));

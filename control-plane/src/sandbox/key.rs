@@ -18,67 +18,13 @@ use std::collections::BTreeMap;
 
 use sha2::{Digest, Sha256};
 use shared::proto::v1::{
-    DockerProvider, GitSource, SandboxDefinition, SetupStep, Skill, WorkspaceDefinition, git_source,
-    header_value, provider_spec, setup_step, skill, source,
+    GitSource, SandboxDefinition, SetupStep, Skill, WorkspaceDefinition, git_source, header_value,
+    setup_step, skill, source,
 };
 
+use crate::provider::{Canon, ProviderKind};
+
 const VERSION: &str = "sandhold.sandbox-key.v1";
-
-/// Canonical bytes under construction.
-#[derive(Default)]
-struct Canon(Vec<u8>);
-
-impl Canon {
-    fn bytes(&mut self, tag: &str, value: &[u8]) -> &mut Self {
-        self.raw(tag.as_bytes());
-        self.raw(value);
-        self
-    }
-
-    fn raw(&mut self, value: &[u8]) {
-        self.0.extend_from_slice(&(value.len() as u64).to_be_bytes());
-        self.0.extend_from_slice(value);
-    }
-
-    fn str(&mut self, tag: &str, value: &str) -> &mut Self {
-        self.bytes(tag, value.as_bytes())
-    }
-
-    fn num(&mut self, tag: &str, value: impl ToString) -> &mut Self {
-        self.str(tag, &value.to_string())
-    }
-
-    fn absent(&mut self, tag: &str) -> &mut Self {
-        self.str(tag, "-")
-    }
-
-    fn nested(&mut self, tag: &str, inner: Canon) -> &mut Self {
-        self.bytes(tag, &inner.0)
-    }
-
-    fn map<'a>(
-        &mut self,
-        tag: &str,
-        entries: impl IntoIterator<Item = (&'a String, &'a String)>,
-    ) -> &mut Self {
-        let sorted: BTreeMap<&String, &String> = entries.into_iter().collect();
-        let mut inner = Canon::default();
-        inner.num("len", sorted.len());
-        for (k, v) in sorted {
-            inner.str("k", k).str("v", v);
-        }
-        self.nested(tag, inner)
-    }
-
-    fn list<T>(&mut self, tag: &str, items: &[T], each: impl Fn(&T) -> Canon) -> &mut Self {
-        let mut inner = Canon::default();
-        inner.num("len", items.len());
-        for item in items {
-            inner.nested("item", each(item));
-        }
-        self.nested(tag, inner)
-    }
-}
 
 /// What identifies a sandbox besides its definition.
 #[derive(Debug, Clone, Copy)]
@@ -93,12 +39,10 @@ pub struct KeyInput<'a> {
 pub fn sandbox_key(definition: &SandboxDefinition, input: KeyInput<'_>) -> String {
     let mut c = Canon::default();
     c.str("version", VERSION).str("tenant", input.tenant).str("definition_id", &definition.id);
-    match definition.provider.as_ref().and_then(|p| p.provider.as_ref()) {
-        Some(provider_spec::Provider::Local(_)) => {
-            c.str("provider", "local");
-        }
-        Some(provider_spec::Provider::Docker(d)) => {
-            c.str("provider", "docker").nested("docker", docker(d));
+    match ProviderKind::of(definition) {
+        Some((kind, section)) => {
+            c.str("provider", kind.as_str());
+            kind.kind().key(section, &mut c);
         }
         None => {
             c.absent("provider");
@@ -121,26 +65,7 @@ pub fn sandbox_key(definition: &SandboxDefinition, input: KeyInput<'_>) -> Strin
         Some(run) => c.str("run_id", run),
         None => c.absent("run_id"),
     };
-    hex::encode(Sha256::digest(&c.0))
-}
-
-fn docker(d: &DockerProvider) -> Canon {
-    let mut c = Canon::default();
-    c.str("image", &d.image)
-        .str("user", &d.user)
-        .str("workdir", &d.workdir)
-        .num("memory_bytes", d.memory_bytes)
-        // Bits, not a decimal rendering: 1.5 and 1.50 are the same f64.
-        .num("cpus", d.cpus.to_bits())
-        .num("pids_limit", d.pids_limit)
-        .num("read_only_root", d.read_only_root)
-        .list("mounts", &d.mounts, |m| {
-            let mut i = Canon::default();
-            i.str("source", &m.source).str("target", &m.target).num("read_only", m.read_only);
-            i
-        })
-        .str("network", &d.network);
-    c
+    hex::encode(Sha256::digest(c.into_bytes()))
 }
 
 fn workspace(w: &WorkspaceDefinition) -> Canon {
@@ -232,7 +157,7 @@ fn skill_canon(s: &Skill) -> Canon {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use shared::proto::v1::{ParallelGroup, ProviderSpec, Source};
+    use shared::proto::v1::{DockerProvider, ParallelGroup, ProviderSpec, Source, provider_spec};
 
     fn definition() -> SandboxDefinition {
         SandboxDefinition {

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use shared::proto::v1 as api;
-use shared::proto::v1::{EnsureOutcome, EnsurePhase, provider_spec};
+use shared::proto::v1::{EnsureOutcome, EnsurePhase};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -17,7 +17,7 @@ use super::policy::OperatorPolicy;
 use super::quota::SandboxQuota;
 use crate::agent::AgentClient;
 use crate::lease::Leases;
-use crate::provider::{DockerOptions, MountSpec, Provider, ProviderKind, SandboxSpec, Snapshot};
+use crate::provider::{Provider, ProviderKind, SandboxSpec, Snapshot};
 use crate::provision::Progress;
 use crate::provision::{InvalidField, ProvisionContext, Provisioner, Secrets};
 use crate::store::{self, Instance, NewInstance, Stores, Tenant, Timestamp};
@@ -59,10 +59,9 @@ impl Providers {
     }
 
     pub fn by_name(&self, name: &str) -> Result<&Arc<dyn Provider>, Error> {
-        match name {
-            "local" => self.get(ProviderKind::Local),
-            "docker" => self.get(ProviderKind::Docker),
-            other => Err(Error::UnknownProvider(other.to_string())),
+        match ProviderKind::named(name) {
+            Some(kind) => self.get(kind),
+            None => Err(Error::UnknownProvider(name.to_string())),
         }
     }
 }
@@ -225,8 +224,7 @@ impl Lifecycle {
         let workspace = definition.workspace.clone().unwrap_or_default();
         // Refused before anything is made.
         self.provisioner.check(&workspace)?;
-        let mut spec = spec_for(definition, &key, &input.tenant);
-        self.policy.apply_limits(&mut spec.docker);
+        let spec = spec_for(definition, &key, &input.tenant, &self.policy);
 
         // One ensure per key at a time: concurrent callers wait here and then
         // find the sandbox the first one made.
@@ -694,48 +692,29 @@ async fn connect(
 }
 
 fn provider_kind(definition: &api::SandboxDefinition) -> Result<ProviderKind, Error> {
-    match definition.provider.as_ref().and_then(|p| p.provider.as_ref()) {
-        Some(provider_spec::Provider::Local(_)) => Ok(ProviderKind::Local),
-        Some(provider_spec::Provider::Docker(_)) => Ok(ProviderKind::Docker),
+    match ProviderKind::of(definition) {
+        Some((kind, _)) => Ok(kind),
         None => Err(InvalidField::new("definition.provider", "required").into()),
     }
 }
 
-/// What the provider is asked to create. Holds no secret.
-pub(crate) fn spec_for(definition: &api::SandboxDefinition, key: &str, tenant: &Tenant) -> SandboxSpec {
-    let docker = match definition.provider.as_ref().and_then(|p| p.provider.as_ref()) {
-        Some(provider_spec::Provider::Docker(d)) => DockerOptions {
-            image: non_empty(&d.image),
-            user: non_empty(&d.user),
-            workdir: non_empty(&d.workdir),
-            memory_bytes: (d.memory_bytes > 0).then(|| i64::try_from(d.memory_bytes).unwrap_or(i64::MAX)),
-            cpus: (d.cpus > 0.0).then_some(d.cpus),
-            pids_limit: (d.pids_limit > 0).then_some(d.pids_limit),
-            read_only_root: d.read_only_root,
-            network: non_empty(&d.network),
-            mounts: d
-                .mounts
-                .iter()
-                .map(|m| MountSpec {
-                    source: m.source.clone(),
-                    target: m.target.clone(),
-                    read_only: m.read_only,
-                })
-                .collect(),
-        },
-        _ => DockerOptions::default(),
-    };
-    SandboxSpec {
+/// What the provider is asked to create: the definition's provider section
+/// as its provider reads it, under `policy`'s default limits. Holds no secret.
+pub(crate) fn spec_for(
+    definition: &api::SandboxDefinition,
+    key: &str,
+    tenant: &Tenant,
+    policy: &OperatorPolicy,
+) -> SandboxSpec {
+    let mut spec = SandboxSpec {
         key: key.to_string(),
         tenant: tenant.as_str().to_string(),
         definition_id: definition.id.clone(),
         env: definition.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect::<BTreeMap<_, _>>(),
-        docker,
-    }
-}
-
-fn non_empty(s: &str) -> Option<String> {
-    (!s.is_empty()).then(|| s.to_string())
+        ..Default::default()
+    };
+    policy.configure(definition, &mut spec);
+    spec
 }
 
 /// A native snapshot as the instance store keeps it: `<taken at, unix
@@ -760,6 +739,8 @@ impl NativeSnapshot {
 
 #[cfg(test)]
 mod tests {
+    use shared::proto::v1::provider_spec;
+
     use super::*;
 
     #[test]
@@ -784,7 +765,7 @@ mod tests {
             secret_names: vec!["TOKEN".into()],
             ..Default::default()
         };
-        let spec = spec_for(&def, "k", &Tenant::new("t"));
+        let spec = spec_for(&def, "k", &Tenant::new("t"), &OperatorPolicy::default());
         assert_eq!(spec.docker.image.as_deref(), Some("img"));
         assert_eq!(spec.docker.memory_bytes, Some(1 << 20));
         assert_eq!(spec.docker.network, None, "no network unless asked");

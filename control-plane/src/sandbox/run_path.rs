@@ -9,7 +9,7 @@ use shared::proto::agent::v1 as agent;
 use crate::agent::AgentClient;
 use crate::harness::Harness;
 use crate::provider::ProviderKind;
-use crate::toolchain::{Cli, Libc, MOUNT, Toolchains};
+use crate::toolchain::{Cli, Libc, Toolchains};
 
 /// What the probe found in the image.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -67,10 +67,7 @@ pub(crate) async fn run_path(
             return (None, None);
         }
     };
-    let root = match provider {
-        ProviderKind::Docker => MOUNT.to_string(),
-        ProviderKind::Local => toolchains.root().display().to_string(),
-    };
+    let root = provider.kind().toolchain_root(toolchains.root());
     // An image with no C library still runs a static build (Codex), which
     // every libc's bin dir links.
     let bin = format!("{root}/{}/bin", image.libc.unwrap_or(Libc::Musl).as_str());

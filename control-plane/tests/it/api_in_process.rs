@@ -320,3 +320,45 @@ async fn snapshot_service_saves_lists_reads_forks_and_deletes_a_checkpoint() {
     let left = snapshots.list_snapshots(api::ListSnapshotsRequest { thread_id: "t2".into() }).await.unwrap();
     assert!(left.into_inner().checkpoints.is_empty());
 }
+
+/// Reads `run_id`'s stream to its end and returns its record.
+async fn finished_record(ip: &InProcess, request: api::StartRunRequest) -> api::Run {
+    let mut runs = ip.runs();
+    let run_id = request.run_id.clone();
+    let mut stream = runs.start_run(request).await.expect("the run starts").into_inner();
+    let mut seen = Seen::default();
+    assert!(read_until(&mut stream, &mut seen, |_| false).await.expect("the run streams"));
+    let request = api::GetRunRequest { run_id };
+    runs.get_run(request).await.unwrap().into_inner().run.unwrap()
+}
+
+#[tokio::test]
+async fn a_run_that_names_no_definition_keeps_its_threads() {
+    let ip = InProcess::start().await;
+    put_local_definition(&ip, "first").await;
+    put_local_definition(&ip, "second").await;
+
+    // A thread with neither a run nor a sandbox has no definition to keep.
+    let none = ip.runs().start_run(command_run("ip-keep-0", "t-new", "", "true")).await.unwrap_err();
+    assert_eq!(none.code(), Code::InvalidArgument, "{none:?}");
+    assert!(none.message().contains("definition_id"), "{none:?}");
+
+    // The thread's newest run decides ...
+    let named = finished_record(&ip, command_run("ip-keep-1", "t1", "first", "echo one")).await;
+    assert_eq!(named.definition_id, "first");
+    let kept = finished_record(&ip, command_run("ip-keep-2", "t1", "", "echo two")).await;
+    assert_eq!(kept.definition_id, "first", "the run took the thread's definition");
+    assert_eq!(kept.sandbox_id, named.sandbox_id, "and so kept the thread's sandbox");
+
+    // ... else the thread's newest sandbox (ensured through the API, never run).
+    let request = api::EnsureSandboxRequest {
+        definition_id: "second".into(),
+        thread_id: "t2".into(),
+        ..Default::default()
+    };
+    let (_, ready) = sandhold_tests::sandbox::ensure(&mut ip.sandboxes(), request).await;
+    let sandbox = ready.expect("the sandbox is ready").sandbox.expect("a sandbox").sandbox_id;
+    let kept = finished_record(&ip, command_run("ip-keep-3", "t2", "", "echo three")).await;
+    assert_eq!(kept.definition_id, "second");
+    assert_eq!(kept.sandbox_id, sandbox);
+}

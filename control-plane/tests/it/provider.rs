@@ -42,7 +42,7 @@ impl Harness {
     /// A spec of this harness (Docker: the busybox test image).
     fn spec(&self, test: &str) -> SandboxSpec {
         let mut spec = unique_spec(test);
-        if self.kind() == ProviderKind::Docker {
+        if self.kind().as_str() == "docker" {
             spec.docker.image = Some(TEST_IMAGE.to_string());
         }
         spec
@@ -105,10 +105,8 @@ async fn lifecycle(h: &Harness) {
     // the same files.
     let daemon_pid = agent.handshake().pid;
     // From outside on Docker: the run user cannot signal the root agent.
-    match h.kind() {
-        ProviderKind::Docker => {
-            docker::cli(&["exec", &sandbox.provider_id, "kill", "-9", &daemon_pid.to_string()])
-        }
+    match h.kind().as_str() {
+        "docker" => docker::cli(&["exec", &sandbox.provider_id, "kill", "-9", &daemon_pid.to_string()]),
         _ => drop(sh(&agent, &format!("kill -9 {daemon_pid}")).await),
     }
     let revived =
@@ -132,7 +130,7 @@ async fn lifecycle(h: &Harness) {
     assert!(h.provider.resume(&sandbox.provider_id).await.expect("resume after destroy").is_none());
     assert!(h.provider.list(&tenant_labels(&spec)).await.unwrap().is_empty());
     assert!(h.dir_entries().is_empty(), "per-sandbox dirs left: {:?}", h.dir_entries());
-    if h.kind() == ProviderKind::Docker {
+    if h.kind().as_str() == "docker" {
         assert!(docker::containers(&format!("{LABEL_TENANT}={}", spec.tenant)).is_empty(), "containers left");
     }
     // Destroy is idempotent.
@@ -172,9 +170,9 @@ async fn concurrent_creates(h: &Harness) {
 
 /// Ids that never existed resume as None and destroy as a no-op.
 async fn unknown_ids(h: &Harness) {
-    let id = match h.kind() {
-        ProviderKind::Local => "0123456789abcdef".to_string(),
-        ProviderKind::Docker => "sandhold-does-not-exist".to_string(),
+    let id = match h.kind().as_str() {
+        "local" => "0123456789abcdef".to_string(),
+        _ => "sandhold-does-not-exist".to_string(),
     };
     assert!(h.provider.resume(&id).await.expect("resume unknown").is_none());
     h.provider.destroy(&id).await.expect("destroy unknown");

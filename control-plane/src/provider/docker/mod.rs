@@ -32,12 +32,15 @@
 mod archive;
 mod container;
 mod engine;
+mod kind;
 mod options;
+mod policy;
 mod provider;
 mod user;
 
 pub use container::image_tag;
 pub use engine::DockerProvider;
+pub use kind::KIND;
 pub use options::{DockerOptions, DockerProviderOptions, MountSpec};
 
 /// Label holding the sandbox's host directory (to clean it up on destroy).

@@ -21,7 +21,7 @@ use crate::provision::InvalidField;
 #[async_trait]
 impl Provider for DockerProvider {
     fn kind(&self) -> ProviderKind {
-        ProviderKind::Docker
+        ProviderKind::new(&super::KIND)
     }
 
     fn capabilities(&self) -> Capabilities {

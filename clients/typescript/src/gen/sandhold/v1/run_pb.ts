@@ -183,7 +183,10 @@ export type StartRunRequest = Message<"sandhold.v1.StartRunRequest"> & {
   runId: string;
 
   /**
-   * Required: the sandbox definition (SandboxService.PutDefinition).
+   * The sandbox definition (SandboxService.PutDefinition). Empty: the
+   * thread's, so the run keeps the thread's sandbox: the definition of its
+   * newest run, else of its newest sandbox; INVALID_ARGUMENT for a thread
+   * with neither.
    *
    * @generated from field: string definition_id = 3;
    */
