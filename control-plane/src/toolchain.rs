@@ -13,127 +13,36 @@
 //! `bin` a sandbox gets ([`Libc::of_image`]); a static binary (Codex) is
 //! linked into both. The packages are the platform ones the CLIs' own npm
 //! packages depend on, fetched with `npm pack` (no install scripts run)
-//! and unpacked with `tar`.
+//! and unpacked with `tar`. Each harness pins its own package in its
+//! folder ([`Harness::toolchain`]); [`catalogue`] lists them.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{Context, bail};
 
+use crate::harness::Harness;
+pub use crate::harness::toolchain::{Cli, Libc, Package};
+
 /// Where Docker sandboxes see the toolchain dir (read-only).
 pub const MOUNT: &str = "/opt/sandhold/toolchains";
 
-/// Which C library a binary needs: what the image must have.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Libc {
-    Glibc,
-    Musl,
+/// What `sandhold harness install` knows: each harness's pinned CLI (the
+/// same versions the tests drive), in the registry's order.
+pub fn catalogue() -> impl Iterator<Item = &'static Cli> {
+    Harness::ALL.iter().filter_map(|h| h.toolchain())
 }
-
-impl Libc {
-    pub const ALL: [Libc; 2] = [Libc::Glibc, Libc::Musl];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Glibc => "glibc",
-            Self::Musl => "musl",
-        }
-    }
-
-    /// A shell probe that prints `glibc` and/or `musl` for the loaders an
-    /// image has (x86-64).
-    pub const PROBE: &'static str = "test -e /lib64/ld-linux-x86-64.so.2 && echo glibc; \
-        test -e /lib/ld-musl-x86_64.so.1 && echo musl; true";
-
-    /// The C library of an image from [`Libc::PROBE`]'s output (glibc
-    /// first); `None` for an image with neither (scratch, static busybox).
-    pub fn of_image(probe_output: &str) -> Option<Libc> {
-        let has = |l: Libc| probe_output.lines().any(|line| line.trim() == l.as_str());
-        Libc::ALL.into_iter().find(|l| has(*l))
-    }
-}
-
-/// One npm package holding a native binary for one libc (or for any:
-/// a static binary).
-#[derive(Debug, Clone, Copy)]
-struct Package {
-    /// `None`: static, runs on either.
-    libc: Option<Libc>,
-    /// `name@version` as npm resolves it.
-    spec: &'static str,
-    /// The binary inside the package (under `package/`).
-    binary: &'static str,
-}
-
-/// A harness CLI Sandhold can bring into sandboxes.
-#[derive(Debug, Clone, Copy)]
-pub struct Cli {
-    /// The harness's name (`claude-code`, `codex`, `opencode`).
-    pub harness: &'static str,
-    /// The program the harness runs.
-    pub program: &'static str,
-    pub version: &'static str,
-    packages: &'static [Package],
-}
-
-/// What `sandhold harness install` knows, pinned (the same versions the
-/// tests drive).
-pub const CATALOGUE: &[Cli] = &[
-    Cli {
-        harness: "claude-code",
-        program: "claude",
-        version: "2.1.197",
-        packages: &[
-            Package {
-                libc: Some(Libc::Glibc),
-                spec: "@anthropic-ai/claude-code-linux-x64@2.1.197",
-                binary: "claude",
-            },
-            Package {
-                libc: Some(Libc::Musl),
-                spec: "@anthropic-ai/claude-code-linux-x64-musl@2.1.197",
-                binary: "claude",
-            },
-        ],
-    },
-    Cli {
-        harness: "codex",
-        program: "codex",
-        version: "0.171.0",
-        packages: &[Package {
-            libc: None,
-            spec: "@openai/codex@0.171.0-linux-x64",
-            binary: "vendor/x86_64-unknown-linux-musl/bin/codex",
-        }],
-    },
-    Cli {
-        harness: "opencode",
-        program: "opencode",
-        version: "1.18.33",
-        // OpenCode publishes no musl build of this version.
-        packages: &[Package {
-            libc: Some(Libc::Glibc),
-            spec: "opencode-linux-x64@1.18.33",
-            binary: "bin/opencode",
-        }],
-    },
-];
 
 impl Cli {
     pub fn named(harness: &str) -> Option<&'static Cli> {
-        CATALOGUE.iter().find(|c| c.harness == harness)
+        Harness::parse(harness).ok().and_then(Harness::toolchain)
     }
+}
 
-    /// Whether a build of this CLI runs with `libc` (`None`: an image with
-    /// no C library).
-    pub fn runs_with(&self, libc: Option<Libc>) -> bool {
-        self.packages.iter().any(|p| p.libc.is_none() || p.libc == libc && libc.is_some())
-    }
-
-    fn package_dir(&self, root: &Path, package: &Package) -> PathBuf {
-        let flavour = package.libc.map(Libc::as_str).unwrap_or("static");
-        root.join(self.harness).join(self.version).join(flavour)
-    }
+/// Where one package of `cli` is unpacked under `root`.
+fn package_dir(cli: &Cli, root: &Path, package: &Package) -> PathBuf {
+    let flavour = package.libc.map(Libc::as_str).unwrap_or("static");
+    root.join(cli.harness).join(cli.version).join(flavour)
 }
 
 /// A harness CLI found in the toolchain dir.
@@ -170,7 +79,7 @@ impl Toolchains {
     pub fn install(&self, cli: &Cli, say: &mut dyn FnMut(&str)) -> anyhow::Result<()> {
         std::fs::create_dir_all(&self.root).with_context(|| format!("creating {}", self.root.display()))?;
         for package in cli.packages {
-            let dir = cli.package_dir(&self.root, package);
+            let dir = package_dir(cli, &self.root, package);
             if dir.join("package").join(package.binary).is_file() {
                 say(&format!("{} {}: {} already here", cli.harness, cli.version, package.spec));
                 continue;
@@ -192,7 +101,7 @@ impl Toolchains {
             std::fs::create_dir_all(&bin)?;
             // Relative, so the link holds wherever the dir is mounted.
             let target = Path::new("../..")
-                .join(cli.package_dir(Path::new(""), package))
+                .join(package_dir(cli, Path::new(""), package))
                 .join("package")
                 .join(package.binary);
             let link = bin.join(cli.program);
@@ -208,7 +117,7 @@ impl Toolchains {
     /// The harness CLIs the `bin` dirs point at, with their versions.
     pub fn list(&self) -> Vec<Installed> {
         let mut out: Vec<Installed> = Vec::new();
-        for cli in CATALOGUE {
+        for cli in catalogue() {
             for libc in Libc::ALL {
                 let link = self.bin_dir(libc).join(cli.program);
                 let Ok(target) = std::fs::read_link(&link) else { continue };
@@ -325,7 +234,7 @@ mod tests {
         // What an install leaves, made by hand (no registry in a unit test).
         let codex = Cli::named("codex").unwrap();
         let package = &codex.packages[0];
-        let binary = codex.package_dir(dir.path(), package).join("package").join(package.binary);
+        let binary = package_dir(codex, dir.path(), package).join("package").join(package.binary);
         std::fs::create_dir_all(binary.parent().unwrap()).unwrap();
         std::fs::write(&binary, "#!/bin/sh\n").unwrap();
         chains.install(codex, &mut |_| {}).unwrap();

@@ -11,7 +11,7 @@ use serde_json::json;
 
 use super::output::{OutputFormat, json_line};
 use super::run::EXIT_USAGE;
-use crate::toolchain::{CATALOGUE, Cli, Toolchains};
+use crate::toolchain::{Cli, Toolchains, catalogue};
 
 #[derive(Debug, Clone, Args)]
 pub struct ToolchainArgs {
@@ -60,7 +60,7 @@ pub fn harness(command: HarnessCommand) -> ExitCode {
                 .iter()
                 .map(|n| {
                     Cli::named(n).ok_or_else(|| {
-                        let known: Vec<&str> = CATALOGUE.iter().map(|c| c.harness).collect();
+                        let known: Vec<&str> = catalogue().map(|c| c.harness).collect();
                         format!("no harness CLI named {n:?}: one of {}", known.join(", "))
                     })
                 })

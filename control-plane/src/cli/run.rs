@@ -26,6 +26,7 @@ use super::output::{self, OutputFormat, json_line, message_json, status_error};
 use super::progress::EnsureDisplay;
 use super::render::{Outcome, Renderer, chunk_json};
 use super::{requests, thread};
+use crate::harness::Harness;
 
 /// A second Ctrl-C within this window cancels instead of detaching.
 const CANCEL_WINDOW: Duration = Duration::from_secs(2);
@@ -33,29 +34,21 @@ const CANCEL_WINDOW: Duration = Duration::from_secs(2);
 /// Exit code when the command itself failed (not the run).
 pub const EXIT_USAGE: u8 = 2;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
-pub enum Harness {
-    /// Any program: the argv after `--`.
-    #[default]
-    Command,
-    ClaudeCode,
-    Codex,
-    Opencode,
-    Gemini,
-    /// An Agent Client Protocol agent: its command line in --acp-command.
-    Acp,
-}
+// The library's harnesses as `--harness` values, in the registry's order.
+impl ValueEnum for Harness {
+    fn value_variants<'a>() -> &'a [Self] {
+        Harness::ALL
+    }
 
-impl Harness {
-    fn name(self) -> &'static str {
-        match self {
-            Self::Command => "command",
-            Self::ClaudeCode => "claude-code",
-            Self::Codex => "codex",
-            Self::Opencode => "opencode",
-            Self::Gemini => "gemini",
-            Self::Acp => "acp",
-        }
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        let value = clap::builder::PossibleValue::new(self.name());
+        Some(if *self == Harness::Command {
+            value.help("Any program: the argv after `--`")
+        } else if *self == Harness::Acp {
+            value.help("An Agent Client Protocol agent: its command line in --acp-command")
+        } else {
+            value
+        })
     }
 }
 
@@ -340,12 +333,11 @@ fn prepare(args: &RunArgs) -> anyhow::Result<Prepared> {
         options.sandbox_mode = args.acp_mode.clone().unwrap_or_default();
         options.permission_mode = args.acp_permissions.clone().unwrap_or_default();
     }
-    let prompt = match args.harness {
-        Harness::Command => {
-            options.command = args.command.clone();
-            String::new()
-        }
-        _ => args.command.join(" "),
+    let prompt = if args.harness == Harness::Command {
+        options.command = args.command.clone();
+        String::new()
+    } else {
+        args.command.join(" ")
     };
     let request = api::StartRunRequest {
         thread_id,
@@ -405,7 +397,7 @@ fn model_access(
     secret_names: &[String],
     existing: &[api::ModelAccess],
 ) -> anyhow::Result<Option<api::ModelAccess>> {
-    let harness = crate::harness::Harness::parse(args.harness.name()).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let harness = args.harness;
     // A harness without a model API (`command`) has nothing to broker.
     let Some(api) = harness.model_api() else { return Ok(None) };
     let mine = existing.iter().find(|m| m.harness == harness.name());

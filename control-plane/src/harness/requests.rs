@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use shared::chunk::{Chunk, ChunkRequest, ChunkType};
 use shared::requests::{Answer, Record, Request, RequestKind};
 
-use super::translator::{Emitter, Translate};
+use super::emit::{Emitter, Translate};
 
 /// What the translation knows of a run's requests.
 #[derive(Debug, Default)]

@@ -6,117 +6,18 @@ use std::collections::BTreeMap;
 use shared::ids::RunId;
 use shared::proto::agent::v1 as agent;
 
-use super::*;
-
-/// The harnesses a run can use.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Harness {
-    /// Any command: JSON chunk lines pass through, other lines are text.
-    Command,
-    /// `claude -p --output-format stream-json`.
-    ClaudeCode,
-    /// `codex exec --json`.
-    Codex,
-    /// `opencode run --format json`.
-    OpenCode,
-    /// `gemini --output-format stream-json`.
-    Gemini,
-    /// Any Agent Client Protocol agent (the run's `command`), driven by the
-    /// sandbox agent's `acp` mode.
-    Acp,
-}
-
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum HarnessError {
-    #[error("unknown harness {0:?} (known: command, claude-code, codex, opencode, gemini, acp)")]
-    Unknown(String),
+    /// The name asked for, and the registry's names.
+    #[error("unknown harness {0:?} (known: {1})")]
+    Unknown(String, String),
     #[error("the command harness needs a command (argv) to run")]
     MissingCommand,
     #[error("invalid option {option}: {reason}")]
     InvalidOption { option: &'static str, reason: String },
 }
 
-impl Harness {
-    pub const ALL: [Harness; 6] = [
-        Harness::Command,
-        Harness::ClaudeCode,
-        Harness::Codex,
-        Harness::OpenCode,
-        Harness::Gemini,
-        Harness::Acp,
-    ];
-
-    /// Whether the CLI has sessions a later run can continue (everything
-    /// but a plain command).
-    pub fn has_sessions(self) -> bool {
-        self != Harness::Command
-    }
-
-    /// The harness's name on the wire and in CUSTOM names
-    /// (`claude-code.session-id`).
-    pub fn name(self) -> &'static str {
-        match self {
-            Harness::Command => "command",
-            Harness::ClaudeCode => "claude-code",
-            Harness::Codex => "codex",
-            Harness::OpenCode => "opencode",
-            Harness::Gemini => "gemini",
-            Harness::Acp => "acp",
-        }
-    }
-
-    pub fn parse(name: &str) -> Result<Self, HarnessError> {
-        Self::ALL.into_iter().find(|h| h.name() == name).ok_or_else(|| HarnessError::Unknown(name.to_owned()))
-    }
-
-    /// The command line, environment and stdin of a run of this harness.
-    pub fn command(self, options: &HarnessOptions, prompt: &str) -> Result<CommandSpec, HarnessError> {
-        match self {
-            Harness::Command => command::command(options, prompt),
-            Harness::ClaudeCode => claude_code::command(options, prompt),
-            Harness::Codex => codex::command(options, prompt),
-            Harness::OpenCode => opencode::command(options, prompt),
-            Harness::Gemini => gemini::command(options, prompt),
-            Harness::Acp => acp::command(options, prompt),
-        }
-    }
-
-    /// A translator for one run of this harness, reading the CLI's own
-    /// output ([`Output::Native`]). `clock` stamps `timestamp_ms` only.
-    pub fn translator(
-        self,
-        run_id: &RunId,
-        thread_id: &str,
-        clock: impl Fn() -> i64 + Send + Sync + 'static,
-    ) -> Translator {
-        self.translator_for(Output::Native, run_id, thread_id, clock)
-    }
-
-    /// A translator for one run of this harness whose command prints
-    /// `output` (a [`CommandSpec::output`]). Chunk names stay the harness's
-    /// (`codex.session-id` for Codex through the ACP bridge: the ACP
-    /// session id is Codex's own thread id, as OpenCode's is its session
-    /// id, so a later run resumes it either way).
-    pub fn translator_for(
-        self,
-        output: Output,
-        run_id: &RunId,
-        thread_id: &str,
-        clock: impl Fn() -> i64 + Send + Sync + 'static,
-    ) -> Translator {
-        let inner: Box<dyn Translate> = match (self, output) {
-            (_, Output::Acp) | (Harness::Acp, _) => Box::new(acp::AcpTranslator::default()),
-            (Harness::Command, Output::Native) => Box::new(command::CommandTranslator::default()),
-            (Harness::ClaudeCode, Output::Native) => Box::new(claude_code::ClaudeCodeTranslator::default()),
-            (Harness::Codex, Output::Native) => Box::new(codex::CodexTranslator::default()),
-            (Harness::OpenCode, Output::Native) => Box::new(opencode::OpenCodeTranslator::default()),
-            (Harness::Gemini, Output::Native) => Box::new(gemini::GeminiTranslator::default()),
-        };
-        Translator { em: Emitter::new(self, run_id, thread_id, clock), inner, requests: Default::default() }
-    }
-}
-
-/// What a run's command prints, for [`Harness::translator_for`].
+/// What a run's command prints, for [`Harness::translator_for`](super::Harness::translator_for).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Output {
@@ -275,13 +176,14 @@ pub(super) fn program(options: &HarnessOptions, default: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::harness::Harness;
 
     #[test]
     fn names_round_trip() {
         for h in Harness::ALL {
-            assert_eq!(Harness::parse(h.name()), Ok(h));
+            assert_eq!(Harness::parse(h.name()), Ok(*h));
         }
-        assert!(matches!(Harness::parse("grok"), Err(HarnessError::Unknown(_))));
+        assert!(matches!(Harness::parse("grok"), Err(HarnessError::Unknown(..))));
     }
 
     #[test]

@@ -12,7 +12,7 @@ use shared::proto::v1::{Chunk, SandboxDefinition};
 use super::Error;
 use crate::agent::AgentClient;
 use crate::egress::{self, Connection, LOOPBACK, Plan, Purpose, Upstream};
-use crate::harness::{CommandSpec, Harness, model_api};
+use crate::harness::{CommandSpec, Harness};
 
 /// What a driver needs to serve a run's egress.
 #[derive(Debug, Clone)]
@@ -56,7 +56,7 @@ pub(super) async fn point(
     let port = egress::configure(agent, definition, routes).await.map_err(Error::StartRefused)?;
     if let Some(upstream) = &egress.upstream {
         let base = format!("http://{LOOPBACK}:{port}{}", upstream.path);
-        model_api::point_at(harness, command, &base, &placeholder);
+        harness.point_at(command, &base, &placeholder);
     }
     if definition.network.as_ref().is_some_and(|n| !n.allow_hosts.is_empty()) {
         for (name, value) in egress::proxy_env(port) {

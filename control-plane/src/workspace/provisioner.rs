@@ -100,7 +100,7 @@ impl Provisioner for WorkspaceProvisioner {
                 "MCP config carries secrets: written before each run, for that run's harness only",
             );
         } else {
-            for warning in skills::project_mcp(&remote, w, ctx.secrets, &skills::AGENT_HARNESSES).await? {
+            for warning in skills::project_mcp(&remote, w, ctx.secrets, Harness::ALL).await? {
                 ctx.progress.phase(EnsurePhase::Projecting, warning);
             }
         }

@@ -1,4 +1,8 @@
-//! Skills, projected per harness.
+//! Skills, projected per harness: where each harness reads skills and MCP
+//! servers, and its MCP config format, are the harness's own
+//! ([`Harness::skills_folder`], [`Harness::mcp_file`],
+//! [`Harness::mcp_config`]); here the workspace side: secrets resolved,
+//! repositories cloned, files written.
 //!
 //! | skill | Claude Code | Codex | OpenCode | Gemini CLI | ACP |
 //! |---|---|---|---|---|---|
@@ -20,12 +24,12 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use serde_json::{Value, json};
 use shared::proto::v1::{McpSkill, Skill, WorkspaceDefinition, header_value, skill};
 
 use super::git::{self, History};
 use super::remote::Remote;
 use crate::harness::Harness;
+use crate::harness::skills::McpServer;
 use crate::provision::{Error, Secrets};
 
 /// How deep under a git skill's folder `SKILL.md` files are looked for.
@@ -39,32 +43,6 @@ pub(crate) fn git_skill_dir(s: &shared::proto::v1::GitSkill) -> String {
         s.into.trim_end_matches('/').to_string()
     }
 }
-
-/// The skills folder of a harness, if it has one.
-fn skills_folder(harness: Harness) -> Option<&'static str> {
-    match harness {
-        Harness::ClaudeCode => Some(".claude/skills"),
-        Harness::Codex => Some(".codex/skills"),
-        Harness::OpenCode | Harness::Gemini | Harness::Acp | Harness::Command => None,
-    }
-}
-
-/// The MCP config file of a harness, if it reads one.
-pub(crate) fn mcp_file(harness: Harness) -> Option<&'static str> {
-    match harness {
-        Harness::ClaudeCode => Some(".mcp.json"),
-        Harness::Codex => Some(".codex/config.toml"),
-        Harness::OpenCode => Some("opencode.json"),
-        Harness::Gemini => Some(".gemini/settings.json"),
-        Harness::Acp => Some(crate::harness::acp::MCP_SERVERS_FILE),
-        Harness::Command => None,
-    }
-}
-
-/// The harnesses skills are projected for (`command` runs anything and
-/// reads none of these files).
-pub(crate) const AGENT_HARNESSES: [Harness; 5] =
-    [Harness::ClaudeCode, Harness::Codex, Harness::OpenCode, Harness::Gemini, Harness::Acp];
 
 fn mcp_skills(w: &WorkspaceDefinition) -> impl Iterator<Item = &McpSkill> {
     w.skills.iter().filter_map(|s| match &s.skill {
@@ -84,7 +62,8 @@ pub(crate) fn mcp_is_secret_bearing(w: &WorkspaceDefinition) -> bool {
 
 /// What `harness` cannot use of the workspace's skills, as warnings.
 pub(crate) fn warnings(w: &WorkspaceDefinition, harness: Harness) -> Vec<String> {
-    if harness == Harness::Command {
+    // A harness that reads no skills at all (`command` runs anything) lacks nothing.
+    if harness.mcp_file().is_none() && harness.skills_folder().is_none() {
         return Vec::new();
     }
     let name = harness.name();
@@ -93,7 +72,7 @@ pub(crate) fn warnings(w: &WorkspaceDefinition, harness: Harness) -> Vec<String>
         match &s.skill {
             Some(skill::Skill::Named(n)) => out
                 .push(format!("skill {n:?} skipped: {name} has no skill registry Sandhold can install from")),
-            Some(skill::Skill::Git(g)) if skills_folder(harness).is_none() => {
+            Some(skill::Skill::Git(g)) if harness.skills_folder().is_none() => {
                 out.push(format!("git skill {:?} skipped: {name} has no skills folder", g.name))
             }
             _ => {}
@@ -123,88 +102,6 @@ fn resolve_headers(m: &McpSkill, secrets: &Secrets) -> Result<BTreeMap<String, S
     Ok(out)
 }
 
-struct Server {
-    name: String,
-    url: String,
-    headers: BTreeMap<String, String>,
-}
-
-/// `existing` (a file the workspace may already have) with the servers
-/// merged in, in the harness's format; `Err(why)` when `existing` cannot be
-/// read as that format.
-fn merged_config(harness: Harness, existing: Option<&[u8]>, servers: &[Server]) -> Result<Vec<u8>, String> {
-    match harness {
-        // Sandhold's own file, not the repository's: written whole, as
-        // ACP's `mcpServers` (headers are name/value pairs).
-        Harness::Acp => {
-            let servers: Vec<Value> = servers
-                .iter()
-                .map(|s| {
-                    let headers: Vec<Value> =
-                        s.headers.iter().map(|(k, v)| json!({ "name": k, "value": v })).collect();
-                    json!({ "type": "http", "name": s.name, "url": s.url, "headers": headers })
-                })
-                .collect();
-            let mut out = serde_json::to_vec_pretty(&servers).map_err(|e| e.to_string())?;
-            out.push(b'\n');
-            Ok(out)
-        }
-        Harness::Codex => {
-            let mut doc: toml::Table = match existing {
-                Some(b) => std::str::from_utf8(b)
-                    .map_err(|e| e.to_string())
-                    .and_then(|s| s.parse::<toml::Table>().map_err(|e| e.to_string()))?,
-                None => toml::Table::new(),
-            };
-            let table = doc
-                .entry("mcp_servers")
-                .or_insert_with(|| toml::Value::Table(toml::Table::new()))
-                .as_table_mut()
-                .ok_or("mcp_servers is not a table")?;
-            for s in servers {
-                let mut entry = toml::Table::new();
-                entry.insert("url".into(), toml::Value::String(s.url.clone()));
-                if !s.headers.is_empty() {
-                    let headers =
-                        s.headers.iter().map(|(k, v)| (k.clone(), toml::Value::String(v.clone()))).collect();
-                    entry.insert("http_headers".into(), toml::Value::Table(headers));
-                }
-                table.insert(s.name.clone(), toml::Value::Table(entry));
-            }
-            toml::to_string(&doc).map(String::into_bytes).map_err(|e| e.to_string())
-        }
-        Harness::ClaudeCode | Harness::OpenCode | Harness::Gemini => {
-            let mut doc: Value = match existing {
-                Some(b) => serde_json::from_slice(b).map_err(|e| e.to_string())?,
-                None if harness == Harness::OpenCode => {
-                    json!({ "$schema": "https://opencode.ai/config.json" })
-                }
-                None => json!({}),
-            };
-            let key = if harness == Harness::OpenCode { "mcp" } else { "mcpServers" };
-            let root = doc.as_object_mut().ok_or("not a JSON object")?;
-            let table = root
-                .entry(key)
-                .or_insert_with(|| json!({}))
-                .as_object_mut()
-                .ok_or(format!("{key} is not an object"))?;
-            for s in servers {
-                let entry = match harness {
-                    Harness::ClaudeCode => json!({ "type": "http", "url": s.url, "headers": s.headers }),
-                    // Gemini CLI: `httpUrl` is streamable HTTP (`url` is SSE).
-                    Harness::Gemini => json!({ "httpUrl": s.url, "headers": s.headers }),
-                    _ => json!({ "type": "remote", "url": s.url, "enabled": true, "headers": s.headers }),
-                };
-                table.insert(s.name.clone(), entry);
-            }
-            let mut out = serde_json::to_vec_pretty(&doc).map_err(|e| e.to_string())?;
-            out.push(b'\n');
-            Ok(out)
-        }
-        Harness::Command => Err(format!("the {} harness reads no MCP config", harness.name())),
-    }
-}
-
 /// Write the MCP config of each of `harnesses` (when the workspace has MCP
 /// skills). Returns warnings for config files that could not be merged.
 pub(crate) async fn project_mcp(
@@ -215,7 +112,7 @@ pub(crate) async fn project_mcp(
 ) -> Result<Vec<String>, Error> {
     let servers = mcp_skills(w)
         .map(|m| {
-            Ok(Server { name: m.name.clone(), url: m.url.clone(), headers: resolve_headers(m, secrets)? })
+            Ok(McpServer { name: m.name.clone(), url: m.url.clone(), headers: resolve_headers(m, secrets)? })
         })
         .collect::<Result<Vec<_>, Error>>()?;
     let mut warnings = Vec::new();
@@ -223,9 +120,9 @@ pub(crate) async fn project_mcp(
         return Ok(warnings);
     }
     for &harness in harnesses {
-        let Some(path) = mcp_file(harness) else { continue };
+        let Some(path) = harness.mcp_file() else { continue };
         let existing = remote.read(path).await?;
-        match merged_config(harness, existing.as_deref(), &servers) {
+        match harness.mcp_config(existing.as_deref(), &servers) {
             Ok(bytes) => remote.write(path, &bytes, Some(0o600)).await?,
             Err(why) => warnings.push(format!(
                 "MCP skills skipped for {}: the workspace's {path} is not valid ({why})",
@@ -272,8 +169,8 @@ pub(crate) async fn install_git_skills(
             ));
         }
         for (name, folder) in found {
-            for harness in AGENT_HARNESSES {
-                let Some(base) = skills_folder(harness) else { continue };
+            for harness in Harness::ALL {
+                let Some(base) = harness.skills_folder() else { continue };
                 let link = format!("{base}/{name}");
                 remote.link_or_copy(&relative_target(&link, &folder), &link, &folder).await?;
             }
@@ -326,6 +223,8 @@ pub(crate) fn any(w: &WorkspaceDefinition) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::Value;
+
     use super::*;
     use shared::error::ErrorCode;
     use shared::proto::v1::{GitSkill, HeaderValue};
@@ -347,9 +246,9 @@ mod tests {
         }
     }
 
-    fn servers(w: &WorkspaceDefinition, secrets: &Secrets) -> Vec<Server> {
+    fn servers(w: &WorkspaceDefinition, secrets: &Secrets) -> Vec<McpServer> {
         mcp_skills(w)
-            .map(|m| Server {
+            .map(|m| McpServer {
                 name: m.name.clone(),
                 url: m.url.clone(),
                 headers: resolve_headers(m, secrets).unwrap(),
@@ -363,7 +262,8 @@ mod tests {
         let secrets: Secrets = [("TOK".to_string(), Secret::new("v-123"))].into();
         let s = servers(&w, &secrets);
         let claude: Value = serde_json::from_slice(
-            &merged_config(Harness::ClaudeCode, Some(br#"{"mcpServers":{"old":{"url":"u"}},"x":1}"#), &s)
+            &Harness::ClaudeCode
+                .mcp_config(Some(br#"{"mcpServers":{"old":{"url":"u"}},"x":1}"#), &s)
                 .unwrap(),
         )
         .unwrap();
@@ -371,7 +271,7 @@ mod tests {
         assert_eq!(claude["mcpServers"]["old"]["url"], "u", "servers already there are kept");
         assert_eq!(claude["x"], 1);
         let codex =
-            String::from_utf8(merged_config(Harness::Codex, Some(b"model = \"m\"\n"), &s).unwrap()).unwrap();
+            String::from_utf8(Harness::Codex.mcp_config(Some(b"model = \"m\"\n"), &s).unwrap()).unwrap();
         let parsed: toml::Table = codex.parse().unwrap();
         assert_eq!(parsed["model"].as_str(), Some("m"));
         assert_eq!(parsed["mcp_servers"]["docs"]["url"].as_str(), Some("https://mcp.example/x"));
@@ -380,13 +280,13 @@ mod tests {
             Some("Bearer v-123")
         );
         let opencode: Value =
-            serde_json::from_slice(&merged_config(Harness::OpenCode, None, &s).unwrap()).unwrap();
+            serde_json::from_slice(&Harness::OpenCode.mcp_config(None, &s).unwrap()).unwrap();
         assert_eq!(opencode["mcp"]["docs"]["type"], "remote");
         assert_eq!(opencode["mcp"]["docs"]["headers"]["Authorization"], "Bearer v-123");
-        assert!(merged_config(Harness::ClaudeCode, Some(b"not json"), &s).is_err());
+        assert!(Harness::ClaudeCode.mcp_config(Some(b"not json"), &s).is_err());
         // ACP's `mcpServers`, whatever the file held before.
         let acp: Value =
-            serde_json::from_slice(&merged_config(Harness::Acp, Some(b"stale"), &s).unwrap()).unwrap();
+            serde_json::from_slice(&Harness::Acp.mcp_config(Some(b"stale"), &s).unwrap()).unwrap();
         let header = serde_json::json!([{ "name": "Authorization", "value": "Bearer v-123" }]);
         let want = serde_json::json!([{ "type": "http", "name": "docs", "url": "https://mcp.example/x", "headers": header }]);
         assert_eq!(acp, want);

@@ -4,6 +4,10 @@
 //! one text message started at the first such line, its content each line
 //! with its newline, ended at the next JSON chunk or at finish.
 
+mod adapter;
+
+pub(super) use adapter::Command;
+
 use shared::chunk::{self, ChunkType};
 
 use super::{CommandSpec, Emitter, HarnessError, HarnessOptions, Translate, policy, prompt_stdin};

@@ -8,6 +8,11 @@
 //! reason; RUN_FINISHED comes at exit, since a run is many steps) and
 //! `error` (RUN_ERROR).
 
+mod adapter;
+mod session;
+
+pub(super) use adapter::OpenCode;
+
 use serde_json::{Map, Value, json};
 use shared::chunk::Usage;
 use shared::policy::{Action, Effect};
@@ -222,7 +227,7 @@ mod tests {
 
         // The broker's provider merges in; the policy stays.
         let mut spec = spec;
-        model_api::point_at(Harness::OpenCode, &mut spec, "http://127.0.0.1:5/v1", "ph");
+        Harness::OpenCode.point_at(&mut spec, "http://127.0.0.1:5/v1", "ph");
         let config = config_of(&spec);
         assert_eq!(config["permission"]["bash"], "deny");
         assert_eq!(config["provider"]["anthropic"]["options"]["baseURL"], "http://127.0.0.1:5/v1");
@@ -267,7 +272,7 @@ mod tests {
                 "model": "anthropic/m-1"
             })
         );
-        model_api::point_at(Harness::OpenCode, &mut spec, "http://b/v1", "ph");
+        Harness::OpenCode.point_at(&mut spec, "http://b/v1", "ph");
         assert!(config_of(&spec)["provider"]["anthropic"]["models"]["m-1"].is_object());
     }
 

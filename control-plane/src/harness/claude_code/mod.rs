@@ -9,6 +9,11 @@
 //! RUN_FINISHED, `error_max_turns` → RUN_FINISHED with reason `length`, other
 //! error subtypes → RUN_ERROR with the subtype as code).
 
+mod adapter;
+mod session;
+
+pub(super) use adapter::ClaudeCode;
+
 use std::collections::{HashMap, HashSet};
 
 use serde_json::{Map, Value, json};

@@ -15,6 +15,10 @@
 //! (RUN_ERROR). Other updates (available commands, modes, usage hints)
 //! produce nothing.
 
+mod adapter;
+
+pub(super) use adapter::Acp;
+
 use std::collections::HashMap;
 
 use serde_json::{Map, Value, json};

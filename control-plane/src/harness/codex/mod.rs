@@ -9,6 +9,11 @@
 //! searches, todo lists (CUSTOM `codex.todo_list`) and error items
 //! (warnings).
 
+mod adapter;
+mod session;
+
+pub(super) use adapter::Codex;
+
 use std::collections::HashMap;
 
 use serde_json::{Map, Value, json};
@@ -388,7 +393,7 @@ mod tests {
 
         // The broker's provider goes right after codex-acp.
         let mut spec = Harness::Codex.command(&options, "hi").unwrap();
-        model_api::point_at(Harness::Codex, &mut spec, "http://127.0.0.1:5/v1", "ph");
+        Harness::Codex.point_at(&mut spec, "http://127.0.0.1:5/v1", "ph");
         assert_eq!(spec.argv[9..12], ["/opt/clis/bin/codex-acp", "-c", "model_provider=\"sandhold\""]);
     }
 

@@ -9,6 +9,11 @@
 //! and `result` (usage; RUN_FINISHED, or RUN_ERROR with the error's type as
 //! code). The user's own `message` is not repeated.
 
+mod adapter;
+mod session;
+
+pub(super) use adapter::Gemini;
+
 use std::collections::HashMap;
 
 use serde_json::{Map, Value};
