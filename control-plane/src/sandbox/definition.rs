@@ -50,6 +50,11 @@ pub fn validate(d: &SandboxDefinition) -> Result<(), Violations> {
             if docker.pids_limit < 0 {
                 bad("definition.provider.docker.pids_limit", "must not be negative");
             }
+            if !docker.workdir.is_empty()
+                && let Some(why) = crate::provider::docker::workdir_violation(&docker.workdir)
+            {
+                bad("definition.provider.docker.workdir", &why);
+            }
             for (i, m) in docker.mounts.iter().enumerate() {
                 if m.source.is_empty() || !m.target.starts_with('/') {
                     bad(
