@@ -28,6 +28,9 @@ const RESERVED_TARGETS: [&str; 2] = ["/.sandhold", "/run/sandhold"];
 pub struct OperatorPolicy {
     policy: Policy,
     with_tokens: bool,
+    /// Host paths of the server no bind may hold or sit in, whatever the
+    /// prefixes say (its data dir, its toolchains).
+    protected: Vec<PathBuf>,
 }
 
 impl Default for OperatorPolicy {
@@ -39,7 +42,15 @@ impl Default for OperatorPolicy {
 
 impl OperatorPolicy {
     pub fn new(policy: Policy, with_tokens: bool) -> Self {
-        Self { policy, with_tokens }
+        Self { policy, with_tokens, protected: Vec::new() }
+    }
+
+    /// The same policy, refusing any bind that holds or sits in one of
+    /// `paths` (the server's data dir and toolchain dir: sandboxes' host
+    /// dirs, tokens, the database).
+    pub fn protecting(mut self, paths: impl IntoIterator<Item = PathBuf>) -> Self {
+        self.protected.extend(paths);
+        self
     }
 
     pub fn allows_provider(&self, provider: ProviderName) -> bool {
@@ -143,7 +154,10 @@ impl OperatorPolicy {
                 bad(&field, format!("target {:?} is reserved for the sandbox agent", m.target));
             }
             if m.source.starts_with('/') {
-                if let Some(why) = bind_refusal(p, Path::new(&m.source), m.read_only, on_host) {
+                let source = Path::new(&m.source);
+                if let Some(why) = bind_refusal(p, source, m.read_only, on_host)
+                    .or_else(|| protected_refusal(&self.protected, source))
+                {
                     bad(&field, why);
                 }
             } else if !p.docker_volumes.contains(&m.source) {
@@ -221,6 +235,42 @@ fn image_allowed(allowed: &str, image: &str) -> bool {
                     .is_some_and(|rest| rest.starts_with(':') || rest.starts_with('@'))
         }
     }
+}
+
+/// Why a bind of `source` is refused whatever the prefixes: it holds or
+/// sits in a `protected` path, or is (or directly holds) a socket, which a
+/// read-only bind still lets the sandbox connect to (`docker.sock`). Both
+/// as written and as this host resolves it.
+fn protected_refusal(protected: &[PathBuf], source: &Path) -> Option<String> {
+    let resolved = std::fs::canonicalize(source).ok();
+    let sources: Vec<&Path> = std::iter::once(source).chain(resolved.as_deref()).collect();
+    for path in protected {
+        let real = std::fs::canonicalize(path).ok();
+        for p in std::iter::once(path.as_path()).chain(real.as_deref()) {
+            if sources.iter().any(|s| s.starts_with(p) || p.starts_with(s)) {
+                return Some(format!(
+                    "host path {} holds or is inside the server's own {} (never bound)",
+                    source.display(),
+                    path.display()
+                ));
+            }
+        }
+    }
+    use std::os::unix::fs::FileTypeExt;
+    let meta = std::fs::metadata(source).ok()?;
+    if meta.file_type().is_socket() {
+        return Some(format!("host path {} is a socket (never bound, even read-only)", source.display()));
+    }
+    if meta.is_dir() {
+        let socket =
+            std::fs::read_dir(source).ok()?.flatten().find(|e| e.file_type().is_ok_and(|t| t.is_socket()))?;
+        return Some(format!(
+            "host path {} holds a socket, {} (never bound, even read-only)",
+            source.display(),
+            socket.file_name().to_string_lossy()
+        ));
+    }
+    None
 }
 
 /// Why a bind of host path `source` is refused, or `None`.

@@ -14,6 +14,7 @@ mod harness_golden;
 mod hostile_policy;
 mod hostile_run_ids;
 mod hostile_run_user;
+mod hostile_sandbox_paths;
 mod metrics;
 mod provider;
 mod readme;
