@@ -63,6 +63,11 @@ struct Package {
     spec: &'static str,
     /// The binary inside the package (under `package/`).
     binary: &'static str,
+    /// The tarball's `dist.integrity` as the registry published it when
+    /// this version was pinned (`npm view SPEC dist.integrity`): npm checks
+    /// a tarball against what the registry says now, this against what it
+    /// said then.
+    integrity: &'static str,
 }
 
 /// A harness CLI Sandhold can bring into sandboxes.
@@ -88,11 +93,13 @@ pub const CATALOGUE: &[Cli] = &[
                 libc: Some(Libc::Glibc),
                 spec: "@anthropic-ai/claude-code-linux-x64@2.1.197",
                 binary: "claude",
+                integrity: "sha512-rIlKmrY0QMyHgPRX/MYWNj039vbypICvI9jVe3rs9Xy2RnNklySjyPxqh62QadznzoftEO23uYQ1tFePcQ//bg==",
             },
             Package {
                 libc: Some(Libc::Musl),
                 spec: "@anthropic-ai/claude-code-linux-x64-musl@2.1.197",
                 binary: "claude",
+                integrity: "sha512-/Ij3+inZf96Lb1BLnO0rWArRi1HqIMh6HeGrQoykrp7a8Yj0SA1EQIO42kpNeVxM9z3o3xUaiIf0FRMzLIp6oQ==",
             },
         ],
     },
@@ -104,6 +111,7 @@ pub const CATALOGUE: &[Cli] = &[
             libc: None,
             spec: "@openai/codex@0.171.0-linux-x64",
             binary: "vendor/x86_64-unknown-linux-musl/bin/codex",
+            integrity: "sha512-l66NZkQgdk2C3pbcfULDz42yEUB581MVA6I+Y43Wp4OIqEy73HCdmZ0GTjeAHY2ycuH4N00d9VsLrwT1jxshTw==",
         }],
     },
     Cli {
@@ -115,6 +123,7 @@ pub const CATALOGUE: &[Cli] = &[
             libc: Some(Libc::Glibc),
             spec: "opencode-linux-x64@1.18.33",
             binary: "bin/opencode",
+            integrity: "sha512-q/t/3p2CTxOT9y2kvjesb/LZab2+1eqlhhWA02Be6mjTtmYtNBcBsrI5yDo4Fw7ZSPBW2oyMIGMNRqiKQjiAWw==",
         }],
     },
 ];
@@ -176,7 +185,7 @@ impl Toolchains {
                 continue;
             }
             say(&format!("{} {}: fetching {} from the npm registry", cli.harness, cli.version, package.spec));
-            fetch(package.spec, &self.root, &dir)?;
+            fetch(package.spec, package.integrity, &self.root, &dir)?;
             if !dir.join("package").join(package.binary).is_file() {
                 bail!("{} has no {} (a changed package layout?)", package.spec, package.binary);
             }
@@ -260,9 +269,26 @@ impl Drop for Scratch {
     }
 }
 
+/// Refuse the tarball at `path` unless its SHA-512 is the pinned
+/// `integrity` (`sha512-<base64>`, as npm writes it).
+fn check_integrity(spec: &str, path: &Path, integrity: &str) -> anyhow::Result<()> {
+    use base64::Engine;
+    use sha2::Digest;
+    let data = std::fs::read(path).with_context(|| format!("reading the tarball of {spec}"))?;
+    let got =
+        format!("sha512-{}", base64::engine::general_purpose::STANDARD.encode(sha2::Sha512::digest(&data)));
+    if got != integrity {
+        bail!(
+            "the tarball of {spec} is not the one pinned in the catalogue (integrity {got}, pinned {integrity}): \
+             refusing to install it"
+        );
+    }
+    Ok(())
+}
+
 /// `npm pack SPEC` into a scratch dir under `root`, unpacked into `dir`
 /// (moved into place whole, so a broken fetch leaves nothing behind).
-fn fetch(spec: &str, root: &Path, dir: &Path) -> anyhow::Result<()> {
+fn fetch(spec: &str, integrity: &str, root: &Path, dir: &Path) -> anyhow::Result<()> {
     let scratch = Scratch::new(root)?;
     let npm = Command::new("npm")
         .args(["pack", "--silent", "--pack-destination"])
@@ -281,6 +307,7 @@ fn fetch(spec: &str, root: &Path, dir: &Path) -> anyhow::Result<()> {
         bail!("npm pack {spec} failed: {}", String::from_utf8_lossy(&npm.stderr).trim());
     }
     let tarball = String::from_utf8_lossy(&npm.stdout).lines().last().unwrap_or_default().trim().to_string();
+    check_integrity(spec, &scratch.path().join(&tarball), integrity)?;
     let unpacked = scratch.path().join("unpacked");
     std::fs::create_dir_all(&unpacked)?;
     let tar = Command::new("tar")
@@ -303,6 +330,32 @@ fn fetch(spec: &str, root: &Path, dir: &Path) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tarball_that_is_not_the_pinned_one_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let tarball = dir.path().join("p.tgz");
+        std::fs::write(&tarball, b"the package").unwrap();
+        // sha512 of "the package", as npm writes it.
+        use base64::Engine;
+        use sha2::Digest;
+        let pinned = format!(
+            "sha512-{}",
+            base64::engine::general_purpose::STANDARD.encode(sha2::Sha512::digest(b"the package"))
+        );
+        check_integrity("p@1", &tarball, &pinned).unwrap();
+        std::fs::write(&tarball, b"the package, tampered").unwrap();
+        let err = check_integrity("p@1", &tarball, &pinned).unwrap_err().to_string();
+        assert!(err.contains("p@1") && err.contains("not the one pinned") && err.contains(&pinned), "{err}");
+        // Every package of the catalogue has a pin of that shape.
+        for cli in CATALOGUE {
+            for p in cli.packages {
+                let b64 = p.integrity.strip_prefix("sha512-").unwrap_or_else(|| panic!("{}", p.spec));
+                let raw = base64::engine::general_purpose::STANDARD.decode(b64).unwrap();
+                assert_eq!(raw.len(), 64, "{}", p.spec);
+            }
+        }
+    }
 
     #[test]
     fn the_image_probe_picks_glibc_first_and_knows_none() {
