@@ -149,7 +149,7 @@ fn debian(id: &str, source: Option<&str>) -> api::SandboxDefinition {
     api::SandboxDefinition {
         id: id.into(),
         provider: Some(api::ProviderSpec { provider: Some(api::provider_spec::Provider::Docker(docker)) }),
-        secret_names: vec!["GIT_TOKEN".into()],
+        secret_names: source.iter().map(|_| "GIT_TOKEN".to_string()).collect(),
         workspace: source.map(|s| api::WorkspaceDefinition { source: Some(s), ..Default::default() }),
         ..Default::default()
     }
@@ -165,14 +165,15 @@ async fn the_git_token_reaches_the_origin_and_nothing_of_the_run_user() {
     let _cleanup = DockerCleanup { tenant: s.tenant.clone() };
     let mut sandboxes = s.server.sandboxes(&s.token).await;
     // The origin has to live in the sandbox (it has no network), so the
-    // sandbox comes first and the definition names the origin after.
+    // sandbox comes first and the definition names the origin after; the
+    // token comes with each call.
     put_definition(&mut sandboxes, debian("git", None)).await;
     let req = api::EnsureSandboxRequest {
         definition_id: "git".into(),
         thread_id: "git".into(),
-        secrets: [("GIT_TOKEN".to_string(), TOKEN.to_string())].into(),
         ..Default::default()
     };
+    let token = || [("GIT_TOKEN".to_string(), TOKEN.to_string())].into_iter().collect();
     let sandbox = ensure(&mut sandboxes, req).await.1.unwrap_or_else(|e| panic!("{e}")).sandbox_id;
     let container =
         docker::running(&format!("{LABEL_TENANT}={}", s.tenant)).pop().expect("the sandbox's container");
@@ -234,6 +235,7 @@ async fn the_git_token_reaches_the_origin_and_nothing_of_the_run_user() {
         .git_push(api::GitPushRequest {
             sandbox_id: sandbox.clone(),
             path: "repo".into(),
+            secrets: token(),
             ..Default::default()
         })
         .await
@@ -258,6 +260,7 @@ async fn the_git_token_reaches_the_origin_and_nothing_of_the_run_user() {
         .git_pull(api::GitPullRequest {
             sandbox_id: sandbox.clone(),
             path: "repo".into(),
+            secrets: token(),
             ..Default::default()
         })
         .await
