@@ -85,7 +85,7 @@ impl Toolchains {
                 continue;
             }
             say(&format!("{} {}: fetching {} from the npm registry", cli.harness, cli.version, package.spec));
-            fetch(package.spec, &self.root, &dir)?;
+            fetch(package.spec, package.integrity, &self.root, &dir)?;
             if !dir.join("package").join(package.binary).is_file() {
                 bail!("{} has no {} (a changed package layout?)", package.spec, package.binary);
             }
@@ -169,9 +169,27 @@ impl Drop for Scratch {
     }
 }
 
-/// `npm pack SPEC` into a scratch dir under `root`, unpacked into `dir`
-/// (moved into place whole, so a broken fetch leaves nothing behind).
-fn fetch(spec: &str, root: &Path, dir: &Path) -> anyhow::Result<()> {
+/// Refuse the tarball at `path` unless its SHA-512 is the pinned
+/// `integrity` (`sha512-<base64>`, as npm writes it).
+fn check_integrity(spec: &str, path: &Path, integrity: &str) -> anyhow::Result<()> {
+    use base64::Engine;
+    use sha2::Digest;
+    let data = std::fs::read(path).with_context(|| format!("reading the tarball of {spec}"))?;
+    let got =
+        format!("sha512-{}", base64::engine::general_purpose::STANDARD.encode(sha2::Sha512::digest(&data)));
+    if got != integrity {
+        bail!(
+            "the tarball of {spec} is not the one pinned in the catalogue (integrity {got}, pinned {integrity}): \
+             refusing to install it"
+        );
+    }
+    Ok(())
+}
+
+/// `npm pack SPEC` into a scratch dir under `root`, checked against its
+/// pinned `integrity`, unpacked into `dir` (moved into place whole, so a
+/// broken fetch leaves nothing behind).
+fn fetch(spec: &str, integrity: &str, root: &Path, dir: &Path) -> anyhow::Result<()> {
     let scratch = Scratch::new(root)?;
     let npm = Command::new("npm")
         .args(["pack", "--silent", "--pack-destination"])
@@ -190,6 +208,7 @@ fn fetch(spec: &str, root: &Path, dir: &Path) -> anyhow::Result<()> {
         bail!("npm pack {spec} failed: {}", String::from_utf8_lossy(&npm.stderr).trim());
     }
     let tarball = String::from_utf8_lossy(&npm.stdout).lines().last().unwrap_or_default().trim().to_string();
+    check_integrity(spec, &scratch.path().join(&tarball), integrity)?;
     let unpacked = scratch.path().join("unpacked");
     std::fs::create_dir_all(&unpacked)?;
     let tar = Command::new("tar")
@@ -212,6 +231,32 @@ fn fetch(spec: &str, root: &Path, dir: &Path) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tarball_that_is_not_the_pinned_one_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let tarball = dir.path().join("p.tgz");
+        std::fs::write(&tarball, b"the package").unwrap();
+        // sha512 of "the package", as npm writes it.
+        use base64::Engine;
+        use sha2::Digest;
+        let pinned = format!(
+            "sha512-{}",
+            base64::engine::general_purpose::STANDARD.encode(sha2::Sha512::digest(b"the package"))
+        );
+        check_integrity("p@1", &tarball, &pinned).unwrap();
+        std::fs::write(&tarball, b"the package, tampered").unwrap();
+        let err = check_integrity("p@1", &tarball, &pinned).unwrap_err().to_string();
+        assert!(err.contains("p@1") && err.contains("not the one pinned") && err.contains(&pinned), "{err}");
+        // Every package of the catalogue has a pin of that shape.
+        for cli in catalogue() {
+            for p in cli.packages {
+                let b64 = p.integrity.strip_prefix("sha512-").unwrap_or_else(|| panic!("{}", p.spec));
+                let raw = base64::engine::general_purpose::STANDARD.decode(b64).unwrap();
+                assert_eq!(raw.len(), 64, "{}", p.spec);
+            }
+        }
+    }
 
     #[test]
     fn the_image_probe_picks_glibc_first_and_knows_none() {

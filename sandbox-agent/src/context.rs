@@ -36,6 +36,8 @@ impl AgentContext {
         std::fs::create_dir_all(&options.root)
             .with_context(|| format!("creating the sandbox root {}", options.root.display()))?;
         if let Some(user) = &options.run_user {
+            let exe = std::env::current_exe().context("finding the agent's own binary")?;
+            crate::run_user::check_root(&options.root, &[&options.journal_dir, &exe])?;
             user.prepare(Path::new("/etc"));
             user.adopt(&options.root)
                 .with_context(|| format!("handing the root {} to the run user", options.root.display()))?;

@@ -11,6 +11,7 @@ pub mod acp;
 pub mod auth;
 pub mod child;
 pub mod confine;
+pub mod git;
 pub mod init;
 pub mod mcp;
 pub mod options;

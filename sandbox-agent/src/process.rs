@@ -9,10 +9,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use shared::error::{Error, ErrorCode};
 use shared::proto::agent::v1::{
-    self as proto, Command, ExecRequest, ExecResponse, ListProcessesRequest, ListProcessesResponse,
-    OutputChunk, OutputStream, ProcessInfo, SignalProcessRequest, SignalProcessResponse, SpawnRequest,
-    SpawnResponse, SpawnStarted, TerminalSize, process_service_server::ProcessService, spawn_request,
-    spawn_response,
+    self as proto, Command, ExecRequest, ExecResponse, GitRequest, ListProcessesRequest,
+    ListProcessesResponse, OutputChunk, OutputStream, ProcessInfo, SignalProcessRequest,
+    SignalProcessResponse, SpawnRequest, SpawnResponse, SpawnStarted, TerminalSize,
+    process_service_server::ProcessService, spawn_request, spawn_response,
 };
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
@@ -24,6 +24,7 @@ use crate::child::{self, ChildEvent, Pty, RunningChild};
 use crate::confine::Root;
 pub use crate::confine::resolve_cwd;
 use crate::context::AgentContext;
+use crate::git::Transfers;
 use crate::run_user::RunUser;
 use crate::vault::Vault;
 
@@ -157,6 +158,7 @@ pub struct Processes {
     table: ProcessTable,
     run_user: Option<RunUser>,
     vault: Vault,
+    git: Transfers,
 }
 
 impl Processes {
@@ -168,6 +170,7 @@ impl Processes {
             table: ProcessTable::default(),
             run_user: ctx.run_user.clone(),
             vault: ctx.vault.clone(),
+            git: Transfers::new(ctx.root.clone(), ctx.journal_dir.clone(), ctx.run_user.clone()),
         }
     }
 
@@ -502,6 +505,10 @@ impl ProcessService for Processes {
         req: Request<Streaming<SpawnRequest>>,
     ) -> Result<Response<Self::SpawnStream>, Status> {
         Ok(Response::new(self.start_spawn(req.into_inner()).await?))
+    }
+
+    async fn git(&self, req: Request<GitRequest>) -> Result<Response<ExecResponse>, Status> {
+        Ok(Response::new(self.git.run(req.into_inner()).await?))
     }
 
     async fn list_processes(

@@ -83,11 +83,14 @@ impl RunUser {
     /// Hand the tree at `root` to the user, once: only while `root` itself
     /// is not the user's yet (a fresh container, before any command of the
     /// user runs, so nothing can swap a directory for a link mid-walk).
+    /// The walk stays on `root`'s filesystem: a mount inside it (the
+    /// operator's host directories, the agent's own) keeps its owners.
     pub fn adopt(&self, root: &Path) -> std::io::Result<()> {
         if std::fs::symlink_metadata(root)?.uid() == self.uid {
             return Ok(());
         }
-        for entry in walkdir::WalkDir::new(root).follow_links(false).into_iter().flatten() {
+        let walk = walkdir::WalkDir::new(root).follow_links(false).same_file_system(true);
+        for entry in walk.into_iter().flatten() {
             let _ = std::os::unix::fs::lchown(entry.path(), Some(self.uid), Some(self.gid));
         }
         std::os::unix::fs::lchown(root, Some(self.uid), Some(self.gid))
@@ -112,6 +115,24 @@ impl RunUser {
     pub fn ids(&self) -> String {
         format!("{}:{}", self.uid, self.gid)
     }
+}
+
+/// Refuse a root that is `/` or holds one of the agent's `own` paths (its
+/// binary, its journal dir): handing it to the run user would hand those
+/// too.
+pub fn check_root(root: &Path, own: &[&Path]) -> anyhow::Result<()> {
+    let root = std::path::absolute(root)?;
+    anyhow::ensure!(root.parent().is_some(), "the sandbox root may not be / when commands run as a run user");
+    for path in own {
+        let path = std::path::absolute(path)?;
+        anyhow::ensure!(
+            !path.starts_with(&root),
+            "the sandbox root {} holds the agent's {}; the run user must not own it",
+            root.display(),
+            path.display()
+        );
+    }
+    Ok(())
 }
 
 fn has_id(text: &str, field: usize, id: u32) -> bool {
@@ -172,6 +193,46 @@ impl Drop for FsAs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_root_over_the_agents_paths_is_refused() {
+        let journal = Path::new("/run/sandhold/journal");
+        let agent = Path::new("/.sandhold/sandhold-agent");
+        for bad in ["/", "/run", "/run/sandhold", "/.sandhold"] {
+            let err = check_root(Path::new(bad), &[journal, agent]).unwrap_err();
+            assert!(format!("{err:#}").contains("root"), "{bad}: {err:#}");
+        }
+        check_root(Path::new("/workspace"), &[journal, agent]).unwrap();
+        check_root(Path::new("/runner"), &[journal, agent]).unwrap();
+    }
+
+    /// A mount inside the root (here a tmpfs, when the test may mount one)
+    /// keeps its owner: the walk stays on the root's filesystem.
+    #[test]
+    fn adopting_stays_on_the_roots_filesystem() {
+        // SAFETY: a plain syscall.
+        if unsafe { libc::geteuid() } != 0 {
+            return;
+        }
+        let root = tempfile::tempdir().unwrap();
+        let inner = root.path().join("mnt");
+        std::fs::create_dir(&inner).unwrap();
+        let mounted = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "tmpfs"])
+            .arg(&inner)
+            .status()
+            .is_ok_and(|s| s.success());
+        if !mounted {
+            return;
+        }
+        std::fs::write(inner.join("host-file"), b"x").unwrap();
+        let user = RunUser { uid: 10001, gid: 10001, name: "u".into(), home: DEFAULT_HOME.into() };
+        user.adopt(root.path()).unwrap();
+        let owner = std::fs::metadata(inner.join("host-file")).unwrap().uid();
+        let _ = std::process::Command::new("umount").arg(&inner).status();
+        assert_eq!(owner, 0, "the walk crossed into a mount");
+        assert_eq!(std::fs::metadata(root.path()).unwrap().uid(), 10001);
+    }
 
     #[test]
     fn an_image_without_passwd_gets_the_default_name_and_home() {

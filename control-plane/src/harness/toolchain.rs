@@ -42,6 +42,11 @@ pub struct Package {
     pub spec: &'static str,
     /// The binary inside the package (under `package/`).
     pub binary: &'static str,
+    /// The tarball's `dist.integrity` as the registry published it when
+    /// this version was pinned (`npm view SPEC dist.integrity`): npm checks
+    /// a tarball against what the registry says now, this against what it
+    /// said then.
+    pub integrity: &'static str,
 }
 
 /// A harness CLI Sandhold can bring into sandboxes.

@@ -9,7 +9,7 @@
 //! layer asks the [`ProviderKind`] of a definition instead.
 
 use std::future::Future;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
 
@@ -49,6 +49,14 @@ pub trait Kind: Send + Sync + 'static {
         out: &mut Vec<Violation>,
     ) {
         let _ = (section, policy, on_host, out);
+    }
+
+    /// The host paths the section binds into the sandbox, each with its
+    /// field: the operator policy refuses those that hold or sit in the
+    /// server's own dirs, or are sockets, whatever the provider.
+    fn host_paths(&self, section: &provider_spec::Provider) -> Vec<(String, PathBuf)> {
+        let _ = section;
+        Vec::new()
     }
 
     /// Fill `spec` with what the section asks for, the operator's default

@@ -5,10 +5,15 @@
 //!
 //! - Nothing the caller sends is read by git as an option: refs, remotes
 //!   and branch names starting with `-` are refused, paths follow `--`.
-//! - Push and pull authenticate with the token of the workspace source's
-//!   `auth_secret` (the call's `secrets`, else the sandbox's last ensure)
-//!   through the credential helper of the clone: in the environment of
-//!   that one command, never in an argv, a URL, or `.git/config`.
+//! - Push and pull to `origin` authenticate with the token of the
+//!   workspace source's `auth_secret` (the call's `secrets`, else the
+//!   sandbox's last ensure), to the source's URL: the network half runs in
+//!   the agent (`ProcessService.Git`) as the agent's user, never the run
+//!   user, with none of the repository's hooks or config; the local half
+//!   (which commit, the tracking ref, the merge) runs as the run user. A
+//!   token never reaches a process of the run user, nor a remote the
+//!   repository names (the run can rewrite `.git/config`). Other remotes
+//!   get no token.
 //! - git's refusals (nothing to commit, a rejected push, a diverged pull)
 //!   are FAILED_PRECONDITION with git's own message.
 
@@ -47,7 +52,67 @@ impl Output {
     }
 }
 
+/// The credential of the workspace source: its URL and token.
+struct Credential {
+    url: String,
+    token: Secret,
+}
+
+/// `done` as an [`Output`], or [`Error::Git`] carrying git's message when
+/// it failed (`what` names the command).
+fn outcome(what: &str, done: agent::ExecResponse) -> Result<Output, Error> {
+    let code = match done.status.and_then(|s| s.status) {
+        Some(agent::exit_status::Status::Code(c)) => c,
+        Some(agent::exit_status::Status::Signal(n)) => 128 + n,
+        None => -1,
+    };
+    if done.timed_out {
+        return Err(Error::Git(format!("git {what} timed out")));
+    }
+    if code != 0 {
+        let said = [done.stderr, done.stdout]
+            .iter()
+            .map(|b| String::from_utf8_lossy(b).trim().to_string())
+            .find(|s| !s.is_empty())
+            .unwrap_or_else(|| format!("exit code {code}"));
+        return Err(Error::Git(format!("git {what}: {said}")));
+    }
+    Ok(Output { stdout: done.stdout, truncated: done.stdout_truncated })
+}
+
 impl Repo {
+    /// The push or fetch `op` with `credential`, by the agent's own git.
+    async fn transfer(&self, credential: &Credential, op: agent::git_request::Op) -> Result<Output, Error> {
+        let what = match op {
+            agent::git_request::Op::Push(_) => "push",
+            agent::git_request::Op::Fetch(_) => "fetch",
+        };
+        let done = self
+            .live
+            .agent
+            .process()
+            .git(agent::GitRequest {
+                repo: self.path.clone(),
+                url: credential.url.clone(),
+                token: credential.token.expose().to_string(),
+                op: Some(op),
+                timeout_ms: Some(GIT_TIMEOUT_MS),
+            })
+            .await
+            .map_err(Error::Rpc)?
+            .into_inner();
+        outcome(what, done)
+    }
+
+    /// The commit `rev` names, or `None` when it names none.
+    async fn commit_of(&self, rev: &str) -> Option<String> {
+        let spec = format!("{rev}^{{commit}}");
+        self.git(&["rev-parse", "--verify", "--quiet", &spec], HashMap::new(), b"")
+            .await
+            .ok()
+            .map(|o| o.text())
+    }
+
     /// Run `git ARGS` in the repository with `env` added (and `stdin`);
     /// a non-zero exit is [`Error::Git`] carrying git's message.
     async fn git(&self, args: &[&str], env: HashMap<String, String>, stdin: &[u8]) -> Result<Output, Error> {
@@ -82,23 +147,7 @@ impl Repo {
                 _ => Error::Rpc(status),
             })?
             .into_inner();
-        let code = match done.status.and_then(|s| s.status) {
-            Some(agent::exit_status::Status::Code(c)) => c,
-            Some(agent::exit_status::Status::Signal(n)) => 128 + n,
-            None => -1,
-        };
-        if done.timed_out {
-            return Err(Error::Git(format!("git {} timed out", args[0])));
-        }
-        if code != 0 {
-            let said = [done.stderr, done.stdout]
-                .iter()
-                .map(|b| String::from_utf8_lossy(b).trim().to_string())
-                .find(|s| !s.is_empty())
-                .unwrap_or_else(|| format!("exit code {code}"));
-            return Err(Error::Git(format!("git {}: {said}", args[0])));
-        }
-        Ok(Output { stdout: done.stdout, truncated: done.stdout_truncated })
+        outcome(args[0], done)
     }
 
     /// The commit HEAD names (empty before the first commit) and the
@@ -106,6 +155,19 @@ impl Repo {
     async fn head(&self) -> Result<(String, String), Error> {
         let status = self.status().await?;
         Ok((status.head, status.branch))
+    }
+
+    /// The remote branch `branch` pulls from (its configured merge ref),
+    /// else the branch's own name.
+    async fn upstream_branch(&self, branch: &str) -> String {
+        if branch.is_empty() {
+            return String::new();
+        }
+        let key = format!("branch.{branch}.merge");
+        match self.git(&["config", "--get", &key], HashMap::new(), b"").await {
+            Ok(merge) => merge.text().strip_prefix("refs/heads/").unwrap_or(branch).to_string(),
+            Err(_) => branch.to_string(),
+        }
     }
 
     async fn status(&self) -> Result<api::GitStatusResponse, Error> {
@@ -120,38 +182,34 @@ impl Sandboxes {
         Ok(Repo { live, path })
     }
 
-    /// The environment that lets git authenticate a push or pull: the
-    /// workspace source's token through the credential helper, when the
-    /// sandbox's definition names an `auth_secret` and its value is known.
+    /// The credential a push or pull to `origin` authenticates with: the
+    /// workspace source's URL and token, when the sandbox's definition
+    /// names an `auth_secret` and its value is known.
     async fn git_auth(
         &self,
         tenant: &Tenant,
         repo: &Repo,
         sandbox_id: &str,
         secrets: HashMap<String, String>,
-    ) -> Result<HashMap<String, String>, Error> {
+    ) -> Result<Option<Credential>, Error> {
         let given = secrets_of("secrets", secrets)?;
         let instance = self.lifecycle.instance(&self.stores, tenant, sandbox_id).await?;
-        let auth_secret = match self.stores.definitions.get(tenant, &instance.definition_id).await {
-            Ok(stored) => definition::from_stored(&stored.body)?
-                .workspace
-                .and_then(|w| w.source)
-                .and_then(|s| match s.source {
-                    Some(api::source::Source::Git(g)) => Some(g.auth_secret),
+        let source = match self.stores.definitions.get(tenant, &instance.definition_id).await {
+            Ok(stored) => {
+                definition::from_stored(&stored.body)?.workspace.and_then(|w| w.source).and_then(|s| match s
+                    .source
+                {
+                    Some(api::source::Source::Git(g)) => Some(g),
                     _ => None,
                 })
-                .unwrap_or_default(),
-            Err(crate::store::Error::NotFound(_)) => String::new(),
+            }
+            Err(crate::store::Error::NotFound(_)) => None,
             Err(e) => return Err(e.into()),
         };
-        if auth_secret.is_empty() {
-            return Ok(HashMap::new());
-        }
-        let token: Option<&Secret> = given.get(&auth_secret).or_else(|| repo.live.secrets.get(&auth_secret));
-        Ok(match token {
-            Some(token) => crate::workspace::git_environment(Some(token), ""),
-            None => HashMap::new(),
-        })
+        let Some(source) = source.filter(|g| !g.auth_secret.is_empty()) else { return Ok(None) };
+        let token = given.get(&source.auth_secret).or_else(|| repo.live.secrets.get(&source.auth_secret));
+        Ok(token
+            .map(|token| Credential { url: crate::workspace::fetch_url(&source.url), token: token.clone() }))
     }
 
     pub async fn git_status(
@@ -278,14 +336,39 @@ impl Sandboxes {
             return Err(InvalidField::new("branch", "HEAD is detached: name the branch to push").into());
         }
         not_an_option("branch", &branch)?;
-        let env = self.git_auth(tenant, &repo, &req.sandbox_id, req.secrets).await?;
+        let credential = match remote.as_str() {
+            "origin" => self.git_auth(tenant, &repo, &req.sandbox_id, req.secrets).await?,
+            _ => None,
+        };
+        if let Some(credential) = credential {
+            let local = format!("refs/heads/{branch}");
+            let tracking = format!("refs/remotes/{remote}/{branch}");
+            let pushed = repo
+                .commit_of(&local)
+                .await
+                .ok_or_else(|| InvalidField::new("branch", format!("no local branch {branch:?} to push")))?;
+            let expect = match req.force {
+                true => repo.commit_of(&tracking).await.unwrap_or_default(),
+                false => String::new(),
+            };
+            let push =
+                agent::GitPush { commit: pushed.clone(), branch: branch.clone(), force: req.force, expect };
+            repo.transfer(&credential, agent::git_request::Op::Push(push)).await?;
+            // What `push --set-upstream` would have recorded; the push
+            // itself is done, so a repository without such a remote only
+            // misses the bookkeeping.
+            let _ = repo.git(&["update-ref", &tracking, &pushed], HashMap::new(), b"").await;
+            let upstream = format!("--set-upstream-to={remote}/{branch}");
+            let _ = repo.git(&["branch", "--quiet", &upstream, "--", &branch], HashMap::new(), b"").await;
+            return Ok(api::GitPushResponse { remote, branch, commit: pushed });
+        }
         let refspec = format!("refs/heads/{branch}:refs/heads/{branch}");
         let mut args = vec!["push", "--quiet", "--set-upstream"];
         if req.force {
             args.push("--force-with-lease");
         }
         args.extend(["--", &remote, &refspec]);
-        repo.git(&args, env, b"").await?;
+        repo.git(&args, HashMap::new(), b"").await?;
         let commit = repo
             .git(&["rev-parse", "--verify", &format!("refs/heads/{branch}")], HashMap::new(), b"")
             .await
@@ -300,8 +383,33 @@ impl Sandboxes {
         req: api::GitPullRequest,
     ) -> Result<api::GitPullResponse, Error> {
         let repo = self.repo(tenant, &req.sandbox_id, req.path).await?;
-        let (before, _) = repo.head().await?;
-        let env = self.git_auth(tenant, &repo, &req.sandbox_id, req.secrets).await?;
+        let (before, current) = repo.head().await?;
+        let credential = match req.remote.as_str() {
+            "" | "origin" => self.git_auth(tenant, &repo, &req.sandbox_id, req.secrets).await?,
+            _ => None,
+        };
+        if let Some(credential) = credential {
+            if !req.branch.is_empty() {
+                not_an_option("branch", &req.branch)?;
+            }
+            let branch = match req.branch.as_str() {
+                "" => repo.upstream_branch(&current).await,
+                given => given.to_string(),
+            };
+            if branch.is_empty() {
+                return Err(InvalidField::new("branch", "HEAD is detached: name the branch to pull").into());
+            }
+            let fetch = agent::GitFetch {
+                branch: branch.clone(),
+                haves: Vec::from_iter(repo.commit_of("HEAD").await),
+            };
+            let fetched = repo.transfer(&credential, agent::git_request::Op::Fetch(fetch)).await?.text();
+            let tracking = format!("refs/remotes/origin/{branch}");
+            let _ = repo.git(&["update-ref", &tracking, &fetched], HashMap::new(), b"").await;
+            repo.git(&["merge", "--quiet", "--ff-only", &fetched], HashMap::new(), b"").await?;
+            let (after, _) = repo.head().await?;
+            return Ok(api::GitPullResponse { before, after });
+        }
         let mut args = vec!["pull", "--quiet", "--ff-only", "--no-rebase"];
         if !req.remote.is_empty() {
             not_an_option("remote", &req.remote)?;
@@ -313,7 +421,7 @@ impl Sandboxes {
         } else if !req.branch.is_empty() {
             return Err(InvalidField::new("branch", "name the remote too").into());
         }
-        repo.git(&args, env, b"").await?;
+        repo.git(&args, HashMap::new(), b"").await?;
         let (after, _) = repo.head().await?;
         Ok(api::GitPullResponse { before, after })
     }

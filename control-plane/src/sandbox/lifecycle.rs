@@ -270,7 +270,7 @@ impl Lifecycle {
         // since the last one lost them (and refuses to serve runs that had
         // them until then).
         crate::provision::hand_over(&agent, &input.secrets).await?;
-        let withheld = Arc::new(crate::egress::withheld(&input.definition));
+        let withheld = Arc::new(withheld(&input.definition));
         let secrets = Arc::new(input.secrets);
         self.set_live(
             &key,
@@ -456,7 +456,7 @@ impl Lifecycle {
     ) -> Result<Option<String>, Error> {
         let agent = connect(&sandbox.address, &sandbox.token).await?;
         crate::provision::hand_over(&agent, &input.secrets).await?;
-        let withheld = crate::egress::withheld(&input.definition);
+        let withheld = withheld(&input.definition);
         let (egress_env, _carriers) = self.setup_egress(&agent, &input.definition, progress).await?;
         self.provisioner
             .provision(ProvisionContext {
@@ -735,6 +735,15 @@ impl NativeSnapshot {
         let (at, id) = s.split_once('|')?;
         Some(Self { taken_at_ms: at.parse().ok()?, id: id.to_string() })
     }
+}
+
+/// Secrets no process of the sandbox is given: the model keys (only the
+/// agent's broker adds them) and git's auth secrets (only the agent's own
+/// git sends them).
+fn withheld(definition: &api::SandboxDefinition) -> BTreeSet<String> {
+    let mut names = crate::egress::withheld(definition);
+    names.extend(crate::workspace::git_auth_secrets(definition));
+    names
 }
 
 #[cfg(test)]

@@ -4,6 +4,8 @@
 //! the rule. What a provider's own section may ask for (images, mounts,
 //! networks, limits) its provider checks ([`crate::provider::Kind`]).
 
+use std::path::{Path, PathBuf};
+
 use shared::proto::v1::SandboxDefinition;
 
 use crate::config::{Policy, ProviderName};
@@ -17,6 +19,9 @@ use crate::provision::{Violations, refuse};
 pub struct OperatorPolicy {
     policy: Policy,
     with_tokens: bool,
+    /// Host paths of the server no bind may hold or sit in, whatever the
+    /// prefixes say (its data dir, its toolchains).
+    protected: Vec<PathBuf>,
 }
 
 impl Default for OperatorPolicy {
@@ -28,7 +33,15 @@ impl Default for OperatorPolicy {
 
 impl OperatorPolicy {
     pub fn new(policy: Policy, with_tokens: bool) -> Self {
-        Self { policy, with_tokens }
+        Self { policy, with_tokens, protected: Vec::new() }
+    }
+
+    /// The same policy, refusing any bind that holds or sits in one of
+    /// `paths` (the server's data dir and toolchain dir: sandboxes' host
+    /// dirs, tokens, the database).
+    pub fn protecting(mut self, paths: impl IntoIterator<Item = PathBuf>) -> Self {
+        self.protected.extend(paths);
+        self
     }
 
     /// The operator's settings.
@@ -82,6 +95,11 @@ impl OperatorPolicy {
             ));
         }
         provider.kind().violations(section, &self.policy, on_host, &mut out);
+        for (field, source) in provider.kind().host_paths(section) {
+            if let Some(why) = protected_refusal(&self.protected, &source) {
+                out.push((field, why));
+            }
+        }
         out.extend(crate::egress::violations(d, &self.policy.egress_hosts));
         out
     }
@@ -106,6 +124,42 @@ impl OperatorPolicy {
             provider.kind().configure(section, &self.policy, spec);
         }
     }
+}
+
+/// Why a bind of `source` is refused whatever the prefixes: it holds or
+/// sits in a `protected` path, or is (or directly holds) a socket, which a
+/// read-only bind still lets the sandbox connect to (`docker.sock`). Both
+/// as written and as this host resolves it.
+fn protected_refusal(protected: &[PathBuf], source: &Path) -> Option<String> {
+    let resolved = std::fs::canonicalize(source).ok();
+    let sources: Vec<&Path> = std::iter::once(source).chain(resolved.as_deref()).collect();
+    for path in protected {
+        let real = std::fs::canonicalize(path).ok();
+        for p in std::iter::once(path.as_path()).chain(real.as_deref()) {
+            if sources.iter().any(|s| s.starts_with(p) || p.starts_with(s)) {
+                return Some(format!(
+                    "host path {} holds or is inside the server's own {} (never bound)",
+                    source.display(),
+                    path.display()
+                ));
+            }
+        }
+    }
+    use std::os::unix::fs::FileTypeExt;
+    let meta = std::fs::metadata(source).ok()?;
+    if meta.file_type().is_socket() {
+        return Some(format!("host path {} is a socket (never bound, even read-only)", source.display()));
+    }
+    if meta.is_dir() {
+        let socket =
+            std::fs::read_dir(source).ok()?.flatten().find(|e| e.file_type().is_ok_and(|t| t.is_socket()))?;
+        return Some(format!(
+            "host path {} holds a socket, {} (never bound, even read-only)",
+            source.display(),
+            socket.file_name().to_string_lossy()
+        ));
+    }
+    None
 }
 
 #[cfg(test)]

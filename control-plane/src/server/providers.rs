@@ -9,6 +9,7 @@ use crate::sandbox::{OperatorPolicy, Providers};
 /// The operator policy of a server's configuration.
 pub fn policy_from_config(config: &ServeConfig) -> OperatorPolicy {
     OperatorPolicy::new(config.policy.clone(), !config.single_user())
+        .protecting([config.data_dir.clone()].into_iter().chain(config.toolchain_dir.clone()))
 }
 
 /// The providers a server's configuration allows: every registered provider

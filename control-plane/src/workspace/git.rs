@@ -189,6 +189,23 @@ pub(crate) async fn clone(remote: &Remote<'_>, c: &Clone<'_>, timeout: Duration)
     Ok(())
 }
 
+/// The secrets the workspace's git authenticates with (its source's and
+/// its git skills' `auth_secret`): for git alone, so withheld from every
+/// process of the sandbox like a model key.
+pub(crate) fn auth_secrets(definition: &shared::proto::v1::SandboxDefinition) -> Vec<String> {
+    use shared::proto::v1::{skill, source};
+    let Some(w) = &definition.workspace else { return Vec::new() };
+    let source = match w.source.as_ref().and_then(|s| s.source.as_ref()) {
+        Some(source::Source::Git(g)) => Some(g.auth_secret.clone()),
+        _ => None,
+    };
+    let skills = w.skills.iter().filter_map(|s| match &s.skill {
+        Some(skill::Skill::Git(g)) => Some(g.auth_secret.clone()),
+        _ => None,
+    });
+    source.into_iter().chain(skills).filter(|name| !name.is_empty()).collect()
+}
+
 /// The value of the secret `name` (none when `name` is empty); an error
 /// naming it, never a value, when the request did not pass it.
 pub(super) fn auth_token<'a>(

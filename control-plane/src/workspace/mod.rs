@@ -15,6 +15,6 @@ mod skills;
 mod violations;
 
 pub use crate::provision::Error;
-pub(crate) use git::environment as git_environment;
+pub(crate) use git::{auth_secrets as git_auth_secrets, fetch_url};
 pub use provisioner::{WorkspaceProvisioner, project_for_run, provisions_anything};
 pub use violations::violations;

@@ -15,7 +15,7 @@ use sandhold_tests::server::{Sandboxes, ServerOptions, ServerProcess};
 use shared::proto::v1 as api;
 
 /// A server with two tenants, the policy as shipped plus `extra_args`.
-fn options(dir: &TestDir, nonce: &str, extra_args: &[&str]) -> ServerOptions {
+pub(crate) fn options(dir: &TestDir, nonce: &str, extra_args: &[&str]) -> ServerOptions {
     ServerOptions {
         data_dir: dir.path().join("data"),
         tokens: vec![format!("evil{nonce}=tok-evil-{nonce}"), format!("victim{nonce}=tok-victim-{nonce}")],
@@ -37,21 +37,21 @@ fn local(id: &str) -> api::SandboxDefinition {
     definition(id, api::provider_spec::Provider::Local(api::LocalProvider {}))
 }
 
-fn docker(id: &str, d: api::DockerProvider) -> api::SandboxDefinition {
+pub(crate) fn docker(id: &str, d: api::DockerProvider) -> api::SandboxDefinition {
     definition(id, api::provider_spec::Provider::Docker(d))
 }
 
-fn busybox() -> api::DockerProvider {
+pub(crate) fn busybox() -> api::DockerProvider {
     api::DockerProvider { image: TEST_IMAGE.into(), ..Default::default() }
 }
 
 /// The field violations of a refused call (INVALID_ARGUMENT).
-fn violations(status: &tonic::Status) -> Vec<(String, String)> {
+pub(crate) fn violations(status: &tonic::Status) -> Vec<(String, String)> {
     assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
     shared::error::Error::from_status(status).field_violations
 }
 
-async fn put(
+pub(crate) async fn put(
     server: &ServerProcess,
     token: &str,
     d: api::SandboxDefinition,

@@ -602,23 +602,27 @@ async fn recording_remote() -> (u16, std::sync::Arc<std::sync::Mutex<Vec<String>
     (port, seen)
 }
 
-/// The workspace's `auth_secret` token reaches the remote through git's
-/// credential helper (the call's value over the ensure's), and nowhere it
-/// could be read later: not in `.git/config`, not in the error.
+/// The workspace's `auth_secret` token reaches the workspace source's URL
+/// (the call's value over the ensure's), whatever remote the repository
+/// names, and no other remote; it is written down nowhere it could be read
+/// later: not in `.git/config`, not in the error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_push_authenticates_with_the_auth_secret_and_leaves_it_nowhere() {
     let s = TenantServer::start("git-auth", &[]).await;
     let dir = TestDir::new("git-auth-origin");
     let bare = origin(dir.path());
-    let mut def = with_source(definition("auth", Kind::Local), &bare.display().to_string());
-    def.secret_names = vec!["GIT_TOKEN".into()];
-    if let Some(api::source::Source::Git(g)) =
-        def.workspace.as_mut().and_then(|w| w.source.as_mut()).and_then(|s| s.source.as_mut())
-    {
-        g.auth_secret = "GIT_TOKEN".into();
-    }
+    let with_auth = |url: &str| {
+        let mut def = with_source(definition("auth", Kind::Local), url);
+        def.secret_names = vec!["GIT_TOKEN".into()];
+        if let Some(api::source::Source::Git(g)) =
+            def.workspace.as_mut().and_then(|w| w.source.as_mut()).and_then(|s| s.source.as_mut())
+        {
+            g.auth_secret = "GIT_TOKEN".into();
+        }
+        def
+    };
     let mut sandboxes = s.server.sandboxes(&s.token).await;
-    put_definition(&mut sandboxes, def).await;
+    put_definition(&mut sandboxes, with_auth(&bare.display().to_string())).await;
     let req = api::EnsureSandboxRequest {
         definition_id: "auth".into(),
         thread_id: "auth".into(),
@@ -626,21 +630,21 @@ async fn a_push_authenticates_with_the_auth_secret_and_leaves_it_nowhere() {
         ..Default::default()
     };
     let sandbox = ensure(&mut sandboxes, req).await.1.unwrap().sandbox_id;
+    // The source moves to a remote that asks for credentials; the
+    // repository's own origin stays the clone's.
     let (port, seen) = recording_remote().await;
-    let (code, out) =
-        sh(&mut sandboxes, &sandbox, &format!("git remote add review http://127.0.0.1:{port}/app.git")).await;
-    assert_eq!(code, 0, "{out}");
+    put_definition(&mut sandboxes, with_auth(&format!("http://127.0.0.1:{port}/app.git"))).await;
 
-    let push = |secrets: &[(&str, &str)]| api::GitPushRequest {
+    let push = |remote: &str, secrets: &[(&str, &str)]| api::GitPushRequest {
         sandbox_id: sandbox.clone(),
-        remote: "review".into(),
+        remote: remote.into(),
         secrets: secrets.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
         ..Default::default()
     };
-    let err = sandboxes.git_push(push(&[("GIT_TOKEN", "call-token-9b2c")])).await.unwrap_err();
+    let err = sandboxes.git_push(push("", &[("GIT_TOKEN", "call-token-9b2c")])).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
     assert!(!err.message().contains("call-token-9b2c"), "{err:?}");
-    let err = sandboxes.git_push(push(&[])).await.unwrap_err();
+    let err = sandboxes.git_push(push("origin", &[])).await.unwrap_err();
     assert!(!err.message().contains("ensure-token-4e1f"), "{err:?}");
     let passwords = seen.lock().unwrap().clone();
     assert!(passwords.contains(&"call-token-9b2c".to_string()), "{passwords:?}");
@@ -648,6 +652,13 @@ async fn a_push_authenticates_with_the_auth_secret_and_leaves_it_nowhere() {
         passwords.contains(&"ensure-token-4e1f".to_string()),
         "the ensure's token without a call's: {passwords:?}"
     );
+    // A remote the run adds (here the same listener) gets no token.
+    let (code, out) =
+        sh(&mut sandboxes, &sandbox, &format!("git remote add review http://127.0.0.1:{port}/app.git")).await;
+    assert_eq!(code, 0, "{out}");
+    let err = sandboxes.git_push(push("review", &[("GIT_TOKEN", "call-token-9b2c")])).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
+    assert_eq!(seen.lock().unwrap().len(), passwords.len(), "a remote the run named was sent a token");
     let (_, config) = sh(&mut sandboxes, &sandbox, "cat .git/config; git config --list --show-origin").await;
     assert!(!config.contains("token-"), "a token was written down: {config}");
 }

@@ -13,6 +13,7 @@ use tokio::io::AsyncWriteExt;
 
 use super::policy::{Policy, excluded_at, self_and_ancestors};
 use crate::confine::{Root, io_error};
+use crate::run_user::{FsAs, RunUser};
 
 /// A staging directory outside the root, removed on drop.
 pub(super) struct Staging {
@@ -179,17 +180,28 @@ impl<'a> Receiver<'a> {
 }
 
 /// Restore the verified `entries` from `staging` into `root`: plan against
-/// the workspace as it is, then remove and write.
+/// the workspace as it is, then remove and write, as `user` (the run user,
+/// when there is one).
+///
+/// The run user's processes may still run while a restore writes, and can
+/// swap a directory the plan checked for a link to anywhere: every change
+/// to the workspace is made with the run user's file credentials
+/// ([`FsAs`]), so such a link leads only where the run user could write
+/// itself. Only the staged blobs are opened as the agent.
 pub(super) fn apply(
     root: &Root,
     staging: Staging,
     policy: &Policy,
     entries: Vec<ManifestEntry>,
+    user: Option<&RunUser>,
 ) -> Result<RestoreResponse, Error> {
     let plan = plan(root.path(), policy, entries)?;
     // Verified and planned: the first change to the workspace.
-    remove_paths(root.path(), &plan.remove)?;
-    let mut response = write_entries(root, &staging, &plan.write)?;
+    {
+        let _as_user = FsAs::new(user);
+        remove_paths(root.path(), &plan.remove)?;
+    }
+    let mut response = write_entries(root, &staging, &plan.write, user)?;
     response.paths_removed = plan.remove.len() as u64;
     response.entries_excluded = plan.excluded;
     drop(staging);
@@ -384,50 +396,99 @@ fn remove_paths(root: &Path, remove: &[(String, Found)]) -> Result<(), Error> {
     Ok(())
 }
 
-/// Write the verified entries from the staged blobs.
+/// Write the verified entries from the staged blobs: each blob opened as
+/// the agent, everything in the workspace created as `user`.
 fn write_entries(
     root: &Root,
     staging: &Staging,
     entries: &[ManifestEntry],
+    user: Option<&RunUser>,
 ) -> Result<RestoreResponse, Error> {
-    let mut uses: HashMap<&str, usize> = HashMap::new();
-    for e in entries.iter().filter(|e| e.kind == EntryKind::File as i32) {
-        *uses.entry(e.sha256.as_str()).or_default() += 1;
-    }
+    use std::os::unix::fs::OpenOptionsExt;
     let mut response = RestoreResponse::default();
     for entry in entries {
         let path = entry.path.as_str();
         let target = root.path().join(path);
         if entry.kind == EntryKind::Directory as i32 {
+            let _as_user = FsAs::new(user);
             std::fs::create_dir_all(&target).map_err(|e| io_error(e, path))?;
             response.dirs_created += 1;
             continue;
         }
+        let mut blob = std::fs::File::open(staging.blob(&entry.sha256)).map_err(|e| io_error(e, path))?;
+        let _as_user = FsAs::new(user);
         if let Some(parent) = target.parent() {
             std::fs::create_dir_all(parent).map_err(|e| io_error(e, path))?;
         }
-        let blob = staging.blob(&entry.sha256);
-        let left = uses.get_mut(entry.sha256.as_str()).expect("counted above");
-        *left -= 1;
-        std::fs::set_permissions(&blob, std::fs::Permissions::from_mode(entry.mode))
-            .map_err(|e| io_error(e, path))?;
-        // The last use of a blob moves it; the others (and a move across
-        // filesystems) copy it beside the target and rename it into place.
-        let moved = *left == 0 && std::fs::rename(&blob, &target).is_ok();
-        if !moved {
-            let temp = target.with_file_name(format!(
-                ".{}.restore-{}",
-                target.file_name().and_then(|n| n.to_str()).unwrap_or("file"),
-                uuid::Uuid::new_v4().simple()
-            ));
-            std::fs::copy(&blob, &temp).map_err(|e| io_error(e, path))?;
-            std::fs::rename(&temp, &target).map_err(|e| {
-                let _ = std::fs::remove_file(&temp);
-                io_error(e, path)
-            })?;
+        // Written beside the target and renamed into place: a reader never
+        // sees half a file.
+        let temp = target.with_file_name(format!(
+            ".{}.restore-{}",
+            target.file_name().and_then(|n| n.to_str()).unwrap_or("file"),
+            uuid::Uuid::new_v4().simple()
+        ));
+        let written = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&temp)
+            .and_then(|mut out| {
+                std::io::copy(&mut blob, &mut out)?;
+                out.set_permissions(std::fs::Permissions::from_mode(entry.mode))
+            })
+            .and_then(|()| std::fs::rename(&temp, &target));
+        if let Err(e) = written {
+            let _ = std::fs::remove_file(&temp);
+            return Err(io_error(e, path));
         }
         response.files_written += 1;
         response.bytes_written += entry.size;
     }
     Ok(response)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::MetadataExt;
+
+    use super::*;
+
+    /// The run user swapped a directory the plan checked for a link to a
+    /// directory outside the root (here, after the plan): the restore
+    /// writes nothing there and chowns nothing there.
+    #[test]
+    fn a_parent_swapped_for_a_link_leads_the_restore_nowhere() {
+        // SAFETY: a plain syscall.
+        if unsafe { libc::geteuid() } != 0 {
+            return;
+        }
+        let user = RunUser { uid: 10001, gid: 10001, name: "u".into(), home: "/nonexistent".into() };
+        let base = tempfile::tempdir().unwrap();
+        let (root_dir, outside, staging_parent) =
+            (base.path().join("root"), base.path().join("outside"), base.path().join("staging"));
+        for dir in [&root_dir, &outside, &staging_parent] {
+            std::fs::create_dir(dir).unwrap();
+        }
+        std::os::unix::fs::lchown(&root_dir, Some(user.uid), Some(user.gid)).unwrap();
+        std::fs::set_permissions(&outside, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::os::unix::fs::symlink(&outside, root_dir.join("dir")).unwrap();
+        let root = Root::new(&root_dir).unwrap();
+        let staging = Staging::new(&staging_parent).unwrap();
+        let data = b"planted";
+        let sha256 = hex::encode(Sha256::digest(data));
+        std::fs::write(staging.blob(&sha256), data).unwrap();
+        let entry = ManifestEntry {
+            path: "dir/f".into(),
+            kind: EntryKind::File as i32,
+            mode: 0o644,
+            size: data.len() as u64,
+            sha256,
+        };
+        let written = write_entries(&root, &staging, &[entry], Some(&user));
+        assert!(written.is_err(), "the restore wrote through the link: {written:?}");
+        let left: Vec<_> = std::fs::read_dir(&outside).unwrap().flatten().map(|e| e.file_name()).collect();
+        assert!(left.is_empty(), "written outside the root: {left:?}");
+        assert_eq!(std::fs::metadata(&outside).unwrap().uid(), 0, "chowned outside the root");
+    }
 }

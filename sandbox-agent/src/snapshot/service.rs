@@ -153,19 +153,8 @@ impl SnapshotService for Snapshots {
         let entries = receiver.finish().await?;
         let root = self.root.clone();
         let user = self.run_user.clone();
-        let response = blocking(move || {
-            let paths: Vec<String> = entries.iter().map(|e| e.path.clone()).collect();
-            let response = apply(&root, staging, &policy, entries)?;
-            // Restored from the agent's staging dir, which the run user
-            // cannot read; then handed to the user like everything it owns.
-            if let Some(user) = &user {
-                for path in &paths {
-                    let _ = std::os::unix::fs::lchown(root.path().join(path), Some(user.uid), Some(user.gid));
-                }
-            }
-            Ok(response)
-        })
-        .await?;
+        // Written as the run user, so what it restores is the user's.
+        let response = blocking(move || apply(&root, staging, &policy, entries, user.as_ref())).await?;
         tracing::info!(
             files = response.files_written,
             dirs = response.dirs_created,

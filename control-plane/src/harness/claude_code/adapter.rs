@@ -22,11 +22,13 @@ const CLI: Cli = Cli {
             libc: Some(Libc::Glibc),
             spec: "@anthropic-ai/claude-code-linux-x64@2.1.197",
             binary: "claude",
+            integrity: "sha512-rIlKmrY0QMyHgPRX/MYWNj039vbypICvI9jVe3rs9Xy2RnNklySjyPxqh62QadznzoftEO23uYQ1tFePcQ//bg==",
         },
         Package {
             libc: Some(Libc::Musl),
             spec: "@anthropic-ai/claude-code-linux-x64-musl@2.1.197",
             binary: "claude",
+            integrity: "sha512-/Ij3+inZf96Lb1BLnO0rWArRi1HqIMh6HeGrQoykrp7a8Yj0SA1EQIO42kpNeVxM9z3o3xUaiIf0FRMzLIp6oQ==",
         },
     ],
 };

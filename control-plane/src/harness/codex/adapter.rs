@@ -24,6 +24,7 @@ const CLI: Cli = Cli {
         libc: None,
         spec: "@openai/codex@0.171.0-linux-x64",
         binary: "vendor/x86_64-unknown-linux-musl/bin/codex",
+        integrity: "sha512-l66NZkQgdk2C3pbcfULDz42yEUB581MVA6I+Y43Wp4OIqEy73HCdmZ0GTjeAHY2ycuH4N00d9VsLrwT1jxshTw==",
     }],
 };
 

@@ -23,6 +23,7 @@ const CLI: Cli = Cli {
         libc: Some(Libc::Glibc),
         spec: "opencode-linux-x64@1.18.33",
         binary: "bin/opencode",
+        integrity: "sha512-q/t/3p2CTxOT9y2kvjesb/LZab2+1eqlhhWA02Be6mjTtmYtNBcBsrI5yDo4Fw7ZSPBW2oyMIGMNRqiKQjiAWw==",
     }],
 };
 

@@ -40,12 +40,49 @@ pub(super) const AGENT_CAPABILITIES: [&str; 6] =
 /// `/workspace`.
 pub(super) fn workdir(opts: &DockerOptions) -> Result<String> {
     let workdir = opts.workdir.clone().unwrap_or_else(|| DEFAULT_WORKDIR.to_string());
-    if !workdir.starts_with('/') || workdir.split('/').any(|c| c == "..") {
-        return Err(
-            InvalidField::new("docker.workdir", format!("{workdir:?} must be an absolute path")).into()
-        );
+    if let Some(why) = workdir_violation(&workdir) {
+        return Err(InvalidField::new("docker.workdir", why).into());
     }
     Ok(workdir)
+}
+
+/// Directories of the image a workspace may not be, contain, or sit in.
+const SYSTEM_DIRS: [&str; 12] =
+    ["/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/proc", "/run", "/sbin", "/sys", "/usr"];
+
+/// Why `workdir` cannot be a sandbox's workspace, or `None`. The agent hands
+/// the workspace's whole tree to the run user (a uid the tenant picks), so
+/// it must be a directory of its own: absolute and normalized, not `/`, and
+/// neither holding nor inside the agent's paths (its binary, its token and
+/// journals, the toolchains) or a system directory.
+pub(crate) fn workdir_violation(workdir: &str) -> Option<String> {
+    if !workdir.starts_with('/') {
+        return Some(format!("{workdir:?} must be an absolute path"));
+    }
+    let parts: Vec<&str> = workdir[1..].split('/').collect();
+    if workdir == "/" {
+        return Some("\"/\" would hand the whole container to the run user".into());
+    }
+    if parts.iter().any(|c| c.is_empty() || *c == "." || *c == "..") {
+        return Some(format!("{workdir:?} must be a normalized path (no empty, . or .. component)"));
+    }
+    // Component-wise, so `/runner` is not inside `/run`.
+    let within = |inner: &str, outer: &str| {
+        inner == outer || inner.strip_prefix(outer).is_some_and(|rest| rest.starts_with('/'))
+    };
+    for agent in [AGENT_DIR, RUN_DIR, crate::toolchain::MOUNT] {
+        if within(workdir, agent) || within(agent, workdir) {
+            return Some(format!(
+                "{workdir:?} overlaps the agent's {agent}, which the run user must not own"
+            ));
+        }
+    }
+    for system in SYSTEM_DIRS {
+        if within(workdir, system) {
+            return Some(format!("{workdir:?} is inside the system directory {system}"));
+        }
+    }
+    None
 }
 
 /// The container of `spec` started from `origin`, its host directory at
@@ -287,6 +324,31 @@ mod tests {
                 (Some("cache"), "/cache", Some(MountTypeEnum::VOLUME), false),
             ]
         );
+    }
+
+    #[test]
+    fn a_workdir_over_or_under_the_agent_or_the_system_is_refused() {
+        for bad in [
+            "/",
+            "/run/sandhold",
+            "/run/sandhold/journal",
+            "/run",
+            "/.sandhold",
+            "/.sandhold/x",
+            "/opt",
+            "/opt/sandhold/toolchains/node",
+            "/proc/1",
+            "/etc",
+            "/usr/local/src",
+            "/w//x",
+            "/w/./x",
+            "/w/",
+        ] {
+            assert!(workdir_violation(bad).is_some(), "{bad} should be refused");
+        }
+        for good in ["/workspace", "/w", "/home/dev/project", "/srv/app", "/runner", "/optional"] {
+            assert_eq!(workdir_violation(good), None, "{good}");
+        }
     }
 
     #[test]

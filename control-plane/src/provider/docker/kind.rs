@@ -50,6 +50,11 @@ impl Kind for Docker {
         if docker.pids_limit < 0 {
             bad("definition.provider.docker.pids_limit", "must not be negative");
         }
+        if !docker.workdir.is_empty()
+            && let Some(why) = super::workdir_violation(&docker.workdir)
+        {
+            bad("definition.provider.docker.workdir", &why);
+        }
         for (i, m) in docker.mounts.iter().enumerate() {
             if m.source.is_empty() || !m.target.starts_with('/') {
                 bad(
@@ -64,6 +69,17 @@ impl Kind for Docker {
         if let Some(docker) = section(s) {
             policy::violations(docker, p, on_host, out);
         }
+    }
+
+    fn host_paths(&self, s: &provider_spec::Provider) -> Vec<(String, PathBuf)> {
+        let Some(docker) = section(s) else { return Vec::new() };
+        docker
+            .mounts
+            .iter()
+            .enumerate()
+            .filter(|(_, m)| m.source.starts_with('/'))
+            .map(|(i, m)| (format!("definition.provider.docker.mounts[{i}]"), PathBuf::from(&m.source)))
+            .collect()
     }
 
     fn configure(&self, s: &provider_spec::Provider, p: &Policy, spec: &mut SandboxSpec) {

@@ -39,6 +39,7 @@ mod provider;
 mod user;
 
 pub use container::image_tag;
+pub(crate) use container::workdir_violation;
 pub use engine::DockerProvider;
 pub use kind::KIND;
 pub use options::{DockerOptions, DockerProviderOptions, MountSpec};

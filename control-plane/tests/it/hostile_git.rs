@@ -1,0 +1,279 @@
+//! A hostile run against the git token: the run user plants a `pre-push`
+//! hook, credential helpers and an fsmonitor in its repository's config,
+//! points a URL rewrite at a listener of its own, and polls every
+//! process's environment and command line while the API pushes and pulls
+//! with the workspace source's token. None of it sees the token, and the
+//! push and the pull still reach the origin, which demands it. Real server
+//! with tokens, real Docker (Debian image with git and python3); the
+//! origin is `git http-backend` behind a small Basic-auth server inside the
+//! sandbox, as root, on the container's loopback.
+
+use std::time::Duration;
+
+use sandhold_tests::docker::{self, DEBIAN_IMAGE, DockerCleanup, LABEL_TENANT};
+use sandhold_tests::run::put_definition;
+use sandhold_tests::sandbox::{ensure, sh};
+use sandhold_tests::server::TenantServer;
+use shared::proto::v1 as api;
+
+/// The Docker provider's default run user.
+const RUN_USER: &str = "10001:10001";
+const TOKEN: &str = "ghs-hostile-7f3a91c2d4";
+const PORT: u16 = 8417;
+
+/// A git smart-HTTP origin for `/srv/git/*.git` that answers only requests
+/// whose Basic password is the token in `/srv/token` (both root's).
+const ORIGIN_SERVER: &str = r#"
+import base64, subprocess, sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+TOKEN = open('/srv/token').read().strip()
+class Origin(BaseHTTPRequestHandler):
+    def do_GET(self): self.git()
+    def do_POST(self): self.git()
+    def log_message(self, *args): pass
+    def git(self):
+        auth = self.headers.get('Authorization', '')
+        password = ''
+        if auth.startswith('Basic '):
+            password = base64.b64decode(auth[6:]).decode(errors='replace').partition(':')[2]
+        if password != TOKEN:
+            self.send_response(401)
+            self.send_header('WWW-Authenticate', 'Basic realm="origin"')
+            self.send_header('Content-Length', '0')
+            self.end_headers()
+            return
+        path, _, query = self.path.partition('?')
+        env = {'GIT_PROJECT_ROOT': '/srv/git', 'GIT_HTTP_EXPORT_ALL': '1', 'REQUEST_METHOD': self.command,
+               'PATH_INFO': path, 'QUERY_STRING': query, 'REMOTE_USER': 'x-access-token',
+               'REMOTE_ADDR': '127.0.0.1', 'CONTENT_TYPE': self.headers.get('Content-Type', ''),
+               'PATH': '/usr/bin:/bin', 'GIT_PROTOCOL': self.headers.get('Git-Protocol', '')}
+        if self.headers.get('Content-Encoding'):
+            env['HTTP_CONTENT_ENCODING'] = self.headers['Content-Encoding']
+        body = self.rfile.read(int(self.headers.get('Content-Length') or 0))
+        out = subprocess.run(['git', 'http-backend'], input=body, env=env, capture_output=True).stdout
+        head, _, rest = out.partition(b'\r\n\r\n')
+        status, headers = 200, []
+        for line in head.decode().split('\r\n'):
+            key, _, value = line.partition(':')
+            if key.lower() == 'status':
+                status = int(value.split()[0])
+            elif key:
+                headers.append((key, value.strip()))
+        self.send_response(status)
+        for key, value in headers:
+            self.send_header(key, value)
+        self.send_header('Content-Length', str(len(rest)))
+        self.end_headers()
+        self.wfile.write(rest)
+ThreadingHTTPServer(('127.0.0.1', int(sys.argv[1])), Origin).serve_forever()
+"#;
+
+/// What the run user plants in its clone: a `pre-push` hook, credential
+/// helpers (for every URL and for the origin's), an fsmonitor, and a URL
+/// rewrite of the origin to its own listener; each writes what it sees to
+/// `/tmp/leaks`.
+const PLANT: &str = r#"set -e
+mkdir -p /tmp/leaks
+cat > /tmp/leaks/dump <<'EOF'
+#!/bin/sh
+{ echo "== $0 $*"; env; timeout 2 cat 2>/dev/null; } >> /tmp/leaks/seen
+EOF
+chmod +x /tmp/leaks/dump
+cp /tmp/leaks/dump .git/hooks/pre-push
+cp /tmp/leaks/dump .git/hooks/post-merge
+cp /tmp/leaks/dump .git/hooks/reference-transaction
+git config --add credential.helper '!/tmp/leaks/dump'
+git config --add credential.http://127.0.0.1.helper '!/tmp/leaks/dump'
+git config core.fsmonitor /tmp/leaks/dump
+git config core.sshCommand /tmp/leaks/dump
+git config url.http://127.0.0.1:8418/.insteadOf http://127.0.0.1:8417/
+git config url.http://127.0.0.1:8418/.pushInsteadOf http://127.0.0.1:8417/
+"#;
+
+/// A listener of the run user's on the rewritten URL: every request head
+/// it is sent goes to `/tmp/leaks/seen`.
+const LISTENER: &str = r#"
+import socket
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(('127.0.0.1', 8418)); s.listen(16)
+while True:
+    c, _ = s.accept()
+    data = c.recv(65536)
+    open('/tmp/leaks/seen', 'ab').write(b'== listener\n' + data)
+    c.sendall(b'HTTP/1.1 401 Unauthorized\r\nWWW-Authenticate: Basic realm="x"\r\nContent-Length: 0\r\nConnection: close\r\n\r\n')
+    c.close()
+"#;
+
+/// The run user polling every process it can see, all the time: any
+/// environment or command line that reads is appended to
+/// `/tmp/leaks/proc`; `/tmp/leaks/rounds` counts the rounds.
+const POLLER: &str = r#"
+while :; do
+  for p in /proc/[0-9]*; do
+    [ "$p" = /proc/$$ ] && continue
+    e=$(tr '\0' '\n' < $p/environ 2>/dev/null) && printf '== %s environ\n%s\n' "$p" "$e" >> /tmp/leaks/proc.tmp
+    c=$(tr '\0' ' ' < $p/cmdline 2>/dev/null) && printf '== %s cmdline %s\n' "$p" "$c" >> /tmp/leaks/proc.tmp
+  done
+  grep -a -e GIT -e git -e Authorization /tmp/leaks/proc.tmp >> /tmp/leaks/proc 2>/dev/null
+  : > /tmp/leaks/proc.tmp
+  echo . >> /tmp/leaks/rounds
+done
+"#;
+
+fn docker_exec(container: &str, user: &str, detach: bool, args: &[&str]) -> String {
+    let mut all = vec!["exec", "-u", user];
+    if detach {
+        all.push("-d");
+    }
+    all.push(container);
+    all.extend(args);
+    let out = std::process::Command::new("docker").args(&all).output().expect("docker exec");
+    assert!(out.status.success(), "docker {all:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `sh -c script` in the container as root, its stdout.
+fn as_root(container: &str, script: &str) -> String {
+    docker_exec(container, "0", false, &["sh", "-c", script])
+}
+
+fn debian(id: &str, source: Option<&str>) -> api::SandboxDefinition {
+    let docker = api::DockerProvider { image: DEBIAN_IMAGE.into(), ..Default::default() };
+    let source = source.map(|url| api::Source {
+        source: Some(api::source::Source::Git(api::GitSource {
+            url: url.into(),
+            auth_secret: "GIT_TOKEN".into(),
+            ..Default::default()
+        })),
+    });
+    api::SandboxDefinition {
+        id: id.into(),
+        provider: Some(api::ProviderSpec { provider: Some(api::provider_spec::Provider::Docker(docker)) }),
+        secret_names: source.iter().map(|_| "GIT_TOKEN".to_string()).collect(),
+        workspace: source.map(|s| api::WorkspaceDefinition { source: Some(s), ..Default::default() }),
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_git_token_reaches_the_origin_and_nothing_of_the_run_user() {
+    if !sandhold_tests::services::docker() {
+        return;
+    }
+    docker::ensure_debian_image();
+    let s = TenantServer::start("git-hostile", &[]).await;
+    let _cleanup = DockerCleanup { tenant: s.tenant.clone() };
+    let mut sandboxes = s.server.sandboxes(&s.token).await;
+    // The origin has to live in the sandbox (it has no network), so the
+    // sandbox comes first and the definition names the origin after; the
+    // token comes with each call.
+    put_definition(&mut sandboxes, debian("git", None)).await;
+    let req = api::EnsureSandboxRequest {
+        definition_id: "git".into(),
+        thread_id: "git".into(),
+        ..Default::default()
+    };
+    let token = || [("GIT_TOKEN".to_string(), TOKEN.to_string())].into_iter().collect();
+    let sandbox = ensure(&mut sandboxes, req).await.1.unwrap_or_else(|e| panic!("{e}")).sandbox_id;
+    let container =
+        docker::running(&format!("{LABEL_TENANT}={}", s.tenant)).pop().expect("the sandbox's container");
+    let url = format!("http://127.0.0.1:{PORT}/origin.git");
+    // The origin, root's: its token file and repository closed to the
+    // run user; the run user's clone of it, made without the token.
+    as_root(
+        &container,
+        &format!(
+            "set -e; umask 077; mkdir -p /srv/git; printf %s '{TOKEN}' > /srv/token; \
+                 git init -q --bare -b main /srv/git/origin.git; \
+                 git clone -q /srv/git/origin.git /root/seed; cd /root/seed; echo one > app.txt; git add .; \
+                 git -c user.name=o -c user.email=o@example.com commit -qm first; git push -q origin HEAD:main; \
+                 umask 022; git clone -q /srv/git/origin.git /workspace/repo; \
+                 git -C /workspace/repo remote set-url origin {url}; chown -R {RUN_USER} /workspace/repo"
+        ),
+    );
+    docker_exec(&container, "0", true, &["python3", "-c", ORIGIN_SERVER, &PORT.to_string()]);
+    as_root(
+        &container,
+        &format!(
+            "for i in $(seq 50); do python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", {PORT}))' 2>/dev/null && exit 0; sleep 0.2; done; exit 1"
+        ),
+    );
+    let (code, out) = sh(
+        &mut sandboxes,
+        &sandbox,
+        "cd repo && git config user.name r && git config user.email r@example.com",
+    )
+    .await;
+    assert_eq!(code, 0, "{out}");
+    put_definition(&mut sandboxes, debian("git", Some(&url))).await;
+
+    let (code, out) = sh(&mut sandboxes, &sandbox, &format!("cd repo && {PLANT}")).await;
+    assert_eq!(code, 0, "{out}");
+    docker_exec(&container, RUN_USER, true, &["python3", "-c", LISTENER]);
+    docker_exec(&container, RUN_USER, true, &["sh", "-c", POLLER]);
+    let rounds = |out: &str| out.lines().filter(|l| *l == ".").count();
+    let mut polled = 0;
+    for _ in 0..100 {
+        polled = rounds(&sh(&mut sandboxes, &sandbox, "cat /tmp/leaks/rounds 2>/dev/null").await.1);
+        if polled > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(polled > 0, "the poller never went round");
+
+    // A commit by the run, pushed by the API.
+    let (code, out) = sh(
+        &mut sandboxes,
+        &sandbox,
+        "cd repo && echo two > app.txt && git commit -qam second && git rev-parse HEAD",
+    )
+    .await;
+    assert_eq!(code, 0, "{out}");
+    let commit = out.trim().to_string();
+    let pushed = sandboxes
+        .git_push(api::GitPushRequest {
+            sandbox_id: sandbox.clone(),
+            path: "repo".into(),
+            secrets: token(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("push: {e:?}\n{}", s.server.log_text()))
+        .into_inner();
+    assert_eq!((pushed.branch.as_str(), pushed.commit.as_str()), ("main", commit.as_str()));
+    let at_origin = docker_exec(
+        &container,
+        "0",
+        false,
+        &["git", "--git-dir", "/srv/git/origin.git", "rev-parse", "main"],
+    );
+    assert_eq!(at_origin.trim(), commit, "the push reached the origin");
+
+    // A commit at the origin, pulled by the API.
+    let theirs = as_root(
+        &container,
+        "set -e; cd /root/seed; git pull -q origin main; echo three > app.txt; \
+             git -c user.name=o -c user.email=o@example.com commit -qam third; git push -q origin HEAD:main; git rev-parse HEAD",
+    );
+    let pulled = sandboxes
+        .git_pull(api::GitPullRequest {
+            sandbox_id: sandbox.clone(),
+            path: "repo".into(),
+            secrets: token(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("pull: {e:?}\n{}", s.server.log_text()))
+        .into_inner();
+    assert_eq!((pulled.before.as_str(), pulled.after.as_str()), (commit.as_str(), theirs.trim()));
+    let (_, file) = sh(&mut sandboxes, &sandbox, "cat repo/app.txt; git -C repo status --porcelain").await;
+    assert_eq!(file, "three\n", "the pull left the work tree at the origin's commit, clean");
+
+    // The poller kept going through both transfers.
+    let after = rounds(&sh(&mut sandboxes, &sandbox, "cat /tmp/leaks/rounds").await.1);
+    assert!(after > polled, "the poller stopped ({polled} then {after} rounds)");
+    let (_, leaks) = sh(&mut sandboxes, &sandbox, "cat /tmp/leaks/seen /tmp/leaks/proc 2>/dev/null").await;
+    let encoded = "eC1hY2Nlc3MtdG9rZW46Z2hzLWhvc3RpbGUtN2YzYTkxYzJkNA"; // base64 of x-access-token:TOKEN
+    assert!(!leaks.contains(TOKEN) && !leaks.contains(encoded), "the run user saw the token:\n{leaks}");
+}
