@@ -3,7 +3,7 @@
 //! it, its part of the sandbox key, and how it is built from the server's
 //! configuration.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use shared::proto::v1::{DockerProvider as Section, provider_spec};
