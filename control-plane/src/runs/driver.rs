@@ -290,8 +290,10 @@ impl Runs {
             self.append(ctx, &chunks).await?;
         }
         // The model broker's URL and placeholder key, and the proxy.
-        let private_ok = cx.lifecycle.policy.egress_private_addresses();
-        if let Some(egress) = RunEgress::of(&definition, ctx.harness, private_ok).map_err(Ending::Failed)? {
+        let policy = &cx.lifecycle.policy;
+        if let Some(egress) = RunEgress::of(&definition, ctx.harness, policy, ctx.key.tenant.as_str())
+            .map_err(Ending::Failed)?
+        {
             super::egress::point(&egress, &definition, ctx.harness, &live.agent, &mut command)
                 .await
                 .map_err(Ending::Failed)?;
@@ -380,7 +382,7 @@ impl Runs {
             egress.as_ref().map(|e| Carriers::open(agent.clone(), e.plan.clone(), net_tx.clone()))
         };
         let mut carriers = carry(&agent);
-        let mut health = ModelHealth::default();
+        let mut health = ModelHealth::new(egress.as_ref().map_or(0, |e| e.log_budget));
         // Between follows that fail or break without a line: a journal the
         // agent keeps refusing must not turn into a tight loop, and many
         // drives whose agent restarted must not come back in step.
@@ -668,7 +670,7 @@ impl Runs {
         };
         let definition = crate::sandbox::definition::from_stored(&stored.body)
             .map_err(|e| Error::Egress(e.to_string()))?;
-        RunEgress::of(&definition, ctx.harness, cx.lifecycle.policy.egress_private_addresses())
+        RunEgress::of(&definition, ctx.harness, &cx.lifecycle.policy, ctx.key.tenant.as_str())
     }
 
     /// The sentinel was read: the rest of the translation, the workspace's
