@@ -114,7 +114,8 @@ impl Broker {
                     "invalid_request_error",
                     &format!(
                         "the Sandhold placeholder key stands in the header {misplaced}: the broker adds the real \
-                         key only as the whole value of x-api-key or as `Bearer <placeholder>` in authorization"
+                         key only as the whole value of x-api-key or x-goog-api-key, or as `Bearer <placeholder>` \
+                         in authorization"
                     ),
                 );
             }
@@ -349,9 +350,12 @@ fn describe(route: &Route) -> String {
 }
 
 /// The headers a harness authenticates with, and the prefix its value
-/// carries before the key.
-const AUTH_HEADERS: [(HeaderName, &str); 2] =
-    [(HeaderName::from_static("x-api-key"), ""), (header::AUTHORIZATION, "Bearer ")];
+/// carries before the key: Anthropic's, OpenAI's, and Gemini's.
+const AUTH_HEADERS: [(HeaderName, &str); 3] = [
+    (HeaderName::from_static("x-api-key"), ""),
+    (header::AUTHORIZATION, "Bearer "),
+    (HeaderName::from_static("x-goog-api-key"), ""),
+];
 
 /// Whether `name: value` is a harness's auth header whose whole value is
 /// `placeholder` (after its prefix).
