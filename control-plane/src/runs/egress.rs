@@ -134,10 +134,10 @@ impl ModelHealth {
                 }
             }
         }
-        if connection.ended {
-            if let Some(record) = self.record(connection) {
-                chunks.push(f.custom(egress::SANDBOX_NETWORK, &record));
-            }
+        if connection.ended
+            && let Some(record) = self.record(connection)
+        {
+            chunks.push(f.custom(egress::SANDBOX_NETWORK, &record));
         }
         chunks.retain(|c| self.spend(c));
         chunks
