@@ -8,7 +8,6 @@ use std::io::{Read, Write};
 use std::net::TcpListener;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
 
 use prost::Message;
 use sandhold_tests::local::TestDir;
