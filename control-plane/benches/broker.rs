@@ -148,7 +148,7 @@ async fn main() {
         .route(&placeholder);
     let broker = egress::configure(&agent, &definition, vec![route]).await.expect("configuring the broker");
     let (events, mut seen) = tokio::sync::mpsc::unbounded_channel();
-    let carriers = Carriers::open(agent.clone(), Arc::new(Plan::of(&definition, true)), events);
+    let carriers = Carriers::open(agent.clone(), Arc::new(Plan::of(&definition, true, "bench")), events);
     tokio::spawn(async move { while seen.recv().await.is_some() {} });
 
     // Warm both paths (the first brokered request waits for carriers).

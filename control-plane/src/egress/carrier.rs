@@ -186,7 +186,7 @@ async fn carry(
     let started = Instant::now();
     let purpose = Purpose::from_wire(dial.purpose);
     let mut connection = Connection {
-        host: dial.host.clone(),
+        host: super::limits::bounded(&dial.host),
         port: u16::try_from(dial.port).unwrap_or(0),
         purpose,
         route: dial.route.clone(),
@@ -197,10 +197,15 @@ async fn carry(
         duration_ms: 0,
         ended: true,
     };
-    let stream = match plan.connect(&dial, CONNECT_TIMEOUT).await {
-        Ok(stream) => {
+    // The slot is held as long as the connection is carried.
+    let connected = match plan.admit() {
+        Ok(slot) => plan.connect(&dial, CONNECT_TIMEOUT).await.map(|stream| (stream, slot)),
+        Err(refusal) => Err(refusal),
+    };
+    let (stream, _slot) = match connected {
+        Ok(connected) => {
             connection.allowed = true;
-            stream
+            connected
         }
         Err(refusal) => {
             connection.allowed = !refusal.refused;

@@ -22,6 +22,7 @@
 
 mod carrier;
 mod hosts;
+mod limits;
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -32,6 +33,7 @@ use tokio::net::TcpStream;
 
 pub use carrier::{Carriers, Connection};
 pub use hosts::{HostPattern, is_private, resolve};
+pub use limits::{Limits, MAX_HOST, PER_SANDBOX, PER_TENANT, Slot};
 
 use crate::agent::AgentClient;
 use crate::harness::Harness;
@@ -165,6 +167,7 @@ pub struct Plan {
     allow: Vec<HostPattern>,
     models: Vec<Upstream>,
     private_ok: bool,
+    limits: Limits,
 }
 
 /// Why a connection was not made.
@@ -176,10 +179,10 @@ pub struct Refusal {
 }
 
 impl Plan {
-    /// The plan of `definition` under the operator's `private_ok`. Patterns
-    /// were validated with the definition; one that does not parse now is
-    /// skipped (it allows nothing).
-    pub fn of(definition: &SandboxDefinition, private_ok: bool) -> Self {
+    /// The plan of `tenant`'s `definition` under the operator's
+    /// `private_ok`. Patterns were validated with the definition; one that
+    /// does not parse now is skipped (it allows nothing).
+    pub fn of(definition: &SandboxDefinition, private_ok: bool, tenant: &str) -> Self {
         let allow = definition
             .network
             .iter()
@@ -193,7 +196,13 @@ impl Plan {
                 Upstream::parse(Harness::parse(&m.harness).ok()?, &m.upstream, &m.key_secret).ok()
             })
             .collect();
-        Self { allow, models, private_ok }
+        Self { allow, models, private_ok, limits: Limits::new(tenant) }
+    }
+
+    /// A place for one more open connection under the sandbox's and the
+    /// tenant's limits.
+    fn admit(&self) -> Result<Slot, Refusal> {
+        self.limits.admit().map_err(|reason| Refusal { reason, refused: true })
     }
 
     /// Check `dial` and connect to it.
@@ -202,6 +211,9 @@ impl Plan {
         let port =
             u16::try_from(dial.port).ok().filter(|p| *p > 0).ok_or_else(|| refuse("no port".into()))?;
         let host = dial.host.as_str();
+        if host.len() > MAX_HOST {
+            return Err(refuse(format!("a host name is {MAX_HOST} bytes at most")));
+        }
         let allowed = match Purpose::from_wire(dial.purpose) {
             Purpose::Model => self.models.iter().any(|m| {
                 m.harness.name() == dial.route

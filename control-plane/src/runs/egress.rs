@@ -3,8 +3,11 @@
 //! run's log says about its connections (`sandbox.network`,
 //! `model.unavailable`, and the MODEL_UNREACHABLE ending).
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use prost::Message;
 
 use shared::chunk::ChunkFactory;
 use shared::proto::v1::{Chunk, SandboxDefinition};
@@ -13,6 +16,12 @@ use super::Error;
 use crate::agent::AgentClient;
 use crate::egress::{self, Connection, LOOPBACK, Plan, Purpose, Upstream};
 use crate::harness::{CommandSpec, Harness};
+use crate::sandbox::RunSandbox;
+
+/// Refused destinations recorded one by one; refusals past them are
+/// counted and folded into one record every [`FOLD_EVERY`].
+const DISTINCT_REFUSALS: usize = 32;
+const FOLD_EVERY: u64 = 100;
 
 /// What a driver needs to serve a run's egress.
 #[derive(Debug, Clone)]
@@ -20,23 +29,30 @@ pub(super) struct RunEgress {
     pub plan: Arc<Plan>,
     pub upstream: Option<Upstream>,
     pub unreachable_after: Duration,
+    /// What the run's connection records may add to its stored log: the
+    /// run's journal cap, so a sandbox dialing without end cannot grow the
+    /// log past what its own output may.
+    pub log_budget: u64,
 }
 
 impl RunEgress {
-    /// The egress of a run of `harness` under `definition`, if it has any.
+    /// The egress of `tenant`'s run of `harness` under `definition`, if it
+    /// has any, within the operator's bounds as the sandbox port tells them.
     pub fn of(
         definition: &SandboxDefinition,
         harness: Harness,
-        private_ok: bool,
+        sandbox: &RunSandbox,
+        tenant: &str,
     ) -> Result<Option<Self>, Error> {
         if !egress::wanted(definition) {
             return Ok(None);
         }
         let upstream = egress::upstream_for(definition, harness).map_err(Error::Egress)?;
         Ok(Some(Self {
-            plan: Arc::new(Plan::of(definition, private_ok)),
+            plan: Arc::new(Plan::of(definition, sandbox.egress_private_addresses(), tenant)),
             upstream,
             unreachable_after: egress::unreachable_after(definition),
+            log_budget: sandbox.journal_cap(definition),
         }))
     }
 }
@@ -66,14 +82,30 @@ pub(super) async fn point(
     Ok(())
 }
 
-/// Whether the run's model upstream answers, as its connections tell.
+/// Whether the run's model upstream answers, as its connections tell, and
+/// what of its connections goes into the run's log: refusals coalesced,
+/// everything within the run's log budget.
 #[derive(Debug, Default)]
 pub(super) struct ModelHealth {
     /// Since when every attempt failed, and the last failure.
     failing: Option<(Instant, String)>,
+    budget: u64,
+    spent: u64,
+    /// Refused destinations recorded in full so far.
+    refused: HashSet<(String, u16)>,
+    /// Refusals since the last one recorded.
+    folded: u64,
+    /// The budget ran out (said once in the server's log).
+    over: bool,
 }
 
 impl ModelHealth {
+    /// The health of a run whose connection records may take `budget`
+    /// bytes of its log.
+    pub fn new(budget: u64) -> Self {
+        Self { budget, ..Self::default() }
+    }
+
     /// Take `connection` into account; returns the chunks it becomes.
     pub fn observe(
         &mut self,
@@ -102,10 +134,51 @@ impl ModelHealth {
                 }
             }
         }
-        if connection.ended {
-            chunks.push(f.custom(egress::SANDBOX_NETWORK, &connection.to_json()));
+        if connection.ended
+            && let Some(record) = self.record(connection)
+        {
+            chunks.push(f.custom(egress::SANDBOX_NETWORK, &record));
         }
+        chunks.retain(|c| self.spend(c));
         chunks
+    }
+
+    /// The `sandbox.network` record of an ended connection, if it gets
+    /// one: a refusal of a destination refused before (or past the first
+    /// [`DISTINCT_REFUSALS`]) is counted, and every [`FOLD_EVERY`]th such
+    /// one is recorded with `"repeated"`: how many it stands for.
+    fn record(&mut self, connection: &Connection) -> Option<serde_json::Value> {
+        if connection.allowed {
+            return Some(connection.to_json());
+        }
+        let destination = (connection.host.clone(), connection.port);
+        if self.refused.len() < DISTINCT_REFUSALS && self.refused.insert(destination) {
+            return Some(connection.to_json());
+        }
+        self.folded += 1;
+        if self.folded < FOLD_EVERY {
+            return None;
+        }
+        let mut record = connection.to_json();
+        record["repeated"] = std::mem::take(&mut self.folded).into();
+        Some(record)
+    }
+
+    /// Whether `chunk` fits in what is left of the budget (taking it).
+    fn spend(&mut self, chunk: &Chunk) -> bool {
+        let size = chunk.encoded_len() as u64;
+        if self.spent + size > self.budget {
+            if !std::mem::replace(&mut self.over, true) {
+                tracing::warn!(
+                    run_id = %chunk.run_id,
+                    budget = self.budget,
+                    "the run's connection records reached its journal cap; further ones are not logged"
+                );
+            }
+            return false;
+        }
+        self.spent += size;
+        true
     }
 
     /// The run's ending when the upstream has been unreachable past `bound`.
@@ -142,7 +215,7 @@ mod tests {
     #[test]
     fn failures_are_reported_and_a_success_clears_them() {
         let f = ChunkFactory::new(&RunId::parse("r").unwrap(), "t", || 0);
-        let mut health = ModelHealth::default();
+        let mut health = ModelHealth::new(1 << 20);
         let failed = health.observe(&connection(Purpose::Model, Some("refused"), true), None, &f);
         let names: Vec<&str> = failed.iter().map(|c| c.name.as_str()).collect();
         assert_eq!(names, [egress::MODEL_UNAVAILABLE, egress::SANDBOX_NETWORK]);
@@ -155,5 +228,48 @@ mod tests {
         // A proxy failure is not the model's.
         health.observe(&connection(Purpose::Proxy, Some("refused"), true), None, &f);
         assert!(health.expired(Duration::ZERO, None).is_none());
+    }
+
+    /// Issue 33, medium 7: a sandbox dialing refused (and long) names
+    /// without end adds a bounded log: refusals of one destination are
+    /// folded, and all records together stay within the run's budget.
+    #[test]
+    fn a_refused_dial_flood_is_coalesced_within_the_budget() {
+        let f = ChunkFactory::new(&RunId::parse("r").unwrap(), "t", || 0);
+        let budget = 64 * 1024;
+        let mut health = ModelHealth::new(budget);
+        let refused = |host: String| Connection {
+            host,
+            allowed: false,
+            error: Some("not on the sandbox's allowlist".into()),
+            ..connection(Purpose::Proxy, None, true)
+        };
+        // The same destination again and again: one record, then folds.
+        let mut same = Vec::new();
+        for _ in 0..1_000 {
+            same.extend(health.observe(&refused("refused.example".into()), None, &f));
+        }
+        assert_eq!(same.len(), 1 + 999 / FOLD_EVERY as usize, "{same:?}");
+        let repeated: u64 = same[1..]
+            .iter()
+            .map(|c| {
+                serde_json::from_str::<serde_json::Value>(&c.value_json).unwrap()["repeated"]
+                    .as_u64()
+                    .unwrap()
+            })
+            .sum();
+        assert_eq!(repeated, 999 / FOLD_EVERY * FOLD_EVERY);
+        // Ever new, long names: the log stops growing at the budget.
+        let mut spent: u64 = same.iter().map(|c| c.encoded_len() as u64).sum();
+        for i in 0..20_000 {
+            let host = format!("{i}.{}", "a".repeat(240));
+            for c in health.observe(&refused(host), None, &f) {
+                spent += c.encoded_len() as u64;
+            }
+        }
+        assert!(spent <= budget, "{spent} > {budget}");
+        assert!(spent > budget / 2, "records stopped early: {spent}");
+        // Past the budget even an allowed connection is not recorded.
+        assert!(health.observe(&connection(Purpose::Proxy, None, true), None, &f).is_empty());
     }
 }

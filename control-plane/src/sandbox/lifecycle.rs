@@ -413,6 +413,7 @@ impl Lifecycle {
         &self,
         agent: &AgentClient,
         definition: &api::SandboxDefinition,
+        tenant: &Tenant,
         progress: &Progress,
     ) -> Result<(BTreeMap<String, String>, Option<crate::egress::Carriers>), Error> {
         if !crate::egress::wanted(definition) {
@@ -422,7 +423,8 @@ impl Lifecycle {
         let proxied = definition.network.as_ref().is_some_and(|n| !n.allow_hosts.is_empty());
         let env =
             if proxied { crate::egress::proxy_env(port).into_iter().collect() } else { BTreeMap::new() };
-        let plan = Arc::new(crate::egress::Plan::of(definition, self.policy.egress_private_addresses()));
+        let private_ok = self.policy.egress_private_addresses();
+        let plan = Arc::new(crate::egress::Plan::of(definition, private_ok, tenant.as_str()));
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<crate::egress::Connection>();
         let carriers = crate::egress::Carriers::open(agent.clone(), plan, tx);
         let progress = progress.clone();
@@ -457,7 +459,8 @@ impl Lifecycle {
         let agent = connect(&sandbox.address, &sandbox.token).await?;
         crate::provision::hand_over(&agent, &input.secrets).await?;
         let withheld = withheld(&input.definition);
-        let (egress_env, _carriers) = self.setup_egress(&agent, &input.definition, progress).await?;
+        let (egress_env, _carriers) =
+            self.setup_egress(&agent, &input.definition, &input.tenant, progress).await?;
         self.provisioner
             .provision(ProvisionContext {
                 agent: &agent,

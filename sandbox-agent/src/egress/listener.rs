@@ -13,13 +13,17 @@ use http_body_util::{BodyExt, Full, combinators::BoxBody};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use shared::proto::agent::v1::{CarryDial, CarryPurpose};
-use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use super::carrier::{DialError, Pool};
 use super::config::{EgressConfig, Route};
+use super::tls::{Hello, client_hello, fits};
 use crate::vault::Vault;
+
+/// The longest host name the proxy dials (DNS's own maximum).
+const MAX_HOST: usize = 253;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 type Body = BoxBody<Bytes, BoxError>;
@@ -86,19 +90,35 @@ impl Broker {
         }
     }
 
-    /// The model broker: the route whose placeholder the request carries,
-    /// the placeholder replaced by the secret's value.
+    /// The model broker: the route whose placeholder the request's auth
+    /// header carries, the key put in that header only.
     async fn broker(&self, req: Request<Incoming>) -> Response<Body> {
         let table = self.table();
-        // Newest first: a route replaced later wins.
-        let Some(route) = table.config.routes.iter().rev().find(|r| carries(req.headers(), &r.placeholder))
-        else {
-            return error(
-                StatusCode::UNAUTHORIZED,
-                "authentication_error",
-                "the request carries no Sandhold placeholder key: the sandbox's model broker adds the real key \
-                 only in place of the placeholder the harness was given",
-            );
+        let route = match authenticating_route(req.headers(), &table.config.routes) {
+            Ok(Some(route)) => route,
+            Ok(None) => {
+                return error(
+                    StatusCode::UNAUTHORIZED,
+                    "authentication_error",
+                    "the request carries no Sandhold placeholder key: the sandbox's model broker adds the real key \
+                     only in place of the placeholder the harness was given",
+                );
+            }
+            Err(misplaced) => {
+                // A placeholder anywhere but the auth header would have the
+                // key written where an upstream may repeat it back (an
+                // unknown `anthropic-beta` value is quoted in the 400).
+                tracing::warn!(header = %misplaced, "egress broker: refused a placeholder outside the auth header");
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_request_error",
+                    &format!(
+                        "the Sandhold placeholder key stands in the header {misplaced}: the broker adds the real \
+                         key only as the whole value of x-api-key or x-goog-api-key, or as `Bearer <placeholder>` \
+                         in authorization"
+                    ),
+                );
+            }
         };
         let Some(secret) = self.vault.latest(&route.secret_name) else {
             return error(
@@ -112,7 +132,7 @@ impl Broker {
             );
         };
         let (mut parts, body) = req.into_parts();
-        if let Err(why) = replace(&mut parts.headers, &route.placeholder, secret.expose()) {
+        if let Err(why) = authenticate(&mut parts.headers, &route.placeholder, secret.expose()) {
             return error(StatusCode::BAD_REQUEST, "invalid_request_error", &why);
         }
         strip_hop_by_hop(&mut parts.headers);
@@ -165,11 +185,9 @@ impl Broker {
         };
         let upgrade = hyper::upgrade::on(&mut req);
         tokio::spawn(async move {
-            let mut stream = stream;
             match upgrade.await {
                 Ok(upgraded) => {
-                    let mut client = TokioIo::new(upgraded);
-                    if let Err(e) = tokio::io::copy_bidirectional(&mut client, &mut stream).await {
+                    if let Err(e) = carry_tunnel(TokioIo::new(upgraded), stream, &host).await {
                         tracing::debug!(host, port, error = %e, "egress tunnel ended with an error");
                     }
                 }
@@ -192,6 +210,19 @@ impl Broker {
             return error(StatusCode::BAD_REQUEST, "invalid_request_error", "no host in the request's URI");
         };
         let (host, port) = (authority.host().to_string(), authority.port_u16().unwrap_or(80));
+        // The allowlist judges the URI's host; a different `Host` would have
+        // a shared front serve another name than the one allowed.
+        if let Some(named) = req.headers().get(header::HOST)
+            && !same_authority(named.as_bytes(), &host, port)
+        {
+            let named = String::from_utf8_lossy(named.as_bytes());
+            tracing::warn!(host, port, named = %named, "egress proxy: refused a Host header that is not the target");
+            return error(
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                &format!("the Host header {named:?} is not the request's target {host}:{port}"),
+            );
+        }
         let stream = match self.proxy_dial(&host, port).await {
             Ok(stream) => stream,
             Err(resp) => return resp,
@@ -217,6 +248,15 @@ impl Broker {
     /// (nothing in the sandbox is trusted) and records each one, refused
     /// ones included.
     async fn proxy_dial(&self, host: &str, port: u16) -> Result<tokio::io::DuplexStream, Response<Body>> {
+        // A made-up name of kilobytes would travel to the control plane and
+        // into the run's log with each attempt.
+        if host.len() > MAX_HOST {
+            return Err(error(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                &format!("a host name is {MAX_HOST} bytes at most"),
+            ));
+        }
         let dial = CarryDial {
             host: host.to_string(),
             port: u32::from(port),
@@ -227,39 +267,145 @@ impl Broker {
     }
 }
 
+/// Carry a tunnel: the destination's bytes to the client at once (some
+/// protocols speak first), the client's only once its first bytes show
+/// they go where the tunnel was allowed to: a TLS ClientHello must name the
+/// CONNECT target (no server name for an IP address), or the tunnel ends
+/// before anything reaches the destination. Other protocols pass as they are.
+async fn carry_tunnel<C>(client: C, stream: tokio::io::DuplexStream, host: &str) -> std::io::Result<()>
+where
+    C: AsyncRead + AsyncWrite + Unpin,
+{
+    let (mut client_read, mut client_write) = tokio::io::split(client);
+    let (mut up_read, mut up_write) = tokio::io::split(stream);
+    let down = async {
+        let copied = tokio::io::copy(&mut up_read, &mut client_write).await;
+        let _ = client_write.shutdown().await;
+        copied.map(drop)
+    };
+    let up = async {
+        let mut first = Vec::new();
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            let n = client_read.read(&mut buf).await?;
+            if n == 0 {
+                // The client is done before its first message was whole.
+                up_write.write_all(&first).await?;
+                return up_write.shutdown().await;
+            }
+            first.extend_from_slice(&buf[..n]);
+            match client_hello(&first) {
+                Hello::Partial => continue,
+                Hello::NotTls => break,
+                Hello::ServerName(name) if fits(name.as_deref(), host) => break,
+                Hello::ServerName(name) => {
+                    let name = name.unwrap_or_default();
+                    tracing::warn!(host, server_name = %name, "egress tunnel: refused a TLS server name that is not the CONNECT target");
+                    return Err(std::io::Error::other(format!(
+                        "the TLS server name {name:?} is not the tunnel's target {host}"
+                    )));
+                }
+                Hello::Malformed(why) => {
+                    tracing::warn!(host, error = %why, "egress tunnel: refused an unreadable TLS ClientHello");
+                    return Err(std::io::Error::other(format!("unreadable TLS ClientHello: {why}")));
+                }
+            }
+        }
+        up_write.write_all(&first).await?;
+        tokio::io::copy(&mut client_read, &mut up_write).await?;
+        up_write.shutdown().await
+    };
+    tokio::pin!(up, down);
+    let (mut up_done, mut down_done) = (false, false);
+    while !(up_done && down_done) {
+        // A refused first message ends the tunnel both ways at once.
+        tokio::select! {
+            sent = &mut up, if !up_done => {
+                sent?;
+                up_done = true;
+            }
+            received = &mut down, if !down_done => {
+                received?;
+                down_done = true;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether a `Host` header value names `host:port` (the port may be left
+/// out when it is 80; case and a trailing dot aside).
+fn same_authority(named: &[u8], host: &str, port: u16) -> bool {
+    let Ok(named) = std::str::from_utf8(named) else { return false };
+    let Ok(named) = named.trim().parse::<http::uri::Authority>() else { return false };
+    let bare =
+        |h: &str| h.trim_start_matches('[').trim_end_matches(']').trim_end_matches('.').to_ascii_lowercase();
+    bare(named.host()) == bare(host) && named.port_u16().unwrap_or(80) == port
+}
+
 /// "the model route L (https://host:port)", for errors.
 fn describe(route: &Route) -> String {
     let scheme = if route.tls { "https" } else { "http" };
     format!("the model route {:?} ({scheme}://{}:{})", route.label, route.host, route.port)
 }
 
-/// Whether any header value carries `placeholder`.
-fn carries(headers: &HeaderMap, placeholder: &str) -> bool {
-    headers.values().any(|v| memchr::memmem::find(v.as_bytes(), placeholder.as_bytes()).is_some())
+/// The headers a harness authenticates with, and the prefix its value
+/// carries before the key: Anthropic's, OpenAI's, and Gemini's.
+const AUTH_HEADERS: [(HeaderName, &str); 3] = [
+    (HeaderName::from_static("x-api-key"), ""),
+    (header::AUTHORIZATION, "Bearer "),
+    (HeaderName::from_static("x-goog-api-key"), ""),
+];
+
+/// Whether `name: value` is a harness's auth header whose whole value is
+/// `placeholder` (after its prefix).
+fn is_auth(name: &HeaderName, value: &[u8], placeholder: &str) -> bool {
+    AUTH_HEADERS.iter().any(|(auth, prefix)| {
+        auth == name && value.strip_prefix(prefix.as_bytes()) == Some(placeholder.as_bytes())
+    })
 }
 
-/// `placeholder` replaced by `value` in every header value that carries
-/// it; the new values are marked sensitive.
-fn replace(headers: &mut HeaderMap, placeholder: &str, value: &str) -> Result<(), String> {
-    for (name, v) in headers.iter_mut() {
-        let bytes = v.as_bytes();
-        if memchr::memmem::find(bytes, placeholder.as_bytes()).is_none() {
-            continue;
+/// The route whose placeholder the request authenticates with (`None`: no
+/// placeholder at all). `Err` names a header where a placeholder of any
+/// route stands other than as a whole auth value: such a request is never
+/// sent, so no upstream can echo the key back.
+fn authenticating_route<'a>(headers: &HeaderMap, routes: &'a [Route]) -> Result<Option<&'a Route>, String> {
+    let mut found: Option<&Route> = None;
+    for (name, value) in headers {
+        for route in routes {
+            if memchr::memmem::find(value.as_bytes(), route.placeholder.as_bytes()).is_none() {
+                continue;
+            }
+            if !is_auth(name, value.as_bytes(), &route.placeholder) {
+                return Err(name.to_string());
+            }
+            match found {
+                Some(other) if other.placeholder != route.placeholder => {
+                    return Err(format!("{name} (a second route's placeholder)"));
+                }
+                _ => found = Some(route),
+            }
         }
-        let finder = memchr::memmem::Finder::new(placeholder.as_bytes());
-        let mut out = Vec::with_capacity(bytes.len() + value.len());
-        let mut at = 0;
-        for found in finder.find_iter(bytes) {
-            out.extend_from_slice(&bytes[at..found]);
-            out.extend_from_slice(value.as_bytes());
-            at = found + placeholder.len();
+    }
+    Ok(found)
+}
+
+/// The key in place of `placeholder` in the auth headers that carry it
+/// as their whole value; the new values are marked sensitive.
+fn authenticate(headers: &mut HeaderMap, placeholder: &str, key: &str) -> Result<(), String> {
+    for (auth, prefix) in &AUTH_HEADERS {
+        if let header::Entry::Occupied(mut entry) = headers.entry(auth) {
+            for v in entry.iter_mut() {
+                if !is_auth(auth, v.as_bytes(), placeholder) {
+                    continue;
+                }
+                // Never the value in the error: it names the header only.
+                let mut keyed = HeaderValue::from_str(&format!("{prefix}{key}"))
+                    .map_err(|_| format!("the secret's value cannot stand in the header {auth}"))?;
+                keyed.set_sensitive(true);
+                *v = keyed;
+            }
         }
-        out.extend_from_slice(&bytes[at..]);
-        // Never the value in the error: it names the header only.
-        let mut replaced = HeaderValue::from_bytes(&out)
-            .map_err(|_| format!("the secret's value cannot stand in the header {name}"))?;
-        replaced.set_sensitive(true);
-        *v = replaced;
     }
     Ok(())
 }
@@ -346,18 +492,34 @@ fn error(status: StatusCode, kind: &str, message: &str) -> Response<Body> {
 mod tests {
     use super::*;
 
+    fn routes(placeholders: &[&str]) -> Vec<Route> {
+        placeholders
+            .iter()
+            .map(|p| Route {
+                placeholder: p.to_string(),
+                tls: true,
+                host: "api.example".into(),
+                port: 443,
+                secret_name: "KEY".into(),
+                label: "claude-code".into(),
+            })
+            .collect()
+    }
+
     #[test]
-    fn the_placeholder_is_replaced_wherever_it_occurs_and_hop_by_hop_headers_go() {
+    fn the_key_goes_only_into_the_auth_headers_and_hop_by_hop_headers_go() {
+        const P: &str = "PLACEHOLDER-0123456789";
         let mut h = HeaderMap::new();
-        h.insert("x-api-key", HeaderValue::from_static("PLACEHOLDER-0123456789"));
+        h.insert("x-api-key", HeaderValue::from_static(P));
         h.insert("authorization", HeaderValue::from_static("Bearer PLACEHOLDER-0123456789"));
         h.insert("x-other", HeaderValue::from_static("untouched"));
         h.insert(header::CONNECTION, HeaderValue::from_static("keep-alive, x-hop"));
         h.insert("x-hop", HeaderValue::from_static("1"));
         h.insert("proxy-connection", HeaderValue::from_static("keep-alive"));
-        assert!(carries(&h, "PLACEHOLDER-0123456789"));
-        assert!(!carries(&h, "PLACEHOLDER-9999999999"));
-        replace(&mut h, "PLACEHOLDER-0123456789", "sk-real").unwrap();
+        let routes = routes(&["PLACEHOLDER-9999999999", P]);
+        assert_eq!(authenticating_route(&h, &routes).unwrap().unwrap().placeholder, P);
+        assert!(authenticating_route(&h, &routes[..1]).unwrap().is_none());
+        authenticate(&mut h, P, "sk-real").unwrap();
         strip_hop_by_hop(&mut h);
         assert_eq!(h["x-api-key"], "sk-real");
         assert!(h["x-api-key"].is_sensitive());
@@ -367,5 +529,26 @@ mod tests {
             assert!(!h.contains_key(gone), "{gone}");
         }
         assert_eq!(origin_form(&"http://h:1/a/b?c=d".parse().unwrap()), "/a/b?c=d");
+    }
+
+    #[test]
+    fn a_placeholder_anywhere_but_a_whole_auth_value_is_refused() {
+        const P: &str = "PLACEHOLDER-0123456789";
+        let routes = routes(&[P, "PLACEHOLDER-9999999999"]);
+        let misplaced: [&[(&str, &str)]; 6] = [
+            &[("x-api-key", P), ("anthropic-beta", P)],
+            &[("x-api-key", "PLACEHOLDER-0123456789,PLACEHOLDER-0123456789")],
+            &[("authorization", "Basic PLACEHOLDER-0123456789")],
+            &[("authorization", P)],
+            &[("x-api-key", "Bearer PLACEHOLDER-0123456789")],
+            &[("x-api-key", P), ("authorization", "Bearer PLACEHOLDER-9999999999")],
+        ];
+        for headers in misplaced {
+            let mut h = HeaderMap::new();
+            for (n, v) in headers {
+                h.append(HeaderName::from_static(n), HeaderValue::from_static(v));
+            }
+            assert!(authenticating_route(&h, &routes).is_err(), "{headers:?}");
+        }
     }
 }

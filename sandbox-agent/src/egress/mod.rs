@@ -3,11 +3,12 @@
 //! connection (see `proto/sandhold/agent/v1/egress.proto`).
 //!
 //! One listener on the sandbox's 127.0.0.1 serves both: an origin-form
-//! request whose header values carry a route's placeholder goes to that
-//! route's upstream with the placeholder replaced by the secret's value
-//! (held in the agent's memory, where the run user cannot read it; TLS to
-//! the upstream is the agent's own), and `CONNECT` / absolute-form `http://`
-//! requests are proxied. Every upstream connection travels on a carrier, a
+//! request whose auth header is a route's placeholder goes to that route's
+//! upstream with the secret's value in that header only (held in the
+//! agent's memory, where the run user cannot read it; TLS to the upstream
+//! is the agent's own), and `CONNECT` / absolute-form `http://` requests
+//! are proxied, their target checked against the `Host` header and the
+//! TLS server name. Every upstream connection travels on a carrier, a
 //! `Carry` stream the control plane opened ahead of time; the control plane
 //! checks every destination against the sandbox's allowlist, alone decides
 //! and records each attempt.

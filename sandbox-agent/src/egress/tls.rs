@@ -60,3 +60,89 @@ where
         ServerName::try_from(host.to_string()).map_err(|e| format!("{host:?} is no TLS server name: {e}"))?;
     tokio_rustls::TlsConnector::from(config).connect(name, io).await.map_err(|e| e.to_string())
 }
+
+/// The most a tunnel's client may send before its ClientHello is complete.
+pub const MAX_HELLO: usize = 64 * 1024;
+
+/// What a tunnel's first client bytes say about where they go.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Hello {
+    /// Not a TLS handshake: the bytes go as they are.
+    NotTls,
+    /// A TLS handshake whose ClientHello is not complete yet.
+    Partial,
+    /// A complete ClientHello and the server name it asks for.
+    ServerName(Option<String>),
+    /// A TLS handshake that cannot be read (or is too long).
+    Malformed(String),
+}
+
+/// Read the ClientHello in `bytes`, the first a tunnel's client sent
+/// (parsed by rustls's own acceptor, not by hand).
+pub fn client_hello(bytes: &[u8]) -> Hello {
+    match bytes.first() {
+        None => return Hello::Partial,
+        // A TLS handshake record.
+        Some(0x16) => {}
+        Some(_) => return Hello::NotTls,
+    }
+    if bytes.len() > MAX_HELLO {
+        return Hello::Malformed(format!("no complete ClientHello in the first {MAX_HELLO} bytes"));
+    }
+    let mut acceptor = rustls::server::Acceptor::default();
+    let mut rest = bytes;
+    while !rest.is_empty() {
+        match acceptor.read_tls(&mut rest) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e) => return Hello::Malformed(e.to_string()),
+        }
+    }
+    match acceptor.accept() {
+        Ok(Some(accepted)) => Hello::ServerName(accepted.client_hello().server_name().map(str::to_string)),
+        Ok(None) => Hello::Partial,
+        Err((e, _)) => Hello::Malformed(e.to_string()),
+    }
+}
+
+/// Whether a ClientHello's server name fits the tunnel's target `host`:
+/// the same name (case and a trailing dot aside), and none at all for an
+/// IP address (a name there would ask a shared front for another host).
+pub fn fits(server_name: Option<&str>, host: &str) -> bool {
+    let host = host.trim_start_matches('[').trim_end_matches(']').trim_end_matches('.');
+    match server_name {
+        None => host.parse::<std::net::IpAddr>().is_ok(),
+        Some(name) => name.trim_end_matches('.').eq_ignore_ascii_case(host),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The first bytes a rustls client sends for `name`.
+    fn hello_for(name: &str) -> Vec<u8> {
+        let config = client_config("").unwrap();
+        let mut conn =
+            rustls::ClientConnection::new(config, ServerName::try_from(name.to_string()).unwrap()).unwrap();
+        let mut out = Vec::new();
+        conn.write_tls(&mut out).unwrap();
+        out
+    }
+
+    #[test]
+    fn the_server_name_is_read_from_a_client_hello() {
+        let hello = hello_for("registry.npmjs.org");
+        assert_eq!(client_hello(&hello), Hello::ServerName(Some("registry.npmjs.org".into())));
+        assert_eq!(client_hello(&hello[..hello.len() / 2]), Hello::Partial);
+        assert_eq!(client_hello(&hello_for("127.0.0.1")), Hello::ServerName(None));
+        assert_eq!(client_hello(b"GET / HTTP/1.1\r\n"), Hello::NotTls);
+        // A complete handshake message that is no ClientHello.
+        assert!(matches!(client_hello(&[0x16, 3, 1, 0, 4, 2, 0, 0, 0]), Hello::Malformed(_)));
+        assert!(fits(Some("Registry.npmjs.org"), "registry.npmjs.org."));
+        assert!(!fits(Some("evil.example"), "registry.npmjs.org"));
+        assert!(!fits(None, "registry.npmjs.org"));
+        assert!(fits(None, "127.0.0.1"));
+        assert!(!fits(Some("evil.example"), "[::1]"));
+    }
+}

@@ -413,6 +413,123 @@ async fn no_placeholder_is_401_and_a_secret_not_held_is_503_naming_it() {
     agent.stop().await;
 }
 
+/// An upstream on 127.0.0.1 that answers every request with its whole head
+/// (request line and every header, as received) as the body: what an API
+/// does that quotes an unknown header value in its error. Records each head.
+async fn echo_upstream() -> (u16, Arc<Mutex<Vec<String>>>, tokio::task::JoinHandle<()>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let heads = Arc::new(Mutex::new(Vec::new()));
+    let seen = heads.clone();
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else { return };
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                let mut tcp = BufReader::new(tcp);
+                let mut head = String::new();
+                loop {
+                    let mut line = String::new();
+                    if tcp.read_line(&mut line).await.unwrap_or(0) == 0 || line.trim_end().is_empty() {
+                        break;
+                    }
+                    head.push_str(&line);
+                }
+                seen.lock().unwrap().push(head.clone());
+                let answer = format!(
+                    "HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n\
+                     connection: close\r\n\r\n{head}",
+                    head.len()
+                );
+                let _ = tcp.get_mut().write_all(answer.as_bytes()).await;
+                let _ = tcp.get_mut().shutdown().await;
+            });
+        }
+    });
+    (port, heads, task)
+}
+
+/// Base64 (standard alphabet, no padding) of `bytes`.
+fn base64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for group in bytes.chunks(3) {
+        let n = group.iter().enumerate().fold(0u32, |n, (i, b)| n | u32::from(*b) << (16 - 8 * i));
+        for i in 0..=group.len() {
+            out.push(ALPHABET[(n >> (18 - 6 * i) & 63) as usize] as char);
+        }
+    }
+    out
+}
+
+/// The forms of `secret` a run could find in bytes it reads: raw, hex
+/// (either case) and base64 at each of the three alignments a longer text
+/// may put it in (the stable middle of each).
+fn forms(secret: &str) -> Vec<String> {
+    let mut forms = vec![secret.to_string(), hex::encode(secret), hex::encode_upper(secret)];
+    for shift in 0..3 {
+        let mut bytes = vec![b'x'; shift];
+        bytes.extend_from_slice(secret.as_bytes());
+        let encoded = base64(&bytes);
+        forms.push(encoded[4..encoded.len() - 4].to_string());
+    }
+    forms
+}
+
+/// Issue 33, critical 1: a hostile run asks the broker to put the key in a
+/// header the upstream repeats back. It sends the placeholder in the auth
+/// header and in `anthropic-beta` (and variants); every byte it gets back,
+/// from an upstream that echoes every header, holds the key in no form.
+#[tokio::test]
+async fn hostile_a_placeholder_outside_the_auth_header_never_brings_the_key_back() {
+    let agent = TestAgent::start().await;
+    let (echo, heads, echo_task) = echo_upstream().await;
+    put_secret(&agent, "ANTHROPIC_API_KEY", SECRET).await;
+    let port = configure(
+        &agent,
+        ConfigureEgressRequest {
+            routes: vec![route(echo, "http", "127.0.0.1", "ANTHROPIC_API_KEY")],
+            ..Default::default()
+        },
+    )
+    .await;
+    let _carrier = TestCarrier::start(&agent, &[]).await;
+    let bearer = format!("Bearer {PLACEHOLDER}");
+    let suffixed = format!("{PLACEHOLDER}-2023-06-01");
+    let attacks: [&[(&str, &str)]; 4] = [
+        &[("x-api-key", PLACEHOLDER), ("anthropic-beta", PLACEHOLDER)],
+        &[("x-api-key", PLACEHOLDER), ("anthropic-beta", &suffixed)],
+        &[("authorization", &bearer), ("x-request-note", &bearer)],
+        &[("x-api-key", &suffixed)],
+    ];
+    let mut seen_by_the_run = Vec::new();
+    for headers in attacks {
+        // Raw bytes, as the run's own client would read them.
+        let mut tcp = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        let mut raw = String::from("POST /v1/messages HTTP/1.1\r\nhost: 127.0.0.1\r\n");
+        for (n, v) in headers {
+            raw.push_str(&format!("{n}: {v}\r\n"));
+        }
+        raw.push_str("content-length: 2\r\nconnection: close\r\n\r\n{}");
+        tcp.write_all(raw.as_bytes()).await.unwrap();
+        let mut answer = Vec::new();
+        tokio::time::timeout(Duration::from_secs(20), tcp.read_to_end(&mut answer)).await.unwrap().unwrap();
+        let text = String::from_utf8_lossy(&answer).into_owned();
+        assert!(text.starts_with("HTTP/1.1 "), "{headers:?}: {text}");
+        seen_by_the_run.push(text);
+    }
+    let everything = seen_by_the_run.concat();
+    for form in forms(SECRET) {
+        assert!(!everything.contains(&form), "the run read the key (as {form}): {everything}");
+    }
+    // Refused, and said so: nothing reached the upstream with the key in it.
+    assert!(seen_by_the_run.iter().all(|t| t.starts_with("HTTP/1.1 400")), "{seen_by_the_run:?}");
+    assert!(everything.contains("placeholder key stands in the header"), "{everything}");
+    assert!(heads.lock().unwrap().iter().all(|h| !h.contains(SECRET)), "{:?}", heads.lock().unwrap());
+    echo_task.abort();
+    agent.stop().await;
+}
+
 fn tls_acceptor(ca: &TestCa) -> tokio_rustls::TlsAcceptor {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -582,6 +699,116 @@ async fn the_proxy_tunnels_where_the_control_plane_allows_only() {
     assert_eq!(carrier.dials().len(), 5, "{:?}", carrier.dials());
 
     echo_task.abort();
+    agent.stop().await;
+}
+
+/// Issue 33, medium 8: an absolute-form request for an allowed host whose
+/// `Host` names another (a shared front would serve that one) is refused
+/// before anything is dialed.
+#[tokio::test]
+async fn hostile_a_host_header_other_than_the_target_is_refused() {
+    let agent = TestAgent::start().await;
+    let upstream = Upstream::start(None).await;
+    upstream.release.notify_one();
+    let port = configure(&agent, ConfigureEgressRequest::default()).await;
+    let carrier = TestCarrier::start(&agent, &[]).await;
+    let fronted = |host: &str| {
+        http::Request::get(format!("http://allowed.test:{}/", upstream.port))
+            .header("host", host)
+            .body(Full::new(Bytes::new()))
+            .unwrap()
+    };
+    let (status, message) = json_error(request(port, fronted("forbidden.test")).await).await;
+    assert_eq!(status, 403, "{message}");
+    assert!(message.contains("forbidden.test") && message.contains("allowed.test"), "{message}");
+    let (status, _) =
+        json_error(request(port, fronted(&format!("forbidden.test:{}", upstream.port))).await).await;
+    assert_eq!(status, 403);
+    assert!(upstream.seen().is_empty(), "{:?}", upstream.seen());
+    assert!(carrier.dials().is_empty(), "{:?}", carrier.dials());
+    // The same request naming its target goes.
+    let resp = request(port, fronted(&format!("Allowed.Test:{}", upstream.port))).await;
+    assert_eq!(resp.status(), 200);
+    resp.into_body().collect().await.unwrap();
+    assert_eq!(upstream.seen()[0].header("host"), Some(format!("Allowed.Test:{}", upstream.port).as_str()));
+    agent.stop().await;
+}
+
+/// A TCP server on 127.0.0.1 that answers nothing and keeps every byte
+/// each connection sent it.
+async fn recorder() -> (u16, Arc<Mutex<Vec<Vec<u8>>>>, tokio::task::JoinHandle<()>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let received = Arc::new(Mutex::new(Vec::new()));
+    let kept = received.clone();
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((mut tcp, _)) = listener.accept().await else { return };
+            let kept = kept.clone();
+            let index = {
+                let mut kept = kept.lock().unwrap();
+                kept.push(Vec::new());
+                kept.len() - 1
+            };
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                while let Ok(n @ 1..) = tcp.read(&mut buf).await {
+                    kept.lock().unwrap()[index].extend_from_slice(&buf[..n]);
+                }
+            });
+        }
+    });
+    (port, received, task)
+}
+
+/// A TLS handshake for `server_name` through a tunnel to `target`; the
+/// handshake's outcome within 2 s (`None`: still waiting on the server).
+async fn tls_through_tunnel(port: u16, target: &str, server_name: &str) -> Option<Result<(), String>> {
+    let (status, tunnel) = connect(port, target).await;
+    assert_eq!(status, 200, "{target}");
+    let config =
+        rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(rustls::RootCertStore::empty())
+            .with_no_client_auth();
+    let name = rustls::pki_types::ServerName::try_from(server_name.to_string()).unwrap();
+    let handshake = tokio_rustls::TlsConnector::from(Arc::new(config)).connect(name, tunnel.into_inner());
+    tokio::time::timeout(Duration::from_secs(2), handshake)
+        .await
+        .ok()
+        .map(|r| r.map(drop).map_err(|e| e.to_string()))
+}
+
+/// Issue 33, medium 8: a tunnel allowed for one name whose TLS ClientHello
+/// asks for another (domain fronting) ends before a byte of it reaches the
+/// destination; a ClientHello for the tunnel's own name goes through.
+#[tokio::test]
+async fn hostile_a_tls_server_name_other_than_the_connect_target_is_refused() {
+    let agent = TestAgent::start().await;
+    let (dest, received, task) = recorder().await;
+    let port = configure(&agent, ConfigureEgressRequest::default()).await;
+    let _carrier = TestCarrier::start(&agent, &[]).await;
+    let target = format!("allowed.test:{dest}");
+
+    let fronted = tls_through_tunnel(port, &target, "forbidden.test").await;
+    assert!(matches!(fronted, Some(Err(_))), "the fronted handshake was not ended: {fronted:?}");
+    let by_ip = tls_through_tunnel(port, &format!("127.0.0.1:{dest}"), "forbidden.test").await;
+    assert!(matches!(by_ip, Some(Err(_))), "a server name through an IP tunnel: {by_ip:?}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    {
+        let received = received.lock().unwrap();
+        assert_eq!(received.len(), 2, "each tunnel was dialed");
+        assert!(received.iter().all(Vec::is_empty), "the destination got the fronted bytes: {received:?}");
+    }
+
+    // The tunnel's own name: the ClientHello reaches the destination (which
+    // never answers, so the handshake is still waiting).
+    assert!(tls_through_tunnel(port, &target, "allowed.test").await.is_none());
+    let hello = received.lock().unwrap()[2].clone();
+    assert_eq!(hello.first(), Some(&0x16), "{hello:?}");
+    assert!(memchr::memmem::find(&hello, b"allowed.test").is_some());
+    task.abort();
     agent.stop().await;
 }
 

@@ -182,8 +182,8 @@ impl Runs {
             self.append(ctx, &chunks).await?;
         }
         // The model broker's URL and placeholder key, and the proxy.
-        let private_ok = sandbox.egress_private_addresses();
-        if let Some(egress) = RunEgress::of(&definition, ctx.harness, private_ok).map_err(Ending::Failed)? {
+        let tenant = ctx.key.tenant.as_str();
+        if let Some(egress) = RunEgress::of(&definition, ctx.harness, sandbox, tenant).map_err(Ending::Failed)? {
             crate::runs::egress::point(&egress, &definition, ctx.harness, &live.agent, &mut command)
                 .await
                 .map_err(Ending::Failed)?;

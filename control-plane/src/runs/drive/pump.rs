@@ -71,7 +71,7 @@ impl Runs {
             egress.as_ref().map(|e| Carriers::open(agent.clone(), e.plan.clone(), net_tx.clone()))
         };
         let mut carriers = carry(&agent);
-        let mut health = ModelHealth::default();
+        let mut health = ModelHealth::new(egress.as_ref().map_or(0, |e| e.log_budget));
         // Between follows that fail or break without a line: a journal the
         // agent keeps refusing must not turn into a tight loop, and many
         // drives whose agent restarted must not come back in step.
@@ -263,7 +263,7 @@ impl Runs {
     /// deleted since.
     fn run_egress(&self, ctx: &DriveCtx) -> Result<Option<RunEgress>, Error> {
         let Some(definition) = ctx.definition.get() else { return Ok(None) };
-        RunEgress::of(definition, ctx.harness, self.inner.sandbox.egress_private_addresses())
+        RunEgress::of(definition, ctx.harness, &self.inner.sandbox, ctx.key.tenant.as_str())
     }
 }
 
