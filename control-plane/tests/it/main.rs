@@ -11,6 +11,7 @@ mod event_log_fault;
 mod fairness;
 mod harness_cli;
 mod harness_golden;
+mod hostile_local_users;
 mod hostile_policy;
 mod hostile_run_ids;
 mod hostile_run_user;
