@@ -17,6 +17,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use control_plane::agent::AgentClient;
 use control_plane::provider::{LocalProvider, LocalProviderOptions, Provider, SandboxSpec};
 use sandhold_tests::agent::static_agent;
+use sandhold_tests::auth::bearer;
 use sandhold_tests::bench::{Row, ms, summary};
 use sandhold_tests::server::embedded as embedded_server;
 use shared::proto::agent::v1 as agent;
@@ -53,8 +54,9 @@ struct Outcome {
 async fn pipeline(lines: usize, database_url: Option<String>, label: &str) -> Outcome {
     let dir = sandhold_tests::local::TestDir::new("shp");
     let (server, channel) = embedded_server(dir.path(), database_url).await;
-    let mut sandboxes = SandboxServiceClient::new(channel.clone());
-    let mut runs = RunServiceClient::new(channel).max_decoding_message_size(64 << 20);
+    let token = bearer(server.local_token().expect("a single-user server").expose());
+    let mut sandboxes = SandboxServiceClient::with_interceptor(channel.clone(), token.clone());
+    let mut runs = RunServiceClient::with_interceptor(channel, token).max_decoding_message_size(64 << 20);
     let definition = api::SandboxDefinition {
         id: "bench".into(),
         provider: Some(api::ProviderSpec {

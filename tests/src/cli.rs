@@ -132,10 +132,22 @@ impl Served {
         }
     }
 
-    /// The CLI pointed at this server.
+    /// The token of a server without API tokens (`local-token` in its data
+    /// dir), once it has started.
+    pub fn local_token(&self) -> Option<String> {
+        let path = control_plane::auth::local::path(&self.dir.path().join("data"));
+        std::fs::read_to_string(path).ok().map(|t| t.trim().to_string())
+    }
+
+    /// The CLI pointed at this server, with its local token when it has no
+    /// API tokens (the client's data dir is another one, so it is passed as
+    /// `SANDHOLD_TOKEN`; set that again to call with an API token).
     pub fn cli(&self) -> Command {
         let mut cmd = sandhold(&self.dir.path().join("client-data"));
         cmd.env("SANDHOLD_SERVER", &self.server);
+        if let Some(token) = self.local_token() {
+            cmd.env("SANDHOLD_TOKEN", token);
+        }
         if let Some(ca) = &self.ca {
             cmd.env("SANDHOLD_CA_CERT", ca);
         }

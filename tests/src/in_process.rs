@@ -36,6 +36,9 @@ use crate::auth::{Bearer, bearer};
 use crate::local::TestDir;
 use crate::server::{Admin, Runs, Sandboxes};
 
+/// The token of the in-process single-user server.
+const LOCAL_TOKEN: &str = "in-process-local-token";
+
 /// The services of one context over one in-memory connection. Dropping it
 /// stops the server task and kills the local sandboxes it made.
 pub struct InProcess {
@@ -72,6 +75,7 @@ impl InProcess {
         let runs = runs::Runs::new(cx.clone(), RunOptions::default());
         let reaper = Reaper::new(cx.clone(), runs.clone(), ReaperOptions::default(), true);
         let auth = Authenticator::new(true);
+        auth.set_local_token(shared::secret::Secret::new(LOCAL_TOKEN));
         auth.set_token_store(cx.stores.tokens.clone());
         let router = Server::builder()
             .layer(AuthLayer::new(auth))
@@ -102,22 +106,21 @@ impl InProcess {
         Self { cx, channel, shutdown, server, _dir: dir }
     }
 
-    // Clients send a bearer token as real ones do; single-user mode maps
-    // every caller to the one tenant.
+    // Clients send the single-user server's token as real ones do.
     pub fn runs(&self) -> Runs {
-        shared::sized!(RunServiceClient::with_interceptor(self.channel.clone(), bearer("in-process")))
+        shared::sized!(RunServiceClient::with_interceptor(self.channel.clone(), bearer(LOCAL_TOKEN)))
     }
 
     pub fn sandboxes(&self) -> Sandboxes {
-        shared::sized!(SandboxServiceClient::with_interceptor(self.channel.clone(), bearer("in-process")))
+        shared::sized!(SandboxServiceClient::with_interceptor(self.channel.clone(), bearer(LOCAL_TOKEN)))
     }
 
     pub fn snapshots(&self) -> SnapshotServiceClient<InterceptedService<Channel, Bearer>> {
-        shared::sized!(SnapshotServiceClient::with_interceptor(self.channel.clone(), bearer("in-process")))
+        shared::sized!(SnapshotServiceClient::with_interceptor(self.channel.clone(), bearer(LOCAL_TOKEN)))
     }
 
     pub fn admin(&self) -> Admin {
-        shared::sized!(AdminServiceClient::with_interceptor(self.channel.clone(), bearer("in-process")))
+        shared::sized!(AdminServiceClient::with_interceptor(self.channel.clone(), bearer(LOCAL_TOKEN)))
     }
 }
 

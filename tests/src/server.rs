@@ -118,6 +118,7 @@ impl TenantServer {
 pub struct ServerProcess {
     pub addr: String,
     pub log: PathBuf,
+    data_dir: PathBuf,
     child: tokio::process::Child,
 }
 
@@ -163,13 +164,19 @@ impl ServerProcess {
         }
         cmd.args(&opts.extra_args);
         let child = cmd.spawn().expect("spawning sandhold serve");
-        let mut server = Self { addr, log, child };
+        let mut server = Self { addr, log, data_dir: opts.data_dir.clone(), child };
         server.wait_ready().await;
         server
     }
 
     pub fn pid(&self) -> u32 {
         self.child.id().expect("server still running")
+    }
+
+    /// The token of a server without API tokens (its data dir's
+    /// `local-token` file), as the operator's CLI reads it.
+    pub fn local_token(&self) -> String {
+        local_token(&self.data_dir)
     }
 
     pub fn log_text(&self) -> String {
@@ -229,9 +236,20 @@ impl ServerProcess {
     }
 }
 
+/// The token in `data_dir`'s `local-token` file (written by a server
+/// without API tokens, mode 600).
+pub fn local_token(data_dir: &Path) -> String {
+    let path = control_plane::auth::local::path(data_dir);
+    std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("reading the local token {}: {e}", path.display()))
+        .trim()
+        .to_string()
+}
+
 /// An embedded server on a loopback port, its data under `dir` (and in
 /// `database_url`; default: SQLite there), the static agent for local and
-/// Docker sandboxes; with a channel to it. Dropping the handle stops it;
+/// Docker sandboxes; with a channel to it (calls need its
+/// [`RunningServer::local_token`]). Dropping the handle stops it;
 /// `dir` should be a [`TestDir`]'s, so its local sandboxes go with it.
 pub async fn embedded(dir: &Path, database_url: Option<String>) -> (RunningServer, Channel) {
     let agent = static_agent();

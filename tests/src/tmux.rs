@@ -23,9 +23,14 @@ impl Tmux {
         Self { socket: format!("sandhold-test-{}", crate::nonce()) }
     }
 
+    /// `tmux ARGS` on this server; `-u`: panes are captured as UTF-8 (not
+    /// `_`) whatever the test's locale.
     pub fn run(&self, args: &[&str]) -> String {
-        let out =
-            Command::new("tmux").args(["-L", &self.socket, "-f", "/dev/null"]).args(args).output().unwrap();
+        let out = Command::new("tmux")
+            .args(["-u", "-L", &self.socket, "-f", "/dev/null"])
+            .args(args)
+            .output()
+            .unwrap();
         assert!(out.status.success(), "tmux {args:?}: {}", String::from_utf8_lossy(&out.stderr));
         String::from_utf8_lossy(&out.stdout).into_owned()
     }

@@ -2,6 +2,10 @@
 //! or else an embedded server started in this process (SQLite under the data
 //! dir, in-process leases, listening on a random loopback port) that stops
 //! when the command ends.
+//!
+//! The token: `SANDHOLD_TOKEN`; else, for a server on this machine, the
+//! `local-token` file of the data dir (what a server without API tokens
+//! demands; never sent anywhere but loopback); the embedded server's own.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -38,7 +42,8 @@ pub struct ClientArgs {
     /// The server to talk to: HOST:PORT, http://HOST:PORT, https://HOST:PORT
     /// (TLS) or unix:PATH.
     /// Unset: an embedded server in this process (see --data-dir). The API
-    /// token, if the server has tokens, is read from SANDHOLD_TOKEN.
+    /// token, if the server has tokens, is read from SANDHOLD_TOKEN; a server
+    /// on loopback without tokens takes the one in <data-dir>/local-token.
     #[arg(long, env = "SANDHOLD_SERVER", value_name = "URL", global = true)]
     pub server: Option<String>,
 
@@ -128,26 +133,35 @@ pub struct Connection {
     embedded: Option<RunningServer>,
 }
 
+impl Auth {
+    fn bearer(token: &str, from: &str) -> anyhow::Result<Self> {
+        let value = format!("Bearer {token}")
+            .parse()
+            .map_err(|_| anyhow::anyhow!("{from} is not printable ASCII"))?;
+        Ok(Self(Some(value)))
+    }
+}
+
 impl Connection {
     pub async fn open(args: &ClientArgs) -> anyhow::Result<Self> {
+        let server = args.server.as_deref().filter(|s| !s.is_empty());
+        let Some(server) = server else { return Self::embedded(&args.embedded).await };
         let auth = match std::env::var(TOKEN_VAR) {
-            Ok(t) if !t.is_empty() => Auth(Some(
-                format!("Bearer {t}")
-                    .parse()
-                    .map_err(|_| anyhow::anyhow!("{TOKEN_VAR} is not printable ASCII"))?,
-            )),
+            Ok(t) if !t.is_empty() => Auth::bearer(&t, TOKEN_VAR)?,
+            _ if is_on_this_machine(server) => {
+                let data_dir = args.embedded.data_dir.clone().unwrap_or_else(crate::config::default_data_dir);
+                match crate::auth::local::read(&data_dir) {
+                    Some(token) => Auth::bearer(token.expose(), crate::auth::local::FILE_NAME)?,
+                    None => Auth(None),
+                }
+            }
             _ => Auth(None),
         };
-        match args.server.as_deref().filter(|s| !s.is_empty()) {
-            Some(server) => {
-                let channel = connect_remote(server, args.ca_cert.as_deref()).await?;
-                Ok(Self { channel, auth, target: server.to_string(), embedded: None })
-            }
-            None => Self::embedded(&args.embedded, auth).await,
-        }
+        let channel = connect_remote(server, args.ca_cert.as_deref()).await?;
+        Ok(Self { channel, auth, target: server.to_string(), embedded: None })
     }
 
-    async fn embedded(args: &EmbeddedArgs, auth: Auth) -> anyhow::Result<Self> {
+    async fn embedded(args: &EmbeddedArgs) -> anyhow::Result<Self> {
         let config = args.config()?;
         std::fs::create_dir_all(&config.data_dir)
             .with_context(|| format!("creating the data directory {}", config.data_dir.display()))?;
@@ -167,6 +181,10 @@ impl Connection {
             );
         }
         let addr = server.local_addr();
+        let auth = match server.local_token() {
+            Some(token) => Auth::bearer(token.expose(), crate::auth::local::FILE_NAME)?,
+            None => Auth(None),
+        };
         let channel = Endpoint::from_shared(format!("http://{addr}"))?
             .connect()
             .await
@@ -252,6 +270,23 @@ async fn connect_remote(server: &str, ca_cert: Option<&std::path::Path>) -> anyh
     endpoint.connect().await.map_err(|e| unreachable(&source_chain(&e)))
 }
 
+/// Whether `server` (as --server takes it) is on this machine: the only
+/// servers the local token file is sent to.
+fn is_on_this_machine(server: &str) -> bool {
+    if server.starts_with("unix:") {
+        return true;
+    }
+    let rest = server.split_once("://").map_or(server, |(_, rest)| rest);
+    let authority = rest.split('/').next().unwrap_or_default();
+    let host = match authority.rsplit_once(':') {
+        Some((host, port)) if port.bytes().all(|b| b.is_ascii_digit()) => host,
+        _ => authority,
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost")
+        || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
 /// tonic's transport errors say only "transport error"; the cause is below.
 fn source_chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut parts = vec![e.to_string()];
@@ -262,4 +297,31 @@ fn source_chain(e: &(dyn std::error::Error + 'static)) -> String {
     }
     parts.dedup();
     parts.join(": ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_local_token_goes_only_to_servers_on_this_machine() {
+        for local in [
+            "127.0.0.1:7443",
+            "http://127.0.0.1:7443",
+            "localhost:7443",
+            "[::1]:7443",
+            "https://[::1]",
+            "unix:/x",
+        ] {
+            assert!(is_on_this_machine(local), "{local}");
+        }
+        for remote in [
+            "sandhold.example:7443",
+            "https://10.0.0.1:7443",
+            "127.0.0.1.evil.example:7443",
+            "localhost.evil",
+        ] {
+            assert!(!is_on_this_machine(remote), "{remote}");
+        }
+    }
 }

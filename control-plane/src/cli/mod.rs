@@ -16,6 +16,7 @@ mod run;
 mod sandboxes;
 mod serve;
 mod shell;
+mod terminal;
 mod thread;
 
 use std::process::ExitCode;

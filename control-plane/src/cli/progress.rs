@@ -42,8 +42,9 @@ impl EnsureDisplay {
         if new_headline {
             self.last_output.clear();
         }
+        // Setup output is the sandbox's: shown, never obeyed.
         if !progress.output_line.is_empty() {
-            self.last_output = progress.output_line.clone();
+            self.last_output = super::terminal::visible_line(&progress.output_line).into_owned();
         }
         match &self.bar {
             Some(bar) => {
@@ -59,7 +60,7 @@ impl EnsureDisplay {
                     eprintln!("{headline}");
                 }
                 if !progress.output_line.is_empty() {
-                    eprintln!("  | {}", progress.output_line);
+                    eprintln!("  | {}", self.last_output);
                 }
             }
         }

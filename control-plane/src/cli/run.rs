@@ -25,7 +25,7 @@ use super::definition_file::{self, FromFlags};
 use super::output::{self, OutputFormat, json_line, message_json, status_error};
 use super::progress::EnsureDisplay;
 use super::render::{Outcome, Renderer, chunk_json};
-use super::{requests, thread};
+use super::{requests, terminal, thread};
 use crate::harness::Harness;
 
 /// A second Ctrl-C within this window cancels instead of detaching.
@@ -879,7 +879,7 @@ impl<'a> Session<'a> {
             self.prompt.lines = Some(stdin_lines());
         }
         eprintln!("? {line}");
-        eprint!("allow {tool}? [y]es once / [n]o / al[w]ays for this run: ");
+        eprint!("allow {}? [y]es once / [n]o / al[w]ays for this run: ", terminal::visible_line(&tool));
         self.prompt.current = Some((id, tool));
     }
 
@@ -909,7 +909,11 @@ impl<'a> Session<'a> {
                     self.prompt.current = None;
                     eprintln!();
                     let verb = if r.allowed { "allowed" } else { "denied" };
-                    eprintln!("request {} {verb} by {} elsewhere", r.request_id, r.answered_by);
+                    eprintln!(
+                        "request {} {verb} by {} elsewhere",
+                        terminal::visible_line(&r.request_id),
+                        terminal::visible_line(&r.answered_by)
+                    );
                 }
             }
             _ => {}
@@ -967,7 +971,7 @@ impl<'a> Session<'a> {
         }
         match self.format {
             OutputFormat::Json => json_line(&json!({"notice": line, "run_id": self.run_id})),
-            OutputFormat::Human => eprintln!("{line}"),
+            OutputFormat::Human => eprintln!("{}", terminal::visible(line)),
         }
     }
 

@@ -224,6 +224,14 @@ pub struct ConfigLayer {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cors_origins: Option<Vec<String>>,
 
+    /// A host name (no port) a server without API tokens also answers to,
+    /// besides 127.0.0.1, ::1 and localhost; repeatable (comma-separated in
+    /// the variable). Any other `Host` is refused: a DNS-rebinding page
+    /// sends its own [default: none].
+    #[arg(long = "allowed-host", env = "SANDHOLD_ALLOWED_HOSTS", value_name = "HOST", value_delimiter = ',')]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allowed_hosts: Option<Vec<String>>,
+
     /// Providers tenants may use; repeatable (the variable takes a
     /// comma-separated list) [default: local,docker].
     #[arg(long = "provider", env = "SANDHOLD_PROVIDERS", value_name = "PROVIDER", value_delimiter = ',')]

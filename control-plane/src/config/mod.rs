@@ -42,4 +42,4 @@ pub use serve::{
     TlsFiles, default_data_dir,
 };
 pub use snapshot::{ByteMax, DEFAULT_MAX_SNAPSHOT_BYTES, DEFAULT_MAX_SNAPSHOT_FILE_BYTES, SnapshotLimits};
-pub use web::{ANY_ORIGIN, normalize_origin};
+pub use web::{ANY_ORIGIN, normalize_host, normalize_origin};

@@ -146,6 +146,10 @@ pub struct ServeConfig {
     /// through gRPC-Web (normalized; `*`: any). Empty: same origin only.
     #[serde(default)]
     pub cors_origins: Vec<String>,
+    /// Host names besides loopback a server without tokens answers to
+    /// (normalized). Empty: loopback names only.
+    #[serde(default)]
+    pub allowed_hosts: Vec<String>,
     /// What tenants' definitions may ask for (providers, Docker options,
     /// limits).
     #[serde(flatten)]
@@ -207,6 +211,7 @@ impl ServeConfig {
             tls_key: None,
             insecure_listen: false,
             cors_origins: Vec::new(),
+            allowed_hosts: Vec::new(),
             policy: Policy::default(),
             quotas: Quotas::default(),
             snapshot_limits: SnapshotLimits::default(),
@@ -239,13 +244,16 @@ impl ServeConfig {
                 "TLS needs both a certificate and a key (--tls-cert and --tls-key, or tls_cert and tls_key)"
             );
         }
-        config.cors_origins = config
-            .cors_origins
-            .iter()
-            .filter(|o| !o.trim().is_empty())
-            .map(|o| super::normalize_origin(o))
-            .collect::<Result<_, _>>()
-            .map_err(|e| anyhow::anyhow!("{e} (--cors-origin, SANDHOLD_CORS_ORIGINS, cors_origins)"))?;
+        config.cors_origins = normalized(
+            &config.cors_origins,
+            super::normalize_origin,
+            "--cors-origin, SANDHOLD_CORS_ORIGINS, cors_origins",
+        )?;
+        config.allowed_hosts = normalized(
+            &config.allowed_hosts,
+            super::normalize_host,
+            "--allowed-host, SANDHOLD_ALLOWED_HOSTS, allowed_hosts",
+        )?;
         if let Some(path) = &config.tokens_file {
             config.file_tokens = super::tokens_file::read(path)?;
         }
@@ -285,6 +293,21 @@ impl ServeConfig {
     pub fn to_redacted_toml(&self) -> String {
         toml::to_string(self).expect("config serializes to TOML")
     }
+}
+
+/// The non-blank entries of a list setting, normalized; an error names
+/// where the setting comes from.
+fn normalized(
+    values: &[String],
+    normalize: fn(&str) -> Result<String, String>,
+    names: &str,
+) -> anyhow::Result<Vec<String>> {
+    values
+        .iter()
+        .filter(|v| !v.trim().is_empty())
+        .map(|v| normalize(v))
+        .collect::<Result<_, _>>()
+        .map_err(|e| anyhow::anyhow!("{e} ({names})"))
 }
 
 fn redacted_url<S: Serializer>(url: &str, s: S) -> Result<S::Ok, S::Error> {
@@ -428,6 +451,19 @@ max_running_runs_per_tenant = 9
         let bad = ConfigLayer { cors_origins: Some(vec!["https://x/path".into()]), ..Default::default() };
         let err = ServeConfig::resolve(bad).unwrap_err().to_string();
         assert!(err.contains("--cors-origin"), "{err}");
+    }
+
+    #[test]
+    fn allowed_hosts_are_names_without_ports() {
+        let file: ConfigLayer = toml::from_str("allowed_hosts = [\"DevBox.Internal.\"]\n").unwrap();
+        let c = ServeConfig::resolve(file).unwrap();
+        assert_eq!(c.allowed_hosts, ["devbox.internal"]);
+        assert!(c.to_redacted_toml().contains("allowed_hosts = [\"devbox.internal\"]"));
+        for bad in ["http://devbox", "devbox:7443", "dev box", "a/b"] {
+            let layer = ConfigLayer { allowed_hosts: Some(vec![bad.into()]), ..Default::default() };
+            let err = ServeConfig::resolve(layer).unwrap_err().to_string();
+            assert!(err.contains("--allowed-host"), "{bad}: {err}");
+        }
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! Which browser origins may call the API through gRPC-Web besides the
-//! server's own (whose console needs no setting).
+//! server's own (whose console needs no setting), and which host names a
+//! server without tokens answers to besides loopback ones.
 
 /// Any origin (`--cors-origin '*'`): tokens travel in a header, never in a
 /// cookie, so a foreign page can only use a token it already has.
@@ -25,6 +26,21 @@ pub fn normalize_origin(origin: &str) -> Result<String, String> {
         ));
     }
     Ok(url.origin().ascii_serialization())
+}
+
+/// A host name as a single-user server compares it with `Host`
+/// (lowercase, no trailing dot), or why it is not one.
+pub fn normalize_host(host: &str) -> Result<String, String> {
+    let name = host.trim().trim_end_matches('.').to_ascii_lowercase();
+    let valid = !name.is_empty()
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+        && !name.starts_with(['-', '.']);
+    if !valid {
+        return Err(format!(
+            "allowed host {host:?} must be a host name without scheme or port, e.g. devbox.internal"
+        ));
+    }
+    Ok(name)
 }
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
 //! Becoming ready: open the stores and the leases (retrying while they are
-//! unreachable), register the configured tokens, build the context and the
+//! unreachable), register the configured tokens (or, without any, make the
+//! local token file), build the context and the
 //! services from it, open the gates, start the background loops on the
 //! server's task set, report SERVING, then keep health in step with the
 //! database.
@@ -23,7 +24,7 @@ use tracing::{debug, info, warn};
 use super::health::set_health;
 use super::start::{Built, BuiltCell, Slots};
 use crate::api::{AdminApi, RunApi, SandboxApi, SnapshotApi};
-use crate::auth::Authenticator;
+use crate::auth::{self, Authenticator};
 use crate::config::{ServeConfig, redact_url};
 use crate::context::Context;
 use crate::lease::{self, CancelBus, LeaseError};
@@ -101,6 +102,19 @@ impl Readiness {
                 .put_token(&Tenant::new(&t.tenant), t.token.expose())
                 .await
                 .with_context(|| format!("registering the API token of tenant {:?}", t.tenant))?;
+        }
+        if self.auth.single_user() {
+            let Some(token) = retry("local token", &self.shutdown, || async {
+                auth::local::ensure(&config.data_dir).map_err(|e| match e {
+                    e @ auth::local::Error::Unsafe { .. } => OpenError::Fatal(e.into()),
+                    e => OpenError::Transient(e.to_string()),
+                })
+            })
+            .await?
+            else {
+                return Ok(());
+            };
+            self.auth.set_local_token(token);
         }
         self.auth.set_token_store(stores.tokens.clone());
         // Before any run is driven here: a lease naming this replica must

@@ -12,6 +12,7 @@ use shared::proto::v1::admin_service_server::AdminServiceServer;
 use shared::proto::v1::run_service_server::RunServiceServer;
 use shared::proto::v1::sandbox_service_server::SandboxServiceServer;
 use shared::proto::v1::snapshot_service_server::SnapshotServiceServer;
+use shared::secret::Secret;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::TcpListenerStream;
@@ -25,8 +26,8 @@ use super::health::set_health;
 use super::ready;
 use super::shutdown::{Serving, supervise};
 use super::tls::{self, Certificate};
-use super::web::{Origins, WebLayer};
-use crate::auth::{AuthLayer, Authenticator, SINGLE_USER_TENANT};
+use super::web::{Hosts, Origins, WebLayer};
+use crate::auth::{self, AuthLayer, Authenticator, SINGLE_USER_TENANT};
 use crate::config::{ServeConfig, redact_url};
 use crate::context::Context;
 use crate::runs::Runs;
@@ -70,6 +71,7 @@ pub struct RunningServer {
     metrics_addr: Option<SocketAddr>,
     shutdown: CancellationToken,
     built: Arc<BuiltCell>,
+    auth: Authenticator,
     task: JoinHandle<anyhow::Result<()>>,
 }
 
@@ -82,6 +84,12 @@ impl RunningServer {
     /// Where `/metrics` is served, when `metrics_listen` is set.
     pub fn metrics_addr(&self) -> Option<SocketAddr> {
         self.metrics_addr
+    }
+
+    /// The token every call needs in single-user mode (the data dir's
+    /// `local-token` file), once ready; `None` with API tokens.
+    pub fn local_token(&self) -> Option<&Secret> {
+        self.auth.local_token()
     }
 
     /// What the services share, once the stores are open.
@@ -184,9 +192,14 @@ pub async fn start(config: ServeConfig, shutdown: CancellationToken) -> anyhow::
         info!(
             listen = %local_addr,
             tenant = SINGLE_USER_TENANT,
-            "no API tokens configured: single-user mode, every caller is tenant {SINGLE_USER_TENANT:?}"
+            token_file = %auth::local::path(&config.data_dir).display(),
+            "no API tokens configured: single-user mode, every caller with the token of the token file is \
+             tenant {SINGLE_USER_TENANT:?}"
         );
     }
+    // Without tokens, a request named for another host is a DNS-rebinding
+    // page (or a proxy) relaying to loopback: refused before anything else.
+    let hosts = config.single_user().then(|| Hosts::new(config.allowed_hosts.clone()));
 
     let (admin, admin_slot) = gate();
     let (snapshot, snapshot_slot) = gate();
@@ -202,7 +215,7 @@ pub async fn start(config: ServeConfig, shutdown: CancellationToken) -> anyhow::
         .max_concurrent_streams(Some(shared::limits::MAX_STREAMS_PER_CONNECTION))
         .http2_keepalive_interval(Some(shared::limits::KEEPALIVE_INTERVAL))
         .http2_keepalive_timeout(Some(shared::limits::KEEPALIVE_TIMEOUT))
-        .layer(WebLayer::new(origins.clone()))
+        .layer(WebLayer::new(origins.clone(), hosts))
         .layer(origins.cors_layer())
         .layer(tonic_web::GrpcWebLayer::new())
         .layer(AuthLayer::new(auth.clone()))
@@ -245,7 +258,7 @@ pub async fn start(config: ServeConfig, shutdown: CancellationToken) -> anyhow::
     };
     let readiness = ready::Readiness {
         config: config.clone(),
-        auth,
+        auth: auth.clone(),
         health: health.clone(),
         shutdown: shutdown.clone(),
         slots,
@@ -260,5 +273,5 @@ pub async fn start(config: ServeConfig, shutdown: CancellationToken) -> anyhow::
         Serving { stop_accepting, task: serving },
         loops,
     ));
-    Ok(RunningServer { local_addr, metrics_addr, shutdown, built, task })
+    Ok(RunningServer { local_addr, metrics_addr, shutdown, built, auth, task })
 }

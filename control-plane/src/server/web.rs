@@ -9,6 +9,11 @@
 //! browsers would refuse the answer anyway without CORS headers, but the
 //! call would have run. Allowed cross-origin calls get their CORS headers
 //! (and preflights their answer) from `tower-http`'s `CorsLayer`.
+//!
+//! Without API tokens, a request whose `Host` (or `:authority`) names
+//! neither a loopback address nor a configured host is refused first
+//! ([`Hosts`]): a DNS-rebinding page reaches 127.0.0.1 under its own name,
+//! and its `Origin` matches that forged `Host`.
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -68,6 +73,56 @@ impl Origins {
     }
 }
 
+/// The names a single-user server answers to: loopback (`127.0.0.1`,
+/// `::1`, `localhost`, any port) and the configured ones.
+#[derive(Debug, Clone, Default)]
+pub struct Hosts {
+    configured: Arc<Vec<String>>,
+}
+
+impl Hosts {
+    /// `configured`: host names (no port), normalized as
+    /// [`crate::config::normalize_host`] does.
+    pub fn new(configured: Vec<String>) -> Self {
+        Self { configured: Arc::new(configured) }
+    }
+
+    /// Whether every name the request was sent to is one of ours (and it
+    /// names at least one): HTTP/2 carries `:authority`, HTTP/1.1 `Host`,
+    /// and both are checked when both are there.
+    pub fn allows(&self, headers: &http::HeaderMap, uri: &http::Uri) -> bool {
+        let mut names = headers
+            .get_all(HOST)
+            .iter()
+            .map(|h| h.to_str().ok())
+            .chain(uri.authority().map(|a| Some(a.as_str())))
+            .peekable();
+        names.peek().is_some() && names.all(|name| name.is_some_and(|n| self.allows_authority(n)))
+    }
+
+    fn allows_authority(&self, authority: &str) -> bool {
+        let host = host_of(authority).trim_end_matches('.').to_ascii_lowercase();
+        let loopback = host == "localhost"
+            || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+            || host
+                .strip_prefix('[')
+                .and_then(|h| h.strip_suffix(']'))
+                .is_some_and(|h| h.parse::<std::net::Ipv6Addr>().is_ok_and(|ip| ip.is_loopback()));
+        loopback || self.configured.contains(&host)
+    }
+}
+
+/// The host of `host[:port]` (an IPv6 address keeps its brackets).
+fn host_of(authority: &str) -> &str {
+    let authority = authority.rsplit_once('@').map_or(authority, |(_, a)| a);
+    match authority.rsplit_once(':') {
+        Some((host, port)) if port.bytes().all(|b| b.is_ascii_digit()) && !host.is_empty() => {
+            if host.starts_with('[') || !host.contains(':') { host } else { authority }
+        }
+        _ => authority,
+    }
+}
+
 /// `host[:port]` of an origin against an authority, the default port of
 /// the origin's scheme implied on either side.
 fn same_authority(origin_host: &str, authority: &str, https: bool) -> bool {
@@ -98,11 +153,14 @@ fn is_grpc<B>(request: &Request<B>) -> bool {
 #[derive(Clone)]
 pub struct WebLayer {
     origins: Origins,
+    hosts: Option<Hosts>,
 }
 
 impl WebLayer {
-    pub fn new(origins: Origins) -> Self {
-        Self { origins }
+    /// `hosts`: the names a single-user server answers to; `None` (with
+    /// API tokens): any.
+    pub fn new(origins: Origins, hosts: Option<Hosts>) -> Self {
+        Self { origins, hosts }
     }
 }
 
@@ -110,7 +168,7 @@ impl<S> tower::Layer<S> for WebLayer {
     type Service = WebService<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        WebService { inner, origins: self.origins.clone() }
+        WebService { inner, origins: self.origins.clone(), hosts: self.hosts.clone() }
     }
 }
 
@@ -118,6 +176,7 @@ impl<S> tower::Layer<S> for WebLayer {
 pub struct WebService<S> {
     inner: S,
     origins: Origins,
+    hosts: Option<Hosts>,
 }
 
 impl<S> tower::Service<Request<Body>> for WebService<S>
@@ -134,6 +193,16 @@ where
     }
 
     fn call(&mut self, request: Request<Body>) -> Self::Future {
+        if let Some(hosts) = &self.hosts
+            && !hosts.allows(request.headers(), request.uri())
+        {
+            tracing::debug!(host = ?request.headers().get(HOST), uri = %request.uri(), "refused a foreign host name");
+            let response = plain(
+                StatusCode::FORBIDDEN,
+                "this server without API tokens answers only to loopback names and --allowed-host ones",
+            );
+            return Box::pin(async move { Ok(response) });
+        }
         if !is_grpc(&request) && matches!(*request.method(), Method::GET | Method::HEAD) {
             let response = console::respond(&request);
             return Box::pin(async move { Ok(response) });
@@ -182,5 +251,46 @@ mod tests {
         assert!(!some.allows(b"https://console.example:8443", Some("127.0.0.1:7443")));
         let any = Origins::new(vec![ANY_ORIGIN.into()]);
         assert!(any.allows(b"http://anything.example", Some("127.0.0.1:7443")));
+    }
+
+    #[test]
+    fn a_single_user_server_answers_only_to_loopback_and_configured_names() {
+        let hosts = Hosts::new(vec!["devbox.internal".into()]);
+        let host = |value: &str| {
+            let mut h = http::HeaderMap::new();
+            h.insert(HOST, value.parse().unwrap());
+            h
+        };
+        let path: http::Uri = "/sandhold.v1.RunService/StartRun".parse().unwrap();
+        for ok in [
+            "127.0.0.1:7443",
+            "127.0.0.1",
+            "localhost:80",
+            "LOCALHOST",
+            "[::1]:7443",
+            "[::1]",
+            "devbox.internal:7443",
+            "DevBox.Internal",
+        ] {
+            assert!(hosts.allows(&host(ok), &path), "{ok}");
+            let h2: http::Uri = format!("http://{ok}/x").parse().unwrap();
+            assert!(hosts.allows(&http::HeaderMap::new(), &h2), "{ok} as :authority");
+        }
+        for refused in [
+            "rebind.evil.example:7443",
+            "evil.example",
+            "127.0.0.1.evil.example",
+            "localhost.evil.example:7443",
+            "devbox.internal.evil.example",
+            "[::2]:7443",
+            "10.0.0.1:7443",
+        ] {
+            assert!(!hosts.allows(&host(refused), &path), "{refused}");
+            let h2: http::Uri = format!("http://{refused}/x").parse().unwrap();
+            assert!(!hosts.allows(&http::HeaderMap::new(), &h2), "{refused} as :authority");
+        }
+        assert!(!hosts.allows(&http::HeaderMap::new(), &path), "a request naming no host");
+        let both: http::Uri = "http://127.0.0.1:7443/x".parse().unwrap();
+        assert!(!hosts.allows(&host("evil.example"), &both), "a forged Host beside a loopback :authority");
     }
 }

@@ -84,6 +84,55 @@ fn requests_lists_what_a_run_waits_on_and_respond_answers_it_once() {
     assert!(json_lines(ok(&out)).is_empty(), "nothing waits any more");
 }
 
+/// The pane of `session` once it shows `text` (or the time is up).
+fn wait_pane(tmux: &Tmux, session: &str, text: &str) -> String {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let pane = tmux.run(&["capture-pane", "-p", "-J", "-t", session]);
+        if pane.contains(text) || Instant::now() > deadline {
+            return pane;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// `sandhold run` of the fake ACP agent asking to run `ask`, on a terminal
+/// (a tmux session named `session`), against `server`; the pane once the
+/// prompt shows.
+fn prompting_run(server: &Served, tmux: &Tmux, session: &str, ask: &str) -> String {
+    let log = server.dir.path().join(format!("acp-{session}.log"));
+    let line = acp_line(&log, ask);
+    let bin = sandhold_tests::cli::sandhold_bin();
+    let script = format!(
+        "SANDHOLD_SERVER={addr} SANDHOLD_TOKEN={token} SANDHOLD_DATA_DIR={data} {bin} run --harness acp \
+         --acp-command \"$LINE\" --ask 'command:*' -- go; echo cli-exit=$?; sleep 600",
+        addr = server.addr,
+        token = server.local_token().expect("a server without tokens"),
+        data = server.dir.path().join("tmux-client").display(),
+        bin = bin.display(),
+    );
+    tmux.run(&[
+        "new-session",
+        "-d",
+        "-s",
+        session,
+        "-x",
+        "300",
+        "-y",
+        "40",
+        "-e",
+        &format!("LINE={line}"),
+        "-e",
+        "LANG=C.UTF-8",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    let pane = wait_pane(tmux, session, "[y]es once");
+    assert!(pane.contains("[y]es once"), "no prompt:\n{pane}\n{}", server.log());
+    pane
+}
+
 /// On a terminal, `sandhold run` shows the request as a prompt and the
 /// answer typed there decides: `n` denies (the command never runs), and
 /// the run finishes.
@@ -92,56 +141,36 @@ fn run_on_a_terminal_prompts_and_the_typed_answer_decides() {
     let server = Served::start(&[]);
     let tmux = Tmux::new();
     for (key, ran) in [("n", false), ("y", true)] {
-        let log = server.dir.path().join(format!("acp-{key}.log"));
         let marker = server.dir.path().join(format!("prompted-{key}.txt"));
-        let line = acp_line(&log, &format!("echo hi > {}", marker.display()));
-        let bin = sandhold_tests::cli::sandhold_bin();
         let session = format!("s{key}");
-        let script = format!(
-            "SANDHOLD_SERVER={addr} SANDHOLD_DATA_DIR={data} {bin} run --harness acp --acp-command \"$LINE\" \
-             --ask 'command:*' -- go; echo cli-exit=$?; sleep 600",
-            addr = server.addr,
-            data = server.dir.path().join("tmux-client").display(),
-            bin = bin.display(),
-        );
-        tmux.run(&[
-            "new-session",
-            "-d",
-            "-s",
-            &session,
-            "-x",
-            "160",
-            "-y",
-            "40",
-            "-e",
-            &format!("LINE={line}"),
-            "sh",
-            "-c",
-            &script,
-        ]);
-        let deadline = Instant::now() + PATIENCE;
-        let mut pane = String::new();
-        while Instant::now() < deadline {
-            pane = tmux.run(&["capture-pane", "-p", "-J", "-t", &session]);
-            if pane.contains("[y]es once") {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        assert!(pane.contains("[y]es once"), "no prompt:\n{pane}\n{}", server.log());
+        let pane = prompting_run(&server, &tmux, &session, &format!("echo hi > {}", marker.display()));
         assert!(pane.contains("echo hi >"), "the prompt names the command:\n{pane}");
         tmux.run(&["send-keys", "-t", &session, key, "Enter"]);
-        let deadline = Instant::now() + PATIENCE;
-        while Instant::now() < deadline {
-            pane = tmux.run(&["capture-pane", "-p", "-J", "-t", &session]);
-            if pane.contains("cli-exit=") {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        let pane = wait_pane(&tmux, &session, "cli-exit=");
         assert!(pane.contains("cli-exit=0"), "the run did not finish:\n{pane}");
         let said = if ran { "ran: echo hi" } else { "refused: echo hi" };
         assert!(pane.contains(said), "{pane}");
         assert_eq!(marker.exists(), ran, "{pane}");
     }
+}
+
+/// A command that hides itself from the prompt: after the real command, a
+/// carriage return and an erase-line (`\r\x1b[2K`) would leave only `ls`
+/// on the operator's screen. The prompt shows it whole, the controls
+/// visible (`␍␛[2K`), on the line that names what runs.
+#[test]
+fn a_command_that_hides_itself_is_shown_whole_in_the_prompt() {
+    let server = Served::start(&[]);
+    let tmux = Tmux::new();
+    let marker = server.dir.path().join("hidden-ran.txt");
+    let ask = format!("touch {}; echo pwned\r\x1b[2Kls", marker.display());
+    let pane = prompting_run(&server, &tmux, "hide", &ask);
+    let shown = format!("touch {}; echo pwned", marker.display());
+    let line = pane.lines().find(|l| l.contains(&shown) && l.contains("(ask command:*)"));
+    let line = line.unwrap_or_else(|| panic!("the prompt hides the command:\n{pane}"));
+    assert!(line.contains(&format!("{shown}␍␛[2Kls (ask command:*)")), "{line}");
+    tmux.run(&["send-keys", "-t", "hide", "n", "Enter"]);
+    let pane = wait_pane(&tmux, "hide", "cli-exit=");
+    assert!(pane.contains("cli-exit=0"), "the run did not finish:\n{pane}");
+    assert!(!marker.exists(), "denied, yet it ran:\n{pane}");
 }

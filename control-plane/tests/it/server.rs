@@ -82,7 +82,8 @@ async fn health_is_not_serving_until_the_stores_open() {
 
     std::fs::remove_file(&blocker).unwrap();
     wait_serving(addr).await;
-    assert_eq!(server_info(addr, None).await.unwrap(), "default", "single-user tenant");
+    let token = server.local_token().expect("single-user mode has a local token").expose().to_string();
+    assert_eq!(server_info(addr, Some(&token)).await.unwrap(), "default", "single-user tenant");
     server.stop().await.unwrap();
 }
 

@@ -1,5 +1,6 @@
 //! Browsers on the gRPC port: gRPC-Web calls (with the same tokens, tenants
-//! and errors as native gRPC), the console's pages, and the origin gate.
+//! and errors as native gRPC), the console's pages, the origin gate, and
+//! the host gate of a server without tokens (DNS rebinding).
 
 use std::net::SocketAddr;
 
@@ -81,14 +82,21 @@ fn get(addr: SocketAddr, path: &str) -> http::Request<Full<Bytes>> {
     http::Request::get(format!("http://{addr}{path}")).body(Full::default()).unwrap()
 }
 
-/// A gRPC-Web `GetServerInfo` by hand, as a browser on `origin` sends it.
-fn grpc_web_post(addr: SocketAddr, origin: &str) -> http::Request<Full<Bytes>> {
-    http::Request::post(format!("http://{addr}/sandhold.v1.AdminService/GetServerInfo"))
+/// A gRPC-Web `GetServerInfo` by hand, as a browser on `origin` sends it
+/// (with `token`, if any).
+fn grpc_web_post(addr: SocketAddr, origin: &str, token: Option<&str>) -> http::Request<Full<Bytes>> {
+    let mut request = http::Request::post(format!("http://{addr}/sandhold.v1.AdminService/GetServerInfo"))
         .header("content-type", "application/grpc-web+proto")
         .header("x-grpc-web", "1")
-        .header("origin", origin)
-        .body(Full::new(Bytes::from_static(&[0, 0, 0, 0, 0])))
-        .unwrap()
+        .header("origin", origin);
+    if let Some(token) = token {
+        request = request.header("authorization", format!("Bearer {token}"));
+    }
+    request.body(Full::new(Bytes::from_static(&[0, 0, 0, 0, 0]))).unwrap()
+}
+
+fn local_token(server: &RunningServer) -> String {
+    server.local_token().expect("a server without tokens has a local token").expose().to_string()
 }
 
 fn preflight(addr: SocketAddr, origin: &str) -> http::Request<Full<Bytes>> {
@@ -166,15 +174,18 @@ async fn cors_allows_the_own_origin_by_default_and_configured_origins_only() {
     let default = start(config(&dir.path().join("a"), &[], &[])).await;
     let addr = default.local_addr();
     let own = format!("http://{addr}");
+    let token = local_token(&default);
 
     // A foreign page: its preflight and its call are refused, no CORS grant.
-    for request in [preflight(addr, "http://evil.example"), grpc_web_post(addr, "http://evil.example")] {
+    for request in
+        [preflight(addr, "http://evil.example"), grpc_web_post(addr, "http://evil.example", Some(&token))]
+    {
         let (status, headers, _) = send(request).await;
         assert_eq!(status, http::StatusCode::FORBIDDEN);
         assert!(!headers.contains_key("access-control-allow-origin"));
     }
     // The console's own origin calls through.
-    let (status, _, body) = send(grpc_web_post(addr, &own)).await;
+    let (status, _, body) = send(grpc_web_post(addr, &own, Some(&token))).await;
     assert_eq!(status, http::StatusCode::OK);
     assert!(body.contains("grpc-status:0"), "the trailer frame says OK: {body:?}");
     default.stop().await.unwrap();
@@ -185,7 +196,9 @@ async fn cors_allows_the_own_origin_by_default_and_configured_origins_only() {
     assert!(status.is_success(), "{status}");
     assert_eq!(headers["access-control-allow-origin"], "http://console.example:8080");
     assert!(headers["access-control-allow-headers"].to_str().unwrap().contains("authorization"));
-    let (status, headers, body) = send(grpc_web_post(addr, "http://console.example:8080")).await;
+    let token = local_token(&configured);
+    let (status, headers, body) =
+        send(grpc_web_post(addr, "http://console.example:8080", Some(&token))).await;
     assert_eq!(status, http::StatusCode::OK);
     assert_eq!(headers["access-control-allow-origin"], "http://console.example:8080");
     assert!(body.contains("default"), "the answer names the tenant: {body:?}");
@@ -193,6 +206,59 @@ async fn cors_allows_the_own_origin_by_default_and_configured_origins_only() {
     let (status, _, _) = send(preflight(addr, "http://console.example:9090")).await;
     assert_eq!(status, http::StatusCode::FORBIDDEN, "another port is another origin");
     configured.stop().await.unwrap();
+}
+
+/// A DNS-rebinding page: `rebind.evil.example` resolves to 127.0.0.1, so
+/// the browser sends the page's own name as `Host` and as `Origin`, and
+/// the origin gate sees a same-origin call. A server without tokens
+/// answers only to loopback names (and configured ones): the page, its
+/// gRPC-Web calls (even one that carries the token) and a native call
+/// with a forged `:authority` are refused before auth.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebinding_page_with_a_forged_host_is_refused_without_tokens() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(&dir.path().join("data"), &[], &[]);
+    cfg.allowed_hosts = vec!["devbox.internal".into()];
+    let server = start(cfg).await;
+    let addr = server.local_addr();
+    let token = local_token(&server);
+    let forged = format!("rebind.evil.example:{}", addr.port());
+    let page = format!("http://{forged}");
+
+    for with_token in [None, Some(token.as_str())] {
+        let mut call = grpc_web_post(addr, &page, with_token);
+        call.headers_mut().insert("host", forged.parse().unwrap());
+        let (status, _, body) = send(call).await;
+        assert_eq!(status, http::StatusCode::FORBIDDEN, "{with_token:?}: {body}");
+        assert!(!body.contains("default"), "the call never ran: {body}");
+    }
+    let mut page_get = get(addr, "/");
+    page_get.headers_mut().insert("host", forged.parse().unwrap());
+    let (status, _, body) = send(page_get).await;
+    assert_eq!(status, http::StatusCode::FORBIDDEN, "the console under a foreign name: {body}");
+
+    // Native gRPC (HTTP/2) names the host in `:authority`.
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .origin(format!("http://{forged}").parse().unwrap())
+        .connect()
+        .await
+        .unwrap();
+    let err = AdminServiceClient::new(channel)
+        .get_server_info(with_token(GetServerInfoRequest {}, Some(&token)))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::PermissionDenied, "{err:?}");
+
+    // The loopback names and the configured one are served (with the token).
+    for host in [addr.to_string(), format!("localhost:{}", addr.port()), "devbox.internal".into()] {
+        let mut call = grpc_web_post(addr, &format!("http://{host}"), Some(&token));
+        call.headers_mut().insert("host", host.parse().unwrap());
+        let (status, _, body) = send(call).await;
+        assert_eq!(status, http::StatusCode::OK, "{host}: {body}");
+        assert!(body.contains("grpc-status:0") && body.contains("default"), "{host}: {body:?}");
+    }
+    server.stop().await.unwrap();
 }
 
 /// Over TLS, a browser that speaks HTTP/1.1 only (ALPN `http/1.1`) gets

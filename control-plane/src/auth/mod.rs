@@ -6,8 +6,12 @@
 //! the request's extensions, where handlers read it with [`tenant_of`].
 //!
 //! With no tokens configured the server runs in single-user mode: every
-//! caller is tenant [`SINGLE_USER_TENANT`]. `server::start` allows that only
-//! on a loopback address.
+//! caller holding the server's local token ([`local`]) is tenant
+//! [`SINGLE_USER_TENANT`]. Loopback is no credential: every user of the
+//! machine and every page in their browser can reach it. `server::start`
+//! allows single-user mode only on a loopback address.
+
+pub mod local;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -17,6 +21,7 @@ use std::time::{Duration, Instant};
 use futures::future::BoxFuture;
 use sha2::{Digest, Sha256};
 use shared::error::{Error as WireError, ErrorCode};
+use shared::secret::{Secret, constant_time_eq};
 use tonic::body::Body;
 
 use crate::store::{self, Tenant, TokenStore};
@@ -63,6 +68,9 @@ pub struct Authenticator {
 
 struct AuthInner {
     single_user: bool,
+    /// Single-user mode: the one token every call must carry, set once the
+    /// token file is ready (until then calls are UNAVAILABLE).
+    local_token: OnceLock<Secret>,
     /// Set once the stores are open; until then authenticated calls are
     /// UNAVAILABLE.
     tokens: OnceLock<Arc<dyn TokenStore>>,
@@ -79,10 +87,14 @@ struct CachedToken {
 }
 
 impl Authenticator {
+    /// `single_user`: a caller with the local token (see
+    /// [`Authenticator::set_local_token`]) is tenant [`SINGLE_USER_TENANT`];
+    /// otherwise callers are the tenants of the [`TokenStore`]'s tokens.
     pub fn new(single_user: bool) -> Self {
         Self {
             inner: Arc::new(AuthInner {
                 single_user,
+                local_token: OnceLock::new(),
                 tokens: OnceLock::new(),
                 cache: Mutex::new(HashMap::new()),
             }),
@@ -92,6 +104,16 @@ impl Authenticator {
     /// Start answering from `tokens` (once the stores are up).
     pub fn set_token_store(&self, tokens: Arc<dyn TokenStore>) {
         let _ = self.inner.tokens.set(tokens);
+    }
+
+    /// Start answering single-user calls that carry `token`.
+    pub fn set_local_token(&self, token: Secret) {
+        let _ = self.inner.local_token.set(token);
+    }
+
+    /// The token of single-user mode, once set.
+    pub fn local_token(&self) -> Option<&Secret> {
+        self.inner.local_token.get()
     }
 
     pub fn single_user(&self) -> bool {
@@ -104,7 +126,16 @@ impl Authenticator {
             return Err(Error::NotReady);
         };
         if self.inner.single_user {
-            return Ok(Tenant::new(SINGLE_USER_TENANT));
+            let Some(local) = self.inner.local_token.get() else { return Err(Error::NotReady) };
+            let token = bearer_token(headers)?;
+            return if constant_time_eq(token.as_bytes(), local.expose().as_bytes()) {
+                Ok(Tenant::new(SINGLE_USER_TENANT))
+            } else {
+                Err(Error::Unauthenticated(
+                    "wrong token: a server without API tokens takes the one in the `local-token` file of its \
+                     data directory (the sandhold CLI reads it by itself)",
+                ))
+            };
         }
         let token = bearer_token(headers)?;
         let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
@@ -125,9 +156,7 @@ impl Authenticator {
         cache
             .get(&bucket(digest))?
             .iter()
-            .find(|c| {
-                shared::secret::constant_time_eq(&c.digest, digest) && c.verified_at.elapsed() < CACHE_TTL
-            })
+            .find(|c| constant_time_eq(&c.digest, digest) && c.verified_at.elapsed() < CACHE_TTL)
             .map(|c| c.tenant.clone())
     }
 
@@ -147,9 +176,12 @@ fn bucket(digest: &[u8; 32]) -> u64 {
 }
 
 fn bearer_token(headers: &http::HeaderMap) -> Result<&str, Error> {
-    let value = headers
-        .get(http::header::AUTHORIZATION)
-        .ok_or_else(|| Error::Unauthenticated("missing `authorization: Bearer <token>` metadata"))?;
+    let value = headers.get(http::header::AUTHORIZATION).ok_or_else(|| {
+        Error::Unauthenticated(
+            "missing `authorization: Bearer <token>` metadata (a server without API tokens takes the one in \
+             the `local-token` file of its data directory)",
+        )
+    })?;
     let value = value.to_str().map_err(|_| Error::Unauthenticated("malformed authorization metadata"))?;
     let (scheme, token) =
         value.split_once(' ').ok_or_else(|| Error::Unauthenticated("expected `Bearer <token>`"))?;
@@ -270,5 +302,21 @@ mod tests {
         assert_eq!(auth.authenticate(&headers("Bearer acme-token-1")).await.unwrap(), Tenant::new("acme"));
         let err = WireError::from(auth.authenticate(&headers("Bearer acme-token-2")).await.unwrap_err());
         assert_eq!(err.code, ErrorCode::Unauthenticated);
+    }
+
+    #[tokio::test]
+    async fn single_user_mode_lets_in_only_the_local_token() {
+        let stores = crate::store::Stores::open("sqlite::memory:").await.unwrap();
+        let auth = Authenticator::new(true);
+        auth.set_token_store(stores.tokens.clone());
+        let err = WireError::from(auth.authenticate(&headers("Bearer x")).await.unwrap_err());
+        assert_eq!(err.code, ErrorCode::Unavailable, "no answers before the token file is ready");
+        auth.set_local_token(Secret::new("local-token-0123456789abcdef0123456789"));
+        let tenant = auth.authenticate(&headers("Bearer local-token-0123456789abcdef0123456789")).await;
+        assert_eq!(tenant.unwrap(), Tenant::new(SINGLE_USER_TENANT));
+        for refused in [headers("Bearer local-token-0123456789abcdef012345678"), http::HeaderMap::new()] {
+            let err = WireError::from(auth.authenticate(&refused).await.unwrap_err());
+            assert_eq!(err.code, ErrorCode::Unauthenticated, "{refused:?}");
+        }
     }
 }
