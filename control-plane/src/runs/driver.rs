@@ -961,6 +961,7 @@ fn is_transient(e: &store::Error) -> bool {
 /// How a chunk is stored: its protobuf encoding, kind = its type name.
 pub(crate) fn encode_chunk(c: &Chunk) -> NewChunk {
     NewChunk::new(chunk::type_name(c.r#type()), c.encode_to_vec())
+        .with_request(super::request_index::request_mark(c))
 }
 
 pub(crate) fn decode_chunk(stored: &store::StoredChunk) -> Result<Chunk, Error> {

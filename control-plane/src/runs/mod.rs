@@ -27,6 +27,7 @@ mod egress;
 mod error;
 mod records;
 mod replica;
+mod request_index;
 mod requests;
 mod retry;
 mod session;
