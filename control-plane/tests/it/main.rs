@@ -12,6 +12,7 @@ mod fairness;
 mod harness_cli;
 mod harness_golden;
 mod hostile_policy;
+mod hostile_requests;
 mod hostile_run_ids;
 mod hostile_run_user;
 mod metrics;
