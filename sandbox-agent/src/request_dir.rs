@@ -73,6 +73,10 @@ pub const REQUESTS_PLACEHOLDER: &str = "{{sandhold-requests}}";
 pub const DEADLINE_MESSAGE: &str = "no answer before the deadline";
 /// What a request still pending when the run ends is denied with.
 pub const ENDED_MESSAGE: &str = "the run ended before an answer";
+/// Most requests of one run waiting for an answer at once. An ask past it is
+/// denied at once and never recorded: the run's log and the control plane's
+/// index stay bounded by what a client can answer, not by what a run writes.
+pub const MAX_PENDING: usize = 256;
 
 /// A client tool as `tools.json` holds it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -430,24 +434,46 @@ impl Locked<'_> {
             return Ok(());
         }
         let timeout = self.dir.timeout_ms() as i64;
+        let mut pending = self.pending_ids().len();
+        let mut refused = 0usize;
         for id in ids_in(&self.dir.path.join(ASK_DIR), "json") {
-            if self.dir.marker(&id, "request").exists() || self.dir.marker(&id, "invalid").exists() {
+            let ask = self.dir.ask_file(&id);
+            if self.dir.marker(&id, "request").exists()
+                || self.dir.marker(&id, "invalid").exists()
+                || self.dir.answer_file(&id).exists()
+            {
+                // Handled by an earlier pass that could not remove it.
+                let _ = std::fs::remove_file(&ask);
                 continue;
             }
-            let parsed = read_small(&self.dir.ask_file(&id), MAX_ASK_BYTES)
+            let parsed = read_small(&ask, MAX_ASK_BYTES)
                 .and_then(|b| serde_json::from_slice::<Request>(&b).ok())
                 .filter(|r| r.request_id == id);
             let Some(mut request) = parsed else {
                 tracing::warn!(run_id = %self.run_id, request_id = id, "ignoring an invalid request file");
                 self.mark(&id, "invalid", b"")?;
+                let _ = std::fs::remove_file(&ask);
                 continue;
             };
+            if pending >= MAX_PENDING {
+                // The asker reads this answer; nothing reaches the journal.
+                self.write_answer(&denial(&id, AnsweredBy::Cancel, &over_limit_message(self.run_id)))?;
+                let _ = std::fs::remove_file(&ask);
+                refused += 1;
+                continue;
+            }
             // The asker's deadline, but never later than the policy allows.
             if request.deadline_ms <= 0 || request.deadline_ms > now_ms + timeout {
                 request.deadline_ms = now_ms + timeout;
             }
             self.record(&Record::Request(request.clone()))?;
             self.mark(&id, "request", &serde_json::to_vec(&request).expect("serializes"))?;
+            // Handled asks leave the dir, so a pass reads only what is new.
+            let _ = std::fs::remove_file(&ask);
+            pending += 1;
+        }
+        if refused > 0 {
+            tracing::warn!(run_id = %self.run_id, refused, limit = MAX_PENDING, "requests past the per-run limit refused");
         }
         for id in ids_in(&self.dir.path.join(RECORDED_DIR), "request") {
             if self.dir.marker(&id, "answer").exists() {
@@ -512,10 +538,13 @@ impl Locked<'_> {
 
     /// Recorded requests without an answer.
     pub fn pending(&self) -> Vec<Request> {
+        self.pending_ids().into_iter().filter_map(|id| self.recorded(&id)).collect()
+    }
+
+    fn pending_ids(&self) -> Vec<String> {
         ids_in(&self.dir.path.join(RECORDED_DIR), "request")
             .into_iter()
             .filter(|id| !self.dir.answer_file(id).exists())
-            .filter_map(|id| self.recorded(&id))
             .collect()
     }
 
@@ -553,6 +582,14 @@ pub fn denial(id: &str, by: AnsweredBy, message: &str) -> Answer {
         always: false,
         by,
     }
+}
+
+/// What an ask past [`MAX_PENDING`] is denied with: the limit, named.
+pub fn over_limit_message(run_id: &RunId) -> String {
+    format!(
+        "refused: run {run_id} already has {MAX_PENDING} requests waiting for an answer, \
+         the most a run may have (at most {MAX_PENDING} pending requests per run)"
+    )
 }
 
 fn answered_already(id: &str, by: AnsweredBy) -> Error {
@@ -663,6 +700,44 @@ mod tests {
         locked.close(now + 2000).unwrap();
         locked.sync(now + 3000).unwrap();
         assert_eq!(records(&journal).len(), 4);
+    }
+
+    #[test]
+    fn asks_past_the_limit_are_denied_at_once_and_never_recorded() {
+        let tmp = tempfile::tempdir().unwrap();
+        let journal = tmp.path().join("run-1.ndjson");
+        std::fs::write(&journal, b"").unwrap();
+        let run_id = run();
+        let dir = RequestDir::choose(tmp.path(), None, &run_id);
+        dir.create(&setup(None), None, b"k", &run_id).unwrap();
+        let now = now_ms();
+        let ask_all = |from: usize, to: usize| {
+            for i in from..to {
+                let id = format!("q{i}");
+                write_file(&dir.ask_file(&id), &serde_json::to_vec(&request(&id, 0)).unwrap(), 0o600)
+                    .unwrap();
+            }
+        };
+        ask_all(0, MAX_PENDING + 10);
+        let locked = dir.lock(b"k", &run_id, &journal).unwrap();
+        locked.sync(now).unwrap();
+        assert_eq!(records(&journal).len(), MAX_PENDING);
+        assert_eq!(locked.pending().len(), MAX_PENDING);
+        let refused: Vec<Answer> =
+            (0..MAX_PENDING + 10).filter_map(|i| locked.answer_of(&format!("q{i}"))).collect();
+        assert_eq!(refused.len(), 10);
+        assert!(
+            refused.iter().all(|a| !a.allowed && a.message.contains("at most 256 pending requests per run"))
+        );
+        // Handled asks leave the dir; a refused id stays refused.
+        assert!(std::fs::read_dir(dir.path().join(ASK_DIR)).unwrap().next().is_none());
+        // Answers free room for more.
+        locked.answer(Answer { allowed: true, ..denial("q0", AnsweredBy::Client, "") }).unwrap();
+        ask_all(MAX_PENDING + 10, MAX_PENDING + 12);
+        locked.sync(now).unwrap();
+        let requests = records(&journal).iter().filter(|r| matches!(r, Record::Request(_))).count();
+        assert_eq!(requests, MAX_PENDING + 1);
+        assert_eq!(locked.pending().len(), MAX_PENDING);
     }
 
     #[test]

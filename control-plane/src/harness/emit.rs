@@ -308,7 +308,7 @@ mod tests {
         let mut t = Harness::Command.translator(&RunId::parse("r").unwrap(), "t", || 0);
         let first = t.feed(br#"{"type":"REASONING_START","message_id":"x"}"#);
         assert_eq!(types(&first), ["RUN_STARTED", "REASONING_START"]);
-        let end = t.feed(br#"{"type":"RUN_ERROR","error_message":"boom","error_code":"b"}"#);
+        let end = t.finish(1, "boom");
         assert_eq!(types(&end), ["REASONING_END", "RUN_ERROR"]);
         assert_eq!(end[0].message_id, "x");
         assert!(t.is_terminal());

@@ -28,6 +28,7 @@ mod error;
 mod log;
 mod records;
 mod replica;
+mod request_index;
 mod requests;
 mod session;
 mod spec;

@@ -7,9 +7,10 @@
 //! them in place. Answering goes to the agent, which decides exactly once
 //! (the first answer wins, on any replica); its record reaches the log
 //! through whichever replica drives the run. The pending set is read from
-//! the log, never kept in memory.
+//! the log's request index (written with the chunks), never kept in memory,
+//! and never by reading the whole log: listing costs what it lists, an
+//! answer a lookup by id.
 
-use futures::StreamExt;
 use shared::chunk::{Chunk, ChunkType};
 use shared::error::{Error as WireError, ErrorCode};
 use shared::policy::Policy;
@@ -21,7 +22,7 @@ use tracing::info;
 use super::{Error, Runs, run_id_field};
 use crate::provision::InvalidField;
 use crate::store::Tenant;
-use crate::store::{Offset, RunKey};
+use crate::store::{IndexedRequest, RequestFilter, RunKey};
 
 /// Longest declared tool description and input schema.
 const MAX_TOOL_TEXT: usize = 64 << 10;
@@ -139,32 +140,17 @@ impl Runs {
     ) -> Result<Vec<api::RunRequest>, Error> {
         let key = RunKey::new(tenant.clone(), run_id_field("run_id", run_id)?);
         self.record(&key).await?;
-        let mut requests = self.logged_requests(&key).await?;
-        if !include_answered {
-            requests.retain(|r| r.answer.is_none());
-        }
-        Ok(requests)
+        let filter = if include_answered { RequestFilter::All } else { RequestFilter::Pending };
+        let indexed = self.inner.ctx.stores.events.requests(&key, filter).await?;
+        indexed.iter().map(run_request).collect()
     }
 
-    async fn logged_requests(&self, key: &RunKey) -> Result<Vec<api::RunRequest>, Error> {
-        // What is stored now: a running run's log is not waited on.
-        let mut stream =
-            crate::store::stored_after(self.inner.ctx.stores.events.clone(), key.clone(), Offset::start());
-        let mut chunks = Vec::new();
-        while let Some(stored) = stream.next().await {
-            let stored = stored?;
-            if !matches!(
-                stored.kind.as_str(),
-                "PERMISSION_REQUESTED" | "PERMISSION_RESOLVED" | "TOOL_CALL_START" | "TOOL_CALL_RESULT"
-            ) {
-                continue;
-            }
-            let chunk = super::log::decode_chunk(&stored)?;
-            if chunk.request.is_some() {
-                chunks.push((stored.offset.to_string(), chunk));
-            }
+    /// One request of the run, by id, from the index.
+    async fn logged_request(&self, key: &RunKey, request_id: &str) -> Result<Option<api::RunRequest>, Error> {
+        match self.inner.ctx.stores.events.request(key, request_id).await? {
+            Some(indexed) => run_request(&indexed).map(Some),
+            None => Ok(None),
         }
-        Ok(requests_of(chunks.iter().map(|(o, c)| (o.clone(), c))))
     }
 
     /// Answer one of the run's requests. The agent in the run's sandbox
@@ -188,7 +174,7 @@ impl Runs {
                 record.status.as_str()
             )));
         }
-        let logged = self.logged_requests(&key).await?.into_iter().find(|r| r.request_id == request_id);
+        let logged = self.logged_request(&key, request_id).await?;
         let answer = match (answer, logged.as_ref().map(|r| r.kind.as_str())) {
             (api::respond_to_request_request::Answer::Permission(p), None | Some("permission")) => Answer {
                 request_id: request_id.into(),
@@ -260,6 +246,17 @@ impl Runs {
         });
         Ok(answered)
     }
+}
+
+/// An indexed request as the API shows it: its two chunks read like a log.
+fn run_request(indexed: &IndexedRequest) -> Result<api::RunRequest, Error> {
+    let mut chunks = vec![(indexed.asked.offset.to_string(), super::log::decode_chunk(&indexed.asked)?)];
+    if let Some(answered) = &indexed.answered {
+        chunks.push((answered.offset.to_string(), super::log::decode_chunk(answered)?));
+    }
+    requests_of(chunks.iter().map(|(o, c)| (o.clone(), c))).into_iter().next().ok_or_else(|| {
+        Error::Corrupt(format!("request {} is indexed at a chunk that asks nothing", indexed.request_id))
+    })
 }
 
 fn answer_field(kind: &str) -> &'static str {

@@ -351,6 +351,17 @@ macro_rules! impl_checkpoint_store {
                     .bind(tenant.as_str())
                     .execute(&mut *tx)
                     .await?;
+                    // The copy's requests are the source's, at the same offsets.
+                    sqlx::query(
+                        "INSERT INTO run_requests (tenant, run_id, request_id, asked_seq, answered_seq) \
+                         SELECT tenant, $1, request_id, asked_seq, answered_seq FROM run_requests \
+                         WHERE tenant = $3 AND run_id = $2",
+                    )
+                    .bind(copy.as_str())
+                    .bind(&source)
+                    .bind(tenant.as_str())
+                    .execute(&mut *tx)
+                    .await?;
                     runs.push(copy);
                 }
                 // Fences any writer that claimed the empty thread meanwhile.

@@ -680,6 +680,67 @@ async fn log_append_mints_ordered_offsets_and_snapshot_returns_them(b: &Backend)
     }
 }
 
+async fn log_requests_are_indexed_by_the_append(b: &Backend) {
+    let record = create(&b.stores, "r1").await;
+    let run = acme("r1");
+    let writer = LogWriter::new(b.stores.events.clone(), run.clone(), record.driver_epoch);
+    let mark =
+        |payload: &str, m: RequestMark| NewChunk::new("k", payload.as_bytes().to_vec()).with_request(Some(m));
+    let asked = |id: &str| RequestMark::Asked(id.into());
+    let answered = |id: &str| RequestMark::Answered(id.into());
+    let offsets = writer
+        .append(&[
+            NewChunk::new("k", b"plain".to_vec()),
+            mark("ask a", asked("a")),
+            mark("ask b", asked("b")),
+            mark("answer a", answered("a")),
+            mark("ask a again", asked("a")), // a record repeated after an agent crash
+            mark("answer nobody", answered("zz")),
+        ])
+        .await
+        .unwrap();
+    let payload = |c: &StoredChunk| String::from_utf8(c.payload.clone()).unwrap();
+    let seen = |list: &[IndexedRequest]| {
+        list.iter()
+            .map(|r| (r.request_id.clone(), payload(&r.asked), r.answered.as_ref().map(payload)))
+            .collect::<Vec<_>>()
+    };
+    let events = &b.stores.events;
+    let all = events.requests(&run, RequestFilter::All).await.unwrap();
+    assert_eq!(
+        seen(&all),
+        [("a".into(), "ask a".into(), Some("answer a".into())), ("b".into(), "ask b".into(), None)]
+    );
+    assert_eq!(all[0].asked.offset, offsets[1]);
+    assert_eq!(all[0].answered.as_ref().unwrap().offset, offsets[3]);
+    assert_eq!(
+        seen(&events.requests(&run, RequestFilter::Pending).await.unwrap()),
+        [("b".into(), "ask b".into(), None)]
+    );
+    assert_eq!(events.request(&run, "a").await.unwrap().unwrap(), all[0]);
+    assert!(events.request(&run, "zz").await.unwrap().is_none());
+
+    // The first answer stands; a later batch answers the rest.
+    writer.append(&[mark("answer b", answered("b")), mark("answer a twice", answered("a"))]).await.unwrap();
+    let all = events.requests(&run, RequestFilter::All).await.unwrap();
+    assert_eq!(
+        seen(&all),
+        [
+            ("a".into(), "ask a".into(), Some("answer a".into())),
+            ("b".into(), "ask b".into(), Some("answer b".into()))
+        ]
+    );
+    assert!(events.requests(&run, RequestFilter::Pending).await.unwrap().is_empty());
+
+    // A fenced append indexes nothing, and another tenant's run of the same id has its own.
+    b.stores.runs.claim(&run).await.unwrap();
+    assert!(matches!(writer.append(&[mark("ask c", asked("c"))]).await, Err(Error::Fenced { .. })));
+    assert!(events.request(&run, "c").await.unwrap().is_none());
+    let other = RunKey::new(Tenant::new("globex"), RunId::parse("r1").unwrap());
+    assert!(events.requests(&other, RequestFilter::All).await.unwrap().is_empty());
+    assert!(events.request(&other, "a").await.unwrap().is_none());
+}
+
 async fn log_pages_through_a_log_longer_than_a_page(b: &Backend) {
     let record = create(&b.stores, "r1").await;
     create(&b.stores, "empty").await;
@@ -1100,6 +1161,7 @@ conformance_suite!(
     log_append_mints_ordered_offsets_and_snapshot_returns_them,
     log_read_from_first_and_middle_offsets,
     log_pages_through_a_log_longer_than_a_page,
+    log_requests_are_indexed_by_the_append,
     log_stale_append_is_refused_after_a_claim_and_stays_refused,
     log_snapshot_never_blocks,
     log_tail_sees_later_appends_and_ends_at_close,

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use futures::stream::BoxStream;
 
-use super::{Epoch, Error, Result, RunKey, Timestamp};
+use super::{Epoch, Error, IndexedRequest, RequestFilter, RequestMark, Result, RunKey, Timestamp};
 
 /// A position in a run's log, minted by the store. Opaque to clients: they
 /// get it with each chunk and hand it back to resume after that chunk.
@@ -55,16 +55,24 @@ impl fmt::Debug for Offset {
 }
 
 /// A chunk to append. The log does not interpret it: `kind` names the event
-/// type, `payload` is its encoding (the event model's choice).
+/// type, `payload` is its encoding, `request` what it does to the run's
+/// requests (the event model's choice).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewChunk {
     pub kind: String,
     pub payload: Vec<u8>,
+    pub request: Option<RequestMark>,
 }
 
 impl NewChunk {
     pub fn new(kind: impl Into<String>, payload: impl Into<Vec<u8>>) -> Self {
-        Self { kind: kind.into(), payload: payload.into() }
+        Self { kind: kind.into(), payload: payload.into(), request: None }
+    }
+
+    /// The chunk asks or answers a request ([`EventLog::requests`]).
+    pub fn with_request(mut self, mark: Option<RequestMark>) -> Self {
+        self.request = mark;
+        self
     }
 }
 
@@ -142,6 +150,14 @@ pub trait EventLog: Send + Sync {
 
     /// The last stored chunk, if any. [`Error::NotFound`] for an unknown run.
     async fn last(&self, run: &RunKey) -> Result<Option<StoredChunk>>;
+
+    /// The run's requests as its appends indexed them ([`NewChunk::request`]),
+    /// in the order asked: the work is in the requests read, never in the
+    /// length of the log. Nothing for an unknown run.
+    async fn requests(&self, run: &RunKey, filter: RequestFilter) -> Result<Vec<IndexedRequest>>;
+
+    /// One request of the run by id, if the log holds it.
+    async fn request(&self, run: &RunKey, request_id: &str) -> Result<Option<IndexedRequest>>;
 
     /// Close the log: later appends are refused and tailers end. Not fenced
     /// (teardown must always be able to release tailers); idempotent. A

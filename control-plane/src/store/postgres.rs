@@ -35,16 +35,17 @@ use super::checkpoint_sql::{
     CheckpointRow, REFS_PER_INSERT, checkpoint_columns, checkpoint_not_found, impl_checkpoint_store,
     new_checkpoint_id, to_db,
 };
+use super::requests_sql::{RequestRow, impl_request_index, index_requests, request_select};
 use super::sql::{
     DefinitionRow, EventRow, InstanceRow, RunRow, epoch_to_db, explain_refusal, impl_shared_stores,
     instance_columns, json_to_db, not_terminal, run_columns, run_not_found, terminal,
 };
 use super::tail::{self, LogPages, Wake, Wakes};
 use super::{
-    Admitted, CreatedRun, Definition, DefinitionStore, Epoch, Error, EventLog, FIRST_EPOCH, Instance,
-    InstanceStore, LogSnapshot, NewChunk, NewInstance, NewRun, Offset, Pool, Result, RunFinish, RunKey,
-    RunRecord, RunStore, RunUpdate, StoredChunk, Stores, TAIL_POLL_INTERVAL, Tenant, Timestamp, TokenStore,
-    token_hash,
+    Admitted, CreatedRun, Definition, DefinitionStore, Epoch, Error, EventLog, FIRST_EPOCH, IndexedRequest,
+    Instance, InstanceStore, LogSnapshot, NewChunk, NewInstance, NewRun, Offset, Pool, RequestFilter, Result,
+    RunFinish, RunKey, RunRecord, RunStore, RunUpdate, StoredChunk, Stores, TAIL_POLL_INTERVAL, Tenant,
+    Timestamp, TokenStore, token_hash,
 };
 
 /// The NOTIFY channel of event-log wake-ups (payload: [`RunKey::encode`]).
@@ -134,6 +135,7 @@ async fn relay_notifications(database_url: String, wakes: Wakes, stop: Cancellat
 }
 
 impl_shared_stores!(PgStore, sqlx::Postgres);
+impl_request_index!(PgStore);
 
 impl PgStore {
     /// Serializes every quota-checked run creation of `tenant` across
@@ -161,7 +163,12 @@ fn is_unique_violation(error: &sqlx::Error) -> bool {
 impl PgStore {
     /// One fenced INSERT of the whole batch (see the module docs). Returns
     /// the sequence numbers it minted, or nothing when the fence refused.
-    async fn insert_fenced(&self, run: &RunKey, held: i64, chunks: &[NewChunk]) -> sqlx::Result<Vec<i64>> {
+    async fn insert_fenced<'e>(
+        executor: impl sqlx::PgExecutor<'e>,
+        run: &RunKey,
+        held: i64,
+        chunks: &[NewChunk],
+    ) -> sqlx::Result<Vec<i64>> {
         let kinds: Vec<&str> = chunks.iter().map(|c| c.kind.as_str()).collect();
         let payloads: Vec<&[u8]> = chunks.iter().map(|c| c.payload.as_slice()).collect();
         sqlx::query_scalar(
@@ -185,8 +192,24 @@ impl PgStore {
         .bind(payloads)
         .bind(Timestamp::now().as_millis())
         .bind(run.tenant.as_str())
-        .fetch_all(&self.pool)
+        .fetch_all(executor)
         .await
+    }
+
+    /// The fenced INSERT and, when the batch asks or answers requests, their
+    /// index rows, in one transaction (the fence's row lock held to the end).
+    async fn insert_indexed(&self, run: &RunKey, held: i64, chunks: &[NewChunk]) -> sqlx::Result<Vec<i64>> {
+        if chunks.iter().all(|c| c.request.is_none()) {
+            return Self::insert_fenced(&self.pool, run, held, chunks).await;
+        }
+        let mut tx = self.pool.begin().await?;
+        let mut seqs = Self::insert_fenced(&mut *tx, run, held, chunks).await?;
+        if seqs.len() == chunks.len() {
+            seqs.sort_unstable();
+            index_requests!(tx, run, chunks, seqs.iter().copied());
+            tx.commit().await?;
+        }
+        Ok(seqs)
     }
 }
 
@@ -198,7 +221,7 @@ impl EventLog for PgStore {
         if !chunks.is_empty() {
             let mut attempt = 0;
             seqs = loop {
-                match self.insert_fenced(run, held, chunks).await {
+                match self.insert_indexed(run, held, chunks).await {
                     // Two appends of one epoch raced for the same sequence
                     // numbers; the loser inserted nothing and tries again.
                     Err(error) if is_unique_violation(&error) && attempt < SEQ_CONFLICT_RETRIES => {
@@ -265,6 +288,14 @@ impl EventLog for PgStore {
 
     async fn last(&self, run: &RunKey) -> Result<Option<StoredChunk>> {
         self.last_chunk(run).await
+    }
+
+    async fn requests(&self, run: &RunKey, filter: RequestFilter) -> Result<Vec<IndexedRequest>> {
+        self.indexed_requests(run, filter).await
+    }
+
+    async fn request(&self, run: &RunKey, request_id: &str) -> Result<Option<IndexedRequest>> {
+        self.indexed_request(run, request_id).await
     }
 
     async fn close(&self, run: &RunKey) -> Result<()> {

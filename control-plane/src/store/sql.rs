@@ -137,6 +137,10 @@ pub(super) struct EventRow {
 }
 
 impl EventRow {
+    pub(super) fn new(seq: i64, epoch: i64, kind: String, payload: Vec<u8>, appended_at: i64) -> Self {
+        Self { seq, epoch, kind, payload, appended_at }
+    }
+
     pub(super) fn into_chunk(self) -> Result<StoredChunk> {
         Ok(StoredChunk {
             offset: Offset::from_seq(self.seq)?,

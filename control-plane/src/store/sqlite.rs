@@ -17,16 +17,17 @@ use super::checkpoint_sql::{
     CheckpointRow, REFS_PER_INSERT, checkpoint_columns, checkpoint_not_found, impl_checkpoint_store,
     new_checkpoint_id, to_db,
 };
+use super::requests_sql::{RequestRow, impl_request_index, index_requests, request_select};
 use super::sql::{
     DefinitionRow, EventRow, InstanceRow, RunRow, epoch_to_db, explain_refusal, impl_shared_stores,
     instance_columns, json_to_db, not_terminal, run_columns, run_not_found, terminal,
 };
 use super::tail::{self, LogPages, Wakes};
 use super::{
-    Admitted, CreatedRun, Definition, DefinitionStore, Epoch, Error, EventLog, FIRST_EPOCH, Instance,
-    InstanceStore, LogSnapshot, NewChunk, NewInstance, NewRun, Offset, Pool, Result, RunFinish, RunKey,
-    RunRecord, RunStore, RunUpdate, StoredChunk, Stores, TAIL_POLL_INTERVAL, Tenant, Timestamp, TokenStore,
-    token_hash,
+    Admitted, CreatedRun, Definition, DefinitionStore, Epoch, Error, EventLog, FIRST_EPOCH, IndexedRequest,
+    Instance, InstanceStore, LogSnapshot, NewChunk, NewInstance, NewRun, Offset, Pool, RequestFilter, Result,
+    RunFinish, RunKey, RunRecord, RunStore, RunUpdate, StoredChunk, Stores, TAIL_POLL_INTERVAL, Tenant,
+    Timestamp, TokenStore, token_hash,
 };
 
 /// Rows per INSERT statement; SQLite caps bound parameters per statement.
@@ -105,6 +106,7 @@ async fn adopt_legacy_blobs(pool: &SqlitePool, blobs: &super::DirBlobStore) -> R
 }
 
 impl_shared_stores!(SqliteStore, sqlx::Sqlite);
+impl_request_index!(SqliteStore);
 
 impl SqliteStore {
     /// Nothing to take: the count and the insert are one write statement,
@@ -163,6 +165,7 @@ impl EventLog for SqliteStore {
             });
             insert.build().execute(&mut *tx).await?;
         }
+        index_requests!(tx, run, chunks, (1..=chunks.len() as i64).map(|i| last + i));
         tx.commit().await?;
         if !chunks.is_empty() {
             tail::wake_run(&self.wakes, run);
@@ -193,6 +196,14 @@ impl EventLog for SqliteStore {
 
     async fn last(&self, run: &RunKey) -> Result<Option<StoredChunk>> {
         self.last_chunk(run).await
+    }
+
+    async fn requests(&self, run: &RunKey, filter: RequestFilter) -> Result<Vec<IndexedRequest>> {
+        self.indexed_requests(run, filter).await
+    }
+
+    async fn request(&self, run: &RunKey, request_id: &str) -> Result<Option<IndexedRequest>> {
+        self.indexed_request(run, request_id).await
     }
 
     async fn close(&self, run: &RunKey) -> Result<()> {

@@ -15,6 +15,7 @@ mod hostile_egress;
 mod hostile_git;
 mod hostile_local_users;
 mod hostile_policy;
+mod hostile_requests;
 mod hostile_run_ids;
 mod hostile_run_user;
 mod hostile_sandbox_paths;
