@@ -183,7 +183,9 @@ impl Runs {
         }
         // The model broker's URL and placeholder key, and the proxy.
         let tenant = ctx.key.tenant.as_str();
-        if let Some(egress) = RunEgress::of(&definition, ctx.harness, sandbox, tenant).map_err(Ending::Failed)? {
+        if let Some(egress) =
+            RunEgress::of(&definition, ctx.harness, sandbox, tenant).map_err(Ending::Failed)?
+        {
             crate::runs::egress::point(&egress, &definition, ctx.harness, &live.agent, &mut command)
                 .await
                 .map_err(Ending::Failed)?;
