@@ -20,7 +20,7 @@ use tonic::service::Interceptor;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 
-use super::output::OutputFormat;
+use super::format::OutputFormat;
 use crate::config::{ConfigLayer, LogFormat, ServeConfig};
 use crate::server::RunningServer;
 

@@ -4,6 +4,7 @@
 
 mod client;
 pub mod definition_file;
+mod format;
 mod git;
 mod harness;
 mod logging;

@@ -11,12 +11,7 @@ use prost_reflect::{DescriptorPool, DynamicMessage, SerializeOptions};
 use serde_json::{Value, json};
 use shared::error::Error;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
-pub enum OutputFormat {
-    #[default]
-    Human,
-    Json,
-}
+pub use super::format::OutputFormat;
 
 /// The `sandhold.v1` descriptors, for printing and parsing messages as JSON.
 pub static POOL: LazyLock<DescriptorPool> = LazyLock::new(|| {

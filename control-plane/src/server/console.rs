@@ -15,8 +15,6 @@ use http::{HeaderValue, Method, Request, Response, StatusCode};
 use sha2::{Digest, Sha256};
 use tonic::body::Body;
 
-use super::web::plain;
-
 struct Asset {
     path: &'static str,
     content_type: &'static str,
@@ -93,6 +91,15 @@ fn etag(index: usize, bytes: &[u8]) -> HeaderValue {
                 .expect("hex is a header value")
         })
         .clone()
+}
+
+/// A short text answer.
+pub(super) fn plain(status: StatusCode, text: &'static str) -> Response<Body> {
+    let mut response =
+        Response::new(Body::new(http_body_util::Full::new(bytes::Bytes::from_static(text.as_bytes()))));
+    *response.status_mut() = status;
+    response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    response
 }
 
 #[cfg(test)]

@@ -11,6 +11,7 @@
 //! gRPC-Web on the same port, and get the web console for plain `GET`s
 //! ([`web`], [`console`]).
 
+mod built;
 mod console;
 mod deadline;
 mod gate;

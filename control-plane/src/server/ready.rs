@@ -21,8 +21,8 @@ use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 use tracing::{debug, info, warn};
 
+use super::built::{Built, BuiltCell, Slots};
 use super::health::set_health;
-use super::start::{Built, BuiltCell, Slots};
 use crate::api::{AdminApi, RunApi, SandboxApi, SnapshotApi};
 use crate::auth::{self, Authenticator};
 use crate::config::{ServeConfig, redact_url};

@@ -5,13 +5,9 @@
 //! endpoint, then hand readiness and shutdown to the supervisor.
 
 use std::net::SocketAddr;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use anyhow::{Context as _, bail};
-use shared::proto::v1::admin_service_server::AdminServiceServer;
-use shared::proto::v1::run_service_server::RunServiceServer;
-use shared::proto::v1::sandbox_service_server::SandboxServiceServer;
-use shared::proto::v1::snapshot_service_server::SnapshotServiceServer;
 use shared::secret::Secret;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
@@ -21,7 +17,8 @@ use tokio_util::task::TaskTracker;
 use tonic_health::ServingStatus;
 use tracing::{info, warn};
 
-use super::gate::{Slot, gate};
+use super::built::{BuiltCell, Slots};
+use super::gate::gate;
 use super::health::set_health;
 use super::ready;
 use super::shutdown::{Serving, supervise};
@@ -30,40 +27,6 @@ use super::web::{Hosts, Origins, WebLayer};
 use crate::auth::{self, AuthLayer, Authenticator, SINGLE_USER_TENANT};
 use crate::config::{ServeConfig, redact_url};
 use crate::context::Context;
-use crate::runs::Runs;
-
-/// Where the built services go once the stores are open.
-pub(super) struct Slots {
-    pub(super) admin: Slot<AdminServiceServer<crate::api::AdminApi>>,
-    pub(super) snapshot: Slot<SnapshotServiceServer<crate::api::SnapshotApi>>,
-    pub(super) sandbox: Slot<SandboxServiceServer<crate::api::SandboxApi>>,
-    pub(super) runs: Slot<RunServiceServer<crate::api::RunApi>>,
-}
-
-/// What exists once the server is ready: the context and the run driver
-/// (shutdown drains its drives).
-pub(super) struct Built {
-    pub(super) cx: Context,
-    pub(super) runs: Runs,
-}
-
-/// Where [`Built`] is put once, and can be awaited.
-#[derive(Default)]
-pub(super) struct BuiltCell {
-    built: OnceLock<Built>,
-    filled: CancellationToken,
-}
-
-impl BuiltCell {
-    pub(super) fn get(&self) -> Option<&Built> {
-        self.built.get()
-    }
-
-    pub(super) fn set(&self, built: Built) {
-        let _ = self.built.set(built);
-        self.filled.cancel();
-    }
-}
 
 /// A server started with [`start`].
 pub struct RunningServer {
@@ -100,7 +63,7 @@ impl RunningServer {
     /// Wait until the stores are open and the services built; `None` if
     /// that takes longer than `within`.
     pub async fn ready(&self, within: std::time::Duration) -> Option<Context> {
-        tokio::time::timeout(within, self.built.filled.cancelled()).await.ok()?;
+        tokio::time::timeout(within, self.built.filled().cancelled()).await.ok()?;
         self.context()
     }
 

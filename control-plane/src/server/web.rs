@@ -25,7 +25,7 @@ use http::{HeaderValue, Method, Request, Response, StatusCode};
 use tonic::body::Body;
 use tower_http::cors::{AllowHeaders, AllowOrigin, CorsLayer};
 
-use super::console;
+use super::console::{self, plain};
 use crate::config::ANY_ORIGIN;
 
 /// The origins allowed to call the API from a browser: the server's own,
@@ -221,15 +221,6 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         Box::pin(async move { inner.call(request).await })
     }
-}
-
-/// A short text answer.
-pub(super) fn plain(status: StatusCode, text: &'static str) -> Response<Body> {
-    let mut response =
-        Response::new(Body::new(http_body_util::Full::new(bytes::Bytes::from_static(text.as_bytes()))));
-    *response.status_mut() = status;
-    response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
-    response
 }
 
 #[cfg(test)]
