@@ -21,11 +21,19 @@ setup = [{ serial = "echo set-up > marker.txt" }]
 "#;
 
 /// Ensure a sandbox for `definition` through the API (what `sandhold run`
-/// does first), returning its id.
-fn ensure(addr: &str, definition: &str, thread: &str) -> String {
+/// does first), returning its id. The server has no API tokens: the call
+/// carries its local token.
+fn ensure(server: &Served, definition: &str, thread: &str) -> String {
+    let token = server.local_token().expect("a tokenless server writes its local token");
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
-        let mut client = SandboxServiceClient::connect(format!("http://{addr}")).await.unwrap();
+        let channel = tonic::transport::Channel::from_shared(format!("http://{}", server.addr))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let mut client =
+            SandboxServiceClient::with_interceptor(channel, sandhold_tests::auth::bearer(&token));
         let mut stream = client
             .ensure_sandbox(api::EnsureSandboxRequest {
                 definition_id: definition.into(),
@@ -63,7 +71,7 @@ fn definitions_sandboxes_and_exec_against_a_served_server() {
     assert_eq!(listed.len(), 1, "{listed:?}");
     assert_eq!(listed[0]["workspace"]["setup"][0]["serial"], "echo set-up > marker.txt");
 
-    let sandbox = ensure(&server.addr, "cli-test", "thread-a");
+    let sandbox = ensure(&server, "cli-test", "thread-a");
     let listed =
         json_lines(ok(&server.cli().args(["sandboxes", "ls", "--output", "json"]).output().unwrap()));
     assert_eq!(listed.len(), 1);
@@ -107,8 +115,8 @@ fn definitions_sandboxes_and_exec_against_a_served_server() {
     assert!(stderr(&gone).contains("NOT_FOUND"), "{}", stderr(&gone));
 
     // rm --all removes every sandbox of the tenant.
-    ensure(&server.addr, "cli-test", "thread-b");
-    ensure(&server.addr, "cli-test", "thread-c");
+    ensure(&server, "cli-test", "thread-b");
+    ensure(&server, "cli-test", "thread-c");
     let removed = json_lines(ok(&server
         .cli()
         .args(["sandboxes", "rm", "--all", "--output", "json"])

@@ -77,7 +77,8 @@ fn fault_child_process() {
 
 fn spawn_child(role: &str, url: &str, run: &RunId) -> (Child, mpsc::Receiver<String>) {
     let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "fault_child_process", "--nocapture", "--test-threads=1"])
+        // The test's name in this binary: its module (without the crate), then its own.
+        .args(["--exact", "event_log_fault::fault_child_process", "--nocapture", "--test-threads=1"])
         .env(ROLE, role)
         .env(URL, url)
         .env(RUN, run.as_str())

@@ -9,10 +9,14 @@ use std::time::{Duration, Instant};
 
 use control_plane::metrics::sample;
 use control_plane::store::{NewRun, RunId, Stores};
+use sandhold_tests::auth::{Bearer, bearer};
 use sandhold_tests::wait::PATIENCE;
 use shared::proto::v1 as api;
 use shared::proto::v1::sandbox_service_client::SandboxServiceClient;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
+
+type Client = SandboxServiceClient<InterceptedService<Channel, Bearer>>;
 
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
@@ -57,13 +61,17 @@ impl Server {
         std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
     }
 
-    async fn client(&mut self) -> SandboxServiceClient<Channel> {
+    /// A client once the server answers, with the local token a server
+    /// without API tokens writes into its data dir when it is ready.
+    async fn client(&mut self) -> Client {
         let deadline = Instant::now() + PATIENCE;
+        let token_file = control_plane::auth::local::path(self.dir.path());
         loop {
-            if let Ok(channel) =
-                Channel::from_shared(format!("http://{}", self.grpc)).unwrap().connect().await
+            if let Ok(token) = std::fs::read_to_string(&token_file)
+                && let Ok(channel) =
+                    Channel::from_shared(format!("http://{}", self.grpc)).unwrap().connect().await
             {
-                let mut client = SandboxServiceClient::new(channel);
+                let mut client = SandboxServiceClient::with_interceptor(channel, bearer(token.trim()));
                 match client.list_definitions(api::ListDefinitionsRequest {}).await {
                     Ok(_) => return client,
                     Err(s) if s.code() == tonic::Code::Unavailable => {}
@@ -119,7 +127,7 @@ fn ensures(text: &str, outcome: &str) -> f64 {
 }
 
 async fn ensure(
-    client: &mut SandboxServiceClient<Channel>,
+    client: &mut Client,
     definition: &str,
     thread: &str,
 ) -> Result<api::EnsureReady, tonic::Status> {
@@ -142,7 +150,7 @@ async fn ensure(
     }
 }
 
-async fn put_definition(client: &mut SandboxServiceClient<Channel>, id: &str, setup: &str) {
+async fn put_definition(client: &mut Client, id: &str, setup: &str) {
     let definition = api::SandboxDefinition {
         id: id.into(),
         provider: Some(api::ProviderSpec {

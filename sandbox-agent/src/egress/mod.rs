@@ -17,7 +17,7 @@ mod carrier;
 mod config;
 mod listener;
 mod service;
-mod tls;
+pub mod tls;
 
 pub use carrier::DialError;
 pub use config::{CONFIG_FILE, MAX_ROUTES, MIN_PLACEHOLDER};
