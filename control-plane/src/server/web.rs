@@ -197,10 +197,19 @@ where
             && !hosts.allows(request.headers(), request.uri())
         {
             tracing::debug!(host = ?request.headers().get(HOST), uri = %request.uri(), "refused a foreign host name");
-            let response = plain(
-                StatusCode::FORBIDDEN,
-                "this server without API tokens answers only to loopback names and --allowed-host ones",
-            );
+            const WHY: &str =
+                "this server without API tokens answers only to loopback names and --allowed-host ones";
+            // A native gRPC client reads the refusal as a status, not as
+            // an HTTP error it cannot decode.
+            let native_grpc = request.headers().get(CONTENT_TYPE).is_some_and(|t| {
+                t.as_bytes().starts_with(b"application/grpc")
+                    && !t.as_bytes().starts_with(b"application/grpc-web")
+            });
+            let response = if native_grpc {
+                tonic::Status::permission_denied(WHY).into_http()
+            } else {
+                plain(StatusCode::FORBIDDEN, WHY)
+            };
             return Box::pin(async move { Ok(response) });
         }
         if !is_grpc(&request) && matches!(*request.method(), Method::GET | Method::HEAD) {

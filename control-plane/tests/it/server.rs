@@ -61,6 +61,18 @@ async fn server_info(addr: SocketAddr, token: Option<&str>) -> Result<String, to
     client.get_server_info(request).await.map(|r| r.into_inner().tenant)
 }
 
+/// An admin client of a server without API tokens, with its local token.
+async fn local_admin(
+    server: &RunningServer,
+) -> AdminServiceClient<tonic::service::interceptor::InterceptedService<Channel, sandhold_tests::auth::Bearer>>
+{
+    let token = server.local_token().expect("a tokenless server has a local token").expose().to_string();
+    AdminServiceClient::with_interceptor(
+        channel(server.local_addr()).await,
+        sandhold_tests::auth::bearer(&token),
+    )
+}
+
 async fn start(config: ServeConfig) -> RunningServer {
     server::start(config, CancellationToken::new()).await.expect("server starts")
 }
@@ -118,11 +130,8 @@ async fn server_info_names_the_backends() {
     let server = start(cfg).await;
     let addr = server.local_addr();
     wait_serving(addr).await;
-    let info = AdminServiceClient::new(channel(addr).await)
-        .get_server_info(GetServerInfoRequest {})
-        .await
-        .unwrap()
-        .into_inner();
+    let info =
+        local_admin(&server).await.get_server_info(GetServerInfoRequest {}).await.unwrap().into_inner();
     assert_eq!(info.tenant, "default");
     assert_eq!(info.replica_id, "replica-under-test");
     assert_eq!(info.store_backend, "sqlite");
@@ -229,11 +238,8 @@ async fn redis_url_selects_redis_leases() {
     let server = start(cfg).await;
     let addr = server.local_addr();
     wait_serving(addr).await;
-    let info = AdminServiceClient::new(channel(addr).await)
-        .get_server_info(GetServerInfoRequest {})
-        .await
-        .unwrap()
-        .into_inner();
+    let info =
+        local_admin(&server).await.get_server_info(GetServerInfoRequest {}).await.unwrap().into_inner();
     assert_eq!(info.lease_backend, "redis");
     // A lease taken through the server is held in Redis, for everyone.
     let leases = server.context().unwrap().leases.clone();

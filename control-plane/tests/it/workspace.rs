@@ -629,7 +629,12 @@ async fn secrets_suite(kind: Kind, postgres: bool) {
             ..Default::default()
         })),
     });
-    ws.setup = vec![serial("echo \"token is $API_TOKEN\"; echo \"again $MCP_TOKEN\" >&2; exit 3")];
+    // The git source's auth secret is withheld from every process of the
+    // sandbox (issue 33); the same value as an MCP header secret reaches
+    // setup, and is masked there.
+    ws.setup = vec![serial(
+        "echo \"token is $MCP_TOKEN\"; echo \"auth is [$API_TOKEN]\"; echo \"again $MCP_TOKEN\" >&2; exit 3",
+    )];
     let def = definition("full", kind, &fixtures, ws);
     h.acme.put_definition(api::PutDefinitionRequest { definition: Some(def) }).await.unwrap();
     let (progress, result) =
@@ -641,6 +646,10 @@ async fn secrets_suite(kind: Kind, postgres: bool) {
     assert!(
         progress.iter().any(|p| p.output_line == "token is [secret:API_TOKEN]"),
         "the output was streamed, redacted"
+    );
+    assert!(
+        progress.iter().any(|p| p.output_line == "auth is []"),
+        "the auth secret was withheld: {progress:?}"
     );
     let events = format!("{progress:?}");
     assert!(!events.contains(&secret), "a progress event holds the secret");
