@@ -66,7 +66,16 @@ export async function startServer(t, { tokens = true, extraArgs = [] } = {}) {
   const server = {
     port,
     url: `http://127.0.0.1:${port}`,
-    token: tokens ? token : undefined,
+    // Without API tokens the server writes its local token (mode 600) into
+    // its data dir once it is ready; every call needs it.
+    get token() {
+      if (tokens) return token;
+      try {
+        return readFileSync(join(dataDir, "data", "local-token"), "utf8").trim();
+      } catch {
+        return undefined;
+      }
+    },
     dataDir,
     log: () => readFileSync(logPath, "utf8"),
     client: (options = {}) => new SandholdClient({ baseUrl: server.url, token: server.token, ...options }),
