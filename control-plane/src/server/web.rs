@@ -141,12 +141,18 @@ fn authority_of<'a>(headers: &'a http::HeaderMap, uri: &'a http::Uri) -> Option<
 }
 
 /// A gRPC or gRPC-Web call, by its content type.
+fn content_type<B>(request: &Request<B>) -> Option<&str> {
+    request.headers().get(CONTENT_TYPE).and_then(|v| v.to_str().ok())
+}
+
+/// gRPC or gRPC-Web.
 fn is_grpc<B>(request: &Request<B>) -> bool {
-    request
-        .headers()
-        .get(CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("application/grpc"))
+    content_type(request).is_some_and(|v| v.starts_with("application/grpc"))
+}
+
+/// gRPC over HTTP/2, whose client reads a refusal as a status.
+fn is_native_grpc<B>(request: &Request<B>) -> bool {
+    is_grpc(request) && !content_type(request).is_some_and(|v| v.starts_with("application/grpc-web"))
 }
 
 /// Tower layer in front of the services: the console, and the origin gate.
@@ -201,11 +207,7 @@ where
                 "this server without API tokens answers only to loopback names and --allowed-host ones";
             // A native gRPC client reads the refusal as a status, not as
             // an HTTP error it cannot decode.
-            let native_grpc = request.headers().get(CONTENT_TYPE).is_some_and(|t| {
-                t.as_bytes().starts_with(b"application/grpc")
-                    && !t.as_bytes().starts_with(b"application/grpc-web")
-            });
-            let response = if native_grpc {
+            let response = if is_native_grpc(&request) {
                 tonic::Status::permission_denied(WHY).into_http()
             } else {
                 plain(StatusCode::FORBIDDEN, WHY)
