@@ -13,7 +13,10 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::auth::tenant_of;
 use crate::context::Context;
+use crate::provision::InvalidField;
+use crate::runs;
 use crate::sandbox::{self, Sandboxes};
+use crate::store::Stores;
 
 impl From<sandbox::Error> for Status {
     fn from(e: sandbox::Error) -> Self {
@@ -38,11 +41,12 @@ fn to_status_stream<T: 'static>(
 #[derive(Clone)]
 pub struct SandboxApi {
     sandboxes: Sandboxes,
+    stores: Stores,
 }
 
 impl SandboxApi {
     pub fn new(cx: Context) -> Self {
-        Self { sandboxes: cx.sandboxes() }
+        Self { sandboxes: cx.sandboxes(), stores: cx.stores.clone() }
     }
 }
 
@@ -62,7 +66,19 @@ impl SandboxService for SandboxApi {
         request: Request<api::GetDefinitionRequest>,
     ) -> Result<Response<api::GetDefinitionResponse>, Status> {
         let tenant = tenant_of(&request)?;
-        let definition = self.sandboxes.get_definition(&tenant, &request.into_inner().id).await?;
+        let api::GetDefinitionRequest { id, thread_id } = request.into_inner();
+        let id = match (id.is_empty(), thread_id.is_empty()) {
+            (_, true) => id,
+            (true, false) => runs::thread_definition(&self.stores, &tenant, &thread_id).await?.ok_or_else(|| {
+                Status::not_found(format!(
+                    "thread {thread_id:?} has no run and no sandbox yet: its first run names its definition"
+                ))
+            })?,
+            (false, false) => {
+                return Err(sandbox::Error::from(InvalidField::new("thread_id", "give either id or thread_id")).into());
+            }
+        };
+        let definition = self.sandboxes.get_definition(&tenant, &id).await?;
         Ok(Response::new(api::GetDefinitionResponse { definition: Some(definition) }))
     }
 

@@ -29,7 +29,6 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 use prost_reflect::{DeserializeOptions, DynamicMessage};
-use sha2::{Digest, Sha256};
 use shared::proto::v1 as api;
 
 use super::output::POOL;
@@ -79,63 +78,47 @@ pub fn parse(value: serde_json::Value) -> anyhow::Result<api::SandboxDefinition>
 /// What `sandhold run` builds a definition from when no file is given.
 #[derive(Debug, Clone, Default)]
 pub struct FromFlags {
-    /// `--image`: a Docker sandbox; `None`: local.
+    /// `--image`: a container of this image; `None`: local.
     pub image: Option<String>,
     /// `--repo`: a git URL or a local path.
     pub repo: Option<String>,
     pub setup: Vec<String>,
     pub secret_names: Vec<String>,
-    /// `--network` for Docker sandboxes.
+    /// `--network` for containers.
     pub network: Option<String>,
     /// One-off runs (no `--thread`) remove their sandbox once completed.
     pub destroy_on_complete: bool,
-    /// Model access through the broker (from `--secret` of the harness's
-    /// key and `--model-upstream`).
+    /// Model access through the broker (the harness and `--model-upstream`;
+    /// the server settles which secret is the key).
     pub model_access: Vec<api::ModelAccess>,
     /// `--allow-host`: the egress proxy's allowlist.
     pub allow_hosts: Vec<String>,
 }
 
-/// Where a local repository is mounted in a Docker sandbox.
-pub const DOCKER_REPO_MOUNT: &str = "/mnt/sandhold-repo";
-
 impl FromFlags {
-    /// The definition, with an id derived from its content: the same flags
-    /// give the same definition (and so the same sandbox for a thread).
+    /// The definition, with no id: the server gives it one derived from its
+    /// content, so the same flags give the same definition (and so the same
+    /// sandbox for a thread).
     pub fn build(&self) -> anyhow::Result<api::SandboxDefinition> {
-        let mut docker = self.image.as_ref().map(|image| api::DockerProvider {
-            image: image.clone(),
-            network: self.network.clone().unwrap_or_default(),
-            ..Default::default()
-        });
-        let source = match &self.repo {
-            None => api::source::Source::None(api::NoSource {}),
-            Some(repo) => {
-                let url = match local_repo(repo)? {
-                    None => repo.clone(),
-                    Some(path) => match docker.as_mut() {
-                        // The host path is not visible in a container: mount it.
-                        Some(d) => {
-                            d.mounts.push(api::Mount {
-                                source: path.display().to_string(),
-                                target: DOCKER_REPO_MOUNT.into(),
-                                read_only: true,
-                            });
-                            DOCKER_REPO_MOUNT.to_string()
-                        }
-                        None => path.display().to_string(),
-                    },
-                };
-                api::source::Source::Git(api::GitSource { url, ..Default::default() })
-            }
+        let local = match &self.repo {
+            Some(repo) => local_repo(repo)?,
+            None => None,
         };
-        let provider = match docker {
-            Some(d) => api::provider_spec::Provider::Docker(d),
-            None => api::provider_spec::Provider::Local(api::LocalProvider {}),
+        let (provider, local_url) = crate::provider::flags::section(crate::provider::flags::Flags {
+            image: self.image.as_deref(),
+            network: self.network.as_deref(),
+            local_repo: local.as_deref(),
+        });
+        let source = match (&self.repo, local_url) {
+            (None, _) => api::source::Source::None(api::NoSource {}),
+            (Some(_), Some(url)) => api::source::Source::Git(api::GitSource { url, ..Default::default() }),
+            (Some(repo), None) => {
+                api::source::Source::Git(api::GitSource { url: repo.clone(), ..Default::default() })
+            }
         };
         let mut definition = api::SandboxDefinition {
             id: String::new(),
-            provider: Some(api::ProviderSpec { provider: Some(provider) }),
+            provider: Some(provider),
             workspace: Some(api::WorkspaceDefinition {
                 source: Some(api::Source { source: Some(source) }),
                 setup: self
@@ -160,8 +143,6 @@ impl FromFlags {
         };
         definition.secret_names.sort();
         definition.secret_names.dedup();
-        let digest = Sha256::digest(prost::Message::encode_to_vec(&definition));
-        definition.id = format!("cli-{}", &hex::encode(digest)[..16]);
         Ok(definition)
     }
 }
@@ -233,17 +214,9 @@ keep_alive_ms = 600000
     }
 
     #[test]
-    fn flags_give_a_stable_content_addressed_id() {
-        let flags = FromFlags { setup: vec!["echo hi".into()], ..Default::default() };
-        let a = flags.build().unwrap();
-        assert_eq!(a.id, flags.build().unwrap().id);
-        let b = FromFlags { setup: vec!["echo bye".into()], ..Default::default() }.build().unwrap();
-        assert_ne!(a.id, b.id, "different setup, different definition");
-        assert!(matches!(a.provider.unwrap().provider, Some(api::provider_spec::Provider::Local(_))));
-    }
-
-    #[test]
-    fn a_local_repo_is_mounted_into_docker_sandboxes() {
+    fn flags_leave_the_id_to_the_server_and_a_local_repo_is_read_where_the_sandbox_sees_it() {
+        let a = FromFlags { setup: vec!["echo hi".into()], ..Default::default() }.build().unwrap();
+        assert_eq!(a.id, "", "the server derives the id from the content");
         let dir = tempfile::tempdir().unwrap();
         let flags = FromFlags {
             image: Some("alpine".into()),
@@ -251,11 +224,17 @@ keep_alive_ms = 600000
             ..Default::default()
         };
         let d = flags.build().unwrap();
-        let Some(api::provider_spec::Provider::Docker(docker)) = d.provider.unwrap().provider else {
-            panic!("docker")
+        let Some(api::source::Source::Git(git)) = d.workspace.unwrap().source.unwrap().source else {
+            panic!("a git source")
         };
-        assert_eq!(docker.mounts[0].target, DOCKER_REPO_MOUNT);
-        assert!(docker.mounts[0].read_only);
+        assert_eq!(git.url, crate::provider::flags::CONTAINER_REPO_MOUNT);
         assert!(FromFlags { repo: Some("/no/such/dir".into()), ..Default::default() }.build().is_err());
+        let remote = FromFlags { repo: Some("https://example.invalid/a.git".into()), ..Default::default() };
+        let Some(api::source::Source::Git(git)) =
+            remote.build().unwrap().workspace.unwrap().source.unwrap().source
+        else {
+            panic!("a git source")
+        };
+        assert_eq!(git.url, "https://example.invalid/a.git");
     }
 }

@@ -147,7 +147,8 @@ pub struct RunArgs {
     pub acp_permissions: Option<String>,
 
     /// A secret the sandbox gets as an environment variable, NAME=ENV_VAR:
-    /// its value is read from ENV_VAR here. Repeatable.
+    /// its value is read from ENV_VAR here. Repeatable; adds to
+    /// --definition's `secret_names`.
     #[arg(long = "secret", value_name = "NAME=ENV_VAR")]
     pub secrets: Vec<SecretRef>,
 
@@ -301,14 +302,14 @@ fn prepare(args: &RunArgs) -> anyhow::Result<Prepared> {
     let definition = match &args.definition {
         Some(path) => {
             let mut definition = definition_file::load(path)?;
-            broker_on_top(&mut definition, args, &secret_names)?;
+            broker_on_top(&mut definition, args, &secret_names);
             definition
         }
         None => FromFlags {
             image: args.image.clone(),
             repo: args.repo.clone(),
             setup: args.setup.clone(),
-            model_access: model_access(args, &secret_names, &[])?.into_iter().collect(),
+            model_access: model_access(args, &[]).into_iter().collect(),
             allow_hosts: args.allow_hosts.clone(),
             secret_names,
             network: args.network.clone(),
@@ -388,49 +389,30 @@ fn run_policy(args: &RunArgs) -> anyhow::Result<Option<shared::policy::Policy>> 
     Ok(Some(policy))
 }
 
-/// The harness's brokered model access from the flags: its key is the
-/// `--secret` the CLI would read it from (or the one `existing` names), the
-/// upstream `--model-upstream`. `None` when no key is passed: the run then
-/// uses whatever the image or definition gives the CLI.
-fn model_access(
-    args: &RunArgs,
-    secret_names: &[String],
-    existing: &[api::ModelAccess],
-) -> anyhow::Result<Option<api::ModelAccess>> {
+/// The harness's brokered model access from the flags: the harness and
+/// `--model-upstream` (or the upstream `existing` names). Which secret is
+/// the key is the server's to settle (`ModelAccess.key_secret`): with no
+/// key among the secrets there is nothing to broker and the run uses
+/// whatever the image gives the CLI. `None` for a harness with no model API.
+fn model_access(args: &RunArgs, existing: &[api::ModelAccess]) -> Option<api::ModelAccess> {
     let harness = args.harness;
-    // A harness without a model API (`command`) has nothing to broker.
-    let Some(api) = harness.model_api() else { return Ok(None) };
+    harness.model_api()?;
     let mine = existing.iter().find(|m| m.harness == harness.name());
-    let key = mine.map(|m| m.key_secret.clone()).or_else(|| {
-        api.key_vars.iter().find(|v| secret_names.iter().any(|n| n == *v)).map(|v| v.to_string())
-    });
-    let Some(key_secret) = key else {
-        if args.model_upstream.is_some() {
-            bail!(
-                "--model-upstream needs the model's key as a secret the broker adds: --secret {}=ENV_VAR",
-                api.key_vars[0]
-            );
-        }
-        return Ok(None);
-    };
     let upstream =
         args.model_upstream.clone().or_else(|| mine.map(|m| m.upstream.clone())).unwrap_or_default();
-    Ok(Some(api::ModelAccess { harness: harness.name().to_string(), upstream, key_secret }))
+    let key_secret = mine.map(|m| m.key_secret.clone()).unwrap_or_default();
+    Some(api::ModelAccess { harness: harness.name().to_string(), upstream, key_secret })
 }
 
-/// `--model-upstream`, `--allow-host` and the model key's `--secret` on top
-/// of a definition file's own settings.
-fn broker_on_top(
-    definition: &mut api::SandboxDefinition,
-    args: &RunArgs,
-    secret_names: &[String],
-) -> anyhow::Result<()> {
-    let mut names = definition.secret_names.clone();
-    names.extend(secret_names.iter().cloned());
-    if let Some(access) = model_access(args, &names, &definition.model_access)? {
-        if !definition.secret_names.contains(&access.key_secret) {
-            definition.secret_names.push(access.key_secret.clone());
+/// The `--secret` names, `--model-upstream` and `--allow-host` on top of a
+/// definition file's own settings.
+fn broker_on_top(definition: &mut api::SandboxDefinition, args: &RunArgs, secret_names: &[String]) {
+    for name in secret_names {
+        if !definition.secret_names.contains(name) {
+            definition.secret_names.push(name.clone());
         }
+    }
+    if let Some(access) = model_access(args, &definition.model_access) {
         definition.model_access.retain(|m| m.harness != access.harness);
         definition.model_access.push(access);
     }
@@ -442,7 +424,6 @@ fn broker_on_top(
             }
         }
     }
-    Ok(())
 }
 
 async fn start(conn: &Connection, args: &RunArgs, prepared: Prepared) -> anyhow::Result<u8> {
@@ -458,20 +439,16 @@ async fn start(conn: &Connection, args: &RunArgs, prepared: Prepared) -> anyhow:
         // the thread's definition.
         Some(_) if !args.names_a_definition() => request.definition_id = String::new(),
         existing => {
-            if let Some(id) = existing.filter(|id| *id != definition.id)
-                && let Some(old) = thread::stored(conn, &id).await?
-            {
+            let stored = thread::put_definition(conn, definition).await?;
+            if let Some(old) = existing.filter(|old| old.id != stored.id) {
                 notice = Some(format!(
                     "thread {}: these flags change its definition ({}), so this run gets a sandbox of its own; \
                      without definition flags a run uses the thread's sandbox",
                     request.thread_id,
-                    thread::changes(&old, &definition).join("; ")
+                    thread::changes(&old, &stored).join("; ")
                 ));
             }
-            conn.sandboxes()
-                .put_definition(api::PutDefinitionRequest { definition: Some(definition) })
-                .await
-                .map_err(status_error)?;
+            request.definition_id = stored.id;
         }
     }
     let run_id = request.run_id.clone();

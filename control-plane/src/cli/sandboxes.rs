@@ -210,14 +210,7 @@ pub async fn definitions(command: DefinitionsCommand) -> ExitCode {
             let format = client.output;
             with_connection(&client, async move |conn| {
                 let definition = definition_file::load(&file)?;
-                let stored = conn
-                    .sandboxes()
-                    .put_definition(api::PutDefinitionRequest { definition: Some(definition) })
-                    .await
-                    .map_err(status_error)?
-                    .into_inner()
-                    .definition
-                    .unwrap_or_default();
+                let stored = super::thread::put_definition(conn, definition).await?;
                 match format {
                     OutputFormat::Json => json_line(&message_json(&stored, "SandboxDefinition")),
                     OutputFormat::Human => println!("applied definition {}", stored.id),

@@ -1,46 +1,37 @@
-//! Which definition `sandhold run --thread T` uses. A thread keeps its
-//! sandbox: a run with no definition flags takes the definition the thread's
-//! sandbox was made from, and flags that make another definition say what
-//! they change (the run then gets a sandbox of that definition).
+//! What `sandhold run --thread T` says about the thread's definition. A
+//! thread keeps its sandbox: a run with no definition flags takes the
+//! definition the server says the thread uses, and flags that make another
+//! definition say what they change (the run then gets a sandbox of that
+//! definition).
 
 use shared::proto::v1 as api;
 
 use super::client::Connection;
 use super::output::status_error;
 
-/// The definition the thread's newest run used, or, for a thread with no
-/// run yet (a sandbox ensured through the API), its newest sandbox's.
-/// `None` for a new thread.
-pub async fn definition_of(conn: &Connection, thread: &str) -> anyhow::Result<Option<String>> {
-    let runs = conn
-        .runs()
-        .list_runs(api::ListRunsRequest { thread_id: thread.to_string(), limit: 1 })
-        .await
-        .map_err(status_error)?
-        .into_inner()
-        .runs;
-    if let Some(run) = runs.into_iter().next().filter(|r| !r.definition_id.is_empty()) {
-        return Ok(Some(run.definition_id));
-    }
-    let sandboxes = conn
-        .sandboxes()
-        .list_sandboxes(api::ListSandboxesRequest { thread_id: thread.to_string() })
-        .await
-        .map_err(status_error)?
-        .into_inner()
-        .sandboxes;
-    let newest =
-        sandboxes.into_iter().filter(|s| !s.definition_id.is_empty()).max_by_key(|s| s.updated_at_ms);
-    Ok(newest.map(|s| s.definition_id))
-}
-
-/// The stored definition `id`, if it is still there.
-pub async fn stored(conn: &Connection, id: &str) -> anyhow::Result<Option<api::SandboxDefinition>> {
-    match conn.sandboxes().get_definition(api::GetDefinitionRequest { id: id.to_string() }).await {
+/// The definition a run of `thread` uses when it names none, as the
+/// server decides it; `None` for a new thread.
+pub async fn definition_of(
+    conn: &Connection,
+    thread: &str,
+) -> anyhow::Result<Option<api::SandboxDefinition>> {
+    let request = api::GetDefinitionRequest { thread_id: thread.to_string(), ..Default::default() };
+    match conn.sandboxes().get_definition(request).await {
         Ok(r) => Ok(r.into_inner().definition),
         Err(s) if s.code() == tonic::Code::NotFound => Ok(None),
         Err(s) => Err(status_error(s)),
     }
+}
+
+/// Store `definition`; the server's settled form back (its id, the model
+/// keys it picked).
+pub async fn put_definition(
+    conn: &Connection,
+    definition: api::SandboxDefinition,
+) -> anyhow::Result<api::SandboxDefinition> {
+    let request = api::PutDefinitionRequest { definition: Some(definition) };
+    let stored = conn.sandboxes().put_definition(request).await.map_err(status_error)?;
+    Ok(stored.into_inner().definition.unwrap_or_default())
 }
 
 /// What `new` changes of `old`, one phrase per part, for a person.

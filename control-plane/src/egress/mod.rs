@@ -141,6 +141,38 @@ pub fn upstream_for(definition: &SandboxDefinition, harness: Harness) -> Result<
         .transpose()
 }
 
+/// Settle which secret is each harness's model key, so every client gets
+/// the same answer: an entry with no `key_secret` takes the first of the
+/// harness's key variables (`ANTHROPIC_API_KEY`, `OPENAI_API_KEY`, ...)
+/// among the definition's `secret_names`. With none of them there is no key
+/// to broker: the entry is dropped when it names no upstream either (the
+/// CLI then uses whatever the image gives it), and refused when it does.
+pub fn settle_model_keys(definition: &mut SandboxDefinition) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let names = definition.secret_names.clone();
+    let mut keep = Vec::with_capacity(definition.model_access.len());
+    for (i, mut m) in std::mem::take(&mut definition.model_access).into_iter().enumerate() {
+        let api = Harness::parse(&m.harness).ok().and_then(|h| h.model_api());
+        if let (true, Some(api)) = (m.key_secret.is_empty(), api) {
+            match api.key_vars.iter().find(|v| names.iter().any(|n| n == *v)) {
+                Some(v) => m.key_secret = v.to_string(),
+                None if m.upstream.is_empty() => continue,
+                None => out.push((
+                    format!("definition.model_access[{i}].key_secret"),
+                    format!(
+                        "{} needs its model key as a secret the broker adds: name one of {} in secret_names",
+                        m.harness,
+                        api.key_vars.join(", ")
+                    ),
+                )),
+            }
+        }
+        keep.push(m);
+    }
+    definition.model_access = keep;
+    out
+}
+
 /// Secrets no process in the sandbox may see: the model keys, which only
 /// the agent holds.
 pub fn withheld(definition: &SandboxDefinition) -> BTreeSet<String> {

@@ -14,6 +14,7 @@
 //!   before start and is the container's entrypoint.
 
 pub mod docker;
+pub mod flags;
 pub mod local;
 
 mod canon;

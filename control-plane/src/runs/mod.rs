@@ -44,3 +44,4 @@ pub use records::lease_name;
 pub use replica::Runs;
 pub use spec::{RunOptions, RunSpec};
 pub use start::StartRun;
+pub use thread::definition_of as thread_definition;

@@ -9,7 +9,7 @@ use crate::store::{Stores, Tenant};
 
 /// The definition `thread_id`'s next run uses; `None` for a thread with no
 /// run and no sandbox (or only ones that name no definition).
-pub(super) async fn definition_of(
+pub async fn definition_of(
     stores: &Stores,
     tenant: &Tenant,
     thread_id: &str,

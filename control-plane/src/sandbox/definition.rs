@@ -29,6 +29,24 @@ pub fn from_stored(body: &serde_json::Value) -> Result<SandboxDefinition, Error>
     SandboxDefinition::decode(bytes.as_slice()).map_err(|_| corrupt("not a SandboxDefinition"))
 }
 
+/// What the server settles in a definition before storing it, so every
+/// client gets the same: which secret is each harness's model key
+/// ([`crate::egress::settle_model_keys`]), and, for a definition sent with
+/// no id, an id derived from its content (`def-` and 16 hex digits): the
+/// same content is the same definition, and so the same sandbox for a
+/// thread.
+pub fn settle(d: &mut SandboxDefinition) -> Result<(), Violations> {
+    let violations = crate::egress::settle_model_keys(d);
+    refuse("sandbox definition", violations)?;
+    if d.id.is_empty() {
+        use prost::Message;
+        use sha2::{Digest, Sha256};
+        let digest = Sha256::digest(d.encode_to_vec());
+        d.id = format!("def-{}", &hex::encode(digest)[..16]);
+    }
+    Ok(())
+}
+
 fn valid_id(id: &str) -> bool {
     (1..=100).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
 }

@@ -126,8 +126,9 @@ impl Sandboxes {
         tenant: &Tenant,
         definition: Option<api::SandboxDefinition>,
     ) -> Result<api::SandboxDefinition, Error> {
-        let definition =
+        let mut definition =
             definition.ok_or_else(|| Error::from(InvalidField::new("definition", "required")))?;
+        definition::settle(&mut definition)?;
         definition::validate(&definition)?;
         self.lifecycle.policy.check(&definition)?;
         self.stores.definitions.put(tenant, &definition.id, definition::to_stored(&definition)).await?;

@@ -22,12 +22,17 @@ async fn sandbox_service_keeps_definitions_and_runs_commands() {
     let mut sandboxes = ip.sandboxes();
     put_local_definition(&ip, "def").await;
 
-    let got = sandboxes.get_definition(api::GetDefinitionRequest { id: "def".into() }).await.unwrap();
+    let got = sandboxes
+        .get_definition(api::GetDefinitionRequest { id: "def".into(), ..Default::default() })
+        .await
+        .unwrap();
     assert_eq!(got.into_inner().definition.unwrap().id, "def");
     let listed = sandboxes.list_definitions(api::ListDefinitionsRequest {}).await.unwrap().into_inner();
     assert_eq!(listed.definitions.iter().map(|d| d.id.as_str()).collect::<Vec<_>>(), ["def"]);
-    let missing =
-        sandboxes.get_definition(api::GetDefinitionRequest { id: "nope".into() }).await.unwrap_err();
+    let missing = sandboxes
+        .get_definition(api::GetDefinitionRequest { id: "nope".into(), ..Default::default() })
+        .await
+        .unwrap_err();
     assert_eq!(missing.code(), Code::NotFound, "{missing:?}");
 
     let request = api::EnsureSandboxRequest {
@@ -59,7 +64,10 @@ async fn sandbox_service_keeps_definitions_and_runs_commands() {
     let gone = sandboxes.get_sandbox(api::GetSandboxRequest { sandbox_id: sandbox }).await.unwrap_err();
     assert_eq!(gone.code(), Code::NotFound, "{gone:?}");
     sandboxes.delete_definition(api::DeleteDefinitionRequest { id: "def".into() }).await.unwrap();
-    let deleted = sandboxes.get_definition(api::GetDefinitionRequest { id: "def".into() }).await.unwrap_err();
+    let deleted = sandboxes
+        .get_definition(api::GetDefinitionRequest { id: "def".into(), ..Default::default() })
+        .await
+        .unwrap_err();
     assert_eq!(deleted.code(), Code::NotFound);
 }
 
@@ -361,4 +369,67 @@ async fn a_run_that_names_no_definition_keeps_its_threads() {
     let kept = finished_record(&ip, command_run("ip-keep-3", "t2", "", "echo three")).await;
     assert_eq!(kept.definition_id, "second");
     assert_eq!(kept.sandbox_id, sandbox);
+
+    // A client asks the same question of the server instead of repeating
+    // the rule.
+    let of_thread = |thread: &str| {
+        let mut sandboxes = ip.sandboxes();
+        let request = api::GetDefinitionRequest { thread_id: thread.into(), ..Default::default() };
+        async move { sandboxes.get_definition(request).await.map(|r| r.into_inner().definition.unwrap().id) }
+    };
+    assert_eq!(of_thread("t1").await.unwrap(), "first");
+    assert_eq!(of_thread("t2").await.unwrap(), "second");
+    assert_eq!(of_thread("t-new").await.unwrap_err().code(), Code::NotFound);
+    let both = api::GetDefinitionRequest { id: "first".into(), thread_id: "t1".into() };
+    assert_eq!(ip.sandboxes().get_definition(both).await.unwrap_err().code(), Code::InvalidArgument);
+}
+
+/// What every client would otherwise decide for itself: a definition's id
+/// when it brings none, and which secret is a harness's model key.
+#[tokio::test]
+async fn the_server_settles_a_definitions_id_and_its_model_key() {
+    let ip = InProcess::start().await;
+    let put = |d: api::SandboxDefinition| {
+        let mut sandboxes = ip.sandboxes();
+        async move {
+            let request = api::PutDefinitionRequest { definition: Some(d) };
+            sandboxes.put_definition(request).await.map(|r| r.into_inner().definition.unwrap())
+        }
+    };
+    let unnamed = |setup: &str| {
+        let mut d = definition("", Kind::Local);
+        d.workspace.get_or_insert_with(Default::default).setup =
+            vec![api::SetupStep { step: Some(api::setup_step::Step::Serial(setup.into())) }];
+        d
+    };
+    let a = put(unnamed("echo a")).await.unwrap();
+    assert!(a.id.starts_with("def-") && a.id.len() == 20, "{}", a.id);
+    assert_eq!(put(unnamed("echo a")).await.unwrap().id, a.id, "the same content, the same id");
+    assert_ne!(put(unnamed("echo b")).await.unwrap().id, a.id);
+    let request = api::GetDefinitionRequest { id: a.id.clone(), ..Default::default() };
+    let got = ip.sandboxes().get_definition(request).await.unwrap().into_inner().definition.unwrap();
+    assert_eq!(got, a, "stored under it");
+
+    let access = |harness: &str, upstream: &str| api::ModelAccess {
+        harness: harness.into(),
+        upstream: upstream.into(),
+        key_secret: String::new(),
+    };
+    let mut d = definition("keyed", Kind::Local);
+    d.secret_names = vec!["OTHER".into(), "GOOGLE_API_KEY".into(), "OPENAI_API_KEY".into()];
+    d.model_access = vec![access("codex", ""), access("gemini", "")];
+    let keyed = put(d).await.unwrap();
+    let keys: Vec<_> =
+        keyed.model_access.iter().map(|m| (m.harness.as_str(), m.key_secret.as_str())).collect();
+    assert_eq!(keys, [("codex", "OPENAI_API_KEY"), ("gemini", "GOOGLE_API_KEY")]);
+
+    // No key among the secrets: nothing to broker, unless an upstream is
+    // named, which then cannot work.
+    let mut d = definition("keyless", Kind::Local);
+    d.model_access = vec![access("claude-code", "")];
+    assert!(put(d.clone()).await.unwrap().model_access.is_empty());
+    d.model_access = vec![access("claude-code", "http://127.0.0.1:9/")];
+    let refused = put(d).await.unwrap_err();
+    assert_eq!(refused.code(), Code::InvalidArgument);
+    assert!(refused.message().contains("ANTHROPIC_API_KEY"), "{refused:?}");
 }

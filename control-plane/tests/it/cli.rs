@@ -237,6 +237,42 @@ fn run_on_the_embedded_server() {
     run_json_and_exit_codes(|| sandhold(&data));
 }
 
+/// A thread keeps its sandbox: a run without definition flags uses the
+/// thread's definition (as the server answers it), and flags that make
+/// another definition say what they change. The flags' definition gets its
+/// id from the server, the same for the same flags.
+#[test]
+fn a_thread_keeps_its_sandbox_and_new_flags_say_what_they_change() {
+    let dir = sandhold_tests::local::TestDir::new("sh-thread");
+    let data = dir.path().join("data");
+    let run = |extra: &[&str], script: &str| {
+        let mut cli = sandhold(&data);
+        cli.args(["run", "--thread", "t-kept"]).args(extra).args(["--", "sh", "-c", script]);
+        let out = cli.output().unwrap();
+        ok(&out);
+        (stdout(&out).to_string(), stderr(&out).to_string())
+    };
+    let (made, _) = run(&["--setup", "echo made > made.txt"], "cat made.txt");
+    assert_eq!(made, "made\n");
+    // No flags: the thread's sandbox, setup and all.
+    let (kept, said) = run(&[], "cat made.txt; echo again >> made.txt");
+    assert_eq!(kept, "made\n");
+    assert!(!said.contains("change its definition"), "{said}");
+    // The same flags again: the same definition, no notice.
+    let (same, said) = run(&["--setup", "echo made > made.txt"], "cat made.txt");
+    assert_eq!(same, "made\nagain\n", "the same sandbox");
+    assert!(!said.contains("change its definition"), "{said}");
+    // Other flags: a sandbox of their own, and the change named.
+    let (other, said) = run(&["--setup", "echo other > made.txt"], "cat made.txt");
+    assert_eq!(other, "other\n");
+    assert!(said.contains("setup: `echo made > made.txt` → `echo other > made.txt`"), "{said}");
+    let defs =
+        json_lines(ok(&sandhold(&data).args(["definitions", "ls", "--output", "json"]).output().unwrap()));
+    let ids: Vec<&str> = defs.iter().map(|d| d["id"].as_str().unwrap()).collect();
+    assert_eq!(ids.len(), 2, "one definition per set of flags: {ids:?}");
+    assert!(ids.iter().all(|id| id.starts_with("def-")), "{ids:?}");
+}
+
 /// `--harness acp`: the agent's command line from `--acp-command` (split as
 /// a shell would), its mode and permission answer; the agent (the fake ACP
 /// agent, which logs every request) gets the prompt, and its text is the

@@ -65,8 +65,12 @@ async fn lifecycle_suite(kind: Kind) {
         ],
     );
     h.acme.put_definition(api::PutDefinitionRequest { definition: Some(def.clone()) }).await.unwrap();
-    let got =
-        h.acme.get_definition(api::GetDefinitionRequest { id: "dev".into() }).await.unwrap().into_inner();
+    let got = h
+        .acme
+        .get_definition(api::GetDefinitionRequest { id: "dev".into(), ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(got.definition.unwrap(), def);
 
     // create
@@ -260,7 +264,10 @@ async fn lifecycle_suite(kind: Kind) {
         .await
         .map(drop));
     nf(h.other.destroy_sandbox(api::DestroySandboxRequest { sandbox_id: sandbox.clone() }).await.map(drop));
-    nf(h.other.get_definition(api::GetDefinitionRequest { id: "dev".into() }).await.map(drop));
+    nf(h.other
+        .get_definition(api::GetDefinitionRequest { id: "dev".into(), ..Default::default() })
+        .await
+        .map(drop));
     assert!(
         h.other
             .list_sandboxes(api::ListSandboxesRequest::default())
