@@ -21,17 +21,23 @@ const RUN_USER: &str = "10001:10001";
 const TOKEN: &str = "ghs-hostile-7f3a91c2d4";
 const PORT: u16 = 8417;
 
-/// A git smart-HTTP origin for `/srv/git/*.git` that answers only requests
-/// whose Basic password is the token in `/srv/token` (both root's).
+/// A git smart-HTTP origin for `ROOT/git/*.git` that answers only requests
+/// whose Basic password is the token in `ROOT/token` (both root's). Its
+/// arguments: the port, then optionally ROOT (default `/srv`) and how many
+/// seconds each answer waits (default none: a slow origin keeps a transfer
+/// running long enough for a poller to see it).
 const ORIGIN_SERVER: &str = r#"
-import base64, subprocess, sys
+import base64, subprocess, sys, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-TOKEN = open('/srv/token').read().strip()
+ROOT = sys.argv[2] if len(sys.argv) > 2 else '/srv'
+DELAY = float(sys.argv[3]) if len(sys.argv) > 3 else 0
+TOKEN = open(ROOT + '/token').read().strip()
 class Origin(BaseHTTPRequestHandler):
     def do_GET(self): self.git()
     def do_POST(self): self.git()
     def log_message(self, *args): pass
     def git(self):
+        time.sleep(DELAY)
         auth = self.headers.get('Authorization', '')
         password = ''
         if auth.startswith('Basic '):
@@ -43,7 +49,7 @@ class Origin(BaseHTTPRequestHandler):
             self.end_headers()
             return
         path, _, query = self.path.partition('?')
-        env = {'GIT_PROJECT_ROOT': '/srv/git', 'GIT_HTTP_EXPORT_ALL': '1', 'REQUEST_METHOD': self.command,
+        env = {'GIT_PROJECT_ROOT': ROOT + '/git', 'GIT_HTTP_EXPORT_ALL': '1', 'REQUEST_METHOD': self.command,
                'PATH_INFO': path, 'QUERY_STRING': query, 'REMOTE_USER': 'x-access-token',
                'REMOTE_ADDR': '127.0.0.1', 'CONTENT_TYPE': self.headers.get('Content-Type', ''),
                'PATH': '/usr/bin:/bin', 'GIT_PROTOCOL': self.headers.get('Git-Protocol', '')}
@@ -105,18 +111,20 @@ while True:
 "#;
 
 /// The run user polling every process it can see, all the time: any
-/// environment or command line that reads is appended to
-/// `/tmp/leaks/proc`; `/tmp/leaks/rounds` counts the rounds.
+/// environment or command line that reads is appended to `LEAKS/proc`;
+/// `LEAKS/rounds` counts the rounds. LEAKS is its first argument, else
+/// `/tmp/leaks`.
 const POLLER: &str = r#"
+L=${1:-/tmp/leaks}
 while :; do
   for p in /proc/[0-9]*; do
     [ "$p" = /proc/$$ ] && continue
-    e=$(tr '\0' '\n' < $p/environ 2>/dev/null) && printf '== %s environ\n%s\n' "$p" "$e" >> /tmp/leaks/proc.tmp
-    c=$(tr '\0' ' ' < $p/cmdline 2>/dev/null) && printf '== %s cmdline %s\n' "$p" "$c" >> /tmp/leaks/proc.tmp
+    e=$(tr '\0' '\n' < $p/environ 2>/dev/null) && printf '== %s environ\n%s\n' "$p" "$e" >> $L/proc.tmp
+    c=$(tr '\0' ' ' < $p/cmdline 2>/dev/null) && printf '== %s cmdline %s\n' "$p" "$c" >> $L/proc.tmp
   done
-  grep -a -e GIT -e git -e Authorization /tmp/leaks/proc.tmp >> /tmp/leaks/proc 2>/dev/null
-  : > /tmp/leaks/proc.tmp
-  echo . >> /tmp/leaks/rounds
+  grep -a -e GIT -e git -e Authorization $L/proc.tmp >> $L/proc 2>/dev/null
+  : > $L/proc.tmp
+  echo . >> $L/rounds
 done
 "#;
 
