@@ -86,6 +86,7 @@ impl Repo {
         let what = match op {
             agent::git_request::Op::Push(_) => "push",
             agent::git_request::Op::Fetch(_) => "fetch",
+            agent::git_request::Op::Clone(_) => "clone",
         };
         let done = self
             .live

@@ -5,19 +5,28 @@
 //!   history. A local path is cloned as a `file://` URL: git ignores
 //!   `--depth` for plain paths.
 //! - A ref is a branch or tag (`--branch`); a full commit id is fetched into
-//!   a fresh repository instead (`--branch` cannot name a commit).
-//! - An HTTPS token comes from a named secret and reaches git only through
-//!   the environment of the clone: a credential helper defined in
-//!   `GIT_CONFIG_*` variables prints it from `$SANDHOLD_GIT_TOKEN`. It is
-//!   never in an argv, a URL, a progress event or an error.
-//! - Errors name the URL without credentials and carry git's own message.
+//!   a fresh repository instead (`--branch` cannot name a commit). Empty:
+//!   the branch the remote's HEAD names.
+//! - Without a token, `git clone` runs as the run user.
+//! - With a token (the named `auth_secret`) and an http(s) URL, no process
+//!   of the run user ever holds the token: the run user's git (which may be
+//!   any `git` first on its PATH) only makes the repository (`git init`),
+//!   and, once the objects are in, the remote, the refs and the checkout.
+//!   The fetch in between is the agent's (`ProcessService.Git`, a
+//!   `GitClone`): its own `/usr/bin/git`, as its own user, hardened, the
+//!   token in that git's environment alone (see the agent's `git` module).
+//!   Only https, or http to loopback, carries a token; another scheme (a
+//!   local path, ssh) has no use for it and is cloned as without one.
+//! - The token is never in an argv, a URL, a progress event or an error;
+//!   errors name the URL without credentials and carry git's own message.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
+use shared::proto::agent::v1 as agent;
 use shared::secret::Secret;
 
-use super::remote::Remote;
+use super::remote::{Finished, Remote};
 use crate::provision::{Error, Secrets};
 
 /// How much history a clone fetches.
@@ -38,12 +47,6 @@ pub(crate) struct Clone<'a> {
     pub token: Option<&'a Secret>,
 }
 
-/// The variable the credential helper reads the token from.
-const TOKEN_VAR: &str = "SANDHOLD_GIT_TOKEN";
-/// Prints the token as a password; defined in the environment, holds no
-/// secret itself.
-const CREDENTIAL_HELPER: &str = "!f() { test \"$1\" = get || return 0; echo username=x-access-token; echo \"password=$SANDHOLD_GIT_TOKEN\"; }; f";
-
 /// `url` as git should fetch it: a plain absolute path becomes `file://`.
 pub(crate) fn fetch_url(url: &str) -> String {
     if url.starts_with('/') { format!("file://{url}") } else { url.to_string() }
@@ -62,11 +65,18 @@ pub(crate) fn display_url(url: &str) -> String {
     }
 }
 
+/// Whether git fetches `url` over HTTP, where a token is of use.
+fn is_http(url: &str) -> bool {
+    let scheme = url.split_once("://").map(|(s, _)| s.to_ascii_lowercase());
+    matches!(scheme.as_deref(), Some("https" | "http"))
+}
+
 fn is_commit_id(r: &str) -> bool {
     r.len() == 40 && r.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
-/// The git invocations of one clone, in order, each an argv.
+/// The git invocations of one clone without a token, in order, each an
+/// argv.
 pub(crate) fn commands(c: &Clone<'_>) -> Vec<Vec<String>> {
     let url = fetch_url(c.url);
     let depth = match c.history {
@@ -136,16 +146,10 @@ fn wrapped(url: &str, argv: Vec<String>) -> Vec<String> {
     wrapped
 }
 
-/// The environment of the clone: no prompts, the token helper when there
-/// is a token, and a local source's path for [`SAFE_SOURCE_WRAPPER`].
-pub(crate) fn environment(token: Option<&Secret>, url: &str) -> HashMap<String, String> {
+/// The environment of the run user's git: no prompts, and a local
+/// source's path for [`SAFE_SOURCE_WRAPPER`]. Never a token.
+pub(crate) fn environment(url: &str) -> HashMap<String, String> {
     let mut env = HashMap::from([("GIT_TERMINAL_PROMPT".to_string(), "0".to_string())]);
-    if let Some(token) = token {
-        env.insert(TOKEN_VAR.to_string(), token.expose().to_string());
-        env.insert("GIT_CONFIG_COUNT".to_string(), "1".to_string());
-        env.insert("GIT_CONFIG_KEY_0".to_string(), "credential.helper".to_string());
-        env.insert("GIT_CONFIG_VALUE_0".to_string(), CREDENTIAL_HELPER.to_string());
-    }
     if let Some(path) = local_source(url) {
         env.insert(SAFE_DIR_VAR.to_string(), path);
     }
@@ -155,38 +159,153 @@ pub(crate) fn environment(token: Option<&Secret>, url: &str) -> HashMap<String, 
 /// Make the clone; a failure names the URL (without credentials) and
 /// git's error.
 pub(crate) async fn clone(remote: &Remote<'_>, c: &Clone<'_>, timeout: Duration) -> Result<(), Error> {
-    let shown = display_url(c.url);
+    if let Some(token) = c.token.filter(|_| is_http(c.url)) {
+        return clone_with_token(remote, c, token, timeout).await;
+    }
     for argv in commands(c) {
-        let done = remote.run(&wrapped(c.url, argv), environment(c.token, c.url), timeout).await.map_err(
-            |e| match e {
-                Error::Agent(mut e) => {
-                    e.message = format!("cloning {shown}: {} (is git installed in the sandbox?)", e.message);
-                    Error::Agent(e)
-                }
-                other => other,
-            },
-        )?;
-        if done.ok() {
-            continue;
-        }
-        let git_error = String::from_utf8_lossy(&done.stderr);
-        // git may echo the URL it was given, credentials and all.
-        let git_error = remote.redactor.mask(git_error.trim()).replace(c.url, &shown);
-        let why = if done.timed_out {
-            format!("timed out after {timeout:?}")
-        } else {
-            format!("git exited with {}", done.code)
-        };
-        return Err(Error::CloneFailed { url: shown, why, git_error, exit_code: done.code });
+        step(remote, c, &wrapped(c.url, argv), Vec::new(), timeout).await?;
     }
     // Credentials written into the URL would stay in .git/config (and in
     // any snapshot): keep the remote without them.
     let clean = display_url(&fetch_url(c.url));
     if clean != fetch_url(c.url) {
         let argv = ["git", "-C", c.into, "remote", "set-url", "origin", &clean].map(String::from);
-        remote.run(&argv, environment(None, c.url), timeout).await?;
+        remote.run(&argv, environment(c.url), timeout).await?;
     }
     Ok(())
+}
+
+/// One git command of the run user's for the clone `c`, with `stdin`; a
+/// failure names the URL (without credentials) and git's error.
+async fn step(
+    remote: &Remote<'_>,
+    c: &Clone<'_>,
+    argv: &[String],
+    stdin: Vec<u8>,
+    timeout: Duration,
+) -> Result<(), Error> {
+    let shown = display_url(c.url);
+    let done =
+        remote.run_with_input(argv, environment(c.url), stdin, timeout).await.map_err(|e| match e {
+            Error::Agent(mut e) => {
+                e.message = format!("cloning {shown}: {} (is git installed in the sandbox?)", e.message);
+                Error::Agent(e)
+            }
+            other => other,
+        })?;
+    failed(remote, c, &done, timeout)
+}
+
+/// `done` as the clone's error when it failed.
+fn failed(remote: &Remote<'_>, c: &Clone<'_>, done: &Finished, timeout: Duration) -> Result<(), Error> {
+    if done.ok() {
+        return Ok(());
+    }
+    let shown = display_url(c.url);
+    let git_error = String::from_utf8_lossy(&done.stderr);
+    // git may echo the URL it was given, credentials and all.
+    let git_error = remote.redactor.mask(git_error.trim()).replace(c.url, &shown);
+    let why = if done.timed_out {
+        format!("timed out after {timeout:?}")
+    } else {
+        format!("git exited with {}", done.code)
+    };
+    Err(Error::CloneFailed { url: shown, why, git_error, exit_code: done.code })
+}
+
+/// The clone of an http(s) source with `token`: the repository made by the
+/// run user's git, the fetch by the agent's, then the remote, the refs and
+/// the checkout by the run user's again; the token only in the agent.
+async fn clone_with_token(
+    remote: &Remote<'_>,
+    c: &Clone<'_>,
+    token: &Secret,
+    timeout: Duration,
+) -> Result<(), Error> {
+    let git_c = |args: &[&str]| {
+        let mut v = vec!["git".to_string(), "-C".to_string(), c.into.to_string()];
+        v.extend(args.iter().map(|a| a.to_string()));
+        v
+    };
+    let init = ["git", "init", "--quiet", c.into].map(String::from);
+    step(remote, c, &init, Vec::new(), timeout).await?;
+    let depth = match c.history {
+        History::Depth(d) => d.max(1),
+        History::Full => 0,
+    };
+    let req = agent::GitRequest {
+        repo: c.into.to_string(),
+        url: c.url.to_string(),
+        token: token.expose().to_string(),
+        op: Some(agent::git_request::Op::Clone(agent::GitClone { r#ref: c.git_ref.to_string(), depth })),
+        timeout_ms: None,
+    };
+    let done = remote.git(req, timeout, &format!("cloning {}", display_url(c.url))).await?;
+    failed(remote, c, &done, timeout)?;
+    let fetched = Fetched::parse(&String::from_utf8_lossy(&done.stdout));
+
+    let clean = display_url(c.url);
+    let mut add = git_c(&["remote", "add"]);
+    if let (History::Depth(_), Some((_, Some(branch)))) = (c.history, &fetched.checkout) {
+        // One branch fetched, one branch to fetch later, as `git clone
+        // --single-branch` leaves it.
+        if let Some(b) = branch.strip_prefix("refs/heads/") {
+            add.extend(["-t".to_string(), b.to_string()]);
+        }
+    }
+    add.extend(["--".to_string(), "origin".to_string(), clean]);
+    step(remote, c, &add, Vec::new(), timeout).await?;
+    if !fetched.refs.is_empty() {
+        let updates: String = fetched.refs.iter().map(|(name, id)| format!("update {name} {id}\n")).collect();
+        step(remote, c, &git_c(&["update-ref", "--stdin"]), updates.into_bytes(), timeout).await?;
+    }
+    for (name, target) in &fetched.symrefs {
+        step(remote, c, &git_c(&["symbolic-ref", name, target]), Vec::new(), timeout).await?;
+    }
+    let checkout = match &fetched.checkout {
+        None => return Ok(()),
+        Some((_, Some(at))) if at.starts_with("refs/heads/") => {
+            let b = &at["refs/heads/".len()..];
+            git_c(&["checkout", "--quiet", "-b", b, "--track", &format!("refs/remotes/origin/{b}")])
+        }
+        Some((commit, _)) => git_c(&["checkout", "--quiet", "--detach", commit]),
+    };
+    step(remote, c, &checkout, Vec::new(), timeout).await
+}
+
+/// What the agent's clone fetch brought (the stdout of a `GitClone`).
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Fetched {
+    /// The commit to check out, and the ref it is at (`refs/heads/<b>`,
+    /// `refs/tags/<t>`) when it is at one; `None`: the remote has no
+    /// commits.
+    checkout: Option<(String, Option<String>)>,
+    /// `(name, object id)` of each ref to make.
+    refs: Vec<(String, String)>,
+    /// `(name, target)` of each symbolic ref to make.
+    symrefs: Vec<(String, String)>,
+}
+
+impl Fetched {
+    /// Complete lines only: an answer cut at its limit loses its last refs,
+    /// never makes a wrong one.
+    fn parse(out: &str) -> Self {
+        let mut fetched = Fetched::default();
+        for line in out.split_inclusive('\n').filter_map(|l| l.strip_suffix('\n')) {
+            let mut words = line.split(' ');
+            match (words.next(), words.next(), words.next()) {
+                (Some("checkout"), Some(commit), at) => {
+                    fetched.checkout = Some((commit.to_string(), at.map(str::to_string)));
+                }
+                (Some("ref"), Some(name), Some(id)) => fetched.refs.push((name.to_string(), id.to_string())),
+                (Some("symref"), Some(name), Some(target)) => {
+                    fetched.symrefs.push((name.to_string(), target.to_string()))
+                }
+                _ => {}
+            }
+        }
+        fetched
+    }
 }
 
 /// The secrets the workspace's git authenticates with (its source's and
@@ -274,21 +393,51 @@ mod tests {
         for argv in commands(&c) {
             assert!(argv.iter().all(|a| !a.contains("tok-value-123")), "{argv:?}");
         }
-        let env = environment(Some(&token), "https://h/r.git");
-        assert_eq!(env.get(TOKEN_VAR).map(String::as_str), Some("tok-value-123"));
-        assert!(env.values().filter(|v| v.contains("tok-value-123")).count() == 1, "only the token variable");
+    }
+
+    #[test]
+    fn a_token_is_for_http_sources_only() {
+        for http in ["https://h/r.git", "HTTPS://h/r.git", "http://127.0.0.1:8/r.git"] {
+            assert!(is_http(http), "{http}");
+        }
+        for other in ["/srv/r.git", "file:///srv/r.git", "ssh://h/r.git", "git@h:r.git", "git://h/r"] {
+            assert!(!is_http(other), "{other}");
+        }
+    }
+
+    #[test]
+    fn the_agents_answer_says_what_to_check_out_and_which_refs_to_make() {
+        let main = "1".repeat(40);
+        let tag = "2".repeat(40);
+        let out = format!(
+            "checkout {main} refs/heads/main\nref refs/remotes/origin/main {main}\nref refs/tags/v1 {tag}\n\
+             symref refs/remotes/origin/HEAD refs/remotes/origin/main\nref refs/tags/cut-sh"
+        );
+        let fetched = Fetched::parse(&out);
+        assert_eq!(fetched.checkout, Some((main.clone(), Some("refs/heads/main".to_string()))));
+        assert_eq!(
+            fetched.refs,
+            [("refs/remotes/origin/main".to_string(), main.clone()), ("refs/tags/v1".to_string(), tag)],
+            "a line cut at the output limit is dropped"
+        );
+        assert_eq!(
+            fetched.symrefs,
+            [("refs/remotes/origin/HEAD".to_string(), "refs/remotes/origin/main".to_string())]
+        );
+        assert_eq!(Fetched::parse(&format!("checkout {main}\n")).checkout, Some((main, None)));
+        assert_eq!(Fetched::parse(""), Fetched::default(), "a remote without commits");
     }
 
     #[test]
     fn a_local_source_is_cloned_with_itself_as_a_safe_directory() {
-        let env = environment(None, "/srv/r.git");
+        let env = environment("/srv/r.git");
         assert_eq!(env.get(SAFE_DIR_VAR).map(String::as_str), Some("/srv/r.git"));
         let argv = vec!["git".to_string(), "clone".to_string()];
         let local = wrapped("file:///srv/r.git", argv.clone());
         assert_eq!(local[..2], ["sh", "-c"]);
         assert_eq!(local[4..], argv[..], "the git command runs as it was, through the wrapper");
         assert_eq!(wrapped("https://h/r.git", argv.clone()), argv, "a remote source needs no wrapper");
-        assert!(!environment(None, "https://h/r.git").contains_key(SAFE_DIR_VAR));
+        assert!(!environment("https://h/r.git").contains_key(SAFE_DIR_VAR));
     }
 
     /// The wrapper with the machine's own sh and git: a repository owned by

@@ -16,6 +16,7 @@ pub(crate) struct Finished {
     /// The exit code; 128 + signal for a killed process.
     pub code: i32,
     pub timed_out: bool,
+    pub stdout: Vec<u8>,
     pub stderr: Vec<u8>,
 }
 
@@ -135,6 +136,17 @@ impl Remote<'_> {
         env: HashMap<String, String>,
         timeout: Duration,
     ) -> Result<Finished, Error> {
+        self.run_with_input(argv, env, Vec::new(), timeout).await
+    }
+
+    /// [`Remote::run`] with `stdin` written to the program.
+    pub async fn run_with_input(
+        &self,
+        argv: &[String],
+        env: HashMap<String, String>,
+        stdin: Vec<u8>,
+        timeout: Duration,
+    ) -> Result<Finished, Error> {
         let program = argv.first().map(String::as_str).unwrap_or_default();
         let resp = self
             .agent
@@ -144,19 +156,31 @@ impl Remote<'_> {
                     kind: Some(agent::command::Kind::Argv(agent::Argv { args: argv.to_vec() })),
                 }),
                 env,
-                timeout_ms: Some(u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX)),
+                stdin,
+                timeout_ms: Some(millis(timeout)),
                 output_limit_bytes: Some(256 * 1024),
                 ..Default::default()
             })
             .await
             .map_err(|s| self.error(&format!("running {program}"), &s))?
             .into_inner();
-        let code = match resp.status.and_then(|s| s.status) {
-            Some(agent::exit_status::Status::Code(c)) => c,
-            Some(agent::exit_status::Status::Signal(s)) => 128 + s,
-            None => -1,
-        };
-        Ok(Finished { code, timed_out: resp.timed_out, stderr: resp.stderr })
+        Ok(finished(resp))
+    }
+
+    /// An authenticated git transfer, run by the agent as its own user
+    /// (`ProcessService.Git`) for at most `timeout` a git command: the token
+    /// never reaches a process of the run user. A request the agent refuses
+    /// is an error (said to have happened while `doing`); git's own failure
+    /// is not.
+    pub async fn git(
+        &self,
+        mut req: agent::GitRequest,
+        timeout: Duration,
+        doing: &str,
+    ) -> Result<Finished, Error> {
+        req.timeout_ms = Some(millis(timeout));
+        let resp = self.agent.process().git(req).await.map_err(|s| self.error(doing, &s))?.into_inner();
+        Ok(finished(resp))
     }
 
     /// A symlink at `link` pointing to `target` (relative to the link's
@@ -198,6 +222,20 @@ impl Remote<'_> {
         }
         Ok(false)
     }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// How a process ended, from the agent's answer.
+fn finished(resp: agent::ExecResponse) -> Finished {
+    let code = match resp.status.and_then(|s| s.status) {
+        Some(agent::exit_status::Status::Code(c)) => c,
+        Some(agent::exit_status::Status::Signal(s)) => 128 + s,
+        None => -1,
+    };
+    Finished { code, timed_out: resp.timed_out, stdout: resp.stdout, stderr: resp.stderr }
 }
 
 /// The directory part of a relative path, if any.

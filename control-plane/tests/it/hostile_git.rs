@@ -7,6 +7,10 @@
 //! with tokens, real Docker (Debian image with git and python3); the
 //! origin is `git http-backend` behind a small Basic-auth server inside the
 //! sandbox, as root, on the container's loopback.
+//!
+//! And the clone at provisioning, against a run user whose own `git` and
+//! poller watch while sandboxes clone from such an origin (local provider,
+//! with a run user).
 
 use std::time::Duration;
 
@@ -21,17 +25,23 @@ const RUN_USER: &str = "10001:10001";
 const TOKEN: &str = "ghs-hostile-7f3a91c2d4";
 const PORT: u16 = 8417;
 
-/// A git smart-HTTP origin for `/srv/git/*.git` that answers only requests
-/// whose Basic password is the token in `/srv/token` (both root's).
+/// A git smart-HTTP origin for `ROOT/git/*.git` that answers only requests
+/// whose Basic password is the token in `ROOT/token` (both root's). Its
+/// arguments: the port, then optionally ROOT (default `/srv`) and how many
+/// seconds each answer waits (default none: a slow origin keeps a transfer
+/// running long enough for a poller to see it).
 const ORIGIN_SERVER: &str = r#"
-import base64, subprocess, sys
+import base64, subprocess, sys, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-TOKEN = open('/srv/token').read().strip()
+ROOT = sys.argv[2] if len(sys.argv) > 2 else '/srv'
+DELAY = float(sys.argv[3]) if len(sys.argv) > 3 else 0
+TOKEN = open(ROOT + '/token').read().strip()
 class Origin(BaseHTTPRequestHandler):
     def do_GET(self): self.git()
     def do_POST(self): self.git()
     def log_message(self, *args): pass
     def git(self):
+        time.sleep(DELAY)
         auth = self.headers.get('Authorization', '')
         password = ''
         if auth.startswith('Basic '):
@@ -43,7 +53,7 @@ class Origin(BaseHTTPRequestHandler):
             self.end_headers()
             return
         path, _, query = self.path.partition('?')
-        env = {'GIT_PROJECT_ROOT': '/srv/git', 'GIT_HTTP_EXPORT_ALL': '1', 'REQUEST_METHOD': self.command,
+        env = {'GIT_PROJECT_ROOT': ROOT + '/git', 'GIT_HTTP_EXPORT_ALL': '1', 'REQUEST_METHOD': self.command,
                'PATH_INFO': path, 'QUERY_STRING': query, 'REMOTE_USER': 'x-access-token',
                'REMOTE_ADDR': '127.0.0.1', 'CONTENT_TYPE': self.headers.get('Content-Type', ''),
                'PATH': '/usr/bin:/bin', 'GIT_PROTOCOL': self.headers.get('Git-Protocol', '')}
@@ -105,18 +115,20 @@ while True:
 "#;
 
 /// The run user polling every process it can see, all the time: any
-/// environment or command line that reads is appended to
-/// `/tmp/leaks/proc`; `/tmp/leaks/rounds` counts the rounds.
+/// environment or command line that reads is appended to `LEAKS/proc`;
+/// `LEAKS/rounds` counts the rounds. LEAKS is its first argument, else
+/// `/tmp/leaks`.
 const POLLER: &str = r#"
+L=${1:-/tmp/leaks}
 while :; do
   for p in /proc/[0-9]*; do
     [ "$p" = /proc/$$ ] && continue
-    e=$(tr '\0' '\n' < $p/environ 2>/dev/null) && printf '== %s environ\n%s\n' "$p" "$e" >> /tmp/leaks/proc.tmp
-    c=$(tr '\0' ' ' < $p/cmdline 2>/dev/null) && printf '== %s cmdline %s\n' "$p" "$c" >> /tmp/leaks/proc.tmp
+    e=$(tr '\0' '\n' < $p/environ 2>/dev/null) && printf '== %s environ\n%s\n' "$p" "$e" >> $L/proc.tmp
+    c=$(tr '\0' ' ' < $p/cmdline 2>/dev/null) && printf '== %s cmdline %s\n' "$p" "$c" >> $L/proc.tmp
   done
-  grep -a -e GIT -e git -e Authorization /tmp/leaks/proc.tmp >> /tmp/leaks/proc 2>/dev/null
-  : > /tmp/leaks/proc.tmp
-  echo . >> /tmp/leaks/rounds
+  grep -a -e GIT -e git -e Authorization $L/proc.tmp >> $L/proc 2>/dev/null
+  : > $L/proc.tmp
+  echo . >> $L/rounds
 done
 "#;
 
@@ -276,4 +288,255 @@ async fn the_git_token_reaches_the_origin_and_nothing_of_the_run_user() {
     let (_, leaks) = sh(&mut sandboxes, &sandbox, "cat /tmp/leaks/seen /tmp/leaks/proc 2>/dev/null").await;
     let encoded = "eC1hY2Nlc3MtdG9rZW46Z2hzLWhvc3RpbGUtN2YzYTkxYzJkNA"; // base64 of x-access-token:TOKEN
     assert!(!leaks.contains(TOKEN) && !leaks.contains(encoded), "the run user saw the token:\n{leaks}");
+}
+
+/// The uid (and gid) the local sandboxes of the clone test run commands as.
+const NOBODY: u32 = 65534;
+/// The clone test's token.
+const CLONE_TOKEN: &str = "ghs-clone-5c81e0b7a2";
+
+/// The run user's `git`, first on its PATH (a tenant's image may well have
+/// one): each call appends its arguments and environment to `LEAKS/seen`,
+/// and the first leaves [`POLLER`] running for good; then the real git runs.
+fn fake_git(leaks: &std::path::Path) -> String {
+    format!(
+        "#!/bin/sh\n\
+         {{ echo \"== git $*\"; env; }} >> {leaks}/seen\n\
+         if mkdir {leaks}/poller 2>/dev/null; then\n\
+         \tsetsid sh {leaks}/poll.sh {leaks} </dev/null >/dev/null 2>&1 &\n\
+         fi\n\
+         exec /usr/bin/git \"$@\"\n",
+        leaks = leaks.display()
+    )
+}
+
+/// The origin the clone test serves: `git/origin.git` (main: app.txt v1,
+/// v2, v3, an annotated tag `v1`; `other`: other.txt on top of v3) and
+/// `git/skills.git` (a SKILL.md), with the token in `token`. The commits
+/// of v1, v2 and v3.
+fn clone_origin(dir: &std::path::Path) -> [String; 3] {
+    use sandhold_tests::local::git;
+    let work = dir.join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    git(&work, &["init", "-q", "-b", "main"]);
+    let mut commits = Vec::new();
+    for v in 1..=3 {
+        std::fs::write(work.join("app.txt"), format!("v{v}\n")).unwrap();
+        git(&work, &["add", "."]);
+        git(&work, &["commit", "-q", "-m", &format!("v{v}")]);
+        commits.push(git(&work, &["rev-parse", "HEAD"]));
+    }
+    git(&work, &["tag", "-a", "v1", "-m", "v1", &commits[0]]);
+    git(&work, &["checkout", "-q", "-b", "other"]);
+    std::fs::write(work.join("other.txt"), "on other\n").unwrap();
+    git(&work, &["add", "."]);
+    git(&work, &["commit", "-q", "-m", "other"]);
+    git(&work, &["checkout", "-q", "main"]);
+    std::fs::create_dir_all(dir.join("git")).unwrap();
+    git(dir, &["clone", "-q", "--bare", "work", "git/origin.git"]);
+    let skills = dir.join("skills");
+    std::fs::create_dir_all(&skills).unwrap();
+    git(&skills, &["init", "-q", "-b", "main"]);
+    std::fs::write(skills.join("SKILL.md"), "---\nname: kit\n---\nthe kit\n").unwrap();
+    git(&skills, &["add", "."]);
+    git(&skills, &["commit", "-q", "-m", "kit"]);
+    git(dir, &["clone", "-q", "--bare", "skills", "git/skills.git"]);
+    std::fs::write(dir.join("token"), CLONE_TOKEN).unwrap();
+    commits.try_into().unwrap()
+}
+
+/// A local sandbox whose agent (root, as the server is) runs every command
+/// as uid 65534 with HOME `home`, `home/bin` first on the PATH; its source
+/// `url` authenticates with the secret `GIT_TOKEN`.
+fn cloning(id: &str, home: &std::path::Path, url: &str, source: api::GitSource) -> api::SandboxDefinition {
+    let env = [
+        ("PATH", format!("{}/bin:/usr/local/bin:/usr/bin:/bin", home.display())),
+        ("SANDHOLD_AGENT_RUN_USER", format!("{NOBODY}:{NOBODY}")),
+        ("SANDHOLD_AGENT_RUN_HOME", home.display().to_string()),
+    ];
+    let source = api::GitSource { url: url.into(), auth_secret: "GIT_TOKEN".into(), ..source };
+    api::SandboxDefinition {
+        id: id.into(),
+        provider: Some(api::ProviderSpec {
+            provider: Some(api::provider_spec::Provider::Local(api::LocalProvider {})),
+        }),
+        env: env.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
+        secret_names: vec!["GIT_TOKEN".into()],
+        workspace: Some(api::WorkspaceDefinition {
+            source: Some(api::Source { source: Some(api::source::Source::Git(source)) }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// Put `def` and ensure it (its id as the thread) with `token` as
+/// `GIT_TOKEN`: the sandbox's id.
+async fn ensure_with_token(
+    sandboxes: &mut sandhold_tests::server::Sandboxes,
+    def: api::SandboxDefinition,
+    token: &str,
+) -> Result<String, tonic::Status> {
+    let id = def.id.clone();
+    put_definition(sandboxes, def).await;
+    let req = api::EnsureSandboxRequest {
+        definition_id: id.clone(),
+        thread_id: id,
+        secrets: [("GIT_TOKEN".to_string(), token.to_string())].into(),
+        ..Default::default()
+    };
+    ensure(sandboxes, req).await.1.map(|r| r.sandbox_id)
+}
+
+/// The clone at provisioning, against a run user that watches: the run
+/// user's own `git` (first on its PATH) records every call's environment
+/// and leaves a poller of every `/proc/*/environ` and `/proc/*/cmdline`
+/// running from its first call on, while sandboxes clone (shallow, full
+/// history on a branch, a tag, a commit id, a git skill) from an origin on
+/// loopback that demands the token. Every clone checks out the right
+/// commit; the token is nowhere the run user could read. Local provider
+/// (a definition's `env` is the local agent's own, so
+/// `SANDHOLD_AGENT_RUN_USER` gives it a run user): the agent root, as the
+/// server is, and every command uid 65534, as on Docker. The origin is `git
+/// http-backend` behind Basic auth, root's, slowed down so that the poller
+/// sees the transfers go by.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_clone_at_provisioning_keeps_the_git_token_from_the_run_user() {
+    use base64::Engine;
+    use sandhold_tests::local::{ChildGuard, TestDir};
+    use std::os::unix::fs::PermissionsExt;
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: a run user needs the server (and so the local agent) to be root");
+        return;
+    }
+    let s = TenantServer::start("git-clone", &[]).await;
+    // The sandboxes' workspaces are reachable by the run user.
+    let data = s.server.log.parent().unwrap();
+    for dir in [data, data.parent().unwrap()] {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711)).unwrap();
+    }
+    let origin = TestDir::new("git-clone-origin");
+    let commits = clone_origin(origin.path());
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let _origin_server = ChildGuard::new(
+        std::process::Command::new("python3")
+            .args(["-c", ORIGIN_SERVER, &port.to_string()])
+            .arg(origin.path())
+            .arg("0.4")
+            .spawn()
+            .expect("python3"),
+    );
+    let up = sandhold_tests::wait::eventually(Duration::from_secs(10), || {
+        std::future::ready(std::net::TcpStream::connect(("127.0.0.1", port)).is_ok())
+    })
+    .await;
+    assert!(up, "the origin did not start");
+
+    let home = TestDir::new("git-clone-home");
+    let leaks = home.path().join("leaks");
+    std::fs::create_dir_all(home.path().join("bin")).unwrap();
+    std::fs::create_dir_all(&leaks).unwrap();
+    std::os::unix::fs::chown(&leaks, Some(NOBODY), Some(NOBODY)).unwrap();
+    std::fs::write(leaks.join("poll.sh"), POLLER).unwrap();
+    let git = home.path().join("bin/git");
+    std::fs::write(&git, fake_git(&leaks)).unwrap();
+    std::fs::set_permissions(&git, std::fs::Permissions::from_mode(0o755)).unwrap();
+
+    let url = format!("http://127.0.0.1:{port}/origin.git");
+    let mut sandboxes = s.server.sandboxes(&s.token).await;
+    let clone = |id: &str, source: api::GitSource| cloning(id, home.path(), &url, source);
+    // Shallow from the remote's HEAD, and a git skill beside it.
+    let mut source = api::GitSource::default();
+    let mut def = clone("shallow", source.clone());
+    def.workspace.as_mut().unwrap().skills = vec![api::Skill {
+        skill: Some(api::skill::Skill::Git(api::GitSkill {
+            name: "kit".into(),
+            url: format!("http://127.0.0.1:{port}/skills.git"),
+            auth_secret: "GIT_TOKEN".into(),
+            ..Default::default()
+        })),
+    }];
+    let shallow = ensure_with_token(&mut sandboxes, def, CLONE_TOKEN)
+        .await
+        .unwrap_or_else(|e| panic!("shallow: {e:?}\n{}", s.server.log_text()));
+    let (code, out) = sh(
+        &mut sandboxes,
+        &shallow,
+        "id -u; git rev-parse HEAD; git rev-parse --abbrev-ref HEAD @{u}; git rev-list --count HEAD; \
+         cat app.txt; git status --porcelain -uno; git remote get-url origin; cat .sandhold/skills/kit/SKILL.md",
+    )
+    .await;
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(
+        out,
+        format!("{NOBODY}\n{}\nmain\norigin/main\n1\nv3\n{url}\n---\nname: kit\n---\nthe kit\n", commits[2])
+    );
+
+    // The full history, on a branch.
+    source.history = Some(api::git_source::History::Full(true));
+    source.r#ref = "other".into();
+    let full = ensure_with_token(&mut sandboxes, clone("full", source), CLONE_TOKEN)
+        .await
+        .unwrap_or_else(|e| panic!("full: {e:?}"));
+    let (code, out) = sh(
+        &mut sandboxes,
+        &full,
+        "git rev-parse --abbrev-ref HEAD @{u}; git rev-list --count HEAD; git branch -r; git tag; cat other.txt",
+    )
+    .await;
+    assert_eq!(code, 0, "{out}");
+    assert!(out.starts_with("other\norigin/other\n4\n"), "{out}");
+    assert!(out.contains("origin/main") && out.ends_with("v1\non other\n"), "{out}");
+
+    // A tag, and a commit id two deep: detached there.
+    let tag = api::GitSource { r#ref: "v1".into(), ..Default::default() };
+    let tag = ensure_with_token(&mut sandboxes, clone("tag", tag), CLONE_TOKEN)
+        .await
+        .unwrap_or_else(|e| panic!("tag: {e:?}"));
+    let (code, out) =
+        sh(&mut sandboxes, &tag, "git rev-parse HEAD; cat app.txt; git symbolic-ref -q HEAD").await;
+    assert_eq!((code, out), (1, format!("{}\nv1\n", commits[0])), "detached at the tag");
+    let commit = api::GitSource {
+        r#ref: commits[1].clone(),
+        history: Some(api::git_source::History::Depth(2)),
+        ..Default::default()
+    };
+    let commit = ensure_with_token(&mut sandboxes, clone("commit", commit), CLONE_TOKEN)
+        .await
+        .unwrap_or_else(|e| panic!("commit: {e:?}"));
+    let (code, out) =
+        sh(&mut sandboxes, &commit, "git rev-parse HEAD; git rev-list --count HEAD; git status --porcelain")
+            .await;
+    assert_eq!((code, out), (0, format!("{}\n2\n", commits[1])));
+
+    // A token the origin refuses: the clone fails naming the URL and git's
+    // error, without the token.
+    let wrong = "ghs-wrong-0d9e44";
+    let err = ensure_with_token(&mut sandboxes, clone("wrong", api::GitSource::default()), wrong)
+        .await
+        .expect_err("a refused token");
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
+    assert!(err.message().contains(&url) && err.message().contains("fatal:"), "{err:?}");
+    assert!(!err.message().contains(wrong), "{err:?}");
+
+    let read = |name: &str| {
+        String::from_utf8_lossy(&std::fs::read(leaks.join(name)).unwrap_or_default()).into_owned()
+    };
+    let seen = read("seen");
+    assert!(seen.contains("== git init"), "the run user's git made the repositories:\n{seen}");
+    let rounds = read("rounds").lines().count();
+    assert!(rounds > 0, "the poller never went round");
+    let proc = read("proc");
+    let leaks = format!("{seen}\n{proc}");
+    for token in [CLONE_TOKEN, wrong] {
+        let encoded = base64::engine::general_purpose::STANDARD.encode(format!("x-access-token:{token}"));
+        assert!(
+            !leaks.contains(token) && !leaks.contains(encoded.trim_end_matches('=')),
+            "the run user saw the token {token}:\n{leaks}"
+        );
+    }
+    assert!(
+        proc.lines().any(|l| l.contains(" cmdline ") && l.contains("remote-http") && l.contains(&url)),
+        "the poller saw no transfer go by ({rounds} rounds):\n{proc}"
+    );
 }

@@ -1,6 +1,7 @@
-//! git's network half with a credential (`ProcessService.Git`): a push or a
-//! fetch that carries the workspace source's token, done so that nothing of
-//! the run user can read the token or make the agent run its code.
+//! git's network half with a credential (`ProcessService.Git`): a push, a
+//! fetch or a clone's fetch ([`clone`]) that carries the workspace source's
+//! (or a git skill's) token, done so that nothing of the run user can read
+//! the token or make the agent run its code.
 //!
 //! - git is the image's `/usr/bin/git` (or `/bin/git`), owned by root and
 //!   writable by no one else: never the first `git` on a PATH.
@@ -15,9 +16,11 @@
 //!   world-readable), and `/proc/<pid>/environ` of another uid is closed to
 //!   the run user. Only https (or http to loopback) is allowed, redirects
 //!   are not followed, and the URL is the caller's, not the repository's.
-//! - Fetched packs are copied into the repository with the run user's file
-//!   credentials, so a link the run user plants there leads nowhere it
-//!   could not write itself.
+//! - Fetched packs (and a shallow clone's boundary, `shallow`) are copied
+//!   into the repository with the run user's file credentials, so a link
+//!   the run user plants there leads nowhere it could not write itself.
+
+mod clone;
 
 use std::ffi::OsString;
 use std::os::unix::fs::MetadataExt;
@@ -40,6 +43,8 @@ const GIT_PATHS: [&str; 2] = ["/usr/bin/git", "/bin/git"];
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10 * 60);
 /// What git prints that is kept (its errors are short).
 const OUTPUT_LIMIT: usize = 64 * 1024;
+/// What a clone's answer keeps: its list of refs can be long.
+const CLONE_OUTPUT_LIMIT: usize = 1024 * 1024;
 
 /// The agent's git for authenticated transfers. Cheap to clone.
 #[derive(Debug, Clone)]
@@ -56,8 +61,9 @@ impl Transfers {
         Self { root, scratch, run_user }
     }
 
-    /// Run the push or fetch of `req`; git's own failure is a non-zero
-    /// status in the answer, a request the agent refuses is an error.
+    /// Run the push, fetch or clone of `req`; git's own failure is a
+    /// non-zero status in the answer, a request the agent refuses is an
+    /// error.
     pub async fn run(&self, req: GitRequest) -> Result<ExecResponse, Error> {
         let started = Instant::now();
         check_url(&req.url)?;
@@ -75,23 +81,32 @@ impl Transfers {
         // GIT_DIR names where the repository goes.
         let init = git.run(&["init", "--quiet", "--bare"], None, timeout).await?;
         if !init.ok() {
-            return Ok(init.response(started));
+            return Ok(init.response(started, OUTPUT_LIMIT));
         }
         std::fs::write(git.dir.join("objects/info/alternates"), format!("{}\n", path_str(&objects)?))
             .map_err(|e| Error::internal(format!("linking the scratch repository: {e}")))?;
         let header = authorization(&req.token);
-        let done = match req.op {
-            Some(git_request::Op::Push(push)) => git.push(&req.url, &push, &header, timeout).await?,
+        let (done, limit) = match req.op {
+            Some(git_request::Op::Push(push)) => {
+                (git.push(&req.url, &push, &header, timeout).await?, OUTPUT_LIMIT)
+            }
             Some(git_request::Op::Fetch(fetch)) => {
                 let done = git.fetch(&req.url, &fetch, &header, timeout).await?;
                 if done.ok() {
-                    self.adopt_packs(&git.dir.join("objects/pack"), &objects.join("pack"))?;
+                    self.adopt(&git.dir, &objects).await?;
                 }
-                done
+                (done, OUTPUT_LIMIT)
             }
-            None => return Err(Error::invalid_field("op", "push or fetch")),
+            Some(git_request::Op::Clone(clone)) => {
+                let done = git.clone(&req.url, &clone, &header, timeout).await?;
+                if done.ok() {
+                    self.adopt(&git.dir, &objects).await?;
+                }
+                (done, CLONE_OUTPUT_LIMIT)
+            }
+            None => return Err(Error::invalid_field("op", "push, fetch or clone")),
         };
-        Ok(done.response(started))
+        Ok(done.response(started, limit))
     }
 
     /// The objects directory of the repository whose work tree is `repo`:
@@ -115,31 +130,72 @@ impl Transfers {
         Ok(objects)
     }
 
-    /// Copy the packs git fetched into the repository's `objects/pack`,
-    /// as the run user; each index after its pack, so git never sees an
-    /// index without its pack.
-    fn adopt_packs(&self, from: &Path, to: &Path) -> Result<(), Error> {
-        let mut names: Vec<OsString> = match std::fs::read_dir(from) {
-            Ok(entries) => entries.flatten().map(|e| e.file_name()).collect(),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-            Err(e) => return Err(Error::internal(format!("listing fetched packs: {e}"))),
-        };
-        names.sort_by_key(|n| Path::new(n).extension().is_some_and(|e| e == "idx"));
-        for name in names {
-            let data = std::fs::read(from.join(&name))
-                .map_err(|e| Error::internal(format!("reading a fetched pack: {e}")))?;
-            let _as_user = FsAs::new(self.run_user.as_ref());
-            write_new(&to.join(&name), &data)
-                .map_err(|e| Error::internal(format!("adding a fetched pack to the repository: {e}")))?;
-        }
-        Ok(())
+    /// Hand what the scratch repository `scratch` fetched to the
+    /// repository whose objects are `objects`, as the run user (off the
+    /// async threads: a clone's pack can be large).
+    async fn adopt(&self, scratch: &Path, objects: &Path) -> Result<(), Error> {
+        let (scratch, objects, user) = (scratch.to_path_buf(), objects.to_path_buf(), self.run_user.clone());
+        tokio::task::spawn_blocking(move || {
+            adopt_packs(&scratch.join("objects/pack"), &objects.join("pack"), user.as_ref())?;
+            let git_dir = objects.parent().unwrap_or(&objects);
+            adopt_shallow(&scratch.join("shallow"), &git_dir.join("shallow"), user.as_ref())
+        })
+        .await
+        .map_err(|e| Error::internal(format!("adopting fetched objects: {e}")))?
     }
 }
 
-/// Create `path` (never through a link) and write `data`; a pack already
-/// there has the same name, so the same content.
-fn write_new(path: &Path, data: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
+/// Copy the packs git fetched into the repository's `objects/pack`, as
+/// `user`; each index after its pack, so git never sees an index without
+/// its pack.
+fn adopt_packs(from: &Path, to: &Path, user: Option<&RunUser>) -> Result<(), Error> {
+    let mut names: Vec<OsString> = match std::fs::read_dir(from) {
+        Ok(entries) => entries.flatten().map(|e| e.file_name()).collect(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(Error::internal(format!("listing fetched packs: {e}"))),
+    };
+    names.sort_by_key(|n| Path::new(n).extension().is_some_and(|e| e == "idx"));
+    for name in names {
+        let mut data = std::fs::File::open(from.join(&name))
+            .map_err(|e| Error::internal(format!("reading a fetched pack: {e}")))?;
+        let _as_user = FsAs::new(user);
+        copy_new(&to.join(&name), &mut data)
+            .map_err(|e| Error::internal(format!("adding a fetched pack to the repository: {e}")))?;
+    }
+    Ok(())
+}
+
+/// Add the commits of the scratch repository's `shallow` file `from` (a
+/// shallow fetch's boundary, without which git would look for the parents
+/// of those commits) to the repository's, `to`, as `user`.
+fn adopt_shallow(from: &Path, to: &Path, user: Option<&RunUser>) -> Result<(), Error> {
+    use std::io::{Read, Write};
+    use std::os::unix::fs::OpenOptionsExt;
+    let fetched = match std::fs::read_to_string(from) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(Error::internal(format!("reading the fetched shallow list: {e}"))),
+    };
+    let _as_user = FsAs::new(user);
+    let failed = |e: std::io::Error| Error::internal(format!("adding to the repository's shallow list: {e}"));
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .append(true)
+        .create(true)
+        .mode(0o644)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(to)
+        .map_err(failed)?;
+    let mut known = String::new();
+    file.read_to_string(&mut known).map_err(failed)?;
+    let known: std::collections::HashSet<&str> = known.lines().collect();
+    let new: String = fetched.lines().filter(|id| !known.contains(id)).map(|id| format!("{id}\n")).collect();
+    file.write_all(new.as_bytes()).map_err(failed)
+}
+
+/// Create `path` (never through a link) and copy `data` into it; a pack
+/// already there has the same name, so the same content.
+fn copy_new(path: &Path, data: &mut impl std::io::Read) -> std::io::Result<()> {
     use std::os::unix::fs::OpenOptionsExt;
     let file = std::fs::OpenOptions::new()
         .write(true)
@@ -148,7 +204,7 @@ fn write_new(path: &Path, data: &[u8]) -> std::io::Result<()> {
         .custom_flags(libc::O_NOFOLLOW)
         .open(path);
     match file {
-        Ok(mut file) => file.write_all(data),
+        Ok(mut file) => std::io::copy(data, &mut file).map(drop),
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
         Err(e) => Err(e),
     }
@@ -200,7 +256,7 @@ fn git_binary() -> Result<PathBuf, Error> {
     Err(Error::new(
         ErrorCode::FailedPrecondition,
         format!(
-            "git is not installed at {} (owned by root): the agent needs it for authenticated pushes and pulls",
+            "git is not installed at {} (owned by root): the agent needs it for authenticated clones, pushes and pulls",
             GIT_PATHS.join(" or ")
         ),
     ))
@@ -250,7 +306,7 @@ impl Done {
         !self.timed_out && self.status.success()
     }
 
-    fn response(self, started: Instant) -> ExecResponse {
+    fn response(self, started: Instant, limit: usize) -> ExecResponse {
         use std::os::unix::process::ExitStatusExt;
         let status = match (self.status.code(), self.status.signal()) {
             (Some(code), _) => exit_status::Status::Code(code),
@@ -258,8 +314,8 @@ impl Done {
             (None, None) => exit_status::Status::Code(-1),
         };
         let cut = |mut v: Vec<u8>| {
-            let truncated = v.len() > OUTPUT_LIMIT;
-            v.truncate(OUTPUT_LIMIT);
+            let truncated = v.len() > limit;
+            v.truncate(limit);
             (v, truncated)
         };
         let (stdout, stdout_truncated) = cut(self.stdout);
