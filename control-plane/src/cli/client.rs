@@ -36,8 +36,9 @@ const EMBEDDED_READY_TIMEOUT: Duration = Duration::from_secs(60);
 /// Time box for the embedded server's shutdown when the command ends.
 const EMBEDDED_STOP_GRACE_MS: u64 = 3_000;
 
-/// Flags every client command shares.
+/// Flags every client command shares, after the command's own.
 #[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Server (every command)")]
 pub struct ClientArgs {
     /// The server to talk to: HOST:PORT, http://HOST:PORT, https://HOST:PORT
     /// (TLS) or unix:PATH.

@@ -13,25 +13,30 @@ use super::run::{SecretRef, secret_values, with_connection};
 
 #[derive(Debug, Clone, Args)]
 pub struct GitArgs {
-    #[command(flatten)]
-    pub client: ClientArgs,
-    /// The sandbox (an id from `sandhold sandboxes ls`).
+    /// The sandbox: its id from `sandhold sandboxes ls`, or a unique prefix of it.
     pub sandbox_id: String,
     /// The repository, relative to the workspace root (default: the root).
     #[arg(long, value_name = "DIR", global = true)]
     pub repo: Option<String>,
     #[command(subcommand)]
     pub command: GitCommand,
+    #[command(flatten)]
+    pub client: ClientArgs,
 }
 
 #[derive(Debug, Clone, Subcommand)]
 pub enum GitCommand {
     /// Branch, upstream, ahead/behind and changed files.
+    #[command(after_help = "Example:\n  sandhold git 3f2a9c status")]
     Status,
     /// The diff of the working tree (or, with --staged, the index) against HEAD or BASE.
+    #[command(
+        after_help = "Examples:\n  sandhold git 3f2a9c diff\n  sandhold git 3f2a9c diff --staged main -- src/"
+    )]
     Diff {
         /// A commit, branch or tag to compare against (default HEAD).
         base: Option<String>,
+        /// The index (what `add` staged) instead of the working tree.
         #[arg(long)]
         staged: bool,
         /// Only these paths.
@@ -39,9 +44,19 @@ pub enum GitCommand {
         paths: Vec<String>,
     },
     /// Stage changes (default: all of them, untracked and deleted files included).
-    Add { paths: Vec<String> },
+    #[command(
+        after_help = "Examples:\n  sandhold git 3f2a9c add\n  sandhold git 3f2a9c add src/main.rs README.md"
+    )]
+    Add {
+        /// Only these paths, relative to the repository (default: everything).
+        paths: Vec<String>,
+    },
     /// Commit (every change unless --staged-only), as the author given.
+    #[command(
+        after_help = "Example:\n  sandhold git 3f2a9c commit -m 'Fix the parser' --author 'Ada <ada@example.com>'"
+    )]
     Commit {
+        /// The commit message.
         #[arg(short, long, value_name = "MSG")]
         message: String,
         /// Author and committer, "Name <email>" (default: $SANDHOLD_GIT_AUTHOR, else
@@ -53,16 +68,25 @@ pub enum GitCommand {
         staged_only: bool,
     },
     /// Switch to branch NAME, creating it from HEAD when it does not exist (or with -c).
+    #[command(after_help = "Example:\n  sandhold git 3f2a9c branch fix-parser")]
     Branch {
+        /// The branch to switch to (or create).
         name: String,
         /// Fail if NAME exists instead of switching to it.
         #[arg(short, long)]
         create: bool,
     },
     /// Push a branch (default: the current one) to REMOTE (default origin).
+    #[command(
+        after_help = "Example:\n  sandhold git 3f2a9c push origin fix-parser --secret GIT_TOKEN=GITHUB_TOKEN"
+    )]
     Push {
+        /// The remote to push to [default: origin].
         remote: Option<String>,
+        /// The branch to push [default: the current one].
         branch: Option<String>,
+        /// Overwrite the remote branch, but only if it is where this
+        /// repository last saw it (`--force-with-lease`).
         #[arg(long)]
         force: bool,
         /// A secret for the push, NAME=ENV_VAR (the workspace's auth_secret). Repeatable.
@@ -70,9 +94,13 @@ pub enum GitCommand {
         secrets: Vec<SecretRef>,
     },
     /// Fast-forward from REMOTE's BRANCH (default: the upstream).
+    #[command(after_help = "Example:\n  sandhold git 3f2a9c pull --secret GIT_TOKEN=GITHUB_TOKEN")]
     Pull {
+        /// The remote to pull from [default: the upstream's].
         remote: Option<String>,
+        /// The branch to pull [default: the upstream's].
         branch: Option<String>,
+        /// A secret for the pull, NAME=ENV_VAR (the workspace's auth_secret). Repeatable.
         #[arg(long = "secret", value_name = "NAME=ENV_VAR")]
         secrets: Vec<SecretRef>,
     },
@@ -149,7 +177,8 @@ pub async fn git(args: GitArgs) -> ExitCode {
     let format = client.output;
     with_connection(&client, async move |conn| {
         let mut sandboxes = conn.sandboxes();
-        let (sandbox_id, path) = (args.sandbox_id.clone(), args.repo.clone().unwrap_or_default());
+        let sandbox_id = super::ids::sandbox_id(conn, &args.sandbox_id).await?;
+        let path = args.repo.clone().unwrap_or_default();
         match args.command {
             GitCommand::Status => {
                 let s = sandboxes

@@ -39,6 +39,7 @@ impl ToolchainArgs {
 pub enum HarnessCommand {
     /// Fetch harness CLIs (pinned versions, glibc and musl builds where they exist) from the npm
     /// registry into the toolchain dir, for sandboxes whose images lack them.
+    #[command(after_help = "Example:\n  sandhold harness install claude-code codex")]
     Install {
         #[command(flatten)]
         dirs: ToolchainArgs,
@@ -47,6 +48,7 @@ pub enum HarnessCommand {
         names: Vec<String>,
     },
     /// The harness CLIs installed for sandboxes, with versions and C libraries.
+    #[command(after_help = "Example:\n  sandhold harness ls")]
     Ls {
         #[command(flatten)]
         dirs: ToolchainArgs,

@@ -7,6 +7,7 @@ pub mod definition_file;
 mod format;
 mod git;
 mod harness;
+mod ids;
 mod logging;
 mod output;
 mod port_forward;
@@ -39,35 +40,53 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the control plane's gRPC server.
+    #[command(
+        after_help = "Examples:\n  sandhold serve\n  sandhold serve --listen 0.0.0.0:7443 --tokens-file /etc/sandhold/tokens --tls-cert cert.pem --tls-key key.pem"
+    )]
     Serve(ServeArgs),
     /// Ensure a sandbox and run a command or an agent in it, streaming what it does.
     /// Ctrl-C once detaches (the run goes on), twice within 2 s cancels it.
+    #[command(
+        after_help = "Examples:\n  sandhold run -- sh -c 'echo hello'\n  sandhold run --thread demo --setup 'npm ci' --repo . -- npm test\n  sandhold run --image node:22 --harness claude-code --secret ANTHROPIC_API_KEY=ANTHROPIC_API_KEY -- 'fix the failing test'"
+    )]
     Run(Box<run::RunArgs>),
     /// Follow a run again (replays its log, then follows it live).
+    #[command(after_help = "Example:\n  sandhold attach run-3f2a9c1d0b7e")]
     Attach(run::AttachArgs),
     /// Cancel a run: its process is killed and its sandbox destroyed.
+    #[command(after_help = "Example:\n  sandhold cancel run-3f2a9c1d0b7e")]
     Cancel(run::RunIdArgs),
     /// List runs, newest first.
+    #[command(after_help = "Examples:\n  sandhold runs\n  sandhold runs --thread demo --output json")]
     Runs(run::RunsArgs),
     /// Print a run's stored log without following or driving it.
+    #[command(after_help = "Example:\n  sandhold logs run-3f2a9c1d0b7e")]
     Logs(run::RunIdArgs),
     /// The requests a run waits on (permissions, client tool calls).
+    #[command(after_help = "Example:\n  sandhold requests run-3f2a9c1d0b7e --all")]
     Requests(requests::RequestsArgs),
     /// Answer a run's request: allow or deny (any replica; once).
+    #[command(
+        after_help = "Examples:\n  sandhold respond run-3f2a9c1d0b7e perm-1 allow\n  sandhold respond run-3f2a9c1d0b7e perm-2 deny --message 'not on main'"
+    )]
     Respond(requests::RespondArgs),
     /// List or remove sandboxes.
     #[command(subcommand)]
     Sandboxes(sandboxes::SandboxesCommand),
     /// Run a command in a live sandbox.
+    #[command(after_help = "Example:\n  sandhold exec 3f2a9c --cwd src -- sh -c 'ls -la'")]
     Exec(sandboxes::ExecArgs),
     /// Store, list or remove sandbox definitions.
     #[command(subcommand)]
     Definitions(sandboxes::DefinitionsCommand),
     /// Forward local connections to a port on a sandbox's loopback, until Ctrl-C.
+    #[command(after_help = "Example:\n  sandhold port-forward 3f2a9c 8080:3000")]
     PortForward(port_forward::PortForwardArgs),
     /// Git on a sandbox's workspace: status, diff, add, commit, branch, push, pull.
+    #[command(after_help = "Example:\n  sandhold git 3f2a9c status")]
     Git(git::GitArgs),
     /// An interactive terminal in a sandbox (a login shell, or CMD); exits with its code.
+    #[command(after_help = "Examples:\n  sandhold shell 3f2a9c\n  sandhold shell 3f2a9c -- python3")]
     Shell(shell::ShellArgs),
     /// Install or list the harness CLIs sandboxes get from this host (run on the server's host).
     #[command(subcommand)]
@@ -153,5 +172,57 @@ mod tests {
             "the command's own flag"
         );
         assert!(removed_flag(args(&["serve", "--tokens-file", "/etc/t"])).is_none());
+    }
+
+    /// Every leaf subcommand with its path (`sandboxes rm`).
+    fn leaves(cmd: &clap::Command, path: String, out: &mut Vec<(String, clap::Command)>) {
+        if cmd.get_subcommands().next().is_none() {
+            out.push((path.clone(), cmd.clone()));
+        }
+        for sub in cmd.get_subcommands().filter(|s| s.get_name() != "help") {
+            leaves(sub, format!("{path} {}", sub.get_name()).trim().to_string(), out);
+        }
+    }
+
+    /// A newcomer reads `--help`: each subcommand's own flags first, the
+    /// shared ones after under their own headings, every argument described
+    /// and an example to copy.
+    #[test]
+    fn every_subcommand_describes_its_arguments_and_shows_an_example() {
+        use clap::CommandFactory;
+        let mut cli = Cli::command();
+        cli.build();
+        let mut all = Vec::new();
+        leaves(&cli, String::new(), &mut all);
+        let shared = [
+            "server",
+            "ca_cert",
+            "output",
+            "data_dir",
+            "agent_binary",
+            "agent_static_binary",
+            "toolchain_dir",
+        ];
+        let mut problems = Vec::new();
+        for (path, cmd) in &all {
+            for arg in cmd.get_arguments() {
+                let id = arg.get_id().as_str();
+                if arg.is_hide_set() || id == "help" || id == "version" {
+                    continue;
+                }
+                if arg.get_help().is_none() && arg.get_long_help().is_none() {
+                    problems.push(format!("{path}: {id} has no description"));
+                }
+                let heading = arg.get_help_heading();
+                if path != "serve" && !shared.contains(&id) && heading.is_some() {
+                    problems.push(format!("{path}: its own {id} is under {heading:?}"));
+                }
+            }
+            let after = cmd.get_after_help().or(cmd.get_after_long_help()).map(|h| h.to_string());
+            if !after.is_some_and(|h| h.contains("Example")) {
+                problems.push(format!("{path}: no example"));
+            }
+        }
+        assert!(problems.is_empty(), "{}", problems.join("\n"));
     }
 }

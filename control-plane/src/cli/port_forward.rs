@@ -22,15 +22,15 @@ use super::run::with_connection;
 
 #[derive(Debug, Clone, Args)]
 pub struct PortForwardArgs {
-    #[command(flatten)]
-    pub client: ClientArgs,
-    /// The sandbox (an id from `sandhold sandboxes ls`).
+    /// The sandbox: its id from `sandhold sandboxes ls`, or a unique prefix of it.
     pub sandbox_id: String,
     /// `[LOCAL_ADDR:]LOCAL_PORT:SANDBOX_PORT`: listen on LOCAL_ADDR
     /// (default 127.0.0.1) port LOCAL_PORT (0: any free port), forward to
     /// SANDBOX_PORT on the sandbox's loopback.
     #[arg(value_name = "[LOCAL_ADDR:]LOCAL_PORT:SANDBOX_PORT")]
     pub ports: Forward,
+    #[command(flatten)]
+    pub client: ClientArgs,
 }
 
 /// Where to listen and which sandbox port to reach.
@@ -74,19 +74,20 @@ pub async fn port_forward(args: PortForwardArgs) -> ExitCode {
             .with_context(|| format!("listening on {}", args.ports.listen))?;
         let local = listener.local_addr()?;
         let sandboxes = conn.sandboxes();
+        let sandbox_id = super::ids::sandbox_id(conn, &args.sandbox_id).await?;
         // Fail now, not at the first connection, for a sandbox that is
         // not there (or not the caller's).
         sandboxes
             .clone()
-            .get_sandbox(api::GetSandboxRequest { sandbox_id: args.sandbox_id.clone() })
+            .get_sandbox(api::GetSandboxRequest { sandbox_id: sandbox_id.clone() })
             .await
             .map_err(status_error)?;
-        eprintln!("Forwarding from {local} -> {}:{} (Ctrl-C to stop)", args.sandbox_id, args.ports.sandbox_port);
+        eprintln!("Forwarding from {local} -> {sandbox_id}:{} (Ctrl-C to stop)", args.ports.sandbox_port);
         loop {
             tokio::select! {
                 accepted = listener.accept() => {
                     let (socket, peer) = accepted.context("accepting a connection")?;
-                    let (client, sandbox_id, port) = (sandboxes.clone(), args.sandbox_id.clone(), args.ports.sandbox_port);
+                    let (client, sandbox_id, port) = (sandboxes.clone(), sandbox_id.clone(), args.ports.sandbox_port);
                     tokio::spawn(async move {
                         if let Err(e) = carry(client, socket, sandbox_id, port).await {
                             eprintln!("connection from {peer}: {e:#}");

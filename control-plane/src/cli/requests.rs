@@ -16,12 +16,13 @@ use super::terminal::visible_line;
 
 #[derive(Debug, Clone, Args)]
 pub struct RequestsArgs {
-    #[command(flatten)]
-    pub client: ClientArgs,
+    /// The run (an id from `sandhold runs`).
     pub run_id: String,
     /// Answered requests too, with their answers.
     #[arg(long)]
     pub all: bool,
+    #[command(flatten)]
+    pub client: ClientArgs,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -32,9 +33,9 @@ pub enum Decision {
 
 #[derive(Debug, Clone, Args)]
 pub struct RespondArgs {
-    #[command(flatten)]
-    pub client: ClientArgs,
+    /// The run (an id from `sandhold runs`).
     pub run_id: String,
+    /// The request (an id from `sandhold requests RUN_ID`).
     pub request_id: String,
     /// For a permission: whether the harness may go on. For a client tool
     /// call: allow answers with --message as the tool's result, deny with an
@@ -47,6 +48,8 @@ pub struct RespondArgs {
     /// harness supports it).
     #[arg(long)]
     pub always: bool,
+    #[command(flatten)]
+    pub client: ClientArgs,
 }
 
 /// One request as `--output json` prints it.

@@ -89,9 +89,6 @@ pub fn secret_values(refs: &[SecretRef]) -> anyhow::Result<std::collections::Has
 
 #[derive(Debug, Clone, Args)]
 pub struct RunArgs {
-    #[command(flatten)]
-    pub client: ClientArgs,
-
     /// A sandbox definition file (TOML or JSON: a sandhold.v1.SandboxDefinition,
     /// see the README). Replaces --image/--local/--repo/--setup.
     #[arg(long, value_name = "FILE", conflicts_with_all = ["image", "local", "repo", "setup", "network"])]
@@ -125,6 +122,8 @@ pub struct RunArgs {
     #[arg(long, value_name = "ID")]
     pub thread: Option<String>,
 
+    /// What runs: `command` (the argv after `--`) or an agent CLI given
+    /// the prompt after `--`.
     #[arg(long, value_enum, default_value_t = Harness::Command)]
     pub harness: Harness,
 
@@ -210,35 +209,39 @@ pub struct RunArgs {
     /// The command (harness `command`) or the prompt (the agent harnesses).
     #[arg(last = true, required = true, value_name = "COMMAND_OR_PROMPT")]
     pub command: Vec<String>,
+    #[command(flatten)]
+    pub client: ClientArgs,
 }
 
 #[derive(Debug, Clone, Args)]
 pub struct AttachArgs {
-    #[command(flatten)]
-    pub client: ClientArgs,
+    /// The run (an id from `sandhold runs`).
     pub run_id: String,
     /// Resume after this offset (an `offset` of a chunk already seen).
     #[arg(long, value_name = "OFFSET")]
     pub from: Option<String>,
+    #[command(flatten)]
+    pub client: ClientArgs,
 }
 
 #[derive(Debug, Clone, Args)]
 pub struct RunIdArgs {
+    /// The run (an id from `sandhold runs`).
+    pub run_id: String,
     #[command(flatten)]
     pub client: ClientArgs,
-    pub run_id: String,
 }
 
 #[derive(Debug, Clone, Args)]
 pub struct RunsArgs {
-    #[command(flatten)]
-    pub client: ClientArgs,
     /// Only the runs of this thread.
     #[arg(long, value_name = "ID")]
     pub thread: Option<String>,
     /// At most this many, newest first.
     #[arg(long, default_value_t = 50)]
     pub limit: u32,
+    #[command(flatten)]
+    pub client: ClientArgs,
 }
 
 impl RunArgs {

@@ -18,21 +18,27 @@ use super::run::{SecretRef, age, secret_values, with_connection};
 #[derive(Debug, Clone, Subcommand)]
 pub enum SandboxesCommand {
     /// List the sandboxes.
+    #[command(
+        after_help = "Examples:\n  sandhold sandboxes ls\n  sandhold sandboxes ls --thread demo --output json"
+    )]
     Ls {
-        #[command(flatten)]
-        client: ClientArgs,
         /// Only the sandboxes of this thread.
         #[arg(long, value_name = "ID")]
         thread: Option<String>,
-    },
-    /// Destroy a sandbox (its processes, files and container), or all of them.
-    Rm {
         #[command(flatten)]
         client: ClientArgs,
+    },
+    /// Destroy a sandbox (its processes, files and container), or all of them.
+    #[command(after_help = "Examples:\n  sandhold sandboxes rm 3f2a9c\n  sandhold sandboxes rm --all")]
+    Rm {
+        /// The sandbox: its id from `sandhold sandboxes ls`, or a unique prefix of it.
         #[arg(required_unless_present = "all", conflicts_with = "all")]
         sandbox_id: Option<String>,
+        /// Every sandbox of the tenant.
         #[arg(long)]
         all: bool,
+        #[command(flatten)]
+        client: ClientArgs,
     },
 }
 
@@ -40,9 +46,7 @@ pub enum SandboxesCommand {
 /// arguments `exec` and `shell` share.
 #[derive(Debug, Clone, Args)]
 pub struct ProcessArgs {
-    #[command(flatten)]
-    pub client: ClientArgs,
-    /// The sandbox (an id from `sandhold sandboxes ls`).
+    /// The sandbox: its id from `sandhold sandboxes ls`, or a unique prefix of it.
     pub sandbox_id: String,
     /// Working directory, relative to the workspace root.
     #[arg(long, value_name = "DIR")]
@@ -50,6 +54,8 @@ pub struct ProcessArgs {
     /// A secret for the process, NAME=ENV_VAR (value read from ENV_VAR here). Repeatable.
     #[arg(long = "secret", value_name = "NAME=ENV_VAR")]
     pub secrets: Vec<SecretRef>,
+    #[command(flatten)]
+    pub client: ClientArgs,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -57,28 +63,33 @@ pub struct ExecArgs {
     #[command(flatten)]
     pub process: ProcessArgs,
     /// The program and its arguments (no shell; use `sh -c '...'` for one).
-    #[arg(last = true, required = true, value_name = "CMD")]
+    #[arg(last = true, required = true, value_name = "CMD", help_heading = None::<&str>)]
     pub command: Vec<String>,
 }
 
 #[derive(Debug, Clone, Subcommand)]
 pub enum DefinitionsCommand {
     /// Store a definition from a file (TOML or JSON), replacing one of the same id.
+    #[command(after_help = "Example:\n  sandhold definitions apply node-app.toml")]
     Apply {
+        /// The definition file: TOML or JSON, a sandhold.v1.SandboxDefinition.
+        file: PathBuf,
         #[command(flatten)]
         client: ClientArgs,
-        file: PathBuf,
     },
     /// List the stored definitions.
+    #[command(after_help = "Example:\n  sandhold definitions ls --output json")]
     Ls {
         #[command(flatten)]
         client: ClientArgs,
     },
     /// Delete a definition.
+    #[command(after_help = "Example:\n  sandhold definitions rm node-app")]
     Rm {
+        /// The definition's id.
+        id: String,
         #[command(flatten)]
         client: ClientArgs,
-        id: String,
     },
 }
 
@@ -122,7 +133,7 @@ pub async fn sandboxes(command: SandboxesCommand) -> ExitCode {
             let format = client.output;
             with_connection(&client, async move |conn| {
                 let ids = match sandbox_id {
-                    Some(id) if !all => vec![id],
+                    Some(id) if !all => vec![super::ids::sandbox_id(conn, &id).await?],
                     _ => conn
                         .sandboxes()
                         .list_sandboxes(api::ListSandboxesRequest::default())
@@ -160,7 +171,7 @@ pub async fn exec(args: ExecArgs) -> ExitCode {
     with_connection(&client, async move |conn| {
         let secrets = secret_values(&args.secrets)?;
         let start = api::ExecStreamStart {
-            sandbox_id: args.sandbox_id.clone(),
+            sandbox_id: super::ids::sandbox_id(conn, &args.sandbox_id).await?,
             command: Some(api::Command {
                 kind: Some(api::command::Kind::Argv(api::Argv { args: command.clone() })),
             }),

@@ -25,7 +25,7 @@ pub struct ShellArgs {
     #[command(flatten)]
     pub process: ProcessArgs,
     /// The program and its arguments. Default: the run user's login shell.
-    #[arg(last = true, value_name = "CMD")]
+    #[arg(last = true, value_name = "CMD", help_heading = None::<&str>)]
     pub command: Vec<String>,
 }
 
@@ -76,7 +76,7 @@ pub async fn shell(args: ShellArgs) -> ExitCode {
             kind: Some(api::command::Kind::Argv(api::Argv { args: command.clone() })),
         });
         let start = api::OpenTerminalStart {
-            sandbox_id: args.sandbox_id.clone(),
+            sandbox_id: super::ids::sandbox_id(conn, &args.sandbox_id).await?,
             command,
             cwd: args.cwd.clone().unwrap_or_default(),
             env: Default::default(),

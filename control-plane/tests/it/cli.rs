@@ -106,7 +106,15 @@ fn definitions_sandboxes_and_exec_against_a_served_server() {
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("UNSET_VAR_X is not set"), "{}", stderr(&out));
 
-    ok(&server.cli().args(["sandboxes", "rm", &sandbox]).output().unwrap());
+    // A unique prefix of the id is enough; one that names nothing says
+    // where the ids are.
+    let out = server.cli().args(["exec", &sandbox[..8], "--", "cat", "marker.txt"]).output().unwrap();
+    assert_eq!(stdout(ok(&out)), "set-up\n");
+    let out = server.cli().args(["exec", "not-an-id", "--", "true"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("sandhold sandboxes ls"), "{}", stderr(&out));
+
+    ok(&server.cli().args(["sandboxes", "rm", &sandbox[..12]]).output().unwrap());
     let listed =
         json_lines(ok(&server.cli().args(["sandboxes", "ls", "--output", "json"]).output().unwrap()));
     assert!(listed.is_empty(), "{listed:?}");

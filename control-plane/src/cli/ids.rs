@@ -1,0 +1,63 @@
+//! Sandbox ids as people type them: a unique prefix of the 64 hex digits
+//! (the console and `sandboxes ls` show 16) names the sandbox; an ambiguous
+//! one is refused with the candidates.
+
+use shared::proto::v1 as api;
+
+use super::client::Connection;
+use super::output::status_error;
+
+/// The full id of the sandbox `given` names (itself, or the one sandbox
+/// of the tenant whose id starts with it).
+pub async fn sandbox_id(conn: &Connection, given: &str) -> anyhow::Result<String> {
+    if given.len() == 64 {
+        return Ok(given.to_string());
+    }
+    let listed = conn
+        .sandboxes()
+        .list_sandboxes(api::ListSandboxesRequest::default())
+        .await
+        .map_err(status_error)?
+        .into_inner()
+        .sandboxes;
+    pick(given, listed.into_iter().map(|s| s.sandbox_id).collect())
+}
+
+fn pick(given: &str, ids: Vec<String>) -> anyhow::Result<String> {
+    if given.is_empty() {
+        anyhow::bail!("no sandbox id given: see `sandhold sandboxes ls`");
+    }
+    let mut matching: Vec<String> = ids.into_iter().filter(|id| id.starts_with(given)).collect();
+    match matching.len() {
+        1 => Ok(matching.remove(0)),
+        0 => anyhow::bail!("no sandbox id starts with {given:?}: see `sandhold sandboxes ls`"),
+        n => {
+            matching.sort();
+            let shown: Vec<&str> = matching.iter().take(5).map(|id| &id[..id.len().min(16)]).collect();
+            anyhow::bail!(
+                "{given:?} names {n} sandboxes ({}{}): give more of the id",
+                shown.join(", "),
+                if n > 5 { ", ..." } else { "" }
+            )
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_unique_prefix_names_its_sandbox_and_an_ambiguous_one_lists_the_candidates() {
+        let ids = || vec![format!("ab12{}", "0".repeat(60)), format!("ab34{}", "1".repeat(60))];
+        assert_eq!(pick("ab1", ids()).unwrap(), ids()[0]);
+        let ambiguous = pick("ab", ids()).unwrap_err().to_string();
+        assert!(
+            ambiguous.contains("names 2 sandboxes")
+                && ambiguous.contains("ab12")
+                && ambiguous.contains("ab34")
+        );
+        assert!(pick("ff", ids()).unwrap_err().to_string().contains("sandboxes ls"));
+        assert!(pick("", ids()).is_err());
+    }
+}
