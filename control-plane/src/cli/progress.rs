@@ -37,6 +37,15 @@ impl EnsureDisplay {
     }
 
     pub fn update(&mut self, progress: &EnsureProgress) {
+        if !progress.warning.is_empty() {
+            // Kept on the terminal, above the spinner.
+            let line = format!("warning: {}", super::terminal::visible_line(&progress.warning));
+            match &self.bar {
+                Some(bar) => bar.println(line),
+                None => eprintln!("{line}"),
+            }
+            return;
+        }
         let headline = headline(progress);
         let new_headline = headline != self.headline;
         if new_headline {

@@ -32,6 +32,13 @@ pub trait Kind: Send + Sync + 'static {
     /// Whether `section` (the definition's `provider` oneof) names this provider.
     fn reads(&self, section: &provider_spec::Provider) -> bool;
 
+    /// Whether its sandboxes are isolated from the host. One that is not
+    /// is said so on the terminal of whoever creates or runs in it
+    /// ([`NO_ISOLATION`]), not only in the server's log.
+    fn isolated(&self) -> bool {
+        true
+    }
+
     /// Problems of the section on its own, as at `PutDefinition` (fields
     /// under `definition.provider.<name>`).
     fn validate(&self, section: &provider_spec::Provider, out: &mut Vec<Violation>) {
@@ -95,6 +102,12 @@ pub trait Kind: Send + Sync + 'static {
 
 /// Every provider this build knows, in the order errors list them.
 const REGISTERED: &[ProviderKind] = &[ProviderKind(&super::local::KIND), ProviderKind(&super::docker::KIND)];
+
+/// What a person creating a sandbox of a provider that isolates nothing is
+/// told, with what to use instead.
+pub const NO_ISOLATION: &str = "this sandbox has NO isolation: it is a directory on the server's host, and its \
+    commands run as the server's user with the host's files, processes and network. Use a container for anything \
+    you would not run on this host yourself: `sandhold run --image IMAGE`, or `[provider.docker]` in a definition";
 
 /// Which provider: a cheap handle on its [`Kind`]. Equal when named alike.
 #[derive(Clone, Copy)]

@@ -495,6 +495,10 @@ impl super::Kind for Local {
         matches!(section, provider_spec::Provider::Local(_))
     }
 
+    fn isolated(&self) -> bool {
+        false
+    }
+
     fn build(&self, config: &crate::config::ServeConfig) -> super::Built {
         let mut options = LocalProviderOptions::new(&config.data_dir);
         options.agent_binary = config.agent_binary.clone();

@@ -35,6 +35,6 @@ pub(crate) use host::{
 };
 pub use host::{default_agent_binary, default_static_agent_binary, is_static_executable};
 pub use interface::{Capabilities, Provider, Result};
-pub use kind::{Built, Kind, ProviderKind, Violation, describe};
+pub use kind::{Built, Kind, NO_ISOLATION, ProviderKind, Violation, describe};
 pub use local::{LocalProvider, LocalProviderOptions};
 pub use spec::{LABEL_DEFINITION, LABEL_MANAGED, LABEL_SANDBOX_KEY, LABEL_TENANT, SandboxSpec};

@@ -89,6 +89,11 @@ impl Progress {
     pub fn phase(&self, phase: EnsurePhase, message: impl Into<String>) {
         self.send(EnsureProgress { phase: phase as i32, message: message.into(), ..Default::default() });
     }
+
+    /// A warning the client shows as is, once.
+    pub fn warning(&self, phase: EnsurePhase, warning: impl Into<String>) {
+        self.send(EnsureProgress { phase: phase as i32, warning: warning.into(), ..Default::default() });
+    }
 }
 
 /// Where an ensure's outcome goes, after its progress.

@@ -389,6 +389,9 @@ impl Lifecycle {
             provider.destroy(&orphan.provider_id).await?;
         }
         progress.phase(EnsurePhase::Creating, format!("creating a {} sandbox", provider.kind()));
+        if !provider.kind().kind().isolated() {
+            progress.warning(EnsurePhase::Creating, crate::provider::NO_ISOLATION);
+        }
         let sandbox = provider.create(spec).await?;
         match self.provision(input, provider, &sandbox, workspace, lifecycle, progress).await {
             Ok(native) => {

@@ -281,6 +281,29 @@ fn a_thread_keeps_its_sandbox_and_new_flags_say_what_they_change() {
     assert!(ids.iter().all(|id| id.starts_with("def-")), "{ids:?}");
 }
 
+/// A local sandbox isolates nothing, and the terminal says so (not only the
+/// server's log): once when it is made, with what to use instead, and on
+/// every agent run in it.
+#[test]
+fn a_local_sandbox_says_on_the_terminal_that_it_has_no_isolation() {
+    let dir = sandhold_tests::local::TestDir::new("sh-iso");
+    let data = dir.path().join("data");
+    let first = sandhold(&data).args(["run", "--thread", "t-iso", "--", "true"]).output().unwrap();
+    let said = stderr(ok(&first));
+    assert!(said.contains("NO isolation") && said.contains("--image IMAGE"), "{said}");
+    let again = sandhold(&data).args(["run", "--thread", "t-iso", "--", "true"]).output().unwrap();
+    assert!(!stderr(ok(&again)).contains("NO isolation"), "said once, when the sandbox is made");
+
+    let agent = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fake-acp/fake_acp_agent.py");
+    let line = format!("python3 {} --log '{}'", agent.display(), dir.path().join("acp.jsonl").display());
+    let out = sandhold(&data)
+        .args(["run", "--thread", "t-iso", "--harness", "acp", "--acp-command", &line, "--", "hi"])
+        .output()
+        .unwrap();
+    let said = stderr(ok(&out));
+    assert!(said.contains("acp runs on the server's host with no isolation"), "{said}");
+}
+
 /// `--harness acp`: the agent's command line from `--acp-command` (split as
 /// a shell would), its mode and permission answer; the agent (the fake ACP
 /// agent, which logs every request) gets the prompt, and its text is the

@@ -169,6 +169,13 @@ impl Runs {
         // Files that carry secrets are written for each run, for its harness
         // only; what the harness cannot use is a warning, not an error.
         let mut warnings = notes;
+        if !live.provider.kind().isolated() && ctx.harness != crate::harness::Harness::Command {
+            warnings.push(format!(
+                "{} runs on the server's host with no isolation: it can read, change and run anything the \
+                 server's user can. Give the run a container (--image IMAGE) for work you would not do on this host yourself",
+                ctx.harness.name()
+            ));
+        }
         warnings.append(&mut command.warnings);
         warnings.extend(missing);
         warnings.extend(
