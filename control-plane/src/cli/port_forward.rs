@@ -76,12 +76,25 @@ pub async fn port_forward(args: PortForwardArgs) -> ExitCode {
         let sandboxes = conn.sandboxes();
         let sandbox_id = super::ids::sandbox_id(conn, &args.sandbox_id).await?;
         // Fail now, not at the first connection, for a sandbox that is
-        // not there (or not the caller's).
-        sandboxes
+        // not there (or not the caller's), or has no ports of its own.
+        let sandbox = sandboxes
             .clone()
             .get_sandbox(api::GetSandboxRequest { sandbox_id: sandbox_id.clone() })
             .await
-            .map_err(status_error)?;
+            .map_err(status_error)?
+            .into_inner()
+            .sandbox
+            .unwrap_or_default();
+        if !sandbox.capabilities.is_some_and(|c| c.ports) {
+            anyhow::bail!(
+                "sandbox {} ({} provider) has no loopback of its own to forward to: its processes listen on the \
+                 server's host, so connect there directly (127.0.0.1:{} on that host); port-forward is for \
+                 sandboxes with their own network, such as Docker's",
+                &sandbox_id[..sandbox_id.len().min(16)],
+                sandbox.provider,
+                args.ports.sandbox_port
+            );
+        }
         eprintln!("Forwarding from {local} -> {sandbox_id}:{} (Ctrl-C to stop)", args.ports.sandbox_port);
         loop {
             tokio::select! {

@@ -110,6 +110,12 @@ fn definitions_sandboxes_and_exec_against_a_served_server() {
     // where the ids are.
     let out = server.cli().args(["exec", &sandbox[..8], "--", "cat", "marker.txt"]).output().unwrap();
     assert_eq!(stdout(ok(&out)), "set-up\n");
+    // A local sandbox shares the host's loopback: port-forward says so at
+    // once instead of promising a forward that fails every connection.
+    let out = server.cli().args(["port-forward", &sandbox, "0:8080"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("no loopback of its own"), "{}", stderr(&out));
+    assert!(!stderr(&out).contains("Forwarding from"), "{}", stderr(&out));
     let out = server.cli().args(["exec", "not-an-id", "--", "true"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("sandhold sandboxes ls"), "{}", stderr(&out));
