@@ -13,8 +13,8 @@ use super::run::{SecretRef, secret_values, with_connection};
 
 #[derive(Debug, Clone, Args)]
 pub struct GitArgs {
-    /// The sandbox: its id from `sandhold sandboxes ls`, or a unique prefix of it.
-    pub sandbox_id: String,
+    #[command(flatten)]
+    pub target: super::ids::SandboxTarget,
     /// The repository, relative to the workspace root (default: the root).
     #[arg(long, value_name = "DIR", global = true)]
     pub repo: Option<String>,
@@ -177,7 +177,7 @@ pub async fn git(args: GitArgs) -> ExitCode {
     let format = client.output;
     with_connection(&client, async move |conn| {
         let mut sandboxes = conn.sandboxes();
-        let sandbox_id = super::ids::sandbox_id(conn, &args.sandbox_id).await?;
+        let sandbox_id = args.target.resolve(conn).await?;
         let path = args.repo.clone().unwrap_or_default();
         match args.command {
             GitCommand::Status => {

@@ -1,11 +1,48 @@
 //! Sandbox ids as people type them: a unique prefix of the 64 hex digits
 //! (the console and `sandboxes ls` show 16) names the sandbox; an ambiguous
-//! one is refused with the candidates.
+//! one is refused with the candidates. Or no id at all: `--thread` names
+//! the thread's sandbox.
 
 use shared::proto::v1 as api;
 
 use super::client::Connection;
 use super::output::status_error;
+
+/// Which sandbox a command works on: an id (or a prefix), or a thread's.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SandboxTarget {
+    /// The sandbox: its id from `sandhold sandboxes ls`, or a unique prefix
+    /// of it (or --thread instead).
+    #[arg(required_unless_present = "thread", value_name = "SANDBOX_ID")]
+    pub sandbox_id: Option<String>,
+    /// The sandbox of this thread (its newest) instead of an id.
+    #[arg(long = "thread", value_name = "THREAD", conflicts_with = "sandbox_id")]
+    pub thread: Option<String>,
+}
+
+impl SandboxTarget {
+    /// The full id of the sandbox this names.
+    pub async fn resolve(&self, conn: &Connection) -> anyhow::Result<String> {
+        match (&self.sandbox_id, &self.thread) {
+            (Some(id), _) => sandbox_id(conn, id).await,
+            (None, Some(thread)) => of_thread(conn, thread).await,
+            (None, None) => anyhow::bail!("name the sandbox: SANDBOX_ID or --thread THREAD"),
+        }
+    }
+}
+
+/// The newest sandbox of `thread`.
+async fn of_thread(conn: &Connection, thread: &str) -> anyhow::Result<String> {
+    let request = api::ListSandboxesRequest { thread_id: thread.to_string() };
+    let listed = conn.sandboxes().list_sandboxes(request).await.map_err(status_error)?.into_inner().sandboxes;
+    match listed.into_iter().max_by_key(|s| s.updated_at_ms) {
+        Some(s) => Ok(s.sandbox_id),
+        None => anyhow::bail!(
+            "thread {thread:?} has no sandbox: a run of it makes one (`sandhold run --thread {thread} -- ...`); \
+             see `sandhold sandboxes ls`"
+        ),
+    }
+}
 
 /// The full id of the sandbox `given` names (itself, or the one sandbox
 /// of the tenant whose id starts with it).

@@ -74,19 +74,24 @@ pub enum Command {
     #[command(subcommand)]
     Sandboxes(sandboxes::SandboxesCommand),
     /// Run a command in a live sandbox.
-    #[command(after_help = "Example:\n  sandhold exec 3f2a9c --cwd src -- sh -c 'ls -la'")]
+    #[command(
+        after_help = "Examples:\n  sandhold exec 3f2a9c --cwd src -- sh -c 'ls -la'\n  sandhold exec --thread demo -- git log -1"
+    )]
     Exec(sandboxes::ExecArgs),
     /// Store, list or remove sandbox definitions.
     #[command(subcommand)]
     Definitions(sandboxes::DefinitionsCommand),
     /// Forward local connections to a port on a sandbox's loopback, until Ctrl-C.
-    #[command(after_help = "Example:\n  sandhold port-forward 3f2a9c 8080:3000")]
+    #[command(
+        after_help = "Examples:\n  sandhold port-forward 3f2a9c 8080:3000\n  sandhold port-forward --thread demo 8080:3000",
+        allow_missing_positional = true
+    )]
     PortForward(port_forward::PortForwardArgs),
     /// Git on a sandbox's workspace: status, diff, add, commit, branch, push, pull.
-    #[command(after_help = "Example:\n  sandhold git 3f2a9c status")]
+    #[command(after_help = "Examples:\n  sandhold git 3f2a9c status\n  sandhold git --thread demo diff")]
     Git(git::GitArgs),
     /// An interactive terminal in a sandbox (a login shell, or CMD); exits with its code.
-    #[command(after_help = "Examples:\n  sandhold shell 3f2a9c\n  sandhold shell 3f2a9c -- python3")]
+    #[command(after_help = "Examples:\n  sandhold shell 3f2a9c\n  sandhold shell --thread demo -- python3")]
     Shell(shell::ShellArgs),
     /// Install or list the harness CLIs sandboxes get from this host (run on the server's host).
     #[command(subcommand)]
@@ -224,5 +229,33 @@ mod tests {
             }
         }
         assert!(problems.is_empty(), "{}", problems.join("\n"));
+    }
+
+    /// `--thread` names the sandbox wherever an id would: the positional
+    /// arguments after it still land where they belong.
+    #[test]
+    fn thread_stands_in_for_the_sandbox_id() {
+        use clap::Parser;
+        let parse =
+            |args: &[&str]| Cli::try_parse_from(std::iter::once("sandhold").chain(args.iter().copied()));
+        let Command::Exec(exec) = parse(&["exec", "--thread", "t", "--", "ls", "-l"]).unwrap().command else {
+            panic!("exec")
+        };
+        assert_eq!((exec.process.target.thread.as_deref(), exec.command.len()), (Some("t"), 2));
+        let Command::Git(git) = parse(&["git", "--thread", "t", "status"]).unwrap().command else {
+            panic!("git")
+        };
+        assert!(git.target.sandbox_id.is_none() && matches!(git.command, git::GitCommand::Status));
+        let Command::Git(git) = parse(&["git", "abc", "status"]).unwrap().command else { panic!("git") };
+        assert_eq!(git.target.sandbox_id.as_deref(), Some("abc"));
+        let Command::PortForward(pf) =
+            parse(&["port-forward", "--thread", "t", "8080:3000"]).unwrap().command
+        else {
+            panic!("port-forward")
+        };
+        assert_eq!((pf.target.sandbox_id, pf.ports.sandbox_port), (None, 3000));
+        assert!(parse(&["shell", "--thread", "t"]).is_ok());
+        assert!(parse(&["exec", "--", "ls"]).is_err(), "a sandbox is named");
+        assert!(parse(&["exec", "abc", "--thread", "t", "--", "ls"]).is_err(), "once");
     }
 }

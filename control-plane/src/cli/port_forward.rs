@@ -22,8 +22,8 @@ use super::run::with_connection;
 
 #[derive(Debug, Clone, Args)]
 pub struct PortForwardArgs {
-    /// The sandbox: its id from `sandhold sandboxes ls`, or a unique prefix of it.
-    pub sandbox_id: String,
+    #[command(flatten)]
+    pub target: super::ids::SandboxTarget,
     /// `[LOCAL_ADDR:]LOCAL_PORT:SANDBOX_PORT`: listen on LOCAL_ADDR
     /// (default 127.0.0.1) port LOCAL_PORT (0: any free port), forward to
     /// SANDBOX_PORT on the sandbox's loopback.
@@ -74,7 +74,7 @@ pub async fn port_forward(args: PortForwardArgs) -> ExitCode {
             .with_context(|| format!("listening on {}", args.ports.listen))?;
         let local = listener.local_addr()?;
         let sandboxes = conn.sandboxes();
-        let sandbox_id = super::ids::sandbox_id(conn, &args.sandbox_id).await?;
+        let sandbox_id = args.target.resolve(conn).await?;
         // Fail now, not at the first connection, for a sandbox that is
         // not there (or not the caller's), or has no ports of its own.
         let sandbox = sandboxes

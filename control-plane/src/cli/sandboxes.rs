@@ -46,8 +46,8 @@ pub enum SandboxesCommand {
 /// arguments `exec` and `shell` share.
 #[derive(Debug, Clone, Args)]
 pub struct ProcessArgs {
-    /// The sandbox: its id from `sandhold sandboxes ls`, or a unique prefix of it.
-    pub sandbox_id: String,
+    #[command(flatten)]
+    pub target: super::ids::SandboxTarget,
     /// Working directory, relative to the workspace root.
     #[arg(long, value_name = "DIR")]
     pub cwd: Option<String>,
@@ -171,7 +171,7 @@ pub async fn exec(args: ExecArgs) -> ExitCode {
     with_connection(&client, async move |conn| {
         let secrets = secret_values(&args.secrets)?;
         let start = api::ExecStreamStart {
-            sandbox_id: super::ids::sandbox_id(conn, &args.sandbox_id).await?,
+            sandbox_id: args.target.resolve(conn).await?,
             command: Some(api::Command {
                 kind: Some(api::command::Kind::Argv(api::Argv { args: command.clone() })),
             }),

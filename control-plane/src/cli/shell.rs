@@ -76,7 +76,7 @@ pub async fn shell(args: ShellArgs) -> ExitCode {
             kind: Some(api::command::Kind::Argv(api::Argv { args: command.clone() })),
         });
         let start = api::OpenTerminalStart {
-            sandbox_id: super::ids::sandbox_id(conn, &args.sandbox_id).await?,
+            sandbox_id: args.target.resolve(conn).await?,
             command,
             cwd: args.cwd.clone().unwrap_or_default(),
             env: Default::default(),

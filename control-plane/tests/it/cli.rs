@@ -280,6 +280,12 @@ fn a_thread_keeps_its_sandbox_and_new_flags_say_what_they_change() {
     let (other, said) = run(&["--setup", "echo other > made.txt"], "cat made.txt");
     assert_eq!(other, "other\n");
     assert!(said.contains("setup: `echo made > made.txt` → `echo other > made.txt`"), "{said}");
+    // --thread names the thread's sandbox (its newest) where an id would.
+    let out = sandhold(&data).args(["exec", "--thread", "t-kept", "--", "cat", "made.txt"]).output().unwrap();
+    assert_eq!(stdout(ok(&out)), "other\n");
+    let out = sandhold(&data).args(["exec", "--thread", "t-none", "--", "true"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("has no sandbox"), "{}", stderr(&out));
     let defs =
         json_lines(ok(&sandhold(&data).args(["definitions", "ls", "--output", "json"]).output().unwrap()));
     let ids: Vec<&str> = defs.iter().map(|d| d["id"].as_str().unwrap()).collect();
