@@ -129,6 +129,83 @@ exit 1
     assert_eq!(resolved[0].request.as_ref().map(|r| r.answered_by.as_str()), Some("client"));
 }
 
+/// Put the run's requests back as a run's from before the request index
+/// (migration 0020) is found after the upgrade: no index rows, marked
+/// unindexed (0021).
+async fn forget_the_request_index(database_url: &str, tenant: &str, run_id: &str) {
+    use sqlx::Connection;
+    let statements = [
+        "DELETE FROM run_requests WHERE tenant = $1 AND run_id = $2",
+        "UPDATE runs SET requests_indexed = FALSE WHERE tenant = $1 AND run_id = $2",
+    ];
+    if database_url.starts_with("sqlite:") {
+        let mut conn = sqlx::SqliteConnection::connect(database_url).await.unwrap();
+        for sql in statements {
+            sqlx::query(sql).bind(tenant).bind(run_id).execute(&mut conn).await.unwrap();
+        }
+    } else {
+        let mut conn = sqlx::PgConnection::connect(database_url).await.unwrap();
+        for sql in statements {
+            sqlx::query(sql).bind(tenant).bind(run_id).execute(&mut conn).await.unwrap();
+        }
+    }
+}
+
+/// A run whose pending request was logged before the request index
+/// existed: listing finds it (the index is built from the log), and it
+/// takes its answer.
+async fn a_request_logged_before_the_index_is_listed_and_answered(database_url: Option<String>) {
+    let s = TenantServer::start_on("req-backfill", &[], database_url.clone(), None).await;
+    put_definition(&mut s.server.sandboxes(&s.token).await, definition("def", Kind::Local)).await;
+    let mut runs = s.server.runs(&s.token).await;
+    let run_id = format!("old-{}", s.nonce);
+    let script = r#"ask old1 0
+wait_for "$R/answer/old1.json"
+echo ANSWERED
+"#;
+    let mut stream = start(&s, &run_id, script).await;
+    let watcher = runs.clone();
+    let listed = eventually(Duration::from_secs(120), || {
+        let mut runs = watcher.clone();
+        let run_id = run_id.clone();
+        async move { list(&mut runs, &run_id, false).await.len() == 1 }
+    })
+    .await;
+    assert!(listed, "the request never arrived\n{}", s.server.log_text());
+
+    let url =
+        database_url.unwrap_or_else(|| control_plane::config::default_database_url(s.server.data_dir()));
+    forget_the_request_index(&url, &s.tenant, &run_id).await;
+    let pending = list(&mut runs, &run_id, false).await;
+    let ids: Vec<_> = pending.iter().map(|r| r.request_id.as_str()).collect();
+    assert_eq!(ids, ["old1"], "{pending:?}\n{}", s.server.log_text());
+    assert!(s.server.log_text().contains("request index built from the run's log"));
+    let answered = allow(&mut runs, &run_id, "old1").await.unwrap();
+    assert_eq!(answered.answer.map(|a| a.answered_by), Some("client".into()));
+
+    let mut seen = Seen::default();
+    assert!(read_until(&mut stream, &mut seen, |_| false).await.unwrap());
+    assert!(seen.has_text("ANSWERED"), "{:?}", seen.chunks);
+    let record = wait_terminal(&mut runs, &run_id).await;
+    assert_eq!(record.status, api::RunStatus::Completed as i32, "{record:?}");
+    let all = list(&mut runs, &run_id, true).await;
+    assert_eq!(all.len(), 1);
+    assert_eq!(all[0].answer.as_ref().map(|a| a.answered_by.as_str()), Some("client"), "{all:?}");
+}
+
+#[tokio::test]
+async fn a_request_logged_before_the_index_is_listed_and_answered_on_sqlite() {
+    a_request_logged_before_the_index_is_listed_and_answered(None).await;
+}
+
+#[tokio::test]
+async fn a_request_logged_before_the_index_is_listed_and_answered_on_postgres() {
+    let Some(admin_url) = sandhold_tests::services::postgres_url() else { return };
+    let scratch = sandhold_tests::database::ScratchDatabase::create(&admin_url).await.unwrap();
+    a_request_logged_before_the_index_is_listed_and_answered(Some(scratch.url().to_owned())).await;
+    scratch.drop_database().await.unwrap();
+}
+
 /// utime + stime of a process, in clock ticks.
 fn cpu_ticks(pid: u32) -> u64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
