@@ -148,7 +148,12 @@ async fn main() {
         .route(&placeholder);
     let broker = egress::configure(&agent, &definition, vec![route]).await.expect("configuring the broker");
     let (events, mut seen) = tokio::sync::mpsc::unbounded_channel();
-    let carriers = Carriers::open(agent.clone(), Arc::new(Plan::of(&definition, true, "bench")), events);
+    let limits = egress::EgressLimits::new(
+        control_plane::config::DEFAULT_EGRESS_MAX_CONNECTIONS_PER_SANDBOX as usize,
+        control_plane::config::DEFAULT_EGRESS_MAX_CONNECTIONS_PER_TENANT as usize,
+    );
+    let plan = Arc::new(Plan::of(&definition, true, limits.sandbox("bench")));
+    let carriers = Carriers::open(agent.clone(), plan, events);
     tokio::spawn(async move { while seen.recv().await.is_some() {} });
 
     // Warm both paths (the first brokered request waits for carriers).

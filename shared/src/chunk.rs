@@ -26,10 +26,47 @@ pub const SANDBOX_NETWORK: &str = "sandbox.network";
 pub const MODEL_UNAVAILABLE: &str = "model.unavailable";
 /// Suffix of `<harness>.session-id`: `{session_id}`.
 pub const SESSION_ID_SUFFIX: &str = ".session-id";
+/// An ACP agent's plan: `{entries}`.
+pub const ACP_PLAN: &str = "acp.plan";
+/// A permission an ACP agent asked and the bridge's answer: `{toolCall,
+/// optionId, allowed}`.
+pub const ACP_PERMISSION: &str = "acp.permission";
+/// Codex's todo list: `{items}`.
+pub const CODEX_TODO_LIST: &str = "codex.todo_list";
+
+/// Every CUSTOM name the system emits (the server's and the translators'),
+/// besides each harness's `<harness>.session-id`. A new one belongs here.
+pub const SYSTEM_NAMES: &[&str] = &[
+    RUN_ACCEPTED,
+    SANDBOX_FILE,
+    FILE_CHANGED,
+    HARNESS_WARNING,
+    SANDBOX_NETWORK,
+    MODEL_UNAVAILABLE,
+    ACP_PLAN,
+    ACP_PERMISSION,
+    CODEX_TODO_LIST,
+];
 
 /// The CUSTOM name carrying `harness`'s resumable session id.
 pub fn session_id_name(harness: &str) -> String {
     format!("{harness}{SESSION_ID_SUFFIX}")
+}
+
+/// Whether only the system may emit a CUSTOM chunk named `name`: one of
+/// [`SYSTEM_NAMES`], any other name in one of their namespaces (the part
+/// before the first `.`, so `model.usage` is as reserved as
+/// `model.unavailable`), or a `<harness>.session-id`. Case and surrounding
+/// space do not matter. Clients and the server believe what these say (a
+/// connection, a file change, an unreachable model, the session a thread
+/// resumes), so what a run prints may not use them.
+pub fn is_reserved_name(name: &str) -> bool {
+    fn namespace(name: &str) -> Option<&str> {
+        name.split_once('.').map(|(ns, _)| ns)
+    }
+    let name = name.trim().to_ascii_lowercase();
+    name.ends_with(SESSION_ID_SUFFIX)
+        || namespace(&name).is_some_and(|ns| SYSTEM_NAMES.iter().any(|s| namespace(s) == Some(ns)))
 }
 
 /// Mints `<run_id>-0`, `<run_id>-1`, ...: no clock, no randomness, so a
@@ -572,6 +609,28 @@ mod tests {
         };
         assert_eq!(usage_from_json(&usage_to_json(&usage)), Some(usage));
         assert_eq!(usage_from_json(&serde_json::json!("not usage")), None);
+    }
+
+    #[test]
+    fn the_systems_names_and_their_namespaces_are_reserved() {
+        for name in SYSTEM_NAMES {
+            assert!(is_reserved_name(name), "{name}");
+        }
+        for name in [
+            "model.usage",
+            "Sandbox.Network",
+            " sandbox.network ",
+            "run.finished",
+            "acp.anything",
+            "claude-code.session-id",
+            "command.session-id",
+            &session_id_name("gemini"),
+        ] {
+            assert!(is_reserved_name(name), "{name}");
+        }
+        for name in ["progress", "build.step", "usage", "sandboxed.thing", "my.session", ""] {
+            assert!(!is_reserved_name(name), "{name}");
+        }
     }
 
     #[test]

@@ -179,6 +179,12 @@ impl ServerProcess {
         local_token(&self.data_dir)
     }
 
+    /// Its data dir (with the embedded SQLite database, when it has no
+    /// other).
+    pub fn data_dir(&self) -> &Path {
+        &self.data_dir
+    }
+
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }

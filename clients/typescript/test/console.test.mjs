@@ -22,10 +22,14 @@ const chromium = process.env.CHROMIUM ?? ["/usr/bin/chromium", "/usr/bin/chromiu
 const required = process.env.SANDHOLD_REQUIRE_SERVICES === "1";
 const skip = !chromium && !required ? "no Chromium (apt-get install chromium, or set CHROMIUM)" : false;
 
-/** What the run prints: a conversation (reasoning, a tool call, a diff) in chunk JSON, then numbered lines. */
+/**
+ * What the run prints: a conversation (reasoning, a tool call) in chunk
+ * JSON, then numbered lines. (File events and diffs are the server's own,
+ * which command output cannot pose as, issue 33: the second test makes
+ * real ones.)
+ */
 function demoScript(lines) {
   const chunk = (c) => JSON.stringify(c);
-  const diff = "--- a/greet.py\n+++ b/greet.py\n@@ -1,2 +1,3 @@\n def greet(name):\n-    print('hi ' + name)\n+    message = f'hello, {name}'\n+    print(message)\n";
   const script = [
     chunk({ type: "REASONING_START", message_id: "think" }),
     chunk({ type: "REASONING_CONTENT", message_id: "think", delta: "The greeting should use an f-string; look at the file first." }),
@@ -34,8 +38,6 @@ function demoScript(lines) {
     chunk({ type: "TOOL_CALL_ARGS", tool_call_id: "call-1", delta: JSON.stringify({ command: "cat greet.py" }) }),
     chunk({ type: "TOOL_CALL_END", tool_call_id: "call-1" }),
     chunk({ type: "TOOL_CALL_RESULT", tool_call_id: "call-1", content: "def greet(name):\n    print('hi ' + name)\n", exit_code: 0 }),
-    chunk({ type: "CUSTOM", name: "sandbox.file", value: { type: "change", path: "greet.py", timestamp: 0 } }),
-    chunk({ type: "CUSTOM", name: "file.changed", value: { path: "greet.py", diff } }),
   ].join("\n");
   return ["sh", "-c", `cat <<'EOF'\n${script}\nEOF\ni=1; while [ $i -le ${lines} ]; do echo "working on step $i"; i=$((i+1)); sleep 0.2; done`];
 }
@@ -123,15 +125,11 @@ test("the console signs in, follows a run live and cancels it", { skip, timeout:
     reasoningFolded: document.querySelector(".reasoning") && !document.querySelector(".reasoning").open,
     tool: document.querySelector(".tool summary")?.textContent,
     args: document.querySelector(".tool .args")?.textContent,
-    added: [...document.querySelectorAll(".diff-body .add")].map((e) => e.textContent),
-    fileEvent: document.querySelector(".file-event")?.textContent,
   }));
   assert.equal(rendered.status, "running");
   assert.equal(rendered.reasoningFolded, true, "reasoning is folded");
   assert.match(rendered.tool, /Bash/);
   assert.match(rendered.args, /"command": "cat greet.py"/, "arguments pretty-printed once complete");
-  assert.deepEqual(rendered.added, ["+    message = f'hello, {name}'", "+    print(message)"]);
-  assert.equal(rendered.fileEvent, "change greet.py");
   // The connection drops: the page attaches again after the last chunk it
   // got, and the text goes on with every step exactly once, in order.
   await page.evaluate(() => {
@@ -185,10 +183,18 @@ test("the console browses a sandbox's files, destroys it, reads and forks a snap
     harness: "command",
     durable: true,
     options: {
+      // A committed file changed (the run's file events, then its diff
+      // after the run), and a new one.
       command: [
         "sh",
         "-c",
-        "mkdir -p notes && echo hello-from-sandbox > notes/hello.txt && echo wrote notes/hello.txt",
+        [
+          `printf "def greet(name):\\n    print('hi ' + name)\\n" > greet.py`,
+          "git init -q && git add greet.py && git -c user.name=demo -c user.email=demo@example.com commit -qm greet",
+          "sleep 1",
+          `printf "def greet(name):\\n    message = f'hello, {name}'\\n    print(message)\\n" > greet.py`,
+          "mkdir -p notes && echo hello-from-sandbox > notes/hello.txt && echo wrote notes/hello.txt",
+        ].join(" && "),
       ],
     },
   });
@@ -218,6 +224,15 @@ test("the console browses a sandbox's files, destroys it, reads and forks a snap
   assert.deepEqual(await accessibilityProblems(page), [], "the run page, finished, dark");
   await page.emulateMediaFeatures([{ name: "prefers-color-scheme", value: "light" }]);
   assert.match(await page.$eval("#conversation", (el) => el.textContent), /wrote notes\/hello.txt/);
+  // The server's file events and the diff after the run.
+  const files = await page.evaluate(() => ({
+    events: [...document.querySelectorAll(".file-event")].map((e) => e.textContent),
+    added: [...document.querySelectorAll("section.diff")]
+      .filter((d) => d.querySelector("h3")?.textContent === "Changed greet.py")
+      .flatMap((d) => [...d.querySelectorAll(".diff-body .add")].map((e) => e.textContent)),
+  }));
+  assert.ok(files.events.some((e) => / greet\.py$/.test(e)), `a file event of greet.py: ${files.events}`);
+  assert.deepEqual(files.added, ["+    message = f'hello, {name}'", "+    print(message)"]);
   await page.goto(server.url + "/sandboxes", { waitUntil: "load" });
 
   // The file browser: a directory, then a file in it.

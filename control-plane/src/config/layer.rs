@@ -275,6 +275,18 @@ pub struct ConfigLayer {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub egress_hosts: Option<Vec<String>>,
 
+    /// Egress connections one sandbox may hold open at once (each is a
+    /// socket of this server's); 0: no maximum [default: 64].
+    #[arg(long, env = "SANDHOLD_EGRESS_MAX_CONNECTIONS_PER_SANDBOX", value_name = "N")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub egress_max_connections_per_sandbox: Option<u32>,
+
+    /// Egress connections all of one tenant's sandboxes may hold open at
+    /// once on this server; 0: no maximum [default: 256].
+    #[arg(long, env = "SANDHOLD_EGRESS_MAX_CONNECTIONS_PER_TENANT", value_name = "N")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub egress_max_connections_per_tenant: Option<u32>,
+
     /// A Docker network definitions may join besides `none`, `*` for any;
     /// repeatable (comma-separated in the variable). `host` and
     /// `container:*` are refused [default: none].

@@ -23,6 +23,12 @@ pub const DEFAULT_JOURNAL_BYTES: u64 = 1 << 30;
 /// 8 GiB: the largest journal cap a definition may name unless the
 /// operator says.
 pub const DEFAULT_MAX_JOURNAL_BYTES: u64 = 8 << 30;
+/// Egress connections one sandbox may hold open at once: each is a socket
+/// of the server's.
+pub const DEFAULT_EGRESS_MAX_CONNECTIONS_PER_SANDBOX: u32 = 64;
+/// Egress connections all of one tenant's sandboxes may hold open at once
+/// on one server.
+pub const DEFAULT_EGRESS_MAX_CONNECTIONS_PER_TENANT: u32 = 256;
 
 /// A provider tenants may be allowed to use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum)]
@@ -89,6 +95,12 @@ pub struct Policy {
     /// Hosts tenants' `network.allow_hosts` may list (same patterns:
     /// `host`, `host:port`, `*.domain`); `*`: any public host.
     pub egress_hosts: Vec<String>,
+    /// Egress connections one sandbox may hold open at once (each is a
+    /// socket of this server's); one more is refused.
+    pub egress_max_connections_per_sandbox: u32,
+    /// Egress connections all of one tenant's sandboxes may hold open at
+    /// once on this server.
+    pub egress_max_connections_per_tenant: u32,
 }
 
 impl Default for Policy {
@@ -111,6 +123,8 @@ impl Default for Policy {
             max_journal_bytes: DEFAULT_MAX_JOURNAL_BYTES,
             egress_private_addresses: false,
             egress_hosts: vec!["*".into()],
+            egress_max_connections_per_sandbox: DEFAULT_EGRESS_MAX_CONNECTIONS_PER_SANDBOX,
+            egress_max_connections_per_tenant: DEFAULT_EGRESS_MAX_CONNECTIONS_PER_TENANT,
         }
     }
 }

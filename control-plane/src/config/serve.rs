@@ -399,6 +399,17 @@ mod tests {
         assert!(printed.contains("docker_images = [\"*\"]"), "{printed}");
         let reparsed = ServeConfig::resolve(toml::from_str(&printed).unwrap()).unwrap();
         assert_eq!(reparsed.policy, c.policy);
+        assert_eq!(
+            (c.policy.egress_max_connections_per_sandbox, c.policy.egress_max_connections_per_tenant),
+            (64, 256)
+        );
+        let egress: ConfigLayer = toml::from_str("egress_max_connections_per_sandbox = 8\n").unwrap();
+        let flags = ConfigLayer { egress_max_connections_per_tenant: Some(20), ..Default::default() };
+        let c = ServeConfig::resolve(egress.merge(flags)).unwrap();
+        assert_eq!(
+            (c.policy.egress_max_connections_per_sandbox, c.policy.egress_max_connections_per_tenant),
+            (8, 20)
+        );
         let host: ConfigLayer = toml::from_str("docker_networks = [\"host\"]\n").unwrap();
         let err = ServeConfig::resolve(host).unwrap_err().to_string();
         assert!(err.contains("never allowed"), "{err}");

@@ -33,7 +33,7 @@ use tokio::net::TcpStream;
 
 pub use carrier::{Carriers, Connection};
 pub use hosts::{HostPattern, is_private, resolve};
-pub use limits::{Limits, MAX_HOST, PER_SANDBOX, PER_TENANT, Slot};
+pub use limits::{EgressLimits, Limits, MAX_HOST, Slot};
 
 use crate::agent::AgentClient;
 use crate::harness::Harness;
@@ -211,10 +211,11 @@ pub struct Refusal {
 }
 
 impl Plan {
-    /// The plan of `tenant`'s `definition` under the operator's
-    /// `private_ok`. Patterns were validated with the definition; one that
-    /// does not parse now is skipped (it allows nothing).
-    pub fn of(definition: &SandboxDefinition, private_ok: bool, tenant: &str) -> Self {
+    /// The plan of a `definition` under the operator's `private_ok`, its
+    /// connections held within `limits` (its sandbox's and tenant's).
+    /// Patterns were validated with the definition; one that does not parse
+    /// now is skipped (it allows nothing).
+    pub fn of(definition: &SandboxDefinition, private_ok: bool, limits: Limits) -> Self {
         let allow = definition
             .network
             .iter()
@@ -228,7 +229,7 @@ impl Plan {
                 Upstream::parse(Harness::parse(&m.harness).ok()?, &m.upstream, &m.key_secret).ok()
             })
             .collect();
-        Self { allow, models, private_ok, limits: Limits::new(tenant) }
+        Self { allow, models, private_ok, limits }
     }
 
     /// A place for one more open connection under the sandbox's and the

@@ -49,7 +49,11 @@ impl RunEgress {
         }
         let upstream = egress::upstream_for(definition, harness).map_err(Error::Egress)?;
         Ok(Some(Self {
-            plan: Arc::new(Plan::of(definition, sandbox.egress_private_addresses(), tenant)),
+            plan: Arc::new(Plan::of(
+                definition,
+                sandbox.egress_private_addresses(),
+                sandbox.egress_limits(tenant),
+            )),
             upstream,
             unreachable_after: egress::unreachable_after(definition),
             log_budget: sandbox.journal_cap(definition),

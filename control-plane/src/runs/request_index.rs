@@ -3,8 +3,10 @@
 //! [`crate::store::EventLog::requests`]).
 
 use shared::chunk::{Chunk, ChunkType};
+use tracing::info;
 
-use crate::store::RequestMark;
+use super::Error;
+use crate::store::{EventLog, RequestMark, RunKey, StoredChunk};
 
 /// The request a chunk asks or answers: the chunks the translation makes of
 /// the agent's sealed records (a command's output never carries a request).
@@ -18,6 +20,18 @@ pub(crate) fn request_mark(c: &Chunk) -> Option<RequestMark> {
         }
         _ => None,
     }
+}
+
+/// Build the run's request index from its log if the log was written
+/// before the index existed ([`EventLog::backfill_requests`]): once per
+/// such run, on its first list or answer; a lookup for every other.
+pub(crate) async fn backfill(events: &dyn EventLog, run: &RunKey) -> Result<(), Error> {
+    // A chunk that does not decode asks nothing (reading it fails elsewhere).
+    let mark_of = |stored: &StoredChunk| request_mark(&super::log::decode_chunk(stored).ok()?);
+    if events.backfill_requests(run, &mark_of).await? {
+        info!(tenant = %run.tenant, run_id = %run.run, "request index built from the run's log");
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -16,6 +16,7 @@ use super::key::{KeyInput, sandbox_key};
 use super::policy::OperatorPolicy;
 use super::quota::SandboxQuota;
 use crate::agent::AgentClient;
+use crate::egress::{EgressLimits, Limits};
 use crate::lease::Leases;
 use crate::provider::{Provider, ProviderKind, SandboxSpec, Snapshot};
 use crate::provision::Progress;
@@ -116,15 +117,20 @@ pub struct Lifecycle {
     pub(crate) toolchains: Option<crate::toolchain::Toolchains>,
     provisioner: Arc<dyn Provisioner>,
     live: Arc<Mutex<HashMap<String, Live>>>,
+    /// The egress connections this server's sandboxes hold open, within
+    /// the policy's limits.
+    egress: EgressLimits,
 }
 
 impl Lifecycle {
     /// Under the built-in policy of a single-user server; a server with a
     /// configuration sets its own with [`with_policy`](Self::with_policy).
     pub fn new(providers: Providers, provisioner: Arc<dyn Provisioner>) -> Self {
+        let policy = OperatorPolicy::default();
         Self {
             providers,
-            policy: OperatorPolicy::default(),
+            egress: egress_limits(&policy),
+            policy,
             quota: SandboxQuota::default(),
             snapshot_limits: Default::default(),
             toolchains: None,
@@ -138,9 +144,18 @@ impl Lifecycle {
         self
     }
 
+    /// Under `policy`; its egress limits count from nothing (call before
+    /// any sandbox is used).
     pub fn with_policy(mut self, policy: OperatorPolicy) -> Self {
+        self.egress = egress_limits(&policy);
         self.policy = policy;
         self
+    }
+
+    /// The egress limits of one of `tenant`'s sandboxes, counted with the
+    /// rest of this server's.
+    pub(crate) fn egress_limits(&self, tenant: &str) -> Limits {
+        self.egress.sandbox(tenant)
     }
 
     pub fn with_toolchains(mut self, toolchains: crate::toolchain::Toolchains) -> Self {
@@ -427,7 +442,8 @@ impl Lifecycle {
         let env =
             if proxied { crate::egress::proxy_env(port).into_iter().collect() } else { BTreeMap::new() };
         let private_ok = self.policy.egress_private_addresses();
-        let plan = Arc::new(crate::egress::Plan::of(definition, private_ok, tenant.as_str()));
+        let plan =
+            Arc::new(crate::egress::Plan::of(definition, private_ok, self.egress_limits(tenant.as_str())));
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<crate::egress::Connection>();
         let carriers = crate::egress::Carriers::open(agent.clone(), plan, tx);
         let progress = progress.clone();
@@ -752,11 +768,48 @@ fn withheld(definition: &api::SandboxDefinition) -> BTreeSet<String> {
     names
 }
 
+/// The egress limits `policy` sets, counting from nothing.
+fn egress_limits(policy: &OperatorPolicy) -> EgressLimits {
+    let settings = policy.settings();
+    EgressLimits::new(
+        settings.egress_max_connections_per_sandbox as usize,
+        settings.egress_max_connections_per_tenant as usize,
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use shared::proto::v1::provider_spec;
 
     use super::*;
+
+    #[test]
+    fn the_operators_egress_limits_hold_and_each_lifecycle_counts_its_own() {
+        let policy = crate::config::Policy {
+            egress_max_connections_per_sandbox: 2,
+            egress_max_connections_per_tenant: 3,
+            ..Default::default()
+        };
+        let lifecycle = || {
+            Lifecycle::new(Providers::new(), Arc::new(crate::workspace::WorkspaceProvisioner))
+                .with_policy(OperatorPolicy::new(policy.clone(), true))
+        };
+        let (server, other) = (lifecycle(), lifecycle());
+        let sandbox = server.egress_limits("acme");
+        let _held = [sandbox.admit().unwrap(), sandbox.admit().unwrap()];
+        assert!(sandbox.admit().unwrap_err().contains("holds 2 egress connections open"));
+        let _third = server.egress_limits("acme").admit().unwrap();
+        assert!(server.egress_limits("acme").admit().unwrap_err().contains("hold 3 egress connections open"));
+        // Another server in the same process counts its own.
+        let _there = other.egress_limits("acme").admit().unwrap();
+        // The built-in policy's limits.
+        let default = Lifecycle::new(Providers::new(), Arc::new(crate::workspace::WorkspaceProvisioner));
+        let sandbox = default.egress_limits("acme");
+        let held: Vec<_> = (0..crate::config::DEFAULT_EGRESS_MAX_CONNECTIONS_PER_SANDBOX)
+            .map(|_| sandbox.admit().unwrap())
+            .collect();
+        assert!(sandbox.admit().is_err(), "{} held", held.len());
+    }
 
     #[test]
     fn native_snapshots_round_trip_through_their_encoding() {

@@ -74,6 +74,12 @@ impl RunSandbox {
         self.lifecycle.policy.egress_private_addresses()
     }
 
+    /// The egress limits of a run's sandbox of `tenant`, counted with the
+    /// rest of this server's.
+    pub fn egress_limits(&self, tenant: &str) -> crate::egress::Limits {
+        self.lifecycle.egress_limits(tenant)
+    }
+
     /// The operator's maxima of portable snapshots.
     pub fn snapshot_limits(&self) -> crate::config::SnapshotLimits {
         self.lifecycle.snapshot_limits()

@@ -328,9 +328,10 @@ macro_rules! impl_checkpoint_store {
                     sqlx::query(
                         "INSERT INTO runs (run_id, thread_id, tenant, status, started_at, finished_at, \
                          error_code, error_message, usage, sandbox_key, detached_since, cancel_requested, \
-                         driver_epoch, sentinel_key, log_closed, updated_at, spec, forked_from_run) \
+                         driver_epoch, sentinel_key, log_closed, updated_at, spec, forked_from_run, \
+                         requests_indexed) \
                          SELECT $1, $2, tenant, status, started_at, finished_at, error_code, error_message, \
-                         usage, NULL, NULL, FALSE, driver_epoch, $3, TRUE, $4, spec, run_id \
+                         usage, NULL, NULL, FALSE, driver_epoch, $3, TRUE, $4, spec, run_id, requests_indexed \
                          FROM runs WHERE tenant = $6 AND run_id = $5",
                     )
                     .bind(copy.as_str())
@@ -351,7 +352,8 @@ macro_rules! impl_checkpoint_store {
                     .bind(tenant.as_str())
                     .execute(&mut *tx)
                     .await?;
-                    // The copy's requests are the source's, at the same offsets.
+                    // The copy's requests are the source's, at the same offsets
+                    // (and built from its log alike when the source's are not).
                     sqlx::query(
                         "INSERT INTO run_requests (tenant, run_id, request_id, asked_seq, answered_seq) \
                          SELECT tenant, $1, request_id, asked_seq, answered_seq FROM run_requests \

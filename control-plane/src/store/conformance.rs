@@ -96,6 +96,21 @@ impl Backend {
             }
         }
     }
+    /// Run `sql` with `$1` the run's tenant and `$2` its id, on a
+    /// connection of its own (what no store call does: a test's setup).
+    async fn execute_on_run(&self, sql: &str, run: &RunKey) {
+        let (tenant, id) = (run.tenant.as_str(), run.run.as_str());
+        match self.stores.backend_name() {
+            "sqlite" => {
+                let mut conn = sqlx::SqliteConnection::connect(&self.url).await.unwrap();
+                sqlx::query(sql).bind(tenant).bind(id).execute(&mut conn).await.unwrap();
+            }
+            _ => {
+                let mut conn = sqlx::PgConnection::connect(&self.url).await.unwrap();
+                sqlx::query(sql).bind(tenant).bind(id).execute(&mut conn).await.unwrap();
+            }
+        }
+    }
 }
 
 /// An open write transaction; dropping the connection rolls it back.
@@ -741,6 +756,78 @@ async fn log_requests_are_indexed_by_the_append(b: &Backend) {
     assert!(events.request(&other, "a").await.unwrap().is_none());
 }
 
+/// `ask:ID:N` asks ID, `answer:ID:N` answers it: what the event model
+/// would read in a stored chunk.
+fn test_mark(stored: &StoredChunk) -> Option<RequestMark> {
+    let text = std::str::from_utf8(&stored.payload).ok()?;
+    let mut parts = text.split(':');
+    match (parts.next()?, parts.next()?) {
+        ("ask", id) => Some(RequestMark::Asked(id.into())),
+        ("answer", id) => Some(RequestMark::Answered(id.into())),
+        _ => None,
+    }
+}
+
+/// The requests of `run` as `(id, asked payload, answered payload)`.
+async fn request_payloads(
+    stores: &Stores,
+    run: &RunKey,
+    filter: RequestFilter,
+) -> Vec<(String, String, Option<String>)> {
+    let text = |c: &StoredChunk| String::from_utf8(c.payload.clone()).unwrap();
+    let listed = stores.events.requests(run, filter).await.unwrap();
+    listed.iter().map(|r| (r.request_id.clone(), text(&r.asked), r.answered.as_ref().map(text))).collect()
+}
+
+fn req(id: &str, asked: &str, answered: Option<&str>) -> (String, String, Option<String>) {
+    (id.into(), asked.into(), answered.map(str::to_string))
+}
+
+async fn log_requests_older_than_the_index_are_built_from_the_log_once(b: &Backend) {
+    let record = create(&b.stores, "r1").await;
+    let run = acme("r1");
+    let writer = LogWriter::new(b.stores.events.clone(), run.clone(), record.driver_epoch);
+    let plain = |payload: &str| NewChunk::new("k", payload.as_bytes().to_vec());
+    let marked = |payload: &str| {
+        plain(payload).with_request(test_mark(&StoredChunk {
+            offset: Offset::start(),
+            epoch: 0,
+            kind: "k".into(),
+            payload: payload.as_bytes().to_vec(),
+            appended_at: Timestamp::from_millis(0),
+        }))
+    };
+    let events = &b.stores.events;
+    // A new run is indexed: nothing to build.
+    assert!(!events.backfill_requests(&run, &test_mark).await.unwrap());
+    // Appended before the index existed: nothing indexed them.
+    writer
+        .append(&[plain("ask:a:1"), plain("ask:b:1"), plain("answer:a:1"), plain("ask:a:2")])
+        .await
+        .unwrap();
+    b.execute_on_run("UPDATE runs SET requests_indexed = FALSE WHERE tenant = $1 AND run_id = $2", &run)
+        .await;
+    // Since: the answer to b finds no row to mark; c is indexed.
+    writer.append(&[marked("answer:b:1"), marked("ask:c:1")]).await.unwrap();
+    assert_eq!(request_payloads(&b.stores, &run, RequestFilter::All).await, [req("c", "ask:c:1", None)]);
+
+    assert!(events.backfill_requests(&run, &test_mark).await.unwrap());
+    assert_eq!(
+        request_payloads(&b.stores, &run, RequestFilter::All).await,
+        [
+            req("a", "ask:a:1", Some("answer:a:1")),
+            req("b", "ask:b:1", Some("answer:b:1")),
+            req("c", "ask:c:1", None)
+        ]
+    );
+    assert_eq!(request_payloads(&b.stores, &run, RequestFilter::Pending).await, [req("c", "ask:c:1", None)]);
+    // Once: later appends index as always, and nothing is built again.
+    writer.append(&[marked("answer:c:1")]).await.unwrap();
+    assert!(!events.backfill_requests(&run, &test_mark).await.unwrap());
+    assert!(request_payloads(&b.stores, &run, RequestFilter::Pending).await.is_empty());
+    assert!(!events.backfill_requests(&acme("unknown"), &test_mark).await.unwrap());
+}
+
 async fn log_pages_through_a_log_longer_than_a_page(b: &Backend) {
     let record = create(&b.stores, "r1").await;
     create(&b.stores, "empty").await;
@@ -1120,6 +1207,76 @@ async fn postgres_upgrade_keeps_runs_and_their_tenants() {
     scratch.drop_database().await.unwrap();
 }
 
+/// Migrate `$pool` to just before the request backfill (0021) and write a
+/// run whose log asks `a` and `b` and answers `a`, as the index's
+/// predecessors did: no index rows.
+macro_rules! write_before_request_backfill {
+    ($pool:expr, $migrations:literal) => {{
+        let pool = $pool;
+        let mut migrator = sqlx::migrate!($migrations);
+        let before: Vec<_> = migrator.migrations.iter().filter(|m| m.version < 21).cloned().collect();
+        migrator.migrations = std::borrow::Cow::Owned(before);
+        migrator.run(&pool).await.unwrap();
+        sqlx::query(
+            "INSERT INTO runs (run_id, thread_id, tenant, status, started_at, driver_epoch, sentinel_key, \
+             log_closed, updated_at) VALUES ('old', 'thread-old', 'acme', 'running', 1000, 1, 'key-old', FALSE, 1000)",
+        )
+        .execute(&pool)
+        .await
+        .unwrap();
+        for (seq, payload) in [(1, "ask:a:1"), (2, "ask:b:1"), (3, "answer:a:1")] {
+            sqlx::query(
+                "INSERT INTO run_events (tenant, run_id, seq, epoch, kind, payload, appended_at) \
+                 VALUES ('acme', 'old', $1, 1, 'k', $2, 1000)",
+            )
+            .bind(seq as i64)
+            .bind(payload.as_bytes().to_vec())
+            .execute(&pool)
+            .await
+            .unwrap();
+        }
+        pool.close().await;
+    }};
+}
+
+/// After the upgrade the old run's requests are built from its log on the
+/// first call; a run created since needs nothing built.
+async fn runs_written_before_the_request_index_get_theirs_built(url: &str) {
+    let stores = Stores::open(url).await.unwrap();
+    let old = acme("old");
+    assert!(stores.events.requests(&old, RequestFilter::All).await.unwrap().is_empty());
+    assert!(stores.events.backfill_requests(&old, &test_mark).await.unwrap());
+    assert_eq!(
+        request_payloads(&stores, &old, RequestFilter::All).await,
+        [req("a", "ask:a:1", Some("answer:a:1")), req("b", "ask:b:1", None)]
+    );
+    assert!(!stores.events.backfill_requests(&old, &test_mark).await.unwrap());
+    create(&stores, "new").await;
+    assert!(!stores.events.backfill_requests(&acme("new"), &test_mark).await.unwrap());
+    stores.close().await;
+}
+
+#[tokio::test]
+async fn sqlite_upgrade_builds_the_request_index_of_older_runs() {
+    use std::str::FromStr;
+    let dir = tempfile::tempdir().unwrap();
+    let url = default_database_url(dir.path());
+    let options = sqlx::sqlite::SqliteConnectOptions::from_str(&url).unwrap().create_if_missing(true);
+    let pool = sqlx::SqlitePool::connect_with(options).await.unwrap();
+    write_before_request_backfill!(pool, "./migrations/sqlite");
+    runs_written_before_the_request_index_get_theirs_built(&url).await;
+}
+
+#[tokio::test]
+async fn postgres_upgrade_builds_the_request_index_of_older_runs() {
+    let Some(admin_url) = sandhold_tests::services::postgres_url() else { return };
+    let scratch = ScratchDatabase::create(&admin_url).await.unwrap();
+    let pool = sqlx::PgPool::connect(scratch.url()).await.unwrap();
+    write_before_request_backfill!(pool, "./migrations/postgres");
+    runs_written_before_the_request_index_get_theirs_built(scratch.url()).await;
+    scratch.drop_database().await.unwrap();
+}
+
 // ---------------------------------------------------------------- instantiation
 
 macro_rules! instantiate {
@@ -1162,6 +1319,7 @@ conformance_suite!(
     log_read_from_first_and_middle_offsets,
     log_pages_through_a_log_longer_than_a_page,
     log_requests_are_indexed_by_the_append,
+    log_requests_older_than_the_index_are_built_from_the_log_once,
     log_stale_append_is_refused_after_a_claim_and_stays_refused,
     log_snapshot_never_blocks,
     log_tail_sees_later_appends_and_ends_at_close,

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use futures::stream::BoxStream;
 
-use super::{Epoch, Error, IndexedRequest, RequestFilter, RequestMark, Result, RunKey, Timestamp};
+use super::{Epoch, Error, IndexedRequest, MarkOf, RequestFilter, RequestMark, Result, RunKey, Timestamp};
 
 /// A position in a run's log, minted by the store. Opaque to clients: they
 /// get it with each chunk and hand it back to resume after that chunk.
@@ -158,6 +158,15 @@ pub trait EventLog: Send + Sync {
 
     /// One request of the run by id, if the log holds it.
     async fn request(&self, run: &RunKey, request_id: &str) -> Result<Option<IndexedRequest>>;
+
+    /// Build the request index of a run whose log was written (in part)
+    /// before the index existed, from its log, once: the runs that existed
+    /// then are marked unindexed (migration 0021). `mark_of` reads what
+    /// each stored chunk does to the run's requests. The index is rebuilt
+    /// whole in one transaction, appends to the run waiting meanwhile, and
+    /// the mark cleared with it. Returns whether it built one: false for an
+    /// indexed run (one lookup) or an unknown one.
+    async fn backfill_requests(&self, run: &RunKey, mark_of: &MarkOf) -> Result<bool>;
 
     /// Close the log: later appends are refused and tailers end. Not fenced
     /// (teardown must always be able to release tailers); idempotent. A

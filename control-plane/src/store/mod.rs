@@ -55,7 +55,7 @@ pub use event_log::{
 pub use instances::{Instance, InstanceStore, NewInstance};
 pub use presence::Presence;
 pub use primitives::{Epoch, FIRST_EPOCH, FIRST_OFFSET, TAIL_POLL_INTERVAL, Tenant, Timestamp};
-pub use requests::{IndexedRequest, RequestFilter, RequestMark};
+pub use requests::{IndexedRequest, MarkOf, RequestFilter, RequestMark};
 pub use runs::{
     Admitted, CreatedRun, NewRun, RunError, RunFinish, RunKey, RunRecord, RunStatus, RunStore, RunUpdate,
     SentinelKey, generated_run_id,

@@ -35,7 +35,7 @@ use super::checkpoint_sql::{
     CheckpointRow, REFS_PER_INSERT, checkpoint_columns, checkpoint_not_found, impl_checkpoint_store,
     new_checkpoint_id, to_db,
 };
-use super::requests_sql::{RequestRow, impl_request_index, index_requests, request_select};
+use super::requests_sql::{RequestRow, impl_request_index, index_marks, index_requests, request_select};
 use super::sql::{
     DefinitionRow, EventRow, InstanceRow, RunRow, epoch_to_db, explain_refusal, impl_shared_stores,
     instance_columns, json_to_db, not_terminal, run_columns, run_not_found, terminal,
@@ -135,7 +135,7 @@ async fn relay_notifications(database_url: String, wakes: Wakes, stop: Cancellat
 }
 
 impl_shared_stores!(PgStore, sqlx::Postgres);
-impl_request_index!(PgStore);
+impl_request_index!(PgStore, begin: "BEGIN", for_update: " FOR UPDATE");
 
 impl PgStore {
     /// Serializes every quota-checked run creation of `tenant` across
@@ -296,6 +296,10 @@ impl EventLog for PgStore {
 
     async fn request(&self, run: &RunKey, request_id: &str) -> Result<Option<IndexedRequest>> {
         self.indexed_request(run, request_id).await
+    }
+
+    async fn backfill_requests(&self, run: &RunKey, mark_of: &super::MarkOf) -> Result<bool> {
+        self.backfill_request_index(run, mark_of).await
     }
 
     async fn close(&self, run: &RunKey) -> Result<()> {

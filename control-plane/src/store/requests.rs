@@ -5,6 +5,12 @@
 
 use super::StoredChunk;
 
+/// What a stored chunk does to its run's requests, for building the index
+/// of a log written before it ([`super::EventLog::backfill_requests`]): the
+/// event model's reading, as [`super::NewChunk::request`] says it for an
+/// append.
+pub type MarkOf = dyn Fn(&StoredChunk) -> Option<RequestMark> + Send + Sync;
+
 /// What an appended chunk does to its run's requests. The log does not
 /// interpret chunks; the caller says this beside `kind`.
 #[derive(Debug, Clone, PartialEq, Eq)]

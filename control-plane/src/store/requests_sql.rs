@@ -55,19 +55,29 @@ impl RequestRow {
 /// the first answer after it count, like a reader of the log keeps them.
 macro_rules! index_requests {
     ($tx:expr, $run:expr, $chunks:expr, $seqs:expr) => {
-        for (chunk, seq) in $chunks.iter().zip($seqs) {
-            let (statement, id) = match &chunk.request {
-                Some($crate::store::RequestMark::Asked(id)) => (
+        index_marks!(
+            $tx,
+            $run,
+            $chunks.iter().zip($seqs).filter_map(|(chunk, seq)| Some((chunk.request.as_ref()?, seq)))
+        )
+    };
+}
+
+/// Index `$marks`, `(&RequestMark, seq)` in log order, inside `$tx`.
+macro_rules! index_marks {
+    ($tx:expr, $run:expr, $marks:expr) => {
+        for (mark, seq) in $marks {
+            let (statement, id) = match mark {
+                $crate::store::RequestMark::Asked(id) => (
                     "INSERT INTO run_requests (tenant, run_id, request_id, asked_seq) \
                      VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
                     id,
                 ),
-                Some($crate::store::RequestMark::Answered(id)) => (
+                $crate::store::RequestMark::Answered(id) => (
                     "UPDATE run_requests SET answered_seq = $4 \
                      WHERE tenant = $1 AND run_id = $2 AND request_id = $3 AND answered_seq IS NULL",
                     id,
                 ),
-                None => continue,
             };
             sqlx::query(statement)
                 .bind($run.tenant.as_str())
@@ -79,13 +89,78 @@ macro_rules! index_requests {
         }
     };
 }
+pub(super) use index_marks;
 pub(super) use index_requests;
 
 /// The reads of the index ([`super::EventLog::requests`] and
-/// [`super::EventLog::request`]) for a backend struct with a `pool` field.
+/// [`super::EventLog::request`]) and its backfill
+/// ([`super::EventLog::backfill_requests`]) for a backend struct with a
+/// `pool` field. `$begin`: the statement opening a write transaction;
+/// `$for_update`: the row-lock suffix that makes appends to the run wait
+/// (they take its row `FOR SHARE` on PostgreSQL; SQLite has one writer).
 macro_rules! impl_request_index {
-    ($store:ty) => {
+    ($store:ty, begin: $begin:literal, for_update: $for_update:literal) => {
         impl $store {
+            async fn backfill_request_index(
+                &self,
+                run: &RunKey,
+                mark_of: &$crate::store::MarkOf,
+            ) -> Result<bool> {
+                const INDEXED: &str = "SELECT requests_indexed FROM runs WHERE tenant = $1 AND run_id = $2";
+                let indexed: Option<bool> = sqlx::query_scalar(INDEXED)
+                    .bind(run.tenant.as_str())
+                    .bind(run.run.as_str())
+                    .fetch_optional(&self.pool)
+                    .await?;
+                if indexed != Some(false) {
+                    return Ok(false);
+                }
+                let mut tx = self.pool.begin_with($begin).await?;
+                let indexed: Option<bool> = sqlx::query_scalar(concat!(
+                    "SELECT requests_indexed FROM runs WHERE tenant = $1 AND run_id = $2",
+                    $for_update
+                ))
+                .bind(run.tenant.as_str())
+                .bind(run.run.as_str())
+                .fetch_optional(&mut *tx)
+                .await?;
+                if indexed != Some(false) {
+                    // Another reader built it meanwhile.
+                    return Ok(false);
+                }
+                let mut marks = Vec::new();
+                {
+                    let mut rows = sqlx::query_as::<_, EventRow>(
+                        "SELECT seq, epoch, kind, payload, appended_at FROM run_events \
+                         WHERE tenant = $1 AND run_id = $2 ORDER BY seq",
+                    )
+                    .bind(run.tenant.as_str())
+                    .bind(run.run.as_str())
+                    .fetch(&mut *tx);
+                    while let Some(row) = futures::TryStreamExt::try_next(&mut rows).await? {
+                        let chunk = row.into_chunk()?;
+                        if let Some(mark) = mark_of(&chunk) {
+                            marks.push((mark, chunk.offset.seq()));
+                        }
+                    }
+                }
+                // Rows of appends since the index existed may point at a
+                // repeated ask rather than the first: rebuilt whole.
+                sqlx::query("DELETE FROM run_requests WHERE tenant = $1 AND run_id = $2")
+                    .bind(run.tenant.as_str())
+                    .bind(run.run.as_str())
+                    .execute(&mut *tx)
+                    .await?;
+                index_marks!(tx, run, marks.iter().map(|(mark, seq)| (mark, *seq)));
+                sqlx::query("UPDATE runs SET requests_indexed = TRUE WHERE tenant = $1 AND run_id = $2")
+                    .bind(run.tenant.as_str())
+                    .bind(run.run.as_str())
+                    .execute(&mut *tx)
+                    .await?;
+                tx.commit().await?;
+                Ok(true)
+            }
+
             async fn indexed_requests(
                 &self,
                 run: &RunKey,

@@ -17,7 +17,7 @@ use super::checkpoint_sql::{
     CheckpointRow, REFS_PER_INSERT, checkpoint_columns, checkpoint_not_found, impl_checkpoint_store,
     new_checkpoint_id, to_db,
 };
-use super::requests_sql::{RequestRow, impl_request_index, index_requests, request_select};
+use super::requests_sql::{RequestRow, impl_request_index, index_marks, index_requests, request_select};
 use super::sql::{
     DefinitionRow, EventRow, InstanceRow, RunRow, epoch_to_db, explain_refusal, impl_shared_stores,
     instance_columns, json_to_db, not_terminal, run_columns, run_not_found, terminal,
@@ -106,7 +106,7 @@ async fn adopt_legacy_blobs(pool: &SqlitePool, blobs: &super::DirBlobStore) -> R
 }
 
 impl_shared_stores!(SqliteStore, sqlx::Sqlite);
-impl_request_index!(SqliteStore);
+impl_request_index!(SqliteStore, begin: "BEGIN IMMEDIATE", for_update: "");
 
 impl SqliteStore {
     /// Nothing to take: the count and the insert are one write statement,
@@ -204,6 +204,10 @@ impl EventLog for SqliteStore {
 
     async fn request(&self, run: &RunKey, request_id: &str) -> Result<Option<IndexedRequest>> {
         self.indexed_request(run, request_id).await
+    }
+
+    async fn backfill_requests(&self, run: &RunKey, mark_of: &super::MarkOf) -> Result<bool> {
+        self.backfill_request_index(run, mark_of).await
     }
 
     async fn close(&self, run: &RunKey) -> Result<()> {

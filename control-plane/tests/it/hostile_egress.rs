@@ -132,7 +132,7 @@ async fn hostile_a_connect_flood_leaves_the_servers_sockets_bounded_and_other_te
     read_until(&mut stream, &mut seen, |s| s.has_text("codes ")).await.unwrap();
     let held = open_fds(s.server.pid());
     let codes = seen.chunks.iter().find(|(_, c)| c.delta.contains("codes ")).unwrap().1.delta.clone();
-    let allowed = control_plane::egress::PER_SANDBOX;
+    let allowed = control_plane::config::DEFAULT_EGRESS_MAX_CONNECTIONS_PER_SANDBOX as usize;
     assert_eq!(codes.trim(), format!("codes 200={allowed} 403={}", 1_200 - allowed), "{codes}");
     assert!(sink.accepted.load(Ordering::SeqCst) <= allowed, "{}", sink.accepted.load(Ordering::SeqCst));
     // A local sandbox and its run cost the server some descriptors; the

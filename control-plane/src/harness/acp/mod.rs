@@ -22,6 +22,7 @@ pub(super) use adapter::Acp;
 use std::collections::HashMap;
 
 use serde_json::{Map, Value, json};
+use shared::chunk;
 use shared::journal::AGENT_PROGRAM;
 
 use super::{
@@ -233,7 +234,7 @@ impl AcpTranslator {
                 self.end_text(em);
                 self.flush(em);
                 let entries = update.get("entries").cloned().unwrap_or(Value::Array(Vec::new()));
-                em.push(em.f.custom("acp.plan", &json!({ "entries": entries })));
+                em.push(em.f.custom(chunk::ACP_PLAN, &json!({ "entries": entries })));
             }
             _ => {}
         }
@@ -258,7 +259,7 @@ impl Translate for AcpTranslator {
                         value.insert(key.into(), v.clone());
                     }
                 }
-                em.push(em.f.custom("acp.permission", &Value::Object(value)));
+                em.push(em.f.custom(chunk::ACP_PERMISSION, &Value::Object(value)));
             }
             "warning" => em.warning(str_of(&event, "message"), None),
             "stop" => {

@@ -17,7 +17,7 @@ pub(super) use adapter::Codex;
 use std::collections::HashMap;
 
 use serde_json::{Map, Value, json};
-use shared::chunk::Usage;
+use shared::chunk::{self, Usage};
 use shared::policy::{Action, Effect};
 
 use super::model_api::toml_string;
@@ -275,7 +275,7 @@ impl CodexTranslator {
             }
             "todo_list" if completed => {
                 let items = item.get("items").cloned().unwrap_or(Value::Null);
-                em.push(em.f.custom("codex.todo_list", &json!({ "items": items })));
+                em.push(em.f.custom(chunk::CODEX_TODO_LIST, &json!({ "items": items })));
             }
             "error" if completed => em.warning(str_of(item, "message"), None),
             _ => {}
