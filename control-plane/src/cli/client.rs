@@ -241,6 +241,14 @@ async fn connect_remote(server: &str, ca_cert: Option<&std::path::Path>) -> anyh
             .map_err(|e| unreachable(&e))?
             .map_err(|e| unreachable(&source_chain(&e)));
     }
+    if let Some((scheme, _)) = server.split_once("://")
+        && scheme != "http"
+        && scheme != "https"
+    {
+        bail!(
+            "--server {server:?}: {scheme}:// is not a way to reach a server; write HOST:PORT, http://HOST:PORT, https://HOST:PORT (TLS) or unix:PATH"
+        );
+    }
     let url = if server.contains("://") { server.to_string() } else { format!("http://{server}") };
     let endpoint = Endpoint::from_shared(url.clone())
         .map_err(|e| {
@@ -268,7 +276,18 @@ async fn connect_remote(server: &str, ca_cert: Option<&std::path::Path>) -> anyh
         }
         endpoint
     };
-    endpoint.connect().await.map_err(|e| unreachable(&source_chain(&e)))
+    endpoint.connect().await.map_err(|e| {
+        let cause = source_chain(&e);
+        if url.starts_with("https://") && (cause.contains("InvalidContentType") || cause.contains("corrupt message")) {
+            // A TLS hello answered in plain text.
+            anyhow::anyhow!(
+                "{server} does not speak TLS ({cause}): a server without --tls-cert is plain text; write it as {}",
+                url.replacen("https://", "http://", 1)
+            )
+        } else {
+            unreachable(&cause)
+        }
+    })
 }
 
 /// Whether `server` (as --server takes it) is on this machine: the only

@@ -102,10 +102,21 @@ pub enum Command {
 /// message would echo the value, a token, and not say where tokens go).
 /// Arguments after `--` belong to the command a run starts.
 fn removed_flag(args: impl Iterator<Item = std::ffi::OsString>) -> Option<String> {
+    let mut command = None;
     for arg in args {
         let arg = arg.to_string_lossy();
         if arg == "--" {
             return None;
+        }
+        if command.is_none() && !arg.starts_with('-') {
+            command = Some(arg.to_string());
+        }
+        if (arg == "--token" || arg.starts_with("--token=")) && command.as_deref() != Some("serve") {
+            return Some(format!(
+                "--token is not a flag: a token on the command line is visible to every user of the machine \
+                 (ps, /proc/PID/cmdline). Put the server's API token in {} instead",
+                client::TOKEN_VAR
+            ));
         }
         if arg == "--token" || arg.starts_with("--token=") {
             return Some(format!(
@@ -119,13 +130,41 @@ fn removed_flag(args: impl Iterator<Item = std::ffi::OsString>) -> Option<String
     None
 }
 
+/// A word clap did not expect where a command or prompt goes after `--`
+/// (`sandhold run echo hi`): say where it belongs.
+fn missing_separator(e: &clap::Error, command: &str) -> Option<String> {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    if e.kind() != ErrorKind::UnknownArgument {
+        return None;
+    }
+    let Some(ContextValue::String(word)) = e.get(ContextKind::InvalidArg) else { return None };
+    if word.starts_with('-') {
+        return None;
+    }
+    Some(format!(
+        "tip: the command (or prompt) goes after `--`, so no flag of sandhold is taken for one of it: \
+         sandhold {command} [...] -- {word} ..."
+    ))
+}
+
 /// Entry point of the `sandhold` binary.
 pub fn main() -> ExitCode {
     if let Some(message) = removed_flag(std::env::args_os().skip(1)) {
         eprintln!("error: {message}");
         return ExitCode::from(2);
     }
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let command = std::env::args().skip(1).find(|a| !a.starts_with('-')).unwrap_or_default();
+            if let Some(hint) = missing_separator(&e, &command) {
+                let _ = e.print();
+                eprintln!("\n{hint}");
+                return ExitCode::from(2);
+            }
+            e.exit()
+        }
+    };
     let command = match cli.command {
         Command::Serve(args) => return serve::main(args),
         Command::Harness(c) => return harness::harness(c),
@@ -165,6 +204,23 @@ pub fn main() -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_word_where_the_command_goes_says_to_put_it_after_the_separator() {
+        use clap::Parser;
+        let e = Cli::try_parse_from(["sandhold", "run", "echo", "hi"]).unwrap_err();
+        assert!(missing_separator(&e, "run").unwrap().contains("sandhold run [...] -- echo"));
+        let e = Cli::try_parse_from(["sandhold", "run", "--no-such-flag", "--", "x"]).unwrap_err();
+        assert!(missing_separator(&e, "run").is_none(), "a flag is not a command");
+    }
+
+    #[test]
+    fn a_client_given_a_token_flag_is_told_about_its_variable() {
+        let args = |a: &[&str]| a.iter().map(std::ffi::OsString::from).collect::<Vec<_>>().into_iter();
+        let message = removed_flag(args(&["runs", "--token", "secret-xyz"])).unwrap();
+        assert!(message.contains("SANDHOLD_TOKEN") && !message.contains("--tokens-file"), "{message}");
+        assert!(!message.contains("secret-xyz"));
+    }
 
     #[test]
     fn the_removed_token_flag_is_named_before_clap_sees_it() {

@@ -64,6 +64,26 @@ pub fn status_error(status: tonic::Status) -> anyhow::Error {
         tonic::Code::Unavailable if status.message().contains("transport") => {
             error.message.push_str("\nThe server went away; is it still running?")
         }
+        // Not gRPC at all: a plain HTTP/1 server, a TLS server spoken to in
+        // plain text, or a proxy that does not carry gRPC.
+        tonic::Code::Internal if status.message().contains("h2 protocol error") => {
+            error.message = format!(
+                "the server does not speak gRPC ({}): is --server the address `sandhold serve` listens on? \
+                 A server with --tls-cert is written https://HOST:PORT",
+                status.message()
+            )
+        }
+        tonic::Code::Unknown if status.message().contains("grpc-status header missing") => {
+            error.message = format!(
+                "an HTTP server answered, not a Sandhold server ({}): check --server's host and port, and that a \
+                 proxy in between carries gRPC (HTTP/2)",
+                status.message()
+            )
+        }
+        tonic::Code::NotFound => error.message.push_str(
+            "\nWhat this server has: `sandhold runs`, `sandhold sandboxes ls`, `sandhold definitions ls` \
+             (the same --server, or the same --data-dir for the embedded server).",
+        ),
         tonic::Code::Unimplemented if status.message().is_empty() => {
             error.message =
                 "this server does not serve that call (is it an older version than this client?)".into()

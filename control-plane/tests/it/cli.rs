@@ -166,6 +166,35 @@ fn errors_say_what_to_do_next() {
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr(&out).contains("unix:///nonexistent/docker.sock"), "{}", stderr(&out));
 
+    // Something that is not a Sandhold server, or spoken to the wrong way.
+    let http1 = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let http1_addr = http1.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        for conn in http1.incoming().flatten() {
+            use std::io::{Read, Write};
+            let mut conn = conn;
+            let _ = conn.read(&mut [0u8; 1024]);
+            let _ = conn.write_all(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n");
+        }
+    });
+    for (server, says) in [
+        (http1_addr.clone(), "does not speak gRPC"),
+        (format!("https://{http1_addr}"), "does not speak TLS"),
+        ("ftp://example.invalid".to_string(), "ftp:// is not a way to reach a server"),
+    ] {
+        let out = sandhold(dir.path()).args(["runs", "--server", &server]).output().unwrap();
+        assert_eq!(out.status.code(), Some(2));
+        assert!(stderr(&out).contains(says), "{server}: {}", stderr(&out));
+    }
+    let out = sandhold(dir.path()).args(["runs", "--token", "tok-123"]).output().unwrap();
+    assert!(stderr(&out).contains("SANDHOLD_TOKEN") && !stderr(&out).contains("tok-123"), "{}", stderr(&out));
+    let out = sandhold(dir.path()).args(["run", "echo", "hi"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("-- echo"), "the missing separator: {}", stderr(&out));
+    let out = sandhold(&dir.path().join("data")).args(["logs", "no-such-run"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("sandhold runs"), "{}", stderr(&out));
+
     let bad = dir.path().join("bad.toml");
     std::fs::write(&bad, "id = \"x\"\nsecrets = [\"A\"]\n").unwrap();
     let out = sandhold(dir.path()).args(["definitions", "apply"]).arg(&bad).output().unwrap();
