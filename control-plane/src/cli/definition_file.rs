@@ -46,6 +46,13 @@ pub fn load(path: &Path) -> anyhow::Result<api::SandboxDefinition> {
 /// else: JSON, then TOML). Total: any text is a definition or an error
 /// (`fuzz/fuzz_targets/definition.rs` holds it to that).
 pub fn from_text(text: &str, ext: &str) -> anyhow::Result<api::SandboxDefinition> {
+    from_value_text(text, ext).map_err(|e| match unknown_field(&format!("{e:#}")) {
+        Some(name) => anyhow::anyhow!("{}", explain_unknown(text, name)),
+        None => e,
+    })
+}
+
+fn from_value_text(text: &str, ext: &str) -> anyhow::Result<api::SandboxDefinition> {
     let value = match ext {
         "toml" => from_toml(text)?,
         "json" => serde_json::from_str(text)?,
@@ -73,6 +80,103 @@ pub fn parse(value: serde_json::Value) -> anyhow::Result<api::SandboxDefinition>
         bail!("`id` is missing (the name the definition is stored under)");
     }
     Ok(definition)
+}
+
+/// The field a deserialization error says is unknown.
+fn unknown_field(message: &str) -> Option<&str> {
+    let rest = &message[message.find("unrecognized field name '")? + "unrecognized field name '".len()..];
+    rest.split('\'').next()
+}
+
+/// An unknown field with where it is (line and column of its first use as
+/// a key) and the nearest field the format has, if one is near.
+fn explain_unknown(text: &str, name: &str) -> String {
+    let position = key_position(text, name);
+    let at = position.map(|(l, c, _)| format!("line {l}, column {c}: ")).unwrap_or_default();
+    // A key of the definition itself is compared with its own fields only.
+    let known = field_names(position.is_some_and(|(_, _, top)| top));
+    let common = |k: &str| k.chars().zip(name.chars()).take_while(|(a, b)| a == b).count();
+    let nearest = known
+        .iter()
+        .map(|k| (edit_distance(name, k), k))
+        .filter(|(d, k)| *d <= (k.len() / 3).max(1))
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, k)| k)
+        // Else a field that begins the same way (`secrets`: `secret_names`).
+        .or_else(|| known.iter().filter(|k| common(k) >= 5).max_by_key(|k| common(k)))
+        .map(|k| format!("; did you mean `{k}`?"))
+        .unwrap_or_default();
+    format!(
+        "{at}unknown field `{name}`{nearest} (the fields are those of sandhold.v1.SandboxDefinition in proto/sandhold/v1/sandbox.proto)"
+    )
+}
+
+/// 1-based line and column of `name` used as a key: followed (after blanks
+/// or a closing quote) by `=`, `:`, `.` or `]`; and whether it is a key of
+/// the definition itself (TOML: before any table header, outside braces;
+/// JSON: in the outermost object).
+fn key_position(text: &str, name: &str) -> Option<(usize, usize, bool)> {
+    let bytes = text.as_bytes();
+    let word = |b: u8| b.is_ascii_alphanumeric() || b == b'_';
+    let mut from = 0;
+    while let Some(i) = text[from..].find(name).map(|i| i + from) {
+        let end = i + name.len();
+        let before_ok = i == 0 || !word(bytes[i - 1]);
+        let after = text[end..].trim_start_matches(['"', '\'', ' ', '\t']);
+        if before_ok && (end >= bytes.len() || !word(bytes[end])) && after.starts_with(['=', ':', '.', ']']) {
+            let line = text[..i].matches('\n').count() + 1;
+            let column = i - text[..i].rfind('\n').map_or(0, |n| n + 1) + 1;
+            let before = &text[..i];
+            let depth =
+                before.matches(['{', '[']).count() as isize - before.matches(['}', ']']).count() as isize;
+            let top = if text.trim_start().starts_with('{') {
+                depth == 1
+            } else {
+                depth == 0 && !before.lines().any(|l| l.trim_start().starts_with('['))
+            };
+            return Some((line, column, top));
+        }
+        from = end;
+    }
+    None
+}
+
+/// Every field name (and JSON name) of the definition and, unless only its
+/// own are asked for, of its messages.
+fn field_names(own_only: bool) -> Vec<String> {
+    let mut names = std::collections::BTreeSet::new();
+    let mut seen = std::collections::BTreeSet::new();
+    let mut todo = vec![POOL.get_message_by_name("sandhold.v1.SandboxDefinition").expect("in the pool")];
+    while let Some(message) = todo.pop() {
+        if !seen.insert(message.full_name().to_string()) {
+            continue;
+        }
+        for field in message.fields() {
+            names.insert(field.name().to_string());
+            names.insert(field.json_name().to_string());
+            if let prost_reflect::Kind::Message(m) = field.kind()
+                && !own_only
+            {
+                todo.push(m);
+            }
+        }
+    }
+    names.into_iter().collect()
+}
+
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let next = (diagonal + usize::from(ca != *cb)).min(row[j] + 1).min(row[j + 1] + 1);
+            diagonal = row[j + 1];
+            row[j + 1] = next;
+        }
+    }
+    row[b.len()]
 }
 
 /// What `sandhold run` builds a definition from when no file is given.
@@ -201,6 +305,19 @@ keep_alive_ms = 600000
         let lifecycle = d.lifecycle.unwrap();
         assert_eq!(lifecycle.reuse(), api::Reuse::None);
         assert_eq!(lifecycle.keep_alive_ms, 600_000);
+    }
+
+    #[test]
+    fn an_unknown_field_is_placed_and_the_nearest_one_suggested() {
+        let text = "id = \"x\"\n[provider.local]\n[workspace]\nsetup = [{ serail = \"npm ci\" }]\n";
+        let e = format!("{:#}", from_text(text, "toml").unwrap_err());
+        assert!(e.starts_with("line 4, column 12: unknown field `serail`; did you mean `serial`?"), "{e}");
+        let e = format!("{:#}", from_text(r#"{"id": "x", "provider": {"dokcer": {}}}"#, "json").unwrap_err());
+        assert!(e.contains("line 1, column 27") && e.contains("did you mean `docker`?"), "{e}");
+        let e = format!("{:#}", from_text("id = \"x\"\nzzzzzz = 1\n", "toml").unwrap_err());
+        assert!(e.contains("unknown field `zzzzzz`") && !e.contains("did you mean"), "{e}");
+        let e = format!("{:#}", from_text("id = \"x\"\nsecrets = [\"A\"]\n", "toml").unwrap_err());
+        assert!(e.contains("line 2, column 1") && e.contains("did you mean `secret_names`?"), "{e}");
     }
 
     #[test]

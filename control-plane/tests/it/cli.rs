@@ -175,6 +175,12 @@ fn errors_say_what_to_do_next() {
             let mut conn = conn;
             let _ = conn.read(&mut [0u8; 1024]);
             let _ = conn.write_all(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n");
+            // Kept open, as a real server would for a moment: the client
+            // reads the answer rather than a reset.
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_secs(5));
+                drop(conn);
+            });
         }
     });
     for (server, says) in [
@@ -199,7 +205,9 @@ fn errors_say_what_to_do_next() {
     std::fs::write(&bad, "id = \"x\"\nsecrets = [\"A\"]\n").unwrap();
     let out = sandhold(dir.path()).args(["definitions", "apply"]).arg(&bad).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
-    assert!(stderr(&out).contains("secrets"), "names the unknown field: {}", stderr(&out));
+    let said = stderr(&out);
+    assert!(said.contains("bad.toml") && said.contains("line 2, column 1"), "where: {said}");
+    assert!(said.contains("unknown field `secrets`; did you mean `secret_names`?"), "what: {said}");
 }
 
 #[test]
