@@ -191,8 +191,13 @@ test("the console browses a sandbox's files, destroys it, reads and forks a snap
         [
           `printf "def greet(name):\\n    print('hi ' + name)\\n" > greet.py`,
           "git init -q && git add greet.py && git -c user.name=demo -c user.email=demo@example.com commit -qm greet",
+          // File events are reported once the run's output has begun.
+          "echo committed",
           "sleep 1",
           `printf "def greet(name):\\n    message = f'hello, {name}'\\n    print(message)\\n" > greet.py`,
+          // File events are best effort and coalesced: give the watch time
+          // to deliver this one before the run ends.
+          "sleep 1",
           "mkdir -p notes && echo hello-from-sandbox > notes/hello.txt && echo wrote notes/hello.txt",
         ].join(" && "),
       ],
