@@ -63,7 +63,24 @@ pub(super) struct PgStore {
     _relay: Arc<DropGuard>,
 }
 
+/// How long the first connection of [`open`] may take before the server
+/// says the database does not answer (and tries again).
+const FIRST_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
 pub(super) async fn open(database_url: &str) -> Result<Stores> {
+    // One direct attempt first: the pool retries a refused connection
+    // quietly until its acquire timeout, 30 s of silence for an operator
+    // whose database is down.
+    use sqlx::Connection;
+    let probe = tokio::time::timeout(FIRST_CONNECT_TIMEOUT, sqlx::PgConnection::connect(database_url))
+        .await
+        .map_err(|_| {
+            Error::Unavailable(format!(
+                "PostgreSQL did not answer within {}s",
+                FIRST_CONNECT_TIMEOUT.as_secs()
+            ))
+        })??;
+    let _ = probe.close().await;
     let pool = PgPoolOptions::new()
         .max_connections(10)
         .acquire_timeout(Duration::from_secs(30))

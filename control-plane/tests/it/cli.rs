@@ -527,3 +527,45 @@ fn docker_runs_find_the_static_agent_where_the_build_script_puts_it() {
     assert!(found.status.success(), "{}", stderr(&found));
     assert!(stdout(&found).contains("from-docker"), "{}", stdout(&found));
 }
+
+/// `serve` with its database down says so at once (not after the pool's
+/// 30 s acquire timeout), and keeps saying so while it retries.
+#[test]
+fn serve_says_at_once_and_again_that_its_database_does_not_answer() {
+    let dir = sandhold_tests::local::TestDir::new("sh-nodb");
+    // A port nothing listens on: connections are refused.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut child = sandhold(&dir.path().join("data"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--log-format", "pretty"])
+        .arg("--database-url")
+        .arg(format!("postgres://sandhold@127.0.0.1:{port}/sandhold"))
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let started = std::time::Instant::now();
+    let mut warnings = Vec::new();
+    while warnings.len() < 2 && started.elapsed() < Duration::from_secs(20) {
+        if let Ok(line) = rx.recv_timeout(Duration::from_millis(200))
+            && line.contains("not reachable yet")
+        {
+            warnings.push((started.elapsed(), line));
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(warnings.len() >= 2, "said it twice: {warnings:?}");
+    // Both came before the pool's own 30 s acquire timeout could have
+    // said anything.
+    assert!(warnings[0].1.contains("stores"), "{warnings:?}");
+}
