@@ -223,6 +223,11 @@ export class SandholdClient {
     return wrap(async () => (await this.runs.cancelRun({ runId })).run);
   }
 
+  /** Remove an ended run with its log and requests (a run still going is refused: cancel it first). */
+  async deleteRun(runId: string): Promise<void> {
+    await wrap(async () => this.runs.deleteRun({ runId }));
+  }
+
   async getRun(runId: string): Promise<Run | undefined> {
     return wrap(async () => (await this.runs.getRun({ runId })).run);
   }

@@ -153,6 +153,15 @@ impl RunService for RunApi {
         Ok(Response::new(api::CancelRunResponse { run: Some(run_to_api(&record)) }))
     }
 
+    async fn delete_run(
+        &self,
+        request: Request<api::DeleteRunRequest>,
+    ) -> Result<Response<api::DeleteRunResponse>, Status> {
+        let tenant = tenant_of(&request)?;
+        self.runs.remove(&tenant, &request.into_inner().run_id).await?;
+        Ok(Response::new(api::DeleteRunResponse {}))
+    }
+
     async fn get_run(
         &self,
         request: Request<api::GetRunRequest>,

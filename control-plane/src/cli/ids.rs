@@ -1,7 +1,7 @@
-//! Sandbox ids as people type them: a unique prefix of the 64 hex digits
-//! (the console and `sandboxes ls` show 16) names the sandbox; an ambiguous
-//! one is refused with the candidates. Or no id at all: `--thread` names
-//! the thread's sandbox.
+//! Sandbox and run ids as people type them: a unique prefix names the
+//! sandbox (of its 64 hex digits; the console and `sandboxes ls` show 16)
+//! or the run; an ambiguous one is refused with the candidates. Or no
+//! sandbox id at all: `--thread` names the thread's sandbox.
 
 use shared::proto::v1 as api;
 
@@ -57,23 +57,55 @@ pub async fn sandbox_id(conn: &Connection, given: &str) -> anyhow::Result<String
         .map_err(status_error)?
         .into_inner()
         .sandboxes;
-    pick(given, listed.into_iter().map(|s| s.sandbox_id).collect())
+    pick(given, listed.into_iter().map(|s| s.sandbox_id).collect(), &SANDBOXES)
 }
 
-fn pick(given: &str, ids: Vec<String>) -> anyhow::Result<String> {
+/// Runs a prefix is looked for among: the tenant's newest.
+const RUNS_SEARCHED: u32 = 1000;
+
+/// The full id of the run `given` names: the run of that id, or the one
+/// among the tenant's newest [`RUNS_SEARCHED`] whose id starts with it.
+pub async fn run_id(conn: &Connection, given: &str) -> anyhow::Result<String> {
+    let exact = conn.runs().get_run(api::GetRunRequest { run_id: given.to_string() }).await;
+    match exact {
+        Ok(_) => return Ok(given.to_string()),
+        // Not a run's id, or not even shaped like one: perhaps a prefix.
+        Err(s) if matches!(s.code(), tonic::Code::NotFound | tonic::Code::InvalidArgument) => {}
+        Err(s) => return Err(status_error(s)),
+    }
+    let request = api::ListRunsRequest { thread_id: String::new(), limit: RUNS_SEARCHED };
+    let listed = conn.runs().list_runs(request).await.map_err(status_error)?.into_inner().runs;
+    pick(given, listed.into_iter().map(|r| r.run_id).collect(), &RUNS)
+}
+
+/// What kind of id is looked for, to say so.
+struct Kind {
+    one: &'static str,
+    many: &'static str,
+    list: &'static str,
+    /// How much of a candidate an ambiguity shows.
+    shown: usize,
+}
+
+const SANDBOXES: Kind = Kind { one: "sandbox", many: "sandboxes", list: "sandhold sandboxes ls", shown: 16 };
+const RUNS: Kind = Kind { one: "run", many: "runs", list: "sandhold runs", shown: 64 };
+
+fn pick(given: &str, ids: Vec<String>, kind: &Kind) -> anyhow::Result<String> {
+    let Kind { one, many, list, shown } = kind;
     if given.is_empty() {
-        anyhow::bail!("no sandbox id given: see `sandhold sandboxes ls`");
+        anyhow::bail!("no {one} id given: see `{list}`");
     }
     let mut matching: Vec<String> = ids.into_iter().filter(|id| id.starts_with(given)).collect();
     match matching.len() {
         1 => Ok(matching.remove(0)),
-        0 => anyhow::bail!("no sandbox id starts with {given:?}: see `sandhold sandboxes ls`"),
+        0 => anyhow::bail!("no {one} id starts with {given:?}: see `{list}`"),
         n => {
             matching.sort();
-            let shown: Vec<&str> = matching.iter().take(5).map(|id| &id[..id.len().min(16)]).collect();
+            let candidates: Vec<&str> =
+                matching.iter().take(5).map(|id| &id[..id.len().min(*shown)]).collect();
             anyhow::bail!(
-                "{given:?} names {n} sandboxes ({}{}): give more of the id",
-                shown.join(", "),
+                "{given:?} names {n} {many} ({}{}): give more of the id",
+                candidates.join(", "),
                 if n > 5 { ", ..." } else { "" }
             )
         }
@@ -87,14 +119,18 @@ mod tests {
     #[test]
     fn a_unique_prefix_names_its_sandbox_and_an_ambiguous_one_lists_the_candidates() {
         let ids = || vec![format!("ab12{}", "0".repeat(60)), format!("ab34{}", "1".repeat(60))];
-        assert_eq!(pick("ab1", ids()).unwrap(), ids()[0]);
-        let ambiguous = pick("ab", ids()).unwrap_err().to_string();
+        assert_eq!(pick("ab1", ids(), &SANDBOXES).unwrap(), ids()[0]);
+        let ambiguous = pick("ab", ids(), &SANDBOXES).unwrap_err().to_string();
         assert!(
             ambiguous.contains("names 2 sandboxes")
                 && ambiguous.contains("ab12")
                 && ambiguous.contains("ab34")
         );
-        assert!(pick("ff", ids()).unwrap_err().to_string().contains("sandboxes ls"));
-        assert!(pick("", ids()).is_err());
+        assert!(pick("ff", ids(), &SANDBOXES).unwrap_err().to_string().contains("sandboxes ls"));
+        assert!(pick("", ids(), &SANDBOXES).is_err());
+        let runs = vec!["run-3f2a01".to_string(), "run-3f2a02".to_string(), "run-77".to_string()];
+        assert_eq!(pick("run-7", runs.clone(), &RUNS).unwrap(), "run-77");
+        let ambiguous = pick("run-3f2a", runs, &RUNS).unwrap_err().to_string();
+        assert!(ambiguous.contains("names 2 runs (run-3f2a01, run-3f2a02)"), "{ambiguous}");
     }
 }

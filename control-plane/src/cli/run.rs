@@ -215,7 +215,7 @@ pub struct RunArgs {
 
 #[derive(Debug, Clone, Args)]
 pub struct AttachArgs {
-    /// The run (an id from `sandhold runs`).
+    /// The run: an id from `sandhold runs`, or a unique prefix of it.
     pub run_id: String,
     /// Resume after this offset (an `offset` of a chunk already seen).
     #[arg(long, value_name = "OFFSET")]
@@ -226,14 +226,17 @@ pub struct AttachArgs {
 
 #[derive(Debug, Clone, Args)]
 pub struct RunIdArgs {
-    /// The run (an id from `sandhold runs`).
+    /// The run: an id from `sandhold runs`, or a unique prefix of it.
     pub run_id: String,
     #[command(flatten)]
     pub client: ClientArgs,
 }
 
 #[derive(Debug, Clone, Args)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct RunsArgs {
+    #[command(subcommand)]
+    pub action: Option<RunsAction>,
     /// Only the runs of this thread.
     #[arg(long, value_name = "ID")]
     pub thread: Option<String>,
@@ -242,6 +245,22 @@ pub struct RunsArgs {
     pub limit: u32,
     #[command(flatten)]
     pub client: ClientArgs,
+}
+
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum RunsAction {
+    /// Remove ended runs with their logs and requests (their sandboxes are
+    /// not touched). A run still going is refused: cancel it first.
+    #[command(
+        after_help = "Examples:\n  sandhold runs rm run-3f2a9c1d0b7e\n  sandhold runs rm run-3f2a run-77c1"
+    )]
+    Rm {
+        /// The runs: ids from `sandhold runs`, or unique prefixes of them.
+        #[arg(required = true, value_name = "RUN_ID")]
+        run_ids: Vec<String>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
 }
 
 impl RunArgs {
@@ -476,14 +495,15 @@ async fn start(conn: &Connection, args: &RunArgs, prepared: Prepared) -> anyhow:
 pub async fn attach(args: AttachArgs) -> ExitCode {
     let client = args.client.clone();
     with_connection(&client, async move |conn| {
+        let run_id = super::ids::run_id(conn, &args.run_id).await?;
         let request = api::AttachRunRequest {
-            run_id: args.run_id.clone(),
+            run_id: run_id.clone(),
             after_offset: args.from.clone().unwrap_or_default(),
             thread_id: String::new(),
             stored_only: false,
         };
         let stream = conn.runs().attach_run(request).await.map_err(status_error)?.into_inner();
-        Session::new(conn, &args.run_id, args.client.output).follow(stream).await
+        Session::new(conn, &run_id, args.client.output).follow(stream).await
     })
     .await
 }
@@ -491,9 +511,10 @@ pub async fn attach(args: AttachArgs) -> ExitCode {
 pub async fn cancel(args: RunIdArgs) -> ExitCode {
     let client = args.client.clone();
     with_connection(&client, async move |conn| {
+        let run_id = super::ids::run_id(conn, &args.run_id).await?;
         let response = conn
             .runs()
-            .cancel_run(api::CancelRunRequest { run_id: args.run_id.clone() })
+            .cancel_run(api::CancelRunRequest { run_id })
             .await
             .map_err(status_error)?
             .into_inner();
@@ -510,6 +531,9 @@ pub async fn cancel(args: RunIdArgs) -> ExitCode {
 }
 
 pub async fn runs(args: RunsArgs) -> ExitCode {
+    if let Some(RunsAction::Rm { run_ids, client }) = args.action {
+        return remove_runs(run_ids, client).await;
+    }
     let client = args.client.clone();
     with_connection(&client, async move |conn| {
         let response = conn
@@ -530,13 +554,49 @@ pub async fn runs(args: RunsArgs) -> ExitCode {
     .await
 }
 
+/// `runs rm`: each run removed in turn; one that cannot be (still going,
+/// unknown) is reported and the rest are still removed. Fails if any did.
+async fn remove_runs(given: Vec<String>, client: ClientArgs) -> ExitCode {
+    let format = client.output;
+    with_connection(&client, async move |conn| {
+        let mut failed = 0;
+        for given in &given {
+            let removed = async {
+                let run_id = super::ids::run_id(conn, given).await?;
+                conn.runs()
+                    .delete_run(api::DeleteRunRequest { run_id: run_id.clone() })
+                    .await
+                    .map_err(|status| match status.code() {
+                        tonic::Code::FailedPrecondition => anyhow::anyhow!(
+                            "run {run_id} has not ended: cancel it first (`sandhold cancel {run_id}`), or wait \
+                             for it"
+                        ),
+                        _ => status_error(status),
+                    })?;
+                anyhow::Ok(run_id)
+            }
+            .await;
+            match (removed, format) {
+                (Ok(run_id), OutputFormat::Json) => json_line(&serde_json::json!({"removed": run_id})),
+                (Ok(run_id), OutputFormat::Human) => println!("removed run {run_id}"),
+                (Err(e), _) => {
+                    failed += 1;
+                    super::output::print_error(format, &e);
+                }
+            }
+        }
+        Ok(u8::from(failed > 0))
+    })
+    .await
+}
+
 /// The stored log, printed and not followed: a read-only look that never
 /// takes the run over, also while it is going.
 pub async fn logs(args: RunIdArgs) -> ExitCode {
     let client = args.client.clone();
     with_connection(&client, async move |conn| {
         let request = api::AttachRunRequest {
-            run_id: args.run_id.clone(),
+            run_id: super::ids::run_id(conn, &args.run_id).await?,
             after_offset: String::new(),
             thread_id: String::new(),
             stored_only: true,

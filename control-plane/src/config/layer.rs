@@ -119,6 +119,13 @@ pub struct ConfigLayer {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub detached_run_ttl_ms: Option<u64>,
 
+    /// Remove ended runs with their event logs and requests this long after
+    /// they ended (e.g. 30d, 12h, 1d12h; units s, m, h, d, w), in sweeps of
+    /// every tenant [default: keep them until `sandhold runs rm`].
+    #[arg(long, env = "SANDHOLD_RETAIN_RUNS", value_name = "DURATION", value_parser = retention_arg)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retain_runs: Option<String>,
+
     /// Detached runs one sweep handles at most, oldest first [default: 100].
     #[arg(long, env = "SANDHOLD_SWEEP_MAX_RUNS", value_name = "N")]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -437,4 +444,10 @@ fn tokens_for_the_merge<S: Serializer>(tokens: &Option<Vec<ApiToken>>, s: S) -> 
         tokens.iter().map(|t| Exposed { tenant: &t.tenant, token: t.token.expose() }).collect::<Vec<_>>()
     });
     exposed.serialize(s)
+}
+
+/// `--retain-runs`: checked when parsed, kept as written (the merged
+/// configuration reads it, from here or from the file, the same way).
+fn retention_arg(text: &str) -> Result<String, String> {
+    super::options::parse_span(text).map(|_| text.to_string())
 }

@@ -58,6 +58,10 @@ pub struct ReaperOptions {
     /// gets its `run_budget`.
     #[serde(rename = "tenant_sweep_budget_ms", with = "millis")]
     pub tenant_sweep_budget: Duration,
+    /// Ended runs are removed with their logs this long after they ended;
+    /// `None`: kept until `runs rm`.
+    #[serde(rename = "retain_runs", with = "retention", default, skip_serializing_if = "Option::is_none")]
+    pub retain_runs: Option<Duration>,
 }
 
 impl Default for ReaperOptions {
@@ -71,6 +75,7 @@ impl Default for ReaperOptions {
             max_journal_deletions: DEFAULT_SWEEP_MAX_JOURNAL_DELETIONS,
             orphan_sandbox_grace: Duration::from_millis(DEFAULT_ORPHAN_SANDBOX_GRACE_MS),
             tenant_sweep_budget: Duration::from_millis(DEFAULT_TENANT_SWEEP_BUDGET_MS),
+            retain_runs: None,
         }
     }
 }
@@ -178,9 +183,76 @@ pub(super) mod millis {
     }
 }
 
+/// A span as people write it: whole numbers with a unit each, `s`, `m`,
+/// `h`, `d` or `w`, largest first or not (`90s`, `36h`, `30d`, `1d12h`).
+pub fn parse_span(text: &str) -> Result<Duration, String> {
+    let bad =
+        || format!("{text:?} is not a duration: write a number and a unit (s, m, h, d, w), e.g. 30d or 12h");
+    let mut total: u64 = 0;
+    let mut digits = String::new();
+    for c in text.trim().chars() {
+        if c.is_ascii_digit() {
+            digits.push(c);
+            continue;
+        }
+        let unit: u64 = match c {
+            's' => 1,
+            'm' => 60,
+            'h' => 3_600,
+            'd' => 86_400,
+            'w' => 604_800,
+            _ => return Err(bad()),
+        };
+        let n: u64 = digits.parse().map_err(|_| bad())?;
+        total = n.checked_mul(unit).and_then(|s| total.checked_add(s)).ok_or_else(bad)?;
+        digits.clear();
+    }
+    if !digits.is_empty() || text.trim().is_empty() {
+        return Err(bad());
+    }
+    if total == 0 {
+        return Err(format!("{text:?}: a retention must be longer than zero (leave it unset to keep runs)"));
+    }
+    Ok(Duration::from_secs(total))
+}
+
+/// An optional span in a configuration: `"30d"` (see [`parse_span`]),
+/// written back in seconds (`"2592000s"`).
+mod retention {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        match d {
+            Some(d) => s.serialize_str(&format!("{}s", d.as_secs())),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        match Option::<String>::deserialize(d)? {
+            None => Ok(None),
+            Some(text) => super::parse_span(&text).map(Some).map_err(serde::de::Error::custom),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn spans_read_as_people_write_them() {
+        assert_eq!(parse_span("30d"), Ok(Duration::from_secs(30 * 86_400)));
+        assert_eq!(parse_span("1d12h"), Ok(Duration::from_secs(36 * 3_600)));
+        assert_eq!(parse_span("90s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_span("2w"), Ok(Duration::from_secs(14 * 86_400)));
+        for bad in ["", "30", "d", "30x", "1.5d", "-1d", "99999999999999999999w"] {
+            assert!(parse_span(bad).unwrap_err().contains("not a duration"), "{bad}");
+        }
+        assert!(parse_span("0d").unwrap_err().contains("longer than zero"));
+    }
 
     #[test]
     fn options_refuse_a_zero_ttl_or_budget() {

@@ -36,6 +36,8 @@ pub enum SweepOutcome {
     JournalPruned,
     /// An orphaned sandbox (no instance record, no live run) destroyed.
     SandboxReclaimed,
+    /// An ended run older than the retention (`--retain-runs`) removed with its log.
+    RunRemoved,
 }
 
 impl SweepOutcome {
@@ -51,14 +53,15 @@ impl SweepOutcome {
         Self::Failed,
     ];
 
-    pub const ALL: [SweepOutcome; 10] = {
-        let mut all = [Self::JournalPruned; 10];
+    pub const ALL: [SweepOutcome; 11] = {
+        let mut all = [Self::JournalPruned; 11];
         let mut i = 0;
         while i < Self::PER_RUN.len() {
             all[i] = Self::PER_RUN[i];
             i += 1;
         }
         all[9] = Self::SandboxReclaimed;
+        all[10] = Self::RunRemoved;
         all
     };
 
@@ -74,6 +77,7 @@ impl SweepOutcome {
             Self::Failed => "failed",
             Self::JournalPruned => "journal_pruned",
             Self::SandboxReclaimed => "sandbox_reclaimed",
+            Self::RunRemoved => "run_removed",
         }
     }
 }

@@ -1,8 +1,10 @@
 //! The reaper: closes out detached durable runs, prunes journals of
-//! terminal runs, and destroys orphaned sandboxes.
+//! terminal runs, destroys orphaned sandboxes, and removes ended runs past
+//! the operator's retention.
 //!
 //! One sweep at a time ([`schedule`]) over the [`detached`] runs, the
-//! [`journals`] in running sandboxes and the [`orphans`].
+//! [`journals`] in running sandboxes, the [`orphans`] and the
+//! [`retention`].
 
 mod detached;
 mod error;
@@ -10,6 +12,7 @@ mod handle;
 mod journals;
 mod orphans;
 mod report;
+mod retention;
 mod schedule;
 
 pub use crate::config::ReaperOptions;

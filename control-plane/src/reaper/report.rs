@@ -61,6 +61,8 @@ pub struct Tally {
     pub journals_pruned: u64,
     pub journals_kept: u64,
     pub sandboxes_reclaimed: u64,
+    /// Ended runs removed by the retention (`--retain-runs`).
+    pub runs_removed: u64,
     /// A bound of the sweep (runs, deletions, the lease) cut it short.
     pub truncated: bool,
     pub elapsed: Duration,

@@ -147,6 +147,9 @@ impl Reaper {
         if !bounds.exhausted() {
             self.reclaim_orphans(cx, scope, &mut tally).await;
         }
+        if !bounds.exhausted() {
+            self.remove_expired_runs(cx, scope, &mut tally).await;
+        }
         tally.truncated |= bounds.exhausted();
         tally.elapsed = started.elapsed();
         for report in &tally.runs {
@@ -154,6 +157,7 @@ impl Reaper {
         }
         crate::metrics::sweeps().outcomes_by(SweepOutcome::JournalPruned, tally.journals_pruned);
         crate::metrics::sweeps().outcomes_by(SweepOutcome::SandboxReclaimed, tally.sandboxes_reclaimed);
+        crate::metrics::sweeps().outcomes_by(SweepOutcome::RunRemoved, tally.runs_removed);
         let n = |o| tally.count(o);
         info!(
             scope = scope.name(),
@@ -169,6 +173,7 @@ impl Reaper {
             journals_pruned = tally.journals_pruned,
             journals_kept = tally.journals_kept,
             sandboxes_reclaimed = tally.sandboxes_reclaimed,
+            runs_removed = tally.runs_removed,
             truncated = tally.truncated,
             elapsed_ms = tally.elapsed.as_millis() as u64,
             "sweep done"

@@ -58,6 +58,15 @@ impl Runs {
         Ok(self.inner.ctx.stores.runs.active_run(tenant, thread_id).await?)
     }
 
+    /// Remove the tenant's ended run with its log. One that has not ended
+    /// is refused: its driver still writes to it.
+    pub async fn remove(&self, tenant: &Tenant, run_id: &str) -> Result<(), Error> {
+        let run = RunKey::new(tenant.clone(), run_id_field("run_id", run_id)?);
+        self.inner.ctx.stores.runs.delete_ended(&run).await.map_err(Error::lookup(&run.run))?;
+        info!(run_id = %run.run, "run removed");
+        Ok(())
+    }
+
     /// Record a cancel of the tenant's run and make its driver hear of it
     /// (here, on another replica, or by driving it here to stop it).
     /// Returns the record as it was when the cancel was recorded.

@@ -534,6 +534,55 @@ async fn runs_request_cancel_records_intent_only(b: &Backend) {
     assert_eq!(after, done, "a terminal run is returned unchanged");
 }
 
+async fn runs_delete_only_ended_runs_with_their_logs(b: &Backend) {
+    let stores = &b.stores;
+    let runs = &stores.runs;
+    create(stores, "done").await;
+    stores.events.append(&acme("done"), FIRST_EPOCH, &chunks("done", 3)).await.unwrap();
+    runs.finish(&acme("done"), FIRST_EPOCH, finish_completed()).await.unwrap();
+    create(stores, "live").await;
+    stores.events.append(&acme("live"), FIRST_EPOCH, &chunks("live", 2)).await.unwrap();
+    // Another tenant's run of the same id, ended: not ours to remove.
+    runs.create_or_resume(new_run("done", "other", "t1", 1_000)).await.unwrap();
+    runs.finish(&key("other", "done"), FIRST_EPOCH, finish_completed()).await.unwrap();
+
+    let refused = runs.delete_ended(&acme("live")).await.unwrap_err();
+    assert!(matches!(refused, Error::RunNotEnded { status: RunStatus::Running, .. }), "{refused:?}");
+    assert_eq!(stores.events.snapshot(&acme("live")).await.unwrap().chunks.len(), 2);
+
+    runs.delete_ended(&acme("done")).await.unwrap();
+    assert!(matches!(runs.get(&acme("done")).await, Err(Error::NotFound(_))));
+    assert!(matches!(runs.delete_ended(&acme("done")).await, Err(Error::NotFound(_))));
+    // The log went with the run: a run made later under the same id starts
+    // with an empty one.
+    create(stores, "done").await;
+    let left = stores.events.page(&acme("done"), &Offset::start(), 100).await.unwrap();
+    assert!(left.is_empty(), "the log went with the run: {left:?}");
+    assert_eq!(runs.get(&key("other", "done")).await.unwrap().status, RunStatus::Completed);
+}
+
+async fn runs_delete_ended_before_takes_the_oldest_ends_first(b: &Backend) {
+    let runs = &b.stores.runs;
+    for (id, ended) in [("e1", 5_000), ("e2", 6_000), ("e3", 7_000), ("late", 9_000)] {
+        runs.create_or_resume(new_run(id, if id == "e2" { "other" } else { "acme" }, "t1", 1_000))
+            .await
+            .unwrap();
+        let run = key(if id == "e2" { "other" } else { "acme" }, id);
+        let finish = RunFinish { finished_at: Timestamp::from_millis(ended), ..finish_completed() };
+        runs.finish(&run, FIRST_EPOCH, finish).await.unwrap();
+    }
+    create(&b.stores, "running").await;
+
+    let first = runs.delete_ended_before(Timestamp::from_millis(8_000), 2).await.unwrap();
+    assert_eq!(first, vec![acme("e1"), key("other", "e2")], "oldest first, every tenant, at most the limit");
+    let rest = runs.delete_ended_before(Timestamp::from_millis(8_000), 10).await.unwrap();
+    assert_eq!(rest, vec![acme("e3")], "the cutoff is exclusive of later ends");
+    assert!(
+        runs.delete_ended_before(Timestamp::from_millis(i64::MAX), 10).await.unwrap().contains(&acme("late"))
+    );
+    assert_eq!(runs.get(&acme("running")).await.unwrap().status, RunStatus::Running, "a live run stays");
+}
+
 async fn runs_active_run_and_list_by_thread(b: &Backend) {
     let runs = &b.stores.runs;
     for (id, started) in [("a", 1_000), ("b", 2_000), ("c", 3_000), ("d", 4_000)] {
@@ -1315,6 +1364,8 @@ conformance_suite!(
     runs_active_run_and_list_by_thread,
     runs_reclaimable_cutoff_is_inclusive,
     runs_unfinished_in_sandbox_across_tenants,
+    runs_delete_only_ended_runs_with_their_logs,
+    runs_delete_ended_before_takes_the_oldest_ends_first,
     log_append_mints_ordered_offsets_and_snapshot_returns_them,
     log_read_from_first_and_middle_offsets,
     log_pages_through_a_log_longer_than_a_page,
@@ -1339,6 +1390,7 @@ fn store_errors_map_to_shared_codes() {
         (Error::Fenced { run: "x".into(), held: 1, current: 2 }, ErrorCode::ClaimLost),
         (Error::RunTerminal { run: "x".into(), status: RunStatus::Failed }, ErrorCode::RunTerminal),
         (Error::LogClosed("x".into()), ErrorCode::FailedPrecondition),
+        (Error::RunNotEnded { run: "x".into(), status: RunStatus::Running }, ErrorCode::FailedPrecondition),
         (Error::invalid("offset", "bad"), ErrorCode::InvalidArgument),
         (Error::Unavailable("down".into()), ErrorCode::Unavailable),
         (Error::Corrupt("x".into()), ErrorCode::Internal),

@@ -25,6 +25,11 @@ pub enum Error {
     #[error("run {run} is already {status}")]
     RunTerminal { run: String, status: RunStatus },
 
+    /// The run has not ended: what only an ended run allows (removing it)
+    /// is refused.
+    #[error("run {run} has not ended (it is {status})")]
+    RunNotEnded { run: String, status: RunStatus },
+
     /// A newer writer claimed the snapshot thread: this save is superseded.
     #[error(
         "a newer writer claimed the snapshots of thread {thread}: writer epoch {held}, current epoch {current}"
@@ -80,6 +85,7 @@ impl Error {
             Self::AlreadyExists(_) => ErrorCode::AlreadyExists,
             Self::Fenced { .. } => ErrorCode::ClaimLost,
             Self::RunTerminal { .. } => ErrorCode::RunTerminal,
+            Self::RunNotEnded { .. } => ErrorCode::FailedPrecondition,
             Self::LogClosed(_) => ErrorCode::FailedPrecondition,
             Self::WriterLost { .. } => ErrorCode::SnapshotWriterLost,
             Self::StaleHead { .. } => ErrorCode::SnapshotStaleHead,
@@ -138,7 +144,9 @@ impl From<Error> for ApiError {
                     .with_meta("held_epoch", held.to_string())
                     .with_meta("current_epoch", current.to_string());
             }
-            Error::RunTerminal { status, .. } => api = api.with_meta("status", status.as_str()),
+            Error::RunTerminal { status, .. } | Error::RunNotEnded { status, .. } => {
+                api = api.with_meta("status", status.as_str())
+            }
             Error::WriterLost { held, current, .. } => {
                 api = api
                     .with_meta("held_epoch", held.to_string())

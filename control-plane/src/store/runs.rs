@@ -302,4 +302,14 @@ pub trait RunStore: Send + Sync {
     /// Runs not terminal yet whose sandbox is `sandbox_key` (a sandbox key
     /// is one tenant's): the reaper keeps a sandbox some run still lives in.
     async fn unfinished_in_sandbox(&self, sandbox_key: &str) -> Result<Vec<RunRecord>>;
+
+    /// Remove an ended run with everything stored under it (its event log
+    /// and request index go with the row). A run not ended is refused
+    /// ([`Error::RunNotEnded`](super::Error::RunNotEnded)): its driver still writes to it.
+    async fn delete_ended(&self, run: &RunKey) -> Result<()>;
+
+    /// Remove at most `limit` runs of any tenant that ended before `cutoff`,
+    /// oldest end first, the way [`delete_ended`](Self::delete_ended) does;
+    /// returns their keys. The retention pass of the reaper.
+    async fn delete_ended_before(&self, cutoff: Timestamp, limit: u32) -> Result<Vec<RunKey>>;
 }

@@ -548,6 +548,44 @@ macro_rules! impl_shared_stores {
                 .bind(sandbox_key);
                 self.fetch_runs(query).await
             }
+
+            async fn delete_ended(&self, run: &RunKey) -> Result<()> {
+                // The terminal test sits in the DELETE: a run that ends
+                // between a look and the delete is never half removed.
+                let deleted =
+                    sqlx::query(concat!("DELETE FROM runs WHERE tenant = $1 AND run_id = $2 AND ", terminal!()))
+                        .bind(run.tenant.as_str())
+                        .bind(run.run.as_str())
+                        .execute(&self.pool)
+                        .await?
+                        .rows_affected();
+                if deleted == 1 {
+                    return Ok(());
+                }
+                match self.fetch_run(run).await? {
+                    None => Err(run_not_found(run)),
+                    Some(record) => Err(Error::RunNotEnded { run: run.run.to_string(), status: record.status }),
+                }
+            }
+
+            async fn delete_ended_before(&self, cutoff: Timestamp, limit: u32) -> Result<Vec<RunKey>> {
+                let rows: Vec<(String, String)> = sqlx::query_as(concat!(
+                    "DELETE FROM runs WHERE (tenant, run_id) IN (SELECT tenant, run_id FROM runs WHERE ",
+                    terminal!(),
+                    " AND finished_at < $1 ORDER BY finished_at, run_id LIMIT $2) RETURNING tenant, run_id"
+                ))
+                .bind(cutoff.as_millis())
+                .bind(i64::from(limit))
+                .fetch_all(&self.pool)
+                .await?;
+                rows.into_iter()
+                    .map(|(tenant, run)| {
+                        let run = crate::store::RunId::parse(&run)
+                            .map_err(|e| Error::Corrupt(format!("run id {run:?}: {e}")))?;
+                        Ok(RunKey::new(Tenant::new(tenant), run))
+                    })
+                    .collect()
+            }
         }
 
         #[async_trait]

@@ -476,6 +476,35 @@ fn detach_then_attach_on_the_embedded_server() {
     assert!(last["run_id"].is_string() && last["detached"] == true, "{last}");
 }
 
+/// `runs rm` removes ended runs (named by a unique prefix, as every run
+/// command takes them) with their logs, and refuses one still going with
+/// the way to end it; the rest of a list is still removed.
+#[test]
+fn runs_rm_removes_ended_runs_and_refuses_a_live_one() {
+    let dir = sandhold_tests::local::TestDir::new("sh-rm");
+    let data = dir.path().join("data");
+    let cli = || sandhold(&data);
+    let out = cli().args(["run", "--output", "json", "--", "echo", "kept-log"]).output().unwrap();
+    let ended = json_lines(ok(&out))[0]["run_id"].as_str().unwrap().to_string();
+    let prefix = &ended[..10];
+    assert_eq!(stdout(ok(&cli().args(["logs", prefix]).output().unwrap())), "kept-log\n");
+    let live = stdout(ok(&cli().args(["run", "--detach", "--", "sleep", "600"]).output().unwrap()))
+        .trim()
+        .to_string();
+
+    let refused = cli().args(["runs", "rm", &live, prefix]).output().unwrap();
+    assert_eq!(refused.status.code(), Some(1), "{}", stderr(&refused));
+    assert!(stderr(&refused).contains(&format!("sandhold cancel {live}")), "{}", stderr(&refused));
+    assert_eq!(stdout(&refused), format!("removed run {ended}\n"), "the ended one went all the same");
+
+    let listed = json_lines(ok(&cli().args(["runs", "--output", "json"]).output().unwrap()));
+    let ids: Vec<&str> = listed.iter().filter_map(|r| r["run_id"].as_str()).collect();
+    assert_eq!(ids, [live.as_str()], "{listed:?}");
+    let gone = cli().args(["logs", &ended]).output().unwrap();
+    assert!(!gone.status.success() && stderr(&gone).contains("no run id starts with"), "{}", stderr(&gone));
+    ok(&cli().args(["cancel", &live]).output().unwrap());
+}
+
 /// `sandhold run --image` needs no agent setting after
 /// `scripts/build-agent-static`: the static agent is found where that
 /// script puts it next to `sandhold`'s build; without one the error says

@@ -2,7 +2,8 @@
 //! namespace per tenant, so tenant B starting a run with an id tenant A
 //! uses gets a run of its own (no `ALREADY_EXISTS` oracle, no squatting),
 //! and every call of B on an id only A holds answers exactly what an
-//! unknown id answers. A's runs are untouched by anything B does. Real
+//! unknown id answers (a delete included). A's runs are untouched by
+//! anything B does; A removes its own ended runs, never a live one. Real
 //! `sandhold` server with API tokens, on SQLite with in-process leases and
 //! on PostgreSQL with Redis.
 
@@ -44,6 +45,8 @@ async fn answers(runs: &mut Runs, run_id: &str) -> Vec<String> {
     out.push(runs.attach_run(of_thread).await.map_or_else(|e| refusal(e, run_id), |_| "ok".into()));
     let cancel = runs.cancel_run(api::CancelRunRequest { run_id: id() }).await;
     out.push(cancel.map_or_else(|e| refusal(e, run_id), |_| "ok".into()));
+    let delete = runs.delete_run(api::DeleteRunRequest { run_id: id() }).await;
+    out.push(delete.map_or_else(|e| refusal(e, run_id), |_| "ok".into()));
     out
 }
 
@@ -116,6 +119,21 @@ async fn another_tenants_run_id(s: &TenantServer) {
     let live = live.into_inner().run.unwrap();
     assert_eq!(live.status, api::RunStatus::Running as i32, "{live:?}\n{}", s.server.log_text());
     assert!(!live.cancel_requested, "B's cancel was recorded on A's run");
+    let only_a = format!("only-{nonce}");
+    let kept = runs_a.get_run(api::GetRunRequest { run_id: only_a.clone() }).await;
+    assert!(kept.is_ok(), "B's delete removed A's ended run: {kept:?}");
+
+    // A removes its own runs: not while one still runs, an ended one with
+    // its log; B's run of the same id stays.
+    let refused = runs_a.delete_run(api::DeleteRunRequest { run_id: live_id.clone() }).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::FailedPrecondition, "{refused:?}");
+    runs_a.delete_run(api::DeleteRunRequest { run_id: shared_id.clone() }).await.unwrap();
+    let gone = runs_a.get_run(api::GetRunRequest { run_id: shared_id.clone() }).await.unwrap_err();
+    assert_eq!(gone.code(), tonic::Code::NotFound);
+    let replay = api::AttachRunRequest { run_id: shared_id.clone(), stored_only: true, ..Default::default() };
+    assert_eq!(runs_a.attach_run(replay).await.unwrap_err().code(), tonic::Code::NotFound);
+    assert_eq!(stored(&mut runs_b, &shared_id).await.1.chunks, b_log.chunks, "B's run of the id stays");
+
     runs_a.cancel_run(api::CancelRunRequest { run_id: live_id.clone() }).await.unwrap();
     let cancelled = wait_terminal(&mut runs_a, &live_id).await;
     assert_eq!(cancelled.status, api::RunStatus::Aborted as i32);

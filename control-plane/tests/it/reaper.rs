@@ -1040,3 +1040,51 @@ fn scrape(port: u16) -> HashMap<String, f64> {
         })
         .collect()
 }
+
+/// `--retain-runs`: a sweep of every tenant removes the runs that ended
+/// longer ago than the retention, with their logs, of every tenant; a run
+/// that ended since, and a live one, stay; a tenant's own sweep removes
+/// nothing (the setting is the operator's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_past_the_retention_are_removed_by_the_operators_sweep() {
+    const RETAIN: Duration = Duration::from_secs(10);
+    let dir = TestDir::new("reap-retain");
+    let opts = ServerOptions {
+        data_dir: dir.path().join("data"),
+        tokens: vec!["ops=tok-ops-retain".into(), "b=tok-b-retain".into()],
+        extra_args: flags(&[("sweep-interval-ms", "0"), ("operator-tenant", "ops"), ("retain-runs", "10s")]),
+        ..Default::default()
+    };
+    let server = ServerProcess::start(&opts).await;
+    let (mut runs_ops, mut runs_b) = (server.runs("tok-ops-retain").await, server.runs("tok-b-retain").await);
+    for token in ["tok-ops-retain", "tok-b-retain"] {
+        put_definition(&mut server.sandboxes(token).await, definition("def", Kind::Local)).await;
+    }
+    run_to_end(&mut runs_b, "old-b", "t", "def", "echo old").await;
+    run_to_end(&mut runs_ops, "old-ops", "t", "def", "echo old").await;
+    let ended = std::time::Instant::now();
+    let (_live, _) = start_and_read(&mut runs_b, "live-b", "t", "echo line 1; sleep 600", 1).await;
+
+    let early = sweep(&mut server.admin("tok-ops-retain").await).await;
+    if ended.elapsed() < RETAIN {
+        assert_eq!(early.runs_removed, 0, "nothing ended {RETAIN:?} ago yet");
+    }
+    tokio::time::sleep(RETAIN.saturating_sub(ended.elapsed()) + Duration::from_millis(500)).await;
+    run_to_end(&mut runs_b, "new-b", "t", "def", "echo new").await;
+
+    let tenants_own = sweep(&mut server.admin("tok-b-retain").await).await;
+    assert_eq!(tenants_own.runs_removed, 0, "a tenant's sweep removes nothing");
+    assert!(runs_b.get_run(api::GetRunRequest { run_id: "old-b".into() }).await.is_ok());
+
+    let swept = sweep(&mut server.admin("tok-ops-retain").await).await;
+    assert_eq!(swept.runs_removed, 2, "{swept:?}\n{}", server.log_text());
+    for (runs, id) in [(&mut runs_b, "old-b"), (&mut runs_ops, "old-ops")] {
+        let gone = runs.get_run(api::GetRunRequest { run_id: id.into() }).await.unwrap_err();
+        assert_eq!(gone.code(), tonic::Code::NotFound, "{id}");
+    }
+    assert_eq!(get_run(&mut runs_b, "new-b").await.status, api::RunStatus::Completed as i32);
+    assert_eq!(get_run(&mut runs_b, "live-b").await.status, api::RunStatus::Running as i32);
+    assert!(server.log_text().contains("ended before the retention"));
+    runs_b.cancel_run(api::CancelRunRequest { run_id: "live-b".into() }).await.unwrap();
+    wait_terminal(&mut runs_b, "live-b").await;
+}
