@@ -780,7 +780,7 @@ impl<'a> Session<'a> {
                         } else {
                             self.renderer.chunk(&chunk);
                         }
-                        return Ok(self.finish(outcome));
+                        return Ok(self.finish(outcome).await);
                     }
                     accepted = true;
                     let accepted_only = chunk.r#type() == ChunkType::Custom && chunk.name == "run.accepted";
@@ -823,7 +823,7 @@ impl<'a> Session<'a> {
                 Step::Event(Some(Ok(event))) => {
                     if let Some(outcome) = self.event(event) {
                         self.end_display(None);
-                        return Ok(self.finish(outcome));
+                        return Ok(self.finish(outcome).await);
                     }
                     for id in std::mem::take(&mut self.prompt.auto) {
                         self.answer(&id, requests::Decision::Allow, false).await;
@@ -1015,7 +1015,7 @@ impl<'a> Session<'a> {
         }
     }
 
-    fn finish(&self, outcome: Outcome) -> u8 {
+    async fn finish(&mut self, outcome: Outcome) -> u8 {
         match self.format {
             OutputFormat::Json => {}
             OutputFormat::Human => match &outcome {
@@ -1024,7 +1024,34 @@ impl<'a> Session<'a> {
                 Outcome::Failed { .. } => eprintln!("run {} failed", self.run_id),
             },
         }
+        // A cancel destroys the sandbox; otherwise its definition decides.
+        if outcome != Outcome::Cancelled {
+            self.say_if_kept().await;
+        }
         outcome.exit_code()
+    }
+
+    /// Where the run's sandbox stays, and how to remove it, when its
+    /// definition keeps it after the run (no `destroy_on_complete`).
+    async fn say_if_kept(&mut self) {
+        let request = api::GetRunRequest { run_id: self.run_id.clone() };
+        let Some(run) = self.conn.runs().get_run(request).await.ok().and_then(|r| r.into_inner().run) else {
+            return;
+        };
+        if run.sandbox_id.is_empty() || run.definition_id.is_empty() {
+            return;
+        }
+        let request = api::GetDefinitionRequest { id: run.definition_id.clone(), thread_id: String::new() };
+        let Ok(definition) = self.conn.sandboxes().get_definition(request).await else { return };
+        let lifecycle = definition.into_inner().definition.and_then(|d| d.lifecycle);
+        if lifecycle.is_some_and(|l| l.destroy_on_complete) {
+            return;
+        }
+        let short = &run.sandbox_id[..run.sandbox_id.len().min(16)];
+        self.note(&format!(
+            "sandbox kept: {short} (thread {}); remove it with `sandhold sandboxes rm {short}`",
+            run.thread_id
+        ));
     }
 
     fn attach_hint(&self) -> String {

@@ -76,7 +76,6 @@ pub(crate) struct Live {
     pub provider: ProviderKind,
     pub provider_id: String,
     pub keep_alive: Duration,
-    pub destroy_on_complete: bool,
     pub last_used: Instant,
     /// The sandbox's `SetEnv` variables, as last read from its record
     /// ([`Lifecycle::agent`] refreshes them on every call).
@@ -178,12 +177,6 @@ impl Lifecycle {
         let entry = live.get_mut(key)?;
         entry.last_used = Instant::now();
         Some(entry.clone())
-    }
-
-    /// Whether the live sandbox `key` asked to be destroyed after a
-    /// successful run (for the run driver); `None` when not live here.
-    pub fn destroy_on_complete(&self, key: &str) -> Option<bool> {
-        self.live.lock().expect("live sandboxes poisoned").get(key).map(|l| l.destroy_on_complete)
     }
 
     fn set_live(&self, key: &str, entry: Live) {
@@ -295,7 +288,6 @@ impl Lifecycle {
                 provider: kind,
                 provider_id: sandbox.provider_id.clone(),
                 keep_alive: Duration::from_millis(lifecycle.keep_alive_ms),
-                destroy_on_complete: lifecycle.destroy_on_complete,
                 last_used: Instant::now(),
                 env: BTreeMap::new(),
                 withheld,
@@ -608,7 +600,6 @@ impl Lifecycle {
             provider: provider.kind(),
             provider_id: sandbox.provider_id,
             keep_alive: Duration::ZERO,
-            destroy_on_complete: false,
             last_used: Instant::now(),
             env: instance.env,
             withheld: Arc::default(),

@@ -57,12 +57,6 @@ impl RunSandbox {
         self.lifecycle.destroy(&self.stores, &self.leases, tenant, key).await
     }
 
-    /// Whether the live sandbox `key` asked to go after a successful run;
-    /// `None` when not live here.
-    pub fn destroy_on_complete(&self, key: &str) -> Option<bool> {
-        self.lifecycle.destroy_on_complete(key)
-    }
-
     /// The journal byte cap of a run under `definition`, within the
     /// operator's bounds.
     pub fn journal_cap(&self, definition: &SandboxDefinition) -> u64 {

@@ -330,6 +330,45 @@ fn a_thread_keeps_its_sandbox_and_new_flags_say_what_they_change() {
     assert!(ids.iter().all(|id| id.starts_with("def-")), "{ids:?}");
 }
 
+/// The sandbox of a run without a thread goes when the run ends, however it
+/// ended: failed, or detached and then finished by an `attach` in another
+/// process (which never made the sandbox itself). A thread's sandbox is
+/// kept, and the CLI says so with the command that removes it.
+#[test]
+fn a_runs_sandbox_follows_its_definition_however_the_run_ended() {
+    let dir = sandhold_tests::local::TestDir::new("sh-left");
+    let data = dir.path().join("data");
+    let sandboxes = || {
+        let out = sandhold(&data).args(["sandboxes", "ls", "--output", "json"]).output().unwrap();
+        json_lines(ok(&out))
+            .into_iter()
+            .filter_map(|s| s["sandbox_id"].as_str().map(str::to_string))
+            .collect::<Vec<_>>()
+    };
+    let failed = sandhold(&data).args(["run", "--", "sh", "-c", "echo partial; exit 3"]).output().unwrap();
+    assert_eq!(failed.status.code(), Some(1), "{}", stderr(&failed));
+    assert!(!stderr(&failed).contains("sandbox kept"), "{}", stderr(&failed));
+    assert_eq!(sandboxes(), Vec::<String>::new(), "the failed run's sandbox went");
+
+    let detached =
+        sandhold(&data).args(["run", "--detach", "--", "sh", "-c", "sleep 2; echo done"]).output().unwrap();
+    let run_id = stdout(ok(&detached)).trim().to_string();
+    let attached = sandhold(&data).args(["attach", &run_id]).output().unwrap();
+    assert_eq!(stdout(ok(&attached)), "done\n");
+    assert_eq!(sandboxes(), Vec::<String>::new(), "the attached run's sandbox went");
+
+    let kept = sandhold(&data).args(["run", "--thread", "t-left", "--", "true"]).output().unwrap();
+    let listed = sandboxes();
+    assert_eq!(listed.len(), 1, "a thread keeps its sandbox");
+    let short = &listed[0][..16];
+    let said = stderr(ok(&kept));
+    assert!(said.contains(&format!("sandbox kept: {short}")), "{said}");
+    let remove = format!("sandhold sandboxes rm {short}");
+    assert!(said.contains(&remove), "{said}");
+    ok(&sandhold(&data).args(["sandboxes", "rm", short]).output().unwrap());
+    assert_eq!(sandboxes(), Vec::<String>::new(), "removed as the CLI said");
+}
+
 /// A local sandbox isolates nothing, and the terminal says so (not only the
 /// server's log): once when it is made, with what to use instead, and on
 /// every agent run in it.

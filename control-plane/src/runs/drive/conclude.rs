@@ -1,6 +1,7 @@
 //! A drive's conclusion: act on its ending (stop the command, write the
 //! terminal chunk and status, close the log), then after a completed run
-//! export the session, save the checkpoint, and drop the journal.
+//! export the session and save the checkpoint, and after any ended run
+//! destroy the sandbox as its definition says, or drop the journal.
 
 use shared::chunk::{self, ChunkFactory};
 use shared::error::Error as WireError;
@@ -118,8 +119,19 @@ impl Runs {
         info!(run_id = %ctx.key.run, status = %status, "run finished");
         crate::metrics::runs().finished(status.as_str());
         let Some(key) = key else { return };
-        if status == RunStatus::Completed {
-            self.after_completion(ctx, &key).await;
+        if status == RunStatus::Completed
+            && let Err(e) = self.checkpoint(ctx, &key).await
+        {
+            warn!(run_id = %ctx.key.run, error = %e, "could not save the checkpoint after the run");
+        }
+        // A stopped run's sandbox went with its command already.
+        if status != RunStatus::Aborted && self.destroys_after_the_run(ctx).await {
+            if let Err(e) = self.inner.sandbox.destroy(&ctx.key.tenant, &key).await
+                && !e.is_not_found()
+            {
+                warn!(run_id = %ctx.key.run, sandbox_key = %key, error = %e, "destroy_on_complete failed");
+            }
+            return;
         }
         self.drop_journal(ctx, &key).await;
     }
@@ -129,17 +141,24 @@ impl Runs {
         cx.stores.runs.get(&ctx.key).await.ok()?.sandbox_key
     }
 
-    /// After a completed run: a portable checkpoint when the definition
-    /// asks for them, then the sandbox goes when the definition says so.
-    async fn after_completion(&self, ctx: &DriveCtx, key: &str) {
-        if let Err(e) = self.checkpoint(ctx, key).await {
-            warn!(run_id = %ctx.key.run, error = %e, "could not save the checkpoint after the run");
-        }
+    /// Whether the run's sandbox goes now that the run has ended, completed
+    /// or failed: as the run's definition says (`destroy_on_complete`),
+    /// however the run ended and whichever drive ended it (an `attach` from
+    /// another process, a successor replica: neither ensured the sandbox).
+    async fn destroys_after_the_run(&self, ctx: &DriveCtx) -> bool {
         let sandbox = &self.inner.sandbox;
-        if sandbox.destroy_on_complete(key) == Some(true)
-            && let Err(e) = sandbox.destroy(&ctx.key.tenant, key).await
-        {
-            warn!(run_id = %ctx.key.run, sandbox_key = %key, error = %e, "destroy_on_complete failed");
+        let of = |d: &shared::proto::v1::SandboxDefinition| {
+            d.lifecycle.as_ref().is_some_and(|l| l.destroy_on_complete)
+        };
+        match ctx.definition.get() {
+            Some(definition) => of(definition),
+            None => match sandbox.definition(&ctx.key.tenant, &ctx.spec.definition_id).await {
+                Ok(definition) => of(&definition),
+                Err(e) => {
+                    warn!(run_id = %ctx.key.run, error = %e, "cannot read the run's definition: its sandbox is kept");
+                    false
+                }
+            },
         }
     }
 
