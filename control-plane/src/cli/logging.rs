@@ -1,5 +1,5 @@
 //! The one tracing init of the binary: a `RUST_LOG`-style filter, pretty or
-//! JSON lines on stderr, structured fields.
+//! JSON lines on stderr, structured fields; colours only on a terminal.
 
 use tracing_subscriber::EnvFilter;
 
@@ -16,9 +16,14 @@ pub fn init(format: LogFormat, filter: &str) {
     // A closed stderr (a dead log pipe) must not take the server down:
     // by default the subscriber reports failed writes with `eprintln!`,
     // which panics when stderr itself is the broken pipe.
+    // Colours only for a person at a terminal: stderr sent to a file or a
+    // collector gets plain lines, and NO_COLOR is honoured.
+    let colour = std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(env_filter)
         .with_writer(std::io::stderr)
+        .with_ansi(colour)
         .log_internal_errors(false);
     let result = match format {
         LogFormat::Pretty => builder.try_init(),

@@ -597,7 +597,8 @@ fn docker_runs_find_the_static_agent_where_the_build_script_puts_it() {
 }
 
 /// `serve` with its database down says so at once (not after the pool's
-/// 30 s acquire timeout), and keeps saying so while it retries.
+/// 30 s acquire timeout), and keeps saying so while it retries, in plain
+/// lines when its stderr is no terminal.
 #[test]
 fn serve_says_at_once_and_again_that_its_database_does_not_answer() {
     let dir = sandhold_tests::local::TestDir::new("sh-nodb");
@@ -636,4 +637,6 @@ fn serve_says_at_once_and_again_that_its_database_does_not_answer() {
     // Both came before the pool's own 30 s acquire timeout could have
     // said anything.
     assert!(warnings[0].1.contains("stores"), "{warnings:?}");
+    // Pretty lines to a pipe or a file are plain: no colour codes.
+    assert!(warnings.iter().all(|(_, line)| !line.contains('\x1b')), "{warnings:?}");
 }
