@@ -1,7 +1,7 @@
 """A grpc-core client (grpcio) reaches a Sandhold gRPC server on a Unix socket
 the documented way: with `grpc.default_authority=localhost`. grpc-core sends
 the %-encoded socket path as `:authority` otherwise, which h2 (as published)
-refuses as malformed. The README's API guide says so; this tests that form.
+refuses as malformed. docs/api.md (Unix sockets) says so; this tests that form.
 SANDHOLD_AGENT_BIN names the agent binary (run.sh sets it)."""
 
 import os
@@ -71,7 +71,7 @@ def test_the_documented_authority_is_served(agent_socket):
 
 
 def test_without_the_option_the_socket_path_is_refused(agent_socket):
-    # Why the README names the option: grpc-core puts the socket path in
+    # Why docs/api.md names the option: grpc-core puts the socket path in
     # :authority, and h2 refuses a request whose authority does not parse.
     sock, _ = agent_socket
     with pytest.raises(grpc.RpcError):

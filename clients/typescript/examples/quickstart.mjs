@@ -1,4 +1,4 @@
-// The README's TypeScript quickstart: a durable run of a command in a local
+// The TypeScript quickstart of docs/api.md: a durable run of a command in a local
 // sandbox, streamed (and resumed after a dropped connection) to stdout.
 //   SANDHOLD_URL=http://127.0.0.1:7443 [SANDHOLD_TOKEN=...] node examples/quickstart.mjs
 import { SandholdClient, SandholdError } from "@sandhold/client";

@@ -1,4 +1,4 @@
-// The README's TypeScript quickstart (examples/quickstart.mjs) against a real server.
+// The TypeScript quickstart of docs/api.md (examples/quickstart.mjs) against a real server.
 
 import assert from "node:assert/strict";
 import { execFile } from "node:child_process";
@@ -11,7 +11,7 @@ import { startServer } from "./support.mjs";
 
 const pkg = join(dirname(fileURLToPath(import.meta.url)), "..");
 
-test("the quickstart runs and prints what the README says", async (t) => {
+test("the quickstart runs and prints what docs/api.md says", async (t) => {
   const server = await startServer(t);
   const { stdout } = await promisify(execFile)(process.execPath, [join(pkg, "examples/quickstart.mjs")], {
     env: { ...process.env, SANDHOLD_URL: server.url, SANDHOLD_TOKEN: server.token },

@@ -90,7 +90,8 @@ pub fn secret_values(refs: &[SecretRef]) -> anyhow::Result<std::collections::Has
 #[derive(Debug, Clone, Args)]
 pub struct RunArgs {
     /// A sandbox definition file (TOML or JSON: a sandhold.v1.SandboxDefinition,
-    /// see the README). Replaces --image/--local/--repo/--setup.
+    /// see docs/cli.md, "Definition files"). Replaces
+    /// --image/--local/--repo/--setup.
     #[arg(long, value_name = "FILE", conflicts_with_all = ["image", "local", "repo", "setup", "network"])]
     pub definition: Option<PathBuf>,
 
@@ -167,9 +168,8 @@ pub struct RunArgs {
     pub allow_hosts: Vec<String>,
 
     /// What the harness may do without asking when no rule matches
-    /// (the policy: see the README's "Policy and requests"). With `ask`, a
-    /// terminal shows each request as a prompt; `sandhold respond` answers
-    /// from anywhere.
+    /// (the policy: see docs/requests.md). With `ask`, a terminal shows each
+    /// request as a prompt; `sandhold respond` answers from anywhere.
     #[arg(long, value_name = "EFFECT", value_parser = ["allow", "ask", "deny"])]
     pub policy_default: Option<String>,
 

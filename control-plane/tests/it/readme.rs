@@ -1,8 +1,9 @@
-//! The README cannot drift from what works: its fenced blocks marked
-//! ```` ```sh test ```` are executed (the real binaries, an embedded server
-//! on a temporary data dir), and its `sandhold serve` settings table is
-//! checked against the clap definitions, flag by flag and variable by
-//! variable.
+//! The README and the docs cannot drift from what works: the fenced blocks
+//! marked ```` ```sh test ```` in `README.md` and every `docs/*.md` are
+//! executed (the real binaries, an embedded server on a temporary data dir),
+//! the `sandhold serve` settings table of `docs/settings.md` is checked
+//! against the clap definitions, flag by flag and variable by variable, and
+//! `docs/cli.md` and `docs/api.md` against the commands and error reasons.
 //!
 //! Each test block is followed by the output its text promises, in an HTML
 //! comment (invisible on the rendered page):
@@ -30,8 +31,29 @@ fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
 }
 
-fn readme() -> String {
-    std::fs::read_to_string(repo_root().join("README.md")).unwrap()
+/// `docs/<name>.md`.
+fn doc(name: &str) -> String {
+    let path = repo_root().join("docs").join(format!("{name}.md"));
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// `README.md` and every `docs/*.md` (sorted), each with its path from the
+/// repository's root.
+fn documents() -> Vec<(String, String)> {
+    let root = repo_root();
+    let mut docs: Vec<PathBuf> = std::fs::read_dir(root.join("docs"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "md"))
+        .collect();
+    docs.sort();
+    std::iter::once(root.join("README.md"))
+        .chain(docs)
+        .map(|p| {
+            let name = p.strip_prefix(&root).unwrap().display().to_string();
+            (name, std::fs::read_to_string(&p).unwrap())
+        })
+        .collect()
 }
 
 /// The text of one `## heading` section.
@@ -110,10 +132,11 @@ fn expectations_are_matched_in_order() {
     );
 }
 
-/// `--flag` -> its variable, from the README's settings table.
+/// `--flag` -> its variable, from the settings table of
+/// `docs/settings.md`.
 fn documented_settings(text: &str) -> BTreeMap<String, String> {
     let code = |cell: &str| cell.split('`').nth(1).map(str::to_string);
-    section(text, "Start the server")
+    section(text, "Settings")
         .lines()
         .filter(|l| l.starts_with("| `--"))
         .map(|l| {
@@ -136,32 +159,31 @@ fn the_serve_settings_table_matches_the_flags() {
         })
         .collect();
     assert!(actual.len() > 10, "clap's view of serve: {actual:?}");
-    let documented = documented_settings(&readme());
+    let documented = documented_settings(&doc("settings"));
     assert_eq!(
         documented, actual,
-        "README.md's `sandhold serve` table (left) must list every flag with its variable (right)"
+        "docs/settings.md's `sandhold serve` table (left) must list every flag with its variable (right)"
     );
 }
 
 #[test]
 fn the_cli_reference_names_every_command_and_variable() {
-    let text = readme();
-    let reference = section(&text, "CLI reference");
+    let reference = doc("cli");
     let cli = control_plane::cli::Cli::command();
     for sub in cli.get_subcommands() {
         let name = format!("`sandhold {}", sub.get_name());
-        assert!(reference.contains(&name), "the CLI reference lacks {name}`");
+        assert!(reference.contains(&name), "docs/cli.md lacks {name}`");
     }
     let run = cli.find_subcommand("run").unwrap();
     for arg in run.get_arguments() {
         if let Some(env) = arg.get_env() {
             let env = env.to_string_lossy();
-            assert!(reference.contains(&*env), "the CLI reference lacks {env}");
+            assert!(reference.contains(&*env), "docs/cli.md lacks {env}");
         }
         if let Some(long) =
             arg.get_long().filter(|l| !["help", "agent-binary", "agent-static-binary"].contains(l))
         {
-            assert!(text.contains(&format!("--{long}")), "the README never mentions run --{long}");
+            assert!(reference.contains(&format!("--{long}")), "docs/cli.md never mentions run --{long}");
         }
     }
     assert!(reference.contains(control_plane::cli::TOKEN_VAR));
@@ -169,8 +191,15 @@ fn the_cli_reference_names_every_command_and_variable() {
 
 #[test]
 fn the_readme_commands_work() {
-    let blocks = test_blocks(&readme());
-    assert!(blocks.len() >= 4, "README test blocks: {blocks:?}");
+    let blocks: Vec<(String, TestBlock)> = documents()
+        .into_iter()
+        .flat_map(|(file, text)| test_blocks(&text).into_iter().map(move |b| (file.clone(), b)))
+        .collect();
+    assert!(blocks.len() >= 4, "test blocks: {blocks:?}");
+    assert!(
+        blocks.iter().filter(|(file, _)| file == "README.md").count() >= 4,
+        "the README's quickstarts are tested: {blocks:?}"
+    );
     let dir = sandhold_tests::local::TestDir::new("sh-readme");
     // What the README calls `sandhold` is on PATH, as it tells readers to do.
     let bin = dir.path().join("bin");
@@ -181,10 +210,10 @@ fn the_readme_commands_work() {
     let tmp = dir.path().join("tmp");
     std::fs::create_dir(&tmp).unwrap();
 
-    for TestBlock { line, body, expect } in blocks {
+    for (file, TestBlock { line, body, expect }) in blocks {
         assert!(
             !expect.is_empty(),
-            "README.md block at line {line} promises no output: add <!-- expect: ... -->"
+            "{file} block at line {line} promises no output: add <!-- expect: ... -->"
         );
         let mut cmd = Command::new("bash");
         cmd.arg("-euo").arg("pipefail").arg("-c").arg(&body).current_dir(repo_root());
@@ -204,13 +233,13 @@ fn the_readme_commands_work() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(
             out.status.success(),
-            "README.md block at line {line} failed ({:?}):\n{body}\nstdout:\n{stdout}\nstderr:\n{stderr}",
+            "{file} block at line {line} failed ({:?}):\n{body}\nstdout:\n{stdout}\nstderr:\n{stderr}",
             out.status.code()
         );
         // Outcomes the text promises, not only exit codes.
         if let Some(want) = missing_output(&stdout, &expect) {
             panic!(
-                "README.md block at line {line} did not print {want:?} (after the lines before it in its <!-- expect: -->, in order):\n{body}\nstdout:\n{stdout}\nstderr:\n{stderr}"
+                "{file} block at line {line} did not print {want:?} (after the lines before it in its <!-- expect: -->, in order):\n{body}\nstdout:\n{stdout}\nstderr:\n{stderr}"
             );
         }
         if body.contains("--repo .") {
@@ -232,8 +261,8 @@ fn the_readme_commands_work() {
 /// the gRPC code it travels as.
 #[test]
 fn the_api_guide_lists_every_error_reason() {
-    let text = readme();
-    let guide = section(&text, "API guide");
+    let text = doc("api");
+    let guide = section(&text, "Errors");
     for code in shared::error::ErrorCode::ALL {
         let grpc = format!("{:?}", code.grpc_code());
         let upper: String = grpc
@@ -245,6 +274,6 @@ fn the_api_guide_lists_every_error_reason() {
             })
             .collect();
         let row = format!("| `{}` | {} |", code.reason(), upper);
-        assert!(guide.contains(&row), "README's API guide lacks the row starting {row:?}");
+        assert!(guide.contains(&row), "docs/api.md's errors lack the row starting {row:?}");
     }
 }
