@@ -103,6 +103,15 @@ impl Readiness {
                 .await
                 .with_context(|| format!("registering the API token of tenant {:?}", t.tenant))?;
         }
+        // The configuration is the list of valid tokens: one taken out of
+        // it (a leaked token rotated away) must stop working, not live on
+        // in the database.
+        let configured: Vec<&str> = config.all_tokens().map(|t| t.token.expose()).collect();
+        let revoked =
+            stores.tokens.keep_only(&configured).await.context("revoking unconfigured API tokens")?;
+        if revoked > 0 {
+            warn!(revoked, "API tokens no longer in the configuration were revoked");
+        }
         if self.auth.single_user() {
             let Some(token) = retry("local token", &self.shutdown, || async {
                 auth::local::ensure(&config.data_dir).map_err(|e| match e {

@@ -1167,6 +1167,15 @@ async fn tokens_map_to_tenants_and_are_stored_hashed(b: &Backend) {
     assert!(!tokens.delete_token("globex-token").await.unwrap());
     assert_eq!(tokens.tenant_for_token("globex-token").await.unwrap(), None);
     assert_eq!(tokens.list_tenants().await.unwrap(), [tenant("acme")]);
+
+    // Keeping a set deletes the rest; keeping none deletes all.
+    tokens.put_token(&tenant("initech"), "initech-token").await.unwrap();
+    assert_eq!(tokens.keep_only(&[raw, "initech-token"]).await.unwrap(), 1);
+    assert_eq!(tokens.tenant_for_token("second-token").await.unwrap(), None);
+    assert_eq!(tokens.tenant_for_token(raw).await.unwrap(), Some(tenant("acme")));
+    assert_eq!(tokens.tenant_for_token("initech-token").await.unwrap(), Some(tenant("initech")));
+    assert_eq!(tokens.keep_only(&[]).await.unwrap(), 2);
+    assert!(tokens.list_tenants().await.unwrap().is_empty());
 }
 
 // ---------------------------------------------------------------- upgrades

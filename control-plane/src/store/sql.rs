@@ -836,6 +836,19 @@ macro_rules! impl_shared_stores {
                     .rows_affected();
                 Ok(deleted > 0)
             }
+
+            async fn keep_only(&self, keep: &[&str]) -> Result<u64> {
+                let mut query = sqlx::QueryBuilder::<$db>::new("DELETE FROM api_tokens");
+                if !keep.is_empty() {
+                    query.push(" WHERE token_sha256 NOT IN (");
+                    let mut hashes = query.separated(", ");
+                    for token in keep {
+                        hashes.push_bind(token_hash(token));
+                    }
+                    hashes.push_unseparated(")");
+                }
+                Ok(query.build().execute(&self.pool).await?.rows_affected())
+            }
         }
     };
 }

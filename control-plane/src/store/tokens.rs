@@ -18,6 +18,11 @@ pub trait TokenStore: Send + Sync {
 
     /// True if it existed.
     async fn delete_token(&self, token: &str) -> Result<bool>;
+
+    /// Delete every token but `keep` (all of them when it is empty): how a
+    /// token taken out of the configuration stops working. Returns how
+    /// many were deleted.
+    async fn keep_only(&self, keep: &[&str]) -> Result<u64>;
 }
 
 /// Hex SHA-256 of a token: the only form a token is stored in.

@@ -122,6 +122,33 @@ async fn bearer_tokens_map_to_tenants() {
     server.stop().await.unwrap();
 }
 
+/// A token taken out of the configuration stops working at the next start
+/// (it does not live on in the database the last start wrote it to), also
+/// when the server then runs with no tokens at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_removed_from_the_configuration_no_longer_authenticates() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(config(dir.path(), &["acme=acme-token-1", "globex=globex-token-1"])).await;
+    wait_serving(server.local_addr()).await;
+    assert_eq!(server_info(server.local_addr(), Some("globex-token-1")).await.unwrap(), "globex");
+    server.stop().await.unwrap();
+
+    let server = start(config(dir.path(), &["acme=acme-token-1"])).await;
+    let addr = server.local_addr();
+    wait_serving(addr).await;
+    let revoked = server_info(addr, Some("globex-token-1")).await.unwrap_err();
+    assert_eq!(revoked.code(), tonic::Code::Unauthenticated, "{revoked:?}");
+    assert_eq!(server_info(addr, Some("acme-token-1")).await.unwrap(), "acme");
+    server.stop().await.unwrap();
+
+    let server = start(config(dir.path(), &[])).await;
+    let addr = server.local_addr();
+    wait_serving(addr).await;
+    let revoked = server_info(addr, Some("acme-token-1")).await.unwrap_err();
+    assert_eq!(revoked.code(), tonic::Code::Unauthenticated, "{revoked:?}");
+    server.stop().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_info_names_the_backends() {
     let dir = tempfile::tempdir().unwrap();
