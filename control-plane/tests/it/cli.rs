@@ -270,7 +270,7 @@ fn run_json_and_exit_codes(cli: impl Fn() -> std::process::Command) {
     // The run is listed and its stored log printed again.
     let runs = json_lines(ok(&cli().args(["runs", "--output", "json"]).output().unwrap()));
     let listed = runs.iter().find(|r| r["run_id"] == run_id.as_str()).expect("listed");
-    assert_eq!(listed["status"], "RUN_STATUS_COMPLETED");
+    assert_eq!(listed["status"], "completed");
     let logs = cli().args(["logs", &run_id]).output().unwrap();
     assert_eq!(stdout(ok(&logs)), "hello\nworld\n");
 }
@@ -436,7 +436,7 @@ fn sigint_detaches_attach_follows_cancel_ends() {
             .unwrap();
     assert_eq!(last["error_code"], "CANCELLED", "{last}");
     let runs = json_lines(ok(&server.cli().args(["runs", "--output", "json"]).output().unwrap()));
-    assert_eq!(runs[0]["status"], "RUN_STATUS_ABORTED");
+    assert_eq!(runs[0]["status"], "aborted");
 }
 
 /// SIGINT twice within 2 s cancels; the CLI exits 130.
@@ -454,7 +454,7 @@ fn two_sigints_cancel_the_run() {
     assert_eq!(live.wait(Duration::from_secs(60)), Some(130), "{:?}", live.seen);
     assert!(live.seen.iter().any(|l| l.contains("cancelled")), "{:?}", live.seen);
     let runs = json_lines(ok(&server.cli().args(["runs", "--output", "json"]).output().unwrap()));
-    assert_eq!(runs[0]["status"], "RUN_STATUS_ABORTED");
+    assert_eq!(runs[0]["status"], "aborted");
 }
 
 /// `--detach` prints the run id once the run is accepted; on the embedded
