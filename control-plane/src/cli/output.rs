@@ -231,4 +231,53 @@ mod tests {
             assert_eq!(enum_name(&e, &enum_word(&e, value.name())).as_deref(), Some(value.name()));
         }
     }
+
+    /// `docs/schema/cli-output.schema.json` follows the API: each `$defs`
+    /// entry marked `x-proto` lists its message's every field, or its
+    /// enum's every value as [`enum_word`] spells it; the chunk types, the
+    /// system's CUSTOM names and the error reasons are all there.
+    #[test]
+    fn the_output_schema_names_every_field_and_value_of_the_api() {
+        use std::collections::BTreeSet;
+        let schema: Value =
+            serde_json::from_str(include_str!("../../../docs/schema/cli-output.schema.json")).unwrap();
+        let defs = schema["$defs"].as_object().unwrap();
+        let strings = |v: &Value| -> BTreeSet<String> {
+            v.as_array().unwrap().iter().map(|s| s.as_str().unwrap().to_string()).collect()
+        };
+        let consts = |v: &Value| -> BTreeSet<String> {
+            v.as_array().unwrap().iter().map(|c| c["const"].as_str().unwrap().to_string()).collect()
+        };
+        let mut checked = 0;
+        for (name, def) in defs {
+            let Some(proto) = def.get("x-proto").and_then(Value::as_str) else { continue };
+            if let Some(message) = POOL.get_message_by_name(proto) {
+                let fields: BTreeSet<String> = message.fields().map(|f| f.name().to_string()).collect();
+                let listed: BTreeSet<String> =
+                    def["properties"].as_object().unwrap().keys().cloned().collect();
+                assert_eq!(listed, fields, "$defs/{name}: the fields of {proto}");
+            } else if let Some(e) = POOL.get_enum_by_name(proto) {
+                let values = e.values().filter(|v| v.number() != 0);
+                // Chunk types are codes: their names without the prefix.
+                let (listed, want): (_, BTreeSet<String>) = match def.get("oneOf") {
+                    Some(documented) => (
+                        consts(documented),
+                        values.map(|v| v.name().trim_start_matches("CHUNK_TYPE_").to_string()).collect(),
+                    ),
+                    None => (strings(&def["enum"]), values.map(|v| enum_word(&e, v.name())).collect()),
+                };
+                assert_eq!(listed, want, "$defs/{name}: the values of {proto}");
+            } else {
+                panic!("$defs/{name}: {proto} is not in sandhold.v1");
+            }
+            checked += 1;
+        }
+        assert!(checked > 30, "{checked} definitions checked");
+        let system: BTreeSet<String> = shared::chunk::SYSTEM_NAMES.iter().map(|s| s.to_string()).collect();
+        assert_eq!(consts(&defs["reserved_custom_name"]["oneOf"]), system, "the system's CUSTOM names");
+        let mut reasons: BTreeSet<String> =
+            shared::error::ErrorCode::ALL.iter().map(|c| c.reason().to_string()).collect();
+        reasons.insert("CLIENT".into());
+        assert_eq!(strings(&defs["error_reason"]["enum"]), reasons, "the error reasons");
+    }
 }
