@@ -4,7 +4,7 @@
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::mpsc;
+use std::sync::{LazyLock, mpsc};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -177,14 +177,88 @@ impl Drop for Served {
     }
 }
 
-/// Every stdout line of a JSON-output command, parsed.
+/// Every stdout line of a JSON-output command, parsed and held to the
+/// schema (see [`json_line`]).
 pub fn json_lines(out: &Output) -> Vec<Value> {
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
-        .collect()
+    String::from_utf8_lossy(&out.stdout).lines().filter(|l| !l.trim().is_empty()).map(json_line).collect()
 }
+
+/// One stdout line of `--output json`, parsed; panics unless it is JSON
+/// that `docs/schema/cli-output.schema.json` describes, with the line and
+/// what the schema says of it.
+pub fn json_line(line: &str) -> Value {
+    let value = serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+    if let Some(why) = output_violation(&value) {
+        panic!(
+            "a line of --output json that docs/schema/cli-output.schema.json does not describe: {why}\n{line}"
+        );
+    }
+    value
+}
+
+/// Why `line` is not one `--output json` may print (the kind of line it
+/// comes closest to, and what of it is wrong), `None` when it is one.
+pub fn output_violation(line: &Value) -> Option<String> {
+    if OUTPUT_SCHEMA.line.is_valid(line) {
+        return None;
+    }
+    // The closest kind: the one that knows most of the line's keys, then
+    // the one with the fewest complaints.
+    let keys: Vec<&String> = line.as_object().map(|o| o.keys().collect()).unwrap_or_default();
+    let (kind, errors) = OUTPUT_SCHEMA
+        .kinds
+        .iter()
+        .map(|k| {
+            let errors: Vec<String> = k
+                .validator
+                .iter_errors(line)
+                .map(|e| format!("at {:?}: {e}", e.instance_path().as_str()))
+                .collect();
+            let known = keys.iter().filter(|key| k.keys.contains(key.as_str())).count();
+            (k, known, errors)
+        })
+        .min_by_key(|(_, known, errors)| (std::cmp::Reverse(*known), errors.len()))
+        .map(|(k, _, errors)| (&k.name, errors))
+        .expect("the schema has kinds of lines");
+    Some(format!("as a `{kind}` line: {}", errors.join("; ")))
+}
+
+/// The schema of `--output json`, compiled: for a whole line, and for each
+/// kind of line it lists (to say which one a wrong line misses and how).
+struct OutputSchema {
+    line: jsonschema::Validator,
+    kinds: Vec<LineKind>,
+}
+
+struct LineKind {
+    name: String,
+    validator: jsonschema::Validator,
+    /// The keys a line of the kind may have.
+    keys: std::collections::BTreeSet<String>,
+}
+
+static OUTPUT_SCHEMA: LazyLock<OutputSchema> = LazyLock::new(|| {
+    let schema: Value = serde_json::from_str(include_str!("../../docs/schema/cli-output.schema.json"))
+        .expect("the schema is JSON");
+    let compile = |s: &Value| {
+        jsonschema::validator_for(s).unwrap_or_else(|e| panic!("the schema does not compile: {e}"))
+    };
+    let kinds = schema["anyOf"]
+        .as_array()
+        .expect("the schema's kinds of lines")
+        .iter()
+        .map(|kind| {
+            let mut one = schema.clone();
+            let object = one.as_object_mut().expect("the schema is an object");
+            object.remove("anyOf");
+            object.insert("$ref".into(), kind["$ref"].clone());
+            let name = kind["$ref"].as_str().unwrap_or_default().trim_start_matches("#/$defs/").to_string();
+            let keys = schema["$defs"][&name]["properties"].as_object().map(|p| p.keys().cloned().collect());
+            LineKind { validator: compile(&one), keys: keys.unwrap_or_default(), name }
+        })
+        .collect();
+    OutputSchema { line: compile(&schema), kinds }
+});
 
 pub fn ok(out: &Output) -> &Output {
     assert!(
@@ -206,14 +280,27 @@ pub fn stdout(out: &Output) -> String {
 }
 
 /// A spawned CLI whose stdout lines arrive on a channel as they are printed.
+/// With `--output json` every stdout line is held to the schema as it
+/// arrives (see [`json_line`]).
 pub struct Live {
     pub child: Child,
     lines: mpsc::Receiver<String>,
     pub seen: Vec<String>,
+    json: bool,
+}
+
+/// Whether `cmd` asks for `--output json`.
+fn outputs_json(cmd: &Command) -> bool {
+    let args: Vec<_> = cmd.get_args().map(|a| a.to_string_lossy().into_owned()).collect();
+    let flag = args.windows(2).any(|w| w[0] == "--output" && w[1] == "json")
+        || args.iter().any(|a| a == "--output=json");
+    let env = cmd.get_envs().any(|(k, v)| k == "SANDHOLD_OUTPUT" && v.is_some_and(|v| v == "json"));
+    flag || env
 }
 
 impl Live {
     pub fn spawn(mut cmd: Command) -> Self {
+        let json = outputs_json(&cmd);
         let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
         let (tx, lines) = mpsc::channel();
         let out = child.stdout.take().unwrap();
@@ -229,7 +316,15 @@ impl Live {
                 let _ = tx2.send(format!("stderr: {line}"));
             }
         });
-        Self { child, lines, seen: Vec::new() }
+        Self { child, lines, seen: Vec::new(), json }
+    }
+
+    /// Keep a line that arrived, checking a JSON one.
+    fn seen(&mut self, line: String) {
+        if self.json && !line.starts_with("stderr: ") {
+            json_line(&line);
+        }
+        self.seen.push(line);
     }
 
     /// The first line (stdout, or `stderr: ...`) `pred` accepts; panics
@@ -240,7 +335,7 @@ impl Live {
             let left = deadline.saturating_duration_since(Instant::now());
             match self.lines.recv_timeout(left) {
                 Ok(line) => {
-                    self.seen.push(line.clone());
+                    self.seen(line.clone());
                     if pred(&line) {
                         return line;
                     }
@@ -265,7 +360,7 @@ impl Live {
                 while let Ok(line) =
                     self.lines.recv_timeout(drained.saturating_duration_since(Instant::now()))
                 {
-                    self.seen.push(line);
+                    self.seen(line);
                 }
                 return status.code();
             }

@@ -6,8 +6,9 @@
 //! field names as in `proto/sandhold/v1/sandbox.proto` (`secret_names`, or
 //! their lowerCamelCase JSON names), a oneof as a table keyed by the chosen
 //! field (`[provider.docker]`, `{ serial = "npm ci" }`), enums by name
-//! (`reuse = "REUSE_NONE"`). Unknown fields are refused, so a typo does not
-//! pass silently. Example:
+//! (`reuse = "REUSE_NONE"`) or by the word CLI JSON prints (`reuse =
+//! "none"`, so what `definitions ls --output json` prints applies again).
+//! Unknown fields are refused, so a typo does not pass silently. Example:
 //!
 //! ```toml
 //! id = "node-app"
@@ -31,7 +32,7 @@ use anyhow::{Context, bail};
 use prost_reflect::{DeserializeOptions, DynamicMessage};
 use shared::proto::v1 as api;
 
-use super::output::POOL;
+use super::output::{POOL, each_enum, enum_name};
 
 /// Read a definition file. `.toml` is TOML, `.json` JSON; any other name is
 /// tried as JSON, then TOML.
@@ -70,9 +71,16 @@ fn from_toml(text: &str) -> anyhow::Result<serde_json::Value> {
 }
 
 /// A JSON value in the proto3 JSON mapping of `SandboxDefinition`.
-pub fn parse(value: serde_json::Value) -> anyhow::Result<api::SandboxDefinition> {
+pub fn parse(mut value: serde_json::Value) -> anyhow::Result<api::SandboxDefinition> {
     let descriptor =
         POOL.get_message_by_name("sandhold.v1.SandboxDefinition").expect("SandboxDefinition is in the pool");
+    each_enum(&descriptor, &mut value, &mut |e, v| {
+        if let serde_json::Value::String(word) = v
+            && let Some(name) = enum_name(e, word)
+        {
+            *word = name;
+        }
+    });
     let dynamic = DynamicMessage::deserialize_with_options(descriptor, value, &DeserializeOptions::new())
         .map_err(|e| anyhow::anyhow!("not a SandboxDefinition: {e}"))?;
     let definition: api::SandboxDefinition = dynamic.transcode_to()?;
@@ -328,6 +336,39 @@ keep_alive_ms = 600000
         let typo = parse(serde_json::json!({"id": "x", "secrets": ["A"]})).unwrap_err();
         assert!(format!("{typo:#}").contains("secrets"), "{typo:#}");
         assert!(parse(serde_json::json!({"provider": {"local": {}}})).is_err(), "id is required");
+    }
+
+    /// What `definitions ls --output json` prints (enum values as words)
+    /// applies again as it is.
+    #[test]
+    fn a_definition_printed_as_cli_json_reads_back_the_same() {
+        let d = api::SandboxDefinition {
+            id: "x".into(),
+            lifecycle: Some(api::Lifecycle {
+                reuse: api::Reuse::None as i32,
+                snapshot: api::SnapshotPolicy::AfterSetup as i32,
+                ..Default::default()
+            }),
+            policy: Some(api::SandboxPolicy {
+                default: api::PolicyEffect::Ask as i32,
+                rules: vec![api::PolicyRule {
+                    action: api::PolicyAction::FileWrite as i32,
+                    pattern: "docs/**".into(),
+                    effect: api::PolicyEffect::Allow as i32,
+                }],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let printed = super::super::output::message_json(&d, "SandboxDefinition");
+        assert_eq!(printed["lifecycle"]["reuse"], "none");
+        assert_eq!(printed["policy"]["rules"][0]["action"], "file_write");
+        assert_eq!(parse(printed).unwrap(), d);
+        let e = format!(
+            "{:#}",
+            from_text("id = \"x\"\n[lifecycle]\nreuse = \"sometimes\"\n", "toml").unwrap_err()
+        );
+        assert!(e.contains("sometimes"), "an unknown word is still refused: {e}");
     }
 
     #[test]

@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use clap::{Args, Subcommand};
 use serde_json::json;
 
-use super::output::{OutputFormat, json_line};
+use super::output::{OutputFormat, json_line, print_error};
 use super::run::EXIT_USAGE;
 use crate::toolchain::{Cli, Toolchains, catalogue};
 
@@ -70,7 +70,7 @@ pub fn harness(command: HarnessCommand) -> ExitCode {
             let clis = match clis {
                 Ok(c) => c,
                 Err(e) => {
-                    eprintln!("error: {e}");
+                    print_error(dirs.output, &anyhow::anyhow!(e));
                     return ExitCode::from(EXIT_USAGE);
                 }
             };
@@ -81,7 +81,7 @@ pub fn harness(command: HarnessCommand) -> ExitCode {
                     OutputFormat::Json => json_line(&json!({"harness": cli.harness, "progress": line})),
                 };
                 if let Err(e) = toolchains.install(cli, &mut say) {
-                    eprintln!("error: installing {}: {e:#}", cli.harness);
+                    print_error(dirs.output, &e.context(format!("installing {}", cli.harness)));
                     return ExitCode::from(EXIT_USAGE);
                 }
             }

@@ -5,7 +5,9 @@
 
 use std::time::Duration;
 
-use sandhold_tests::cli::{Live, Served, json_lines, ok, sandhold, stderr, stdout};
+use sandhold_tests::cli::{
+    Live, Served, json_line, json_lines, ok, output_violation, sandhold, stderr, stdout,
+};
 use shared::proto::v1 as api;
 use shared::proto::v1::sandbox_service_client::SandboxServiceClient;
 use tokio_stream::StreamExt;
@@ -105,6 +107,32 @@ fn definitions_sandboxes_and_exec_against_a_served_server() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("UNSET_VAR_X is not set"), "{}", stderr(&out));
+
+    // --output json: exec's events, and git's answers.
+    let json = |args: &[&str]| {
+        let out = server.cli().arg(args[0]).args(["--output", "json"]).args(&args[1..]).output().unwrap();
+        json_lines(ok(&out))
+    };
+    let events = json(&["exec", &sandbox, "--", "sh", "-c", "echo out; echo err >&2"]);
+    assert!(events[0]["started_pid"].is_u64(), "{events:?}");
+    assert!(events.iter().any(|e| e["output"]["stream"] == "stderr"), "{events:?}");
+    assert_eq!(events.last().unwrap()["exited"]["code"], 0, "{events:?}");
+    let init = "echo a > notes.txt && git init -q -b main && git add -A \
+                && git -c user.name=A -c user.email=a@example.com commit -qm init && echo b >> notes.txt";
+    json(&["exec", &sandbox, "--", "sh", "-c", init]);
+    let status = &json(&["git", &sandbox, "status"])[0];
+    assert_eq!(
+        (&status["branch"], &status["files"][0]["unstaged"]),
+        (&"main".into(), &"modified".into()),
+        "{status}"
+    );
+    let diff = &json(&["git", &sandbox, "diff"])[0];
+    assert_eq!(diff["files"][0]["path"], "notes.txt", "{diff}");
+    let commit = &json(&["git", &sandbox, "commit", "-m", "more", "--author", "A <a@example.com>"])[0];
+    assert_eq!(commit["branch"], "main", "{commit}");
+    assert_eq!(json(&["git", &sandbox, "diff"])[0], serde_json::json!({}), "nothing left to diff");
+    let branch = &json(&["git", &sandbox, "branch", "topic"])[0];
+    assert_eq!(branch["head"], commit["commit"], "{branch}");
 
     // A unique prefix of the id is enough; one that names nothing says
     // where the ids are.
@@ -238,6 +266,46 @@ fn the_embedded_server_keeps_its_state_in_the_data_dir() {
     assert!(data.join("embedded.log").is_file(), "the server's log goes to a file, not the terminal");
 }
 
+/// The schema every `--output json` line is held to refuses what the CLI
+/// must not print, so holding the tests' lines to it is not vacuous: the
+/// enum spelling of the API, a chunk without its type or with a type or a
+/// system value that is not one, a field nobody documented.
+#[test]
+fn the_output_schema_refuses_lines_the_cli_must_not_print() {
+    use serde_json::json;
+    let chunk = |extra: serde_json::Value| {
+        let mut c = json!({"type": "TEXT_MESSAGE_CONTENT", "delta": "hi", "offset": "3", "timestamp_ms": 1});
+        c.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        c
+    };
+    for good in [
+        chunk(json!({})),
+        json!({"type": "CUSTOM", "name": "sandbox.network", "offset": "1", "timestamp_ms": 1,
+               "value": {"host": "h", "port": 443, "purpose": "proxy", "allowed": false, "error": "not allowed"}}),
+        json!({"type": "CUSTOM", "name": "my.event", "value": [1, 2], "offset": "1", "timestamp_ms": 1}),
+        json!({"run_id": "r", "status": "completed", "started_at_ms": 1}),
+        json!({"error": {"reason": "CLIENT", "message": "no server"}}),
+        json!({"output": {"stream": "stderr", "data": "aGk="}}),
+    ] {
+        assert_eq!(output_violation(&good), None, "{good}");
+    }
+    for (bad, says) in [
+        (json!({"run_id": "r", "status": "RUN_STATUS_COMPLETED"}), "RUN_STATUS_COMPLETED"),
+        (json!({"delta": "hi", "offset": "3", "timestamp_ms": 1}), "type"),
+        (chunk(json!({"type": "TEXT_MESSAGE"})), "TEXT_MESSAGE"),
+        (chunk(json!({"undocumented": 1})), "undocumented"),
+        (
+            json!({"type": "CUSTOM", "name": "sandbox.network", "value": {"host": "h"}, "offset": "1", "timestamp_ms": 1}),
+            "port",
+        ),
+        (json!({"error": {"reason": "ERROR_REASON_NOT_FOUND", "message": "x"}}), "ERROR_REASON_NOT_FOUND"),
+        (json!({"output": {"stream": "OUTPUT_STREAM_STDOUT"}}), "OUTPUT_STREAM_STDOUT"),
+    ] {
+        let why = output_violation(&bad).unwrap_or_else(|| panic!("accepted: {bad}"));
+        assert!(why.contains(says), "{bad}: {why}");
+    }
+}
+
 /// `run --output json`: the run id first, then the chunks with offsets,
 /// ending with the terminal one; the exit code is the run's.
 fn run_json_and_exit_codes(cli: impl Fn() -> std::process::Command) {
@@ -270,7 +338,7 @@ fn run_json_and_exit_codes(cli: impl Fn() -> std::process::Command) {
     // The run is listed and its stored log printed again.
     let runs = json_lines(ok(&cli().args(["runs", "--output", "json"]).output().unwrap()));
     let listed = runs.iter().find(|r| r["run_id"] == run_id.as_str()).expect("listed");
-    assert_eq!(listed["status"], "RUN_STATUS_COMPLETED");
+    assert_eq!(listed["status"], "completed");
     let logs = cli().args(["logs", &run_id]).output().unwrap();
     assert_eq!(stdout(ok(&logs)), "hello\nworld\n");
 }
@@ -453,8 +521,7 @@ fn sigint_detaches_attach_follows_cancel_ends() {
     cmd.args(["run", "--output", "json", "--", "sh", "-c", TICKING]);
     let mut live = Live::spawn(cmd);
     let first = live.until("with the run id", |l| l.contains("\"run_id\""));
-    let run_id =
-        serde_json::from_str::<serde_json::Value>(&first).unwrap()["run_id"].as_str().unwrap().to_string();
+    let run_id = json_line(&first)["run_id"].as_str().unwrap().to_string();
     live.until("tick 3", |l| l.contains("tick 3\\n"));
     live.signal(Signal::SIGINT);
     let code = live.wait(Duration::from_secs(20));
@@ -470,12 +537,10 @@ fn sigint_detaches_attach_follows_cancel_ends() {
         json_lines(ok(&server.cli().args(["cancel", "--output", "json", &run_id]).output().unwrap()));
     assert_eq!(cancel[0]["cancel_requested"], true, "{cancel:?}");
     assert_eq!(attached.wait(Duration::from_secs(60)), Some(130), "cancelled: {:?}", attached.seen.last());
-    let last: serde_json::Value =
-        serde_json::from_str(attached.seen.iter().rev().find(|l| l.starts_with('{')).expect("a JSON line"))
-            .unwrap();
+    let last = json_line(attached.seen.iter().rev().find(|l| l.starts_with('{')).expect("a JSON line"));
     assert_eq!(last["error_code"], "CANCELLED", "{last}");
     let runs = json_lines(ok(&server.cli().args(["runs", "--output", "json"]).output().unwrap()));
-    assert_eq!(runs[0]["status"], "RUN_STATUS_ABORTED");
+    assert_eq!(runs[0]["status"], "aborted");
 }
 
 /// SIGINT twice within 2 s cancels; the CLI exits 130.
@@ -493,7 +558,7 @@ fn two_sigints_cancel_the_run() {
     assert_eq!(live.wait(Duration::from_secs(60)), Some(130), "{:?}", live.seen);
     assert!(live.seen.iter().any(|l| l.contains("cancelled")), "{:?}", live.seen);
     let runs = json_lines(ok(&server.cli().args(["runs", "--output", "json"]).output().unwrap()));
-    assert_eq!(runs[0]["status"], "RUN_STATUS_ABORTED");
+    assert_eq!(runs[0]["status"], "aborted");
 }
 
 /// `--detach` prints the run id once the run is accepted; on the embedded

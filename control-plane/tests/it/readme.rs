@@ -19,7 +19,9 @@
 //!
 //! Every line between `<!-- expect:` and `-->` must be part of a line the
 //! block prints on stdout, the lines in that order (one stdout line per
-//! expected line). A test block without one fails: say what it shows.
+//! expected line). A test block without one fails: say what it shows. The
+//! JSON lines of a block with `--output json` are held to
+//! `docs/schema/cli-output.schema.json`.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -236,6 +238,18 @@ fn the_readme_commands_work() {
             "{file} block at line {line} failed ({:?}):\n{body}\nstdout:\n{stdout}\nstderr:\n{stderr}",
             out.status.code()
         );
+        // What it shows of --output json is what docs/schema describes.
+        if body.contains("--output json") {
+            for json in stdout.lines().filter(|l| l.starts_with('{')) {
+                let value = serde_json::from_str(json)
+                    .unwrap_or_else(|e| panic!("README.md block at line {line}: not JSON ({e}): {json}"));
+                if let Some(why) = sandhold_tests::cli::output_violation(&value) {
+                    panic!(
+                        "README.md block at line {line} printed a line docs/schema/cli-output.schema.json does not describe: {why}\n{json}"
+                    );
+                }
+            }
+        }
         // Outcomes the text promises, not only exit codes.
         if let Some(want) = missing_output(&stdout, &expect) {
             panic!(

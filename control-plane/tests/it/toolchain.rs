@@ -68,6 +68,15 @@ fn harness_ls_lists_what_install_put_there() {
         .unwrap();
     assert_eq!(bad.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("claude-code, codex, opencode"));
+    // Under --output json as every command's failure: an error line.
+    let bad = sandhold_tests::cli::sandhold(data.path())
+        .args(["harness", "install", "cursor", "--output", "json", "--toolchain-dir"])
+        .arg(data.path().join("empty"))
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+    let error = &sandhold_tests::cli::json_lines(&bad)[0]["error"];
+    assert!(error["message"].as_str().unwrap().contains("claude-code, codex, opencode"), "{error}");
     assert!(!data.path().join("empty").exists());
 }
 
