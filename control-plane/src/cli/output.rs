@@ -140,6 +140,17 @@ pub fn status_error(status: tonic::Status) -> anyhow::Error {
                 status.message()
             )
         }
+        // The client cancels no call of its own: the connection broke before
+        // the call went out, which a non-gRPC server does too, depending
+        // on when its answer arrives.
+        tonic::Code::Cancelled if status.message().contains("operation was canceled") => {
+            error.message = format!(
+                "the connection ended before the server answered ({}): the server may not speak gRPC (is \
+                 --server the address `sandhold serve` listens on? A server with --tls-cert is written \
+                 https://HOST:PORT), or it went away",
+                status.message()
+            )
+        }
         tonic::Code::Unknown if status.message().contains("grpc-status header missing") => {
             error.message = format!(
                 "an HTTP server answered, not a Sandhold server ({}): check --server's host and port, and that a \
