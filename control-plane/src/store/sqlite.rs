@@ -118,16 +118,22 @@ impl SqliteStore {
 impl_checkpoint_store!(SqliteStore, sqlx::Sqlite, begin: "BEGIN IMMEDIATE", for_update: "",
     sweep_lock: "SELECT 1", pin_lock: "SELECT 1");
 
-#[async_trait]
-impl EventLog for SqliteStore {
-    async fn append(&self, run: &RunKey, epoch: Epoch, chunks: &[NewChunk]) -> Result<Vec<Offset>> {
-        let held = epoch_to_db(epoch)?;
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+impl SqliteStore {
+    /// The body of [`EventLog::append`] inside its transaction, COMMIT
+    /// included: the sequence number the appended chunks follow.
+    async fn append_in(
+        &self,
+        conn: &mut sqlx::pool::PoolConnection<sqlx::Sqlite>,
+        run: &RunKey,
+        held: i64,
+        epoch: Epoch,
+        chunks: &[NewChunk],
+    ) -> Result<i64> {
         let fence: Option<(i64, bool)> =
             sqlx::query_as("SELECT driver_epoch, log_closed FROM runs WHERE tenant = $1 AND run_id = $2")
                 .bind(run.tenant.as_str())
                 .bind(run.run.as_str())
-                .fetch_optional(&mut *tx)
+                .fetch_optional(&mut **conn)
                 .await?;
         match fence {
             None => return Err(run_not_found(run)),
@@ -146,7 +152,7 @@ impl EventLog for SqliteStore {
         )
         .bind(run.tenant.as_str())
         .bind(run.run.as_str())
-        .fetch_one(&mut *tx)
+        .fetch_one(&mut **conn)
         .await?;
         let now = Timestamp::now().as_millis();
         for (group_index, group) in chunks.chunks(ROWS_PER_INSERT).enumerate() {
@@ -163,14 +169,49 @@ impl EventLog for SqliteStore {
                     .push_bind(chunk.payload.as_slice())
                     .push_bind(now);
             });
-            insert.build().execute(&mut *tx).await?;
+            insert.build().execute(&mut **conn).await?;
         }
-        index_requests!(tx, run, chunks, (1..=chunks.len() as i64).map(|i| last + i));
-        tx.commit().await?;
-        if !chunks.is_empty() {
-            tail::wake_run(&self.wakes, run);
+        index_requests!((*conn), run, chunks, (1..=chunks.len() as i64).map(|i| last + i));
+        sqlx::query("COMMIT").execute(&mut **conn).await?;
+        Ok(last)
+    }
+}
+
+/// After a failed step of a transaction begun by hand: roll it back, and
+/// if even that fails (other than because SQLite rolled it back itself, as
+/// it does on a full disk), close the connection rather than hand the pool
+/// one in an unknown state.
+async fn end_failed_transaction(mut conn: sqlx::pool::PoolConnection<sqlx::Sqlite>) {
+    if let Err(e) = sqlx::query("ROLLBACK").execute(&mut *conn).await
+        && !e.to_string().contains("no transaction is active")
+    {
+        tracing::debug!(error = %e, "closing a connection whose transaction could not be rolled back");
+        let _ = conn.close().await;
+    }
+}
+
+#[async_trait]
+impl EventLog for SqliteStore {
+    async fn append(&self, run: &RunKey, epoch: Epoch, chunks: &[NewChunk]) -> Result<Vec<Offset>> {
+        let held = epoch_to_db(epoch)?;
+        // The transaction by hand, not sqlx's: a COMMIT that fails on a
+        // full disk leaves sqlx's count of open transactions at one on a
+        // connection SQLite has already rolled back, and every later
+        // `begin` on it fails ("non-zero transaction depth").
+        let mut conn = self.pool.acquire().await?;
+        sqlx::query("BEGIN IMMEDIATE").execute(&mut *conn).await?;
+        match self.append_in(&mut conn, run, held, epoch, chunks).await {
+            Ok(last) => {
+                if !chunks.is_empty() {
+                    tail::wake_run(&self.wakes, run);
+                }
+                (1..=chunks.len() as i64).map(|i| Offset::from_seq(last + i)).collect()
+            }
+            Err(e) => {
+                end_failed_transaction(conn).await;
+                Err(e)
+            }
         }
-        (1..=chunks.len() as i64).map(|i| Offset::from_seq(last + i)).collect()
     }
 
     async fn read(&self, run: &RunKey, after: &Offset) -> Result<super::ChunkStream> {

@@ -23,6 +23,9 @@ struct Cluster {
     /// Kills the local sandboxes (they outlive their servers), then goes.
     _dir: sandhold_tests::local::TestDir,
     data_dir: PathBuf,
+    /// A database of its own: a replica's start keeps only the tokens of
+    /// its configuration, so deployments do not share one.
+    _db: sandhold_tests::database::ScratchDatabase,
     database_url: String,
     redis_url: String,
     token: String,
@@ -41,8 +44,10 @@ impl Cluster {
 
     /// As [`Cluster::start_with`], with leases of `ttl_ms`, renewed every `renew_ms`.
     async fn start_with_lease(n: usize, extra: &[&str], ttl_ms: u64, renew_ms: u64) -> Option<Self> {
-        let database_url = sandhold_tests::services::postgres_url()?;
+        let admin_url = sandhold_tests::services::postgres_url()?;
         let redis_url = sandhold_tests::services::redis_url()?;
+        let db = sandhold_tests::database::ScratchDatabase::create(&admin_url).await.unwrap();
+        let database_url = db.url().to_string();
         let dir = sandhold_tests::local::TestDir::new("takeover");
         let nonce = sandhold_tests::nonce();
         let token = format!("tok-{nonce}");
@@ -56,7 +61,7 @@ impl Cluster {
         }
         let mut sandboxes = replicas[0].sandboxes(&token).await;
         put_definition(&mut sandboxes, definition("def", Kind::Local)).await;
-        Some(Self { replicas, _dir: dir, data_dir, database_url, redis_url, token, nonce })
+        Some(Self { replicas, _dir: dir, data_dir, _db: db, database_url, redis_url, token, nonce })
     }
 
     fn options(data_dir: &Path, database_url: &str, redis_url: &str, nonce: &str, i: usize) -> ServerOptions {
