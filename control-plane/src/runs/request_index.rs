@@ -1,12 +1,11 @@
 //! What a chunk does to its run's requests, said to the store beside the
 //! chunk so the log's request index is written with it (see
-//! [`crate::store::EventLog::requests`]).
+//! [`crate::store::EventLog::requests`]). A leaf: the log's codec asks
+//! it, also when it builds an older log's index.
 
 use shared::chunk::{Chunk, ChunkType};
-use tracing::info;
 
-use super::Error;
-use crate::store::{EventLog, RequestMark, RunKey, StoredChunk};
+use crate::store::RequestMark;
 
 /// The request a chunk asks or answers: the chunks the translation makes of
 /// the agent's sealed records (a command's output never carries a request).
@@ -20,18 +19,6 @@ pub(crate) fn request_mark(c: &Chunk) -> Option<RequestMark> {
         }
         _ => None,
     }
-}
-
-/// Build the run's request index from its log if the log was written
-/// before the index existed ([`EventLog::backfill_requests`]): once per
-/// such run, on its first list or answer; a lookup for every other.
-pub(crate) async fn backfill(events: &dyn EventLog, run: &RunKey) -> Result<(), Error> {
-    // A chunk that does not decode asks nothing (reading it fails elsewhere).
-    let mark_of = |stored: &StoredChunk| request_mark(&super::log::decode_chunk(stored).ok()?);
-    if events.backfill_requests(run, &mark_of).await? {
-        info!(tenant = %run.tenant, run_id = %run.run, "request index built from the run's log");
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -141,7 +141,7 @@ impl Runs {
     ) -> Result<Vec<api::RunRequest>, Error> {
         let key = RunKey::new(tenant.clone(), run_id_field("run_id", run_id)?);
         self.record(&key).await?;
-        super::request_index::backfill(self.inner.ctx.stores.events.as_ref(), &key).await?;
+        super::log::backfill_requests(self.inner.ctx.stores.events.as_ref(), &key).await?;
         let filter = if include_answered { RequestFilter::All } else { RequestFilter::Pending };
         let indexed = self.inner.ctx.stores.events.requests(&key, filter).await?;
         indexed.iter().map(run_request).collect()
@@ -176,7 +176,7 @@ impl Runs {
                 record.status.as_str()
             )));
         }
-        super::request_index::backfill(self.inner.ctx.stores.events.as_ref(), &key).await?;
+        super::log::backfill_requests(self.inner.ctx.stores.events.as_ref(), &key).await?;
         let logged = self.logged_request(&key, request_id).await?;
         let answer = match (answer, logged.as_ref().map(|r| r.kind.as_str())) {
             (api::respond_to_request_request::Answer::Permission(p), None | Some("permission")) => Answer {
