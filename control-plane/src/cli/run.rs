@@ -647,15 +647,15 @@ fn print_runs(runs: &[api::Run]) {
     }
 }
 
-pub fn status_name(s: api::RunStatus) -> &'static str {
-    match s {
-        api::RunStatus::Unspecified => "unknown",
-        api::RunStatus::Running => "running",
-        api::RunStatus::Interrupted => "interrupted",
-        api::RunStatus::Completed => "completed",
-        api::RunStatus::Failed => "failed",
-        api::RunStatus::Aborted => "aborted",
+/// A run status as people read it: the word `--output json` prints too
+/// ([`super::output::enum_word`]), `unknown` for none.
+pub fn status_name(s: api::RunStatus) -> String {
+    if s == api::RunStatus::Unspecified {
+        return "unknown".into();
     }
+    let descriptor =
+        super::output::POOL.get_enum_by_name("sandhold.v1.RunStatus").expect("RunStatus is in the pool");
+    super::output::enum_word(&descriptor, s.as_str_name())
 }
 
 /// `5m ago` from a Unix time in milliseconds.
