@@ -38,8 +38,20 @@ pub fn agent() -> PathBuf {
 }
 
 /// `sandhold` with only the variables a test sets: none of the caller's
-/// `SANDHOLD_*` leak in, the data dir is the test's.
+/// `SANDHOLD_*` leak in, the data dir is the test's. Without `--server` it
+/// uses a server in its own process (`--embedded`), which ends with it: a
+/// test about what a command leaves behind sees only the command's work.
+/// [`sandhold_background`] is the default a user gets.
 pub fn sandhold(data_dir: &Path) -> Command {
+    let mut cmd = sandhold_background(data_dir);
+    cmd.env("SANDHOLD_EMBEDDED", "1");
+    cmd
+}
+
+/// `sandhold` as a user runs it: without `--server`, through the user's
+/// background server of `data_dir` (started by the first command; keep a
+/// [`Background`] to stop it).
+pub fn sandhold_background(data_dir: &Path) -> Command {
     let mut cmd = Command::new(sandhold_bin());
     for (k, _) in std::env::vars() {
         if k.starts_with("SANDHOLD_") {
@@ -48,6 +60,52 @@ pub fn sandhold(data_dir: &Path) -> Command {
     }
     cmd.env("SANDHOLD_DATA_DIR", data_dir).env("SANDHOLD_AGENT_BINARY", agent()).stdin(Stdio::null());
     cmd
+}
+
+/// The uid and gid of the other user of hostile tests.
+pub const NOBODY: u32 = 65534;
+
+/// `program` as uid/gid [`NOBODY`] (through `setpriv`), with no group of
+/// root's and none of the caller's `SANDHOLD_*` variables.
+pub fn as_nobody(program: &Path) -> Command {
+    let mut cmd = Command::new("setpriv");
+    cmd.args([&format!("--reuid={NOBODY}"), &format!("--regid={NOBODY}"), "--clear-groups", "--"])
+        .arg(program);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("SANDHOLD_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.env("HOME", "/nonexistent").stdin(Stdio::null());
+    cmd
+}
+
+/// Stops, when dropped, the background server of a data dir: `sandhold
+/// daemon stop`, then SIGKILL if it is still there.
+pub struct Background(pub PathBuf);
+
+impl Background {
+    /// The pid of its server, if one runs (the holder of its lock).
+    pub fn pid(&self) -> Option<i32> {
+        let out =
+            sandhold_background(&self.0).args(["daemon", "status", "--output", "json"]).output().ok()?;
+        let status: Value = serde_json::from_slice(&out.stdout).ok()?;
+        status["pid"].as_i64().and_then(|p| i32::try_from(p).ok())
+    }
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        let pid = self.pid();
+        let _ = sandhold_background(&self.0).args(["daemon", "stop"]).output();
+        let cmdline = |pid: i32| std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        if let Some(pid) = pid
+            && String::from_utf8_lossy(&cmdline(pid)).contains("daemon\0serve")
+        {
+            let _ =
+                nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+        }
+    }
 }
 
 /// A `sandhold serve` process on a free loopback port, stopped on drop

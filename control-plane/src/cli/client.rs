@@ -1,11 +1,13 @@
-//! How the client commands reach a server: `--server` / `SANDHOLD_SERVER`,
-//! or else an embedded server started in this process (SQLite under the data
-//! dir, in-process leases, listening on a random loopback port) that stops
-//! when the command ends.
+//! How the client commands reach a server: `--server` / `SANDHOLD_SERVER`;
+//! else the user's background server on a Unix socket in the data dir,
+//! started when it is not running (`background.rs`, `daemon.rs`); or, with
+//! `--embedded`, a server started in this process (SQLite under the data
+//! dir, in-process leases, a random loopback port) that stops when the
+//! command ends.
 //!
 //! The token: `SANDHOLD_TOKEN`; else, for a server on this machine, the
 //! `local-token` file of the data dir (what a server without API tokens
-//! demands; never sent anywhere but loopback); the embedded server's own.
+//! demands; never sent anywhere but this machine); the embedded server's own.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -20,6 +22,7 @@ use tonic::service::Interceptor;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 
+use super::background::{self, Files, Launch};
 use super::format::OutputFormat;
 use crate::config::{ConfigLayer, LogFormat, ServeConfig};
 use crate::server::RunningServer;
@@ -42,11 +45,23 @@ const EMBEDDED_STOP_GRACE_MS: u64 = 3_000;
 pub struct ClientArgs {
     /// The server to talk to: HOST:PORT, http://HOST:PORT, https://HOST:PORT
     /// (TLS) or unix:PATH.
-    /// Unset: an embedded server in this process (see --data-dir). The API
-    /// token, if the server has tokens, is read from SANDHOLD_TOKEN; a server
-    /// on loopback without tokens takes the one in <data-dir>/local-token.
+    /// Unset: your background server (see --data-dir), started when it is
+    /// not running (`sandhold daemon status|stop`). The API token, if the
+    /// server has tokens, is read from SANDHOLD_TOKEN; a server on this
+    /// machine without tokens takes the one in <data-dir>/local-token.
     #[arg(long, env = "SANDHOLD_SERVER", value_name = "URL", global = true)]
     pub server: Option<String>,
+
+    /// Without --server: a server in this process that stops when the
+    /// command does, instead of the background server (for scripts that
+    /// want nothing left running; a detached run waits for the next server).
+    #[arg(
+        long = "embedded",
+        env = "SANDHOLD_EMBEDDED",
+        global = true,
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub embedded_only: bool,
 
     /// PEM file of the CA(s) an https:// server's certificate is checked
     /// against [default: the system's trusted roots].
@@ -61,12 +76,14 @@ pub struct ClientArgs {
     pub embedded: EmbeddedArgs,
 }
 
-/// Settings of the embedded server (used when no --server is given). The
-/// same variables as `sandhold serve`, so one environment configures both.
+/// Settings of the server on this machine (the background or the embedded
+/// one; used when no --server is given). The same variables as `sandhold
+/// serve`, so one environment configures them all.
 #[derive(Debug, Clone, Default, Args)]
-#[command(next_help_heading = "Embedded server (without --server)")]
+#[command(next_help_heading = "Local server (without --server)")]
 pub struct EmbeddedArgs {
-    /// Data directory: the SQLite database, local sandboxes, the server log
+    /// Data directory: the SQLite database, local sandboxes, the background
+    /// server's socket and log (daemon/), the embedded server's log
     /// (embedded.log) [default: the user's data dir + /sandhold].
     #[arg(long, env = "SANDHOLD_DATA_DIR", value_name = "DIR", global = true)]
     pub data_dir: Option<PathBuf>,
@@ -87,6 +104,35 @@ pub struct EmbeddedArgs {
 }
 
 impl EmbeddedArgs {
+    /// The data dir, resolved.
+    pub fn data_dir(&self) -> PathBuf {
+        self.data_dir.clone().unwrap_or_else(crate::config::default_data_dir)
+    }
+
+    /// What starts a background server with these settings (absolute
+    /// paths: it runs from `/`).
+    fn launch(&self, idle_stop: Option<Duration>) -> anyhow::Result<Launch> {
+        let absolute = |p: &std::path::Path| {
+            std::path::absolute(p).with_context(|| format!("resolving {}", p.display()))
+        };
+        let mut args: Vec<std::ffi::OsString> = Vec::new();
+        for (flag, value) in [
+            ("--agent-binary", &self.agent_binary),
+            ("--agent-static-binary", &self.agent_static_binary),
+            ("--toolchain-dir", &self.toolchain_dir),
+        ] {
+            if let Some(path) = value {
+                args.push(flag.into());
+                args.push(absolute(path)?.into());
+            }
+        }
+        if let Some(idle) = idle_stop {
+            args.push("--idle-stop".into());
+            args.push(format!("{}s", idle.as_secs()).into());
+        }
+        Ok(Launch { data_dir: absolute(&self.data_dir())?, args })
+    }
+
     pub fn config(&self) -> anyhow::Result<ServeConfig> {
         ServeConfig::resolve(ConfigLayer {
             listen: Some("127.0.0.1:0".parse().expect("valid address")),
@@ -124,13 +170,15 @@ impl Interceptor for Auth {
 
 pub type Svc = InterceptedService<Channel, Auth>;
 
-/// A connection to a server, remote or embedded. Call [`Connection::close`]
-/// at the end so an embedded server drains.
+/// A connection to a server: remote, the background one, or embedded. Call
+/// [`Connection::close`] at the end so an embedded server drains.
 pub struct Connection {
     channel: Channel,
     auth: Auth,
     /// What was connected to, for messages.
     pub target: String,
+    /// Reached through --server (a command that comes back must name it).
+    pub remote: bool,
     embedded: Option<RunningServer>,
 }
 
@@ -146,20 +194,41 @@ impl Auth {
 impl Connection {
     pub async fn open(args: &ClientArgs) -> anyhow::Result<Self> {
         let server = args.server.as_deref().filter(|s| !s.is_empty());
-        let Some(server) = server else { return Self::embedded(&args.embedded).await };
-        let auth = match std::env::var(TOKEN_VAR) {
-            Ok(t) if !t.is_empty() => Auth::bearer(&t, TOKEN_VAR)?,
-            _ if is_on_this_machine(server) => {
-                let data_dir = args.embedded.data_dir.clone().unwrap_or_else(crate::config::default_data_dir);
-                match crate::auth::local::read(&data_dir) {
-                    Some(token) => Auth::bearer(token.expose(), crate::auth::local::FILE_NAME)?,
-                    None => Auth(None),
-                }
+        match server {
+            Some(server) => Self::remote(server, args).await,
+            None if args.embedded_only => Self::embedded(&args.embedded).await,
+            None => {
+                ensure_background(&args.embedded, None).await?;
+                Self::background(&args.embedded).await
             }
-            _ => Auth(None),
-        };
+        }
+    }
+
+    async fn remote(server: &str, args: &ClientArgs) -> anyhow::Result<Self> {
+        let auth = Self::auth_for(server, &args.embedded)?;
         let channel = connect_remote(server, args.ca_cert.as_deref()).await?;
-        Ok(Self { channel, auth, target: server.to_string(), embedded: None })
+        Ok(Self { channel, auth, target: server.to_string(), remote: true, embedded: None })
+    }
+
+    /// The running background server of the data dir (not started here).
+    pub async fn background(args: &EmbeddedArgs) -> anyhow::Result<Self> {
+        let files = Files::of(&args.data_dir());
+        let server = files.server();
+        let auth = Self::auth_for(&server, args)?;
+        let channel = connect_remote(&server, None).await?;
+        let target = format!("background server (data dir {})", args.data_dir().display());
+        Ok(Self { channel, auth, target, remote: false, embedded: None })
+    }
+
+    fn auth_for(server: &str, args: &EmbeddedArgs) -> anyhow::Result<Auth> {
+        Ok(match std::env::var(TOKEN_VAR) {
+            Ok(t) if !t.is_empty() => Auth::bearer(&t, TOKEN_VAR)?,
+            _ if is_on_this_machine(server) => match crate::auth::local::read(&args.data_dir()) {
+                Some(token) => Auth::bearer(token.expose(), crate::auth::local::FILE_NAME)?,
+                None => Auth(None),
+            },
+            _ => Auth(None),
+        })
     }
 
     async fn embedded(args: &EmbeddedArgs) -> anyhow::Result<Self> {
@@ -194,6 +263,7 @@ impl Connection {
             channel,
             auth,
             target: format!("embedded server (data dir {})", data_dir.display()),
+            remote: false,
             embedded: Some(server),
         })
     }
@@ -220,6 +290,62 @@ impl Connection {
                     .await;
         }
     }
+}
+
+/// Make sure the background server of the data dir runs and serves,
+/// starting it if it does not (and saying so, once, on stderr). True when
+/// this call started it.
+pub async fn ensure_background(args: &EmbeddedArgs, idle_stop: Option<Duration>) -> anyhow::Result<bool> {
+    let files = Files::of(&args.data_dir());
+    // A server that stops as we look (idle, or `daemon stop`) is replaced.
+    for _ in 0..3 {
+        if background::running(&files).is_some() {
+            if !background::wait_serving(&files, None).await? {
+                continue;
+            }
+            if let Some(state) = background::State::read(&files)
+                && state.version != env!("CARGO_PKG_VERSION")
+            {
+                eprintln!(
+                    "sandhold: the background server (pid {}) runs sandhold {}, this is {}: `sandhold daemon \
+                     stop` restarts it with this version at the next command",
+                    state.pid,
+                    state.version,
+                    env!("CARGO_PKG_VERSION")
+                );
+            }
+            return Ok(false);
+        }
+        let mut child = background::spawn(&files, &args.launch(idle_stop)?)?;
+        let serving = background::wait_serving(&files, Some(&mut child)).await?;
+        // It lives on in its own process group; this process does not wait.
+        drop(child);
+        if !serving {
+            continue;
+        }
+        let state = background::State::read(&files);
+        let idle = state
+            .as_ref()
+            .map(|s| match s.idle_stop_ms {
+                0 => "it keeps running until `sandhold daemon stop`".to_string(),
+                ms => format!(
+                    "it stops after {} with no run; `sandhold daemon stop` stops it now",
+                    background::span_text(Duration::from_millis(ms))
+                ),
+            })
+            .unwrap_or_default();
+        eprintln!(
+            "sandhold: started your background server (pid {}, data dir {}); {idle}",
+            background::running(&files).map_or("?".to_string(), |p| p.to_string()),
+            args.data_dir().display()
+        );
+        return Ok(true);
+    }
+    bail!(
+        "the background server of {} kept stopping as it was reached; see {} (or run with --embedded)",
+        args.data_dir().display(),
+        files.log.display()
+    )
 }
 
 /// `HOST:PORT`, `http(s)://HOST:PORT` or `unix:PATH`, connected eagerly so a

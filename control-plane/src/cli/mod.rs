@@ -2,7 +2,9 @@
 //! command is a client of one: of `--server` / `SANDHOLD_SERVER`, or else of
 //! an embedded server started in the same process on the user's data dir.
 
+mod background;
 mod client;
+mod daemon;
 pub mod definition_file;
 mod format;
 mod git;
@@ -93,6 +95,9 @@ pub enum Command {
     /// An interactive terminal in a sandbox (a login shell, or CMD); exits with its code.
     #[command(after_help = "Examples:\n  sandhold shell 3f2a9c\n  sandhold shell --thread demo -- python3")]
     Shell(shell::ShellArgs),
+    /// Your background server: status, stop, start (commands without --server use it).
+    #[command(subcommand)]
+    Daemon(daemon::DaemonCommand),
     /// Install or list the harness CLIs sandboxes get from this host (run on the server's host).
     #[command(subcommand)]
     Harness(harness::HarnessCommand),
@@ -168,6 +173,7 @@ pub fn main() -> ExitCode {
     let command = match cli.command {
         Command::Serve(args) => return serve::main(args),
         Command::Harness(c) => return harness::harness(c),
+        Command::Daemon(c) => return daemon::daemon(c),
         other => other,
     };
     let runtime = match tokio::runtime::Runtime::new() {
@@ -179,7 +185,7 @@ pub fn main() -> ExitCode {
     };
     let code = runtime.block_on(async move {
         match command {
-            Command::Serve(_) | Command::Harness(_) => unreachable!("handled above"),
+            Command::Serve(_) | Command::Harness(_) | Command::Daemon(_) => unreachable!("handled above"),
             Command::Run(args) => run::run(*args).await,
             Command::Attach(args) => run::attach(args).await,
             Command::Cancel(args) => run::cancel(args).await,
@@ -257,6 +263,7 @@ mod tests {
         leaves(&cli, String::new(), &mut all);
         let shared = [
             "server",
+            "embedded_only",
             "ca_cert",
             "output",
             "data_dir",

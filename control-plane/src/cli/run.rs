@@ -1074,10 +1074,10 @@ async fn sandbox_recorded(conn: &Connection, run_id: &str) {
 
 /// The command that comes back to a run.
 pub fn attach_command(conn: &Connection, run_id: &str) -> String {
-    if conn.is_embedded() {
-        format!("sandhold attach {run_id}")
-    } else {
+    if conn.remote {
         format!("sandhold attach --server {} {run_id}", conn.target)
+    } else {
+        format!("sandhold attach {run_id}")
     }
 }
 

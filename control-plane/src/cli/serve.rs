@@ -84,7 +84,7 @@ pub(super) fn main(args: ServeArgs) -> ExitCode {
 }
 
 /// First SIGTERM/SIGINT: begin graceful shutdown. Second: exit at once.
-fn watch_signals(shutdown: CancellationToken) -> anyhow::Result<()> {
+pub(super) fn watch_signals(shutdown: CancellationToken) -> anyhow::Result<()> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;

@@ -87,6 +87,10 @@ impl<'de> Deserialize<'de> for ApiToken {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ServeConfig {
     pub listen: SocketAddr,
+    /// Listen on this Unix socket instead of `listen`: the per-user
+    /// background server's (`sandhold daemon`), never a setting.
+    #[serde(skip)]
+    pub listen_unix: Option<PathBuf>,
     /// Where Prometheus scrapes `/metrics`; `None`: no metrics endpoint.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metrics_listen: Option<SocketAddr>,
@@ -190,6 +194,7 @@ impl ServeConfig {
         let lease = LeaseOptions::default();
         ServeConfig {
             listen: DEFAULT_LISTEN.parse().expect("valid default address"),
+            listen_unix: None,
             metrics_listen: None,
             data_dir: default_data_dir(),
             database_url: String::new(),

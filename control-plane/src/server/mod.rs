@@ -11,6 +11,7 @@
 //! gRPC-Web on the same port, and get the web console for plain `GET`s
 //! ([`web`], [`console`]).
 
+mod activity;
 mod built;
 mod console;
 mod deadline;
@@ -24,4 +25,4 @@ mod tls;
 mod web;
 
 pub use providers::providers_from_config;
-pub use start::{RunningServer, serve, start};
+pub use start::{Busy, Listening, RunningServer, serve, start};

@@ -5,18 +5,21 @@
 //! endpoint, then hand readiness and shutdown to the supervisor.
 
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context as _, bail};
 use shared::secret::Secret;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, UnixListener};
 use tokio::task::JoinHandle;
-use tokio_stream::wrappers::TcpListenerStream;
+use tokio_stream::StreamExt as _;
+use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tonic_health::ServingStatus;
 use tracing::{info, warn};
 
+use super::activity::{Activity, ActivityLayer};
 use super::built::{BuiltCell, Slots};
 use super::gate::gate;
 use super::health::set_health;
@@ -30,18 +33,68 @@ use crate::context::Context;
 
 /// A server started with [`start`].
 pub struct RunningServer {
-    local_addr: SocketAddr,
+    listening: Listening,
     metrics_addr: Option<SocketAddr>,
     shutdown: CancellationToken,
     built: Arc<BuiltCell>,
     auth: Authenticator,
+    activity: Activity,
     task: JoinHandle<anyhow::Result<()>>,
 }
 
+/// Where a server accepts calls.
+#[derive(Debug, Clone)]
+pub enum Listening {
+    Tcp(SocketAddr),
+    /// `ServeConfig::listen_unix`: only the server's own user may connect.
+    Unix(PathBuf),
+}
+
+impl std::fmt::Display for Listening {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Listening::Tcp(addr) => write!(f, "{addr}"),
+            Listening::Unix(path) => write!(f, "unix:{}", path.display()),
+        }
+    }
+}
+
+/// What a server is busy with: the background server stops only when
+/// none of it is left.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Busy {
+    /// Runs this server drives.
+    pub driving: usize,
+    /// Calls whose answer has not ended (streams included).
+    pub in_flight: usize,
+    /// How long nothing of the above has happened.
+    pub quiet_for: std::time::Duration,
+}
+
 impl RunningServer {
-    /// The bound address (useful with port 0).
+    /// The bound TCP address (useful with port 0).
+    ///
+    /// # Panics
+    /// On a server listening on a Unix socket (see [`RunningServer::listening`]).
     pub fn local_addr(&self) -> SocketAddr {
-        self.local_addr
+        match &self.listening {
+            Listening::Tcp(addr) => *addr,
+            Listening::Unix(path) => panic!("the server listens on the Unix socket {}", path.display()),
+        }
+    }
+
+    /// Where the server accepts calls.
+    pub fn listening(&self) -> &Listening {
+        &self.listening
+    }
+
+    /// What the server is busy with now (nothing driven before it is ready).
+    pub fn busy(&self) -> Busy {
+        let driving = self.built.get().map_or(0, |b| b.runs.driving());
+        let in_flight = self.activity.in_flight();
+        let quiet_for =
+            if driving + in_flight > 0 { std::time::Duration::ZERO } else { self.activity.quiet_for() };
+        Busy { driving, in_flight, quiet_for }
     }
 
     /// Where `/metrics` is served, when `metrics_listen` is set.
@@ -92,7 +145,7 @@ pub async fn serve(config: ServeConfig, shutdown: CancellationToken) -> anyhow::
 /// Refuse to expose a server without authentication, or its tokens in
 /// plain text (unless the operator says a layer below protects them).
 fn check_exposure(config: &ServeConfig) -> anyhow::Result<()> {
-    if config.listen.ip().is_loopback() {
+    if config.listen_unix.is_some() || config.listen.ip().is_loopback() {
         return Ok(());
     }
     if config.single_user() {
@@ -120,9 +173,26 @@ fn check_exposure(config: &ServeConfig) -> anyhow::Result<()> {
 pub async fn start(config: ServeConfig, shutdown: CancellationToken) -> anyhow::Result<RunningServer> {
     check_exposure(&config)?;
     let tls = config.tls().map(Certificate::load).transpose()?;
-    let listener =
-        TcpListener::bind(config.listen).await.with_context(|| format!("listening on {}", config.listen))?;
-    let local_addr = listener.local_addr()?;
+    let listener = match &config.listen_unix {
+        Some(path) => {
+            if tls.is_some() {
+                bail!("TLS is for TCP listeners; a Unix socket is reached only on this machine");
+            }
+            Listener::Unix(bind_unix(path)?)
+        }
+        None => Listener::Tcp(
+            TcpListener::bind(config.listen)
+                .await
+                .with_context(|| format!("listening on {}", config.listen))?,
+        ),
+    };
+    let listening = match &listener {
+        Listener::Tcp(l) => Listening::Tcp(l.local_addr()?),
+        Listener::Unix(_) => {
+            Listening::Unix(config.listen_unix.clone().expect("a Unix listener has its path"))
+        }
+    };
+    let local_addr = &listening;
 
     let (health, health_service) = tonic_health::server::health_reporter();
     set_health(&health, ServingStatus::NotServing).await;
@@ -162,7 +232,10 @@ pub async fn start(config: ServeConfig, shutdown: CancellationToken) -> anyhow::
     }
     // Without tokens, a request named for another host is a DNS-rebinding
     // page (or a proxy) relaying to loopback: refused before anything else.
-    let hosts = config.single_user().then(|| Hosts::new(config.allowed_hosts.clone()));
+    // No browser reaches a Unix socket.
+    let hosts = (config.single_user() && config.listen_unix.is_none())
+        .then(|| Hosts::new(config.allowed_hosts.clone()));
+    let activity = Activity::default();
 
     let (admin, admin_slot) = gate();
     let (snapshot, snapshot_slot) = gate();
@@ -181,6 +254,7 @@ pub async fn start(config: ServeConfig, shutdown: CancellationToken) -> anyhow::
         .layer(WebLayer::new(origins.clone(), hosts))
         .layer(origins.cors_layer())
         .layer(tonic_web::GrpcWebLayer::new())
+        .layer(ActivityLayer(activity.clone()))
         .layer(AuthLayer::new(auth.clone()))
         .layer(super::deadline::DeadlineLayer::new(super::deadline::Deadlines::default()))
         .add_service(health_service)
@@ -191,7 +265,7 @@ pub async fn start(config: ServeConfig, shutdown: CancellationToken) -> anyhow::
         .add_service(sandbox)
         .add_service(runs);
 
-    if !config.listen.ip().is_loopback() && tls.is_none() {
+    if config.listen_unix.is_none() && !config.listen.ip().is_loopback() && tls.is_none() {
         warn!(listen = %local_addr, "--insecure-listen: API tokens travel in plain text");
     }
     info!(
@@ -199,14 +273,17 @@ pub async fn start(config: ServeConfig, shutdown: CancellationToken) -> anyhow::
         tls = tls.is_some(),
         replica_id = %config.replica_id,
         metrics = metrics_addr.map(|a| format!("http://{a}/metrics")).unwrap_or_else(|| "off".into()),
-        console = %format!("{}://{local_addr}/", if tls.is_some() { "https" } else { "http" }),
+        console = %match local_addr {
+            Listening::Tcp(addr) => format!("{}://{addr}/", if tls.is_some() { "https" } else { "http" }),
+            Listening::Unix(_) => "none (a Unix socket)".into(),
+        },
         database = %redact_url(&config.database_url),
         redis = config.redis_url.as_deref().map(redact_url).unwrap_or_else(|| "none (in-process leases)".into()),
         "sandhold serving"
     );
     let stop_accepting = CancellationToken::new();
-    let serving = match tls {
-        Some(certificate) => {
+    let serving = match (listener, tls) {
+        (Listener::Tcp(listener), Some(certificate)) => {
             let acceptor = certificate.acceptor()?;
             certificate.watch(shutdown.clone(), &loops)?;
             let incoming = tls::incoming(listener, acceptor, stop_accepting.clone(), &loops);
@@ -214,8 +291,12 @@ pub async fn start(config: ServeConfig, shutdown: CancellationToken) -> anyhow::
                 router.serve_with_incoming_shutdown(incoming, stop_accepting.clone().cancelled_owned()),
             )
         }
-        None => tokio::spawn(router.serve_with_incoming_shutdown(
+        (Listener::Tcp(listener), None) => tokio::spawn(router.serve_with_incoming_shutdown(
             TcpListenerStream::new(listener),
+            stop_accepting.clone().cancelled_owned(),
+        )),
+        (Listener::Unix(listener), _) => tokio::spawn(router.serve_with_incoming_shutdown(
+            UnixListenerStream::new(listener).filter(same_user),
             stop_accepting.clone().cancelled_owned(),
         )),
     };
@@ -236,5 +317,74 @@ pub async fn start(config: ServeConfig, shutdown: CancellationToken) -> anyhow::
         Serving { stop_accepting, task: serving },
         loops,
     ));
-    Ok(RunningServer { local_addr, metrics_addr, shutdown, built, auth, task })
+    Ok(RunningServer { listening, metrics_addr, shutdown, built, auth, activity, task })
+}
+
+enum Listener {
+    Tcp(TcpListener),
+    Unix(UnixListener),
+}
+
+/// The longest path a Unix socket address holds (`sun_path`, less its NUL).
+const MAX_SOCKET_PATH: usize = 107;
+
+/// Bind `path` for this user alone: its folder is made (or must already
+/// be) this user's with mode 0700, the socket 0600; a socket file left by
+/// a server that is gone is replaced. Connections are checked again as
+/// they come ([`same_user`]).
+fn bind_unix(path: &Path) -> anyhow::Result<UnixListener> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+    if path.as_os_str().len() > MAX_SOCKET_PATH {
+        bail!(
+            "the socket path {} is longer than a Unix socket address holds ({MAX_SOCKET_PATH} bytes): \
+             use a shorter --data-dir",
+            path.display()
+        );
+    }
+    let dir = path.parent().context("a socket path has a folder")?;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .with_context(|| format!("creating {}", dir.display()))?;
+    let meta = std::fs::metadata(dir).with_context(|| format!("reading {}", dir.display()))?;
+    if meta.uid() != nix::unistd::geteuid().as_raw() {
+        bail!(
+            "{} belongs to another user (uid {}): refusing to put this user's socket in it",
+            dir.display(),
+            meta.uid()
+        );
+    }
+    if meta.mode() & 0o077 != 0 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+            .with_context(|| format!("making {} private (0700)", dir.display()))?;
+    }
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e).with_context(|| format!("removing the old socket {}", path.display())),
+    }
+    let listener =
+        UnixListener::bind(path).with_context(|| format!("listening on unix:{}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .with_context(|| format!("making {} private (0600)", path.display()))?;
+    Ok(listener)
+}
+
+/// A connection to the Unix socket from another user is dropped unserved,
+/// whatever the file modes say.
+fn same_user(conn: &std::io::Result<tokio::net::UnixStream>) -> bool {
+    let Ok(stream) = conn else { return true };
+    let me = nix::unistd::geteuid().as_raw();
+    match stream.peer_cred() {
+        Ok(cred) if cred.uid() == me => true,
+        Ok(cred) => {
+            warn!(peer_uid = cred.uid(), peer_pid = ?cred.pid(), "refused a connection from another user");
+            false
+        }
+        Err(e) => {
+            warn!(error = %e, "refused a connection whose peer is unknown");
+            false
+        }
+    }
 }

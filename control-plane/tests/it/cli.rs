@@ -636,6 +636,8 @@ fn docker_runs_find_the_static_agent_where_the_build_script_puts_it() {
             .env("PATH", "/usr/bin:/bin")
             .env("HOME", layout.path())
             .env("SANDHOLD_DATA_DIR", layout.path().join("data"))
+            // Each command's own server looks for the agent afresh.
+            .env("SANDHOLD_EMBEDDED", "1")
             .args(args)
             .stdin(std::process::Stdio::null())
             .output()

@@ -8,29 +8,12 @@
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 use std::time::{Duration, Instant};
 
-use sandhold_tests::cli::{Live, Served, json_lines, ok, sandhold, sandhold_bin, stderr};
+use sandhold_tests::cli::{Live, Served, as_nobody, json_lines, ok, sandhold, sandhold_bin, stderr};
 use sandhold_tests::local::TestDir;
 use sandhold_tests::wait::PATIENCE;
-
-const NOBODY: &str = "65534";
-
-/// `program args` as uid/gid 65534, with no group of root's and none of
-/// the caller's `SANDHOLD_*` variables.
-fn as_nobody(program: &Path) -> Command {
-    let mut cmd = Command::new("setpriv");
-    cmd.args([&format!("--reuid={NOBODY}"), &format!("--regid={NOBODY}"), "--clear-groups", "--"])
-        .arg(program);
-    for (k, _) in std::env::vars() {
-        if k.starts_with("SANDHOLD_") {
-            cmd.env_remove(k);
-        }
-    }
-    cmd.env("HOME", "/nonexistent").stdin(Stdio::null());
-    cmd
-}
 
 /// Open every directory from `dir` up to /tmp to other users, as a home
 /// directory often is: the token file's own mode is all that protects it.

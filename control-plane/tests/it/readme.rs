@@ -203,6 +203,8 @@ fn the_readme_commands_work() {
         "the README's quickstarts are tested: {blocks:?}"
     );
     let dir = sandhold_tests::local::TestDir::new("sh-readme");
+    // The blocks use the background server a reader's commands start.
+    let _daemon = sandhold_tests::cli::Background(dir.path().join("data"));
     // What the README calls `sandhold` is on PATH, as it tells readers to do.
     let bin = dir.path().join("bin");
     std::fs::create_dir(&bin).unwrap();

@@ -148,7 +148,8 @@ impl Kind for Docker {
                 return Err("no static sandhold-agent was found (containers need one: it runs in images without a \
                             libc). Run `scripts/build-agent-static` in the checkout this sandhold was built from \
                             (it puts the agent where sandhold looks), or set --agent-static-binary / \
-                            SANDHOLD_AGENT_STATIC_BINARY"
+                            SANDHOLD_AGENT_STATIC_BINARY; a server looks once, when it starts, so restart it \
+                            afterwards (your background server: `sandhold daemon stop`)"
                     .to_string());
             };
             match DockerProvider::connect(options).await {
