@@ -1,8 +1,12 @@
 // The web console in a real browser: headless Chromium (Debian's package)
 // driven by puppeteer-core, against a real `sandhold serve`. Signs in with
-// a token, watches a run started by the test stream in on /runs/<id>,
-// cancels it with the button and sees it aborted. The screenshot goes to
-// test/artifacts/run-page.png.
+// a token, watches a run started by the test stream in on /runs/<id> (its
+// command and prompt, timed events, a timeline, Markdown that stays text),
+// cancels it behind a confirmation; lists, searches and pages runs; shows
+// sandboxes with their state and resource use; says how to start when
+// there is nothing. Each page is audited with axe-core and checked at
+// 1280×900 and 390×844 (no horizontal overflow, the page the one scroll
+// container); the screenshots go to test/artifacts/ (not committed).
 
 import assert from "node:assert/strict";
 import { existsSync, mkdirSync } from "node:fs";
@@ -38,9 +42,30 @@ function demoScript(lines) {
     chunk({ type: "TOOL_CALL_ARGS", tool_call_id: "call-1", delta: JSON.stringify({ command: "cat greet.py" }) }),
     chunk({ type: "TOOL_CALL_END", tool_call_id: "call-1" }),
     chunk({ type: "TOOL_CALL_RESULT", tool_call_id: "call-1", content: "def greet(name):\n    print('hi ' + name)\n", exit_code: 0 }),
+    chunk({ type: "TEXT_MESSAGE_START", message_id: "plan" }),
+    chunk({ type: "TEXT_MESSAGE_CONTENT", message_id: "plan", delta: HOSTILE_MARKDOWN }),
+    chunk({ type: "TEXT_MESSAGE_END", message_id: "plan" }),
   ].join("\n");
   return ["sh", "-c", `cat <<'EOF'\n${script}\nEOF\ni=1; while [ $i -le ${lines} ]; do echo "working on step $i"; i=$((i+1)); sleep 0.2; done`];
 }
+
+/**
+ * An agent's message in Markdown, with what a hostile tenant could write:
+ * an element with a handler, a script, and links to javascript: and
+ * data: addresses. None of it may become an element or an address.
+ */
+const HOSTILE_MARKDOWN = [
+  "## Plan",
+  "",
+  "I will **fix** `greet.py`:",
+  "",
+  "- read it",
+  "- change it",
+  "",
+  "See [the docs](https://example.com/docs), [x](javascript:alert(1)) and [y](data:text/html,hi).",
+  "",
+  '<img src=x onerror="window.__pwned = 1"> <script>window.__pwned = 2</script>',
+].join("\n");
 
 const axePath = createRequire(import.meta.url).resolve("axe-core/axe.min.js");
 
@@ -51,12 +76,43 @@ const axePath = createRequire(import.meta.url).resolve("axe-core/axe.min.js");
  * pages that are audited bypass it.
  */
 async function accessibilityProblems(page) {
-  await page.addScriptTag({ path: axePath });
+  if (!(await page.evaluate(() => "axe" in globalThis))) await page.addScriptTag({ path: axePath });
   return page.evaluate(async () => {
     const result = await globalThis.axe.run(document, { runOnly: { type: "tag", values: ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa"] } });
     if (result.passes.length === 0) return ["axe checked nothing"];
     return result.violations.flatMap((v) => v.nodes.map((n) => `${v.id}: ${n.target.join(" ")}`));
   });
+}
+
+const settle = (page) => page.evaluate(() => new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r))));
+
+/**
+ * The page as it is, at a desktop's 1280×900 and a phone's 390×844: no
+ * wider than the screen, no element of its own that scrolls (the page is
+ * the one scroll container), no accessibility problem; a screenshot of
+ * each in test/artifacts/<name>-<width>x<height>.png.
+ */
+async function checkLayouts(page, name) {
+  mkdirSync(artifacts, { recursive: true });
+  for (const [width, height] of [[1280, 900], [390, 844]]) {
+    await page.setViewport({ width, height });
+    await settle(page);
+    const layout = await page.evaluate(() => ({
+      wider: document.scrollingElement.scrollWidth - innerWidth,
+      scrollers: [...document.querySelectorAll("body *")]
+        .filter((el) => {
+          const style = getComputedStyle(el);
+          const scrolls = /auto|scroll/.test(style.overflowY) || /auto|scroll/.test(style.overflowX);
+          return scrolls && (el.scrollHeight > el.clientHeight + 1 || el.scrollWidth > el.clientWidth + 1);
+        })
+        .map((el) => `${el.tagName.toLowerCase()}#${el.id}.${el.className}`),
+    }));
+    assert.ok(layout.wider <= 0, `${name} at ${width}px is ${layout.wider}px wider than the screen`);
+    assert.deepEqual(layout.scrollers, [], `${name} at ${width}px: only the page scrolls`);
+    assert.deepEqual(await accessibilityProblems(page), [], `${name} at ${width}×${height}`);
+    await page.screenshot({ path: join(artifacts, `${name}-${width}x${height}.png`) });
+  }
+  await page.setViewport({ width: 1280, height: 900 });
 }
 
 /** A page of headless Chromium, closed after the test; script errors collected. */
@@ -106,6 +162,7 @@ test("the console signs in, follows a run live and cancels it", { skip, timeout:
     definitionId: "console-demo",
     harness: "command",
     durable: true,
+    prompt: "Say **hello**, then list the files.",
     options: { command: demoScript(600) },
   });
   for await (const item of stream) if (item.kind === "chunk") break;
@@ -128,6 +185,48 @@ test("the console signs in, follows a run live and cancels it", { skip, timeout:
   }));
   assert.equal(rendered.status, "running");
   assert.equal(rendered.reasoningFolded, true, "reasoning is folded");
+
+  // What it was asked: the command, and the prompt as Markdown.
+  await page.waitForSelector("#asked pre.command");
+  assert.match(await page.$eval("#asked pre.command", (el) => el.textContent), /^sh -c 'cat <<'\\''EOF'\\''/);
+  assert.equal(await page.$eval("#asked .prompt strong", (el) => el.textContent), "hello");
+
+  // The agent's Markdown rendered, and nothing it wrote became markup or an address.
+  await page.waitForSelector(".message .md h4");
+  const md = await page.evaluate(() => {
+    const message = document.querySelector(".message .md");
+    return {
+      heading: message.querySelector("h4")?.textContent,
+      strong: message.querySelector("strong")?.textContent,
+      code: message.querySelector("code")?.textContent,
+      items: [...message.querySelectorAll("ul > li")].map((li) => li.textContent),
+      links: [...document.querySelectorAll("a[href]")].map((a) => a.getAttribute("href")).filter((h) => !h.startsWith("/") && !h.startsWith("#")),
+      text: message.textContent,
+      elements: document.querySelectorAll("#conversation img, #conversation script, #conversation [onerror]").length,
+      pwned: window.__pwned,
+    };
+  });
+  assert.equal(md.heading, "Plan");
+  assert.equal(md.strong, "fix");
+  assert.equal(md.code, "greet.py");
+  assert.deepEqual(md.items, ["read it", "change it"]);
+  assert.deepEqual(md.links, ["https://example.com/docs"], "only the http(s) link is a link");
+  assert.match(md.text, /\[x\]|x and y|, x and y/, "the other links keep their text");
+  assert.match(md.text, /<img src=x onerror="window.__pwned = 1">/, "markup stays text");
+  assert.equal(md.elements, 0, "no element from the message's text");
+  assert.equal(md.pwned, undefined, "nothing ran");
+
+  // Every event says when; the timeline lists the main ones, after the start.
+  const times = await page.evaluate(() => ({
+    events: document.querySelectorAll("#conversation > [id^=event-]").length,
+    timed: [...document.querySelectorAll("#conversation > [id^=event-]")].filter((el) => el.querySelector(".ts > time[datetime]")).length,
+  }));
+  assert.ok(times.events > 5 && times.timed === times.events, `every event has its time: ${JSON.stringify(times)}`);
+  await page.click("#timeline summary");
+  const marks = await page.$$eval("#timeline li", (lis) => lis.map((li) => li.textContent));
+  assert.ok(marks.some((m) => /^\+\d+\.\ds Tool call Bash$/.test(m)), `the tool call in the timeline: ${marks}`);
+  assert.ok(marks.some((m) => / Message$/.test(m)), `the message in the timeline: ${marks}`);
+  await page.click('#timeline a[href^="#event-"]');
   assert.match(rendered.tool, /Bash/);
   assert.match(rendered.args, /"command": "cat greet.py"/, "arguments pretty-printed once complete");
   // The connection drops: the page attaches again after the last chunk it
@@ -150,18 +249,45 @@ test("the console signs in, follows a run live and cancels it", { skip, timeout:
   assert.deepEqual(steps, steps.map((_, i) => `working on step ${i + 1}`));
   assert.ok(await page.evaluate(() => window.reconnects) >= 1, "the page said it was reconnecting");
 
-  assert.deepEqual(await accessibilityProblems(page), [], "the run page, running");
-  // Keyboard: the Cancel button takes focus and Enter presses it.
+  await checkLayouts(page, "run-running");
+  // Keyboard: Cancel asks first; the safe choice has the focus, Escape
+  // keeps the run and gives the focus back.
   await page.focus("#cancel");
   await page.keyboard.press("Enter");
+  await page.waitForSelector("#cancel-dialog[open]");
+  assert.equal(await page.evaluate(() => document.activeElement?.textContent), "Keep running");
+  assert.deepEqual(await accessibilityProblems(page), [], "the cancel dialog");
+  await page.screenshot({ path: join(artifacts, "run-cancel-dialog.png") });
+  await page.keyboard.press("Escape");
+  await page.waitForFunction(() => !document.querySelector("#cancel-dialog"));
+  assert.equal(await page.evaluate(() => document.activeElement?.id), "cancel", "the focus is back on Cancel");
+  assert.equal((await client.getRun(runId)).cancelRequested, false, "dismissed: nothing cancelled");
+  // Confirmed: cancelled, and Cancel is gone from the finished run.
+  await page.keyboard.press("Enter");
+  await page.waitForSelector("#cancel-dialog[open]");
+  await page.click('#cancel-dialog button[value="confirm"]');
   await page.waitForSelector('#run-status [data-status="aborted"]', { timeout: 30_000 });
-  await page.waitForFunction(() => document.querySelector(".end.errored")?.textContent.includes("CANCELLED"));
-  assert.equal(await page.$eval("#cancel", (b) => b.disabled), true);
+  await page.waitForFunction(() => document.querySelector(".end.errored h2")?.textContent === "Ended: Cancelled");
+  await page.waitForFunction(() => document.querySelector("#failure .failure-title")?.textContent === "Cancelled");
+  assert.match(await page.$eval(".end.errored", (el) => el.textContent), /Code CANCELLED/, "the code, beside the words");
+  assert.equal(await page.$("#cancel"), null, "no Cancel on an ended run");
   const run = await client.getRun(runId);
   assert.equal(run.status, RunStatus.ABORTED);
+  await checkLayouts(page, "run-cancelled");
 
-  mkdirSync(artifacts, { recursive: true });
-  await page.screenshot({ path: join(artifacts, "run-page.png"), fullPage: false });
+  // The runs list: what each run was asked, searched by the server.
+  await page.goto(proxy.url + "/", { waitUntil: "load" });
+  await page.waitForSelector(`tr[data-run="${runId}"] td[data-label="Asked"] code`);
+  assert.match(await page.$eval(`tr[data-run="${runId}"] td[data-label="Asked"] code`, (el) => el.title), /^sh -c /);
+  await page.type("#filter-query", "no run says this");
+  await page.keyboard.press("Enter");
+  await page.waitForFunction(() => document.querySelector(".empty h2")?.textContent === "No runs match");
+  await page.$eval("#filter-query", (el) => (el.value = ""));
+  await page.type("#filter-query", "LIST THE FILES");
+  await page.keyboard.press("Enter");
+  await page.waitForFunction((id) => document.querySelectorAll("tr[data-run]").length === 1 && document.querySelector(`tr[data-run="${id}"]`), {}, runId);
+  assert.equal(new URL(page.url()).search, "?q=LIST+THE+FILES", "the search is in the address");
+  await checkLayouts(page, "runs");
   assert.deepEqual(pageErrors, [], "no script errors in the page");
 });
 
@@ -209,8 +335,21 @@ test("the console browses a sandbox's files, destroys it, reads and forks a snap
   const [sandbox] = (await client.sandboxes.listSandboxes({ threadId: "files-thread" })).sandboxes;
   assert.ok(sandbox, "the thread keeps its sandbox");
 
+  // One more run, then one that fails: three to page through.
+  for await (const _ of client.startRun({ threadId: "files-thread", harness: "command", durable: true, options: { command: ["true"] } })) {
+    // to its end
+  }
+  const failing = client.startRun({
+    threadId: "files-thread",
+    harness: "command",
+    durable: true,
+    options: { command: ["sh", "-c", "echo about to fail; exit 3"] },
+  });
+  for await (const _ of failing) {
+    // to its end
+  }
+
   const { page, pageErrors } = await openPage(t);
-  page.on("dialog", (d) => d.accept());
   // A single-user server takes its local token too (issue 33): the
   // session holds it as a sign-in would.
   await page.goto(server.url + "/", { waitUntil: "load" });
@@ -238,7 +377,42 @@ test("the console browses a sandbox's files, destroys it, reads and forks a snap
   }));
   assert.ok(files.events.some((e) => / greet\.py$/.test(e)), `a file event of greet.py: ${files.events}`);
   assert.deepEqual(files.added, ["+    message = f'hello, {name}'", "+    print(message)"]);
+
+  // A failed run reads as words, its code beside them.
+  await page.goto(`${server.url}/runs/${failing.runId}`, { waitUntil: "load" });
+  await page.waitForSelector('#run-status [data-status="failed"]');
+  await page.waitForFunction(() => document.querySelector(".end.errored h2")?.textContent === "Ended: The command failed");
+  const failure = await page.$eval("#failure", (el) => ({ title: el.querySelector(".failure-title")?.textContent, text: el.textContent }));
+  assert.equal(failure.title, "The command failed");
+  assert.match(failure.text, /Code exit_code/);
+  assert.equal(await page.$("#cancel"), null, "no Cancel on a failed run");
+  await checkLayouts(page, "run-failed");
+
+  // Runs a page at a time (two here, `?limit=2`), newest first.
+  await page.goto(`${server.url}/?limit=2`, { waitUntil: "load" });
+  await page.waitForFunction(() => document.querySelectorAll("tr[data-run]").length === 2 && !document.querySelector("#page-older").disabled);
+  const firstPage = await page.$$eval("tr[data-run]", (rows) => rows.map((r) => r.dataset.run));
+  assert.equal(firstPage[0], failing.runId, "newest first");
+  assert.equal(await page.$eval("#page-newer", (b) => b.disabled), true);
+  await page.click("#page-older");
+  await page.waitForFunction((first) => !document.querySelector(`tr[data-run="${first}"]`), {}, firstPage[0]);
+  const secondPage = await page.$$eval("tr[data-run]", (rows) => rows.map((r) => r.dataset.run));
+  assert.ok(secondPage.includes(run.runId) && !secondPage.some((id) => firstPage.includes(id)), `${firstPage} then ${secondPage}`);
+  await page.click("#page-newer");
+  await page.waitForFunction((first) => !!document.querySelector(`tr[data-run="${first}"]`), {}, firstPage[0]);
+
+  // Sandboxes: state, keep-alive, CPU and memory (a rate once read twice).
   await page.goto(server.url + "/sandboxes", { waitUntil: "load" });
+  const row = `tr[data-sandbox="${sandbox.sandboxId}"]`;
+  await page.waitForSelector(`${row} [data-state="running"]`);
+  const shown = await page.$eval(row, (tr) => ({
+    keepAlive: tr.querySelector('[data-label="Keep-alive"]').textContent,
+    memory: tr.querySelector(".memory").textContent,
+  }));
+  assert.equal(shown.keepAlive, "never stopped", "the definition sets no keep-alive");
+  assert.match(shown.memory, /^\d+(\.\d)? (KiB|MiB)$/, "the local provider measures memory, with no limit");
+  await page.waitForFunction((r) => /^\d+% now · \d+\.\d s in all$/.test(document.querySelector(`${r} .cpu`)?.textContent), { timeout: 20_000 }, row);
+  await checkLayouts(page, "sandboxes");
 
   // The file browser: a directory, then a file in it.
   await page.waitForSelector(`a[href="/sandboxes/${sandbox.sandboxId}"]`);
@@ -264,11 +438,31 @@ test("the console browses a sandbox's files, destroys it, reads and forks a snap
   const forked = await client.snapshots.listSnapshots({ threadId: "forked-thread" });
   assert.equal(forked.checkpoints.length, 1);
 
-  // Destroy the sandbox from the list (the confirmation accepted).
+  // Destroy the sandbox from the list, once confirmed.
   await page.goto(server.url + "/sandboxes", { waitUntil: "load" });
   await page.waitForSelector(`button[aria-label^="Destroy sandbox"]`);
   await page.click(`button[aria-label^="Destroy sandbox"]`);
-  await page.waitForFunction(() => document.querySelector("main")?.textContent.includes("No sandboxes."));
+  await page.waitForSelector("#destroy-dialog[open]");
+  await page.click('#destroy-dialog button[value="confirm"]');
+  await page.waitForSelector("#empty-sandboxes");
   assert.equal((await client.sandboxes.listSandboxes({ threadId: "" })).sandboxes.length, 0);
+  assert.deepEqual(pageErrors, []);
+});
+
+test("the console says how to start when there is nothing yet", { skip, timeout: 120_000 }, async (t) => {
+  assert.ok(chromium, "Chromium is required here (SANDHOLD_REQUIRE_SERVICES=1): apt-get install chromium");
+  const server = await startServer(t, { tokens: false });
+  const { page, pageErrors } = await openPage(t);
+  await page.goto(server.url + "/", { waitUntil: "load" });
+  await page.evaluate((token) => sessionStorage.setItem("sandhold.token", token), server.token);
+  await page.goto(server.url + "/", { waitUntil: "load" });
+  await page.waitForSelector("#empty-runs");
+  assert.match(await page.$eval("#empty-runs", (el) => el.textContent), /sandhold run -- echo hello/);
+  assert.equal(await page.$eval("table.runs", (t) => t.hidden), true, "no empty table");
+  await checkLayouts(page, "runs-empty");
+  await page.goto(server.url + "/sandboxes", { waitUntil: "load" });
+  await page.waitForSelector("#empty-sandboxes");
+  assert.match(await page.$eval("#empty-sandboxes", (el) => el.textContent), /sandhold run --thread demo -- echo hello/);
+  await checkLayouts(page, "sandboxes-empty");
   assert.deepEqual(pageErrors, []);
 });

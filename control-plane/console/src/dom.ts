@@ -57,3 +57,58 @@ export function concat(parts: Uint8Array[]): Uint8Array {
   }
   return all;
 }
+
+/** A `<time>` of a moment: its clock time, the full date on hover. */
+export function clock(ms: bigint | number): HTMLTimeElement {
+  const d = new Date(Number(ms));
+  return h("time", { datetime: d.toISOString(), title: d.toLocaleString() }, d.toLocaleTimeString([], { hour12: false }));
+}
+
+/** Seconds after a start, as `+1.2s` or `+3m 04s`. */
+export function offset(fromMs: bigint | number, atMs: bigint | number): string {
+  const ms = Math.max(0, Number(atMs) - Number(fromMs));
+  if (ms < 60_000) return `+${(ms / 1000).toFixed(1)}s`;
+  const s = Math.floor(ms / 1000);
+  return `+${Math.floor(s / 60)}m ${String(s % 60).padStart(2, "0")}s`;
+}
+
+/** An argv as a shell would read it back: words with anything unusual single-quoted. */
+export function shellLine(argv: string[]): string {
+  return argv.map((a) => (/^[\w@%+=:,./-]+$/.test(a) ? a : `'${a.replaceAll("'", `'\\''`)}'`)).join(" ");
+}
+
+/**
+ * Ask before something that cannot be undone: a modal `<dialog>` (the
+ * browser keeps focus inside it and Escape dismisses it) whose safe choice
+ * has the focus; resolves true only for the confirming button. Focus goes
+ * back to what had it.
+ */
+export function confirmDialog(o: { title: string; body: string; confirm: string; keep: string; id?: string }): Promise<boolean> {
+  const before = document.activeElement as HTMLElement | null;
+  const titleId = `dialog-title-${Math.random().toString(36).slice(2)}`;
+  const dialog = h(
+    "dialog",
+    { class: "confirm", id: o.id, "aria-labelledby": titleId },
+    h(
+      "form",
+      { method: "dialog" },
+      h("h2", { id: titleId }, o.title),
+      h("p", {}, o.body),
+      h(
+        "div",
+        { class: "actions" },
+        h("button", { type: "submit", value: "keep", class: "secondary", autofocus: true }, o.keep),
+        h("button", { type: "submit", value: "confirm", class: "danger" }, o.confirm),
+      ),
+    ),
+  );
+  document.body.append(dialog);
+  return new Promise((resolve) => {
+    dialog.addEventListener("close", () => {
+      dialog.remove();
+      if (before?.isConnected) before.focus();
+      resolve(dialog.returnValue === "confirm");
+    });
+    dialog.showModal();
+  });
+}

@@ -1,6 +1,8 @@
-// One run, live, at /runs/<run_id>: its chunks as a conversation, followed
+// One run, live, at /runs/<run_id>: what it was asked (command, prompt),
+// its chunks as a conversation with their times and a timeline, followed
 // from the log (the client resumes after the last offset received when the
-// connection drops), its status, and a Cancel button.
+// connection drops), its status, its failure in words, and Cancel (behind
+// a confirmation) while it runs.
 
 import {
   isFileChanged,
@@ -12,38 +14,64 @@ import {
   type TypedChunk,
   type Usage,
 } from "@sandhold/client";
-import { duration, h, problem, when } from "./dom.js";
+import { clock, confirmDialog, duration, h, offset, problem, shellLine, when } from "./dom.js";
+import { markdown } from "./markdown.js";
 import { statusBadge } from "./runs.js";
 import { client } from "./session.js";
 
 export function renderRun(main: HTMLElement, runId: string, signal: AbortSignal): void {
   const status = h("span", { id: "run-status", "aria-live": "polite" });
   const facts = h("dl", { class: "facts" });
-  const cancel = h("button", { id: "cancel", type: "button", class: "danger", disabled: true }, "Cancel run");
+  const asked = h("section", { id: "asked", class: "asked", "aria-label": "What the run was asked" });
+  const failure = h("div", { id: "failure" });
+  const cancel = h("button", { id: "cancel", type: "button", class: "danger", hidden: true }, "Cancel run");
   const connection = h("p", { id: "connection", class: "muted", "aria-live": "polite" });
   const log = h("div", { id: "conversation", class: "conversation", role: "log", "aria-label": "Conversation" });
+  const timeline = h("ol", { class: "timeline-list" });
+  const timelineCount = h("span", {}, "Timeline");
   main.replaceChildren(
-    h("h1", {}, "Run ", h("code", {}, runId)),
+    h("h1", { class: "run-title" }, "Run ", h("code", {}, runId)),
     h("div", { class: "run-head" }, h("span", {}, "Status: ", status), cancel),
+    failure,
     facts,
+    asked,
+    h("details", { id: "timeline", class: "timeline" }, h("summary", {}, timelineCount), timeline),
     connection,
+    h("h2", { class: "visually-hidden" }, "Events"),
     log,
   );
 
   let terminal = false;
+  let shownAsk = false;
   const show = (run: Run) => {
     status.replaceChildren(statusBadge(run));
     // Interrupted is not an end: a replica takes the run over.
     terminal = [RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.ABORTED].includes(run.status);
-    cancel.disabled = terminal || run.cancelRequested;
+    // Cancel exists only while there is something to cancel.
+    if (terminal) {
+      if (cancel.isConnected) {
+        const hadFocus = document.activeElement === cancel;
+        cancel.remove();
+        if (hadFocus) main.focus();
+      }
+    } else {
+      cancel.hidden = false;
+      cancel.disabled = run.cancelRequested;
+    }
+    failure.replaceChildren(run.error?.code ? failureNote(run.error.code, run.error.message, run.status) : "");
     facts.replaceChildren(
       ...fact("Thread", h("a", { href: `/?thread=${encodeURIComponent(run.threadId)}` }, run.threadId)),
       ...fact("Harness", run.harness),
       ...fact("Started", when(run.startedAtMs)),
       ...fact("Duration", duration(run.startedAtMs, run.finishedAtMs)),
       ...(run.sandboxId ? fact("Sandbox", h("a", { href: `/sandboxes/${encodeURIComponent(run.sandboxId)}` }, run.sandboxId.slice(0, 16))) : []),
-      ...(run.error?.code ? fact("Error", `${run.error.code}: ${run.error.message}`) : []),
+      ...(hasUsage(run.usage) ? fact("Tokens", usageLine(run.usage)) : []),
     );
+    if (!shownAsk) {
+      shownAsk = true;
+      asked.replaceChildren(...askedOf(run));
+    }
+    view.started ??= Number(run.startedAtMs);
   };
   const poll = async () => {
     try {
@@ -51,7 +79,7 @@ export function renderRun(main: HTMLElement, runId: string, signal: AbortSignal)
       if (run) show(run);
     } catch (e) {
       if (e instanceof SandholdError && e.reason === "NOT_FOUND") {
-        main.replaceChildren(h("h1", {}, "Run ", h("code", {}, runId)), problem("No such run."));
+        main.replaceChildren(h("h1", {}, "Run ", h("code", {}, runId)), problem("No such run."), h("p", {}, h("a", { href: "/" }, "All runs")));
         stop();
       }
     }
@@ -63,9 +91,16 @@ export function renderRun(main: HTMLElement, runId: string, signal: AbortSignal)
   }, 1000);
   const stop = () => clearInterval(timer);
   signal.addEventListener("abort", stop);
-  void poll();
 
   cancel.addEventListener("click", async () => {
+    const sure = await confirmDialog({
+      id: "cancel-dialog",
+      title: "Cancel this run?",
+      body: "Its command is stopped at once and its sandbox destroyed. This cannot be undone.",
+      keep: "Keep running",
+      confirm: "Cancel run",
+    });
+    if (!sure) return;
     cancel.disabled = true;
     try {
       const run = await client.cancelRun(runId);
@@ -76,7 +111,8 @@ export function renderRun(main: HTMLElement, runId: string, signal: AbortSignal)
     }
   });
 
-  const view = new Conversation(log);
+  const view = new Conversation(log, timeline, timelineCount);
+  void poll();
   void (async () => {
     try {
       const stream = client.attachRun(runId, {
@@ -98,27 +134,138 @@ export function renderRun(main: HTMLElement, runId: string, signal: AbortSignal)
   })();
 }
 
+/** What a run was asked: its command and its prompt. */
+function askedOf(run: Run): HTMLElement[] {
+  const parts: HTMLElement[] = [];
+  if (run.command.length) {
+    parts.push(h("h2", {}, "Command"), h("pre", { class: "command" }, h("code", {}, shellLine(run.command))));
+  }
+  if (run.prompt) {
+    parts.push(h("h2", {}, "Prompt"), h("div", { class: "prompt" }, markdown(run.prompt)));
+    if (run.promptTruncated) parts.push(h("p", { class: "muted" }, "(The prompt was longer; its first 16 KiB are shown.)"));
+  }
+  if (!parts.length) parts.push(h("p", { class: "muted" }, "This run's record does not say what it was asked (it predates that record)."));
+  return parts;
+}
+
+/**
+ * What a failure code means, for the heading of a failed or cancelled run:
+ * Sandhold's codes (`CANCELLED`, ...), and the ones harnesses end with
+ * (`exit_code`, Claude Code's result subtypes, Codex's `turn_failed`).
+ */
+const FAILURES: Record<string, string> = {
+  CANCELLED: "Cancelled",
+  CLIENT_DISCONNECTED: "Stopped: its client went away",
+  exit_code: "The command failed",
+  error_max_turns: "It used all its turns",
+  error_during_execution: "The agent failed while working",
+  turn_failed: "The agent's turn failed",
+  MODEL_UNREACHABLE: "The model could not be reached",
+  UNAVAILABLE: "The sandbox could not be reached",
+  DEADLINE_EXCEEDED: "Timed out",
+  JOURNAL_FULL: "Its output outgrew the journal",
+  LINE_TOO_LONG: "It printed a line too long to read",
+  SECRETS_MISSING: "Secrets it needs were not given",
+  RESOURCE_EXHAUSTED: "Over a quota",
+  STORAGE_FULL: "The server's storage is full",
+  INTERNAL: "Sandhold failed (an internal error)",
+};
+
+/** A failure's heading in words; the code stays, small, for searching and reports. */
+export function failureTitle(code: string): string {
+  return FAILURES[code] ?? "The run failed";
+}
+
+function failureNote(code: string, message: string, status: RunStatus): HTMLElement {
+  return h(
+    "div",
+    { class: `failure ${status === RunStatus.ABORTED ? "aborted" : "failed"}` },
+    h("p", { class: "failure-title" }, failureTitle(code)),
+    message ? h("p", {}, message) : "",
+    h("p", { class: "muted" }, "Code ", h("code", {}, code)),
+  );
+}
+
+function hasUsage(u: Usage | undefined): u is Usage {
+  return !!u && (u.inputTokens > 0n || u.outputTokens > 0n || u.costUsd !== undefined);
+}
+
+function usageLine(u: Usage): string {
+  const n = (v: bigint) => Number(v).toLocaleString("en");
+  return `${n(u.inputTokens)} in · ${n(u.outputTokens)} out${u.costUsd !== undefined ? ` · $${u.costUsd.toFixed(4)}` : ""}`;
+}
+
 function fact(name: string, value: Node | string): HTMLElement[] {
   return [h("dt", {}, name), h("dd", {}, value)];
 }
 
-/** The chunks of a run as a conversation, updated in place as they arrive. */
-class Conversation {
-  readonly #texts = new Map<string, HTMLElement>();
-  readonly #tools = new Map<string, { args: string; argsEl: HTMLElement; el: HTMLElement }>();
+/** Kinds of events the timeline lists (file events and notes stay out of it). */
+type Marked = "message" | "reasoning" | "tool" | "diff" | "warning" | "end" | "start";
 
-  constructor(readonly root: HTMLElement) {}
+/**
+ * The chunks of a run as a conversation, updated in place as they arrive:
+ * each event with its clock time, agent text as Markdown, and a timeline
+ * of the main events (time after the start, linked to the event). The page
+ * itself scrolls; it follows new events while the reader is at its end.
+ */
+class Conversation {
+  readonly #texts = new Map<string, { body: HTMLElement; text: string; kind: "message" | "reasoning"; pending: boolean }>();
+  readonly #tools = new Map<string, { args: string; argsEl: HTMLElement; el: HTMLElement }>();
+  #events = 0;
+  #marks = 0;
+  started: number | undefined;
+
+  constructor(
+    readonly root: HTMLElement,
+    readonly timeline: HTMLElement,
+    readonly timelineCount: HTMLElement,
+  ) {}
 
   add(c: TypedChunk): void {
-    const stick = this.root.scrollHeight - this.root.scrollTop - this.root.clientHeight < 40;
+    const page = document.scrollingElement ?? document.documentElement;
+    const stick = page.scrollHeight - page.scrollTop - innerHeight < 80;
+    this.#at = Number(c.timestampMs);
     this.#render(c);
-    if (stick) this.root.scrollTop = this.root.scrollHeight;
+    if (stick) page.scrollTop = page.scrollHeight;
+  }
+
+  #at = 0;
+
+  /** An event block: its time first, then what it shows; listed in the timeline when `mark`ed. */
+  #block<T extends HTMLElement>(el: T, mark?: { kind: Marked; label: string }): T {
+    const id = `event-${++this.#events}`;
+    el.id = id;
+    el.dataset.ts = String(this.#at);
+    if (this.#at) {
+      // In a <details>, inside its summary: what precedes the summary folds away.
+      const summary = el instanceof HTMLDetailsElement ? el.querySelector("summary") : null;
+      if (summary) summary.append(" ", h("span", { class: "ts" }, clock(this.#at)));
+      else el.prepend(h("span", { class: "ts" }, clock(this.#at)));
+    }
+    this.root.append(el);
+    if (mark) this.#mark(id, mark.kind, mark.label);
+    return el;
+  }
+
+  #mark(id: string, kind: Marked, label: string): void {
+    this.started ??= this.#at;
+    this.#marks += 1;
+    this.timelineCount.textContent = `Timeline · ${this.#marks} event${this.#marks === 1 ? "" : "s"}`;
+    this.timeline.append(
+      h(
+        "li",
+        { class: `mark mark-${kind}` },
+        h("span", { class: "offset" }, this.#at ? offset(this.started, this.#at) : ""),
+        " ",
+        h("a", { href: `#${id}`, onclick: (e: Event) => jumpTo(e, id) }, label),
+      ),
+    );
   }
 
   #render(c: TypedChunk): void {
     switch (c.type) {
       case "RUN_STARTED":
-        this.#note(`Run started ${when(c.timestampMs)}`);
+        this.#block(h("p", { class: "note" }, "Run started"), { kind: "start", label: "Started" });
         return;
       case "TEXT_MESSAGE_START":
       case "TEXT_MESSAGE_CONTENT":
@@ -133,15 +280,17 @@ class Conversation {
         return;
       case "TOOL_CALL_START": {
         const argsEl = h("pre", { class: "args" });
-        const el = h(
-          "details",
-          { class: "tool", open: true },
-          h("summary", {}, "Tool call ", h("strong", {}, c.toolName)),
-          h("h3", { class: "label" }, "Arguments"),
-          argsEl,
+        const el = this.#block(
+          h(
+            "details",
+            { class: "tool", open: true },
+            h("summary", {}, "Tool call ", h("strong", {}, c.toolName)),
+            h("h3", { class: "label" }, "Arguments"),
+            argsEl,
+          ),
+          { kind: "tool", label: `Tool call ${c.toolName}` },
         );
         this.#tools.set(c.toolCallId, { args: "", argsEl, el });
-        this.root.append(el);
         return;
       }
       case "TOOL_CALL_ARGS": {
@@ -163,19 +312,27 @@ class Conversation {
         const tool = this.#tool(c.toolCallId);
         tool.el.classList.toggle("failed", c.isError);
         tool.el.append(
-          h("h3", { class: "label" }, c.isError ? "Result (error)" : "Result", c.exitCode !== undefined ? ` · exit ${c.exitCode}` : ""),
+          h("h3", { class: "label" }, c.isError ? "Result (error)" : "Result", c.exitCode !== undefined ? ` · exit ${c.exitCode}` : "", this.#at ? " · " : "", this.#at ? clock(this.#at) : ""),
           h("pre", { class: "result" }, c.content),
         );
         return;
       }
       case "RUN_FINISHED":
-        this.root.append(
+        this.#block(
           h("section", { class: "end finished" }, h("h2", {}, `Finished (${c.finishReason || "stop"})`), usageTable(c.usage)),
+          { kind: "end", label: "Finished" },
         );
         return;
       case "RUN_ERROR":
-        this.root.append(
-          h("section", { class: "end errored", role: "alert" }, h("h2", {}, `Ended: ${c.errorCode || "error"}`), h("p", {}, c.errorMessage)),
+        this.#block(
+          h(
+            "section",
+            { class: "end errored", role: "alert" },
+            h("h2", {}, `Ended: ${failureTitle(c.errorCode)}`),
+            c.errorMessage ? h("p", {}, c.errorMessage) : "",
+            h("p", { class: "muted" }, "Code ", h("code", {}, c.errorCode || "none")),
+          ),
+          { kind: "end", label: `Ended: ${failureTitle(c.errorCode)}` },
         );
         return;
       case "CUSTOM":
@@ -190,11 +347,14 @@ class Conversation {
     if (isSandboxFile(c)) {
       this.#note(`${c.value.type} ${c.value.path}`, "file-event");
     } else if (isFileChanged(c)) {
-      this.root.append(h("section", { class: "diff" }, h("h3", {}, "Changed ", h("code", {}, c.value.path)), diff(c.value.diff)));
+      this.#block(h("section", { class: "diff" }, h("h3", {}, "Changed ", h("code", {}, c.value.path)), diff(c.value.diff)), {
+        kind: "diff",
+        label: `Changed ${c.value.path}`,
+      });
     } else if (isHarnessWarning(c)) {
-      this.#note(`Warning: ${c.value.message}`, "warning");
+      this.#block(h("p", { class: "warning" }, `Warning: ${c.value.message}`), { kind: "warning", label: "Warning" });
     } else if (c.name === "run.accepted") {
-      this.#note("Run accepted");
+      this.#block(h("p", { class: "note" }, "Run accepted"), { kind: "start", label: "Accepted" });
     } else if (c.name.endsWith(".session-id")) {
       const id = (c.value as { session_id?: string } | null)?.session_id ?? "";
       this.#note(`Session ${id}`);
@@ -204,34 +364,60 @@ class Conversation {
   }
 
   #text(id: string, kind: "message" | "reasoning", delta: string): void {
-    let body = this.#texts.get(id);
-    if (!body) {
-      body = h("div", { class: "body" });
-      this.root.append(
+    let text = this.#texts.get(id);
+    if (!text) {
+      const body = h("div", { class: "body" });
+      this.#block(
         kind === "reasoning"
           ? h("details", { class: "reasoning" }, h("summary", {}, "Reasoning"), body)
           : h("div", { class: "message" }, body),
+        { kind, label: kind === "reasoning" ? "Reasoning" : "Message" },
       );
-      this.#texts.set(id, body);
+      text = { body, text: "", kind, pending: false };
+      this.#texts.set(id, text);
     }
-    if (delta) body.append(delta);
+    if (!delta) return;
+    text.text += delta;
+    this.#paint(text);
+  }
+
+  /** Render a message's Markdown again with what has arrived (at most once a frame). */
+  #paint(text: { body: HTMLElement; text: string; kind: "message" | "reasoning"; pending: boolean }): void {
+    if (text.pending) return;
+    text.pending = true;
+    const draw = () => {
+      text.pending = false;
+      text.body.replaceChildren(markdown(text.text));
+    };
+    // A hidden tab gets no animation frames: draw at once there.
+    if (document.hidden) draw();
+    else requestAnimationFrame(draw);
   }
 
   #tool(id: string) {
     let tool = this.#tools.get(id);
     if (!tool) {
       const argsEl = h("pre", { class: "args" });
-      const el = h("details", { class: "tool", open: true }, h("summary", {}, "Tool call"), argsEl);
+      const el = this.#block(h("details", { class: "tool", open: true }, h("summary", {}, "Tool call"), argsEl), { kind: "tool", label: "Tool call" });
       tool = { args: "", argsEl, el };
       this.#tools.set(id, tool);
-      this.root.append(el);
     }
     return tool;
   }
 
   #note(text: string, kind = "note"): void {
-    this.root.append(h("p", { class: kind }, text));
+    this.#block(h("p", { class: kind }, text));
   }
+}
+
+/** Scroll to an event of the timeline and give it the focus, without leaving the page's address. */
+function jumpTo(e: Event, id: string): void {
+  e.preventDefault();
+  const el = document.getElementById(id);
+  if (!el) return;
+  el.tabIndex = -1;
+  el.scrollIntoView({ block: "start" });
+  el.focus({ preventScroll: true });
 }
 
 function usageTable(u: Usage | undefined): HTMLElement {

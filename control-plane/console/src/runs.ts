@@ -1,8 +1,9 @@
-// The runs page: newest first, filtered by thread and status, refreshed
-// every two seconds so status changes show up live.
+// The runs page: newest first, what each was asked, searched and filtered
+// by the server (text, thread, status) a page at a time, refreshed every
+// two seconds so status changes show up live; how to start when empty.
 
 import { RunStatus, type Run } from "@sandhold/client";
-import { duration, h, problem, when } from "./dom.js";
+import { duration, h, problem, shellLine, when } from "./dom.js";
 import { client } from "./session.js";
 
 export const STATUS: Record<RunStatus, string> = {
@@ -19,8 +20,19 @@ export function statusBadge(run: Run): HTMLElement {
   return h("span", { class: `status status-${name}`, "data-status": name }, run.cancelRequested && name === "running" ? "cancelling" : name);
 }
 
+/** Runs a page shows, unless the address says `?limit=N` (1 to 200). */
+const PAGE = 25;
+
+/** What a run was asked, in one line: its command, else its prompt's first line. */
+export function askedLine(run: Run): string {
+  if (run.command.length) return shellLine(run.command);
+  return run.prompt.split("\n").find((l) => l.trim()) ?? "";
+}
+
 export function renderRuns(main: HTMLElement, signal: AbortSignal): void {
   const query = new URLSearchParams(location.search);
+  const limit = Math.min(200, Math.max(1, Number(query.get("limit")) || PAGE));
+  const search = h("input", { id: "filter-query", name: "q", type: "search", value: query.get("q") ?? "", placeholder: "command, prompt, id…" });
   const thread = h("input", { id: "filter-thread", name: "thread", value: query.get("thread") ?? "", placeholder: "any thread" });
   const status = h(
     "select",
@@ -31,7 +43,13 @@ export function renderRuns(main: HTMLElement, signal: AbortSignal): void {
       .map((s) => h("option", { value: s, selected: query.get("status") === s }, s)),
   );
   const body = h("tbody");
-  const note = h("p", { class: "muted", "aria-live": "polite" });
+  const note = h("div", { class: "note-area", "aria-live": "polite" });
+  const newer = h("button", { id: "page-newer", type: "button", class: "secondary", disabled: true }, "← Newer");
+  const older = h("button", { id: "page-older", type: "button", class: "secondary", disabled: true }, "Older →");
+  const where = h("span", { id: "page-where", class: "muted" });
+  // The tokens of the pages before this one (empty: the first page).
+  let tokens: string[] = [];
+  let next = "";
   const form = h(
     "form",
     {
@@ -40,12 +58,17 @@ export function renderRuns(main: HTMLElement, signal: AbortSignal): void {
       onsubmit: (e: Event) => {
         e.preventDefault();
         const q = new URLSearchParams();
+        if (search.value.trim()) q.set("q", search.value.trim());
         if (thread.value.trim()) q.set("thread", thread.value.trim());
         if (status.value) q.set("status", status.value);
+        if (limit !== PAGE) q.set("limit", String(limit));
         history.replaceState(null, "", q.size ? `/?${q}` : "/");
+        tokens = [];
         void refresh();
       },
     },
+    h("label", { for: "filter-query" }, "Search"),
+    search,
     h("label", { for: "filter-thread" }, "Thread"),
     thread,
     h("label", { for: "filter-status" }, "Status"),
@@ -53,48 +76,89 @@ export function renderRuns(main: HTMLElement, signal: AbortSignal): void {
     h("button", { type: "submit" }, "Filter"),
   );
   status.addEventListener("change", () => form.requestSubmit());
-  main.replaceChildren(
-    h("h1", {}, "Runs"),
-    form,
+  newer.addEventListener("click", () => {
+    tokens.pop();
+    void refresh();
+  });
+  older.addEventListener("click", () => {
+    tokens.push(next);
+    void refresh();
+  });
+  const table = h(
+    "table",
+    { class: "list runs" },
+    h("caption", { class: "visually-hidden" }, "Runs, newest first"),
     h(
-      "table",
-      { class: "list" },
-      h("caption", { class: "visually-hidden" }, "Runs, newest first"),
-      h(
-        "thead",
-        {},
-        h("tr", {}, ...["Run", "Thread", "Status", "Harness", "Started", "Duration"].map((c) => h("th", { scope: "col" }, c))),
-      ),
-      body,
+      "thead",
+      {},
+      h("tr", {}, ...["Run", "Command or prompt", "Harness", "Status", "Thread", "Started", "Duration"].map((c) => h("th", { scope: "col" }, c))),
     ),
-    note,
+    body,
   );
+  const pager = h("nav", { class: "pager", "aria-label": "Pages of runs" }, newer, where, older);
+  main.replaceChildren(h("h1", {}, "Runs"), form, table, note, pager);
 
+  const filtered = () => !!(search.value.trim() || thread.value.trim() || status.value);
   async function refresh(): Promise<void> {
     try {
-      const runs = await client.listRuns({ threadId: thread.value.trim(), limit: 200 });
-      const wanted = status.value;
-      const shown = runs.filter((r) => !wanted || STATUS[r.status] === wanted);
-      body.replaceChildren(
-        ...shown.map((r) =>
-          h(
-            "tr",
-            { "data-run": r.runId },
-            h("td", {}, h("a", { href: `/runs/${encodeURIComponent(r.runId)}` }, r.runId)),
-            h("td", {}, h("a", { href: `/?thread=${encodeURIComponent(r.threadId)}` }, r.threadId)),
-            h("td", {}, statusBadge(r)),
-            h("td", {}, r.harness),
-            h("td", {}, when(r.startedAtMs)),
-            h("td", {}, duration(r.startedAtMs, r.finishedAtMs)),
-          ),
-        ),
+      const wanted = Object.entries(STATUS).find(([, name]) => name === status.value)?.[0];
+      const page = await client.runs.listRuns(
+        {
+          threadId: thread.value.trim(),
+          query: search.value.trim(),
+          status: wanted ? (Number(wanted) as RunStatus) : RunStatus.UNSPECIFIED,
+          limit,
+          pageToken: tokens.at(-1) ?? "",
+        },
+        { signal },
       );
-      note.textContent = shown.length ? "" : "No runs.";
+      next = page.nextPageToken;
+      body.replaceChildren(...page.runs.map(row));
+      table.hidden = page.runs.length === 0;
+      newer.disabled = tokens.length === 0;
+      older.disabled = !next;
+      where.textContent = page.runs.length ? `Page ${tokens.length + 1}` : "";
+      pager.hidden = newer.disabled && older.disabled;
+      note.replaceChildren(page.runs.length ? "" : filtered() ? noMatch() : noRunsYet());
     } catch (e) {
-      note.replaceChildren(problem(`Could not list runs: ${(e as Error).message}`));
+      if (!signal.aborted) note.replaceChildren(problem(`Could not list runs: ${(e as Error).message}`));
     }
   }
   void refresh();
   const timer = setInterval(() => void refresh(), 2000);
   signal.addEventListener("abort", () => clearInterval(timer));
+}
+
+function row(r: Run): HTMLElement {
+  const asked = askedLine(r);
+  const cell = (label: string, ...children: (Node | string)[]) => h("td", { "data-label": label }, ...children);
+  return h(
+    "tr",
+    { "data-run": r.runId },
+    cell("Run", h("a", { href: `/runs/${encodeURIComponent(r.runId)}` }, r.runId)),
+    cell("Asked", asked ? h("code", { class: "asked-line", title: asked }, asked.length > 90 ? `${asked.slice(0, 89)}…` : asked) : h("span", { class: "muted" }, "not recorded")),
+    cell("Harness", r.harness),
+    cell("Status", statusBadge(r)),
+    cell("Thread", h("a", { href: `/?thread=${encodeURIComponent(r.threadId)}` }, r.threadId)),
+    cell("Started", when(r.startedAtMs)),
+    cell("Duration", duration(r.startedAtMs, r.finishedAtMs)),
+  );
+}
+
+/** The empty state of a server with no runs: how to start one. */
+function noRunsYet(): HTMLElement {
+  return h(
+    "section",
+    { class: "empty", id: "empty-runs" },
+    h("h2", {}, "No runs yet"),
+    h("p", {}, "Start one from a terminal, with this server as ", h("code", {}, "SANDHOLD_SERVER"), ":"),
+    h("pre", {}, h("code", {}, "sandhold run -- echo hello")),
+    h("p", {}, "or an agent on a task:"),
+    h("pre", {}, h("code", {}, "sandhold run --harness claude-code --secret ANTHROPIC_API_KEY=ANTHROPIC_API_KEY -- 'Fix the failing test'")),
+    h("p", {}, "It shows up here while it runs, and its page follows it live."),
+  );
+}
+
+function noMatch(): HTMLElement {
+  return h("section", { class: "empty" }, h("h2", {}, "No runs match"), h("p", {}, "Nothing matches these filters. ", h("a", { href: "/" }, "Show all runs"), "."));
 }

@@ -1,47 +1,101 @@
-// Sandboxes: the tenant's list (destroy), and a file browser of one live
-// sandbox at /sandboxes/<id>?path=<dir or file>.
+// Sandboxes: the tenant's list with what each is doing (state, keep-alive,
+// CPU and memory as its provider measures them, unknown when it cannot),
+// destroy behind a confirmation, and a file browser of one live sandbox at
+// /sandboxes/<id>?path=<dir or file>.
 
-import { FileType, SandholdError, type FileInfo } from "@sandhold/client";
-import { bytes, concat, h, problem, when } from "./dom.js";
+import { FileType, SandboxState, SandholdError, type FileInfo, type Sandbox } from "@sandhold/client";
+import { bytes, concat, confirmDialog, h, problem, when } from "./dom.js";
 import { client } from "./session.js";
+
+const STATES: Record<SandboxState, string> = {
+  [SandboxState.UNSPECIFIED]: "unknown",
+  [SandboxState.RUNNING]: "running",
+  [SandboxState.STOPPED]: "stopped",
+  [SandboxState.MISSING]: "missing",
+};
+
+/** A keep-alive in words. */
+function keepAlive(ms: bigint | undefined): string {
+  if (ms === undefined) return "unknown (its definition is gone)";
+  if (ms === 0n) return "never stopped";
+  const s = Number(ms) / 1000;
+  return `stopped after ${s < 60 ? `${s}s` : s < 3600 ? `${Math.round(s / 60)} min` : `${(s / 3600).toFixed(1)} h`} idle`;
+}
 
 export function renderSandboxes(main: HTMLElement, signal: AbortSignal): void {
   const body = h("tbody");
-  const note = h("div", { "aria-live": "polite" });
-  main.replaceChildren(
-    h("h1", {}, "Sandboxes"),
+  const note = h("div", { class: "note-area", "aria-live": "polite" });
+  const table = h(
+    "table",
+    { class: "list sandboxes" },
+    h("caption", { class: "visually-hidden" }, "Sandboxes"),
     h(
-      "table",
-      { class: "list" },
-      h("thead", {}, h("tr", {}, ...["Sandbox", "Thread", "Definition", "Provider", "Created", ""].map((c) => h("th", { scope: "col" }, c)))),
-      body,
+      "thead",
+      {},
+      h("tr", {}, ...["Sandbox", "State", "Thread", "Definition", "Provider", "Keep-alive", "CPU", "Memory", "Created", "Actions"].map((c) => h("th", { scope: "col" }, c))),
     ),
-    note,
+    body,
   );
+  table.hidden = true;
+  main.replaceChildren(h("h1", {}, "Sandboxes"), table, note);
+  // The previous reading of each sandbox's CPU time: its rate is the
+  // difference over the time between readings.
+  const previous = new Map<string, { cpuMs: number; atMs: number }>();
+  const cpu = (s: Sandbox): string => {
+    const u = s.usage;
+    if (s.state !== SandboxState.RUNNING) return "—";
+    if (!u || u.cpuTimeMs === undefined) return "unknown";
+    const now = { cpuMs: Number(u.cpuTimeMs), atMs: Number(u.measuredAtMs) };
+    const before = previous.get(s.sandboxId);
+    previous.set(s.sandboxId, now);
+    const total = `${(now.cpuMs / 1000).toFixed(1)} s`;
+    if (!before || now.atMs <= before.atMs) return total;
+    const percent = ((now.cpuMs - before.cpuMs) / (now.atMs - before.atMs)) * 100;
+    return `${Math.max(0, percent).toFixed(0)}% now · ${total} in all`;
+  };
+  const memory = (s: Sandbox): string => {
+    if (s.state !== SandboxState.RUNNING) return "—";
+    const u = s.usage;
+    if (!u || u.memoryBytes === undefined) return "unknown";
+    return u.memoryLimitBytes !== undefined ? `${bytes(u.memoryBytes)} of ${bytes(u.memoryLimitBytes)}` : bytes(u.memoryBytes);
+  };
   const refresh = async () => {
     try {
-      const { sandboxes } = await client.sandboxes.listSandboxes({ threadId: "" }, { signal });
+      const { sandboxes } = await client.sandboxes.listSandboxes({ threadId: "", withState: true }, { signal });
       body.replaceChildren(
-        ...sandboxes.map((s) =>
-          h(
+        ...sandboxes.map((s) => {
+          const short = s.sandboxId.slice(0, 16);
+          const state = STATES[s.state] ?? "unknown";
+          const cell = (label: string, ...children: (Node | string)[]) => h("td", { "data-label": label }, ...children);
+          return h(
             "tr",
-            {},
-            h("td", {}, h("a", { href: `/sandboxes/${encodeURIComponent(s.sandboxId)}` }, h("code", {}, s.sandboxId.slice(0, 16)))),
-            h("td", {}, h("a", { href: `/?thread=${encodeURIComponent(s.threadId)}` }, s.threadId)),
-            h("td", {}, s.definitionId),
-            h("td", {}, s.provider),
-            h("td", {}, when(s.createdAtMs)),
-            h(
-              "td",
-              {},
+            { "data-sandbox": s.sandboxId },
+            cell("Sandbox", h("a", { href: `/sandboxes/${encodeURIComponent(s.sandboxId)}` }, h("code", {}, short))),
+            cell("State", h("span", { class: `state state-${state}`, "data-state": state }, state)),
+            cell("Thread", h("a", { href: `/?thread=${encodeURIComponent(s.threadId)}` }, s.threadId)),
+            cell("Definition", s.definitionId),
+            cell("Provider", s.provider),
+            cell("Keep-alive", keepAlive(s.keepAliveMs)),
+            cell("CPU", h("span", { class: "cpu" }, cpu(s))),
+            cell("Memory", h("span", { class: "memory" }, memory(s))),
+            cell("Created", when(s.createdAtMs)),
+            cell(
+              "Actions",
               h(
                 "button",
                 {
                   type: "button",
                   class: "danger",
-                  "aria-label": `Destroy sandbox ${s.sandboxId.slice(0, 16)}`,
+                  "aria-label": `Destroy sandbox ${short}`,
                   onclick: async () => {
-                    if (!confirm(`Destroy sandbox ${s.sandboxId.slice(0, 16)} of thread ${s.threadId}?`)) return;
+                    const sure = await confirmDialog({
+                      id: "destroy-dialog",
+                      title: `Destroy sandbox ${short}?`,
+                      body: `Its files and processes go with it; thread ${s.threadId} gets a new sandbox on its next run.`,
+                      keep: "Keep it",
+                      confirm: "Destroy",
+                    });
+                    if (!sure) return;
                     try {
                       await client.sandboxes.destroySandbox({ sandboxId: s.sandboxId });
                       await refresh();
@@ -53,15 +107,30 @@ export function renderSandboxes(main: HTMLElement, signal: AbortSignal): void {
                 "Destroy",
               ),
             ),
-          ),
-        ),
+          );
+        }),
       );
-      note.replaceChildren(sandboxes.length ? "" : h("p", { class: "muted" }, "No sandboxes."));
+      table.hidden = sandboxes.length === 0;
+      note.replaceChildren(sandboxes.length ? "" : noSandboxes());
     } catch (e) {
       if (!signal.aborted) note.replaceChildren(problem(`Could not list sandboxes: ${SandholdError.from(e).message}`));
     }
   };
   void refresh();
+  const timer = setInterval(() => void refresh(), 5000);
+  signal.addEventListener("abort", () => clearInterval(timer));
+}
+
+/** The empty state: where sandboxes come from. */
+function noSandboxes(): HTMLElement {
+  return h(
+    "section",
+    { class: "empty", id: "empty-sandboxes" },
+    h("h2", {}, "No sandboxes"),
+    h("p", {}, "A run makes one, and a thread keeps it for its next runs:"),
+    h("pre", {}, h("code", {}, "sandhold run --thread demo -- echo hello")),
+    h("p", {}, "Then browse its files here. From a terminal: ", h("code", {}, "sandhold sandboxes ls"), "."),
+  );
 }
 
 /** Bytes of a file the browser shows at most. */

@@ -32,7 +32,19 @@ export function renderSnapshotThreads(main: HTMLElement, signal: AbortSignal): v
     (runs) => {
       const threads = [...new Set(runs.map((r) => r.threadId))];
       recent.replaceChildren(...threads.map((t) => h("li", {}, h("a", { href: `/threads/${encodeURIComponent(t)}/snapshots` }, t))));
-      if (!threads.length) recent.replaceChildren(h("li", { class: "muted" }, "No threads yet."));
+      if (!threads.length) {
+        recent.replaceChildren(
+          h(
+            "li",
+            { class: "empty" },
+            "No threads yet. A thread's runs are saved as snapshots when its definition turns portable snapshots on (",
+            h("code", {}, "lifecycle.portable_snapshots"),
+            "); start one with ",
+            h("code", {}, "sandhold run --thread demo -- echo hello"),
+            ".",
+          ),
+        );
+      }
     },
     (e) => signal.aborted || recent.replaceChildren(problem(SandholdError.from(e).message)),
   );
@@ -116,7 +128,19 @@ export function renderSnapshots(main: HTMLElement, threadId: string, signal: Abo
           );
         }),
       );
-      note.replaceChildren(checkpoints.length ? "" : h("p", { class: "muted" }, "No snapshots of this thread."));
+      note.replaceChildren(
+        checkpoints.length
+          ? ""
+          : h(
+              "p",
+              { class: "empty" },
+              "No snapshots of this thread. One is saved after each of its runs when its definition turns on ",
+              h("code", {}, "lifecycle.portable_snapshots"),
+              "; the API's ",
+              h("code", {}, "SaveSnapshot"),
+              " saves one at any time.",
+            ),
+      );
     } catch (e) {
       if (!signal.aborted) note.replaceChildren(problem(SandholdError.from(e).message));
     }

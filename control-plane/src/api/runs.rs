@@ -10,7 +10,7 @@ use tonic::{Request, Response, Status};
 use crate::auth::tenant_of;
 use crate::harness::HarnessOptions;
 use crate::runs::{self, RunEvents, RunSpec, Runs, StartRun};
-use crate::store::{RunId, RunRecord, RunStatus, Timestamp};
+use crate::store::{RunFilter, RunId, RunRecord, RunStatus, Timestamp};
 
 impl From<runs::Error> for Status {
     fn from(e: runs::Error) -> Self {
@@ -82,6 +82,9 @@ pub fn run_to_api(record: &RunRecord) -> api::Run {
         cancel_requested: record.cancel_requested,
         forked_from_run: record.forked_from_run.as_ref().map(RunId::to_string).unwrap_or_default(),
         session_id: record.session_id.clone().unwrap_or_default(),
+        command: spec.as_ref().map(|s| s.command.clone()).unwrap_or_default(),
+        prompt: spec.as_ref().map(|s| s.prompt.clone()).unwrap_or_default(),
+        prompt_truncated: spec.as_ref().is_some_and(|s| s.prompt_truncated),
     }
 }
 
@@ -93,6 +96,18 @@ fn status_to_api(status: RunStatus) -> api::RunStatus {
         RunStatus::Failed => api::RunStatus::Failed,
         RunStatus::Aborted => api::RunStatus::Aborted,
     }
+}
+
+/// `None` for UNSPECIFIED (any status, in a filter).
+fn status_from_api(status: api::RunStatus) -> Option<RunStatus> {
+    Some(match status {
+        api::RunStatus::Unspecified => return None,
+        api::RunStatus::Running => RunStatus::Running,
+        api::RunStatus::Interrupted => RunStatus::Interrupted,
+        api::RunStatus::Completed => RunStatus::Completed,
+        api::RunStatus::Failed => RunStatus::Failed,
+        api::RunStatus::Aborted => RunStatus::Aborted,
+    })
 }
 
 #[tonic::async_trait]
@@ -177,8 +192,23 @@ impl RunService for RunApi {
     ) -> Result<Response<api::ListRunsResponse>, Status> {
         let tenant = tenant_of(&request)?;
         let req = request.into_inner();
-        let records = self.runs.list(&tenant, &req.thread_id, req.limit).await?;
-        Ok(Response::new(api::ListRunsResponse { runs: records.iter().map(run_to_api).collect() }))
+        let status = match api::RunStatus::try_from(req.status) {
+            Ok(s) => status_from_api(s),
+            Err(_) => {
+                return Err(runs::Error::from(crate::provision::InvalidField::new(
+                    "status",
+                    format!("{} is no RunStatus", req.status),
+                ))
+                .into());
+            }
+        };
+        let some = |s: String| (!s.is_empty()).then_some(s);
+        let filter = RunFilter { thread_id: some(req.thread_id), status, text: some(req.query), after: None };
+        let (records, next_page_token) = self.runs.list(&tenant, filter, &req.page_token, req.limit).await?;
+        Ok(Response::new(api::ListRunsResponse {
+            runs: records.iter().map(run_to_api).collect(),
+            next_page_token,
+        }))
     }
 
     async fn get_active_run(

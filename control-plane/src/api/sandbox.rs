@@ -134,7 +134,8 @@ impl SandboxService for SandboxApi {
         request: Request<api::ListSandboxesRequest>,
     ) -> Result<Response<api::ListSandboxesResponse>, Status> {
         let tenant = tenant_of(&request)?;
-        let sandboxes = self.sandboxes.list(&tenant, &request.into_inner().thread_id).await?;
+        let req = request.into_inner();
+        let sandboxes = self.sandboxes.list(&tenant, &req.thread_id, req.with_state).await?;
         Ok(Response::new(api::ListSandboxesResponse { sandboxes }))
     }
 

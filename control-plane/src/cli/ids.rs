@@ -33,7 +33,7 @@ impl SandboxTarget {
 
 /// The newest sandbox of `thread`.
 async fn of_thread(conn: &Connection, thread: &str) -> anyhow::Result<String> {
-    let request = api::ListSandboxesRequest { thread_id: thread.to_string() };
+    let request = api::ListSandboxesRequest { thread_id: thread.to_string(), ..Default::default() };
     let listed = conn.sandboxes().list_sandboxes(request).await.map_err(status_error)?.into_inner().sandboxes;
     match listed.into_iter().max_by_key(|s| s.updated_at_ms) {
         Some(s) => Ok(s.sandbox_id),
@@ -73,7 +73,7 @@ pub async fn run_id(conn: &Connection, given: &str) -> anyhow::Result<String> {
         Err(s) if matches!(s.code(), tonic::Code::NotFound | tonic::Code::InvalidArgument) => {}
         Err(s) => return Err(status_error(s)),
     }
-    let request = api::ListRunsRequest { thread_id: String::new(), limit: RUNS_SEARCHED };
+    let request = api::ListRunsRequest { limit: RUNS_SEARCHED, ..Default::default() };
     let listed = conn.runs().list_runs(request).await.map_err(status_error)?.into_inner().runs;
     pick(given, listed.into_iter().map(|r| r.run_id).collect(), &RUNS)
 }

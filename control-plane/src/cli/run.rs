@@ -541,6 +541,7 @@ pub async fn runs(args: RunsArgs) -> ExitCode {
             .list_runs(api::ListRunsRequest {
                 thread_id: args.thread.clone().unwrap_or_default(),
                 limit: args.limit,
+                ..Default::default()
             })
             .await
             .map_err(status_error)?

@@ -100,7 +100,10 @@ pub async fn sandboxes(command: SandboxesCommand) -> ExitCode {
             with_connection(&client, async move |conn| {
                 let list = conn
                     .sandboxes()
-                    .list_sandboxes(api::ListSandboxesRequest { thread_id: thread.unwrap_or_default() })
+                    .list_sandboxes(api::ListSandboxesRequest {
+                        thread_id: thread.unwrap_or_default(),
+                        ..Default::default()
+                    })
                     .await
                     .map_err(status_error)?
                     .into_inner()

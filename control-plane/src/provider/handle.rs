@@ -1,5 +1,5 @@
-//! What a provider hands back: a live [`Sandbox`], a [`ListedSandbox`]
-//! and a native [`Snapshot`].
+//! What a provider hands back: a live [`Sandbox`], a [`ListedSandbox`],
+//! a native [`Snapshot`] and what a sandbox uses ([`ResourceUse`]).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -37,6 +37,19 @@ pub struct ListedSandbox {
     /// state dir). Another deployment sharing a Docker engine lists
     /// sandboxes that are not ours; the reaper never destroys those.
     pub own: bool,
+}
+
+/// What a running sandbox uses now ([`Provider::usage`](super::Provider::usage)).
+/// A field the provider cannot measure is `None`: shown as unknown, never
+/// guessed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ResourceUse {
+    /// CPU time its processes have used since it started (a counter).
+    pub cpu_time: Option<std::time::Duration>,
+    /// Memory in use now, in bytes.
+    pub memory_bytes: Option<u64>,
+    /// The most memory it may use, when the provider knows a limit.
+    pub memory_limit_bytes: Option<u64>,
 }
 
 /// A provider-native snapshot (Docker: a committed image).

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
-use super::{Error, ListedSandbox, ProviderKind, Sandbox, SandboxSpec, Snapshot};
+use super::{Error, ListedSandbox, ProviderKind, ResourceUse, Sandbox, SandboxSpec, Snapshot};
 
 /// Every provider result.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -71,6 +71,14 @@ pub trait Provider: Send + Sync + std::fmt::Debug {
     async fn stop(&self, provider_id: &str) -> Result<()> {
         let _ = provider_id;
         Err(unsupported(self.kind(), "stop"))
+    }
+
+    /// What the running sandbox uses now, as far as the provider can
+    /// measure it; `None` when it is not running (or the provider measures
+    /// nothing).
+    async fn usage(&self, provider_id: &str) -> Result<Option<ResourceUse>> {
+        let _ = provider_id;
+        Ok(None)
     }
 
     /// Capture the sandbox's filesystem natively.

@@ -34,8 +34,8 @@ use shared::transport::Address;
 
 use super::Error;
 use super::{
-    Capabilities, ListedSandbox, Provider, ProviderKind, Result, Sandbox, SandboxSpec, check_socket_path,
-    new_short_id, new_token, own_uid, read_private_file, write_private_file,
+    Capabilities, ListedSandbox, Provider, ProviderKind, ResourceUse, Result, Sandbox, SandboxSpec,
+    check_socket_path, new_short_id, new_token, own_uid, read_private_file, write_private_file,
 };
 use crate::agent::AgentClient;
 use crate::provision::InvalidField;
@@ -321,6 +321,16 @@ impl Provider for LocalProvider {
         Ok(())
     }
 
+    /// From `/proc`: the init and its descendants (the processes a stop
+    /// kills), summed.
+    async fn usage(&self, provider_id: &str) -> Result<Option<ResourceUse>> {
+        let dir = self.sandbox_dir(provider_id)?;
+        let Some(init) = Self::live_init(&dir) else { return Ok(None) };
+        tokio::task::spawn_blocking(move || Some(tree_usage(init)))
+            .await
+            .map_err(|e| Error::Internal(format!("reading the sandbox's processes: {e}")))
+    }
+
     async fn list(&self, labels: &BTreeMap<String, String>) -> Result<Vec<ListedSandbox>> {
         let mut found = Vec::new();
         let entries =
@@ -391,6 +401,53 @@ fn kill_sandbox_processes(init: Option<u32>, dir: &Path) {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// Clock ticks per second of `/proc/<pid>/stat`'s times: `USER_HZ`, fixed
+/// at 100 by the Linux ABI whatever the kernel's own tick rate.
+const USER_HZ: u64 = 100;
+
+/// What the process tree under `root` uses: CPU time (each process's own,
+/// plus that of the children it has waited for, so work of processes that
+/// already ended counts), and memory as the sum of each process's
+/// proportional set size (shared pages split between their users, so the
+/// sum does not count a library once per process); a process whose
+/// `smaps_rollup` cannot be read gives its resident size instead.
+fn tree_usage(root: u32) -> ResourceUse {
+    let mut pids = descendants(root, &process_table());
+    pids.insert(root);
+    let (mut ticks, mut memory) = (0u64, 0u64);
+    for pid in pids {
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+        ticks += cpu_ticks(&stat).unwrap_or(0);
+        memory += memory_of(pid).unwrap_or(0);
+    }
+    ResourceUse {
+        cpu_time: Some(Duration::from_millis(ticks * 1000 / USER_HZ)),
+        memory_bytes: Some(memory),
+        memory_limit_bytes: None,
+    }
+}
+
+/// utime + stime + cutime + cstime of a `/proc/<pid>/stat` line (fields 14
+/// to 17, counted past the `(comm)` field, which may hold spaces).
+fn cpu_ticks(stat: &str) -> Option<u64> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    fields.get(11..15)?.iter().map(|f| f.parse::<u64>().ok()).sum()
+}
+
+/// Bytes of memory a process uses: `Pss` of its `smaps_rollup`, else
+/// `VmRSS` of its `status`.
+fn memory_of(pid: u32) -> Option<u64> {
+    let kib = |text: &str, key: &str| -> Option<u64> {
+        let line = text.lines().find(|l| l.starts_with(key))?;
+        line[key.len()..].trim().trim_end_matches("kB").trim().parse::<u64>().ok().map(|k| k * 1024)
+    };
+    std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
+        .ok()
+        .and_then(|t| kib(&t, "Pss:"))
+        .or_else(|| kib(&std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?, "VmRSS:"))
 }
 
 /// pid -> parent pid of every process.
@@ -536,6 +593,23 @@ mod tests {
         let me = std::process::id();
         let parent = parent_of(me).unwrap();
         assert_eq!(parent, std::os::unix::process::parent_id());
+    }
+
+    #[test]
+    fn cpu_ticks_add_own_and_waited_for_children() {
+        // pid (comm) state ppid pgrp session tty tpgid flags minflt cminflt
+        // majflt cmajflt utime stime cutime cstime ...
+        let stat = "42 (a (tricky) name) S 1 42 42 0 -1 4194560 10 0 0 0 7 3 20 5 20 0 1 0 100 0 0";
+        assert_eq!(cpu_ticks(stat), Some(35));
+        assert_eq!(cpu_ticks("42 (short) S 1"), None);
+    }
+
+    #[test]
+    fn this_process_tree_uses_cpu_and_memory() {
+        let used = tree_usage(std::process::id());
+        assert!(used.memory_bytes.unwrap() > 1024 * 1024, "{used:?}");
+        assert!(used.cpu_time.is_some());
+        assert_eq!(used.memory_limit_bytes, None);
     }
 
     #[test]

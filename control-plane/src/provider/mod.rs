@@ -28,7 +28,7 @@ mod spec;
 pub use canon::Canon;
 pub use docker::{DockerOptions, DockerProvider, DockerProviderOptions, MountSpec};
 pub use error::Error;
-pub use handle::{ListedSandbox, Sandbox, Snapshot};
+pub use handle::{ListedSandbox, ResourceUse, Sandbox, Snapshot};
 pub(crate) use host::{
     check_socket_path, is_agent_socket, new_short_id, new_token, own_uid, read_private_file,
     write_private_file,

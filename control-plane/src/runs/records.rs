@@ -4,7 +4,7 @@ use tracing::{debug, info};
 
 use super::{Error, Runs, StopReason};
 use crate::provision::InvalidField;
-use crate::store::{self, RunId, RunKey, RunRecord, Tenant};
+use crate::store::{self, RunFilter, RunId, RunKey, RunRecord, Tenant, Timestamp};
 
 /// Unset list limit.
 const DEFAULT_LIST_LIMIT: u32 = 100;
@@ -14,6 +14,25 @@ const MAX_LIST_LIMIT: u32 = 1000;
 /// run, and two tenants' runs of one id are two runs.
 pub fn lease_name(run: &RunKey) -> String {
     format!("run:{}", run.encode())
+}
+
+/// The token of the page after `last`: its start and run id (a run id has
+/// no `:`).
+fn page_token_of(last: &RunRecord) -> String {
+    format!("{}:{}", last.started_at.as_millis(), last.run_id)
+}
+
+/// Where the page a token names starts.
+fn page_after(token: &str) -> Result<Option<(Timestamp, RunId)>, Error> {
+    if token.is_empty() {
+        return Ok(None);
+    }
+    let invalid =
+        || InvalidField::new("page_token", "not a token of ListRuns (pass next_page_token as it came)");
+    let (ms, run) = token.split_once(':').ok_or_else(invalid)?;
+    let ms: i64 = ms.parse().map_err(|_| invalid())?;
+    let run = RunId::parse(run).map_err(|_| invalid())?;
+    Ok(Some((Timestamp::from_millis(ms), run)))
 }
 
 /// A run id from a request field.
@@ -35,19 +54,28 @@ impl Runs {
         self.record(&RunKey::new(tenant.clone(), run)).await
     }
 
-    /// The tenant's newest runs (of one thread when `thread_id` is set),
-    /// newest first; `limit` 0 is the default, and it is capped.
-    pub async fn list(&self, tenant: &Tenant, thread_id: &str, limit: u32) -> Result<Vec<RunRecord>, Error> {
+    /// A page of the tenant's runs that `filter` keeps, newest first, after
+    /// the run `page_token` names (empty: from the newest); `limit` 0 is the
+    /// default, and it is capped. Returns the token of the next page, empty
+    /// after the last.
+    pub async fn list(
+        &self,
+        tenant: &Tenant,
+        mut filter: RunFilter,
+        page_token: &str,
+        limit: u32,
+    ) -> Result<(Vec<RunRecord>, String), Error> {
         let limit = if limit == 0 { DEFAULT_LIST_LIMIT } else { limit.min(MAX_LIST_LIMIT) };
-        let stores = &self.inner.ctx.stores;
-        Ok(if thread_id.is_empty() {
-            stores.runs.list_recent(tenant, limit).await?
+        filter.after = page_after(page_token)?;
+        // One more than asked: whether there is a next page.
+        let mut runs = self.inner.ctx.stores.runs.list_page(tenant, &filter, limit + 1).await?;
+        let next = if runs.len() > limit as usize {
+            runs.truncate(limit as usize);
+            runs.last().map(page_token_of).unwrap_or_default()
         } else {
-            let mut all = stores.runs.list_by_thread(tenant, thread_id).await?;
-            all.reverse();
-            all.truncate(limit as usize);
-            all
-        })
+            String::new()
+        };
+        Ok((runs, next))
     }
 
     /// The thread's run that is not terminal, if any.

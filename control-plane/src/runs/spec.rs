@@ -10,8 +10,8 @@ use super::{Error, quiet};
 use crate::config::{Limit, Quotas};
 use crate::store::RunRecord;
 
-/// What started a run, kept on its record (never a secret, never the
-/// prompt) so that any replica can drive it on and describe it.
+/// What started a run, kept on its record (never a secret) so that any
+/// replica can drive it on and describe it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RunSpec {
     pub harness: String,
@@ -33,6 +33,31 @@ pub struct RunSpec {
     /// journal the same way.
     #[serde(default, skip_serializing_if = "is_native")]
     pub output: crate::harness::Output,
+    /// What the run was asked: the argv a `command` (or `acp`) run was
+    /// given, and its prompt, capped at [`PROMPT_KEPT`] bytes. For people
+    /// (the console, `Run`), never read by a driver.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub command: Vec<String>,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub prompt: String,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub prompt_truncated: bool,
+}
+
+/// Bytes of a prompt a run's record keeps: enough to recognize the run,
+/// bounded because every read of the record carries it.
+pub const PROMPT_KEPT: usize = 16 * 1024;
+
+/// The prompt as a record keeps it, and whether it was cut.
+pub fn kept_prompt(prompt: &str) -> (String, bool) {
+    if prompt.len() <= PROMPT_KEPT {
+        return (prompt.to_owned(), false);
+    }
+    let mut end = PROMPT_KEPT;
+    while !prompt.is_char_boundary(end) {
+        end -= 1;
+    }
+    (prompt[..end].to_owned(), true)
 }
 
 fn is_native(o: &crate::harness::Output) -> bool {
@@ -77,5 +102,21 @@ impl Default for RunOptions {
             quiet: quiet::QuietGate::default(),
             running_runs: Quotas::default().running_runs(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_long_prompt_is_cut_on_a_character_boundary() {
+        assert_eq!(kept_prompt("fix the tests"), ("fix the tests".to_owned(), false));
+        // 'é' is two bytes: the cut would fall inside one.
+        let long = format!("a{}", "é".repeat(PROMPT_KEPT));
+        let (kept, cut) = kept_prompt(&long);
+        assert!(cut);
+        assert_eq!(kept.len(), PROMPT_KEPT - 1);
+        assert!(long.starts_with(&kept));
     }
 }

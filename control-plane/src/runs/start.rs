@@ -153,6 +153,7 @@ impl Runs {
             }
         }
         let command = build(&options)?;
+        let (prompt, prompt_truncated) = super::spec::kept_prompt(&req.prompt);
         let spec = RunSpec {
             harness: harness.name().to_owned(),
             definition_id,
@@ -168,6 +169,9 @@ impl Runs {
                 .unwrap_or_default()
                 .to_owned(),
             output: command.output,
+            command: options.command.clone(),
+            prompt,
+            prompt_truncated,
         };
         // The lease first: from the record's creation on, an attach on
         // another replica must see the run as driven.

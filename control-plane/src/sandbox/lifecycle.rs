@@ -558,6 +558,10 @@ impl Lifecycle {
             capabilities,
             env: instance.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
             secret_names: Vec::new(),
+            // What the definition and the provider say: `Sandboxes` adds it.
+            state: api::SandboxState::Unspecified as i32,
+            keep_alive_ms: None,
+            usage: None,
         }
     }
 

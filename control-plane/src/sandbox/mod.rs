@@ -25,6 +25,7 @@ mod checkpoint;
 mod error;
 mod files;
 mod git;
+mod observe;
 mod ports;
 mod process;
 mod run_path;

@@ -182,8 +182,16 @@ impl Sandboxes {
             .lifecycle
             .instance(&self.stores, tenant, InvalidField::required("sandbox_id", sandbox_id)?)
             .await?;
-        let secret_names = self.secret_names(tenant, &instance.definition_id).await?;
-        Ok(api::Sandbox { secret_names, ..self.lifecycle.describe(&instance) })
+        let definition = self.definition_of(tenant, &instance.definition_id).await?;
+        let observed =
+            self.lifecycle.observe(std::slice::from_ref(&instance)).await.pop().unwrap_or_default();
+        Ok(api::Sandbox {
+            secret_names: definition.as_ref().map(|d| d.secret_names.clone()).unwrap_or_default(),
+            keep_alive_ms: keep_alive_of(definition.as_ref()),
+            state: observed.state as i32,
+            usage: observed.usage,
+            ..self.lifecycle.describe(&instance)
+        })
     }
 
     /// Set and unset variables of the tenant's sandbox for its later execs
@@ -215,23 +223,63 @@ impl Sandboxes {
         Ok(api::Sandbox { secret_names, ..self.lifecycle.describe(&instance) })
     }
 
-    /// The secret names of the tenant's definition `id` (none once it was
-    /// deleted).
-    async fn secret_names(&self, tenant: &Tenant, id: &str) -> Result<Vec<String>, Error> {
+    /// The tenant's definition `id`, `None` once it was deleted.
+    async fn definition_of(
+        &self,
+        tenant: &Tenant,
+        id: &str,
+    ) -> Result<Option<api::SandboxDefinition>, Error> {
         match self.stores.definitions.get(tenant, id).await {
-            Ok(stored) => Ok(definition::from_stored(&stored.body)?.secret_names),
-            Err(crate::store::Error::NotFound(_)) => Ok(Vec::new()),
+            Ok(stored) => Ok(Some(definition::from_stored(&stored.body)?)),
+            Err(crate::store::Error::NotFound(_)) => Ok(None),
             Err(e) => Err(e.into()),
         }
     }
 
-    /// The tenant's sandboxes, of `thread_id` only unless it is empty.
-    pub async fn list(&self, tenant: &Tenant, thread_id: &str) -> Result<Vec<api::Sandbox>, Error> {
-        let instances = self.stores.instances.list(Some(tenant)).await?;
+    /// The secret names of the tenant's definition `id` (none once it was
+    /// deleted).
+    async fn secret_names(&self, tenant: &Tenant, id: &str) -> Result<Vec<String>, Error> {
+        Ok(self.definition_of(tenant, id).await?.map(|d| d.secret_names).unwrap_or_default())
+    }
+
+    /// The tenant's sandboxes, of `thread_id` only unless it is empty; with
+    /// `with_state`, what their providers say of them too.
+    pub async fn list(
+        &self,
+        tenant: &Tenant,
+        thread_id: &str,
+        with_state: bool,
+    ) -> Result<Vec<api::Sandbox>, Error> {
+        let instances: Vec<_> = self
+            .stores
+            .instances
+            .list(Some(tenant))
+            .await?
+            .into_iter()
+            .filter(|i| thread_id.is_empty() || i.thread_id == thread_id)
+            .collect();
+        let definitions: std::collections::HashMap<String, api::SandboxDefinition> = self
+            .stores
+            .definitions
+            .list(tenant)
+            .await?
+            .iter()
+            .filter_map(|d| Some((d.id.clone(), definition::from_stored(&d.body).ok()?)))
+            .collect();
+        let observed = if with_state {
+            self.lifecycle.observe(&instances).await
+        } else {
+            vec![Default::default(); instances.len()]
+        };
         Ok(instances
             .iter()
-            .map(|i| self.lifecycle.describe(i))
-            .filter(|s| thread_id.is_empty() || s.thread_id == thread_id)
+            .zip(observed)
+            .map(|(i, observed)| api::Sandbox {
+                keep_alive_ms: keep_alive_of(definitions.get(&i.definition_id)),
+                state: observed.state as i32,
+                usage: observed.usage,
+                ..self.lifecycle.describe(i)
+            })
             .collect())
     }
 
@@ -239,4 +287,9 @@ impl Sandboxes {
         let key = InvalidField::required("sandbox_id", sandbox_id)?;
         self.lifecycle.destroy(&self.stores, &self.leases, tenant, key).await
     }
+}
+
+/// A definition's keep-alive; `None` for a definition that is gone.
+fn keep_alive_of(definition: Option<&api::SandboxDefinition>) -> Option<u64> {
+    definition.map(|d| d.lifecycle.as_ref().map(|l| l.keep_alive_ms).unwrap_or(0))
 }

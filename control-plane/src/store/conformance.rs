@@ -583,6 +583,67 @@ async fn runs_delete_ended_before_takes_the_oldest_ends_first(b: &Backend) {
     assert_eq!(runs.get(&acme("running")).await.unwrap().status, RunStatus::Running, "a live run stays");
 }
 
+/// A page of runs: thread, status and text narrow it, a cursor moves past
+/// the previous page (ties of one start broken by run id), and a pattern's
+/// own `%`, `_` and quotes match only themselves.
+async fn runs_list_page_filters_searches_and_pages(b: &Backend) {
+    let runs = &b.stores.runs;
+    let with_spec = |id: &str, thread: &str, started: i64, prompt: &str| NewRun {
+        spec: Some(
+            serde_json::json!({"harness": "command", "command": ["sh", "-c", "make check"], "prompt": prompt}),
+        ),
+        ..new_run(id, "acme", thread, started)
+    };
+    runs.create_or_resume(with_spec("r1", "t1", 1_000, "Fix the Flaky test")).await.unwrap();
+    runs.create_or_resume(with_spec("r2", "t1", 2_000, "say \"hi\" 100% of the time")).await.unwrap();
+    // Two runs of one millisecond: the run id orders them.
+    runs.create_or_resume(with_spec("r3a", "t2", 3_000, "")).await.unwrap();
+    runs.create_or_resume(with_spec("r3b", "t2", 3_000, "")).await.unwrap();
+    let globex = NewRun { tenant: tenant("globex"), ..with_spec("g1", "t1", 9_000, "fix the flaky test") };
+    runs.create_or_resume(globex).await.unwrap();
+    runs.finish(&acme("r2"), FIRST_EPOCH, finish_completed()).await.unwrap();
+
+    let ids = |records: Vec<RunRecord>| records.into_iter().map(|r| r.run_id.to_string()).collect::<Vec<_>>();
+    let page = |filter: RunFilter, limit: u32| async move {
+        ids(runs.list_page(&tenant("acme"), &filter, limit).await.unwrap())
+    };
+    let text = |t: &str| RunFilter { text: Some(t.into()), ..Default::default() };
+
+    assert_eq!(page(RunFilter::default(), 10).await, ["r3b", "r3a", "r2", "r1"]);
+    assert_eq!(
+        page(RunFilter { thread_id: Some("t1".into()), ..Default::default() }, 10).await,
+        ["r2", "r1"]
+    );
+    assert_eq!(
+        page(RunFilter { status: Some(RunStatus::Completed), ..Default::default() }, 10).await,
+        ["r2"]
+    );
+    assert_eq!(
+        page(RunFilter { status: Some(RunStatus::Running), ..Default::default() }, 10).await,
+        ["r3b", "r3a", "r1"]
+    );
+    assert_eq!(page(text("FLAKY"), 10).await, ["r1"], "the prompt, case ignored, the tenant's own only");
+    assert_eq!(page(text("make check"), 10).await, ["r3b", "r3a", "r2", "r1"], "the command");
+    assert_eq!(page(text("R3"), 10).await, ["r3b", "r3a"], "the run id");
+    assert_eq!(page(text("say \"hi\""), 10).await, ["r2"], "a quote matches a quote");
+    assert_eq!(page(text("100%"), 10).await, ["r2"]);
+    assert!(page(text("1_0"), 10).await.is_empty(), "`_` is no wildcard");
+    assert_eq!(page(text("%"), 10).await, ["r2"], "`%` is no wildcard");
+
+    // Pages of two: each starts after the last run of the one before.
+    let first = runs.list_page(&tenant("acme"), &RunFilter::default(), 2).await.unwrap();
+    assert_eq!(ids(first.clone()), ["r3b", "r3a"]);
+    let last = first.last().unwrap();
+    let after = Some((last.started_at, last.run_id.clone()));
+    assert_eq!(page(RunFilter { after: after.clone(), ..Default::default() }, 2).await, ["r2", "r1"]);
+    assert_eq!(
+        page(RunFilter { after, thread_id: Some("t1".into()), ..Default::default() }, 2).await,
+        ["r2", "r1"]
+    );
+    let end = Some((Timestamp::from_millis(1_000), run_id("r1")));
+    assert!(page(RunFilter { after: end, ..Default::default() }, 2).await.is_empty());
+}
+
 async fn runs_active_run_and_list_by_thread(b: &Backend) {
     let runs = &b.stores.runs;
     for (id, started) in [("a", 1_000), ("b", 2_000), ("c", 3_000), ("d", 4_000)] {
@@ -1371,6 +1432,7 @@ conformance_suite!(
     runs_request_cancel_records_intent_only,
     runs_and_logs_of_one_id_are_per_tenant,
     runs_active_run_and_list_by_thread,
+    runs_list_page_filters_searches_and_pages,
     runs_reclaimable_cutoff_is_inclusive,
     runs_unfinished_in_sandbox_across_tenants,
     runs_delete_only_ended_runs_with_their_logs,

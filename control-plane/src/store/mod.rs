@@ -57,8 +57,8 @@ pub use presence::Presence;
 pub use primitives::{Epoch, FIRST_EPOCH, FIRST_OFFSET, TAIL_POLL_INTERVAL, Tenant, Timestamp};
 pub use requests::{IndexedRequest, MarkOf, RequestFilter, RequestMark};
 pub use runs::{
-    Admitted, CreatedRun, NewRun, RunError, RunFinish, RunKey, RunRecord, RunStatus, RunStore, RunUpdate,
-    SentinelKey, generated_run_id,
+    Admitted, CreatedRun, NewRun, RunError, RunFilter, RunFinish, RunKey, RunRecord, RunStatus, RunStore,
+    RunUpdate, SentinelKey, generated_run_id,
 };
 use stores::Pool;
 pub use stores::Stores;

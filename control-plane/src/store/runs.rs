@@ -150,6 +150,41 @@ impl RunRecord {
     }
 }
 
+/// Which of a tenant's runs [`RunStore::list_page`] returns; every field
+/// set narrows.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RunFilter {
+    pub thread_id: Option<String>,
+    pub status: Option<RunStatus>,
+    /// Contained in the run id, the thread id or the stored spec (harness,
+    /// definition, command, prompt), ASCII case ignored.
+    pub text: Option<String>,
+    /// Only runs listed after this one: started earlier, or at the same
+    /// millisecond with a smaller run id (a page's last run).
+    pub after: Option<(Timestamp, RunId)>,
+}
+
+impl RunFilter {
+    /// [`text`](Self::text) as a `LIKE ... ESCAPE '\'` pattern over the
+    /// lowercased columns. The spec is JSON text, so the needle is matched
+    /// as JSON writes it (a quote in a prompt is `\"` there).
+    pub fn like_pattern(&self) -> Option<String> {
+        let text = self.text.as_deref().filter(|t| !t.is_empty())?;
+        let json = serde_json::to_string(&text.to_ascii_lowercase()).expect("a string serializes");
+        let needle = &json[1..json.len() - 1];
+        let mut pattern = String::with_capacity(needle.len() + 2);
+        pattern.push('%');
+        for c in needle.chars() {
+            if matches!(c, '%' | '_' | '\\') {
+                pattern.push('\\');
+            }
+            pattern.push(c);
+        }
+        pattern.push('%');
+        Some(pattern)
+    }
+}
+
 /// A run id nobody chose: `run-<32 hex>`.
 pub fn generated_run_id() -> RunId {
     RunId::parse(&format!("run-{}", uuid::Uuid::new_v4().simple())).expect("a valid run id")
@@ -287,7 +322,13 @@ pub trait RunStore: Send + Sync {
     async fn list_by_thread(&self, tenant: &Tenant, thread_id: &str) -> Result<Vec<RunRecord>>;
 
     /// The tenant's newest `limit` runs, newest first.
-    async fn list_recent(&self, tenant: &Tenant, limit: u32) -> Result<Vec<RunRecord>>;
+    async fn list_recent(&self, tenant: &Tenant, limit: u32) -> Result<Vec<RunRecord>> {
+        self.list_page(tenant, &RunFilter::default(), limit).await
+    }
+
+    /// The tenant's runs that `filter` keeps, newest first (by start, then
+    /// run id, descending), at most `limit`.
+    async fn list_page(&self, tenant: &Tenant, filter: &RunFilter, limit: u32) -> Result<Vec<RunRecord>>;
 
     /// Runs still `running` and detached at or before `cutoff` (inclusive),
     /// oldest detachment first, of `tenant` (`None`: across all tenants).

@@ -502,13 +502,33 @@ macro_rules! impl_shared_stores {
                 self.fetch_runs(query).await
             }
 
-            async fn list_recent(&self, tenant: &Tenant, limit: u32) -> Result<Vec<RunRecord>> {
+            async fn list_page(
+                &self,
+                tenant: &Tenant,
+                filter: &crate::store::RunFilter,
+                limit: u32,
+            ) -> Result<Vec<RunRecord>> {
+                let (after_ms, after_run) = match &filter.after {
+                    Some((at, run)) => (Some(at.as_millis()), Some(run.as_str())),
+                    None => (None, None),
+                };
                 let query = sqlx::query_as::<_, RunRow>(concat!(
                     "SELECT ",
                     run_columns!(),
-                    " FROM runs WHERE tenant = $1 ORDER BY started_at DESC, run_id DESC LIMIT $2"
+                    " FROM runs WHERE tenant = $1 \
+                     AND ($2 IS NULL OR thread_id = $2) \
+                     AND ($3 IS NULL OR status = $3) \
+                     AND ($4 IS NULL OR LOWER(run_id) LIKE $4 ESCAPE '\\' OR LOWER(thread_id) LIKE $4 ESCAPE '\\' \
+                          OR LOWER(COALESCE(spec, '')) LIKE $4 ESCAPE '\\') \
+                     AND ($5 IS NULL OR started_at < $5 OR (started_at = $5 AND run_id < $6)) \
+                     ORDER BY started_at DESC, run_id DESC LIMIT $7"
                 ))
                 .bind(tenant.as_str())
+                .bind(filter.thread_id.as_deref())
+                .bind(filter.status.map(crate::store::RunStatus::as_str))
+                .bind(filter.like_pattern())
+                .bind(after_ms)
+                .bind(after_run)
                 .bind(i64::from(limit));
                 self.fetch_runs(query).await
             }

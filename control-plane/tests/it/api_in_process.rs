@@ -100,7 +100,8 @@ async fn run_service_streams_a_run_and_answers_for_its_record() {
     let record = get().await;
     assert_eq!(record.status, api::RunStatus::Completed as i32);
     assert_eq!(record.harness, "command");
-    let listed = runs.list_runs(api::ListRunsRequest { thread_id: "t1".into(), limit: 0 }).await.unwrap();
+    let listed =
+        runs.list_runs(api::ListRunsRequest { thread_id: "t1".into(), ..Default::default() }).await.unwrap();
     assert_eq!(listed.into_inner().runs.iter().map(|r| r.run_id.as_str()).collect::<Vec<_>>(), ["ip-run-1"]);
     let active = runs.get_active_run(api::GetActiveRunRequest { thread_id: "t1".into() }).await.unwrap();
     assert!(active.into_inner().run.is_none(), "a finished run is not active");
@@ -432,4 +433,118 @@ async fn the_server_settles_a_definitions_id_and_its_model_key() {
     let refused = put(d).await.unwrap_err();
     assert_eq!(refused.code(), Code::InvalidArgument);
     assert!(refused.message().contains("ANTHROPIC_API_KEY"), "{refused:?}");
+}
+
+/// A run's record says what it ran (the command, the prompt), and ListRuns
+/// narrows by search text and status, a page at a time.
+#[tokio::test]
+async fn list_runs_searches_filters_and_pages_and_a_run_says_what_it_ran() {
+    let ip = InProcess::start().await;
+    put_local_definition(&ip, "def").await;
+    let prompted = api::StartRunRequest {
+        prompt: "Fix the FLAKY test".into(),
+        ..command_run("ip-list-1", "t1", "def", "cat >/dev/null; echo read")
+    };
+    let first = finished_record(&ip, prompted).await;
+    assert_eq!(first.command, ["sh", "-c", "cat >/dev/null; echo read"]);
+    assert_eq!((first.prompt.as_str(), first.prompt_truncated), ("Fix the FLAKY test", false));
+    finished_record(&ip, command_run("ip-list-2", "t1", "def", "exit 3")).await;
+    finished_record(&ip, command_run("ip-list-3", "t2", "def", "echo third")).await;
+
+    let mut runs = ip.runs();
+    let list = |request: api::ListRunsRequest| {
+        let mut runs = runs.clone();
+        async move {
+            let page = runs.list_runs(request).await.unwrap().into_inner();
+            (page.runs.into_iter().map(|r| r.run_id).collect::<Vec<_>>(), page.next_page_token)
+        }
+    };
+    let query = |q: &str| api::ListRunsRequest { query: q.into(), ..Default::default() };
+    assert_eq!(list(query("flaky")).await.0, ["ip-list-1"], "the prompt, case ignored");
+    assert_eq!(list(query("echo third")).await.0, ["ip-list-3"], "the command");
+    assert_eq!(list(query("LIST-2")).await.0, ["ip-list-2"], "the run id");
+    let failed = api::ListRunsRequest { status: api::RunStatus::Failed as i32, ..Default::default() };
+    assert_eq!(list(failed).await.0, ["ip-list-2"]);
+    let t1 = api::ListRunsRequest { thread_id: "t1".into(), query: "ip-list".into(), ..Default::default() };
+    assert_eq!(list(t1).await.0, ["ip-list-2", "ip-list-1"]);
+
+    // Pages of two, newest first, then the rest; the last page has no token.
+    let (page, token) = list(api::ListRunsRequest { limit: 2, ..Default::default() }).await;
+    assert_eq!(page, ["ip-list-3", "ip-list-2"]);
+    assert!(!token.is_empty());
+    let (rest, end) = list(api::ListRunsRequest { limit: 2, page_token: token, ..Default::default() }).await;
+    assert_eq!((rest, end), (vec!["ip-list-1".to_string()], String::new()));
+
+    let forged = api::ListRunsRequest { page_token: "not a token".into(), ..Default::default() };
+    let refused = runs.list_runs(forged).await.unwrap_err();
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+    assert!(refused.message().contains("page_token"), "{refused:?}");
+    let bad_status = api::ListRunsRequest { status: 99, ..Default::default() };
+    assert_eq!(runs.list_runs(bad_status).await.unwrap_err().code(), Code::InvalidArgument);
+}
+
+/// A sandbox's state, keep-alive and resource use, as the local provider
+/// measures them from /proc: only when asked, and never made up for a
+/// sandbox that is not running.
+#[tokio::test]
+async fn sandboxes_say_their_state_keep_alive_and_resource_use() {
+    let ip = InProcess::start().await;
+    let mut sandboxes = ip.sandboxes();
+    let mut def = definition("kept", Kind::Local);
+    def.lifecycle = Some(api::Lifecycle { keep_alive_ms: 1, ..Default::default() });
+    sandhold_tests::run::put_definition(&mut sandboxes, def).await;
+    let request = api::EnsureSandboxRequest {
+        definition_id: "kept".into(),
+        thread_id: "t-state".into(),
+        ..Default::default()
+    };
+    let (_, ready) = sandhold_tests::sandbox::ensure(&mut sandboxes, request).await;
+    let sandbox_id = ready.expect("the sandbox is ready").sandbox_id;
+
+    let lister = sandboxes.clone();
+    let listed = |with_state: bool| {
+        let mut sandboxes = lister.clone();
+        async move {
+            let request = api::ListSandboxesRequest { thread_id: "t-state".into(), with_state };
+            let mut all = sandboxes.list_sandboxes(request).await.unwrap().into_inner().sandboxes;
+            assert_eq!(all.len(), 1);
+            all.remove(0)
+        }
+    };
+    let plain = listed(false).await;
+    assert_eq!(plain.state(), api::SandboxState::Unspecified, "not asked");
+    assert_eq!((plain.keep_alive_ms, plain.usage), (Some(1), None));
+
+    let before = listed(true).await;
+    assert_eq!(before.state(), api::SandboxState::Running);
+    let used = before.usage.expect("a running local sandbox is measured");
+    assert!(used.memory_bytes.unwrap() > 1024 * 1024, "{used:?}");
+    assert_eq!(used.memory_limit_bytes, None, "a local sandbox has no limit");
+    // Work in the sandbox shows as CPU time.
+    let busy = "i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done";
+    sandboxes
+        .exec(api::ExecRequest {
+            sandbox_id: sandbox_id.clone(),
+            command: Some(api::Command { kind: Some(api::command::Kind::Shell(busy.into())) }),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let after = listed(true).await.usage.unwrap();
+    assert!(
+        after.cpu_time_ms.unwrap() >= used.cpu_time_ms.unwrap() + 100,
+        "the busy loop's CPU time counts: {used:?} then {after:?}"
+    );
+    let got = sandboxes.get_sandbox(api::GetSandboxRequest { sandbox_id: sandbox_id.clone() }).await.unwrap();
+    assert_eq!(got.into_inner().sandbox.unwrap().state(), api::SandboxState::Running);
+
+    // Idle past its keep-alive: stopped, and nothing measured.
+    ip.cx.lifecycle.stop_idle().await;
+    let stopped = listed(true).await;
+    assert_eq!(stopped.state(), api::SandboxState::Stopped);
+    assert_eq!(stopped.usage, None);
+    // Its definition gone: the keep-alive is unknown.
+    sandboxes.delete_definition(api::DeleteDefinitionRequest { id: "kept".into() }).await.unwrap();
+    assert_eq!(listed(false).await.keep_alive_ms, None);
+    sandboxes.destroy_sandbox(api::DestroySandboxRequest { sandbox_id }).await.unwrap();
 }

@@ -69,7 +69,10 @@ async fn a_thread_continues_its_session(harness: &str, options: impl Fn(&Path, u
     let (first, _) =
         turn(&mut runs, &format!("t1-{}", s.nonce), "chat", harness, &options, &fact, false).await;
     assert!(!first.session_id.is_empty(), "the run records its session: {first:?}");
-    let listed = runs.list_runs(api::ListRunsRequest { thread_id: "chat".into(), limit: 10 }).await.unwrap();
+    let listed = runs
+        .list_runs(api::ListRunsRequest { thread_id: "chat".into(), limit: 10, ..Default::default() })
+        .await
+        .unwrap();
     assert_eq!(listed.into_inner().runs[0].session_id, first.session_id, "ListRuns shows it too");
 
     // The next run of the thread: the model is sent the earlier turn.

@@ -126,7 +126,19 @@ async fn lifecycle(h: &Harness) {
     let other = BTreeMap::from([(LABEL_TENANT.to_string(), "someone-else".to_string())]);
     assert!(h.provider.list(&other).await.unwrap().iter().all(|s| s.provider_id != sandbox.provider_id));
 
+    // What it uses, measured: memory now, and CPU time that grows with work.
+    let used =
+        h.provider.usage(&sandbox.provider_id).await.expect("usage").expect("a running sandbox is measured");
+    assert!(used.memory_bytes.is_some_and(|m| m > 0), "{used:?}");
+    sh_ok(&revived_agent, "i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done").await;
+    let later = h.provider.usage(&sandbox.provider_id).await.unwrap().unwrap();
+    assert!(
+        later.cpu_time.unwrap() >= used.cpu_time.unwrap() + Duration::from_millis(100),
+        "a busy loop's CPU time counts: {used:?} then {later:?}"
+    );
+
     h.provider.destroy(&sandbox.provider_id).await.expect("destroy");
+    assert_eq!(h.provider.usage(&sandbox.provider_id).await.expect("usage after destroy"), None);
     assert!(h.provider.resume(&sandbox.provider_id).await.expect("resume after destroy").is_none());
     assert!(h.provider.list(&tenant_labels(&spec)).await.unwrap().is_empty());
     assert!(h.dir_entries().is_empty(), "per-sandbox dirs left: {:?}", h.dir_entries());

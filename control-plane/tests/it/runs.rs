@@ -238,7 +238,10 @@ async fn run_requests_are_validated_and_tenant_scoped() {
     assert!(listed.runs.is_empty());
 
     // Listing and the active run.
-    let listed = runs.list_runs(api::ListRunsRequest { thread_id: "thread".into(), limit: 0 }).await.unwrap();
+    let listed = runs
+        .list_runs(api::ListRunsRequest { thread_id: "thread".into(), ..Default::default() })
+        .await
+        .unwrap();
     let ids: Vec<String> = listed.into_inner().runs.into_iter().map(|r| r.run_id).collect();
     assert_eq!(ids, std::slice::from_ref(&run_id));
     let active = runs.get_active_run(api::GetActiveRunRequest { thread_id: "thread".into() }).await.unwrap();

@@ -302,7 +302,7 @@ async fn lifecycle_suite(kind: Kind) {
     assert_eq!(listed.len(), 2);
     let by_thread = h
         .acme
-        .list_sandboxes(api::ListSandboxesRequest { thread_id: "t-conc".into() })
+        .list_sandboxes(api::ListSandboxesRequest { thread_id: "t-conc".into(), ..Default::default() })
         .await
         .unwrap()
         .into_inner()

@@ -36,6 +36,7 @@ mod kind;
 mod options;
 mod policy;
 mod provider;
+mod stats;
 mod user;
 
 pub use container::image_tag;

@@ -13,8 +13,8 @@ use shared::transport::Address;
 use super::container::{Origin, image_tag};
 use super::{DEFAULT_WORKDIR, DockerProvider, FORK_REPO, LABEL_FORK_IMAGE, LABEL_HOST_DIR, SNAPSHOT_REPO};
 use crate::provider::{
-    Capabilities, Error, LABEL_MANAGED, LABEL_SANDBOX_KEY, ListedSandbox, Provider, ProviderKind, Result,
-    Sandbox, SandboxSpec, Snapshot, new_short_id, own_uid, read_private_file,
+    Capabilities, Error, LABEL_MANAGED, LABEL_SANDBOX_KEY, ListedSandbox, Provider, ProviderKind,
+    ResourceUse, Result, Sandbox, SandboxSpec, Snapshot, new_short_id, own_uid, read_private_file,
 };
 use crate::provision::InvalidField;
 
@@ -127,6 +127,14 @@ impl Provider for DockerProvider {
             .stop_container(provider_id, None::<bollard::query_parameters::StopContainerOptions>)
             .await
             .map_err(|e| self.engine_error("stopping the container", e))
+    }
+
+    async fn usage(&self, provider_id: &str) -> Result<Option<ResourceUse>> {
+        let Some(inspect) = self.inspect_managed(provider_id).await? else { return Ok(None) };
+        if inspect.state.and_then(|s| s.running) != Some(true) {
+            return Ok(None);
+        }
+        self.stats_once(provider_id).await
     }
 
     async fn list(&self, labels: &BTreeMap<String, String>) -> Result<Vec<ListedSandbox>> {
