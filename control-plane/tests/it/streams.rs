@@ -123,3 +123,67 @@ fn a_takeover_delivers_each_stderr_line_exactly_once() {
         assert_eq!(err.lines().filter(|l| *l == e).count(), 1, "{e} once: {err}");
     }
 }
+
+/// A setup step's stderr reaches the CLI while the step still runs, and
+/// `--output json` says which stream each output line came from.
+#[test]
+fn setup_stderr_is_streamed_and_marked() {
+    let dir = TestDir::new("streams-setup");
+    let data = dir.path().join("data");
+    let mut cmd = sandhold(&data);
+    cmd.args(["run", "--output", "json", "--setup", "echo s-out; echo s-err >&2; sleep 2; echo s-err2 >&2"])
+        .args(["--", "true"]);
+    let mut live = Live::spawn(cmd);
+    let line = live.until("the step's stderr line", |l| l.contains("\"output_line\":\"s-err\""));
+    assert!(live.child.try_wait().unwrap().is_none(), "s-err came only after the step: {:?}", live.seen);
+    let progress = serde_json::from_str::<serde_json::Value>(&line).unwrap()["progress"].clone();
+    assert_eq!(progress["output_stream"], "stderr", "{progress}");
+    assert_eq!(live.wait(Duration::from_secs(60)), Some(0), "{:?}", live.seen);
+    let outputs: Vec<(String, String)> = live
+        .seen
+        .iter()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v["progress"]["output_line"].is_string())
+        .map(|v| {
+            let p = &v["progress"];
+            (p["output_line"].as_str().unwrap().to_string(), p["output_stream"].as_str().unwrap().to_string())
+        })
+        .collect();
+    // Two pipes: s-out and s-err may come in either order; s-err2 is last.
+    let mut outputs = outputs;
+    let last = outputs.pop();
+    outputs.sort();
+    let pair = |l: &str, s: &str| (l.to_string(), s.to_string());
+    assert_eq!(outputs, [pair("s-err", "stderr"), pair("s-out", "stdout")]);
+    assert_eq!(last, Some(pair("s-err2", "stderr")));
+
+    // Without --output json (not a terminal): each line on stderr as it comes.
+    let out = sandhold(&data).args(["run", "--setup", "echo human-err >&2", "--", "true"]).output().unwrap();
+    assert!(stderr(ok(&out)).contains("  | human-err"), "{}", stderr(&out));
+}
+
+/// `exec`'s stderr reaches the CLI's stderr while the command still runs.
+#[test]
+fn exec_stderr_is_streamed_while_the_command_runs() {
+    let dir = TestDir::new("streams-exec");
+    let data = dir.path().join("data");
+    ok(&sandhold(&data).args(["run", "--thread", "t-exec", "--", "true"]).output().unwrap());
+    let mut cmd = sandhold(&data);
+    cmd.args([
+        "exec",
+        "--thread",
+        "t-exec",
+        "--",
+        "sh",
+        "-c",
+        "echo x-out; echo x-err >&2; sleep 2; echo x-err2 >&2",
+    ]);
+    let mut live = Live::spawn(cmd);
+    live.until("exec's stderr line", |l| l == "stderr: x-err");
+    assert!(live.child.try_wait().unwrap().is_none(), "x-err came only at the end: {:?}", live.seen);
+    assert_eq!(live.wait(Duration::from_secs(60)), Some(0), "{:?}", live.seen);
+    assert!(live.seen.iter().any(|l| l == "x-out"), "{:?}", live.seen);
+    assert!(live.seen.iter().any(|l| l == "stderr: x-err2"), "{:?}", live.seen);
+    let _ = sandhold(&data).args(["sandboxes", "rm", "--all"]).output();
+}
