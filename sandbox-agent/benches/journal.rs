@@ -90,6 +90,7 @@ async fn throughput(c: &mut Client, journal_dir: &Path, lines: u64) {
             from_byte: 0,
             sentinel_key: KEY.to_vec(),
             first_byte_timeout_ms: Some(0),
+            ..Default::default()
         })
         .await
         .expect("follow")
@@ -164,6 +165,7 @@ async fn latency(c: &mut Client, root: &Path, journal_dir: &Path) {
             from_byte: 0,
             sentinel_key: KEY.to_vec(),
             first_byte_timeout_ms: Some(0),
+            ..Default::default()
         })
         .await
         .expect("follow")

@@ -33,6 +33,11 @@ pub const ACP_PLAN: &str = "acp.plan";
 pub const ACP_PERMISSION: &str = "acp.permission";
 /// Codex's todo list: `{items}`.
 pub const CODEX_TODO_LIST: &str = "codex.todo_list";
+/// One line the run's command wrote to stderr, masked: `{line, offset}`,
+/// `offset` the byte just past it in the run's stderr (where a successor
+/// resumes). Appended by the server in the order the agent read it
+/// relative to stdout; never part of a replay.
+pub const RUN_STDERR: &str = "run.stderr";
 
 /// Every CUSTOM name the system emits (the server's and the translators'),
 /// besides each harness's `<harness>.session-id`. A new one belongs here.
@@ -46,6 +51,7 @@ pub const SYSTEM_NAMES: &[&str] = &[
     ACP_PLAN,
     ACP_PERMISSION,
     CODEX_TODO_LIST,
+    RUN_STDERR,
 ];
 
 /// The CUSTOM name carrying `harness`'s resumable session id.
@@ -223,6 +229,11 @@ impl ChunkFactory {
         Chunk { name: name.to_owned(), value_json: value.to_string(), ..self.chunk(ChunkType::Custom) }
     }
 
+    /// A [`RUN_STDERR`] chunk.
+    pub fn stderr_line(&self, line: &str, offset: u64) -> Chunk {
+        self.custom(RUN_STDERR, &serde_json::json!({"line": line, "offset": offset}))
+    }
+
     pub fn warning(&self, message: &str, line: Option<&str>) -> Chunk {
         let mut value = Map::new();
         value.insert("message".into(), Value::String(message.to_owned()));
@@ -231,6 +242,15 @@ impl ChunkFactory {
         }
         self.custom(HARNESS_WARNING, &Value::Object(value))
     }
+}
+
+/// The stderr offset a [`RUN_STDERR`] chunk ends at; `None` for any other
+/// chunk.
+pub fn stderr_offset(chunk: &Chunk) -> Option<u64> {
+    if chunk.r#type() != ChunkType::Custom || chunk.name != RUN_STDERR {
+        return None;
+    }
+    serde_json::from_str::<Value>(&chunk.value_json).ok()?.get("offset")?.as_u64()
 }
 
 /// True for RUN_FINISHED and RUN_ERROR.

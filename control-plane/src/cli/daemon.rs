@@ -163,9 +163,30 @@ async fn status(args: DaemonArgs) -> anyhow::Result<u8> {
 async fn count_running_runs(args: &DaemonArgs) -> anyhow::Result<usize> {
     use shared::proto::v1 as api;
     let conn = super::client::Connection::background(&args.embedded).await?;
-    let runs = conn.runs().list_runs(api::ListRunsRequest { thread_id: String::new(), limit: 1000 }).await;
+    let mut running = 0;
+    let mut page_token = String::new();
+    // Every page: a user with more running runs than a page still sees them all.
+    let result = loop {
+        let request = api::ListRunsRequest {
+            limit: 1000,
+            status: api::RunStatus::Running.into(),
+            page_token: page_token.clone(),
+            ..Default::default()
+        };
+        match conn.runs().list_runs(request).await {
+            Ok(page) => {
+                let page = page.into_inner();
+                running += page.runs.len();
+                if page.next_page_token.is_empty() {
+                    break Ok(running);
+                }
+                page_token = page.next_page_token;
+            }
+            Err(status) => break Err(super::output::status_error(status)),
+        }
+    };
     conn.close().await;
-    Ok(runs?.into_inner().runs.iter().filter(|r| r.status() == api::RunStatus::Running).count())
+    result
 }
 
 async fn stop(args: DaemonArgs) -> anyhow::Result<u8> {

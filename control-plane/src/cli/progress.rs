@@ -1,13 +1,14 @@
 //! The live display of an ensure: a spinner line with the phase (setup step
 //! i/n and its command), the current step's last output line and the elapsed
-//! time, on stderr. When stdout is not a terminal: plain lines instead, one
-//! per phase or step change and one per output line.
+//! time, on stderr; a step's stderr lines stay above it as they come. When
+//! stdout is not a terminal: plain lines instead, one per phase or step
+//! change and one per output line.
 
 use std::io::IsTerminal;
 use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use shared::proto::v1::{EnsurePhase, EnsureProgress};
+use shared::proto::v1::{EnsurePhase, EnsureProgress, OutputStream};
 
 pub struct EnsureDisplay {
     bar: Option<ProgressBar>,
@@ -56,6 +57,16 @@ impl EnsureDisplay {
             self.last_output = super::terminal::visible_line(&progress.output_line).into_owned();
         }
         match &self.bar {
+            // What a step says on stderr (a warning, an error) is kept.
+            Some(bar)
+                if progress.output_stream() == OutputStream::Stderr && !progress.output_line.is_empty() =>
+            {
+                if new_headline {
+                    bar.println(&headline);
+                }
+                bar.println(format!("  | {}", self.last_output));
+                bar.set_message(headline.clone());
+            }
             Some(bar) => {
                 let msg = if self.last_output.is_empty() {
                     headline.clone()

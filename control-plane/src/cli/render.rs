@@ -1,7 +1,8 @@
 //! How a run's chunks look on a terminal: assistant text on stdout as it
-//! arrives; on stderr tool calls as one-line summaries, file events dimmed,
-//! warnings, errors and the usage at the end. Under `--output json` each
-//! chunk is one line (see [`chunk_json`]). Everything a run wrote is
+//! arrives; on stderr the command's own stderr lines as they come, tool
+//! calls as one-line summaries, file events dimmed, warnings, errors and
+//! the usage at the end. Under `--output json` each chunk is one line (see
+//! [`chunk_json`]), a stderr line marked `"stream": "stderr"`. Everything a run wrote is
 //! shown through [`super::terminal::visible`]: it never drives the terminal.
 
 use std::collections::HashMap;
@@ -46,12 +47,16 @@ impl Outcome {
 }
 
 /// One chunk under `--output json`: the chunk's JSON shape
-/// (`shared::chunk::to_json`) plus its `offset` and `timestamp_ms`.
+/// (`shared::chunk::to_json`) plus its `offset` and `timestamp_ms`, and
+/// `stream: "stderr"` on a line of the command's stderr.
 pub fn chunk_json(offset: &str, c: &Chunk) -> Value {
     let mut v = chunk::to_json(c);
     if let Value::Object(m) = &mut v {
         m.insert("offset".into(), Value::String(offset.to_string()));
         m.insert("timestamp_ms".into(), c.timestamp_ms.into());
+        if chunk::stderr_offset(c).is_some() {
+            m.insert("stream".into(), Value::String("stderr".into()));
+        }
     }
     v
 }
@@ -156,6 +161,7 @@ impl Renderer {
         let value: Value = serde_json::from_str(&c.value_json).unwrap_or(Value::Null);
         let s = |k: &str| value.get(k).and_then(Value::as_str).unwrap_or_default().to_string();
         match c.name.as_str() {
+            chunk::RUN_STDERR => self.stderr_line(&s("line")),
             "sandbox.file" => self.note(&format!("  {} {}", s("type"), s("path")), true),
             "file.changed" => self.note(&format!("  changed {}", s("path")), true),
             "harness.warning" => self.note(&format!("warning: {}", s("message")), false),
@@ -187,6 +193,14 @@ impl Renderer {
         let _ = out.write_all(visible(delta).as_bytes());
         let _ = out.flush();
         self.at_line_start = delta.ends_with('\n');
+    }
+
+    /// A line the command wrote to its stderr, to ours as it was (made
+    /// visible), so stdout keeps only the command's stdout.
+    fn stderr_line(&mut self, line: &str) {
+        let mut err = std::io::stderr().lock();
+        let _ = writeln!(err, "{}", visible(line));
+        let _ = err.flush();
     }
 
     /// A line on stderr, after ending any half-written line of text. Lines
@@ -279,6 +293,16 @@ mod tests {
     fn usage_shows_what_was_reported() {
         let u = Usage { input_tokens: 10, output_tokens: 5, cost_usd: Some(0.01), ..Default::default() };
         assert_eq!(usage_line(&u), "usage: 10 input tokens · 5 output · $0.0100");
+    }
+
+    #[test]
+    fn a_stderr_line_is_marked_in_json() {
+        let factory = chunk::ChunkFactory::new(&shared::ids::RunId::parse("r1").unwrap(), "t1", || 7);
+        let v = chunk_json("3", &factory.stderr_line("warn", 5));
+        assert_eq!(v["stream"], "stderr");
+        assert_eq!(v["name"], "run.stderr");
+        assert_eq!(v["value"], serde_json::json!({"line": "warn", "offset": 5}));
+        assert!(chunk_json("4", &factory.text_content("m", "out")).get("stream").is_none());
     }
 
     #[test]

@@ -10,6 +10,11 @@
 //! over them, at most [`MAX_OUT_OF_BAND_RUN`] in a row. Anything else is a
 //! divergence: the journal no longer explains the log, and nothing past it
 //! may be delivered.
+//!
+//! The command's stderr (`run.stderr`) is not replayed either: its lines sit
+//! in the log wherever they arrived, in any number, and a successor follows
+//! the stderr sidecar from the offset the last stored one ends at
+//! ([`stderr_checkpoint`]), so the aligner skips them all.
 
 use std::sync::Arc;
 
@@ -17,7 +22,7 @@ use futures::StreamExt;
 use futures::stream::BoxStream;
 use shared::chunk::{
     FILE_CHANGED, HARNESS_WARNING, MODEL_UNAVAILABLE, RUN_ACCEPTED, SANDBOX_FILE, SANDBOX_NETWORK,
-    fingerprint, fingerprint_hex,
+    fingerprint, fingerprint_hex, stderr_offset,
 };
 use shared::proto::v1::{Chunk, ChunkType};
 
@@ -41,6 +46,21 @@ pub fn is_out_of_band(chunk: &Chunk) -> bool {
                 | FILE_CHANGED
                 | HARNESS_WARNING
         )
+}
+
+/// Where the run's stderr sidecar was delivered up to: the offset the last
+/// stored `run.stderr` chunk ends at, 0 when there is none. Appends are
+/// fenced, so no earlier driver adds one after the caller's claim: following
+/// the sidecar from here delivers each stderr line exactly once.
+pub async fn stderr_checkpoint(events: Arc<dyn EventLog>, run: RunKey) -> Result<u64, Error> {
+    let mut stored = crate::store::stored_after(events, run, Offset::start());
+    let mut offset = 0;
+    while let Some(chunk) = stored.next().await {
+        if let Some(end) = stderr_offset(&decode_chunk(&chunk.map_err(Error::Store)?)?) {
+            offset = offset.max(end);
+        }
+    }
+    Ok(offset)
 }
 
 /// The stored log, in order, as the aligner reads it.
@@ -108,6 +128,10 @@ impl Aligner {
                 self.pop().await?;
                 return Ok(false);
             }
+            if stderr_offset(stored).is_some() {
+                self.pop().await?;
+                continue;
+            }
             if is_out_of_band(stored) && self.skipped_in_a_row < MAX_OUT_OF_BAND_RUN {
                 self.skipped_in_a_row += 1;
                 self.pop().await?;
@@ -121,7 +145,7 @@ impl Aligner {
     /// longer than the replay (apart from out-of-band chunks) diverged too.
     pub async fn finish(&mut self) -> Result<(), Error> {
         while let Some((index, stored)) = &self.next {
-            if is_out_of_band(stored) {
+            if is_out_of_band(stored) || stderr_offset(stored).is_some() {
                 self.pop().await?;
                 continue;
             }
@@ -200,6 +224,19 @@ mod tests {
         assert!(!a.offer(&replay[0]).await.unwrap());
         let err = WireError::from(a.offer(&replay[1]).await.unwrap_err());
         assert_eq!(err.code, ErrorCode::ReplayDiverged, "65 in a row is a divergence");
+    }
+
+    #[tokio::test]
+    async fn stderr_lines_are_skipped_in_any_number() {
+        let replay = texts(2);
+        let mut stored = vec![replay[0].clone()];
+        stored.extend((0..MAX_OUT_OF_BAND_RUN * 3).map(|i| factory().stderr_line("warn", i as u64 + 5)));
+        stored.push(replay[1].clone());
+        stored.push(factory().stderr_line("after", 1_000));
+        let mut a = aligner(stored).await;
+        assert!(!a.offer(&replay[0]).await.unwrap());
+        assert!(!a.offer(&replay[1]).await.unwrap(), "192 stderr lines in a row are skipped");
+        a.finish().await.expect("a trailing stderr line is not a divergence");
     }
 
     #[tokio::test]

@@ -94,7 +94,12 @@ mod tests {
 
     fn lines(range: std::ops::Range<u64>) -> Item {
         let lines = range
-            .map(|i| JournalLine { data: format!("l{i}").into_bytes(), end_offset: i + 1, sealed: false })
+            .map(|i| JournalLine {
+                data: format!("l{i}").into_bytes(),
+                end_offset: i + 1,
+                sealed: false,
+                stderr: false,
+            })
             .collect();
         Ok(FollowResponse { event: Some(follow_response::Event::Lines(JournalLines { lines })) })
     }

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use shared::proto::agent::v1 as agent;
-use shared::proto::v1::{EnsurePhase, EnsureProgress, setup_step};
+use shared::proto::v1::{EnsurePhase, EnsureProgress, OutputStream, setup_step};
 
 use crate::provision::{Error, InvalidField, Masks, ProvisionContext};
 use crate::provision::{MAX_OUTPUT_LINE, Progress};
@@ -79,7 +79,7 @@ async fn run_serial(
     redactor: &Masks,
 ) -> Result<(), Error> {
     let shown = redactor.mask(command);
-    step_progress(ctx.progress, n, total, &shown, String::new(), format!("setup step {n}/{total}"));
+    step_progress(ctx.progress, n, total, &shown, format!("setup step {n}/{total}"));
     let mut stream = ctx
         .agent
         .shell()
@@ -93,7 +93,7 @@ async fn run_serial(
         .await
         .map_err(|s| Error::agent(&format!("setup step {n}/{total}"), &s, redactor))?
         .into_inner();
-    let mut lines = LineSplitter::default();
+    let mut lines = StepOutput::default();
     loop {
         let message = stream
             .message()
@@ -106,13 +106,13 @@ async fn run_serial(
         };
         match message.event {
             Some(agent::run_in_shell_response::Event::Output(chunk)) => {
-                for line in lines.push(&chunk.data) {
-                    step_progress(ctx.progress, n, total, &shown, redactor.mask(&line), String::new());
+                for line in lines.push(&chunk) {
+                    output_progress(ctx.progress, n, total, &shown, line, redactor);
                 }
             }
             Some(agent::run_in_shell_response::Event::Exit(exit)) => {
-                if let Some(line) = lines.finish() {
-                    step_progress(ctx.progress, n, total, &shown, redactor.mask(&line), String::new());
+                for line in lines.finish() {
+                    output_progress(ctx.progress, n, total, &shown, line, redactor);
                 }
                 return check_exit(&exit, n, total, &shown, None, redactor);
             }
@@ -137,7 +137,6 @@ async fn run_parallel(
         n,
         total,
         &joined,
-        String::new(),
         format!("setup step {n}/{total} ({} in parallel)", commands.len()),
     );
     let mut stream = ctx
@@ -151,7 +150,7 @@ async fn run_parallel(
         .await
         .map_err(|s| Error::agent(&format!("setup step {n}/{total}"), &s, redactor))?
         .into_inner();
-    let mut lines: Vec<LineSplitter> = commands.iter().map(|_| LineSplitter::default()).collect();
+    let mut lines: Vec<StepOutput> = commands.iter().map(|_| StepOutput::default()).collect();
     let mut exits: Vec<Option<agent::ShellCommandExit>> = vec![None; commands.len()];
     while let Some(message) =
         stream.message().await.map_err(|s| Error::agent(&format!("setup step {n}/{total}"), &s, redactor))?
@@ -161,13 +160,13 @@ async fn run_parallel(
         let command = &shown[index];
         match message.event {
             Some(agent::run_parallel_response::Event::Output(chunk)) => {
-                for line in splitter.push(&chunk.data) {
-                    step_progress(ctx.progress, n, total, command, redactor.mask(&line), String::new());
+                for line in splitter.push(&chunk) {
+                    output_progress(ctx.progress, n, total, command, line, redactor);
                 }
             }
             Some(agent::run_parallel_response::Event::Exit(exit)) => {
-                if let Some(line) = splitter.finish() {
-                    step_progress(ctx.progress, n, total, command, redactor.mask(&line), String::new());
+                for line in splitter.finish() {
+                    output_progress(ctx.progress, n, total, command, line, redactor);
                 }
                 exits[index] = Some(exit);
             }
@@ -219,16 +218,58 @@ fn check_exit(
     })
 }
 
-fn step_progress(progress: &Progress, n: u32, total: u32, command: &str, line: String, message: String) {
+fn step_progress(progress: &Progress, n: u32, total: u32, command: &str, message: String) {
     progress.send(EnsureProgress {
         phase: EnsurePhase::Setup as i32,
         message,
         step: n,
         steps: total,
         command: command.to_string(),
-        output_line: line,
         ..Default::default()
     });
+}
+
+/// One line of a step's output as progress, masked, with its stream.
+fn output_progress(
+    progress: &Progress,
+    n: u32,
+    total: u32,
+    command: &str,
+    (line, stream): (String, OutputStream),
+    redactor: &Masks,
+) {
+    progress.send(EnsureProgress {
+        phase: EnsurePhase::Setup as i32,
+        step: n,
+        steps: total,
+        command: command.to_string(),
+        output_line: redactor.mask(&line),
+        output_stream: stream as i32,
+        ..Default::default()
+    });
+}
+
+/// A step's stdout and stderr, each split into lines on its own (a line of
+/// one is never cut by a chunk of the other).
+#[derive(Debug, Default)]
+struct StepOutput {
+    stdout: LineSplitter,
+    stderr: LineSplitter,
+}
+
+impl StepOutput {
+    fn push(&mut self, chunk: &agent::OutputChunk) -> Vec<(String, OutputStream)> {
+        let (splitter, stream) = match chunk.stream() {
+            agent::OutputStream::Stderr => (&mut self.stderr, OutputStream::Stderr),
+            _ => (&mut self.stdout, OutputStream::Stdout),
+        };
+        splitter.push(&chunk.data).into_iter().map(|l| (l, stream)).collect()
+    }
+
+    fn finish(&mut self) -> Vec<(String, OutputStream)> {
+        let out = self.stdout.finish().map(|l| (l, OutputStream::Stdout));
+        out.into_iter().chain(self.stderr.finish().map(|l| (l, OutputStream::Stderr))).collect()
+    }
 }
 
 fn millis(d: Duration) -> u64 {
@@ -282,6 +323,33 @@ impl LineSplitter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stdout_and_stderr_are_split_apart_and_keep_their_stream() {
+        let chunk = |stream: agent::OutputStream, data: &[u8]| agent::OutputChunk {
+            stream: stream as i32,
+            data: data.to_vec(),
+        };
+        let mut o = StepOutput::default();
+        assert!(o.push(&chunk(agent::OutputStream::Stdout, b"hal")).is_empty());
+        assert_eq!(
+            o.push(&chunk(
+                agent::OutputStream::Stderr,
+                b"warn
+part"
+            )),
+            [("warn".to_string(), OutputStream::Stderr)]
+        );
+        assert_eq!(
+            o.push(&chunk(
+                agent::OutputStream::Stdout,
+                b"f
+"
+            )),
+            [("half".to_string(), OutputStream::Stdout)]
+        );
+        assert_eq!(o.finish(), [("part".to_string(), OutputStream::Stderr)]);
+    }
 
     #[test]
     fn lines_split_across_chunks_and_the_last_partial_line_is_flushed() {

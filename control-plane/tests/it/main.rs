@@ -32,6 +32,7 @@ mod sandbox_lifecycle;
 mod secrets;
 mod server;
 mod snapshot;
+mod streams;
 mod takeover;
 mod toolchain;
 mod transport;

@@ -53,6 +53,7 @@ async fn follow_all(c: &mut Client, run_id: &str, from: u64, key: &[u8]) -> (Vec
         from_byte: from,
         sentinel_key: key.to_vec(),
         first_byte_timeout_ms: Some(0),
+        ..Default::default()
     };
     tokio::time::timeout(LONG, async {
         let mut stream = c.follow(req).await.expect("follow").into_inner();
@@ -963,4 +964,114 @@ async fn stderr_has_the_cap_too_and_a_run_under_it_ends_as_usual() {
     assert_eq!(String::from_utf8_lossy(&lines[0].0).trim(), "1000");
     assert!(!agent.journal_dir.join("under.full").exists());
     agent.stop().await;
+}
+
+/// Follow with the stderr sidecar from the given offsets: every line as
+/// (stderr?, text, end offset), then the exit.
+async fn follow_both(
+    c: &mut Client,
+    run_id: &str,
+    from: u64,
+    stderr_from: u64,
+) -> (Vec<(bool, String, u64)>, RunExit) {
+    let req = FollowRequest {
+        run_id: run_id.into(),
+        from_byte: from,
+        sentinel_key: KEY.to_vec(),
+        first_byte_timeout_ms: Some(0),
+        include_stderr: true,
+        stderr_from_byte: stderr_from,
+    };
+    let mut stream = c.follow(req).await.expect("follow").into_inner();
+    let mut lines = Vec::new();
+    tokio::time::timeout(LONG, async {
+        while let Some(msg) = stream.next().await {
+            match msg.expect("follow message").event.expect("event") {
+                follow_response::Event::Lines(l) => lines.extend(
+                    l.lines
+                        .into_iter()
+                        .map(|l| (l.stderr, String::from_utf8_lossy(&l.data).into_owned(), l.end_offset)),
+                ),
+                follow_response::Event::Exit(e) => return (lines, e),
+            }
+        }
+        panic!("follow ended without an exit")
+    })
+    .await
+    .expect("follow finished in time")
+}
+
+#[tokio::test]
+async fn follow_serves_the_stderr_sidecar_tagged_masked_and_resumable_from_both_offsets() {
+    use_real_shim();
+    let dir = sandhold_tests::local::TestDir::new("journal");
+    let agent = serve_on(dir.path(), "a").await;
+    put_secret(&agent.socket, &agent.token, "TOK", VALUE).await;
+    let mut c = client_for(&agent.socket, &agent.token).await;
+    let script =
+        format!("echo out1; echo warn1 >&2; sleep 0.4; echo 'key {VALUE}' >&2; echo out2; printf tail >&2");
+    c.start_run(start_req("both", &script)).await.unwrap();
+
+    // While it runs, the first stderr line arrives before the exit.
+    let req = FollowRequest {
+        run_id: "both".into(),
+        sentinel_key: KEY.to_vec(),
+        first_byte_timeout_ms: Some(0),
+        include_stderr: true,
+        ..Default::default()
+    };
+    let mut live = c.follow(req).await.unwrap().into_inner();
+    let first_stderr = tokio::time::timeout(LONG, async {
+        loop {
+            match live.next().await.unwrap().unwrap().event.unwrap() {
+                follow_response::Event::Lines(l) => {
+                    if let Some(line) = l.lines.into_iter().find(|l| l.stderr) {
+                        return line;
+                    }
+                }
+                follow_response::Event::Exit(_) => panic!("the exit came before any stderr line"),
+            }
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!((first_stderr.data.as_slice(), first_stderr.end_offset), (&b"warn1"[..], 6));
+    drop(live);
+
+    let (lines, exit) = follow_both(&mut c, "both", 0, 0).await;
+    let stdout: Vec<_> = lines.iter().filter(|l| !l.0).map(|l| (l.1.as_str(), l.2)).collect();
+    let stderr: Vec<_> = lines.iter().filter(|l| l.0).map(|l| (l.1.as_str(), l.2)).collect();
+    assert_eq!(stdout, [("out1", 5), ("out2", 10)]);
+    let masked = format!("key {MARKER}");
+    let key_end = 6 + "key ".len() as u64 + VALUE.len() as u64 + 1;
+    assert_eq!(stderr, [("warn1", 6), (masked.as_str(), key_end), ("tail", key_end + 4)]);
+    assert_eq!(exit.exit_code, 0);
+    assert!(lines.iter().all(|l| !l.1.contains(VALUE)), "{lines:?}");
+
+    // Resuming at any pair of offsets serves each line once more, never twice.
+    for (out_from, err_from) in [(5, 6), (10, 6), (5, key_end), (10, key_end + 4)] {
+        let (rest, _) = follow_both(&mut c, "both", out_from, err_from).await;
+        let want: Vec<_> =
+            lines.iter().filter(|l| if l.0 { l.2 > err_from } else { l.2 > out_from }).cloned().collect();
+        let mut got = rest.clone();
+        got.sort_by_key(|l| (l.0, l.2));
+        let mut want_sorted = want.clone();
+        want_sorted.sort_by_key(|l| (l.0, l.2));
+        assert_eq!(got, want_sorted, "from {out_from}/{err_from}");
+    }
+    // Without include_stderr nothing of the sidecar is served (older drivers).
+    let (plain, _) = follow_all(&mut c, "both", 0, KEY).await;
+    assert_eq!(plain.len(), 2);
+    // A stderr offset past the sidecar's end is refused.
+    let req = FollowRequest {
+        run_id: "both".into(),
+        sentinel_key: KEY.to_vec(),
+        include_stderr: true,
+        stderr_from_byte: 10_000,
+        ..Default::default()
+    };
+    let status = c.follow(req).await.unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    let _ = agent.stop.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(10), agent.task).await;
 }

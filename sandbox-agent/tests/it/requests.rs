@@ -83,6 +83,7 @@ async fn follow(journal: &mut Journal, id: &str) -> Streaming<FollowResponse> {
         from_byte: 0,
         sentinel_key: KEY.to_vec(),
         first_byte_timeout_ms: Some(0),
+        ..Default::default()
     };
     journal.follow(req).await.expect("follow").into_inner()
 }

@@ -1,5 +1,6 @@
 //! What the pump does with what it reads: journal lines translated,
-//! aligned and appended; out-of-band chunks (file and network events)
+//! aligned and appended; stderr lines appended as `run.stderr` where they
+//! arrived; out-of-band chunks (file and network events)
 //! within their budget; and, at the sentinel, the rest of the translation,
 //! the workspace's changes and the terminal chunk.
 
@@ -31,6 +32,9 @@ pub(super) struct Pump {
     /// `file.changed` chunks come before it.
     pub(super) held_terminal: Option<Chunk>,
     pub(super) from_byte: u64,
+    /// Where the stderr sidecar is delivered up to (a successor starts at
+    /// the stored checkpoint).
+    pub(super) stderr_from: u64,
     /// Out-of-band chunks appended since the last translated one.
     pub(super) out_of_band_run: usize,
     pub(super) dropped_file_events: u64,
@@ -42,7 +46,9 @@ impl Runs {
         ctx.harness.translator_for(ctx.spec.output, &ctx.key.run, &ctx.thread_id, chunk::now_ms)
     }
 
-    /// Translate, align and append one batch of journal lines.
+    /// Translate, align and append one batch of journal lines; stderr lines
+    /// go in between as they came, past the aligner (a successor follows
+    /// stderr from the stored checkpoint, so every one read is new).
     pub(super) async fn lines(
         &self,
         ctx: &DriveCtx,
@@ -50,8 +56,17 @@ impl Runs {
         lines: Vec<agent::JournalLine>,
     ) -> Result<(), Ending> {
         let mut batch = Vec::new();
+        // Whether a translated chunk is in the batch: stderr lines do not
+        // end a run of out-of-band chunks (the aligner looks through them).
+        let mut translated = false;
         crate::metrics::journal().read(lines.iter().map(|l| l.data.len() as u64 + 1).sum());
         for line in &lines {
+            if line.stderr {
+                let text = pump.redactor.mask(&String::from_utf8_lossy(&line.data));
+                batch.push(pump.factory.stderr_line(&text, line.end_offset));
+                pump.stderr_from = line.end_offset;
+                continue;
+            }
             let chunks = if line.sealed {
                 pump.translator.feed_record(&line.data)
             } else {
@@ -64,15 +79,18 @@ impl Runs {
                 if chunk::is_terminal(&c) {
                     pump.held_terminal = Some(c);
                 } else if pump.aligner.offer(&c).await.map_err(Ending::Failed)? {
+                    translated = true;
                     batch.push(c);
                 }
             }
         }
-        if let Some(last) = lines.last() {
+        if let Some(last) = lines.iter().rev().find(|l| !l.stderr) {
             pump.from_byte = last.end_offset;
         }
-        if !batch.is_empty() {
+        if translated {
             pump.out_of_band_run = 0;
+        }
+        if !batch.is_empty() {
             self.append(ctx, &batch).await?;
         }
         Ok(())

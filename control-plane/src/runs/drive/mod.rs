@@ -27,7 +27,7 @@ use ending::ending_name;
 pub(crate) use launch::{FreshStart, Unresumed};
 pub(super) use retry::Interrupts;
 
-use crate::runs::align::Aligner;
+use crate::runs::align::{Aligner, stderr_checkpoint};
 use crate::runs::{Error, Runs};
 
 impl Runs {
@@ -71,6 +71,10 @@ impl Runs {
             Ok(aligner) => aligner,
             Err(e) => return Ending::Failed(e),
         };
-        self.pump(ctx, &key, agent, &secrets, aligner).await
+        let stderr_from = match stderr_checkpoint(cx.stores.events.clone(), ctx.key.clone()).await {
+            Ok(offset) => offset,
+            Err(e) => return Ending::Failed(e),
+        };
+        self.pump(ctx, &key, agent, &secrets, aligner, stderr_from).await
     }
 }

@@ -43,6 +43,7 @@ impl Runs {
         mut agent: AgentClient,
         secrets: &Secrets,
         aligner: Aligner,
+        stderr_from: u64,
     ) -> Ending {
         let redactor = match crate::provision::redactor(secrets) {
             Ok(r) => r,
@@ -54,6 +55,7 @@ impl Runs {
             factory: ChunkFactory::new(&ctx.key.run, &ctx.thread_id, chunk::now_ms),
             held_terminal: None,
             from_byte: 0,
+            stderr_from,
             out_of_band_run: 0,
             dropped_file_events: 0,
             redactor,
@@ -85,6 +87,8 @@ impl Runs {
                 // Agents think for minutes without a byte; liveness is
                 // judged by probing the supervisor instead.
                 first_byte_timeout_ms: Some(0),
+                include_stderr: true,
+                stderr_from_byte: pump.stderr_from,
             };
             let mut stream = match agent.journal().follow(request).await {
                 Ok(s) => Coalesced::new(s.into_inner()),

@@ -5,6 +5,8 @@
 //! predecessor, running ones included: the supervisor ([`crate::shim`]) holds
 //! the run's lock and writes the sentinel; the agent only starts it and reads.
 
+mod stderr;
+
 use std::io::{Read, Seek, SeekFrom};
 use std::os::unix::fs::FileExt;
 use std::os::unix::process::CommandExt;
@@ -34,6 +36,7 @@ use crate::request_dir::{self, RequestDir, Setup};
 use crate::run_user::RunUser;
 use crate::shim::lock_is_held;
 use crate::vault::{self, Vault};
+use stderr::Sidecar;
 
 /// Default bound on the wait for a journal's first byte.
 pub const DEFAULT_FIRST_BYTE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -350,8 +353,21 @@ impl JournalService for Journal {
         let masks = self.masks(&paths, &run_id)?;
         let cap = journal::read_cap(&paths.cap);
         let requests = self.requests(&run_id);
+        let stderr = if req.include_stderr {
+            let size = std::fs::metadata(&paths.err).map_or(0, |m| m.len());
+            if req.stderr_from_byte > size {
+                return Err(Error::invalid_field(
+                    "stderr_from_byte",
+                    format!("{} is past the end of the stderr sidecar ({size} bytes)", req.stderr_from_byte),
+                )
+                .into());
+            }
+            Some(req.stderr_from_byte)
+        } else {
+            None
+        };
         let key = req.sentinel_key;
-        let read = FollowRead { from: req.from_byte, nonce, bound, masks, cap, key, requests };
+        let read = FollowRead { from: req.from_byte, nonce, bound, masks, cap, key, requests, stderr };
         Ok(Response::new(Box::pin(follow_stream(file, paths, run_id, read))))
     }
 
@@ -562,6 +578,8 @@ struct FollowRead {
     key: Vec<u8>,
     /// The run's request dir, recorded from at each wake-up.
     requests: Option<RequestDir>,
+    /// Where to serve the stderr sidecar from, when it is asked for.
+    stderr: Option<u64>,
 }
 
 /// Whether `user` may execute `exe` (checked with its file system ids).
@@ -596,7 +614,7 @@ fn sealed_record<'a>(key: &[u8], run_id: &RunId, line: &'a [u8]) -> Option<&'a [
 /// A verified record as a line: masked like any line, whole.
 fn sealed_line(record: &[u8], end_offset: u64, masks: Option<&Masks>) -> JournalLine {
     let data = masks.map_or_else(|| record.to_vec(), |m| m.mask_bytes(record));
-    JournalLine { data, end_offset, sealed: true }
+    JournalLine { data, end_offset, sealed: true, stderr: false }
 }
 
 /// Lines out of a reader, masked when the run has secrets: what a raw
@@ -604,11 +622,11 @@ fn sealed_line(record: &[u8], end_offset: u64, masks: Option<&Masks>) -> Journal
 /// it does not continue a value).
 fn masked_lines(masker: Option<&mut LineMasker<'_>>, bytes: Vec<u8>, end_offset: u64) -> Vec<JournalLine> {
     match masker {
-        None => vec![JournalLine { data: bytes, end_offset, sealed: false }],
+        None => vec![JournalLine { data: bytes, end_offset, sealed: false, stderr: false }],
         Some(m) => m
             .push(&bytes)
             .into_iter()
-            .map(|(data, end_offset)| JournalLine { data, end_offset, sealed: false })
+            .map(|(data, end_offset)| JournalLine { data, end_offset, sealed: false, stderr: false })
             .collect(),
     }
 }
@@ -618,7 +636,7 @@ fn flushed_lines(masker: Option<&mut LineMasker<'_>>) -> Vec<JournalLine> {
     masker.map_or_else(Vec::new, |m| {
         m.finish()
             .into_iter()
-            .map(|(data, end_offset)| JournalLine { data, end_offset, sealed: false })
+            .map(|(data, end_offset)| JournalLine { data, end_offset, sealed: false, stderr: false })
             .collect()
     })
 }
@@ -630,8 +648,9 @@ fn follow_stream(
     read: FollowRead,
 ) -> impl Stream<Item = Result<FollowResponse, Status>> + Send {
     async_stream::try_stream! {
-        let FollowRead { from, nonce, bound, masks, cap, key, mut requests } = read;
+        let FollowRead { from, nonce, bound, masks, cap, key, mut requests, stderr } = read;
         let mut masker = masks.as_ref().map(|m| LineMasker::new(m, from));
+        let mut sidecar = stderr.map(|from| Sidecar::new(paths.err.clone(), from, masks.as_ref(), cap));
         // Woken by inotify; the periodic re-read covers filesystems where it
         // does not work and any missed wake-up.
         let (wake_tx, mut wake_rx) = tokio::sync::mpsc::channel::<()>(1);
@@ -642,6 +661,12 @@ fn follow_stream(
             })
             .and_then(|mut w| w.watch(&paths.ndjson, notify::RecursiveMode::NonRecursive).map(|()| w))
             .map(|mut w| {
+                // The sidecar exists once the supervisor started (else the
+                // periodic re-read finds it).
+                if stderr.is_some() {
+                    use notify::Watcher;
+                    let _ = w.watch(&paths.err, notify::RecursiveMode::NonRecursive);
+                }
                 // New asks wake the recording pass too.
                 if let Some(dir) = &requests {
                     use notify::Watcher;
@@ -675,6 +700,14 @@ fn follow_stream(
                         batch.extend(flushed_lines(masker.as_mut()));
                         if !batch.is_empty() {
                             yield lines_message(std::mem::take(&mut batch));
+                        }
+                        // The command is done: the rest of its stderr comes
+                        // before the exit (or the read's end at the cap).
+                        if let Some(side) = sidecar.as_mut() {
+                            let rest = side.finish().map_err(|e| io_error("reading the stderr sidecar", e))?;
+                            if !rest.is_empty() {
+                                yield lines_message(rest);
+                            }
                         }
                         let start = end_offset - bytes.len() as u64 - 1;
                         if let Some(e) = journal_full(&paths, &run_id, start) {
@@ -715,6 +748,18 @@ fn follow_stream(
                 if let Some(start) = overlong {
                     Err(Status::from(line_too_long(&run_id, start)))?;
                 }
+            }
+            // Each pass reads the journal, then the stderr sidecar: lines are
+            // served in the order the agent read them, which approximates
+            // the order the command wrote them (two files, no common clock).
+            if let Some(side) = sidecar.as_mut() {
+                let lines = side.read().map_err(|e| io_error("reading the stderr sidecar", e))?;
+                if !lines.is_empty() {
+                    got_first = true;
+                    yield lines_message(lines);
+                }
+            }
+            if n > 0 {
                 continue;
             }
             let stall_deadline = match (got_first, bound) {
