@@ -153,7 +153,10 @@ impl Runs {
             }
         }
         let command = build(&options)?;
-        let (prompt, prompt_truncated) = super::spec::kept_prompt(&req.prompt);
+        // The record keeps what the run was asked for people to read; a
+        // secret value typed into it is kept as its marker, like everywhere.
+        let masks = crate::provision::redactor(&input.secrets)?;
+        let (prompt, prompt_truncated) = super::spec::kept_prompt(&masks.mask(&req.prompt));
         let spec = RunSpec {
             harness: harness.name().to_owned(),
             definition_id,
@@ -169,7 +172,7 @@ impl Runs {
                 .unwrap_or_default()
                 .to_owned(),
             output: command.output,
-            command: options.command.clone(),
+            command: options.command.iter().map(|arg| masks.mask(arg)).collect(),
             prompt,
             prompt_truncated,
         };

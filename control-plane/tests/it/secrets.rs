@@ -90,12 +90,14 @@ async fn a_secret_value_is_masked_everywhere_across_takeovers_and_checkpoints() 
 
     // Run 1, driven by replica 0 (which has the value), killed midway;
     // replica 1 (which never had it) takes it over. It prints the value
-    // whole, split across lines and on stderr, then fails.
+    // whole, split across lines and on stderr, then fails. The value is in
+    // its command too, which the run's record keeps (masked).
     let flag = dir.path().join("go1");
     let script = format!(
-        r#"echo "one $TOK"; printf '%s\n%s\n' '{head}' '{rest}'; n=0; while [ ! -e {f} ] && [ $n -lt 600 ]; do sleep 0.1; n=$((n+1)); done; echo "two $TOK"; echo "err $TOK" >&2; exit 3"#,
-        head = head.replace('\'', r"'\''"),
-        rest = rest.replace('\'', r"'\''"),
+        r#": '{value}'; echo "one $TOK"; printf '%s\n%s\n' "$(printf '%s' "$TOK" | cut -c1-{split})" "$(printf '%s' "$TOK" | cut -c{after}-)"; n=0; while [ ! -e {f} ] && [ $n -lt 600 ]; do sleep 0.1; n=$((n+1)); done; echo "two $TOK"; echo "err $TOK" >&2; exit 3"#,
+        value = value.replace('\'', r"'\''"),
+        split = head.len(),
+        after = head.len() + 1,
         f = flag.display()
     );
     let run1 = format!("one-{nonce}");
