@@ -397,6 +397,12 @@ async fn runs_held_by_a_live_holder_are_not_claimed() {
         live_after.events
     );
     assert_eq!(live_after.terminal_chunks(), 1);
+    // The record turns terminal just before a2 logs the end: give the line
+    // the moment it takes to be written.
+    let deadline = std::time::Instant::now() + sandhold_tests::wait::PATIENCE;
+    while !a2.log_text().contains("run finished") && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
     assert!(a2.log_text().contains("run finished"), "a2 ended the run:\n{context}");
     assert_eq!(destroys(&[&b], &live_run.sandbox_id), 0, "the sweep destroyed nothing of a2's run");
 
