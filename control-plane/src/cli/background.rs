@@ -50,6 +50,17 @@ impl Files {
         }
     }
 
+    /// Make the folder, only its user may enter (0700); the server checks
+    /// its owner again before it binds the socket in it.
+    pub fn make_dir(&self) -> anyhow::Result<()> {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&self.dir)
+            .with_context(|| format!("creating {}", self.dir.display()))
+    }
+
     /// `unix:PATH`, as `--server` takes it.
     pub fn server(&self) -> String {
         format!("unix:{}", self.socket.display())
@@ -127,12 +138,7 @@ pub struct Launch {
 /// terminal is for the command, not for it), from `/`, its output in
 /// `start.err` until it logs.
 pub fn spawn(files: &Files, launch: &Launch) -> anyhow::Result<Child> {
-    use std::os::unix::fs::DirBuilderExt;
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(&files.dir)
-        .with_context(|| format!("creating {}", files.dir.display()))?;
+    files.make_dir()?;
     let err =
         File::create(&files.start_err).with_context(|| format!("creating {}", files.start_err.display()))?;
     let exe = std::env::current_exe().context("finding this executable to start the background server")?;

@@ -252,12 +252,7 @@ fn serve(args: StartArgs) -> ExitCode {
 }
 
 fn serve_until_done(args: &StartArgs, files: &Files) -> anyhow::Result<()> {
-    use std::os::unix::fs::DirBuilderExt;
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(&files.dir)
-        .with_context(|| format!("creating {}", files.dir.display()))?;
+    files.make_dir()?;
     let Some(_held) = background::lock(files)? else {
         eprintln!("a background server already runs for this data dir");
         return Ok(());
@@ -296,9 +291,9 @@ fn serve_until_done(args: &StartArgs, files: &Files) -> anyhow::Result<()> {
                 warn!(socket = %files.socket.display(), "the socket was removed or replaced: stopping");
                 break;
             }
-            let busy = server.busy();
-            if !args.idle_stop.is_zero() && busy.quiet_for >= args.idle_stop {
-                info!(idle_for = ?busy.quiet_for, "nothing to do: stopping");
+            let quiet_for = server.quiet_for();
+            if !args.idle_stop.is_zero() && quiet_for >= args.idle_stop {
+                info!(idle_for = ?quiet_for, "nothing to do: stopping");
                 break;
             }
         }

@@ -60,11 +60,12 @@ pub async fn sandbox_id(conn: &Connection, given: &str) -> anyhow::Result<String
     pick(given, listed.into_iter().map(|s| s.sandbox_id).collect(), &SANDBOXES)
 }
 
-/// Runs a prefix is looked for among: the tenant's newest.
-const RUNS_SEARCHED: u32 = 1000;
+/// A page of the runs a prefix search reads.
+const RUNS_PAGE: u32 = 1000;
 
-/// The full id of the run `given` names: the run of that id, or the one
-/// among the tenant's newest [`RUNS_SEARCHED`] whose id starts with it.
+/// The full id of the run `given` names: the run of that id, or the one of
+/// the tenant's runs whose id starts with it (the server narrows the list
+/// to runs mentioning the text, so every run is searched).
 pub async fn run_id(conn: &Connection, given: &str) -> anyhow::Result<String> {
     let exact = conn.runs().get_run(api::GetRunRequest { run_id: given.to_string() }).await;
     match exact {
@@ -73,9 +74,23 @@ pub async fn run_id(conn: &Connection, given: &str) -> anyhow::Result<String> {
         Err(s) if matches!(s.code(), tonic::Code::NotFound | tonic::Code::InvalidArgument) => {}
         Err(s) => return Err(status_error(s)),
     }
-    let request = api::ListRunsRequest { limit: RUNS_SEARCHED, ..Default::default() };
-    let listed = conn.runs().list_runs(request).await.map_err(status_error)?.into_inner().runs;
-    pick(given, listed.into_iter().map(|r| r.run_id).collect(), &RUNS)
+    let mut ids = Vec::new();
+    let mut page_token = String::new();
+    loop {
+        let request = api::ListRunsRequest {
+            limit: RUNS_PAGE,
+            query: given.to_string(),
+            page_token,
+            ..Default::default()
+        };
+        let page = conn.runs().list_runs(request).await.map_err(status_error)?.into_inner();
+        ids.extend(page.runs.into_iter().map(|r| r.run_id));
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        page_token = page.next_page_token;
+    }
+    pick(given, ids, &RUNS)
 }
 
 /// What kind of id is looked for, to say so.

@@ -258,14 +258,14 @@ impl Sandboxes {
             .into_iter()
             .filter(|i| thread_id.is_empty() || i.thread_id == thread_id)
             .collect();
-        let definitions: std::collections::HashMap<String, api::SandboxDefinition> = self
-            .stores
-            .definitions
-            .list(tenant)
-            .await?
-            .iter()
-            .filter_map(|d| Some((d.id.clone(), definition::from_stored(&d.body).ok()?)))
-            .collect();
+        // Only the definitions these sandboxes name, each read once.
+        let mut definitions = std::collections::HashMap::new();
+        for i in &instances {
+            if !definitions.contains_key(&i.definition_id) {
+                let definition = self.definition_of(tenant, &i.definition_id).await?;
+                definitions.insert(i.definition_id.clone(), definition);
+            }
+        }
         let observed = if with_state {
             self.lifecycle.observe(&instances).await
         } else {
@@ -275,7 +275,7 @@ impl Sandboxes {
             .iter()
             .zip(observed)
             .map(|(i, observed)| api::Sandbox {
-                keep_alive_ms: keep_alive_of(definitions.get(&i.definition_id)),
+                keep_alive_ms: keep_alive_of(definitions.get(&i.definition_id).and_then(Option::as_ref)),
                 state: observed.state as i32,
                 usage: observed.usage,
                 ..self.lifecycle.describe(i)

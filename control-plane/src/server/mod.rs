@@ -25,4 +25,4 @@ mod tls;
 mod web;
 
 pub use providers::providers_from_config;
-pub use start::{Busy, Listening, RunningServer, serve, start};
+pub use start::{Listening, RunningServer, serve, start};

@@ -59,18 +59,6 @@ impl std::fmt::Display for Listening {
     }
 }
 
-/// What a server is busy with: the background server stops only when
-/// none of it is left.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Busy {
-    /// Runs this server drives.
-    pub driving: usize,
-    /// Calls whose answer has not ended (streams included).
-    pub in_flight: usize,
-    /// How long nothing of the above has happened.
-    pub quiet_for: std::time::Duration,
-}
-
 impl RunningServer {
     /// The bound TCP address (useful with port 0).
     ///
@@ -88,13 +76,14 @@ impl RunningServer {
         &self.listening
     }
 
-    /// What the server is busy with now (nothing driven before it is ready).
-    pub fn busy(&self) -> Busy {
-        let driving = self.built.get().map_or(0, |b| b.runs.driving());
-        let in_flight = self.activity.in_flight();
-        let quiet_for =
-            if driving + in_flight > 0 { std::time::Duration::ZERO } else { self.activity.quiet_for() };
-        Busy { driving, in_flight, quiet_for }
+    /// How long the server has driven no run and had no call in flight
+    /// (streams count until they end); zero while it does either. The
+    /// background server stops after a long enough quiet.
+    pub fn quiet_for(&self) -> std::time::Duration {
+        if self.built.get().is_some_and(|b| b.runs.driving() > 0) {
+            return std::time::Duration::ZERO;
+        }
+        self.activity.quiet_for()
     }
 
     /// Where `/metrics` is served, when `metrics_listen` is set.

@@ -62,7 +62,8 @@ impl Runs {
         crate::metrics::journal().read(lines.iter().map(|l| l.data.len() as u64 + 1).sum());
         for line in &lines {
             if line.stderr {
-                let text = pump.redactor.mask(&String::from_utf8_lossy(&line.data));
+                // Masked by the agent, which holds the values, like stdout.
+                let text = String::from_utf8_lossy(&line.data);
                 batch.push(pump.factory.stderr_line(&text, line.end_offset));
                 pump.stderr_from = line.end_offset;
                 continue;
