@@ -59,6 +59,7 @@ pub fn tally_to_api(scope: &Scope, tally: &Tally) -> SweepResponse {
         journals_kept: tally.journals_kept,
         sandboxes_reclaimed: tally.sandboxes_reclaimed,
         runs_removed: tally.runs_removed,
+        definitions_removed: tally.definitions_removed,
         truncated: tally.truncated,
         scope: scope.name().to_string(),
         elapsed_ms: tally.elapsed.as_millis() as u64,

@@ -154,6 +154,14 @@ pub struct ConfigLayer {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub orphan_sandbox_grace_ms: Option<u64>,
 
+    /// A definition made from a run's flags (`def-...`) that no sandbox,
+    /// unfinished run or thread's newest run names is removed once it was
+    /// last put longer ago than this, in milliseconds [default: 86400000,
+    /// one day].
+    #[arg(long, env = "SANDHOLD_UNUSED_DEFINITION_GRACE_MS", value_name = "MS")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unused_definition_grace_ms: Option<u64>,
+
     /// A tenant's own AdminService.Sweep (one at a time per tenant, never
     /// under the cluster's sweep lease) starts no new run after this long,
     /// in milliseconds [default: 120000].

@@ -21,6 +21,8 @@ pub const DEFAULT_SWEEP_RUN_BUDGET_MS: u64 = 120_000;
 pub const DEFAULT_ORPHAN_JOURNAL_AGE_MS: u64 = 24 * 60 * 60_000;
 pub const DEFAULT_SWEEP_MAX_JOURNAL_DELETIONS: u32 = 1_000;
 pub const DEFAULT_ORPHAN_SANDBOX_GRACE_MS: u64 = 10 * 60_000;
+/// One day: an unused definition made from flags is removed after this.
+pub const DEFAULT_UNUSED_DEFINITION_GRACE_MS: u64 = 24 * 60 * 60_000;
 /// 2 minutes: a tenant's own sweep starts no new run after this.
 pub const DEFAULT_TENANT_SWEEP_BUDGET_MS: u64 = 120_000;
 pub const DEFAULT_LEASE_TTL_MS: u64 = 15_000;
@@ -53,6 +55,10 @@ pub struct ReaperOptions {
     /// An orphaned sandbox is destroyed only when older.
     #[serde(rename = "orphan_sandbox_grace_ms", with = "millis")]
     pub orphan_sandbox_grace: Duration,
+    /// A definition derived from content (`def-...`) that nothing names is
+    /// removed only when last put longer ago.
+    #[serde(rename = "unused_definition_grace_ms", with = "millis")]
+    pub unused_definition_grace: Duration,
     /// A tenant's own sweep (`AdminService.Sweep` of a tenant that is no
     /// operator) starts no new run after this long; the run in hand still
     /// gets its `run_budget`.
@@ -74,6 +80,7 @@ impl Default for ReaperOptions {
             orphan_journal_age: Duration::from_millis(DEFAULT_ORPHAN_JOURNAL_AGE_MS),
             max_journal_deletions: DEFAULT_SWEEP_MAX_JOURNAL_DELETIONS,
             orphan_sandbox_grace: Duration::from_millis(DEFAULT_ORPHAN_SANDBOX_GRACE_MS),
+            unused_definition_grace: Duration::from_millis(DEFAULT_UNUSED_DEFINITION_GRACE_MS),
             tenant_sweep_budget: Duration::from_millis(DEFAULT_TENANT_SWEEP_BUDGET_MS),
             retain_runs: None,
         }

@@ -38,6 +38,8 @@ pub enum SweepOutcome {
     SandboxReclaimed,
     /// An ended run older than the retention (`--retain-runs`) removed with its log.
     RunRemoved,
+    /// An unused definition made from flags removed after its grace.
+    DefinitionRemoved,
 }
 
 impl SweepOutcome {
@@ -53,8 +55,8 @@ impl SweepOutcome {
         Self::Failed,
     ];
 
-    pub const ALL: [SweepOutcome; 11] = {
-        let mut all = [Self::JournalPruned; 11];
+    pub const ALL: [SweepOutcome; 12] = {
+        let mut all = [Self::JournalPruned; 12];
         let mut i = 0;
         while i < Self::PER_RUN.len() {
             all[i] = Self::PER_RUN[i];
@@ -62,6 +64,7 @@ impl SweepOutcome {
         }
         all[9] = Self::SandboxReclaimed;
         all[10] = Self::RunRemoved;
+        all[11] = Self::DefinitionRemoved;
         all
     };
 
@@ -78,6 +81,7 @@ impl SweepOutcome {
             Self::JournalPruned => "journal_pruned",
             Self::SandboxReclaimed => "sandbox_reclaimed",
             Self::RunRemoved => "run_removed",
+            Self::DefinitionRemoved => "definition_removed",
         }
     }
 }

@@ -63,6 +63,9 @@ pub struct Tally {
     pub sandboxes_reclaimed: u64,
     /// Ended runs removed by the retention (`--retain-runs`).
     pub runs_removed: u64,
+    /// Unused definitions made from flags removed
+    /// (`--unused-definition-grace-ms`).
+    pub definitions_removed: u64,
     /// A bound of the sweep (runs, deletions, the lease) cut it short.
     pub truncated: bool,
     pub elapsed: Duration,

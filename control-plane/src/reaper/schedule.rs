@@ -150,6 +150,9 @@ impl Reaper {
         if !bounds.exhausted() {
             self.remove_expired_runs(cx, scope, &mut tally).await;
         }
+        if !bounds.exhausted() {
+            self.remove_unused_definitions(cx, scope, &mut tally).await;
+        }
         tally.truncated |= bounds.exhausted();
         tally.elapsed = started.elapsed();
         for report in &tally.runs {
@@ -158,6 +161,7 @@ impl Reaper {
         crate::metrics::sweeps().outcomes_by(SweepOutcome::JournalPruned, tally.journals_pruned);
         crate::metrics::sweeps().outcomes_by(SweepOutcome::SandboxReclaimed, tally.sandboxes_reclaimed);
         crate::metrics::sweeps().outcomes_by(SweepOutcome::RunRemoved, tally.runs_removed);
+        crate::metrics::sweeps().outcomes_by(SweepOutcome::DefinitionRemoved, tally.definitions_removed);
         let n = |o| tally.count(o);
         info!(
             scope = scope.name(),
@@ -174,6 +178,7 @@ impl Reaper {
             journals_kept = tally.journals_kept,
             sandboxes_reclaimed = tally.sandboxes_reclaimed,
             runs_removed = tally.runs_removed,
+            definitions_removed = tally.definitions_removed,
             truncated = tally.truncated,
             elapsed_ms = tally.elapsed.as_millis() as u64,
             "sweep done"

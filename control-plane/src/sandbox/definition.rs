@@ -42,7 +42,7 @@ pub fn settle(d: &mut SandboxDefinition) -> Result<(), Violations> {
         use prost::Message;
         use sha2::{Digest, Sha256};
         let digest = Sha256::digest(d.encode_to_vec());
-        d.id = format!("def-{}", &hex::encode(digest)[..16]);
+        d.id = format!("{}{}", crate::store::DERIVED_PREFIX, &hex::encode(digest)[..16]);
     }
     Ok(())
 }

@@ -1204,6 +1204,95 @@ async fn definitions_round_trip_per_tenant(b: &Backend) {
 
 // ---------------------------------------------------------------- TokenStore
 
+/// A run of `tenant` on `thread` under `definition`, started at `at`,
+/// ended unless `running`.
+async fn run_under(
+    stores: &Stores,
+    (tenant_name, id, thread): (&str, &str, &str),
+    definition: &str,
+    at: i64,
+    running: bool,
+) {
+    let mut new = new_run(id, tenant_name, thread, at);
+    new.spec = Some(serde_json::json!({"harness": "command", "definition_id": definition}));
+    stores.runs.create_or_resume(new).await.unwrap();
+    if !running {
+        stores.runs.finish(&key(tenant_name, id), FIRST_EPOCH, finish_completed()).await.unwrap();
+    }
+}
+
+/// Only definitions the server derived from content, put before the
+/// cutoff, that nothing of their own tenant names are removed: a sandbox,
+/// an unfinished run or a thread's newest run keeps one; a name of the
+/// tenant's own is never touched; at most the limit per call.
+async fn definitions_unused_derived_are_removed(b: &Backend) {
+    let stores = &b.stores;
+    let definitions = &stores.definitions;
+    for (owner, id) in [
+        ("acme", "def-unused1"),
+        ("acme", "def-unused2"),
+        ("acme", "mine"),
+        ("acme", "def-sandbox"),
+        ("acme", "def-live"),
+        ("acme", "def-older"),
+        ("acme", "def-newest"),
+        ("acme", "def-theirs"),
+        ("globex", "def-theirs"),
+    ] {
+        definitions.put(&tenant(owner), id, serde_json::json!({})).await.unwrap();
+    }
+    stores
+        .instances
+        .put(NewInstance {
+            sandbox_key: "k-sandbox".into(),
+            tenant: tenant("acme"),
+            provider: "local".into(),
+            provider_sandbox_id: "p".into(),
+            native_snapshot: None,
+            definition_id: "def-sandbox".into(),
+            thread_id: "t-sandbox".into(),
+        })
+        .await
+        .unwrap();
+    run_under(stores, ("acme", "r-live", "t-live"), "def-live", 1_000, true).await;
+    run_under(stores, ("acme", "r-old", "t-2"), "def-older", 1_000, false).await;
+    run_under(stores, ("acme", "r-new", "t-2"), "def-newest", 2_000, false).await;
+    // globex's newest run names its own def-theirs, not acme's.
+    run_under(stores, ("globex", "r-g", "t-g"), "def-theirs", 1_000, false).await;
+
+    let past = Timestamp::from_millis(Timestamp::now().as_millis() - 60_000);
+    assert!(definitions.delete_unused_derived(past, 100).await.unwrap().is_empty(), "within the grace");
+
+    let later = Timestamp::from_millis(Timestamp::now().as_millis() + 60_000);
+    let mut removed = definitions.delete_unused_derived(later, 2).await.unwrap();
+    assert_eq!(removed.len(), 2, "at most the limit: {removed:?}");
+    removed.extend(definitions.delete_unused_derived(later, 100).await.unwrap());
+    let mut removed: Vec<_> = removed.into_iter().map(|(t, id)| format!("{t}/{id}")).collect();
+    removed.sort();
+    assert_eq!(removed, ["acme/def-older", "acme/def-theirs", "acme/def-unused1", "acme/def-unused2"]);
+    let ids = |list: Vec<Definition>| list.into_iter().map(|d| d.id).collect::<Vec<_>>();
+    assert_eq!(
+        ids(definitions.list(&tenant("acme")).await.unwrap()),
+        ["def-live", "def-newest", "def-sandbox", "mine"]
+    );
+    assert_eq!(ids(definitions.list(&tenant("globex")).await.unwrap()), ["def-theirs"]);
+    assert!(
+        definitions.delete_unused_derived(later, 100).await.unwrap().is_empty(),
+        "the same however often"
+    );
+
+    // Once the live run ends and a newer run of its thread names another
+    // definition, nothing names def-live any more.
+    stores.runs.finish(&acme("r-live"), FIRST_EPOCH, finish_completed()).await.unwrap();
+    assert!(
+        definitions.delete_unused_derived(later, 100).await.unwrap().is_empty(),
+        "still the thread's newest"
+    );
+    run_under(stores, ("acme", "r-live2", "t-live"), "mine", 5_000, false).await;
+    let removed = definitions.delete_unused_derived(later, 100).await.unwrap();
+    assert_eq!(removed, [(tenant("acme"), "def-live".to_string())]);
+}
+
 async fn tokens_map_to_tenants_and_are_stored_hashed(b: &Backend) {
     let tokens = &b.stores.tokens;
     let raw = "sh_live_7f3c9a1e5b2d4c6f8a0b";
@@ -1396,6 +1485,69 @@ async fn postgres_upgrade_builds_the_request_index_of_older_runs() {
     scratch.drop_database().await.unwrap();
 }
 
+/// Migrate `$pool` to just before runs got their definition column (0023)
+/// and write an ended run whose spec names `def-kept`, beside an unused
+/// `def-gone`, both put long ago.
+macro_rules! write_before_run_definitions {
+    ($pool:expr, $migrations:literal) => {{
+        let pool = $pool;
+        let mut migrator = sqlx::migrate!($migrations);
+        let before: Vec<_> = migrator.migrations.iter().filter(|m| m.version < 23).cloned().collect();
+        migrator.migrations = std::borrow::Cow::Owned(before);
+        migrator.run(&pool).await.unwrap();
+        sqlx::query(
+            "INSERT INTO runs (run_id, thread_id, tenant, status, started_at, driver_epoch, sentinel_key, \
+             log_closed, updated_at, spec) VALUES ('old', 'thread-old', 'acme', 'completed', 1000, 1, 'key-old', \
+             TRUE, 1000, '{\"harness\":\"command\",\"definition_id\":\"def-kept\"}')",
+        )
+        .execute(&pool)
+        .await
+        .unwrap();
+        for id in ["def-kept", "def-gone"] {
+            sqlx::query(
+                "INSERT INTO definitions (tenant, id, body, created_at, updated_at) VALUES ('acme', $1, '{}', 1000, 1000)",
+            )
+            .bind(id)
+            .execute(&pool)
+            .await
+            .unwrap();
+        }
+        pool.close().await;
+    }};
+}
+
+/// The upgrade reads each older run's definition from its spec: the
+/// definition its thread would run under again stays.
+async fn runs_written_before_their_definition_column_keep_it(url: &str) {
+    let stores = Stores::open(url).await.unwrap();
+    let now = Timestamp::now();
+    let removed = stores.definitions.delete_unused_derived(now, 100).await.unwrap();
+    assert_eq!(removed, [(tenant("acme"), "def-gone".to_string())]);
+    assert!(stores.definitions.get(&tenant("acme"), "def-kept").await.is_ok());
+    stores.close().await;
+}
+
+#[tokio::test]
+async fn sqlite_upgrade_reads_older_runs_definitions() {
+    use std::str::FromStr;
+    let dir = tempfile::tempdir().unwrap();
+    let url = default_database_url(dir.path());
+    let options = sqlx::sqlite::SqliteConnectOptions::from_str(&url).unwrap().create_if_missing(true);
+    let pool = sqlx::SqlitePool::connect_with(options).await.unwrap();
+    write_before_run_definitions!(pool, "./migrations/sqlite");
+    runs_written_before_their_definition_column_keep_it(&url).await;
+}
+
+#[tokio::test]
+async fn postgres_upgrade_reads_older_runs_definitions() {
+    let Some(admin_url) = sandhold_tests::services::postgres_url() else { return };
+    let scratch = ScratchDatabase::create(&admin_url).await.unwrap();
+    let pool = sqlx::PgPool::connect(scratch.url()).await.unwrap();
+    write_before_run_definitions!(pool, "./migrations/postgres");
+    runs_written_before_their_definition_column_keep_it(scratch.url()).await;
+    scratch.drop_database().await.unwrap();
+}
+
 // ---------------------------------------------------------------- instantiation
 
 macro_rules! instantiate {
@@ -1449,6 +1601,7 @@ conformance_suite!(
     instances_put_get_list_and_delete,
     instances_count_per_tenant,
     definitions_round_trip_per_tenant,
+    definitions_unused_derived_are_removed,
     tokens_map_to_tenants_and_are_stored_hashed,
 );
 

@@ -27,4 +27,18 @@ pub trait DefinitionStore: Send + Sync {
 
     /// True if it existed.
     async fn delete(&self, tenant: &Tenant, id: &str) -> Result<bool>;
+
+    /// Remove at most `limit` definitions, of every tenant, whose id the
+    /// server derived from their content ([`DERIVED_PREFIX`]: a run's
+    /// flags, or a `PutDefinition` with no id), last put before `cutoff`,
+    /// that nothing names any more: no sandbox record, no unfinished run,
+    /// and no thread's newest run (whose definition the thread's next run
+    /// takes). Returns what it removed. A definition put again (which
+    /// every `sandhold run` with flags does) is newer than any cutoff in
+    /// the past, even when the put races the removal.
+    async fn delete_unused_derived(&self, cutoff: Timestamp, limit: u32) -> Result<Vec<(Tenant, String)>>;
 }
+
+/// How the id the server gives a definition sent with none begins (`def-`
+/// and 16 hex digits of its content's digest).
+pub const DERIVED_PREFIX: &str = "def-";

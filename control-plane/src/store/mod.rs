@@ -47,7 +47,7 @@ pub use shared::ids::RunId;
 
 pub use blob::{BlobKey, BlobStats, BlobStore, DirBlobStore, PgBlobStore};
 pub use checkpoint::{Checkpoint, CheckpointStore, DeleteBlobs, Fork, NewCheckpoint, WriterClaim};
-pub use definitions::{Definition, DefinitionStore};
+pub use definitions::{DERIVED_PREFIX, Definition, DefinitionStore};
 pub use error::{Error, Result};
 pub use event_log::{
     ChunkStream, EventLog, LogSnapshot, NewChunk, Offset, PAGE_CHUNKS, StoredChunk, stored_after,

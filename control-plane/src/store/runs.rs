@@ -134,8 +134,10 @@ pub struct RunRecord {
     /// No more appends; tailers end once they have read everything.
     pub log_closed: bool,
     pub updated_at: Timestamp,
-    /// What started the run (opaque to the store): harness, definition,
-    /// durability. Never a secret.
+    /// What started the run (opaque to the store, but for its
+    /// `definition_id`, kept in a column of its own so that unused
+    /// definitions can be found): harness, definition, durability. Never a
+    /// secret.
     pub spec: Option<serde_json::Value>,
     /// Set on a copy made by a snapshot fork ([`CheckpointStore::fork`](super::CheckpointStore::fork)):
     /// the run of the source thread it was copied from.
@@ -204,6 +206,11 @@ pub struct NewRun {
 }
 
 impl NewRun {
+    /// The definition the run starts under: its spec's `definition_id`.
+    pub fn definition_id(&self) -> Option<&str> {
+        self.spec.as_ref()?.get("definition_id")?.as_str().filter(|id| !id.is_empty())
+    }
+
     /// A run with nothing but its identity, started now: no sandbox, no
     /// spec. What the log and the run store need, and no more.
     pub fn bare(run_id: RunId, tenant: &str, thread_id: &str) -> Self {

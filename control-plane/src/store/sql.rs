@@ -313,8 +313,8 @@ macro_rules! impl_shared_stores {
                 }
                 let inserted = sqlx::query(concat!(
                     "INSERT INTO runs (run_id, thread_id, tenant, status, started_at, sandbox_key, \
-                     driver_epoch, sentinel_key, updated_at, spec) \
-                     SELECT $1, $2, $3, 'running', $4, $5, $6, $7, $8, $9 \
+                     driver_epoch, sentinel_key, updated_at, spec, definition_id) \
+                     SELECT $1, $2, $3, 'running', $4, $5, $6, $7, $8, $9, $11 \
                      WHERE $10 IS NULL OR (SELECT COUNT(*) FROM runs WHERE tenant = $3 AND ",
                     not_terminal!(),
                     ") < $10 ON CONFLICT (tenant, run_id) DO NOTHING"
@@ -329,6 +329,7 @@ macro_rules! impl_shared_stores {
                 .bind(Timestamp::now().as_millis())
                 .bind(json_to_db(&new.spec))
                 .bind(max_unfinished.map(i64::from))
+                .bind(new.definition_id())
                 .execute(&mut *tx)
                 .await?
                 .rows_affected();
@@ -801,6 +802,35 @@ macro_rules! impl_shared_stores {
                     .await?
                     .rows_affected();
                 Ok(deleted > 0)
+            }
+
+            async fn delete_unused_derived(
+                &self,
+                cutoff: Timestamp,
+                limit: u32,
+            ) -> Result<Vec<(Tenant, String)>> {
+                // `updated_at < $1` twice: PostgreSQL re-checks the outer
+                // condition on a row a concurrent put just renewed, not the
+                // subquery's.
+                let rows: Vec<(String, String)> = sqlx::query_as(concat!(
+                    "DELETE FROM definitions WHERE updated_at < $1 AND (tenant, id) IN ( \
+                     SELECT d.tenant, d.id FROM definitions d \
+                     WHERE d.id LIKE $3 AND d.updated_at < $1 \
+                     AND NOT EXISTS (SELECT 1 FROM instances i \
+                         WHERE i.tenant = d.tenant AND i.definition_id = d.id) \
+                     AND NOT EXISTS (SELECT 1 FROM runs r WHERE r.tenant = d.tenant AND r.definition_id = d.id \
+                         AND (r.",
+                    not_terminal!(),
+                    " OR NOT EXISTS (SELECT 1 FROM runs n WHERE n.tenant = r.tenant \
+                             AND n.thread_id = r.thread_id AND n.started_at > r.started_at))) \
+                     ORDER BY d.updated_at, d.tenant, d.id LIMIT $2) RETURNING tenant, id"
+                ))
+                .bind(cutoff.as_millis())
+                .bind(i64::from(limit))
+                .bind(format!("{}%", crate::store::DERIVED_PREFIX))
+                .fetch_all(&self.pool)
+                .await?;
+                Ok(rows.into_iter().map(|(tenant, id)| (Tenant::new(tenant), id)).collect())
             }
         }
 

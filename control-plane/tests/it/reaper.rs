@@ -1094,3 +1094,74 @@ async fn runs_past_the_retention_are_removed_by_the_operators_sweep() {
     runs_b.cancel_run(api::CancelRunRequest { run_id: "live-b".into() }).await.unwrap();
     wait_terminal(&mut runs_b, "live-b").await;
 }
+
+/// Definitions made from flags (sent with no id, so named `def-` and their
+/// content's digest; every `sandhold run` with another combination of flags
+/// makes one): an operator's sweep removes those that no sandbox,
+/// unfinished run or thread's newest run names once they were last put
+/// longer ago than `--unused-definition-grace-ms`; the thread's current
+/// one and a definition stored under the tenant's own name stay, and the
+/// thread's next run still finds its definition. A tenant's own sweep
+/// removes none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unused_definitions_made_from_flags_are_removed_by_the_operators_sweep() {
+    let dir = TestDir::new("reap-defs");
+    let opts = ServerOptions {
+        data_dir: dir.path().join("data"),
+        tokens: vec!["ops=tok-ops-defs".into(), "b=tok-b-defs".into()],
+        extra_args: flags(&[
+            ("sweep-interval-ms", "0"),
+            ("operator-tenant", "ops"),
+            ("unused-definition-grace-ms", "0"),
+        ]),
+        ..Default::default()
+    };
+    let server = ServerProcess::start(&opts).await;
+    let mut sandboxes = server.sandboxes("tok-b-defs").await;
+    let mut runs = server.runs("tok-b-defs").await;
+    let mut put = async |variant: &str, id: &str| {
+        let mut def = definition(id, Kind::Local);
+        def.env.insert("VARIANT".into(), variant.into());
+        def.lifecycle = Some(api::Lifecycle { destroy_on_complete: true, ..Default::default() });
+        let request = api::PutDefinitionRequest { definition: Some(def) };
+        sandboxes.put_definition(request).await.unwrap().into_inner().definition.unwrap().id
+    };
+    let first = put("first", "").await;
+    let second = put("second", "").await;
+    let never_run = put("never", "").await;
+    let named = put("named", "mine").await;
+    assert!(first.starts_with("def-") && second.starts_with("def-") && first != second, "{first} {second}");
+    run_to_end(&mut runs, "r1", "t", &first, "echo one").await;
+    run_to_end(&mut runs, "r2", "t", &second, "echo two").await;
+    let ids = async |sandboxes: &mut Sandboxes| {
+        let listed = sandboxes.list_definitions(api::ListDefinitionsRequest {}).await.unwrap().into_inner();
+        let mut ids: Vec<String> = listed.definitions.into_iter().map(|d| d.id).collect();
+        ids.sort();
+        ids
+    };
+    let mut before = vec![first.clone(), second.clone(), never_run.clone(), named.clone()];
+    before.sort();
+    assert_eq!(ids(&mut server.sandboxes("tok-b-defs").await).await, before);
+
+    let tenants_own = sweep(&mut server.admin("tok-b-defs").await).await;
+    assert_eq!(tenants_own.definitions_removed, 0, "a tenant's sweep removes nothing");
+    let swept = sweep(&mut server.admin("tok-ops-defs").await).await;
+    assert_eq!(swept.definitions_removed, 2, "{swept:?}\n{}", server.log_text());
+    let mut kept = vec![second.clone(), named];
+    kept.sort();
+    assert_eq!(ids(&mut server.sandboxes("tok-b-defs").await).await, kept);
+    assert!(server.log_text().contains("definition removed: made from flags, unused"));
+
+    // The thread's next run takes its definition from its newest run.
+    let current = server
+        .sandboxes("tok-b-defs")
+        .await
+        .get_definition(api::GetDefinitionRequest { thread_id: "t".into(), ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(current.definition.unwrap().id, second);
+    let seen = run_to_end(&mut runs, "r3", "t", &second, "echo three").await;
+    assert_eq!(get_run(&mut runs, "r3").await.status, api::RunStatus::Completed as i32, "{seen:?}");
+    assert_eq!(sweep(&mut server.admin("tok-ops-defs").await).await.definitions_removed, 0);
+}
