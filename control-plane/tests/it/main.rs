@@ -10,6 +10,7 @@ mod conversations;
 mod daemon;
 mod event_log_fault;
 mod fairness;
+mod first_hour;
 mod harness_cli;
 mod harness_golden;
 mod hostile_egress;
