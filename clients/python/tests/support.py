@@ -37,6 +37,29 @@ def binary(var: str, name: str) -> str:
     pytest.fail(f"no {name} binary: set {var} (run-tests.sh does)")
 
 
+def static_agent() -> str:
+    """The statically linked agent Docker sandboxes get ("" when not built:
+    SANDHOLD_AGENT_STATIC_BIN, else where scripts/build-agent-static puts it)."""
+    target = os.environ.get("CARGO_TARGET_DIR", str(REPO / "target"))
+    for candidate in (os.environ.get("SANDHOLD_AGENT_STATIC_BIN"),
+                      os.path.join(target, "static", "x86_64-unknown-linux-gnu", "debug", "sandhold-agent")):
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    return ""
+
+
+def docker_image(image: str = "sandhold-test-debian:latest") -> str:
+    """An image for Docker sandboxes (scripts/build-test-images), with the
+    engine and the static agent there; else skip (fail under scripts/test)."""
+    if os.environ.get("SANDHOLD_TEST_DOCKER") != "1":
+        need("Docker", "SANDHOLD_TEST_DOCKER is not 1")
+    if not static_agent():
+        need("the static agent", "SANDHOLD_AGENT_STATIC_BIN is not set (scripts/build-agent-static)")
+    if subprocess.run(["docker", "image", "inspect", image], capture_output=True).returncode != 0:
+        need(image, "it is not built (scripts/build-test-images --debian)")
+    return image
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -69,6 +92,8 @@ class Server:
         env = {k: v for k, v in os.environ.items() if not k.startswith("SANDHOLD_")}
         env["SANDHOLD_TOKENS"] = f"{TENANT}={token}"
         env["SANDHOLD_AGENT_BINARY"] = binary("SANDHOLD_AGENT_BIN", "sandhold-agent")
+        if static_agent():
+            env["SANDHOLD_AGENT_STATIC_BINARY"] = static_agent()
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
                 [binary("SANDHOLD_BIN", "sandhold"), "serve", "--listen", self.listen, "--data-dir", str(data_dir),
