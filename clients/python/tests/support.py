@@ -150,6 +150,15 @@ def kill_sandboxes(data_dir: Path) -> None:
         if marker in cmdline and int(pid) != os.getpid():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(pid), signal.SIGKILL)
+    # Docker sandboxes too: containers whose host dir is under the data dir.
+    if shutil.which("docker") is None:
+        return
+    listed = subprocess.run(["docker", "ps", "-a", "--filter", "label=dev.sandhold.managed=true", "--format",
+                             '{{.ID}} {{.Label "dev.sandhold.host-dir"}}'], capture_output=True, text=True)
+    ours = [line.split()[0] for line in listed.stdout.splitlines()
+            if len(line.split()) == 2 and line.split()[1].startswith(str(data_dir))]
+    if ours:
+        subprocess.run(["docker", "rm", "-f", *ours], capture_output=True)
 
 
 @contextlib.contextmanager
@@ -169,6 +178,9 @@ def server(args: tuple[str, ...] = ()) -> Iterator[Server]:
         s = Server(root / "data", f"py-token-{secrets.token_hex(8)}", args=args)
         try:
             yield s
+            with s.client() as client:  # what the tests made, through the API
+                for sandbox in client.sandboxes.list():
+                    client.sandboxes.destroy(sandbox.sandbox_id)
         finally:
             s.stop()
 
