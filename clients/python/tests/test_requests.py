@@ -11,6 +11,7 @@ import pytest
 
 import support
 from sandhold import Chunk, ChunkType, FailedPrecondition, Policy, Rule, Sandhold
+from sandhold.v1 import run_pb2
 
 FAKE_ACP = support.REPO / "tests" / "fake-acp" / "fake_acp_agent.py"
 
@@ -52,3 +53,33 @@ def test_a_permission_is_answered_from_python(client: Sandhold, local_definition
     # A second answer is refused by reason.
     with pytest.raises(FailedPrecondition):
         client.requests.deny(run_id, answers[0].request_id)
+
+
+def test_a_client_tool_runs_in_python(client: Sandhold, local_definition: str, tmp_path: Path) -> None:
+    claude = support.cli("claude")
+    model = support.FakeModel("client-tool", tmp_path / "model.log")
+    home = tmp_path / "home"
+    home.mkdir()
+    try:
+        options = run_pb2.HarnessOptions(program=claude, env={
+            "HOME": str(home), "ANTHROPIC_BASE_URL": f"http://127.0.0.1:{model.port}", "ANTHROPIC_API_KEY": "x"})
+        run = client.runs.start(
+            thread_id=f"py-tool-{uuid.uuid4().hex[:8]}", definition_id=local_definition, harness="claude-code",
+            prompt="ask the tool", options=options,
+            client_tools=[run_pb2.ClientTool(name="lookup", description="Looks a question up")],
+        )
+        next(iter(run))
+        run.close()
+        asked: list[object] = []
+
+        def lookup(tool_input: object) -> str:
+            asked.append(tool_input)
+            return "forty-two"
+
+        answers = client.requests.handle(run.run_id, tools={"lookup": lookup})
+        text = "".join(c.text for c in client.runs.stream(run.run_id))
+    finally:
+        model.stop()
+    assert asked == [{"query": "the question"}]
+    assert [(a.kind, a.answered_by) for a in answers] == [("client_tool", "client")]
+    assert "The client tool said: forty-two" in text
