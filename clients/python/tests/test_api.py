@@ -13,8 +13,10 @@ import pytest
 import support
 from sandhold import (
     AlreadyExists,
+    FailedPrecondition,
     InvalidArgument,
     NotFound,
+    RunStatus,
     Sandhold,
     SandholdError,
     TransportError,
@@ -63,6 +65,10 @@ def test_sandboxes_and_exec(client: Sandhold, local_definition: str) -> None:
     assert process.exit_code == 0 and process.pid > 0
     assert b"".join(o.data for o in outputs if o.stream == "stdout") == b"got it\n"
     assert b"".join(o.data for o in outputs if o.stream == "stderr") == b"oops\n"
+
+    sleeper = client.sandboxes.exec_stream(ready.sandbox_id, ["sleep", "600"])
+    sleeper.kill(9)
+    assert sleeper.wait() is None and sleeper.signal == 9
 
     client.sandboxes.destroy(ready.sandbox_id)
     with pytest.raises(NotFound):
@@ -127,6 +133,7 @@ def test_ports(client: Sandhold, local_definition: str) -> None:
     next(iter(server))  # "up": listening
     connection = client.ports.connect(box, port)
     connection.send(b"ping")
+    connection.close()  # our side; the answer still comes
     assert b"".join(connection) == b"PING"
     assert server.wait() == 0
 
@@ -134,10 +141,19 @@ def test_ports(client: Sandhold, local_definition: str) -> None:
 def test_terminals(client: Sandhold, local_definition: str) -> None:
     box = ensure(client, local_definition)
     terminal = client.terminals.open(box, ["sh"], rows=30, cols=100)
+    terminal.write("stty size\n")
+    screen = b""
+    output = iter(terminal)
+    while b"30 100" not in screen:
+        screen += next(output)
+    terminal.resize(40, 120)
     terminal.write("stty size; exit 7\n")
-    screen = b"".join(terminal)
-    assert b"30 100" in screen
+    screen = b"".join(output)
+    assert b"40 120" in screen
     assert terminal.exit_code == 7
+    sleeper = client.terminals.open(box, ["sleep", "600"])
+    sleeper.kill(9)
+    assert b"".join(sleeper) == b"" and sleeper.signal == 9
 
 
 def test_snapshots(client: Sandhold) -> None:
@@ -194,12 +210,12 @@ def test_errors_by_reason(client: Sandhold, server: support.Server, local_defini
         assert t.value.code == grpc.StatusCode.UNAVAILABLE
 
 
-def test_run_terminal_is_raised_for_an_answer_to_an_ended_run(client: Sandhold, local_definition: str) -> None:
+def test_an_answer_to_an_ended_run_is_a_failed_precondition(client: Sandhold, local_definition: str) -> None:
     run = client.runs.start(thread_id=f"py-{uuid.uuid4().hex[:8]}", definition_id=local_definition, command=["true"])
     list(run)
     deadline = time.monotonic() + 30
-    while client.runs.get(run.run_id).status.value == "RUNNING" and time.monotonic() < deadline:
+    while client.runs.get(run.run_id).status is RunStatus.RUNNING and time.monotonic() < deadline:
         time.sleep(0.05)
-    with pytest.raises(SandholdError) as e:
+    with pytest.raises(FailedPrecondition) as e:
         client.requests.allow(run.run_id, "no-such-request")
-    assert e.value.reason in ("NOT_FOUND", "FAILED_PRECONDITION", "RUN_TERMINAL")
+    assert "has ended" in e.value.message and e.value.code == grpc.StatusCode.FAILED_PRECONDITION

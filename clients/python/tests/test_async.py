@@ -10,7 +10,7 @@ import uuid
 import pytest
 
 import support
-from sandhold import AsyncSandhold, ChunkType, NotFound, definition
+from sandhold import AsyncSandhold, NotFound, Sandhold
 
 
 def test_the_asyncio_client(server: support.Server, local_definition: str) -> None:
@@ -47,18 +47,36 @@ def test_the_asyncio_client(server: support.Server, local_definition: str) -> No
     asyncio.run(scenario())
 
 
-def test_calls_carry_the_current_trace_context(server: support.Server) -> None:
-    from opentelemetry import trace
+def test_calls_carry_the_current_trace_context() -> None:
+    """What reaches a server: a gRPC server in this process stands in for
+    Sandhold and records each call's metadata."""
+    from concurrent import futures
+
+    import grpc
     from opentelemetry.sdk.trace import TracerProvider
 
-    from sandhold._connection import call_metadata
+    from sandhold.v1 import admin_pb2, admin_pb2_grpc
 
-    tracer = TracerProvider().get_tracer("sandhold-test")
-    assert [k for k, _ in call_metadata("t")] == ["authorization"]  # no span, no traceparent
-    with tracer.start_as_current_span("client call") as span:
-        metadata = dict(call_metadata("t"))
-        context = span.get_span_context()
-        assert metadata["traceparent"] == f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
-        with server.client() as client:  # the server takes a call that carries it
-            client.definitions.put(definition("py-traced", local=True))
-    assert trace.get_current_span() is trace.INVALID_SPAN
+    seen: list[dict[str, str]] = []
+
+    class Admin(admin_pb2_grpc.AdminServiceServicer):  # type: ignore[misc]
+        def GetServerInfo(self, request: object, context: grpc.ServicerContext) -> admin_pb2.GetServerInfoResponse:
+            seen.append({k: str(v) for k, v in context.invocation_metadata()})
+            return admin_pb2.GetServerInfoResponse(tenant="traced")
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    admin_pb2_grpc.add_AdminServiceServicer_to_server(Admin(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        tracer = TracerProvider().get_tracer("sandhold-test")
+        with Sandhold(f"127.0.0.1:{port}", token="t") as client:
+            client.server_info()  # no span: no traceparent
+            with tracer.start_as_current_span("client call") as span:
+                assert client.server_info().tenant == "traced"
+                context = span.get_span_context()
+    finally:
+        server.stop(None)
+    assert "traceparent" not in seen[0] and seen[0]["authorization"] == "Bearer t"
+    want = f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
+    assert seen[1]["traceparent"] == want
