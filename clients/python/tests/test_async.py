@@ -10,7 +10,7 @@ import uuid
 import pytest
 
 import support
-from sandhold import AsyncSandhold, NotFound, Sandhold
+from sandhold import AsyncSandhold, Chunk, NotFound, Policy, Rule, Sandhold
 
 
 def test_the_asyncio_client(server: support.Server, local_definition: str) -> None:
@@ -41,6 +41,22 @@ def test_the_asyncio_client(server: support.Server, local_definition: str) -> No
                 assert b"on-a-tty" in b"".join([b async for b in terminal]) and terminal.exit_code == 2
                 with pytest.raises(NotFound):
                     await client.runs.get("no-such-run")
+
+                # A coroutine answers a permission request.
+                asking = client.runs.start(
+                    thread_id=f"py-{uuid.uuid4().hex[:8]}", definition_id=local_definition, harness="acp",
+                    prompt="go", policy=Policy(default="allow", rules=[Rule("command", "*", "ask")]),
+                    command=["python3", str(support.REPO / "tests" / "fake-acp" / "fake_acp_agent.py"),
+                             "--log", "/dev/null", "--ask", "echo hi > asked.txt"])
+                await asking.__anext__()
+                await asking.close()
+
+                async def decide(chunk: Chunk) -> bool:
+                    await asyncio.sleep(0)
+                    return True
+
+                answers = await client.requests.handle(asking.run_id, permission=decide)
+                assert [(a.kind, a.allowed) for a in answers] == [("permission", True)]
         finally:
             proxy.close()
 

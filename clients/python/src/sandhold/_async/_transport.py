@@ -4,18 +4,34 @@ hand for each flavour; _sync/_transport.py is the blocking one.)"""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from typing import Any, Generic, TypeVar
+import inspect
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Generic, TypeVar, Union
 
 import grpc
 import grpc.aio
 
 from sandhold._connection import Target
+from sandhold.chunks import Chunk
 from sandhold.errors import from_rpc_error
 
 Channel = grpc.aio.Channel
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")
+T = TypeVar("T")
+
+#: A permission handler: the PERMISSION_REQUESTED chunk (``tool_name``,
+#: ``request.input``) -> allow, or (allow, message); a coroutine function too.
+PermissionHandler = Callable[[Chunk], Union[bool, tuple[bool, str], Awaitable[Union[bool, tuple[bool, str]]]]]
+#: A client tool: its input (parsed JSON) -> its result text; a coroutine function too.
+ClientToolFn = Callable[[Any], Union[str, Awaitable[str]]]
+
+
+async def resolve(value: T | Awaitable[T]) -> T:
+    """A handler's answer, awaited when it is a coroutine's."""
+    if inspect.isawaitable(value):
+        return await value
+    return value
 
 
 def open_channel(target: Target) -> Channel:

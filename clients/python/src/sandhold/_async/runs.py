@@ -4,12 +4,11 @@ their requests (permissions under an ``ask`` rule, client tool calls)."""
 from __future__ import annotations
 
 import builtins
-import inspect
 import uuid
-from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from typing import Any
 
-from sandhold._async._transport import sleep
+from sandhold._async._transport import ClientToolFn, PermissionHandler, resolve, sleep
 from sandhold._async.rpc import AsyncRpc
 from sandhold._error_base import SandholdError
 from sandhold._resume import Backoff, Reconnect, resumable
@@ -261,13 +260,6 @@ class AsyncRuns:
         await self._rpc.unary(self._rpc.runs.DeleteRun, request, run_pb2.DeleteRunResponse)
 
 
-#: A permission handler: the PERMISSION_REQUESTED chunk (``tool_name``,
-#: ``request.input``) -> allow, or (allow, message).
-PermissionHandler = Callable[[Chunk], "bool | tuple[bool, str] | Awaitable[bool | tuple[bool, str]]"]
-#: A client tool: its input (parsed JSON) -> its result text.
-ClientToolFn = Callable[[Any], "str | Awaitable[str]"]
-
-
 class AsyncRequests:
     """``client.requests``: what runs ask their clients."""
 
@@ -321,9 +313,7 @@ class AsyncRequests:
                 continue
             try:
                 if chunk.asks_permission and permission is not None:
-                    decision = permission(chunk)
-                    if inspect.isawaitable(decision):
-                        decision = await decision
+                    decision = await resolve(permission(chunk))
                     allow, message = decision if isinstance(decision, tuple) else (decision, "")
                     if allow:
                         answered.append(await self.allow(run_id, request.request_id, message=message))
@@ -344,10 +334,7 @@ async def _run_tool(tools: Mapping[str, ClientToolFn], name: str, tool_input: An
     if fn is None:
         return f"no client tool {name}", True
     try:
-        result = fn(tool_input)
-        if inspect.isawaitable(result):
-            result = await result
-        return str(result), False
+        return str(await resolve(fn(tool_input))), False
     except Exception as e:  # the model is told; the run goes on
         return f"{name} failed: {e}", True
 

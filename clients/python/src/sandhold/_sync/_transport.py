@@ -5,17 +5,30 @@ from __future__ import annotations
 
 import queue
 import time
-from collections.abc import Iterator
-from typing import Any, Generic, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Any, Generic, TypeVar, Union
 
 import grpc
 
 from sandhold._connection import Target
+from sandhold.chunks import Chunk
 from sandhold.errors import from_rpc_error
 
 Channel = grpc.Channel
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")
+T = TypeVar("T")
+
+#: A permission handler: the PERMISSION_REQUESTED chunk (``tool_name``,
+#: ``request.input``) -> allow, or (allow, message).
+PermissionHandler = Callable[[Chunk], Union[bool, tuple[bool, str]]]
+#: A client tool: its input (parsed JSON) -> its result text.
+ClientToolFn = Callable[[Any], str]
+
+
+def resolve(value: T) -> T:
+    """A handler's answer (the asyncio client awaits coroutines' here)."""
+    return value
 
 
 def open_channel(target: Target) -> Channel:

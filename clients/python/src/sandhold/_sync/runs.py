@@ -5,12 +5,11 @@ their requests (permissions under an ``ask`` rule, client tool calls)."""
 from __future__ import annotations
 
 import builtins
-import inspect
 import uuid
-from collections.abc import Generator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import Generator, Callable, Mapping, Sequence
 from typing import Any
 
-from sandhold._sync._transport import sleep
+from sandhold._sync._transport import ClientToolFn, PermissionHandler, resolve, sleep
 from sandhold._sync.rpc import Rpc
 from sandhold._error_base import SandholdError
 from sandhold._resume import Backoff, Reconnect, resumable
@@ -262,13 +261,6 @@ class Runs:
         self._rpc.unary(self._rpc.runs.DeleteRun, request, run_pb2.DeleteRunResponse)
 
 
-#: A permission handler: the PERMISSION_REQUESTED chunk (``tool_name``,
-#: ``request.input``) -> allow, or (allow, message).
-PermissionHandler = Callable[[Chunk], "bool | tuple[bool, str] | bool | tuple[bool, str]"]
-#: A client tool: its input (parsed JSON) -> its result text.
-ClientToolFn = Callable[[Any], "str | str"]
-
-
 class Requests:
     """``client.requests``: what runs ask their clients."""
 
@@ -322,9 +314,7 @@ class Requests:
                 continue
             try:
                 if chunk.asks_permission and permission is not None:
-                    decision = permission(chunk)
-                    if inspect.isawaitable(decision):
-                        decision = decision
+                    decision = resolve(permission(chunk))
                     allow, message = decision if isinstance(decision, tuple) else (decision, "")
                     if allow:
                         answered.append(self.allow(run_id, request.request_id, message=message))
@@ -345,10 +335,7 @@ def _run_tool(tools: Mapping[str, ClientToolFn], name: str, tool_input: Any) -> 
     if fn is None:
         return f"no client tool {name}", True
     try:
-        result = fn(tool_input)
-        if inspect.isawaitable(result):
-            result = result
-        return str(result), False
+        return str(resolve(fn(tool_input))), False
     except Exception as e:  # the model is told; the run goes on
         return f"{name} failed: {e}", True
 
