@@ -1,6 +1,6 @@
 """The real `sandhold serve` for the example's test (started by the helper
-the Python suite uses, tests/python/sandhold_server.py; run.sh puts it and
-the generated client on PYTHONPATH)."""
+the Python suite uses, tests/python/sandhold_server.py, which run.sh puts on
+PYTHONPATH; the client is the `sandhold` package, installed by run.sh)."""
 
 import pytest
 
@@ -21,11 +21,8 @@ def server():
 
 def _destroy_sandboxes(addr):
     """Local sandboxes outlive the server: remove the ones the tests made."""
-    import grpc
-    from sandhold.v1 import sandbox_pb2, sandbox_pb2_grpc
+    from sandhold import Sandhold
 
-    md = [("authorization", f"Bearer {TOKEN}")]
-    with grpc.insecure_channel(addr) as channel:
-        stub = sandbox_pb2_grpc.SandboxServiceStub(channel)
-        for sandbox in stub.ListSandboxes(sandbox_pb2.ListSandboxesRequest(), metadata=md).sandboxes:
-            stub.DestroySandbox(sandbox_pb2.DestroySandboxRequest(sandbox_id=sandbox.sandbox_id), metadata=md)
+    with Sandhold(addr, token=TOKEN) as client:
+        for sandbox in client.sandboxes.list():
+            client.sandboxes.destroy(sandbox.sandbox_id)

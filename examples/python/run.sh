@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The Python example (examples/python/durable_run.py) against the real
-# `sandhold serve`: generates the client from proto/ with grpcio-tools into a
-# temp dir, installs the pinned requirements into a virtualenv under the
-# target dir (reused between runs), and runs its pytest file. The server is
+# The Python examples (examples/python/durable_run.py, answer_requests.py)
+# against the real `sandhold serve`: installs the pinned requirements and the
+# `sandhold` package of this checkout (clients/python) into a virtualenv
+# under the target dir (reused between runs), and runs their pytest files. The server is
 # started by conftest.py (tests/python/sandhold_server.py) with the local
 # provider, whose agent is the sandhold-agent built next to sandhold.
 set -euo pipefail
@@ -28,10 +28,8 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "$want" > "$stamp"
 fi
 
-gen=$(mktemp -d)
-trap 'rm -rf "$gen"' EXIT
-PYTHON=$venv/bin/python "$here/generate.sh" "$gen"
-export PYTHONPATH="$gen:$repo/tests/python${PYTHONPATH:+:$PYTHONPATH}"
+"$venv/bin/python" -m pip install -q --no-deps --force-reinstall "$repo/clients/python"
+export PYTHONPATH="$repo/tests/python${PYTHONPATH:+:$PYTHONPATH}"
 
 cd "$here"
 "$venv/bin/python" -m pytest -q -p no:cacheprovider "$@"

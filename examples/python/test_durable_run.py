@@ -5,7 +5,6 @@ import io
 
 from conftest import TOKEN
 from durable_run import durable_run, ensure_sandbox
-from sandhold.v1 import sandbox_pb2
 
 LINES = 40
 
@@ -13,8 +12,8 @@ LINES = 40
 def test_ensure_creates_then_resumes(server):
     first = ensure_sandbox(server, TOKEN, "ensure-thread")
     again = ensure_sandbox(server, TOKEN, "ensure-thread")
-    assert first.outcome == sandbox_pb2.ENSURE_OUTCOME_CREATED
-    assert again.outcome == sandbox_pb2.ENSURE_OUTCOME_RESUMED
+    assert first.outcome == "CREATED"
+    assert again.outcome == "RESUMED"
     assert again.sandbox_id == first.sandbox_id
 
 
@@ -28,11 +27,11 @@ def test_durable_run_resumes_after_a_dropped_connection(server):
     assert len(set(got["offsets"])) == len(got["offsets"]), "an offset was delivered twice"
     # RUN_STARTED once, before any text (out-of-band CUSTOM chunks such as
     # the sandbox's may come first); RUN_FINISHED once, last.
-    assert got["types"].count("CHUNK_TYPE_RUN_STARTED") == 1
-    assert got["types"].index("CHUNK_TYPE_RUN_STARTED") < got["types"].index("CHUNK_TYPE_TEXT_MESSAGE_CONTENT")
-    assert got["types"].count("CHUNK_TYPE_RUN_FINISHED") == 1
-    assert got["types"][-1] == "CHUNK_TYPE_RUN_FINISHED"
+    assert got["types"].count("RUN_STARTED") == 1
+    assert got["types"].index("RUN_STARTED") < got["types"].index("TEXT_MESSAGE_CONTENT")
+    assert got["types"].count("RUN_FINISHED") == 1
+    assert got["types"][-1] == "RUN_FINISHED"
     # The drop really happened mid-run: chunks came on both connections.
     dropped = got["offsets"].index(got["dropped_after_offset"])
     assert 0 < dropped < len(got["offsets"]) - 1
-    assert got["status"] == "RUN_STATUS_COMPLETED"
+    assert got["status"] == "COMPLETED"

@@ -1,0 +1,1 @@
+"""The asyncio client (made into the blocking one in _sync/)."""
