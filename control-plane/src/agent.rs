@@ -132,6 +132,29 @@ impl AgentClient {
         &self.info
     }
 
+    /// What a run in this sandbox must be told about the confinement of
+    /// its run user: each layer the agent does not apply (its kernel lacks
+    /// it, or the operator turned it off), as a `harness.warning`.
+    pub fn confinement_warnings(&self) -> Vec<String> {
+        let caps = self.info.capabilities.unwrap_or_default();
+        let mut warnings = Vec::new();
+        if !caps.landlock {
+            warnings.push(
+                "Landlock does not confine this sandbox's run user (its kernel lacks it, or the operator \
+                 turned it off): its writes are bounded only by file permissions"
+                    .to_string(),
+            );
+        }
+        if !caps.seccomp {
+            warnings.push(
+                "the seccomp denylist does not confine this sandbox's run user (its kernel lacks it, or the \
+                 operator turned it off): mount, bpf, io_uring and the rest stay open to it"
+                    .to_string(),
+            );
+        }
+        warnings
+    }
+
     pub fn info(&self) -> InfoServiceClient<AuthedChannel> {
         shared::sized!(InfoServiceClient::new(self.channel.clone()))
     }

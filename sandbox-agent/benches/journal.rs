@@ -243,6 +243,7 @@ fn main() {
         token: Secret::new(token.clone()),
         journal_dir: journal_dir.clone(),
         run_user: None,
+        unconfined: false,
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let server = runtime.spawn(sandbox_agent::serve(options, async move {

@@ -198,6 +198,7 @@ fn main() {
         token: Secret::new(token.clone()),
         journal_dir: dir.path().join("journal"),
         run_user: None,
+        unconfined: false,
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let server = runtime.spawn(sandbox_agent::serve(options, async move {

@@ -1,7 +1,8 @@
 //! How the agent starts every child process: its own process group (so a
 //! timeout or a dropped stream kills the whole tree), and an environment
 //! scrubbed of the agent's own configuration (the token file path and any
-//! other `SANDHOLD_AGENT_*` variable never reach a child).
+//! other `SANDHOLD_AGENT_*` variable never reach a child), and the run
+//! user's confinement ([`Isolation`]).
 
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -15,6 +16,7 @@ use shared::proto::agent::v1 as proto;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use crate::isolation::Isolation;
 use crate::run_user::RunUser;
 
 /// Prefix of the agent's own environment variables; all are removed from
@@ -38,19 +40,20 @@ pub fn scrub_env(cmd: &mut std::process::Command, env: &HashMap<String, String>)
 
 /// A `std::process::Command` for `argv` (or `/bin/sh -c shell`) in `cwd`,
 /// as `user` when there is one (the run user; else as the agent), with a
-/// scrubbed environment, in a new process group. Convert with
-/// `tokio::process::Command::from` for async use.
+/// scrubbed environment, in a new process group, confined by `isolation`.
+/// Convert with `tokio::process::Command::from` for async use.
 pub fn command(
     program: &str,
     args: &[String],
     cwd: &Path,
     env: &HashMap<String, String>,
     user: Option<&RunUser>,
-) -> std::process::Command {
+    isolation: &Isolation,
+) -> std::io::Result<std::process::Command> {
     use std::os::unix::process::CommandExt;
-    let mut cmd = command_in(program, args, cwd, env, user);
+    let mut cmd = command_in(program, args, cwd, env, user, isolation)?;
     cmd.process_group(0);
-    cmd
+    Ok(cmd)
 }
 
 /// [`command`] without its process group: for a caller that gives the
@@ -61,14 +64,16 @@ fn command_in(
     cwd: &Path,
     env: &HashMap<String, String>,
     user: Option<&RunUser>,
-) -> std::process::Command {
+    isolation: &Isolation,
+) -> std::io::Result<std::process::Command> {
     let mut cmd = std::process::Command::new(program);
     cmd.args(args).current_dir(cwd);
     if let Some(user) = user {
         user.apply(&mut cmd);
     }
     scrub_env(&mut cmd, env);
-    cmd
+    isolation.apply(&mut cmd)?;
+    Ok(cmd)
 }
 
 /// The agent's side of a pseudo-terminal: what a terminal's user types is
@@ -122,10 +127,11 @@ pub fn terminal_command(
     cwd: &Path,
     env: &HashMap<String, String>,
     user: Option<&RunUser>,
+    isolation: &Isolation,
     terminal: OwnedFd,
 ) -> std::io::Result<std::process::Command> {
     use std::os::unix::process::CommandExt;
-    let mut cmd = command_in(program, args, cwd, env, user);
+    let mut cmd = command_in(program, args, cwd, env, user, isolation)?;
     cmd.stdin(terminal.try_clone()?).stdout(terminal.try_clone()?).stderr(terminal);
     // SAFETY: between fork and exec, only setsid and ioctl, both
     // async-signal-safe; nothing is allocated or locked.
@@ -159,15 +165,16 @@ pub fn command_with_exact_env(
     cwd: &Path,
     env: &HashMap<String, String>,
     user: Option<&RunUser>,
-) -> std::process::Command {
-    let mut cmd = command(program, args, cwd, &HashMap::new(), user);
+    isolation: &Isolation,
+) -> std::io::Result<std::process::Command> {
+    let mut cmd = command(program, args, cwd, &HashMap::new(), user, isolation)?;
     cmd.env_clear();
     for (k, v) in env {
         if !k.starts_with(AGENT_ENV_PREFIX) {
             cmd.env(k, v);
         }
     }
-    cmd
+    Ok(cmd)
 }
 
 /// Refuse environment entries `std::process::Command` cannot pass on (it
@@ -514,7 +521,10 @@ mod tests {
         let mut env = HashMap::new();
         env.insert("VISIBLE".to_string(), "yes".to_string());
         env.insert("SANDHOLD_AGENT_SMUGGLED".to_string(), "no".to_string());
-        let out = command("/usr/bin/env", &[], Path::new("/"), &env, None).output().unwrap();
+        let out = command("/usr/bin/env", &[], Path::new("/"), &env, None, &Isolation::off())
+            .unwrap()
+            .output()
+            .unwrap();
         let text = String::from_utf8(out.stdout).unwrap();
         assert!(text.contains("VISIBLE=yes"));
         assert!(!text.contains("SANDHOLD_AGENT_"), "{text}");

@@ -83,6 +83,12 @@ pub struct ServeArgs {
     /// HOME of the run user when the image's passwd gives it none.
     #[arg(long, env = "SANDHOLD_AGENT_RUN_HOME", default_value = crate::run_user::DEFAULT_HOME)]
     pub run_home: PathBuf,
+    /// Start every command without Landlock and seccomp (by default both
+    /// confine what the run user starts, where the kernel has them). For a
+    /// kernel or a tool that cannot live with them; reported as a warning
+    /// on every run.
+    #[arg(long, env = "SANDHOLD_AGENT_UNCONFINED")]
+    pub unconfined: bool,
 }
 
 impl AgentOptions {
@@ -101,7 +107,14 @@ impl AgentOptions {
             }
             None => None,
         };
-        Ok(Self { listen: args.listen, root: args.root, token: Secret::new(token), journal_dir, run_user })
+        Ok(Self {
+            listen: args.listen,
+            root: args.root,
+            token: Secret::new(token),
+            journal_dir,
+            run_user,
+            unconfined: args.unconfined,
+        })
     }
 }
 

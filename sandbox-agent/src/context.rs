@@ -10,6 +10,7 @@ use anyhow::Context;
 use shared::proto::agent::v1::Capabilities;
 
 use crate::confine::Root;
+use crate::isolation::Isolation;
 use crate::options::AgentOptions;
 use crate::run_user::RunUser;
 use crate::vault::Vault;
@@ -24,6 +25,8 @@ pub struct AgentContext {
     /// Who commands run as (and files written for the API belong to);
     /// `None`: the agent's own user.
     pub run_user: Option<RunUser>,
+    /// How everything the run user starts is confined.
+    pub isolation: Isolation,
     /// The sandbox's secret values (memory only), masked in what is served.
     pub vault: Vault,
 }
@@ -50,18 +53,27 @@ impl AgentContext {
         // hands it, never by opening a journal (nor forging another run's).
         std::fs::set_permissions(&options.journal_dir, std::fs::Permissions::from_mode(0o700))
             .with_context(|| format!("restricting the journal dir {}", options.journal_dir.display()))?;
+        let home = match &options.run_user {
+            Some(user) => Some(user.home.clone()),
+            None => std::env::var_os("HOME").map(PathBuf::from).filter(|h| h.is_absolute()),
+        };
+        let (isolation, warnings) = Isolation::detect(root.path(), home.as_deref(), !options.unconfined);
+        for warning in &warnings {
+            tracing::warn!("{warning}");
+        }
         Ok(Self {
             root,
             journal_dir: options.journal_dir.clone(),
-            capabilities: capabilities(),
+            capabilities: capabilities(&isolation),
+            isolation,
             run_user: options.run_user.clone(),
             vault: Vault::new(&options.journal_dir),
         })
     }
 }
 
-/// What this agent can do. Services that are not built yet say `false`.
-pub fn capabilities() -> Capabilities {
+/// What this agent can do, confined as `isolation` says.
+pub fn capabilities(isolation: &Isolation) -> Capabilities {
     Capabilities {
         background_processes: true,
         killable_processes: true,
@@ -74,5 +86,7 @@ pub fn capabilities() -> Capabilities {
         pty: true,
         egress: true,
         requests: true,
+        landlock: isolation.landlock(),
+        seccomp: isolation.seccomp(),
     }
 }

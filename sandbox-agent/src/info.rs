@@ -49,7 +49,7 @@ mod tests {
         assert_eq!(info.agent_version, env!("CARGO_PKG_VERSION"));
         assert_eq!(info.root, dir.path().join("root").canonicalize().unwrap().display().to_string());
         assert_eq!(info.journal_dir, dir.path().join("journal").display().to_string());
-        assert_eq!(info.capabilities, Some(crate::context::capabilities()));
+        assert_eq!(info.capabilities, Some(crate::context::capabilities(&ctx.isolation)));
         assert_eq!(info.pid, std::process::id());
     }
 }

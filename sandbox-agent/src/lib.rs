@@ -13,6 +13,7 @@ pub mod child;
 pub mod confine;
 pub mod git;
 pub mod init;
+pub mod isolation;
 pub mod mcp;
 pub mod options;
 pub mod request_dir;

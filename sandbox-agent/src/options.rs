@@ -16,6 +16,9 @@ pub struct AgentOptions {
     pub journal_dir: PathBuf,
     /// Who every command runs as; `None`: the agent's own user.
     pub run_user: Option<RunUser>,
+    /// Start the run user's processes without Landlock and seccomp (the
+    /// operator's escape hatch; the capabilities and every run say so).
+    pub unconfined: bool,
 }
 
 /// `<root>/../.sandhold-journal`: beside the workspace, so the workspace

@@ -25,6 +25,7 @@ use crate::confine::Root;
 pub use crate::confine::resolve_cwd;
 use crate::context::AgentContext;
 use crate::git::Transfers;
+use crate::isolation::Isolation;
 use crate::run_user::RunUser;
 use crate::vault::Vault;
 
@@ -157,6 +158,7 @@ pub struct Processes {
     root: Root,
     table: ProcessTable,
     run_user: Option<RunUser>,
+    isolation: Isolation,
     vault: Vault,
     git: Transfers,
 }
@@ -169,6 +171,7 @@ impl Processes {
             root: ctx.root.clone(),
             table: ProcessTable::default(),
             run_user: ctx.run_user.clone(),
+            isolation: ctx.isolation.clone(),
             vault: ctx.vault.clone(),
             git: Transfers::new(ctx.root.clone(), ctx.journal_dir.clone(), ctx.run_user.clone()),
         }
@@ -182,7 +185,15 @@ impl Processes {
         let program = Program::from_command(req.command)?;
         child::validate_env(&req.env)?;
         let cwd = resolve_cwd(&self.root, &req.cwd)?;
-        let mut cmd = child::command(&program.program, &program.args, &cwd, &req.env, self.run_user.as_ref());
+        let mut cmd = child::command(
+            &program.program,
+            &program.args,
+            &cwd,
+            &req.env,
+            self.run_user.as_ref(),
+            &self.isolation,
+        )
+        .map_err(|e| spawn_error(&program.program, e))?;
         cmd.stdin(if req.stdin.is_empty() {
             std::process::Stdio::null()
         } else {
@@ -283,9 +294,10 @@ impl Processes {
                     &cwd,
                     &start.env,
                     user,
+                    &self.isolation,
                     terminal,
                 )
-                .map_err(internal)?;
+                .map_err(|e| spawn_error(&program.program, e))?;
                 // The command (and with it the agent's copy of the
                 // terminal's other side) is dropped here: reads end once
                 // the child's processes close it.
@@ -298,7 +310,9 @@ impl Processes {
                 (running, Some(Input::Terminal(Box::new(writer), pty)))
             }
             None => {
-                let mut cmd = child::command(&program.program, &program.args, &cwd, &start.env, user);
+                let mut cmd =
+                    child::command(&program.program, &program.args, &cwd, &start.env, user, &self.isolation)
+                        .map_err(|e| spawn_error(&program.program, e))?;
                 cmd.stdin(std::process::Stdio::piped())
                     .stdout(std::process::Stdio::piped())
                     .stderr(std::process::Stdio::piped());

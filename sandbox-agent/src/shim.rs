@@ -70,6 +70,10 @@ pub struct ShimArgs {
     /// left there and closes it (so it keeps the key until then).
     #[arg(long)]
     pub requests: Option<PathBuf>,
+    /// How the command is confined (JSON of [`crate::isolation::Isolation`]);
+    /// absent: not at all.
+    #[arg(long, value_parser = parse_isolation)]
+    pub isolation: Option<crate::isolation::Isolation>,
     /// The command's argv.
     #[arg(last = true, required = true)]
     pub command: Vec<String>,
@@ -78,6 +82,10 @@ pub struct ShimArgs {
 fn parse_ids(s: &str) -> Result<(u32, u32), String> {
     let (uid, gid) = s.split_once(':').ok_or("expected UID:GID")?;
     Ok((uid.parse().map_err(|_| "bad uid")?, gid.parse().map_err(|_| "bad gid")?))
+}
+
+fn parse_isolation(s: &str) -> Result<crate::isolation::Isolation, String> {
+    serde_json::from_str(s).map_err(|e| e.to_string())
 }
 
 /// Exit code recorded for a command killed by `signal` (the shell's
@@ -223,6 +231,10 @@ fn start(args: &ShimArgs) -> anyhow::Result<Started> {
         unsafe {
             command.pre_exec(move || limit_file_size(cap));
         }
+    }
+    if let Some(isolation) = &args.isolation {
+        // After the journal files exist: the command may reopen them.
+        isolation.apply(&mut command).context("confining the command")?;
     }
     let watched = [
         stdout.try_clone().context("duplicating the journal descriptor")?,

@@ -20,6 +20,7 @@ pub fn context(dir: &Path) -> AgentContext {
         token: Secret::new("unused"),
         journal_dir: dir.join("journal"),
         run_user: None,
+        unconfined: false,
     };
     AgentContext::new(&options).expect("building the context")
 }

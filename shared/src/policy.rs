@@ -236,6 +236,25 @@ impl Policy {
         (default, rules)
     }
 
+    /// The directories whose every write is denied (`file_write` deny
+    /// rules of the form `DIR/**` with a literal `DIR`, here and in the
+    /// bounds), as written: relative to the working directory unless
+    /// absolute. What the sandbox agent also has the kernel enforce.
+    pub fn denied_dirs(&self) -> Vec<String> {
+        let (_, rules) = self.flattened();
+        let mut dirs: Vec<String> = rules
+            .iter()
+            .filter(|r| r.action == Action::FileWrite && r.effect == Effect::Deny)
+            .filter_map(|r| r.pattern.trim().strip_suffix("/**"))
+            .map(|dir| dir.trim_end_matches('/'))
+            .filter(|dir| !dir.is_empty() && !dir.contains(['*', '?', '[', ']', '{', '}', '\\']))
+            .map(str::to_string)
+            .collect();
+        dirs.sort();
+        dirs.dedup();
+        dirs
+    }
+
     pub fn request_timeout_ms(&self) -> u64 {
         self.request_timeout_ms.unwrap_or(DEFAULT_REQUEST_TIMEOUT_MS)
     }
@@ -422,6 +441,19 @@ mod tests {
         assert_eq!(p.decide(Action::FileWrite, "src/deep/main.rs").effect, Effect::Allow);
         let p = policy(Effect::Allow, &[(Action::FileWrite, "src/**", Effect::Deny)]);
         assert_eq!(p.decide(Action::FileWrite, "src/deep/main.rs").effect, Effect::Deny);
+        assert_eq!(p.denied_dirs(), vec!["src".to_string()]);
+        let loose = policy(
+            Effect::Allow,
+            &[
+                (Action::FileWrite, "docs/**", Effect::Ask),
+                (Action::FileWrite, "**/.env", Effect::Deny),
+                (Action::FileWrite, "src/*/gen/**", Effect::Deny),
+                (Action::Command, "git/**", Effect::Deny),
+                (Action::FileWrite, "/etc/**", Effect::Deny),
+            ],
+        );
+        let bounded = p.within(&loose);
+        assert_eq!(bounded.denied_dirs(), vec!["/etc".to_string(), "src".to_string()]);
     }
 
     #[test]

@@ -70,6 +70,7 @@ impl TestAgent {
             token: Secret::new(self.token.clone()),
             journal_dir: self.journal_dir.clone(),
             run_user: None,
+            unconfined: false,
         };
         let (stop, stopped) = oneshot::channel::<()>();
         self.task = Some(tokio::spawn(sandbox_agent::serve(options, async move {

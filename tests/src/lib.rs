@@ -12,6 +12,7 @@
 //! [`docker::DockerCleanup`].
 
 pub mod agent;
+pub mod attack;
 pub mod auth;
 pub mod bench;
 pub mod cli;

@@ -533,6 +533,9 @@ impl Lifecycle {
 
     /// The public view of an instance (with what this replica knows of it).
     pub(crate) fn describe(&self, instance: &Instance) -> api::Sandbox {
+        // What confines the run user is the agent's to say (its kernel's):
+        // known while this replica holds the sandbox's agent.
+        let confined = self.live(&instance.sandbox_key).and_then(|l| l.agent.handshake().capabilities);
         let capabilities = self.providers.by_name(&instance.provider).ok().map(|p| {
             let c = p.capabilities();
             api::Capabilities {
@@ -545,6 +548,8 @@ impl Lifecycle {
                 network_policy: c.network_policy,
                 ports: c.ports,
                 terminal: c.terminal,
+                landlock: confined.is_some_and(|a| a.landlock),
+                seccomp: confined.is_some_and(|a| a.seccomp),
             }
         });
         api::Sandbox {

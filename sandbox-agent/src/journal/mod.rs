@@ -32,6 +32,7 @@ use tonic::{Request, Response, Status};
 
 use crate::confine::Root;
 use crate::context::AgentContext;
+use crate::isolation::Isolation;
 use crate::request_dir::{self, RequestDir, Setup};
 use crate::run_user::RunUser;
 use crate::shim::lock_is_held;
@@ -78,6 +79,7 @@ pub struct Journal {
     root: Root,
     journal_dir: PathBuf,
     run_user: Option<RunUser>,
+    isolation: Isolation,
     vault: Vault,
 }
 
@@ -87,6 +89,7 @@ impl Journal {
             root: ctx.root.clone(),
             journal_dir: ctx.journal_dir.clone(),
             run_user: ctx.run_user.clone(),
+            isolation: ctx.isolation.clone(),
             vault: ctx.vault.clone(),
         }
     }
@@ -496,6 +499,11 @@ async fn start_supervisor(
     if let Some(dir) = &requests {
         cmd.arg("--requests").arg(dir.path());
     }
+    let isolation = run_isolation(journal, paths, cwd, requests.as_ref(), req)?;
+    if isolation != Isolation::off() {
+        let json = serde_json::to_string(&isolation).map_err(|e| Error::internal(e.to_string()))?;
+        cmd.arg("--isolation").arg(json);
+    }
     if req.max_journal_bytes > 0 {
         cmd.arg("--max-journal-bytes").arg(req.max_journal_bytes.to_string());
     }
@@ -580,6 +588,51 @@ struct FollowRead {
     requests: Option<RequestDir>,
     /// Where to serve the stderr sidecar from, when it is asked for.
     stderr: Option<u64>,
+}
+
+/// The confinement of one run's command: the agent's, plus its request
+/// dir (its MCP server asks there) and its journal files (a command may
+/// reopen its own stdout and stderr), minus the directories its policy
+/// denies writes to (relative to its working directory).
+fn run_isolation(
+    journal: &Journal,
+    paths: &JournalPaths,
+    cwd: &Path,
+    requests: Option<&RequestDir>,
+    req: &StartRunRequest,
+) -> Result<Isolation, Error> {
+    if journal.isolation == Isolation::off() {
+        return Ok(Isolation::off());
+    }
+    let dirs: Vec<PathBuf> = requests.map(|d| d.path().to_path_buf()).into_iter().collect();
+    let policy_json = req.requests.as_ref().map_or("", |r| r.policy_json.trim());
+    let denied = match policy_json {
+        "" => Vec::new(),
+        text => shared::policy::Policy::from_json(text)
+            .map_err(|e| Error::invalid_field("requests.policy_json", e.0))?
+            .denied_dirs()
+            .iter()
+            .map(|dir| lexical(&cwd.join(dir)))
+            .collect(),
+    };
+    Ok(journal.isolation.for_run(&dirs, &[paths.ndjson.clone(), paths.err.clone()], &denied))
+}
+
+/// `path` with `.` and `..` taken away without looking at the disk (a
+/// denied dir need not exist yet).
+fn lexical(path: &Path) -> PathBuf {
+    use std::path::Component;
+    let mut out = PathBuf::new();
+    for c in path.components() {
+        match c {
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::CurDir => {}
+            other => out.push(other),
+        }
+    }
+    out
 }
 
 /// Whether `user` may execute `exe` (checked with its file system ids).

@@ -17,18 +17,25 @@ use super::session::{DEFAULT_COMMAND_TIMEOUT, ShellSession, ShellSessions, Sink,
 use crate::child::{self, ChildEvent, RunningChild, spawn_error};
 use crate::confine::{Root, resolve_cwd};
 use crate::context::AgentContext;
+use crate::isolation::Isolation;
 use crate::run_user::RunUser;
 
 pub struct Shells {
     root: Root,
     sessions: ShellSessions,
     run_user: Option<RunUser>,
+    isolation: Isolation,
 }
 
 impl Shells {
     /// The open sessions belong to this service: nothing else reaches them.
     pub fn new(ctx: &AgentContext) -> Self {
-        Self { root: ctx.root.clone(), sessions: ShellSessions::default(), run_user: ctx.run_user.clone() }
+        Self {
+            root: ctx.root.clone(),
+            sessions: ShellSessions::default(),
+            run_user: ctx.run_user.clone(),
+            isolation: ctx.isolation.clone(),
+        }
     }
 }
 
@@ -93,7 +100,8 @@ impl ShellService for Shells {
         let program = choose_shell(&req.shell)?;
         child::validate_env(&req.env)?;
         let cwd = resolve_cwd(&self.root, &req.cwd)?;
-        let session = ShellSession::open(program, &cwd, &req.env, self.run_user.as_ref()).await?;
+        let session =
+            ShellSession::open(program, &cwd, &req.env, self.run_user.as_ref(), &self.isolation).await?;
         let id = uuid::Uuid::new_v4().simple().to_string();
         self.sessions.lock().insert(id.clone(), session);
         Ok(Response::new(OpenShellResponse { session_id: id }))
@@ -168,7 +176,9 @@ impl ShellService for Shells {
                 &cwd,
                 &env,
                 self.run_user.as_ref(),
-            );
+                &self.isolation,
+            )
+            .map_err(|e| spawn_error(&program, e))?;
             cmd.stdin(std::process::Stdio::null())
                 .stdout(std::process::Stdio::piped())
                 .stderr(std::process::Stdio::piped());

@@ -22,6 +22,7 @@ use super::marker::{
     ShellEvent, Slot, SlotCell, command_line, fresh_marker, lock_slot, read_output, read_status, stream_index,
 };
 use crate::child::{self, spawn_error};
+use crate::isolation::Isolation;
 use crate::run_user::RunUser;
 
 /// Per-command timeout when the request sets none.
@@ -172,6 +173,7 @@ impl ShellSession {
         cwd: &Path,
         env: &HashMap<String, String>,
         user: Option<&RunUser>,
+        isolation: &Isolation,
     ) -> Result<Arc<Self>, Error> {
         let program_str =
             program.to_str().ok_or_else(|| Error::invalid_field("shell", "not UTF-8"))?.to_owned();
@@ -185,7 +187,8 @@ impl ShellSession {
         let (status_read, status_write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
             .map_err(|e| internal(std::io::Error::from(e)))?;
         let status_write = child::fd_above_stdio(&status_write).map_err(internal)?;
-        let mut cmd = child::command(&program_str, &args, cwd, env, user);
+        let mut cmd = child::command(&program_str, &args, cwd, env, user, isolation)
+            .map_err(|e| spawn_error(&program_str, e))?;
         cmd.stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped());

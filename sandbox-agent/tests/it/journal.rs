@@ -597,6 +597,7 @@ async fn serve_on(dir: &Path, name: &str) -> Served {
         token: Secret::new(token.clone()),
         journal_dir: dir.join("journal"),
         run_user: None,
+        unconfined: false,
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(sandbox_agent::serve(options, async move {

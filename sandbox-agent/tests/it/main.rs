@@ -4,6 +4,7 @@ mod egress;
 mod fs;
 mod info_auth;
 mod init;
+mod isolation;
 mod journal;
 mod process;
 mod requests;

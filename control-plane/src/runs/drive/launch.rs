@@ -176,6 +176,7 @@ impl Runs {
                 ctx.harness.name()
             ));
         }
+        warnings.extend(live.agent.confinement_warnings());
         warnings.append(&mut command.warnings);
         warnings.extend(missing);
         warnings.extend(

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17sandhold/v1/admin.proto\x12\x0bsandhold.v1\"\x16\n\x14GetServerInfoRequest\"\x81\x01\n\x15GetServerInfoResponse\x12\x16\n\x0eserver_version\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x12\n\nreplica_id\x18\x03 \x01(\t\x12\x15\n\rstore_backend\x18\x04 \x01(\t\x12\x15\n\rlease_backend\x18\x05 \x01(\t\"\x0e\n\x0cSweepRequest\"X\n\x08SweptRun\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07outcome\x18\x02 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t\x12\x1b\n\x13terminalized_anyway\x18\x04 \x01(\x08\"\xba\x02\n\rSweepResponse\x12:\n\x08outcomes\x18\x01 \x03(\x0b\x32(.sandhold.v1.SweepResponse.OutcomesEntry\x12#\n\x04runs\x18\x02 \x03(\x0b\x32\x15.sandhold.v1.SweptRun\x12\x17\n\x0fjournals_pruned\x18\x03 \x01(\x04\x12\x15\n\rjournals_kept\x18\x04 \x01(\x04\x12\x1b\n\x13sandboxes_reclaimed\x18\x05 \x01(\x04\x12\x11\n\ttruncated\x18\x06 \x01(\x08\x12\r\n\x05scope\x18\x07 \x01(\t\x12\x12\n\nelapsed_ms\x18\x08 \x01(\x04\x12\x14\n\x0cruns_removed\x18\t \x01(\x04\x1a/\n\rOutcomesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x32\xa6\x01\n\x0c\x41\x64minService\x12V\n\rGetServerInfo\x12!.sandhold.v1.GetServerInfoRequest\x1a\".sandhold.v1.GetServerInfoResponse\x12>\n\x05Sweep\x12\x19.sandhold.v1.SweepRequest\x1a\x1a.sandhold.v1.SweepResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17sandhold/v1/admin.proto\x12\x0bsandhold.v1\"\x16\n\x14GetServerInfoRequest\"\x81\x01\n\x15GetServerInfoResponse\x12\x16\n\x0eserver_version\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x12\n\nreplica_id\x18\x03 \x01(\t\x12\x15\n\rstore_backend\x18\x04 \x01(\t\x12\x15\n\rlease_backend\x18\x05 \x01(\t\"\x0e\n\x0cSweepRequest\"X\n\x08SweptRun\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07outcome\x18\x02 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t\x12\x1b\n\x13terminalized_anyway\x18\x04 \x01(\x08\"\xd7\x02\n\rSweepResponse\x12:\n\x08outcomes\x18\x01 \x03(\x0b\x32(.sandhold.v1.SweepResponse.OutcomesEntry\x12#\n\x04runs\x18\x02 \x03(\x0b\x32\x15.sandhold.v1.SweptRun\x12\x17\n\x0fjournals_pruned\x18\x03 \x01(\x04\x12\x15\n\rjournals_kept\x18\x04 \x01(\x04\x12\x1b\n\x13sandboxes_reclaimed\x18\x05 \x01(\x04\x12\x11\n\ttruncated\x18\x06 \x01(\x08\x12\r\n\x05scope\x18\x07 \x01(\t\x12\x12\n\nelapsed_ms\x18\x08 \x01(\x04\x12\x14\n\x0cruns_removed\x18\t \x01(\x04\x12\x1b\n\x13\x64\x65\x66initions_removed\x18\n \x01(\x04\x1a/\n\rOutcomesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x32\xa6\x01\n\x0c\x41\x64minService\x12V\n\rGetServerInfo\x12!.sandhold.v1.GetServerInfoRequest\x1a\".sandhold.v1.GetServerInfoResponse\x12>\n\x05Sweep\x12\x19.sandhold.v1.SweepRequest\x1a\x1a.sandhold.v1.SweepResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -42,9 +42,9 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SWEPTRUN']._serialized_start=212
   _globals['_SWEPTRUN']._serialized_end=300
   _globals['_SWEEPRESPONSE']._serialized_start=303
-  _globals['_SWEEPRESPONSE']._serialized_end=617
-  _globals['_SWEEPRESPONSE_OUTCOMESENTRY']._serialized_start=570
-  _globals['_SWEEPRESPONSE_OUTCOMESENTRY']._serialized_end=617
-  _globals['_ADMINSERVICE']._serialized_start=620
-  _globals['_ADMINSERVICE']._serialized_end=786
+  _globals['_SWEEPRESPONSE']._serialized_end=646
+  _globals['_SWEEPRESPONSE_OUTCOMESENTRY']._serialized_start=599
+  _globals['_SWEEPRESPONSE_OUTCOMESENTRY']._serialized_end=646
+  _globals['_ADMINSERVICE']._serialized_start=649
+  _globals['_ADMINSERVICE']._serialized_end=815
 # @@protoc_insertion_point(module_scope)

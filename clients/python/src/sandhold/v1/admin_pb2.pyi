@@ -41,7 +41,7 @@ class SweptRun(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., outcome: _Optional[str] = ..., detail: _Optional[str] = ..., terminalized_anyway: _Optional[bool] = ...) -> None: ...
 
 class SweepResponse(_message.Message):
-    __slots__ = ("outcomes", "runs", "journals_pruned", "journals_kept", "sandboxes_reclaimed", "truncated", "scope", "elapsed_ms", "runs_removed")
+    __slots__ = ("outcomes", "runs", "journals_pruned", "journals_kept", "sandboxes_reclaimed", "truncated", "scope", "elapsed_ms", "runs_removed", "definitions_removed")
     class OutcomesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -58,6 +58,7 @@ class SweepResponse(_message.Message):
     SCOPE_FIELD_NUMBER: _ClassVar[int]
     ELAPSED_MS_FIELD_NUMBER: _ClassVar[int]
     RUNS_REMOVED_FIELD_NUMBER: _ClassVar[int]
+    DEFINITIONS_REMOVED_FIELD_NUMBER: _ClassVar[int]
     outcomes: _containers.ScalarMap[str, int]
     runs: _containers.RepeatedCompositeFieldContainer[SweptRun]
     journals_pruned: int
@@ -67,4 +68,5 @@ class SweepResponse(_message.Message):
     scope: str
     elapsed_ms: int
     runs_removed: int
-    def __init__(self, outcomes: _Optional[_Mapping[str, int]] = ..., runs: _Optional[_Iterable[_Union[SweptRun, _Mapping]]] = ..., journals_pruned: _Optional[int] = ..., journals_kept: _Optional[int] = ..., sandboxes_reclaimed: _Optional[int] = ..., truncated: _Optional[bool] = ..., scope: _Optional[str] = ..., elapsed_ms: _Optional[int] = ..., runs_removed: _Optional[int] = ...) -> None: ...
+    definitions_removed: int
+    def __init__(self, outcomes: _Optional[_Mapping[str, int]] = ..., runs: _Optional[_Iterable[_Union[SweptRun, _Mapping]]] = ..., journals_pruned: _Optional[int] = ..., journals_kept: _Optional[int] = ..., sandboxes_reclaimed: _Optional[int] = ..., truncated: _Optional[bool] = ..., scope: _Optional[str] = ..., elapsed_ms: _Optional[int] = ..., runs_removed: _Optional[int] = ..., definitions_removed: _Optional[int] = ...) -> None: ...

@@ -535,7 +535,7 @@ class EnsureReady(_message.Message):
     def __init__(self, sandbox_id: _Optional[str] = ..., outcome: _Optional[_Union[EnsureOutcome, str]] = ..., sandbox: _Optional[_Union[Sandbox, _Mapping]] = ..., restored_checkpoint_id: _Optional[str] = ...) -> None: ...
 
 class Capabilities(_message.Message):
-    __slots__ = ("snapshots", "fork", "background_processes", "killable_processes", "writable_stdin", "durable_filesystem", "network_policy", "ports", "terminal")
+    __slots__ = ("snapshots", "fork", "background_processes", "killable_processes", "writable_stdin", "durable_filesystem", "network_policy", "ports", "terminal", "landlock", "seccomp")
     SNAPSHOTS_FIELD_NUMBER: _ClassVar[int]
     FORK_FIELD_NUMBER: _ClassVar[int]
     BACKGROUND_PROCESSES_FIELD_NUMBER: _ClassVar[int]
@@ -545,6 +545,8 @@ class Capabilities(_message.Message):
     NETWORK_POLICY_FIELD_NUMBER: _ClassVar[int]
     PORTS_FIELD_NUMBER: _ClassVar[int]
     TERMINAL_FIELD_NUMBER: _ClassVar[int]
+    LANDLOCK_FIELD_NUMBER: _ClassVar[int]
+    SECCOMP_FIELD_NUMBER: _ClassVar[int]
     snapshots: bool
     fork: bool
     background_processes: bool
@@ -554,7 +556,9 @@ class Capabilities(_message.Message):
     network_policy: bool
     ports: bool
     terminal: bool
-    def __init__(self, snapshots: _Optional[bool] = ..., fork: _Optional[bool] = ..., background_processes: _Optional[bool] = ..., killable_processes: _Optional[bool] = ..., writable_stdin: _Optional[bool] = ..., durable_filesystem: _Optional[bool] = ..., network_policy: _Optional[bool] = ..., ports: _Optional[bool] = ..., terminal: _Optional[bool] = ...) -> None: ...
+    landlock: bool
+    seccomp: bool
+    def __init__(self, snapshots: _Optional[bool] = ..., fork: _Optional[bool] = ..., background_processes: _Optional[bool] = ..., killable_processes: _Optional[bool] = ..., writable_stdin: _Optional[bool] = ..., durable_filesystem: _Optional[bool] = ..., network_policy: _Optional[bool] = ..., ports: _Optional[bool] = ..., terminal: _Optional[bool] = ..., landlock: _Optional[bool] = ..., seccomp: _Optional[bool] = ...) -> None: ...
 
 class Sandbox(_message.Message):
     __slots__ = ("sandbox_id", "definition_id", "thread_id", "provider", "provider_sandbox_id", "created_at_ms", "updated_at_ms", "capabilities", "env", "secret_names", "state", "keep_alive_ms", "usage")
