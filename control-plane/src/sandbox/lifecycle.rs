@@ -179,6 +179,12 @@ impl Lifecycle {
         Some(entry.clone())
     }
 
+    /// The live entry of `key` as it is: looking (describing a sandbox)
+    /// is not using it, so its idle clock goes on.
+    fn peek_live(&self, key: &str) -> Option<Live> {
+        self.live.lock().expect("live sandboxes poisoned").get(key).cloned()
+    }
+
     fn set_live(&self, key: &str, entry: Live) {
         self.live.lock().expect("live sandboxes poisoned").insert(key.to_string(), entry);
     }
@@ -535,7 +541,7 @@ impl Lifecycle {
     pub(crate) fn describe(&self, instance: &Instance) -> api::Sandbox {
         // What confines the run user is the agent's to say (its kernel's):
         // known while this replica holds the sandbox's agent.
-        let confined = self.live(&instance.sandbox_key).and_then(|l| l.agent.handshake().capabilities);
+        let confined = self.peek_live(&instance.sandbox_key).and_then(|l| l.agent.handshake().capabilities);
         let capabilities = self.providers.by_name(&instance.provider).ok().map(|p| {
             let c = p.capabilities();
             api::Capabilities {

@@ -137,8 +137,25 @@ async fn exec(sandboxes: &mut Sandboxes, sandbox: &str, script: &str, stdin: &[u
 }
 
 async fn sandbox_of_thread(sandboxes: &mut Sandboxes, thread: &str) -> String {
+    container_of_thread(sandboxes, thread).await.sandbox_id
+}
+
+async fn container_of_thread(sandboxes: &mut Sandboxes, thread: &str) -> api::Sandbox {
     let list = sandboxes.list_sandboxes(api::ListSandboxesRequest::default()).await.unwrap().into_inner();
-    list.sandboxes.iter().find(|s| s.thread_id == thread).expect("the thread sandbox").sandbox_id.clone()
+    list.sandboxes.into_iter().find(|s| s.thread_id == thread).expect("the thread sandbox")
+}
+
+/// `script`'s stdout, run by the run user in `container` beside the agent
+/// (`docker exec`), not through it: Landlock keeps an exec the agent starts
+/// from reading the environment of the run's processes (another domain),
+/// so a search from there would find nothing whether the key is there or
+/// not.
+fn as_run_user_beside_the_agent(container: &str, script: &str) -> String {
+    let out = std::process::Command::new("docker")
+        .args(["exec", "--user", "sandhold", container, "sh", "-c", script])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 fn customs(seen: &Seen, name: &str) -> Vec<serde_json::Value> {
@@ -174,9 +191,10 @@ async fn brokered_run_in_docker(cli: Cli) {
 
     // The CLI is waiting on the model: look for the key as the run user.
     wait_for_a_request(&model).await;
-    let sandbox = sandbox_of_thread(&mut sandboxes, "t").await;
+    let container = container_of_thread(&mut sandboxes, "t").await;
+    let sandbox = container.sandbox_id.clone();
     let dump = "for f in /proc/[0-9]*/environ /proc/[0-9]*/cmdline; do tr '\\0' '\\n' < $f 2>/dev/null; done";
-    let seen_by_processes = exec(&mut sandboxes, &sandbox, dump, b"").await;
+    let seen_by_processes = as_run_user_beside_the_agent(&container.provider_sandbox_id, dump);
     assert!(!seen_by_processes.contains(&key), "the key is in a process's environment or argv");
     assert!(
         seen_by_processes.contains("sandhold-placeholder-"),

@@ -1161,7 +1161,7 @@ async fn unused_definitions_made_from_flags_are_removed_by_the_operators_sweep()
         .unwrap()
         .into_inner();
     assert_eq!(current.definition.unwrap().id, second);
-    let seen = run_to_end(&mut runs, "r3", "t", &second, "echo three").await;
-    assert_eq!(get_run(&mut runs, "r3").await.status, api::RunStatus::Completed as i32, "{seen:?}");
+    run_to_end(&mut runs, "r3", "t", &second, "echo three").await;
+    assert_eq!(wait_terminal(&mut runs, "r3").await.status, api::RunStatus::Completed as i32);
     assert_eq!(sweep(&mut server.admin("tok-ops-defs").await).await.definitions_removed, 0);
 }
