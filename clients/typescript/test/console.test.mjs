@@ -9,8 +9,10 @@
 // container); the screenshots go to test/artifacts/ (not committed).
 
 import assert from "node:assert/strict";
-import { existsSync, mkdirSync } from "node:fs";
+import { spawn } from "node:child_process";
+import { existsSync, mkdirSync, mkdtempSync, rmSync } from "node:fs";
 import { createRequire } from "node:module";
+import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { test } from "node:test";
 import { fileURLToPath } from "node:url";
@@ -18,7 +20,7 @@ import { fileURLToPath } from "node:url";
 import puppeteer from "puppeteer-core";
 
 import { RunStatus } from "../dist/index.js";
-import { putLocalDefinition, startProxy, startServer } from "./support.mjs";
+import { putLocalDefinition, repo, startProxy, startServer } from "./support.mjs";
 
 const artifacts = join(dirname(fileURLToPath(import.meta.url)), "artifacts");
 const chromium = process.env.CHROMIUM ?? ["/usr/bin/chromium", "/usr/bin/chromium-browser"].find((p) => existsSync(p));
@@ -464,5 +466,62 @@ test("the console says how to start when there is nothing yet", { skip, timeout:
   await page.waitForSelector("#empty-sandboxes");
   assert.match(await page.$eval("#empty-sandboxes", (el) => el.textContent), /sandhold run --thread demo -- echo hello/);
   await checkLayouts(page, "sandboxes-empty");
+  assert.deepEqual(pageErrors, []);
+});
+
+test("the console shows the token usage a harness reported", { skip, timeout: 180_000 }, async (t) => {
+  assert.ok(chromium, "Chromium is required here (SANDHOLD_REQUIRE_SERVICES=1): apt-get install chromium");
+  const claude = join(process.env.SANDHOLD_CLI_DIR ?? "/opt/sandhold-clis", "node_modules", ".bin", "claude");
+  if (!existsSync(claude)) {
+    assert.ok(!required, `Claude Code is required here (SANDHOLD_REQUIRE_SERVICES=1): scripts/install-agent-clis (${claude})`);
+    t.skip("Claude Code is not installed (scripts/install-agent-clis)");
+    return;
+  }
+  // The fake model answers every turn with 12 tokens in and 7 out.
+  const model = spawn("python3", [join(repo, "tests/fake-model/fake_model.py"), "--scenario", "plain", "--port", "0"], {
+    stdio: ["ignore", "pipe", "inherit"],
+  });
+  t.after(() => model.kill("SIGKILL"));
+  const port = await new Promise((resolve, reject) => {
+    let out = "";
+    model.stdout.on("data", (d) => {
+      out += d;
+      const m = /PORT=(\d+)/.exec(out);
+      if (m) resolve(Number(m[1]));
+    });
+    model.on("exit", (code) => reject(new Error(`the fake model exited (${code})`)));
+  });
+  const server = await startServer(t, { tokens: false });
+  const client = server.client();
+  const home = mkdtempSync(join(tmpdir(), "sandhold-ts-home-"));
+  t.after(() => rmSync(home, { recursive: true, force: true }));
+  await putLocalDefinition(client, "console-usage");
+  const run = client.startRun({
+    threadId: "usage-thread",
+    definitionId: "console-usage",
+    harness: "claude-code",
+    durable: true,
+    prompt: "say hello",
+    options: {
+      program: claude,
+      env: { HOME: home, ANTHROPIC_BASE_URL: `http://127.0.0.1:${port}`, ANTHROPIC_API_KEY: "x", IS_SANDBOX: "1" },
+    },
+  });
+  let runId = "";
+  for await (const item of run) {
+    runId ||= item.kind === "chunk" ? item.chunk.runId : "";
+  }
+  const { page, pageErrors } = await openPage(t);
+  await page.goto(server.url + "/", { waitUntil: "load" });
+  await page.evaluate((token) => sessionStorage.setItem("sandhold.token", token), server.token);
+  await page.goto(`${server.url}/runs/${runId}`, { waitUntil: "load" });
+  await page.waitForSelector('#run-status [data-status="completed"]');
+  const tokens = await page.waitForFunction(() => {
+    const dt = [...document.querySelectorAll("dl.facts dt")].find((d) => d.textContent === "Tokens");
+    return dt?.nextElementSibling?.textContent;
+  });
+  assert.match(await tokens.jsonValue(), /^\d+ in · \d+ out/);
+  const [input, output] = (await tokens.jsonValue()).match(/\d+/g).map(Number);
+  assert.ok(input >= 12 && output >= 7 && output % 7 === 0, `the model's usage, summed over its turns: ${input} in, ${output} out`);
   assert.deepEqual(pageErrors, []);
 });
