@@ -19,5 +19,6 @@ pub mod sandbox;
 pub mod server;
 pub mod snapshot;
 pub mod store;
+pub mod telemetry;
 pub mod toolchain;
 pub mod workspace;

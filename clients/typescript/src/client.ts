@@ -18,6 +18,7 @@ import { SandboxService } from "./gen/sandhold/v1/sandbox_pb.js";
 import { SnapshotService } from "./gen/sandhold/v1/snapshot_pb.js";
 import { isTerminal, typedChunk, type TypedChunk } from "./chunks.js";
 import { SandholdError } from "./errors.js";
+import { traceContext, type OtelApi } from "./tracing.js";
 
 export interface SandholdClientOptions {
   /** The server, e.g. `http://127.0.0.1:7443`; in a page of the server's own console, `location.origin`. */
@@ -30,6 +31,11 @@ export interface SandholdClientOptions {
   fetch?: typeof globalThis.fetch;
   /** Waits between attempts to resume a run's stream: from `initialDelayMs`, doubling to `maxDelayMs`. */
   resume?: { initialDelayMs?: number; maxDelayMs?: number; maxAttempts?: number };
+  /**
+   * The OpenTelemetry API whose active context each call carries (`traceparent`); default: `@opentelemetry/api`
+   * when installed; `false`: none. Applies to the default transport.
+   */
+  otel?: OtelApi | false;
 }
 
 /** One item of a run's stream. */
@@ -90,7 +96,7 @@ export class SandholdClient {
       options.transport ??
       createGrpcWebTransport({
         baseUrl: options.baseUrl,
-        interceptors: [auth],
+        interceptors: [auth, traceContext(options.otel)],
         ...(options.fetch ? { fetch: options.fetch } : {}),
       });
     this.runs = createClient(RunService, transport);

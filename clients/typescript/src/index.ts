@@ -2,6 +2,8 @@
 export { SandholdClient, wrap } from "./client.js";
 export type { SandholdClientOptions, RunItem, RunStream, AttachOptions, StartOptions, StartRunInit } from "./client.js";
 export * from "./chunks.js";
+export { traceContext, injectTraceContext } from "./tracing.js";
+export type { OtelApi } from "./tracing.js";
 export { SandholdError, ERROR_REASONS, ERROR_DOMAIN, isErrorReason, Code } from "./errors.js";
 export type { ErrorReason } from "./errors.js";
 export * from "./gen/sandhold/v1/admin_pb.js";

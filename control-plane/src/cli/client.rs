@@ -155,7 +155,8 @@ impl EmbeddedArgs {
     }
 }
 
-/// Adds `authorization: Bearer` when a token is configured.
+/// Adds `authorization: Bearer` when a token is configured, and the
+/// current trace context (`traceparent`) when traces are on.
 #[derive(Clone, Default)]
 pub struct Auth(Option<MetadataValue<Ascii>>);
 
@@ -164,6 +165,7 @@ impl Interceptor for Auth {
         if let Some(v) = &self.0 {
             req.metadata_mut().insert("authorization", v.clone());
         }
+        crate::telemetry::propagation::inject_current(req.metadata_mut());
         Ok(req)
     }
 }
@@ -236,7 +238,7 @@ impl Connection {
         std::fs::create_dir_all(&config.data_dir)
             .with_context(|| format!("creating the data directory {}", config.data_dir.display()))?;
         let log = config.data_dir.join("embedded.log");
-        super::logging::init_to_file(&log, &config.log_filter)
+        super::logging::init_to_file(&log, &config.log_filter, None)
             .with_context(|| format!("opening the embedded server's log {}", log.display()))?;
         let data_dir = config.data_dir.clone();
         let server = crate::server::start(config, CancellationToken::new())

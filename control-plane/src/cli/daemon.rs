@@ -260,9 +260,10 @@ fn serve_until_done(args: &StartArgs, files: &Files) -> anyhow::Result<()> {
     let mut config = args.daemon.embedded.config()?;
     config.listen_unix = Some(files.socket.clone());
     config.replica_id = format!("daemon-{}", std::process::id());
-    super::logging::init_to_file(&files.log, &config.log_filter)
-        .with_context(|| format!("opening the log {}", files.log.display()))?;
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    let traces = runtime.block_on(async { crate::telemetry::Tracing::from_env("sandhold") });
+    super::logging::init_to_file(&files.log, &config.log_filter, traces.as_ref())
+        .with_context(|| format!("opening the log {}", files.log.display()))?;
     let result = runtime.block_on(async {
         let shutdown = CancellationToken::new();
         super::serve::watch_signals(shutdown.clone())?;
@@ -305,6 +306,9 @@ fn serve_until_done(args: &StartArgs, files: &Files) -> anyhow::Result<()> {
         let _ = std::fs::remove_file(&files.state);
         result
     });
+    if let Some(traces) = traces {
+        traces.flush();
+    }
     runtime.shutdown_timeout(Duration::from_secs(1));
     result
 }

@@ -183,28 +183,42 @@ pub fn main() -> ExitCode {
             return ExitCode::from(run::EXIT_USAGE);
         }
     };
-    let code = runtime.block_on(async move {
-        match command {
-            Command::Serve(_) | Command::Harness(_) | Command::Daemon(_) => unreachable!("handled above"),
-            Command::Run(args) => run::run(*args).await,
-            Command::Attach(args) => run::attach(args).await,
-            Command::Cancel(args) => run::cancel(args).await,
-            Command::Runs(args) => run::runs(args).await,
-            Command::Logs(args) => run::logs(args).await,
-            Command::Requests(args) => requests::requests(args).await,
-            Command::Respond(args) => requests::respond(args).await,
-            Command::Sandboxes(c) => sandboxes::sandboxes(c).await,
-            Command::Exec(args) => sandboxes::exec(args).await,
-            Command::Definitions(c) => sandboxes::definitions(c).await,
-            Command::PortForward(args) => port_forward::port_forward(args).await,
-            Command::Git(args) => git::git(args).await,
-            Command::Shell(args) => shell::shell(args).await,
-        }
-    });
+    // A client's spans: the command is the root of the trace its calls
+    // continue on the server (they carry `traceparent`).
+    let traces = runtime.block_on(async { crate::telemetry::Tracing::from_env("sandhold-cli") });
+    if let Some(traces) = &traces {
+        logging::init_client(traces);
+    }
+    let word = std::env::args().skip(1).find(|a| !a.starts_with('-')).unwrap_or_default();
+    let root = tracing::info_span!("sandhold", otel.name = %format!("sandhold {word}"), otel.kind = "client");
+    let code = runtime.block_on(tracing::Instrument::instrument(client(command), root));
+    if let Some(traces) = traces {
+        traces.flush();
+    }
     // Background tasks of an embedded server (renewers, sandboxes' idle
     // sweeper) must not hold the exit.
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     code
+}
+
+/// A client command, to its exit code.
+async fn client(command: Command) -> ExitCode {
+    match command {
+        Command::Serve(_) | Command::Harness(_) | Command::Daemon(_) => unreachable!("handled above"),
+        Command::Run(args) => run::run(*args).await,
+        Command::Attach(args) => run::attach(args).await,
+        Command::Cancel(args) => run::cancel(args).await,
+        Command::Runs(args) => run::runs(args).await,
+        Command::Logs(args) => run::logs(args).await,
+        Command::Requests(args) => requests::requests(args).await,
+        Command::Respond(args) => requests::respond(args).await,
+        Command::Sandboxes(c) => sandboxes::sandboxes(c).await,
+        Command::Exec(args) => sandboxes::exec(args).await,
+        Command::Definitions(c) => sandboxes::definitions(c).await,
+        Command::PortForward(args) => port_forward::port_forward(args).await,
+        Command::Git(args) => git::git(args).await,
+        Command::Shell(args) => shell::shell(args).await,
+    }
 }
 
 #[cfg(test)]

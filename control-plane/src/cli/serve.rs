@@ -55,19 +55,24 @@ pub(super) fn main(args: ServeArgs) -> ExitCode {
         print!("{}", config.to_redacted_toml());
         return ExitCode::SUCCESS;
     }
-    super::init_logging(config.log_format, &config.log_filter);
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
-            error!(error = %e, "cannot start the async runtime");
+            eprintln!("sandhold serve: cannot start the async runtime: {e}");
             return ExitCode::FAILURE;
         }
     };
+    // The exporter's channel lives on the runtime.
+    let traces = runtime.block_on(async { crate::telemetry::Tracing::from_env("sandhold") });
+    super::init_logging(config.log_format, &config.log_filter, traces.as_ref());
     let result = runtime.block_on(async {
         let shutdown = CancellationToken::new();
         watch_signals(shutdown.clone())?;
         crate::server::serve(config, shutdown).await
     });
+    if let Some(traces) = traces {
+        traces.flush();
+    }
     // Background tasks (renewers, pool reapers) must not hold the exit.
     runtime.shutdown_timeout(Duration::from_secs(1));
     match result {

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use shared::proto::v1 as api;
 use shared::proto::v1::{EnsureOutcome, EnsurePhase};
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{Instrument as _, info, warn};
 
 use super::Error;
 use super::key::{KeyInput, sandbox_key};
@@ -195,6 +195,7 @@ impl Lifecycle {
 
     /// Resume, restore or create the sandbox of `input`. Counted in
     /// `sandhold_sandbox_ensures_total` by outcome (`failed` for any error).
+    #[tracing::instrument(name = "sandbox.ensure", skip_all, fields(thread_id = %input.thread_id))]
     pub async fn ensure(
         &self,
         stores: &Stores,
@@ -405,7 +406,8 @@ impl Lifecycle {
         if !provider.kind().kind().isolated() {
             progress.warning(EnsurePhase::Creating, crate::provider::NO_ISOLATION);
         }
-        let sandbox = provider.create(spec).await?;
+        let created = tracing::info_span!("provider.create", provider = %provider.kind());
+        let sandbox = provider.create(spec).instrument(created).await?;
         match self.provision(input, provider, &sandbox, workspace, lifecycle, progress).await {
             Ok(native) => {
                 let instance = self.record(stores, key, input, provider, &sandbox, native, lease).await?;
@@ -464,6 +466,7 @@ impl Lifecycle {
 
     /// Provision a created sandbox, then take the native snapshot when the
     /// lifecycle asks and the provider can. Returns the snapshot, encoded.
+    #[tracing::instrument(name = "sandbox.provision", skip_all)]
     async fn provision(
         &self,
         input: &EnsureInput,

@@ -7,9 +7,9 @@
 //! in the background (retrying), then SERVING ([`ready`]). On shutdown
 //! ([`shutdown`]): NOT_SERVING, release leases, stop accepting, drain
 //! in-flight calls within a time box, close the stores. Unary calls have
-//! deadlines ([`deadline`]). Browsers reach the same services through
-//! gRPC-Web on the same port, and get the web console for plain `GET`s
-//! ([`web`], [`console`]).
+//! deadlines ([`deadline`]); each call of the API is a span ([`spans`]).
+//! Browsers reach the same services through gRPC-Web on the same port, and
+//! get the web console for plain `GET`s ([`web`], [`console`]).
 
 mod activity;
 mod built;
@@ -20,6 +20,7 @@ mod health;
 mod providers;
 mod ready;
 mod shutdown;
+mod spans;
 mod start;
 mod tls;
 mod web;

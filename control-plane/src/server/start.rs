@@ -244,6 +244,7 @@ pub async fn start(config: ServeConfig, shutdown: CancellationToken) -> anyhow::
         .layer(origins.cors_layer())
         .layer(tonic_web::GrpcWebLayer::new())
         .layer(ActivityLayer(activity.clone()))
+        .layer(super::spans::SpanLayer)
         .layer(AuthLayer::new(auth.clone()))
         .layer(super::deadline::DeadlineLayer::new(super::deadline::Deadlines::default()))
         .add_service(health_service)

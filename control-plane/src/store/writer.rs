@@ -51,7 +51,8 @@ impl LogWriter {
         self.fenced_by.lock().await.is_some()
     }
 
-    /// Append a batch (see [`EventLog::append`]).
+    /// Append a batch (see [`EventLog::append`]): one span per batch.
+    #[tracing::instrument(name = "store.append", skip_all, fields(chunks = chunks.len(), epoch = self.epoch))]
     pub async fn append(&self, chunks: &[NewChunk]) -> Result<Vec<Offset>> {
         let mut fenced_by = self.fenced_by.lock().await;
         if let Some(current) = *fenced_by {

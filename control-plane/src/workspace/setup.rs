@@ -10,6 +10,8 @@ use std::time::Duration;
 use shared::proto::agent::v1 as agent;
 use shared::proto::v1::{EnsurePhase, EnsureProgress, OutputStream, setup_step};
 
+use tracing::Instrument as _;
+
 use crate::provision::{Error, InvalidField, Masks, ProvisionContext};
 use crate::provision::{MAX_OUTPUT_LINE, Progress};
 
@@ -50,15 +52,25 @@ pub(crate) async fn run(
     let mut outcome = Ok(());
     for (i, step) in steps.iter().enumerate() {
         let n = i as u32 + 1;
-        let result = match &step.step {
-            Some(setup_step::Step::Serial(cmd)) => {
-                run_serial(ctx, &session, cmd, n, total, timeout, redactor).await
+        // The agent runs the step; its span is recorded here, around the call.
+        let span =
+            tracing::info_span!("setup.step", step = n, total, otel.status_code = tracing::field::Empty);
+        let result = async {
+            match &step.step {
+                Some(setup_step::Step::Serial(cmd)) => {
+                    run_serial(ctx, &session, cmd, n, total, timeout, redactor).await
+                }
+                Some(setup_step::Step::Parallel(group)) => {
+                    run_parallel(ctx, &session, &group.commands, n, total, timeout, redactor).await
+                }
+                None => Err(InvalidField::new(format!("workspace.setup[{i}]"), "empty setup step").into()),
             }
-            Some(setup_step::Step::Parallel(group)) => {
-                run_parallel(ctx, &session, &group.commands, n, total, timeout, redactor).await
-            }
-            None => Err(InvalidField::new(format!("workspace.setup[{i}]"), "empty setup step").into()),
-        };
+        }
+        .instrument(span.clone())
+        .await;
+        if result.is_err() {
+            span.record("otel.status_code", "ERROR");
+        }
         if let Err(e) = result {
             outcome = Err(e);
             break;

@@ -36,6 +36,7 @@ mod snapshot;
 mod streams;
 mod takeover;
 mod toolchain;
+mod traces;
 mod transport;
 mod web;
 mod workspace;

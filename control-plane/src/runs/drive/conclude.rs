@@ -7,7 +7,7 @@ use shared::chunk::{self, ChunkFactory};
 use shared::error::Error as WireError;
 use shared::proto::agent::v1 as agent;
 use shared::proto::v1::ChunkType;
-use tracing::{debug, info, warn};
+use tracing::{Instrument as _, debug, info, warn};
 
 use super::ctx::DriveCtx;
 use super::ending::Ending;
@@ -28,6 +28,7 @@ impl Runs {
         }
     }
 
+    #[tracing::instrument(name = "run.conclude", skip_all)]
     pub(super) async fn conclude(&self, ctx: &DriveCtx, ending: Ending) {
         let cx = &self.inner.ctx;
         // Read once: the stop, the completion and the journal cleanup all
@@ -101,7 +102,10 @@ impl Runs {
         }
         let session_id = ctx.session.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let finish = RunFinish { status, error, usage, finished_at: Timestamp::now(), session_id };
-        match cx.stores.runs.finish(&ctx.key, ctx.writer.epoch(), finish).await {
+        let terminal_write = tracing::info_span!("store.finish", status = %status);
+        let finished =
+            cx.stores.runs.finish(&ctx.key, ctx.writer.epoch(), finish).instrument(terminal_write).await;
+        match finished {
             Ok(_) | Err(store::Error::RunTerminal { .. }) => {}
             Err(store::Error::Fenced { .. }) => {
                 info!(run_id = %ctx.key.run, "superseded before the terminal status; writing nothing");

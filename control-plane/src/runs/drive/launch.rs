@@ -53,6 +53,7 @@ pub(crate) struct Unresumed {
 impl Runs {
     /// A takeover's launch: what the predecessor left (a complete log, a
     /// recorded cancel, the run's sandbox), and the sandbox's agent again.
+    #[tracing::instrument(name = "run.takeover", skip_all)]
     pub(super) async fn take_up(
         &self,
         ctx: &DriveCtx,
@@ -104,6 +105,7 @@ impl Runs {
     }
 
     /// Ensure the sandbox and start the journaled command.
+    #[tracing::instrument(name = "run.start", skip_all)]
     pub(super) async fn start_fresh(
         &self,
         ctx: &DriveCtx,

@@ -19,7 +19,7 @@ use std::panic::AssertUnwindSafe;
 use std::time::Instant;
 
 use futures::FutureExt;
-use tracing::info;
+use tracing::{Instrument as _, info};
 
 pub(crate) use ctx::DriveCtx;
 pub(crate) use ending::Ending;
@@ -33,8 +33,24 @@ use crate::runs::{Error, Runs};
 impl Runs {
     /// Drive `ctx`'s run to one ending and act on it. Never panics out, never
     /// leaves the run `running` unless another driver (or a shutdown
-    /// detach) is meant to take it on.
-    pub(crate) async fn drive(self, ctx: DriveCtx, fresh: Option<FreshStart>) {
+    /// detach) is meant to take it on. The drive is the `run` span, a child
+    /// of what spawns it (the `StartRun` or `AttachRun` call, the reaper).
+    pub(crate) fn drive(
+        self,
+        ctx: DriveCtx,
+        fresh: Option<FreshStart>,
+    ) -> impl Future<Output = ()> + Send + 'static {
+        let span = tracing::info_span!(
+            "run",
+            run_id = %ctx.key.run,
+            epoch = ctx.writer.epoch(),
+            takeover = fresh.is_none(),
+            ending = tracing::field::Empty,
+        );
+        self.drive_spanned(ctx, fresh).instrument(span)
+    }
+
+    async fn drive_spanned(self, ctx: DriveCtx, fresh: Option<FreshStart>) {
         let started = Instant::now();
         let _active = crate::metrics::drives().start();
         let ending = match AssertUnwindSafe(self.drive_to_end(&ctx, fresh)).catch_unwind().await {
@@ -48,6 +64,7 @@ impl Runs {
                 Ending::Failed(Error::Panicked(what))
             }
         };
+        tracing::Span::current().record("ending", ending_name(&ending));
         info!(run_id = %ctx.key.run, epoch = ctx.writer.epoch(), ending = ?ending_name(&ending),
             elapsed_ms = started.elapsed().as_millis() as u64, "drive ended");
         self.conclude(&ctx, ending).await;

@@ -36,6 +36,7 @@ const HEALTH_EVERY: Duration = Duration::from_secs(1);
 impl Runs {
     /// Follow the journal from byte 0 to its sentinel, appending what the
     /// log does not hold yet.
+    #[tracing::instrument(name = "run.replay_and_follow", skip_all)]
     pub(super) async fn pump(
         &self,
         ctx: &DriveCtx,
