@@ -22,7 +22,13 @@ use shared::proto::agent::v1::snapshot_service_client::SnapshotServiceClient;
 use shared::proto::agent::v1::watch_service_client::WatchServiceClient;
 use shared::proto::agent::v1::{GetInfoRequest, GetInfoResponse};
 use shared::secret::Secret;
-use shared::transport::{Address, AuthedChannel, BearerToken, authed};
+use shared::transport::{Address, BearerToken, authed};
+
+use crate::telemetry::calls::Traced;
+
+/// The channel to an agent: every call a client span, with the sandbox's
+/// token.
+type AuthedChannel = shared::transport::AuthedChannel<Traced<tonic::transport::Channel>>;
 
 /// Pause between attempts of [`AgentClient::connect_with_deadline`].
 const RETRY_INTERVAL: Duration = Duration::from_millis(50);
@@ -62,7 +68,7 @@ impl AgentClient {
                     format!("connecting to the sandbox agent at {address}: {e}"),
                 )
             })?;
-            let channel = authed(channel, bearer);
+            let channel = authed(Traced::new(channel), bearer);
             let info = InfoServiceClient::new(channel.clone())
                 .get_info(GetInfoRequest {})
                 .await

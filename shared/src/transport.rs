@@ -89,10 +89,11 @@ impl Interceptor for BearerToken {
     }
 }
 
-/// A channel whose requests carry a bearer token.
-pub type AuthedChannel = InterceptedService<Channel, BearerToken>;
+/// A channel whose requests carry a bearer token (over `C`: the channel
+/// itself, or a layer around it such as the control plane's call spans).
+pub type AuthedChannel<C = Channel> = InterceptedService<C, BearerToken>;
 
-pub fn authed(channel: Channel, token: BearerToken) -> AuthedChannel {
+pub fn authed<C>(channel: C, token: BearerToken) -> AuthedChannel<C> {
     InterceptedService::new(channel, token)
 }
 

@@ -5,13 +5,12 @@
 //! status from the trailers. Health checks and reflection get none: load
 //! balancers poll them, and they say nothing about the work.
 
-use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use futures::future::BoxFuture;
-use http_body::Frame;
 use tonic::body::Body;
-use tracing::Instrument as _;
+
+use crate::telemetry::calls::{in_span, rpc_of, rpc_span};
 
 /// Tower layer opening the call spans.
 #[derive(Clone, Default)]
@@ -33,31 +32,11 @@ pub struct SpanService<S> {
 /// The span of a call to `path` (`/package.Service/Method`), or `None` for
 /// what is not a call of Sandhold's API.
 fn call_span(path: &str) -> Option<tracing::Span> {
-    let (service, method) = path.strip_prefix('/')?.split_once('/')?;
+    let (service, method) = rpc_of(path)?;
     if !service.starts_with("sandhold.") {
         return None;
     }
-    Some(tracing::info_span!(
-        "rpc",
-        otel.name = %format!("{service}/{method}"),
-        otel.kind = "server",
-        otel.status_code = tracing::field::Empty,
-        rpc.system = "grpc",
-        rpc.service = service,
-        rpc.method = method,
-        rpc.grpc.status_code = tracing::field::Empty,
-    ))
-}
-
-/// Note a `grpc-status` (a header of a trailers-only answer, or a trailer).
-fn record_status(span: &tracing::Span, headers: &http::HeaderMap) {
-    let Some(code) = headers.get("grpc-status").and_then(|v| v.to_str().ok()?.parse::<i64>().ok()) else {
-        return;
-    };
-    span.record("rpc.grpc.status_code", code);
-    if code != 0 {
-        span.record("otel.status_code", "ERROR");
-    }
+    Some(rpc_span("server", service, method))
 }
 
 impl<S> tower::Service<http::Request<Body>> for SpanService<S>
@@ -81,47 +60,7 @@ where
         // Entered while the handler is called, so what it spawns (a run's
         // drive) can take the call as its parent.
         let future = span.in_scope(|| self.inner.call(request));
-        Box::pin(
-            async move {
-                let response = future.await?;
-                let span = tracing::Span::current();
-                record_status(&span, response.headers());
-                Ok(response.map(|body| Body::new(Spanned { body, span })))
-            }
-            .instrument(span),
-        )
-    }
-}
-
-/// A response body that keeps its call's span open until it ends.
-struct Spanned {
-    body: Body,
-    span: tracing::Span,
-}
-
-impl http_body::Body for Spanned {
-    type Data = bytes::Bytes;
-    type Error = tonic::Status;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        let polled = Pin::new(&mut self.body).poll_frame(cx);
-        if let Poll::Ready(Some(Ok(frame))) = &polled
-            && let Some(trailers) = frame.trailers_ref()
-        {
-            record_status(&self.span, trailers);
-        }
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.body.size_hint()
+        in_span(span, future)
     }
 }
 

@@ -12,6 +12,7 @@
 //! and an unreachable collector costs a warning. [`propagation`] carries W3C
 //! `traceparent` across gRPC calls in both directions.
 
+pub mod calls;
 mod export;
 pub mod propagation;
 

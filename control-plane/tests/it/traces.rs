@@ -215,6 +215,20 @@ fn one_run_is_one_trace_from_the_cli_to_the_terminal_write() {
     assert!(appends.iter().all(|a| under_run(a)), "appends happen in the call or the drive");
     let chunks: usize = appends.iter().map(|a| a.attributes["chunks"].parse::<usize>().unwrap()).sum();
     assert!(appends.len() <= chunks, "no span finer than a batch");
+    // The agent's side: each call to the sandbox's agent is a span of the
+    // control plane, under what made it (a setup step, the run's drive).
+    let agent_calls: Vec<&Got> = spans.iter().filter(|s| s.name.starts_with("sandhold.agent.v1.")).collect();
+    for step in &steps {
+        assert!(
+            agent_calls.iter().any(|c| c.parent == step.id),
+            "setup step {} calls its agent: {names:?}",
+            step.attributes["step"]
+        );
+    }
+    assert!(
+        agent_calls.iter().any(|c| c.name.starts_with("sandhold.agent.v1.JournalService/") && under_run(c)),
+        "the run's journal is read through the agent, under the drive: {names:?}"
+    );
 }
 
 /// No OTEL variables: nothing is exported, not even to the default OTLP
