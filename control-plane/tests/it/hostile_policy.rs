@@ -379,7 +379,8 @@ async fn a_tenant_required_to_use_gvisor_cannot_get_runc() {
     ensure_test_image();
     let dir = TestDir::new("sh-runtime");
     let n = nonce();
-    let _cleanup = (DockerCleanup { tenant: format!("evil{n}") }, DockerCleanup { tenant: format!("victim{n}") });
+    let _cleanup =
+        (DockerCleanup { tenant: format!("evil{n}") }, DockerCleanup { tenant: format!("victim{n}") });
     let config = dir.path().join("sandhold.toml");
     std::fs::write(&config, format!("[tenants.evil{n}]\nrequire_runtime = \"gvisor\"\n")).unwrap();
     let server = ServerProcess::start(&options(&dir, &n, &["--config", config.to_str().unwrap()])).await;
