@@ -154,7 +154,15 @@ fn append(path: &Path, existing: &str, line: &str) -> std::io::Result<()> {
 /// whatever links the user plants. Without a run user, or when the agent is
 /// not root, it changes nothing.
 pub struct FsAs {
-    restore: Option<(u32, u32)>,
+    restore: Option<Restore>,
+}
+
+/// How the calling thread's ids were changed, to be changed back.
+enum Restore {
+    /// `setfsuid`/`setfsgid`: the previous file-system ids.
+    Fs(u32, u32),
+    /// The thread's effective ids (root's kept as the saved ids).
+    Effective,
 }
 
 impl FsAs {
@@ -173,18 +181,48 @@ impl FsAs {
             }
             let old_gid = libc::setfsgid(gid) as u32;
             let old_uid = libc::setfsuid(uid) as u32;
-            Self { restore: Some((old_uid, old_gid)) }
+            // An invalid id changes nothing and returns the current one:
+            // whether the switch took. gVisor accepts setfsuid and ignores it.
+            if libc::setfsuid(u32::MAX) as u32 == uid && libc::setfsgid(u32::MAX) as u32 == gid {
+                return Self { restore: Some(Restore::Fs(old_uid, old_gid)) };
+            }
+            libc::setfsuid(old_uid);
+            libc::setfsgid(old_gid);
+            // The thread's effective ids decide file access as well. Raw
+            // system calls change only this thread (libc's wrappers change
+            // every thread of the process); the saved ids stay root's, so
+            // `Drop` can switch back.
+            let keep = libc::c_long::from(-1i32);
+            let gid_ok = libc::syscall(libc::SYS_setresgid, keep, libc::c_long::from(gid), keep) == 0;
+            let uid_ok =
+                gid_ok && libc::syscall(libc::SYS_setresuid, keep, libc::c_long::from(uid), keep) == 0;
+            if !uid_ok {
+                if gid_ok {
+                    libc::syscall(libc::SYS_setresgid, keep, 0 as libc::c_long, keep);
+                }
+                tracing::error!(uid, gid, "cannot act as the run user on this thread: acting as root");
+                return Self { restore: None };
+            }
+            Self { restore: Some(Restore::Effective) }
         }
     }
 }
 
 impl Drop for FsAs {
     fn drop(&mut self) {
-        if let Some((uid, gid)) = self.restore {
-            // SAFETY: as in `new`.
-            unsafe {
-                libc::setfsuid(uid);
-                libc::setfsgid(gid);
+        // SAFETY: as in `ids`.
+        unsafe {
+            match self.restore {
+                Some(Restore::Fs(uid, gid)) => {
+                    libc::setfsuid(uid);
+                    libc::setfsgid(gid);
+                }
+                Some(Restore::Effective) => {
+                    let keep = libc::c_long::from(-1i32);
+                    libc::syscall(libc::SYS_setresuid, keep, 0 as libc::c_long, keep);
+                    libc::syscall(libc::SYS_setresgid, keep, 0 as libc::c_long, keep);
+                }
+                None => {}
             }
         }
     }

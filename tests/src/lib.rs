@@ -24,6 +24,7 @@ pub mod local;
 pub mod model;
 pub mod provider;
 pub mod run;
+pub mod runtime;
 pub mod sandbox;
 pub mod server;
 pub mod services;

@@ -8,6 +8,12 @@ pub fn required() -> bool {
     std::env::var("SANDHOLD_REQUIRE_SERVICES").is_ok_and(|v| v == "1")
 }
 
+/// A service missing: `false` (skip), or a failure when services are
+/// required.
+pub fn missing_service(service: &str, why: &str) -> bool {
+    missing(service, why).is_some()
+}
+
 fn missing(service: &str, why: &str) -> Option<String> {
     if required() {
         panic!("{service} is required (SANDHOLD_REQUIRE_SERVICES=1) but {why}; run scripts/services");

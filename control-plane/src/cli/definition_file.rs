@@ -198,6 +198,8 @@ pub struct FromFlags {
     pub secret_names: Vec<String>,
     /// `--network` for containers.
     pub network: Option<String>,
+    /// `--runtime` for containers.
+    pub runtime: Option<String>,
     /// One-off runs (no `--thread`) remove their sandbox once completed.
     pub destroy_on_complete: bool,
     /// Model access through the broker (the harness and `--model-upstream`;
@@ -219,6 +221,7 @@ impl FromFlags {
         let (provider, local_url) = crate::provider::flags::section(crate::provider::flags::Flags {
             image: self.image.as_deref(),
             network: self.network.as_deref(),
+            runtime: self.runtime.as_deref(),
             local_repo: local.as_deref(),
         });
         let source = match (&self.repo, local_url) {

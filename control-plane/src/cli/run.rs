@@ -92,7 +92,7 @@ pub struct RunArgs {
     /// A sandbox definition file (TOML or JSON: a sandhold.v1.SandboxDefinition,
     /// see docs/cli.md, "Definition files"). Replaces
     /// --image/--local/--repo/--setup.
-    #[arg(long, value_name = "FILE", conflicts_with_all = ["image", "local", "repo", "setup", "network"])]
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["image", "local", "repo", "setup", "network", "runtime"])]
     pub definition: Option<PathBuf>,
 
     /// Run in a Docker container of this image (the server needs a static agent).
@@ -116,6 +116,11 @@ pub struct RunArgs {
     /// Docker network of the container [default: none, no network].
     #[arg(long, value_name = "NAME")]
     pub network: Option<String>,
+
+    /// Container runtime: `runc`, or `gvisor` (a user-space kernel between
+    /// the run and the host's) [default: runc, or what the operator requires].
+    #[arg(long, value_name = "RUNTIME", requires = "image", value_parser = ["runc", "gvisor"])]
+    pub runtime: Option<String>,
 
     /// Runs of one thread share a sandbox: on an existing thread, a run
     /// without definition flags uses the thread's definition. Unset: a new
@@ -273,6 +278,7 @@ impl RunArgs {
             || self.repo.is_some()
             || !self.setup.is_empty()
             || self.network.is_some()
+            || self.runtime.is_some()
             || self.model_upstream.is_some()
             || !self.allow_hosts.is_empty()
     }
@@ -335,6 +341,7 @@ fn prepare(args: &RunArgs) -> anyhow::Result<Prepared> {
             allow_hosts: args.allow_hosts.clone(),
             secret_names,
             network: args.network.clone(),
+            runtime: args.runtime.clone(),
             destroy_on_complete: args.thread.is_none(),
         }
         .build()?,

@@ -4,6 +4,7 @@
 //! arguments and the TOML file deserializes into it (keys as the flags,
 //! with `_`).
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
@@ -12,7 +13,7 @@ use figment::Figment;
 use figment::providers::Serialized;
 use serde::{Deserialize, Serialize, Serializer};
 
-use super::{ApiToken, LogFormat, ProviderName};
+use super::{ApiToken, LogFormat, ProviderName, Runtime, TenantPolicy};
 
 /// Every setting optional: a higher layer's `Some` replaces a lower layer's
 /// value (lists included, as a whole); `None` is left out of the merge.
@@ -357,6 +358,25 @@ pub struct ConfigLayer {
     )]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub docker_images: Option<Vec<String>>,
+
+    /// Container runtimes Docker definitions may name (`runc`, `gvisor`);
+    /// comma-separated. A definition asking for gVisor where the engine
+    /// has no `runsc` is refused, naming the fix [default: runc,gvisor].
+    #[arg(long, env = "SANDHOLD_DOCKER_RUNTIMES", value_name = "RUNTIME", value_delimiter = ',', value_enum)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub docker_runtimes: Option<Vec<Runtime>>,
+
+    /// Every Docker sandbox of every tenant runs under this runtime; a
+    /// server whose engine lacks it refuses to start [default: none].
+    #[arg(long, env = "SANDHOLD_REQUIRE_RUNTIME", value_name = "RUNTIME", value_enum)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub require_runtime: Option<Runtime>,
+
+    /// Per-tenant settings (`[tenants.NAME]` tables in the config file:
+    /// `docker_runtimes`, `require_runtime`); no flag.
+    #[arg(skip)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tenants: Option<BTreeMap<String, TenantPolicy>>,
 
     /// Memory limit of a Docker sandbox that names none, in bytes; 0: none [default: 2147483648].
     #[arg(long, env = "SANDHOLD_DOCKER_DEFAULT_MEMORY_BYTES", value_name = "BYTES")]

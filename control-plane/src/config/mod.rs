@@ -32,7 +32,8 @@ pub use options::{
 pub use policy::{
     DEFAULT_DOCKER_MAX_MEMORY_BYTES, DEFAULT_DOCKER_MAX_PIDS_LIMIT, DEFAULT_DOCKER_MEMORY_BYTES,
     DEFAULT_DOCKER_PIDS_LIMIT, DEFAULT_EGRESS_MAX_CONNECTIONS_PER_SANDBOX,
-    DEFAULT_EGRESS_MAX_CONNECTIONS_PER_TENANT, Policy, ProviderName, forbidden_network, plain_absolute,
+    DEFAULT_EGRESS_MAX_CONNECTIONS_PER_TENANT, Policy, ProviderName, Runtime, TenantPolicy,
+    forbidden_network, plain_absolute,
 };
 pub use quota::{
     DEFAULT_MAX_RUNNING_RUNS_PER_TENANT, DEFAULT_MAX_SANDBOXES_PER_TENANT, Limit, OverLimit, Quotas,

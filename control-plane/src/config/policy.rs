@@ -6,6 +6,7 @@
 //! Limits are in the units of the definition (bytes, CPUs, pids); `0`
 //! means "none" for a default and "no maximum" for a maximum.
 
+use std::collections::BTreeMap;
 use std::path::{Component, Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -50,6 +51,58 @@ impl ProviderName {
             Self::Docker => "docker",
         }
     }
+}
+
+/// A container runtime Docker sandboxes may run under.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, clap::ValueEnum,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Runtime {
+    /// The engine's default: a Linux container on the host's kernel.
+    Runc,
+    /// gVisor (`runsc`): the sandbox's system calls go to a user-space
+    /// kernel; the host kernel sees only gVisor's own narrow set.
+    Gvisor,
+}
+
+impl Runtime {
+    /// The runtime called `name` (as definitions spell it), if known.
+    pub fn named(name: &str) -> Option<Self> {
+        <Self as clap::ValueEnum>::from_str(name, false).ok()
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Runc => "runc",
+            Self::Gvisor => "gvisor",
+        }
+    }
+
+    /// The name the Docker engine knows it by (`docker info`'s runtimes;
+    /// `scripts/services` registers gVisor as `runsc`).
+    pub fn engine_name(self) -> &'static str {
+        match self {
+            Self::Runc => "runc",
+            Self::Gvisor => "runsc",
+        }
+    }
+
+    /// The runtime the engine calls `name`, if Sandhold knows it.
+    pub fn of_engine_name(name: &str) -> Option<Self> {
+        [Self::Runc, Self::Gvisor].into_iter().find(|r| r.engine_name() == name)
+    }
+}
+
+/// What the config file may set for one tenant (`[tenants.NAME]`), over
+/// the server-wide setting of the same name.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantPolicy {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub docker_runtimes: Option<Vec<Runtime>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub require_runtime: Option<Runtime>,
 }
 
 /// The operator policy as configured. Serde names are the TOML keys.
@@ -101,6 +154,15 @@ pub struct Policy {
     /// Egress connections all of one tenant's sandboxes may hold open at
     /// once on this server.
     pub egress_max_connections_per_tenant: u32,
+    /// Container runtimes Docker definitions may name.
+    pub docker_runtimes: Vec<Runtime>,
+    /// Every Docker sandbox runs under this runtime: a definition naming
+    /// none gets it, one naming another is refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub require_runtime: Option<Runtime>,
+    /// Per-tenant forms of the settings above (config file only).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tenants: BTreeMap<String, TenantPolicy>,
 }
 
 impl Default for Policy {
@@ -125,6 +187,11 @@ impl Default for Policy {
             egress_hosts: vec!["*".into()],
             egress_max_connections_per_sandbox: DEFAULT_EGRESS_MAX_CONNECTIONS_PER_SANDBOX,
             egress_max_connections_per_tenant: DEFAULT_EGRESS_MAX_CONNECTIONS_PER_TENANT,
+            // gVisor is allowed by default: an engine without it refuses a
+            // definition that asks for it, naming the fix.
+            docker_runtimes: vec![Runtime::Runc, Runtime::Gvisor],
+            require_runtime: None,
+            tenants: BTreeMap::new(),
         }
     }
 }
@@ -153,8 +220,39 @@ impl Policy {
             && !(provider == ProviderName::Local && tokens && !self.allow_local_with_tokens)
     }
 
+    /// The policy `tenant`'s definitions are held to: the server-wide
+    /// one with the tenant's own `[tenants.NAME]` settings over it.
+    pub fn for_tenant(&self, tenant: &str) -> Policy {
+        let mut p = self.clone();
+        if let Some(t) = self.tenants.get(tenant) {
+            if let Some(runtimes) = &t.docker_runtimes {
+                p.docker_runtimes = runtimes.clone();
+            }
+            if t.require_runtime.is_some() {
+                p.require_runtime = t.require_runtime;
+            }
+        }
+        p.tenants.clear();
+        p
+    }
+
+    /// Every runtime some tenant is required to run under.
+    pub fn required_runtimes(&self) -> impl Iterator<Item = Runtime> + '_ {
+        self.require_runtime.into_iter().chain(self.tenants.values().filter_map(|t| t.require_runtime))
+    }
+
     /// Settings that cannot mean anything sensible are refused at start.
     pub fn validate(&self) -> Result<(), String> {
+        for (who, p) in std::iter::once(("the server", self.for_tenant("")))
+            .chain(self.tenants.keys().map(|t| (t.as_str(), self.for_tenant(t))))
+        {
+            if let Some(r) = p.require_runtime.filter(|r| !p.docker_runtimes.contains(r)) {
+                return Err(format!(
+                    "{who} requires the {} runtime but does not list it among the allowed runtimes                      (--require-runtime, --docker-runtimes, [tenants.NAME])",
+                    r.as_str()
+                ));
+            }
+        }
         if let Some(n) = self.docker_networks.iter().find(|n| forbidden_network(n)) {
             return Err(format!(
                 "docker network {n:?} would share the host's or another container's namespaces; \
@@ -203,6 +301,31 @@ impl Policy {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tenants_runtime_settings_override_the_servers_and_must_agree() {
+        let toml = "docker_runtimes = [\"runc\", \"gvisor\"]\n[tenants.acme]\nrequire_runtime = \"gvisor\"\n";
+        let p: TenantPolicy = toml::from_str("require_runtime = \"gvisor\"").unwrap();
+        assert_eq!(p.require_runtime, Some(Runtime::Gvisor));
+        let mut policy = Policy::default();
+        policy.tenants.insert("acme".into(), p);
+        assert_eq!(policy.for_tenant("acme").require_runtime, Some(Runtime::Gvisor));
+        assert_eq!(policy.for_tenant("other").require_runtime, None);
+        assert!(policy.for_tenant("acme").tenants.is_empty());
+        assert_eq!(policy.required_runtimes().collect::<Vec<_>>(), [Runtime::Gvisor]);
+        assert!(policy.validate().is_ok(), "{toml}");
+        policy.tenants.get_mut("acme").unwrap().docker_runtimes = Some(vec![Runtime::Runc]);
+        assert!(policy.validate().unwrap_err().contains("acme requires the gvisor runtime"));
+        let p = Policy {
+            docker_runtimes: vec![Runtime::Runc],
+            require_runtime: Some(Runtime::Gvisor),
+            ..Default::default()
+        };
+        assert!(p.validate().unwrap_err().contains("the server requires"));
+        assert_eq!(Runtime::of_engine_name("runsc"), Some(Runtime::Gvisor));
+        assert_eq!(Runtime::named("gvisor"), Some(Runtime::Gvisor));
+        assert_eq!(Runtime::named("kata"), None);
+    }
 
     #[test]
     fn host_and_container_networks_are_never_allowed() {

@@ -16,6 +16,8 @@ pub struct Flags<'a> {
     pub image: Option<&'a str>,
     /// `--network`, for containers.
     pub network: Option<&'a str>,
+    /// `--runtime` (`runc`, `gvisor`), for containers.
+    pub runtime: Option<&'a str>,
     /// `--repo` when it names a directory on this machine.
     pub local_repo: Option<&'a Path>,
 }
@@ -29,6 +31,7 @@ pub fn section(flags: Flags<'_>) -> (api::ProviderSpec, Option<String>) {
             let mut docker = api::DockerProvider {
                 image: image.to_string(),
                 network: flags.network.unwrap_or_default().to_string(),
+                runtime: flags.runtime.unwrap_or_default().to_string(),
                 ..Default::default()
             };
             // The host path is not visible in a container: mount it.
@@ -63,11 +66,16 @@ mod tests {
 
     #[test]
     fn a_local_repo_is_mounted_read_only_into_a_container() {
-        let flags =
-            Flags { image: Some("alpine"), network: Some("bridge"), local_repo: Some(Path::new("/src/app")) };
+        let flags = Flags {
+            image: Some("alpine"),
+            network: Some("bridge"),
+            runtime: Some("gvisor"),
+            local_repo: Some(Path::new("/src/app")),
+        };
         let (spec, url) = section(flags);
         let Some(provider_spec::Provider::Docker(docker)) = spec.provider else { panic!("a container") };
         assert_eq!((docker.image.as_str(), docker.network.as_str()), ("alpine", "bridge"));
+        assert_eq!(docker.runtime, "gvisor");
         assert_eq!(docker.mounts[0].target, CONTAINER_REPO_MOUNT);
         assert_eq!(docker.mounts[0].source, "/src/app");
         assert!(docker.mounts[0].read_only);

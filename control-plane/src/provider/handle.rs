@@ -19,6 +19,9 @@ pub struct Sandbox {
     pub token: Secret,
     /// The workspace root as the agent (inside the sandbox) sees it.
     pub workspace: PathBuf,
+    /// The container runtime it runs under (`runc`, `gvisor`); empty
+    /// where there is no container (local).
+    pub runtime: String,
 }
 
 /// A sandbox found by [`Provider::list`](super::Provider::list).

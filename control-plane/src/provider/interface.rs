@@ -50,6 +50,13 @@ pub trait Provider: Send + Sync + std::fmt::Debug {
 
     fn capabilities(&self) -> Capabilities;
 
+    /// Whether this provider, as its host is now, can make what `spec` asks
+    /// for (Docker: the runtime is registered with the engine); checked at
+    /// `PutDefinition` and again by every create.
+    async fn supports(&self, _spec: &SandboxSpec) -> Result<()> {
+        Ok(())
+    }
+
     /// Create a sandbox and return once its agent answers. A failed create
     /// leaves nothing behind.
     async fn create(&self, spec: &SandboxSpec) -> Result<Sandbox>;

@@ -130,6 +130,7 @@ impl LocalProvider {
             address: Address::Unix(dir.join("agent.sock")),
             token,
             workspace: dir.join("workspace"),
+            runtime: String::new(),
         }
     }
 

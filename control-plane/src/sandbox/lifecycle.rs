@@ -83,6 +83,8 @@ pub(crate) struct Live {
     /// Secrets only the agent holds (model keys): never in a process's
     /// environment.
     pub withheld: Arc<BTreeSet<String>>,
+    /// The container runtime the provider says it runs under.
+    pub runtime: String,
 }
 
 impl Live {
@@ -234,12 +236,13 @@ impl Lifecycle {
             },
         );
         let kind = provider_kind(definition)?;
-        self.policy.check_on_host(definition)?;
+        self.policy.check_on_host(definition, input.tenant.as_str())?;
         let provider = self.providers.get(kind)?.clone();
         let workspace = definition.workspace.clone().unwrap_or_default();
         // Refused before anything is made.
         self.provisioner.check(&workspace)?;
         let spec = spec_for(definition, &key, &input.tenant, &self.policy);
+        provider.supports(&spec).await?;
 
         // One ensure per key at a time: concurrent callers wait here and then
         // find the sandbox the first one made.
@@ -298,6 +301,7 @@ impl Lifecycle {
                 last_used: Instant::now(),
                 env: BTreeMap::new(),
                 withheld,
+                runtime: sandbox.runtime.clone(),
             },
         );
         info!(sandbox_key = %key, tenant = %input.tenant, outcome = ?outcome, provider = %kind, "sandbox ready");
@@ -544,7 +548,8 @@ impl Lifecycle {
     pub(crate) fn describe(&self, instance: &Instance) -> api::Sandbox {
         // What confines the run user is the agent's to say (its kernel's):
         // known while this replica holds the sandbox's agent.
-        let confined = self.peek_live(&instance.sandbox_key).and_then(|l| l.agent.handshake().capabilities);
+        let live = self.peek_live(&instance.sandbox_key);
+        let confined = live.as_ref().and_then(|l| l.agent.handshake().capabilities);
         let capabilities = self.providers.by_name(&instance.provider).ok().map(|p| {
             let c = p.capabilities();
             api::Capabilities {
@@ -559,6 +564,7 @@ impl Lifecycle {
                 terminal: c.terminal,
                 landlock: confined.is_some_and(|a| a.landlock),
                 seccomp: confined.is_some_and(|a| a.seccomp),
+                runtime: live.as_ref().map(|l| l.runtime.clone()).unwrap_or_default(),
             }
         });
         api::Sandbox {
@@ -621,6 +627,7 @@ impl Lifecycle {
             last_used: Instant::now(),
             env: instance.env,
             withheld: Arc::default(),
+            runtime: sandbox.runtime,
         };
         self.set_live(key, live.clone());
         Ok(live)

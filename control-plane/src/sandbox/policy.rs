@@ -71,17 +71,17 @@ impl OperatorPolicy {
 
     /// `d` against the policy, as at `PutDefinition`: every breach a field
     /// violation in one INVALID_ARGUMENT.
-    pub fn check(&self, d: &SandboxDefinition) -> Result<(), Violations> {
-        refuse("sandbox definition", self.violations(d, false))
+    pub fn check(&self, d: &SandboxDefinition, tenant: &str) -> Result<(), Violations> {
+        refuse("sandbox definition", self.violations(d, tenant, false))
     }
 
     /// As [`check`](Self::check), bind sources also resolved on this host:
     /// what an ensure runs right before the provider creates.
-    pub fn check_on_host(&self, d: &SandboxDefinition) -> Result<(), Violations> {
-        refuse("sandbox definition", self.violations(d, true))
+    pub fn check_on_host(&self, d: &SandboxDefinition, tenant: &str) -> Result<(), Violations> {
+        refuse("sandbox definition", self.violations(d, tenant, true))
     }
 
-    fn violations(&self, d: &SandboxDefinition, on_host: bool) -> Vec<(String, String)> {
+    fn violations(&self, d: &SandboxDefinition, tenant: &str, on_host: bool) -> Vec<(String, String)> {
         let mut out = Vec::new();
         let Some((provider, section)) = ProviderKind::of(d) else { return out };
         if let Some(why) = self.provider_refusal(provider) {
@@ -94,7 +94,7 @@ impl OperatorPolicy {
                 format!("{asked} is over the maximum of {max} (operator policy: max_journal_bytes)"),
             ));
         }
-        provider.kind().violations(section, &self.policy, on_host, &mut out);
+        provider.kind().violations(section, &self.policy.for_tenant(tenant), on_host, &mut out);
         for (field, source) in provider.kind().host_paths(section) {
             if let Some(why) = protected_refusal(&self.protected, &source) {
                 out.push((field, why));
@@ -121,7 +121,7 @@ impl OperatorPolicy {
     /// operator's default limits where it names none.
     pub fn configure(&self, d: &SandboxDefinition, spec: &mut SandboxSpec) {
         if let Some((provider, section)) = ProviderKind::of(d) {
-            provider.kind().configure(section, &self.policy, spec);
+            provider.kind().configure(section, &self.policy.for_tenant(&spec.tenant), spec);
         }
     }
 }
@@ -183,7 +183,7 @@ mod tests {
 
     /// The refused fields and their reasons.
     fn refused(policy: &OperatorPolicy, d: &SandboxDefinition) -> Vec<(String, String)> {
-        match policy.check(d) {
+        match policy.check(d, "t") {
             Ok(()) => Vec::new(),
             Err(e) => {
                 let e = shared::error::Error::from(e);

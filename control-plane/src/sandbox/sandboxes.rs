@@ -130,7 +130,16 @@ impl Sandboxes {
             definition.ok_or_else(|| Error::from(InvalidField::new("definition", "required")))?;
         definition::settle(&mut definition)?;
         definition::validate(&definition)?;
-        self.lifecycle.policy.check(&definition)?;
+        self.lifecycle.policy.check(&definition, tenant.as_str())?;
+        // What the host cannot make (gVisor where the engine has no runsc) is
+        // refused now, not at the first ensure; a provider that is down
+        // now is not (the ensure says so then).
+        if let Some((kind, _)) = crate::provider::ProviderKind::of(&definition)
+            && let Ok(provider) = self.lifecycle.providers.get(kind)
+        {
+            let spec = super::lifecycle::spec_for(&definition, "", tenant, &self.lifecycle.policy);
+            provider.supports(&spec).await?;
+        }
         self.stores.definitions.put(tenant, &definition.id, definition::to_stored(&definition)).await?;
         Ok(definition)
     }

@@ -149,7 +149,7 @@ impl Readiness {
         let cancels = CancelBus::new(config.redis_url.as_deref(), "sandhold")
             .context("the Redis URL for cancel notifications")?;
         let lifecycle = Lifecycle::new(
-            super::providers_from_config(config).await,
+            super::providers_from_config(config).await?,
             Arc::new(crate::workspace::WorkspaceProvisioner),
         )
         .with_policy(super::providers::policy_from_config(config))

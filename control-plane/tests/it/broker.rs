@@ -16,7 +16,9 @@ use sandhold_tests::docker::{DEBIAN_IMAGE, DockerCleanup, ensure_debian_image};
 use sandhold_tests::local::TestDir;
 use sandhold_tests::model::FakeModel;
 use sandhold_tests::run::{Seen, attach_after, put_definition, read_until, wait_terminal};
+use sandhold_tests::runtime::Runtime;
 use sandhold_tests::server::{Sandboxes, TenantServer};
+use sandhold_tests::under_each_runtime;
 use shared::proto::v1 as api;
 
 /// Flags of every server here: the toolchain, and egress to this
@@ -169,7 +171,7 @@ fn customs(seen: &Seen, name: &str) -> Vec<serde_json::Value> {
 /// One CLI's brokered run in a Docker sandbox with no network: while the
 /// model stalls, the sandbox is searched for the key as the run user would;
 /// then the run completes with the tool's file.
-async fn brokered_run_in_docker(cli: Cli) {
+async fn brokered_run_in_docker(cli: Cli, runtime: Runtime) {
     if !sandhold_tests::services::docker() || sandhold_tests::model::cli("claude").is_none() {
         return;
     }
@@ -183,7 +185,9 @@ async fn brokered_run_in_docker(cli: Cli) {
     let key = format!("sk-real-{}", uuid::Uuid::new_v4().simple());
 
     let mut sandboxes = s.server.sandboxes(&s.token).await;
-    put_definition(&mut sandboxes, docker_definition("def", &cli, (cli.upstream)(model.port))).await;
+    let mut definition = docker_definition("def", &cli, (cli.upstream)(model.port));
+    runtime.apply(&mut definition);
+    put_definition(&mut sandboxes, definition).await;
     let run_id = format!("r-{}", s.nonce);
     let mut runs = s.server.runs(&s.token).await;
     let mut stream =
@@ -236,19 +240,23 @@ async fn brokered_run_in_docker(cli: Cli) {
     }
 }
 
-#[tokio::test]
-async fn claude_code_in_docker_without_network_reaches_the_model_through_the_broker() {
-    brokered_run_in_docker(CLAUDE).await;
+// Under each runtime: the most telling brokered run (egress through the
+// broker, file watching, the run user, the key never in the sandbox); the
+// other CLIs differ only in their adapters and stay on runc.
+under_each_runtime! {
+async fn claude_code_in_docker_without_network_reaches_the_model_through_the_broker(runtime) {
+    brokered_run_in_docker(CLAUDE, runtime).await;
+}
 }
 
 #[tokio::test]
 async fn codex_in_docker_without_network_reaches_the_model_through_the_broker() {
-    brokered_run_in_docker(CODEX).await;
+    brokered_run_in_docker(CODEX, Runtime::Runc).await;
 }
 
 #[tokio::test]
 async fn opencode_in_docker_without_network_reaches_the_model_through_the_broker() {
-    brokered_run_in_docker(OPENCODE).await;
+    brokered_run_in_docker(OPENCODE, Runtime::Runc).await;
 }
 
 /// A plain HTTP server on the host's `addr` serving `body` at `/`.

@@ -366,3 +366,42 @@ async fn a_token_symlinked_to_a_host_file_is_never_read() {
     let again = again.unwrap_err();
     assert!(again.message().contains("symlink"), "{again:?}");
 }
+
+/// A tenant the operator requires to run under gVisor (`[tenants.NAME]` of
+/// the config file) gets gVisor when its definition names no runtime, and
+/// is refused runc, naming the rule; another tenant still gets runc.
+#[tokio::test]
+async fn a_tenant_required_to_use_gvisor_cannot_get_runc() {
+    use sandhold_tests::runtime::Runtime;
+    if !Runtime::Gvisor.available() {
+        return;
+    }
+    ensure_test_image();
+    let dir = TestDir::new("sh-runtime");
+    let n = nonce();
+    let _cleanup =
+        (DockerCleanup { tenant: format!("evil{n}") }, DockerCleanup { tenant: format!("victim{n}") });
+    let config = dir.path().join("sandhold.toml");
+    std::fs::write(&config, format!("[tenants.evil{n}]\nrequire_runtime = \"gvisor\"\n")).unwrap();
+    let server = ServerProcess::start(&options(&dir, &n, &["--config", config.to_str().unwrap()])).await;
+    let (evil, victim) = (format!("tok-evil-{n}"), format!("tok-victim-{n}"));
+
+    let runc = docker("runc", api::DockerProvider { runtime: "runc".into(), ..busybox() });
+    let refused = put(&server, &evil, runc.clone()).await.unwrap_err();
+    let v = violations(&refused);
+    assert!(
+        v.iter().any(|(f, why)| f == "definition.provider.docker.runtime" && why.contains("require_runtime")),
+        "{v:?}"
+    );
+    put(&server, &victim, runc).await.expect("another tenant may name runc");
+
+    for (token, want) in [(&evil, Runtime::Gvisor), (&victim, Runtime::Runc)] {
+        put(&server, token, docker("plain", busybox())).await.unwrap();
+        let mut client = server.sandboxes(token).await;
+        let (_, ready) = ensure(&mut client, ensure_request("plain", "t")).await;
+        let sandbox = ready.unwrap_or_else(|e| panic!("{e}\n{}", server.log_text())).sandbox.unwrap();
+        assert_eq!(sandbox.capabilities.unwrap().runtime, want.name());
+        let engine = sandhold_tests::docker::inspect(&sandbox.provider_sandbox_id, "{{.HostConfig.Runtime}}");
+        assert_eq!(engine, want.engine_name(), "what the engine runs it under");
+    }
+}

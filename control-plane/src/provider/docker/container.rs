@@ -9,6 +9,7 @@ use bollard::models::{ContainerCreateBody, HostConfig, Mount, MountTypeEnum};
 use super::{
     AGENT_DIR, AGENT_PATH, DEFAULT_WORKDIR, DockerOptions, LABEL_FORK_IMAGE, LABEL_HOST_DIR, RUN_DIR,
 };
+use crate::config::Runtime;
 use crate::provider::{Result, SandboxSpec};
 use crate::provision::InvalidField;
 
@@ -152,6 +153,9 @@ pub(super) fn container_config(
         // Nothing in the sandbox gains privileges through execve (setuid
         // binaries, file capabilities).
         security_opt: Some(vec!["no-new-privileges:true".to_string()]),
+        // Named even for runc: an engine whose default runtime is another
+        // must not put a sandbox that asked for runc under it.
+        runtime: Some(opts.runtime.unwrap_or(Runtime::Runc).engine_name().to_string()),
         ..Default::default()
     };
     let entrypoint: Vec<String> = [
@@ -272,6 +276,7 @@ mod tests {
         );
         assert_eq!(host.security_opt, Some(vec!["no-new-privileges:true".to_string()]));
         assert_eq!(host.privileged, None);
+        assert_eq!(host.runtime.as_deref(), Some("runc"), "named, whatever the engine's default");
         assert_eq!(host.readonly_rootfs, Some(false));
         assert_eq!(host.tmpfs, None);
         let mounts = host.mounts.unwrap();
@@ -279,6 +284,13 @@ mod tests {
             mounts.iter().map(mount).collect::<Vec<_>>(),
             vec![(Some("/s/abc"), "/run/sandhold", Some(MountTypeEnum::BIND), false)]
         );
+    }
+
+    #[test]
+    fn gvisor_is_the_engines_runsc() {
+        let docker = DockerOptions { runtime: Some(Runtime::Gvisor), ..Default::default() };
+        let body = container_config(&spec(docker), &origin(), Path::new("/s/abc"), None).unwrap();
+        assert_eq!(body.host_config.unwrap().runtime.as_deref(), Some("runsc"));
     }
 
     #[test]

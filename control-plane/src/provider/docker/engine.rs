@@ -21,6 +21,7 @@ use super::container::{Origin, container_config, workdir};
 use super::user::run_user;
 use super::{AGENT_DIR, DockerProviderOptions, LABEL_HOST_DIR};
 use crate::agent::AgentClient;
+use crate::config::Runtime;
 use crate::provider::{
     Error, LABEL_MANAGED, Result, Sandbox, SandboxSpec, check_socket_path, is_agent_socket, new_short_id,
     new_token, write_private_file,
@@ -134,6 +135,33 @@ impl DockerProvider {
         }
     }
 
+    /// The runtimes the engine has (`docker info`), by the engine's names.
+    pub async fn engine_runtimes(&self) -> Result<Vec<String>> {
+        let info = self
+            .docker
+            .info()
+            .await
+            .map_err(|e| self.engine_error("asking the engine for its runtimes", e))?;
+        Ok(info.runtimes.unwrap_or_default().into_keys().collect())
+    }
+
+    /// Refused, naming the fix, when the engine lacks `runtime`. Asked each
+    /// time (one cheap call): an operator who registers runsc later needs no
+    /// restart of the server.
+    pub async fn check_runtime(&self, runtime: Runtime) -> Result<()> {
+        let have = self.engine_runtimes().await?;
+        if have.iter().any(|r| r == runtime.engine_name()) {
+            return Ok(());
+        }
+        Err(Error::Refused(format!(
+            "the Docker engine at {} has no {} runtime (`{}`; it has: {}): install gVisor and register it with              the engine (`scripts/services` does both: the Debian package runsc, and runtimes.runsc in              /etc/docker/daemon.json, then SIGHUP dockerd)",
+            self.engine,
+            runtime.as_str(),
+            runtime.engine_name(),
+            have.join(", ")
+        )))
+    }
+
     pub(super) fn host_dir_of(&self, labels: &HashMap<String, String>) -> Option<PathBuf> {
         let dir = PathBuf::from(labels.get(LABEL_HOST_DIR)?);
         // A label is only a string anyone could set: never remove a
@@ -143,6 +171,7 @@ impl DockerProvider {
 
     pub(super) async fn create_from(&self, spec: &SandboxSpec, origin: Origin) -> Result<Sandbox> {
         self.check_image(&origin.image).await?;
+        self.check_runtime(spec.docker.runtime.unwrap_or(Runtime::Runc)).await?;
         let name = new_short_id();
         let host_dir = self.state_dir.join(&name);
         std::fs::create_dir(&host_dir).map_err(Error::io(&host_dir, "creating"))?;
@@ -230,6 +259,7 @@ impl DockerProvider {
             address: Address::Unix(host_dir.join("agent.sock")),
             token,
             workspace: PathBuf::from(workdir),
+            runtime: opts.runtime.unwrap_or(Runtime::Runc).as_str().to_string(),
         };
         self.wait_ready(&sandbox).await?;
         tracing::info!(container = %id, tenant = %spec.tenant, image = %origin.image, "docker sandbox created");

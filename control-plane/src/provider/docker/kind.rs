@@ -10,7 +10,7 @@ use shared::proto::v1::{DockerProvider as Section, provider_spec};
 use tracing::{info, warn};
 
 use super::{DockerOptions, DockerProvider, DockerProviderOptions, MountSpec, policy};
-use crate::config::{Policy, ServeConfig};
+use crate::config::{Policy, Runtime, ServeConfig};
 use crate::provider::{Built, Canon, Kind, SandboxSpec, Violation};
 
 pub struct Docker;
@@ -54,6 +54,9 @@ impl Kind for Docker {
             && let Some(why) = super::workdir_violation(&docker.workdir)
         {
             bad("definition.provider.docker.workdir", &why);
+        }
+        if !docker.runtime.is_empty() && Runtime::named(&docker.runtime).is_none() {
+            bad("definition.provider.docker.runtime", "must be \"runc\" or \"gvisor\"");
         }
         for (i, m) in docker.mounts.iter().enumerate() {
             if m.source.is_empty() || !m.target.starts_with('/') {
@@ -102,8 +105,10 @@ impl Kind for Docker {
                         read_only: m.read_only,
                     })
                     .collect(),
+                runtime: None,
             };
         }
+        spec.docker.runtime = policy::runtime(section(s), p);
         policy::apply_limits(p, &mut spec.docker);
     }
 
@@ -115,8 +120,16 @@ impl Kind for Docker {
 
     fn describe(&self, s: &provider_spec::Provider) -> String {
         match section(s) {
-            Some(docker) if docker.network.is_empty() => format!("docker {}", docker.image),
-            Some(docker) => format!("docker {} (network {})", docker.image, docker.network),
+            Some(docker) => {
+                let mut text = format!("docker {}", docker.image);
+                if !docker.network.is_empty() {
+                    text.push_str(&format!(" (network {})", docker.network));
+                }
+                if !docker.runtime.is_empty() {
+                    text.push_str(&format!(" under {}", docker.runtime));
+                }
+                text
+            }
             None => self.name().to_string(),
         }
     }
@@ -180,5 +193,10 @@ fn canon(d: &Section) -> Canon {
             i
         })
         .str("network", &d.network);
+    // Only when named, so the keys of sandboxes made before runtimes
+    // existed do not change.
+    if !d.runtime.is_empty() {
+        c.str("runtime", &d.runtime);
+    }
     c
 }

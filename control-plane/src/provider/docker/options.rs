@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::config::Runtime;
+
 /// Per-sandbox Docker options (part of a sandbox definition).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct DockerOptions {
@@ -28,6 +30,9 @@ pub struct DockerOptions {
     /// A Docker network to join; `None`: no network at all.
     pub network: Option<String>,
     pub mounts: Vec<MountSpec>,
+    /// The container runtime; `None`: runc (the operator's policy fills in
+    /// a required one before the provider sees the spec).
+    pub runtime: Option<Runtime>,
 }
 
 /// An extra mount: an absolute `source` is a host path (bind), anything

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use shared::proto::v1::DockerProvider;
 
 use super::DockerOptions;
-use crate::config::{Policy, forbidden_network, plain_absolute};
+use crate::config::{Policy, Runtime, forbidden_network, plain_absolute};
 
 /// Image repositories the control plane makes for native snapshots and
 /// forks: never a tenant's to name (they hold other sandboxes' files).
@@ -64,6 +64,9 @@ pub(super) fn violations(d: &DockerProvider, p: &Policy, on_host: bool, out: &mu
             );
         }
     }
+    if let Some(why) = runtime_refusal(d, p) {
+        bad("runtime", why);
+    }
     let over = |value: f64, max: f64| max > 0.0 && value > max;
     if over(d.memory_bytes as f64, p.docker_max_memory_bytes as f64) {
         bad(
@@ -92,6 +95,29 @@ pub(super) fn violations(d: &DockerProvider, p: &Policy, on_host: bool, out: &mu
             ),
         );
     }
+}
+
+/// Why the runtime `d` names is refused for the tenant `p` is the policy
+/// of, or `None`.
+fn runtime_refusal(d: &DockerProvider, p: &Policy) -> Option<String> {
+    // An unknown name is the definition's own error (`Kind::validate`).
+    let asked = Runtime::named(&d.runtime)?;
+    if let Some(required) = p.require_runtime.filter(|r| *r != asked) {
+        return Some(format!(
+            "{:?} is refused: this tenant's Docker sandboxes must run under {} (operator policy:              require_runtime); name {:?} or leave the runtime out",
+            d.runtime,
+            required.as_str(),
+            required.as_str()
+        ));
+    }
+    (!p.docker_runtimes.contains(&asked))
+        .then(|| format!("{:?} is not an allowed runtime (operator policy: docker_runtimes)", d.runtime))
+}
+
+/// The runtime a sandbox of `d` runs under: the one it names, else the one
+/// the tenant is required to use; `None` (runc) otherwise.
+pub(super) fn runtime(d: Option<&DockerProvider>, p: &Policy) -> Option<Runtime> {
+    d.and_then(|d| Runtime::named(&d.runtime)).or(p.require_runtime)
 }
 
 /// The default limits where `docker` names none.
@@ -275,6 +301,26 @@ mod tests {
         assert!(refused(&any, &docker(image("anything:1"))).is_empty());
         let v = refused(&any, &docker(image("sandhold-snapshot:abc")));
         assert!(rule_of(&v, "definition.provider.docker.image").contains("another sandbox"), "{v:?}");
+    }
+
+    #[test]
+    fn a_required_runtime_is_the_default_and_no_other_is_allowed() {
+        let gvisor = DockerProvider { runtime: "gvisor".into(), ..image("x") };
+        let runc = DockerProvider { runtime: "runc".into(), ..image("x") };
+        let open = Policy::default();
+        assert!(refused(&open, &gvisor).is_empty() && refused(&open, &runc).is_empty());
+        assert_eq!(runtime(Some(&image("x")), &open), None, "runc");
+
+        let required = Policy { require_runtime: Some(Runtime::Gvisor), ..Default::default() };
+        assert!(refused(&required, &gvisor).is_empty());
+        assert!(refused(&required, &image("x")).is_empty(), "naming none is fine");
+        assert_eq!(runtime(Some(&image("x")), &required), Some(Runtime::Gvisor), "and gets gvisor");
+        let v = refused(&required, &runc);
+        assert!(rule_of(&v, "definition.provider.docker.runtime").contains("require_runtime"), "{v:?}");
+
+        let runc_only = Policy { docker_runtimes: vec![Runtime::Runc], ..Default::default() };
+        let v = refused(&runc_only, &gvisor);
+        assert!(rule_of(&v, "definition.provider.docker.runtime").contains("docker_runtimes"), "{v:?}");
     }
 
     #[test]

@@ -12,6 +12,7 @@ use shared::transport::Address;
 
 use super::container::{Origin, image_tag};
 use super::{DEFAULT_WORKDIR, DockerProvider, FORK_REPO, LABEL_FORK_IMAGE, LABEL_HOST_DIR, SNAPSHOT_REPO};
+use crate::config::Runtime;
 use crate::provider::{
     Capabilities, Error, LABEL_MANAGED, LABEL_SANDBOX_KEY, ListedSandbox, Provider, ProviderKind,
     ResourceUse, Result, Sandbox, SandboxSpec, Snapshot, new_short_id, own_uid, read_private_file,
@@ -36,6 +37,10 @@ impl Provider for DockerProvider {
             ports: true,
             terminal: true,
         }
+    }
+
+    async fn supports(&self, spec: &SandboxSpec) -> Result<()> {
+        self.check_runtime(spec.docker.runtime.unwrap_or(Runtime::Runc)).await
     }
 
     async fn create(&self, spec: &SandboxSpec) -> Result<Sandbox> {
@@ -70,6 +75,12 @@ impl Provider for DockerProvider {
                 )));
             }
         };
+        // What the engine says it runs under, in Sandhold's names.
+        let runtime = inspect
+            .host_config
+            .and_then(|h| h.runtime)
+            .map(|r| Runtime::of_engine_name(&r).map_or(r, |r| r.as_str().to_string()))
+            .unwrap_or_else(|| Runtime::Runc.as_str().to_string());
         let state = inspect.state.unwrap_or_default();
         match state.status {
             Some(ContainerStateStatusEnum::RUNNING) => {}
@@ -96,6 +107,7 @@ impl Provider for DockerProvider {
             address: Address::Unix(host_dir.join("agent.sock")),
             token,
             workspace: PathBuf::from(workdir),
+            runtime,
         };
         self.wait_ready(&sandbox).await?;
         Ok(Some(sandbox))

@@ -236,7 +236,7 @@ class LocalProvider(_message.Message):
     def __init__(self) -> None: ...
 
 class DockerProvider(_message.Message):
-    __slots__ = ("image", "user", "workdir", "memory_bytes", "cpus", "pids_limit", "read_only_root", "mounts", "network")
+    __slots__ = ("image", "user", "workdir", "memory_bytes", "cpus", "pids_limit", "read_only_root", "mounts", "network", "runtime")
     IMAGE_FIELD_NUMBER: _ClassVar[int]
     USER_FIELD_NUMBER: _ClassVar[int]
     WORKDIR_FIELD_NUMBER: _ClassVar[int]
@@ -246,6 +246,7 @@ class DockerProvider(_message.Message):
     READ_ONLY_ROOT_FIELD_NUMBER: _ClassVar[int]
     MOUNTS_FIELD_NUMBER: _ClassVar[int]
     NETWORK_FIELD_NUMBER: _ClassVar[int]
+    RUNTIME_FIELD_NUMBER: _ClassVar[int]
     image: str
     user: str
     workdir: str
@@ -255,7 +256,8 @@ class DockerProvider(_message.Message):
     read_only_root: bool
     mounts: _containers.RepeatedCompositeFieldContainer[Mount]
     network: str
-    def __init__(self, image: _Optional[str] = ..., user: _Optional[str] = ..., workdir: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., cpus: _Optional[float] = ..., pids_limit: _Optional[int] = ..., read_only_root: _Optional[bool] = ..., mounts: _Optional[_Iterable[_Union[Mount, _Mapping]]] = ..., network: _Optional[str] = ...) -> None: ...
+    runtime: str
+    def __init__(self, image: _Optional[str] = ..., user: _Optional[str] = ..., workdir: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., cpus: _Optional[float] = ..., pids_limit: _Optional[int] = ..., read_only_root: _Optional[bool] = ..., mounts: _Optional[_Iterable[_Union[Mount, _Mapping]]] = ..., network: _Optional[str] = ..., runtime: _Optional[str] = ...) -> None: ...
 
 class Mount(_message.Message):
     __slots__ = ("source", "target", "read_only")
@@ -535,7 +537,7 @@ class EnsureReady(_message.Message):
     def __init__(self, sandbox_id: _Optional[str] = ..., outcome: _Optional[_Union[EnsureOutcome, str]] = ..., sandbox: _Optional[_Union[Sandbox, _Mapping]] = ..., restored_checkpoint_id: _Optional[str] = ...) -> None: ...
 
 class Capabilities(_message.Message):
-    __slots__ = ("snapshots", "fork", "background_processes", "killable_processes", "writable_stdin", "durable_filesystem", "network_policy", "ports", "terminal", "landlock", "seccomp")
+    __slots__ = ("snapshots", "fork", "background_processes", "killable_processes", "writable_stdin", "durable_filesystem", "network_policy", "ports", "terminal", "landlock", "seccomp", "runtime")
     SNAPSHOTS_FIELD_NUMBER: _ClassVar[int]
     FORK_FIELD_NUMBER: _ClassVar[int]
     BACKGROUND_PROCESSES_FIELD_NUMBER: _ClassVar[int]
@@ -547,6 +549,7 @@ class Capabilities(_message.Message):
     TERMINAL_FIELD_NUMBER: _ClassVar[int]
     LANDLOCK_FIELD_NUMBER: _ClassVar[int]
     SECCOMP_FIELD_NUMBER: _ClassVar[int]
+    RUNTIME_FIELD_NUMBER: _ClassVar[int]
     snapshots: bool
     fork: bool
     background_processes: bool
@@ -558,7 +561,8 @@ class Capabilities(_message.Message):
     terminal: bool
     landlock: bool
     seccomp: bool
-    def __init__(self, snapshots: _Optional[bool] = ..., fork: _Optional[bool] = ..., background_processes: _Optional[bool] = ..., killable_processes: _Optional[bool] = ..., writable_stdin: _Optional[bool] = ..., durable_filesystem: _Optional[bool] = ..., network_policy: _Optional[bool] = ..., ports: _Optional[bool] = ..., terminal: _Optional[bool] = ..., landlock: _Optional[bool] = ..., seccomp: _Optional[bool] = ...) -> None: ...
+    runtime: str
+    def __init__(self, snapshots: _Optional[bool] = ..., fork: _Optional[bool] = ..., background_processes: _Optional[bool] = ..., killable_processes: _Optional[bool] = ..., writable_stdin: _Optional[bool] = ..., durable_filesystem: _Optional[bool] = ..., network_policy: _Optional[bool] = ..., ports: _Optional[bool] = ..., terminal: _Optional[bool] = ..., landlock: _Optional[bool] = ..., seccomp: _Optional[bool] = ..., runtime: _Optional[str] = ...) -> None: ...
 
 class Sandbox(_message.Message):
     __slots__ = ("sandbox_id", "definition_id", "thread_id", "provider", "provider_sandbox_id", "created_at_ms", "updated_at_ms", "capabilities", "env", "secret_names", "state", "keep_alive_ms", "usage")
