@@ -78,15 +78,41 @@ def need(what: str, why: str) -> None:
     pytest.skip(f"{what} not available ({why}); scripts/test provides it")
 
 
+class TestCa:
+    """A certificate authority of the test's own (openssl) and a server
+    certificate it signed for localhost and 127.0.0.1."""
+
+    def __init__(self, root: Path) -> None:
+        self.cert, self.key, ca = root / "server.pem", root / "server.key", root / "ca.pem"
+
+        def openssl(*args: str) -> None:
+            subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=root)
+
+        openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=sandhold test CA",
+                "-keyout", "ca.key", "-out", str(ca))
+        openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=localhost", "-keyout", str(self.key),
+                "-out", "server.csr")
+        (root / "san.ext").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
+        openssl("x509", "-req", "-in", "server.csr", "-CA", str(ca), "-CAkey", "ca.key", "-CAcreateserial",
+                "-days", "1", "-extfile", "san.ext", "-out", str(self.cert))
+        self.ca_cert = ca.read_bytes()
+
+
 class Server:
     """One `sandhold serve`; ``stop()`` (SIGTERM, must exit 0) or ``kill()``."""
 
-    def __init__(self, data_dir: Path, token: str, *, listen: str | None = None, args: tuple[str, ...] = ()) -> None:
+    def __init__(self, data_dir: Path, token: str, *, listen: str | None = None, args: tuple[str, ...] = (),
+                 tls: TestCa | None = None) -> None:
         self.data_dir = data_dir
         self.token = token
         self.port = free_port()
         self.listen = listen or f"127.0.0.1:{self.port}"
         self.address = self.listen
+        self.ca_cert: bytes | None = None
+        if tls is not None:
+            args = (*args, "--tls-cert", str(tls.cert), "--tls-key", str(tls.key))
+            self.address = f"https://localhost:{self.port}"
+            self.ca_cert = tls.ca_cert
         data_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = data_dir.parent / f"server-{self.port}.log"
         env = {k: v for k, v in os.environ.items() if not k.startswith("SANDHOLD_")}
@@ -106,6 +132,8 @@ class Server:
         return self.log_path.read_text(errors="replace")
 
     def client(self, **kwargs: object) -> Sandhold:
+        if self.ca_cert is not None:
+            kwargs.setdefault("ca_cert", self.ca_cert)
         return Sandhold(self.address, token=self.token, **kwargs)  # type: ignore[arg-type]
 
     def _wait_ready(self) -> None:
@@ -172,10 +200,12 @@ def scratch_dir() -> Iterator[Path]:
 
 
 @contextlib.contextmanager
-def server(args: tuple[str, ...] = ()) -> Iterator[Server]:
-    """A server with SQLite in a temporary data dir; stopped, its sandboxes killed."""
+def server(args: tuple[str, ...] = (), *, tls: bool = False) -> Iterator[Server]:
+    """A server with SQLite in a temporary data dir (with `tls`, behind a
+    certificate of a test CA); stopped, its sandboxes killed."""
     with scratch_dir() as root:
-        s = Server(root / "data", f"py-token-{secrets.token_hex(8)}", args=args)
+        ca = TestCa(root) if tls else None
+        s = Server(root / "data", f"py-token-{secrets.token_hex(8)}", args=args, tls=ca)
         try:
             yield s
             with s.client() as client:  # what the tests made, through the API

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import support
-from sandhold import Sandhold
+from sandhold import Sandhold, TransportError
 from sandhold._connection import resolve_target, resolve_token
 
 
@@ -62,6 +62,26 @@ def test_the_background_server_on_its_unix_socket(monkeypatch: pytest.MonkeyPatc
         finally:
             subprocess.run([sandhold, "daemon", "stop", "--data-dir", str(data)], env=env, capture_output=True,
                            timeout=120)
+
+
+def test_tls_with_the_servers_ca_from_an_argument_or_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    with support.server(tls=True) as server:
+        assert server.address.startswith("https://")
+        assert server.ca_cert is not None
+        with server.client() as client:  # ca_cert= the test CA
+            run = client.runs.start(thread_id="py-tls", command=["echo", "over TLS"], definition_id=_local(client))
+            assert run.text() == "over TLS\n" and run.completed
+        ca_file = server.data_dir.parent / "ca.pem"
+        monkeypatch.setenv("SANDHOLD_SERVER", server.address)
+        monkeypatch.setenv("SANDHOLD_TOKEN", server.token)
+        monkeypatch.setenv("SANDHOLD_CA_CERT", str(ca_file))
+        with Sandhold() as client:  # everything from the environment
+            assert client.server_info().tenant == support.TENANT
+        # Without the CA the server's certificate is not trusted: no call
+        # goes through, and the token is never sent in the clear.
+        monkeypatch.delenv("SANDHOLD_CA_CERT")
+        with Sandhold(timeout=5) as client, pytest.raises(TransportError):
+            client.server_info()
 
 
 def _local(client: Sandhold) -> str:
