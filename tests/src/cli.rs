@@ -150,10 +150,27 @@ impl Served {
     }
 
     pub fn start_with(dir: TestDir, options: ServeOptions) -> Self {
+        let (child, addr, server, ca) = Self::spawn(&dir, &options);
+        let served = Self { child, addr, server, ca, dir };
+        served.wait_ready(options.token.as_deref());
+        served
+    }
+
+    /// Kill the server (SIGKILL: no shutdown, its runs left to a successor)
+    /// and start another on the same data dir with `options`, on a new port.
+    pub fn kill9_and_restart(&mut self, options: ServeOptions) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        (self.child, self.addr, self.server, self.ca) = Self::spawn(&self.dir, &options);
+        self.wait_ready(options.token.as_deref());
+    }
+
+    fn spawn(dir: &TestDir, options: &ServeOptions) -> (Child, String, String, Option<PathBuf>) {
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let addr = format!("127.0.0.1:{port}");
         let listen = format!("{}:{port}", options.host.unwrap_or("127.0.0.1"));
-        let log = std::fs::File::create(dir.path().join("serve.log")).unwrap();
+        let log =
+            std::fs::OpenOptions::new().create(true).append(true).open(dir.path().join("serve.log")).unwrap();
         let mut cmd = sandhold(&dir.path().join("data"));
         cmd.args(["serve", "--listen", &listen, "--shutdown-grace-ms", "3000"])
             .args(&options.args)
@@ -168,9 +185,7 @@ impl Served {
             None => (addr.clone(), None),
         };
         let child = cmd.spawn().expect("spawning sandhold serve");
-        let served = Self { child, addr, server, ca, dir };
-        served.wait_ready(options.token.as_deref());
-        served
+        (child, addr, server, ca)
     }
 
     /// Until the stores answer (a CLI call succeeds).

@@ -8,7 +8,7 @@ use std::time::Duration;
 use futures::{Stream, StreamExt};
 use shared::proto::v1 as api;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{Instrument as _, debug, info, warn};
 
 use super::drive::{DriveCtx, Interrupts};
 use super::log::decode_chunk;
@@ -226,8 +226,11 @@ impl Runs {
     fn keep_taking_over(&self, run: RunKey, until: CancellationToken, log_ended: CancellationToken) {
         let runs = self.clone();
         // Tracked with the drives: shutdown waits for it (it stops on the
-        // shutdown token) before the stores close.
-        self.inner.drives.spawn(async move {
+        // shutdown token) before the stores close. In the attach's span, so
+        // the drive a takeover starts is the call's child.
+        let span = tracing::Span::current();
+        self.inner.drives.spawn(
+            async move {
             let mut give_up_at: Option<tokio::time::Instant> = None;
             loop {
                 match runs.try_take_over(&run).await {
@@ -260,7 +263,9 @@ impl Runs {
                     _ = tokio::time::sleep(jittered(runs.inner.options.takeover_retry)) => {}
                 }
             }
-        });
+        }
+            .instrument(span),
+        );
     }
 }
 

@@ -21,6 +21,7 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
 use opentelemetry_proto::tonic::common::v1::any_value::Value;
 use sandhold_tests::cli::{ServeOptions, Served, ok, stdout};
 use sandhold_tests::local::TestDir;
+use sandhold_tests::wait::PATIENCE;
 use tokio_util::sync::CancellationToken;
 
 /// One received span, flattened.
@@ -131,6 +132,47 @@ fn otel_env(endpoint: &str) -> Vec<(String, String)> {
     ]
 }
 
+/// The trace a CLI command made, as the collector received it.
+struct Trace {
+    /// The CLI's root span (`sandhold <command>`).
+    root: Got,
+    spans: Vec<Got>,
+}
+
+impl Trace {
+    /// Until the trace of the CLI's `root` span holds a drive and its
+    /// terminal write (the CLI flushed at exit; the server's last spans
+    /// follow within its batch delay).
+    fn of(collector: &Collector, root: &str, server: &Served) -> Self {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let spans = collector.spans();
+            let cli = spans.iter().find(|s| s.name == root && s.service == "sandhold-cli").cloned();
+            if let Some(cli) = cli {
+                let trace: Vec<Got> = spans.iter().filter(|s| s.trace == cli.trace).cloned().collect();
+                if trace.iter().any(|s| s.name == "run") && trace.iter().any(|s| s.name == "store.finish") {
+                    return Self { root: cli, spans: trace };
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the {root} trace never arrived complete: {spans:#?}\n{}",
+                server.log()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// The one span named `name`, a child of `parent`.
+    fn child(&self, parent: &Got, name: &str) -> Got {
+        let found: Vec<&Got> = self.spans.iter().filter(|s| s.name == name).collect();
+        let names: Vec<&str> = self.spans.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(found.len(), 1, "one {name} span in {names:?}");
+        assert_eq!(found[0].parent, parent.id, "{name}'s parent is {}: {:#?}", parent.name, self.spans);
+        found[0].clone()
+    }
+}
+
 #[test]
 fn one_run_is_one_trace_from_the_cli_to_the_terminal_write() {
     let collector = Collector::start("127.0.0.1:0").unwrap();
@@ -147,38 +189,12 @@ fn one_run_is_one_trace_from_the_cli_to_the_terminal_write() {
         .unwrap();
     assert_eq!(stdout(ok(&out)), "one\ntwo\n");
 
-    // The CLI flushed at exit; the server's last spans follow within its
-    // batch delay.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let (cli, spans) = loop {
-        let spans = collector.spans();
-        let cli = spans.iter().find(|s| s.name == "sandhold run" && s.service == "sandhold-cli").cloned();
-        if let Some(cli) = cli {
-            let trace: Vec<Got> = spans.iter().filter(|s| s.trace == cli.trace).cloned().collect();
-            if trace.iter().any(|s| s.name == "run") && trace.iter().any(|s| s.name == "store.finish") {
-                break (cli, trace);
-            }
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the run's trace never arrived complete: {spans:#?}\n{}",
-            server.log()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    };
+    let trace = Trace::of(&collector, "sandhold run", &server);
+    let (cli, spans) = (&trace.root, &trace.spans);
     let names: Vec<&str> = spans.iter().map(|s| s.name.as_str()).collect();
-    let one = |name: &str| -> &Got {
-        let found: Vec<&Got> = spans.iter().filter(|s| s.name == name).collect();
-        assert_eq!(found.len(), 1, "one {name} span in {names:?}");
-        found[0]
-    };
-    let child = |parent: &Got, name: &str| -> Got {
-        let got = one(name);
-        assert_eq!(got.parent, parent.id, "{name}'s parent is {}: {spans:#?}", parent.name);
-        got.clone()
-    };
+    let child = |parent: &Got, name: &str| trace.child(parent, name);
     assert!(cli.parent.is_empty(), "the CLI's span is the root");
-    let start = child(&cli, "sandhold.v1.RunService/StartRun");
+    let start = child(cli, "sandhold.v1.RunService/StartRun");
     assert_eq!(start.service, "sandhold", "the server's spans carry its default service name");
     assert_eq!(start.attributes.get("rpc.grpc.status_code").map(String::as_str), Some("0"));
     let run = child(&start, "run");
@@ -229,6 +245,56 @@ fn one_run_is_one_trace_from_the_cli_to_the_terminal_write() {
         agent_calls.iter().any(|c| c.name.starts_with("sandhold.agent.v1.JournalService/") && under_run(c)),
         "the run's journal is read through the agent, under the drive: {names:?}"
     );
+}
+
+/// A run taken over: its server killed mid-run, a client's `attach` to
+/// another server on the same data dir drives it on. One trace from the
+/// CLI's attach → AttachRun → the drive (a takeover) → its reconnect, the
+/// journal's replay, and the conclusion → the terminal write.
+#[test]
+fn a_run_taken_over_is_one_trace_from_the_attach_to_the_terminal_write() {
+    let collector = Collector::start("127.0.0.1:0").unwrap();
+    let options = || ServeOptions {
+        env: otel_env(&collector.endpoint()),
+        args: ["--sweep-interval-ms", "0", "--lease-ttl-ms", "2000", "--lease-renew-ms", "500"]
+            .map(String::from)
+            .to_vec(),
+        ..Default::default()
+    };
+    let mut server = Served::start_with(TestDir::new("sh-traces-takeover"), options());
+    let go = server.dir.path().join("go");
+    let script = format!("echo waiting; while [ ! -e {} ]; do sleep 0.1; done; echo went", go.display());
+    let started = server
+        .cli()
+        .args(["run", "--detach", "--run-id", "taken", "--thread", "taken", "--", "sh", "-c", &script])
+        .output()
+        .unwrap();
+    ok(&started);
+    let log_has = |server: &Served, text: &str| {
+        let out = server.cli().args(["logs", "taken"]).output().unwrap();
+        stdout(&out).contains(text)
+    };
+    let deadline = Instant::now() + PATIENCE;
+    while !log_has(&server, "waiting") {
+        assert!(Instant::now() < deadline, "the run never began: {}", server.log());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    server.kill9_and_restart(options());
+    std::fs::write(&go, "").unwrap();
+    let attached =
+        server.cli().envs(otel_env(&collector.endpoint())).args(["attach", "taken"]).output().unwrap();
+    assert!(stdout(ok(&attached)).contains("went"), "{}", stdout(&attached));
+
+    let trace = Trace::of(&collector, "sandhold attach", &server);
+    assert!(trace.root.parent.is_empty(), "the CLI's span is the root");
+    let attach = trace.child(&trace.root, "sandhold.v1.RunService/AttachRun");
+    let run = trace.child(&attach, "run");
+    assert_eq!(run.attributes.get("takeover").map(String::as_str), Some("true"));
+    trace.child(&run, "run.takeover");
+    trace.child(&run, "run.replay_and_follow");
+    let conclude = trace.child(&run, "run.conclude");
+    trace.child(&conclude, "store.finish");
 }
 
 /// No OTEL variables: nothing is exported, not even to the default OTLP
