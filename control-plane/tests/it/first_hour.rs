@@ -106,6 +106,7 @@ fn a_newcomers_afternoon_leaves_nothing_the_cli_did_not_name() {
     assert_eq!(code, 0, "{seen}");
     assert!(has_line(&seen, "out") && has_line(&seen, "warn"), "stdout and stderr both shown:\n{seen}");
     assert!(seen.contains("started your background server"), "the server's start is said:\n{seen}");
+    assert!(seen.contains("this sandbox has NO isolation"), "the local sandbox says what it is:\n{seen}");
 
     // A failing command: its stderr on the terminal, a non-zero exit.
     let (code, seen) = type_command(&tmux, "s2", "sandhold run --local -- sh -c 'echo broke >&2; exit 3'");
