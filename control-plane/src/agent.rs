@@ -28,7 +28,7 @@ use crate::telemetry::calls::Traced;
 
 /// The channel to an agent: every call a client span, with the sandbox's
 /// token.
-type AuthedChannel = shared::transport::AuthedChannel<Traced<tonic::transport::Channel>>;
+pub type AgentChannel = shared::transport::AuthedChannel<Traced<tonic::transport::Channel>>;
 
 /// Pause between attempts of [`AgentClient::connect_with_deadline`].
 const RETRY_INTERVAL: Duration = Duration::from_millis(50);
@@ -40,7 +40,7 @@ const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(5);
 #[derive(Clone)]
 pub struct AgentClient {
     address: Address,
-    channel: AuthedChannel,
+    channel: AgentChannel,
     info: GetInfoResponse,
 }
 
@@ -161,47 +161,47 @@ impl AgentClient {
         warnings
     }
 
-    pub fn info(&self) -> InfoServiceClient<AuthedChannel> {
+    pub fn info(&self) -> InfoServiceClient<AgentChannel> {
         shared::sized!(InfoServiceClient::new(self.channel.clone()))
     }
 
-    pub fn process(&self) -> ProcessServiceClient<AuthedChannel> {
+    pub fn process(&self) -> ProcessServiceClient<AgentChannel> {
         shared::sized!(ProcessServiceClient::new(self.channel.clone()))
     }
 
-    pub fn fs(&self) -> FsServiceClient<AuthedChannel> {
+    pub fn fs(&self) -> FsServiceClient<AgentChannel> {
         shared::sized!(FsServiceClient::new(self.channel.clone()))
     }
 
-    pub fn shell(&self) -> ShellServiceClient<AuthedChannel> {
+    pub fn shell(&self) -> ShellServiceClient<AgentChannel> {
         shared::sized!(ShellServiceClient::new(self.channel.clone()))
     }
 
-    pub fn journal(&self) -> JournalServiceClient<AuthedChannel> {
+    pub fn journal(&self) -> JournalServiceClient<AgentChannel> {
         shared::sized!(JournalServiceClient::new(self.channel.clone()))
     }
 
-    pub fn watch(&self) -> WatchServiceClient<AuthedChannel> {
+    pub fn watch(&self) -> WatchServiceClient<AgentChannel> {
         shared::sized!(WatchServiceClient::new(self.channel.clone()))
     }
 
-    pub fn port(&self) -> PortServiceClient<AuthedChannel> {
+    pub fn port(&self) -> PortServiceClient<AgentChannel> {
         shared::sized!(PortServiceClient::new(self.channel.clone()))
     }
 
-    pub fn snapshot(&self) -> SnapshotServiceClient<AuthedChannel> {
+    pub fn snapshot(&self) -> SnapshotServiceClient<AgentChannel> {
         shared::sized!(SnapshotServiceClient::new(self.channel.clone()))
     }
 
-    pub fn egress(&self) -> EgressServiceClient<AuthedChannel> {
+    pub fn egress(&self) -> EgressServiceClient<AgentChannel> {
         shared::sized!(EgressServiceClient::new(self.channel.clone()))
     }
 
-    pub fn requests(&self) -> RequestServiceClient<AuthedChannel> {
+    pub fn requests(&self) -> RequestServiceClient<AgentChannel> {
         shared::sized!(RequestServiceClient::new(self.channel.clone()))
     }
 
-    pub fn secrets(&self) -> SecretServiceClient<AuthedChannel> {
+    pub fn secrets(&self) -> SecretServiceClient<AgentChannel> {
         SecretServiceClient::new(self.channel.clone())
     }
 

@@ -11,22 +11,12 @@ here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 target=${CARGO_TARGET_DIR:-$repo/target}
 
-if [ -z "${SANDHOLD_BIN:-}" ]; then
-  (cd "$repo" && cargo build -q -p control-plane --bin sandhold -p sandbox-agent --bin sandhold-agent)
-  SANDHOLD_BIN=$target/debug/sandhold
-fi
-export SANDHOLD_BIN
+. "$repo/scripts/lib/binaries.sh"
+. "$repo/scripts/lib/python.sh"
+binaries_build "$repo"
 
 venv=${SANDHOLD_PY_EXAMPLE_VENV:-$target/python-example-venv}
-if [ ! -x "$venv/bin/python" ]; then
-  python3 -m venv "$venv"
-fi
-stamp=$venv/.requirements.sha
-want=$(sha256sum "$here/requirements.txt" | cut -d' ' -f1)
-if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  "$venv/bin/python" -m pip install -q -r "$here/requirements.txt"
-  echo "$want" > "$stamp"
-fi
+python_venv "$venv" "$here/requirements.txt"
 
 "$venv/bin/python" -m pip install -q --no-deps --force-reinstall "$repo/clients/python"
 export PYTHONPATH="$repo/tests/python${PYTHONPATH:+:$PYTHONPATH}"

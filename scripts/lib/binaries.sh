@@ -1,4 +1,5 @@
 # Sourced by the client test suites (tests/python/run.sh,
+# examples/python/run.sh, clients/python/run-tests.sh,
 # clients/typescript/run-tests.sh): the binaries under test. SANDHOLD_BIN and
 # SANDHOLD_AGENT_BIN when given, else built with cargo into $CARGO_TARGET_DIR
 # (or target/); both exported.

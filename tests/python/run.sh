@@ -12,18 +12,11 @@ repo=$(cd "$here/../.." && pwd)
 target=${CARGO_TARGET_DIR:-$repo/target}
 
 . "$repo/scripts/lib/binaries.sh"
+. "$repo/scripts/lib/python.sh"
 binaries_build "$repo"
 
 venv=${SANDHOLD_PY_VENV:-$target/python-venv}
-if [ ! -x "$venv/bin/python" ]; then
-  python3 -m venv "$venv"
-fi
-stamp=$venv/.requirements.sha
-want=$(sha256sum "$here/requirements.txt" | cut -d' ' -f1)
-if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  "$venv/bin/python" -m pip install -q -r "$here/requirements.txt"
-  echo "$want" > "$stamp"
-fi
+python_venv "$venv" "$here/requirements.txt"
 
 cd "$here"
 exec "$venv/bin/python" -m pytest -q -p no:cacheprovider "$@"

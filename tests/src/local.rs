@@ -99,6 +99,15 @@ pub fn processes_under(dir: &Path) -> Vec<(i32, Vec<String>)> {
     found
 }
 
+/// Whether `pid` is a live process: not gone, and not a zombie waiting
+/// for whoever reaps it.
+pub fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| stat.rsplit_once(") ").map(|(_, rest)| !rest.starts_with('Z')))
+        .unwrap_or(false)
+}
+
 /// Pids of agent daemons (`sandhold-agent serve`, not `init`) of sandboxes
 /// under `data_dir`.
 pub fn agent_daemons(data_dir: &Path) -> Vec<i32> {

@@ -248,7 +248,8 @@ impl Policy {
         {
             if let Some(r) = p.require_runtime.filter(|r| !p.docker_runtimes.contains(r)) {
                 return Err(format!(
-                    "{who} requires the {} runtime but does not list it among the allowed runtimes                      (--require-runtime, --docker-runtimes, [tenants.NAME])",
+                    "{who} requires the {} runtime but does not list it among the allowed runtimes \
+                     (--require-runtime, --docker-runtimes, [tenants.NAME])",
                     r.as_str()
                 ));
             }

@@ -198,6 +198,7 @@ impl Runs {
                     sandbox_key: None,
                     started_at: Timestamp::now(),
                     spec: Some(serde_json::to_value(&spec).expect("a spec serializes")),
+                    definition_id: Some(spec.definition_id.clone()),
                 },
                 limit.max,
             )

@@ -145,6 +145,7 @@ pub(super) fn new_run(id: &str, tenant_name: &str, thread: &str, started_at: i64
         sandbox_key: Some(format!("sbx-{id}")),
         started_at: Timestamp::from_millis(started_at),
         spec: Some(serde_json::json!({"harness": "command", "n": started_at})),
+        definition_id: None,
     }
 }
 
@@ -1213,8 +1214,7 @@ async fn run_under(
     at: i64,
     running: bool,
 ) {
-    let mut new = new_run(id, tenant_name, thread, at);
-    new.spec = Some(serde_json::json!({"harness": "command", "definition_id": definition}));
+    let new = NewRun { definition_id: Some(definition.into()), ..new_run(id, tenant_name, thread, at) };
     stores.runs.create_or_resume(new).await.unwrap();
     if !running {
         stores.runs.finish(&key(tenant_name, id), FIRST_EPOCH, finish_completed()).await.unwrap();

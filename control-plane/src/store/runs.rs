@@ -134,10 +134,8 @@ pub struct RunRecord {
     /// No more appends; tailers end once they have read everything.
     pub log_closed: bool,
     pub updated_at: Timestamp,
-    /// What started the run (opaque to the store, but for its
-    /// `definition_id`, kept in a column of its own so that unused
-    /// definitions can be found): harness, definition, durability. Never a
-    /// secret.
+    /// What started the run (opaque to the store): harness, definition,
+    /// durability. Never a secret.
     pub spec: Option<serde_json::Value>,
     /// Set on a copy made by a snapshot fork ([`CheckpointStore::fork`](super::CheckpointStore::fork)):
     /// the run of the source thread it was copied from.
@@ -203,14 +201,13 @@ pub struct NewRun {
     pub started_at: Timestamp,
     /// See [`RunRecord::spec`].
     pub spec: Option<serde_json::Value>,
+    /// The definition the run starts under, kept in a column of its own so
+    /// that definitions nothing names any more can be found
+    /// ([`DefinitionStore::delete_unused_derived`](super::DefinitionStore::delete_unused_derived)).
+    pub definition_id: Option<String>,
 }
 
 impl NewRun {
-    /// The definition the run starts under: its spec's `definition_id`.
-    pub fn definition_id(&self) -> Option<&str> {
-        self.spec.as_ref()?.get("definition_id")?.as_str().filter(|id| !id.is_empty())
-    }
-
     /// A run with nothing but its identity, started now: no sandbox, no
     /// spec. What the log and the run store need, and no more.
     pub fn bare(run_id: RunId, tenant: &str, thread_id: &str) -> Self {
@@ -222,6 +219,7 @@ impl NewRun {
             sandbox_key: None,
             started_at: Timestamp::now(),
             spec: None,
+            definition_id: None,
         }
     }
 

@@ -373,6 +373,7 @@ async fn checkpoints_fork_copies_the_chosen_checkpoint_into_an_empty_thread(b: &
             sandbox_key: None,
             started_at: Timestamp::now(),
             spec: None,
+            definition_id: None,
         })
         .await
         .unwrap();

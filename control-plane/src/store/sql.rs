@@ -329,7 +329,7 @@ macro_rules! impl_shared_stores {
                 .bind(Timestamp::now().as_millis())
                 .bind(json_to_db(&new.spec))
                 .bind(max_unfinished.map(i64::from))
-                .bind(new.definition_id())
+                .bind(new.definition_id.as_deref().filter(|id| !id.is_empty()))
                 .execute(&mut *tx)
                 .await?
                 .rows_affected();

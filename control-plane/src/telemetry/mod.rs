@@ -65,10 +65,10 @@ impl Tracing {
                 return None;
             }
         };
+        // A service name set in the environment is the SDK's own
+        // detector's to read.
         let mut resource = Resource::builder();
-        if std::env::var("OTEL_SERVICE_NAME").is_ok_and(|v| !v.is_empty()) {
-            // The SDK's own detector reads it.
-        } else {
+        if std::env::var("OTEL_SERVICE_NAME").ok().is_none_or(|v| v.is_empty()) {
             resource = resource.with_service_name(default_service);
         }
         let provider = SdkTracerProvider::builder()

@@ -7,14 +7,14 @@
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::{Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use sandhold_tests::cli::{
     Background, NOBODY, as_nobody, json_lines, ok, sandhold, sandhold_background, sandhold_bin, stderr,
     stdout,
 };
-use sandhold_tests::local::TestDir;
-use sandhold_tests::wait::PATIENCE;
+use sandhold_tests::local::{TestDir, alive};
+use sandhold_tests::wait::until;
 
 const STARTED: &str = "started your background server";
 
@@ -25,22 +25,6 @@ fn run_status(data: &Path, run_id: &str) -> String {
         .find(|r| r["run_id"] == run_id)
         .map(|r| r["status"].as_str().unwrap_or_default().to_string())
         .unwrap_or_default()
-}
-
-/// Whether `pid` is a live process (not gone, not a zombie nobody reaped).
-fn alive(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|stat| stat.rsplit_once(") ").map(|(_, rest)| !rest.starts_with('Z')))
-        .unwrap_or(false)
-}
-
-fn until(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + PATIENCE;
-    while !done() {
-        assert!(Instant::now() < deadline, "waited {PATIENCE:?} for {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 /// A detached run progresses with no client: the background server drives

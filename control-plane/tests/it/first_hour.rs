@@ -8,9 +8,9 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use sandhold_tests::cli::{Background, agent, sandhold_bin};
-use sandhold_tests::local::TestDir;
+use sandhold_tests::local::{TestDir, alive, processes_under};
 use sandhold_tests::tmux::{Tmux, has_line};
-use sandhold_tests::wait::PATIENCE;
+use sandhold_tests::wait::{PATIENCE, until};
 
 /// The pane's whole history, not only what is on screen; lines as the
 /// terminal shows them (a line the spinner filled to the edge is not joined
@@ -38,26 +38,15 @@ fn type_command(tmux: &Tmux, step: &str, command: &str) -> (i32, String) {
     }
 }
 
-/// Processes working for `data`: started with a path under it (a local
-/// sandbox's agent) or working in it (what a run started in its
+/// Live processes working for `data`: started with a path under it (a
+/// local sandbox's agent) or working in it (what a run started in its
 /// workspace).
 fn processes_of(data: &Path) -> Vec<String> {
-    let data = data.to_string_lossy().into_owned();
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
-        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-        let cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).map(|p| p.display().to_string());
-        let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .ok()
-            .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| rest.starts_with('Z')))
-            .unwrap_or(true);
-        if !zombie && (cmdline.contains(&format!("{data}/")) || cwd.is_ok_and(|c| c.starts_with(&data))) {
-            found.push(format!("{pid}: {cmdline}"));
-        }
-    }
-    found
+    processes_under(data)
+        .into_iter()
+        .filter(|(pid, _)| alive(*pid))
+        .map(|(pid, args)| format!("{pid}: {}", args.join(" ")))
+        .collect()
 }
 
 /// Entries of the local provider's sandbox folder.
@@ -65,14 +54,6 @@ fn sandbox_dirs(data: &Path) -> Vec<String> {
     std::fs::read_dir(data.join("sandboxes"))
         .map(|dir| dir.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
         .unwrap_or_default()
-}
-
-fn until(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + PATIENCE;
-    while !done() {
-        assert!(Instant::now() < deadline, "waited {PATIENCE:?} for {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 /// Output and warnings on the terminal as they come, a failed run's
@@ -89,15 +70,19 @@ fn a_newcomers_afternoon_leaves_nothing_the_cli_did_not_name() {
     let background = Background(data.clone());
     let bin_dir = sandhold_bin().parent().unwrap().to_path_buf();
     let tmux = Tmux::new();
-    let shell = format!(
-        "env -i HOME={home} TERM=xterm-256color PATH={bin}:/usr/local/bin:/usr/bin:/bin \
-         SANDHOLD_DATA_DIR={data} SANDHOLD_AGENT_BINARY={agent} PS1='$ ' bash --norc --noprofile",
+    // The shell's settings in a script beside the data dir, so that no
+    // command line of the test's own names the data dir.
+    let shell = dir.path().join("newcomer.sh");
+    let script = format!(
+        "exec env -i HOME={home} TERM=xterm-256color PATH={bin}:/usr/local/bin:/usr/bin:/bin \
+         SANDHOLD_DATA_DIR={data} SANDHOLD_AGENT_BINARY={agent} PS1='$ ' bash --norc --noprofile\n",
         home = dir.path().display(),
         bin = bin_dir.display(),
         data = data.display(),
         agent = agent().display(),
     );
-    tmux.run(&["new-session", "-d", "-s", "s", "-x", "250", "-y", "50", "sh", "-c", &shell]);
+    std::fs::write(&shell, script).unwrap();
+    tmux.run(&["new-session", "-d", "-s", "s", "-x", "250", "-y", "50", "sh", &shell.to_string_lossy()]);
     tmux.run(&["set-option", "-t", "s", "status", "off"]);
     tmux.run(&["set-option", "-t", "s", "history-limit", "20000"]);
 

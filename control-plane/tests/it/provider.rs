@@ -259,12 +259,8 @@ async fn local_destroy_kills_processes_that_left_the_agents_session() {
         .unwrap();
 
     h.provider.destroy(&sandbox.provider_id).await.unwrap();
-    let gone = |pid: i32| {
-        // Gone, or a zombie waiting for whoever reaps it.
-        std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .map(|s| s[s.rfind(')').unwrap() + 1..].trim_start().starts_with('Z'))
-            .unwrap_or(true)
-    };
+    // Gone, or a zombie waiting for whoever reaps it.
+    let gone = |pid: i32| !sandhold_tests::local::alive(pid);
     assert!(
         eventually(Duration::from_secs(30), || std::future::ready(gone(pid))).await,
         "the escaped process {pid} survived destroy"

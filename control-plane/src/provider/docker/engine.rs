@@ -154,7 +154,9 @@ impl DockerProvider {
             return Ok(());
         }
         Err(Error::Refused(format!(
-            "the Docker engine at {} has no {} runtime (`{}`; it has: {}): install gVisor and register it with              the engine (`scripts/services` does both: the Debian package runsc, and runtimes.runsc in              /etc/docker/daemon.json, then SIGHUP dockerd)",
+            "the Docker engine at {} has no {} runtime (`{}`; it has: {}): install gVisor and register it with \
+             the engine (`scripts/services` does both: the Debian package runsc, and runtimes.runsc in \
+             /etc/docker/daemon.json, then SIGHUP dockerd)",
             self.engine,
             runtime.as_str(),
             runtime.engine_name(),

@@ -104,7 +104,8 @@ fn runtime_refusal(d: &DockerProvider, p: &Policy) -> Option<String> {
     let asked = Runtime::named(&d.runtime)?;
     if let Some(required) = p.require_runtime.filter(|r| *r != asked) {
         return Some(format!(
-            "{:?} is refused: this tenant's Docker sandboxes must run under {} (operator policy:              require_runtime); name {:?} or leave the runtime out",
+            "{:?} is refused: this tenant's Docker sandboxes must run under {} (operator policy: \
+             require_runtime); name {:?} or leave the runtime out",
             d.runtime,
             required.as_str(),
             required.as_str()
