@@ -21,7 +21,7 @@ use shared::proto::agent::v1::{
 };
 
 use sandhold_tests::agent::static_agent;
-use sandhold_tests::bench::{Row, ms};
+use sandhold_tests::bench::{Row, ms, summary};
 use sandhold_tests::docker::TEST_IMAGE as IMAGE;
 
 const LINES: u32 = 200_000;
@@ -149,11 +149,17 @@ async fn main() {
         );
     }
     println!();
-    for (r, g) in runc.iter().zip(&gvisor) {
-        println!(
-            "{}: gVisor / runc (median) {:.2}x",
-            r.name.trim_start_matches("runc "),
-            ms(g.quantile(0.5)) / ms(r.quantile(0.5))
+    for (i, (r, g)) in runc.iter().zip(&gvisor).enumerate() {
+        let measure = r.name.trim_start_matches("runc ");
+        let ratio = ms(g.quantile(0.5)) / ms(r.quantile(0.5));
+        println!("{measure}: gVisor / runc (median) {ratio:.2}x");
+        summary(
+            60 + i as u32,
+            &format!("{measure} under gVisor"),
+            &format!("{:.1} ms", ms(g.quantile(0.5))),
+            &format!("runc {:.1} ms", ms(r.quantile(0.5))),
+            Some(ratio),
+            "—",
         );
     }
 }
