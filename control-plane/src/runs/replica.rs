@@ -61,6 +61,11 @@ impl Drive {
         *self.reason.lock().expect("stop reason poisoned")
     }
 
+    /// A drive no stop reaches: what the writes that record a stop wait on.
+    pub(super) fn past_stopping() -> Self {
+        Self { stop: CancellationToken::new(), reason: Arc::default(), detaches: false }
+    }
+
     #[cfg(test)]
     pub(super) fn detached_for_test() -> Self {
         Self { stop: CancellationToken::new(), reason: Arc::default(), detaches: true }

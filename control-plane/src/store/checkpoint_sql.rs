@@ -77,7 +77,7 @@ macro_rules! impl_checkpoint_store {
         #[async_trait::async_trait]
         impl super::CheckpointStore for $store {
             async fn claim_writer(&self, tenant: &Tenant, thread_id: &str) -> Result<super::WriterClaim> {
-                let (epoch, head): (i64, Option<String>) = sqlx::query_as(
+                let claimed = sqlx::query_as(
                     "INSERT INTO snapshot_threads (tenant, thread_id, head, writer_epoch, updated_at) \
                      VALUES ($1, $2, NULL, 1, $3) ON CONFLICT (tenant, thread_id) DO UPDATE SET \
                      writer_epoch = snapshot_threads.writer_epoch + 1, updated_at = excluded.updated_at \
@@ -85,9 +85,10 @@ macro_rules! impl_checkpoint_store {
                 )
                 .bind(tenant.as_str())
                 .bind(thread_id)
-                .bind(Timestamp::now().as_millis())
-                .fetch_one(&self.pool)
-                .await?;
+                .bind(Timestamp::now().as_millis());
+                let (epoch, head): (i64, Option<String>) = super::sql::written(claimed, &self.pool)
+                    .await?
+                    .ok_or_else(|| Error::Corrupt("claiming a thread's writer returned no row".into()))?;
                 Ok(super::WriterClaim {
                     tenant: tenant.clone(),
                     thread_id: thread_id.to_string(),

@@ -208,6 +208,28 @@ impl DefinitionRow {
 }
 
 /// The same for an unknown run and another tenant's: nothing tells them apart.
+/// The row a write's `RETURNING` gave, the statement read to its end. Every
+/// `INSERT`/`UPDATE … RETURNING` outside a transaction of its own reads its
+/// row through this, never through `fetch_one` or `fetch_optional`.
+///
+/// SQLite commits a statement's own transaction when the statement
+/// finishes. `fetch_optional` stops at the first row and resets the
+/// statement, and a commit that fails at the reset (a full disk) is lost
+/// without an error: the caller holds a row the database never kept
+/// (launchbadge/sqlx#3430). Read to its end, the statement reports it.
+pub(super) async fn written<'q, DB, O, E>(
+    query: sqlx::query::QueryAs<'q, DB, O, <DB as sqlx::Database>::Arguments<'q>>,
+    executor: E,
+) -> Result<Option<O>>
+where
+    DB: sqlx::Database,
+    O: Send + Unpin + for<'r> sqlx::FromRow<'r, DB::Row> + 'q,
+    E: 'q + sqlx::Executor<'q, Database = DB>,
+    <DB as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+{
+    Ok(query.fetch_all(executor).await?.into_iter().next())
+}
+
 pub(super) fn run_not_found(run: &RunKey) -> Error {
     Error::NotFound(format!("run {}", run.run))
 }
@@ -391,7 +413,7 @@ macro_rules! impl_shared_stores {
                     query.push(concat!(" AND ", not_terminal!()));
                 }
                 query.push(concat!(" RETURNING ", run_columns!()));
-                match query.build_query_as::<RunRow>().fetch_optional(&self.pool).await? {
+                match super::sql::written(query.build_query_as::<RunRow>(), &self.pool).await? {
                     Some(row) => row.into_record(),
                     None => Err(explain_refusal(run, self.fetch_run(run).await?, None)),
                 }
@@ -400,7 +422,7 @@ macro_rules! impl_shared_stores {
             async fn claim(&self, run: &RunKey) -> Result<RunRecord> {
                 // One UPDATE: racing claims serialize on the row and each sees
                 // the other's bump, so every claim gets its own epoch.
-                let row = sqlx::query_as::<_, RunRow>(concat!(
+                let row = super::sql::written(sqlx::query_as::<_, RunRow>(concat!(
                     "UPDATE runs SET driver_epoch = driver_epoch + 1, updated_at = $2 \
                      WHERE run_id = $1 AND tenant = $3 AND ",
                     not_terminal!(),
@@ -410,7 +432,7 @@ macro_rules! impl_shared_stores {
                 .bind(run.run.as_str())
                 .bind(Timestamp::now().as_millis())
                 .bind(run.tenant.as_str())
-                .fetch_optional(&self.pool)
+                , &self.pool)
                 .await?;
                 match row {
                     Some(row) => row.into_record(),
@@ -427,7 +449,7 @@ macro_rules! impl_shared_stores {
                 // row, and whichever runs second re-checks the other's result
                 // (PostgreSQL re-evaluates the WHERE on the new row version;
                 // SQLite runs one writer at a time).
-                let row = sqlx::query_as::<_, RunRow>(concat!(
+                let row = super::sql::written(sqlx::query_as::<_, RunRow>(concat!(
                     "UPDATE runs SET status = $3, finished_at = $4, error_code = $5, error_message = $6, \
                      usage = COALESCE($7, usage), updated_at = $8, session_id = COALESCE($10, session_id) \
                      WHERE run_id = $1 AND tenant = $9 AND driver_epoch = $2 AND ",
@@ -445,7 +467,7 @@ macro_rules! impl_shared_stores {
                 .bind(Timestamp::now().as_millis())
                 .bind(run.tenant.as_str())
                 .bind(finish.session_id.as_deref())
-                .fetch_optional(&self.pool)
+                , &self.pool)
                 .await?;
                 match row {
                     Some(row) => row.into_record(),
@@ -460,7 +482,7 @@ macro_rules! impl_shared_stores {
             }
 
             async fn request_cancel(&self, run: &RunKey) -> Result<RunRecord> {
-                let row = sqlx::query_as::<_, RunRow>(concat!(
+                let row = super::sql::written(sqlx::query_as::<_, RunRow>(concat!(
                     "UPDATE runs SET cancel_requested = TRUE, updated_at = $3 \
                      WHERE run_id = $1 AND tenant = $2 AND ",
                     not_terminal!(),
@@ -470,7 +492,7 @@ macro_rules! impl_shared_stores {
                 .bind(run.run.as_str())
                 .bind(run.tenant.as_str())
                 .bind(Timestamp::now().as_millis())
-                .fetch_optional(&self.pool)
+                , &self.pool)
                 .await?;
                 match row {
                     Some(row) => row.into_record(),
@@ -636,7 +658,7 @@ macro_rules! impl_shared_stores {
         impl InstanceStore for $store {
             async fn put(&self, instance: NewInstance) -> Result<Instance> {
                 let now = Timestamp::now().as_millis();
-                let row = sqlx::query_as::<_, InstanceRow>(concat!(
+                let row = super::sql::written(sqlx::query_as::<_, InstanceRow>(concat!(
                     "INSERT INTO instances (",
                     instance_columns!(),
                     ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $8, NULL) ON CONFLICT (sandbox_key) DO UPDATE SET \
@@ -655,8 +677,9 @@ macro_rules! impl_shared_stores {
                 .bind(&instance.definition_id)
                 .bind(&instance.thread_id)
                 .bind(now)
-                .fetch_one(&self.pool)
-                .await?;
+                , &self.pool)
+                .await?
+                .ok_or_else(|| Error::Corrupt("an upsert returned no row".into()))?;
                 Ok(row.into())
             }
 
@@ -674,7 +697,7 @@ macro_rules! impl_shared_stores {
             }
 
             async fn set_native_snapshot(&self, sandbox_key: &str, snapshot: Option<String>) -> Result<Instance> {
-                sqlx::query_as::<_, InstanceRow>(concat!(
+                super::sql::written(sqlx::query_as::<_, InstanceRow>(concat!(
                     "UPDATE instances SET native_snapshot = $2, updated_at = $3 WHERE sandbox_key = $1 \
                      RETURNING ",
                     instance_columns!()
@@ -682,7 +705,7 @@ macro_rules! impl_shared_stores {
                 .bind(sandbox_key)
                 .bind(snapshot)
                 .bind(Timestamp::now().as_millis())
-                .fetch_optional(&self.pool)
+                , &self.pool)
                 .await?
                 .map(Instance::from)
                 .ok_or_else(|| Error::NotFound(format!("sandbox {sandbox_key}")))
@@ -690,14 +713,14 @@ macro_rules! impl_shared_stores {
 
             async fn set_env(&self, sandbox_key: &str, env: &std::collections::BTreeMap<String, String>) -> Result<Instance> {
                 let json = serde_json::to_string(env).expect("a map of strings serializes");
-                sqlx::query_as::<_, InstanceRow>(concat!(
+                super::sql::written(sqlx::query_as::<_, InstanceRow>(concat!(
                     "UPDATE instances SET env = $2, updated_at = $3 WHERE sandbox_key = $1 RETURNING ",
                     instance_columns!()
                 ))
                 .bind(sandbox_key)
                 .bind(json)
                 .bind(Timestamp::now().as_millis())
-                .fetch_optional(&self.pool)
+                , &self.pool)
                 .await?
                 .map(Instance::from)
                 .ok_or_else(|| Error::NotFound(format!("sandbox {sandbox_key}")))
@@ -753,7 +776,7 @@ macro_rules! impl_shared_stores {
                     return Err(Error::invalid("definition id", "empty"));
                 }
                 let now = Timestamp::now().as_millis();
-                sqlx::query_as::<_, DefinitionRow>(
+                super::sql::written(sqlx::query_as::<_, DefinitionRow>(
                     "INSERT INTO definitions (tenant, id, body, created_at, updated_at) \
                      VALUES ($1, $2, $3, $4, $4) ON CONFLICT (tenant, id) DO UPDATE SET \
                      body = excluded.body, updated_at = excluded.updated_at \
@@ -763,8 +786,9 @@ macro_rules! impl_shared_stores {
                 .bind(id)
                 .bind(body.to_string())
                 .bind(now)
-                .fetch_one(&self.pool)
+                , &self.pool)
                 .await?
+                .ok_or_else(|| Error::Corrupt("an upsert returned no row".into()))?
                 .into_definition()
             }
 

@@ -625,3 +625,66 @@ async fn the_journal_cap_holds_while_no_server_runs_and_a_takeover_ends_the_run_
     assert!(sandhold_tests::run::read_until(&mut stream, &mut seen, |_| false).await.unwrap());
     assert_full_at_the_cap(&mut runs, &seen).await;
 }
+
+/// Fill the filesystem under `dir` with one file until it refuses a byte.
+fn fill(dir: &std::path::Path) -> std::path::PathBuf {
+    use std::io::Write as _;
+    let path = dir.join("filler");
+    let mut file = std::fs::File::create(&path).unwrap();
+    let block = vec![0u8; 64 * 1024];
+    loop {
+        match file.write(&block) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::StorageFull => break,
+            Err(e) => panic!("filling {}: {e}", path.display()),
+        }
+    }
+    // What a whole block no longer fits, bytes at a time.
+    while file.write(&[0u8; 512]).is_ok_and(|n| n > 0) {}
+    path
+}
+
+/// A terminal status the SQLite store says it wrote is on disk. The window
+/// the server met: its run's end is written while the disk is still full.
+/// SQLite commits a statement's own transaction when the statement ends; a
+/// write read only to its first `RETURNING` row commits at the statement's
+/// reset, where a failure was lost, and the store answered with a record
+/// that never reached the disk (launchbadge/sqlx#3430).
+#[tokio::test]
+async fn a_status_written_on_a_full_disk_is_refused_not_acknowledged_and_lost() {
+    use control_plane::store::{
+        Error, FIRST_EPOCH, NewRun, RunError, RunFinish, RunId, RunStatus, Stores, Timestamp,
+    };
+    let dir = sandhold_tests::local::TestDir::new("bounds-store-full");
+    let data_dir = dir.path().join("data");
+    let Some(_disk) = Tmpfs::mount(&data_dir, "2m") else { return };
+    let stores = Stores::open(&control_plane::store::default_database_url(&data_dir)).await.unwrap();
+    let new = NewRun::bare(RunId::parse("full").unwrap(), "tenant", "thread");
+    let key = new.key();
+    stores.runs.create_or_resume(new).await.unwrap();
+    // An empty write-ahead log: the next commit needs new room on the disk.
+    let checkpoint = std::process::Command::new("sqlite3")
+        .arg(data_dir.join("sandhold.db"))
+        .arg("PRAGMA wal_checkpoint(TRUNCATE)")
+        .output()
+        .unwrap();
+    assert!(checkpoint.status.success(), "{checkpoint:?}");
+    assert_eq!(std::fs::metadata(data_dir.join("sandhold.db-wal")).unwrap().len(), 0);
+    let filler = fill(&data_dir);
+
+    let finish = || RunFinish {
+        status: RunStatus::Failed,
+        error: Some(RunError { code: "STORAGE_FULL".into(), message: "the disk is full".into() }),
+        usage: None,
+        finished_at: Timestamp::now(),
+        session_id: None,
+    };
+    let written = stores.runs.finish(&key, FIRST_EPOCH, finish()).await;
+    std::fs::remove_file(&filler).unwrap();
+    assert!(matches!(written, Err(Error::StorageFull(_))), "{written:?}");
+    assert_eq!(stores.runs.get(&key).await.unwrap().status, RunStatus::Running);
+    // With room again, the same write lands.
+    assert_eq!(stores.runs.finish(&key, FIRST_EPOCH, finish()).await.unwrap().status, RunStatus::Failed);
+    assert_eq!(stores.runs.get(&key).await.unwrap().status, RunStatus::Failed);
+}

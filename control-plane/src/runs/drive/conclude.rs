@@ -10,7 +10,8 @@ use shared::proto::v1::ChunkType;
 use tracing::{Instrument as _, debug, info, warn};
 
 use super::ctx::DriveCtx;
-use super::ending::Ending;
+use super::ending::{Ending, ending_name};
+use super::retry::GaveUp;
 use crate::harness::session::Carry;
 use crate::runs::{Runs, session};
 use crate::store::{self, RunError, RunFinish, RunStatus, Timestamp};
@@ -95,7 +96,7 @@ impl Runs {
             let error = error.as_ref().expect("a stop or failure carries its error");
             let factory = ChunkFactory::new(&ctx.key.run, &ctx.thread_id, chunk::now_ms);
             let chunk = factory.run_error(&error.message, &error.code);
-            if let Err(Ending::Superseded(why)) = self.append(ctx, &[chunk]).await {
+            if let Err(Ending::Superseded(why)) = self.append_last(ctx, &[chunk]).await {
                 info!(run_id = %ctx.key.run, reason = %why, "superseded before the terminal chunk; writing nothing");
                 return;
             }
@@ -103,17 +104,20 @@ impl Runs {
         let session_id = ctx.session.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let finish = RunFinish { status, error, usage, finished_at: Timestamp::now(), session_id };
         let terminal_write = tracing::info_span!("store.finish", status = %status);
-        let finished =
-            cx.stores.runs.finish(&ctx.key, ctx.writer.epoch(), finish).instrument(terminal_write).await;
+        let finished = self.write_finish(ctx, finish).instrument(terminal_write).await;
         match finished {
-            Ok(_) | Err(store::Error::RunTerminal { .. }) => {}
-            Err(store::Error::Fenced { .. }) => {
+            Ok(_) | Err(GaveUp::Failed(store::Error::RunTerminal { .. })) => {}
+            Err(GaveUp::Failed(store::Error::Fenced { .. })) => {
                 info!(run_id = %ctx.key.run, "superseded before the terminal status; writing nothing");
                 return;
             }
-            Err(e) => {
-                // The record stays running: a successor or the reaper closes it.
+            // The record stays running: a successor or the reaper closes it.
+            Err(GaveUp::Failed(e)) => {
                 warn!(run_id = %ctx.key.run, error = %e, "could not write the terminal status");
+                return;
+            }
+            Err(GaveUp::Interrupted(why)) => {
+                info!(run_id = %ctx.key.run, ending = ending_name(&why), "the terminal status is left to a successor");
                 return;
             }
         }

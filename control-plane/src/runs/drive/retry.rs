@@ -22,6 +22,17 @@ pub(in crate::runs) struct Interrupts {
 }
 
 impl Interrupts {
+    /// These without the drive's stop: the run's last writes record the
+    /// stop, so it must not end their pauses; a shutdown or a lost lease
+    /// still does.
+    pub fn past_the_stop(&self) -> Self {
+        Self {
+            shutdown: self.shutdown.clone(),
+            lease_lost: self.lease_lost.clone(),
+            drive: Drive::past_stopping(),
+        }
+    }
+
     /// Wait `d` unless the drive must end first, and then say how.
     pub async fn during(&self, d: Duration) -> Option<Ending> {
         tokio::select! {
