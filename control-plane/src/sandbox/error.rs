@@ -119,6 +119,13 @@ impl From<Error> for WireError {
             }
             Error::Cancelled(_) => WireError::new(ErrorCode::Cancelled, message),
             Error::LeaseLost(_) => WireError::new(ErrorCode::LeaseLost, message),
+            Error::Rpc(status) if never_reached_the_agent(&status) => WireError::new(
+                ErrorCode::Unavailable,
+                format!(
+                    "the sandbox's agent did not answer (it may be restarting; retry): {}",
+                    transport_cause(&status)
+                ),
+            ),
             Error::Rpc(status) => WireError::from_status(&status),
             Error::OverQuota(e) => e.into(),
             Error::Agent(e) => e,
@@ -131,9 +138,67 @@ impl From<Error> for WireError {
     }
 }
 
+/// Whether `status` was made on this side of the connection to the agent
+/// (tonic's client: the connection closed unanswered or timed out, the
+/// socket gone while a restarted agent binds it again), not answered by the
+/// agent: such a status carries tonic's transport error as its source. tonic
+/// reports those as `Unknown` "transport error" or `Cancelled` "operation
+/// was canceled", which tell a caller nothing, or the wrong thing (it
+/// cancelled nothing), about a failure that is retryable.
+fn never_reached_the_agent(status: &tonic::Status) -> bool {
+    std::error::Error::source(status).is_some_and(|e| e.is::<tonic::transport::Error>())
+}
+
+/// The causes of a transport failure, outermost first ("transport error:
+/// tcp connect error: Connection refused").
+fn transport_cause(status: &tonic::Status) -> String {
+    let mut causes = vec![status.message().to_string()];
+    let mut cause = std::error::Error::source(status);
+    while let Some(e) = cause {
+        let said = e.to_string();
+        if !causes.contains(&said) {
+            causes.push(said);
+        }
+        cause = e.source();
+    }
+    causes.join(": ")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A call whose connection closes unanswered (what a dying agent's
+    /// socket does) failed on this side: UNAVAILABLE, naming the cause, not
+    /// tonic's `Cancelled`; what the agent answered passes on as it said.
+    #[tokio::test]
+    async fn an_agent_that_did_not_answer_is_unavailable_not_unknown() {
+        use shared::proto::agent::v1::{ExecRequest, process_service_client::ProcessServiceClient};
+        // What a dying agent's socket does: it takes the connection and
+        // closes it unanswered.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((socket, _)) = listener.accept().await {
+                drop(socket);
+            }
+        });
+        let channel =
+            tonic::transport::Endpoint::from_shared(format!("http://{addr}")).unwrap().connect_lazy();
+        let status = ProcessServiceClient::new(channel).exec(ExecRequest::default()).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::Cancelled, "tonic's own answer: {status:?}");
+        let e = WireError::from(Error::Rpc(status));
+        assert_eq!(e.code, ErrorCode::Unavailable, "{e:?}");
+        assert!(e.message.starts_with("the sandbox's agent did not answer"), "{}", e.message);
+
+        let answered = WireError::from(Error::Rpc(tonic::Status::unknown("the agent's own failure")));
+        assert_eq!(
+            (answered.code, answered.message.as_str()),
+            (ErrorCode::Internal, "the agent's own failure")
+        );
+        let cancelled = WireError::from(Error::Rpc(tonic::Status::cancelled("the agent cancelled it")));
+        assert_eq!(cancelled.code, ErrorCode::Cancelled);
+    }
 
     #[test]
     fn save_refusals_are_failed_preconditions_naming_what_is_missing() {
