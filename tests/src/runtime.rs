@@ -48,6 +48,14 @@ impl Runtime {
         }
     }
 
+    /// The control plane's own value (a provider spec's `docker.runtime`).
+    pub fn config(self) -> control_plane::config::Runtime {
+        match self {
+            Self::Runc => control_plane::config::Runtime::Runc,
+            Self::Gvisor => control_plane::config::Runtime::Gvisor,
+        }
+    }
+
     /// What `docker inspect` says a container of this runtime runs under.
     pub fn engine_name(self) -> &'static str {
         match self {
@@ -66,28 +74,36 @@ fn engine_has_runsc() -> bool {
 /// `name::gvisor`, each skipped (or failed, when services are required)
 /// where its runtime is missing.
 ///
+/// A `#[tokio_test(...)]` before the function passes its arguments on to
+/// both `#[tokio::test]`s (a flavor, worker threads); its doc comment goes
+/// on the module of the two.
+///
 /// ```ignore
 /// under_each_runtime! {
 ///     async fn the_run_user_cannot_trace_the_agent(runtime) { ... }
+///
+///     #[tokio_test(flavor = "multi_thread", worker_threads = 4)]
+///     async fn ports_reach_a_server_in_the_sandbox(runtime) { ... }
 /// }
 /// ```
 #[macro_export]
 macro_rules! under_each_runtime {
-    ($(async fn $name:ident($runtime:ident) $body:block)*) => {$(
+    ($($(#[doc = $doc:literal])* $(#[tokio_test($($args:tt)*)])? async fn $name:ident($runtime:ident) $body:block)*) => {$(
+        $(#[doc = $doc])*
         mod $name {
             #[allow(unused_imports)]
             use super::*;
 
             async fn body($runtime: $crate::runtime::Runtime) $body
 
-            #[tokio::test]
+            #[tokio::test($($($args)*)?)]
             async fn runc() {
                 if $crate::runtime::Runtime::Runc.available() {
                     body($crate::runtime::Runtime::Runc).await
                 }
             }
 
-            #[tokio::test]
+            #[tokio::test($($($args)*)?)]
             async fn gvisor() {
                 if $crate::runtime::Runtime::Gvisor.available() {
                     body($crate::runtime::Runtime::Gvisor).await

@@ -10,8 +10,10 @@ use bollard::query_parameters::InspectContainerOptions;
 use sandhold_tests::docker::{DockerCleanup, TEST_IMAGE, ensure_test_image};
 use sandhold_tests::local::TestDir;
 use sandhold_tests::nonce;
+use sandhold_tests::runtime::Runtime;
 use sandhold_tests::sandbox::{ensure, sh};
 use sandhold_tests::server::{Sandboxes, ServerOptions, ServerProcess};
+use sandhold_tests::under_each_runtime;
 use shared::proto::v1 as api;
 
 /// A server with two tenants, the policy as shipped plus `extra_args`.
@@ -239,35 +241,30 @@ async fn docker_definitions_outside_the_policy_are_refused_naming_the_rule() {
     put(&server, &evil, docker("fine", fine)).await.unwrap();
 }
 
-/// Docker tests: the engine answers and the test image is there.
-fn docker_ready() -> bool {
-    if !sandhold_tests::services::docker() {
-        return false;
-    }
-    ensure_test_image();
-    true
-}
-
 /// A server as shipped and tenant `evil`'s ensured sandbox of the busybox
-/// image with nothing else set.
-async fn plain_docker_sandbox(dir: &TestDir, n: &str) -> (ServerProcess, Sandboxes, api::EnsureReady) {
+/// image with nothing else set but the runtime.
+async fn plain_docker_sandbox(
+    dir: &TestDir,
+    n: &str,
+    runtime: Runtime,
+) -> (ServerProcess, Sandboxes, api::EnsureReady) {
     let server = ServerProcess::start(&options(dir, n, &[])).await;
     let evil = format!("tok-evil-{n}");
-    put(&server, &evil, docker("plain", busybox())).await.unwrap();
+    let mut plain = docker("plain", busybox());
+    runtime.apply(&mut plain);
+    put(&server, &evil, plain).await.unwrap();
     let mut client = server.sandboxes(&evil).await;
     let (_, ready) = ensure(&mut client, ensure_request("plain", "t")).await;
     (server, client, ready.unwrap())
 }
 
-#[tokio::test]
-async fn a_docker_sandbox_without_limits_gets_the_defaults_and_the_hardening() {
-    if !docker_ready() {
-        return;
-    }
+under_each_runtime! {
+async fn a_docker_sandbox_without_limits_gets_the_defaults_and_the_hardening(runtime) {
+    ensure_test_image();
     let dir = TestDir::new("sh-hostile");
     let n = nonce();
     let _cleanup = DockerCleanup { tenant: format!("evil{n}") };
-    let (_server, mut client, ready) = plain_docker_sandbox(&dir, &n).await;
+    let (_server, mut client, ready) = plain_docker_sandbox(&dir, &n, runtime).await;
     let container = ready.sandbox.unwrap().provider_sandbox_id;
 
     let engine = bollard::Docker::connect_with_defaults().unwrap().negotiate_version().await.unwrap();
@@ -288,6 +285,7 @@ async fn a_docker_sandbox_without_limits_gets_the_defaults_and_the_hardening() {
         "no-new-privileges"
     );
     assert_eq!(host.network_mode.as_deref(), Some("none"));
+    assert_eq!(host.runtime.as_deref(), Some(runtime.engine_name()));
 
     // From inside: the kernel agrees. The agent (PID 1, root) holds only
     // the kept capabilities, a command (the run user) none, and ordinary
@@ -300,27 +298,43 @@ async fn a_docker_sandbox_without_limits_gets_the_defaults_and_the_hardening() {
     .await;
     assert_eq!(code, 0);
     // CHOWN 0, DAC_OVERRIDE 1, FOWNER 3, KILL 5, SETGID 6, SETUID 7.
+    // gVisor's `/proc/<pid>/status` has no `NoNewPrivs` line (the flag is
+    // the engine's `no-new-privileges`, inspected above).
+    let no_new_privs = match runtime {
+        Runtime::Runc => "NoNewPrivs:\t1\n",
+        Runtime::Gvisor => "",
+    };
     assert_eq!(
         status,
-        "CapEff:\t00000000000000eb\nCapBnd:\t00000000000000eb\n\
-         CapEff:\t0000000000000000\nCapBnd:\t00000000000000eb\nNoNewPrivs:\t1\n"
+        format!(
+            "CapEff:\t00000000000000eb\nCapBnd:\t00000000000000eb\n\
+             CapEff:\t0000000000000000\nCapBnd:\t00000000000000eb\n{no_new_privs}"
+        )
     );
     let (code, out) = sh(
         &mut client,
         &ready.sandbox_id,
         "mkdir -p d && echo hi > d/f && chmod 600 d/f && cat d/f && (sleep 30 & kill $!) && \
-         mknod /tmp/null c 1 3 2>/dev/null || echo no-mknod",
+         for dev in 'mem c 1 1' 'sda b 8 0'; do set -- $dev; \
+           if mknod /tmp/$1 $2 $3 $4 2>/dev/null; then \
+             head -c 16 /tmp/$1 >/dev/null 2>&1 && echo read-$1 || echo no-device-$1; \
+           else echo no-mknod-$1; fi; done",
     )
     .await;
     assert_eq!(code, 0, "{out}");
-    assert_eq!(out, "hi\nno-mknod\n", "work runs; a dropped capability stays dropped");
+    // Under runc a dropped capability stays dropped: no device node. gVisor
+    // lets the run user make one on its own tmpfs (it does not check
+    // CAP_MKNOD there), but a node reaches only gVisor's emulated devices:
+    // the host's memory and disks are not there to open.
+    let expected = match runtime {
+        Runtime::Runc => "hi\nno-mknod-mem\nno-mknod-sda\n",
+        Runtime::Gvisor => "hi\nno-device-mem\nno-device-sda\n",
+    };
+    assert_eq!(out, expected, "work runs; no device is reached");
 }
 
-#[tokio::test]
-async fn a_token_symlinked_to_a_host_file_is_never_read() {
-    if !docker_ready() {
-        return;
-    }
+async fn a_token_symlinked_to_a_host_file_is_never_read(runtime) {
+    ensure_test_image();
     let dir = TestDir::new("sh-hostile");
     let n = nonce();
     let _cleanup = DockerCleanup { tenant: format!("evil{n}") };
@@ -331,7 +345,7 @@ async fn a_token_symlinked_to_a_host_file_is_never_read() {
     std::fs::write(&secret, &secret_value).unwrap();
     std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
 
-    let (server, mut client, ready) = plain_docker_sandbox(&dir, &n).await;
+    let (server, mut client, ready) = plain_docker_sandbox(&dir, &n, runtime).await;
     let sandbox = ready.sandbox_id;
     // The run user cannot touch the host dir at all (root's, 0700) ...
     let swap =
@@ -366,13 +380,13 @@ async fn a_token_symlinked_to_a_host_file_is_never_read() {
     let again = again.unwrap_err();
     assert!(again.message().contains("symlink"), "{again:?}");
 }
+}
 
 /// A tenant the operator requires to run under gVisor (`[tenants.NAME]` of
 /// the config file) gets gVisor when its definition names no runtime, and
 /// is refused runc, naming the rule; another tenant still gets runc.
 #[tokio::test]
 async fn a_tenant_required_to_use_gvisor_cannot_get_runc() {
-    use sandhold_tests::runtime::Runtime;
     if !Runtime::Gvisor.available() {
         return;
     }

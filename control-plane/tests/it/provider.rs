@@ -15,6 +15,8 @@ use control_plane::provider::{
 use sandhold_tests::agent::static_agent;
 use sandhold_tests::docker::{self, DockerCleanup, TEST_IMAGE, ensure_test_image};
 use sandhold_tests::provider::*;
+use sandhold_tests::runtime::Runtime;
+use sandhold_tests::under_each_runtime;
 use sandhold_tests::wait::eventually;
 use shared::error::{Error, ErrorCode};
 
@@ -24,6 +26,8 @@ struct Harness {
     /// Where the provider keeps per-sandbox directories (local: the
     /// sandboxes dir; Docker: the state dir).
     dirs: PathBuf,
+    /// Docker's runtime for every spec (unused by the local provider).
+    runtime: Runtime,
     /// Kills what the local provider's sandboxes left running, then goes.
     _tmp: sandhold_tests::local::TestDir,
 }
@@ -39,11 +43,13 @@ impl Harness {
             .unwrap_or_default()
     }
 
-    /// A spec of this harness (Docker: the busybox test image).
+    /// A spec of this harness (Docker: the busybox test image, under the
+    /// harness's runtime).
     fn spec(&self, test: &str) -> SandboxSpec {
         let mut spec = unique_spec(test);
         if self.kind().as_str() == "docker" {
             spec.docker.image = Some(TEST_IMAGE.to_string());
+            spec.docker.runtime = Some(self.runtime.config());
         }
         spec
     }
@@ -56,11 +62,11 @@ fn local() -> Harness {
     options.agent_binary = Some(static_agent());
     let provider = LocalProvider::new(options).expect("local provider");
     let dirs = tmp.path().canonicalize().unwrap().join("sandboxes");
-    Harness { provider: Arc::new(provider), dirs, _tmp: tmp }
+    Harness { provider: Arc::new(provider), dirs, runtime: Runtime::Runc, _tmp: tmp }
 }
 
-async fn docker_with(ready_timeout: Duration) -> Option<Harness> {
-    if !sandhold_tests::services::docker() {
+async fn docker_with(ready_timeout: Duration, runtime: Runtime) -> Option<Harness> {
+    if !runtime.available() {
         return None;
     }
     ensure_test_image();
@@ -69,11 +75,11 @@ async fn docker_with(ready_timeout: Duration) -> Option<Harness> {
     options.ready_timeout = ready_timeout;
     let provider = DockerProvider::connect(options).await.expect("docker provider");
     let dirs = tmp.path().canonicalize().unwrap();
-    Some(Harness { provider: Arc::new(provider), dirs, _tmp: tmp })
+    Some(Harness { provider: Arc::new(provider), dirs, runtime, _tmp: tmp })
 }
 
 async fn docker() -> Option<Harness> {
-    docker_with(Duration::from_secs(120)).await
+    docker_with(Duration::from_secs(120), Runtime::Runc).await
 }
 
 // ---------------------------------------------------------------- the suite
@@ -205,16 +211,19 @@ async fn local_unknown_ids() {
     unknown_ids(&local()).await;
 }
 
-#[tokio::test]
-async fn docker_lifecycle() {
-    let Some(h) = docker().await else { return };
+// Under each runtime: the agent answers on its socket, survives as the
+// sandbox's files when its daemon is killed, and is measured and destroyed
+// the same way.
+under_each_runtime! {
+async fn docker_lifecycle(runtime) {
+    let Some(h) = docker_with(Duration::from_secs(120), runtime).await else { return };
     lifecycle(&h).await;
 }
 
-#[tokio::test]
-async fn docker_concurrent_creates() {
-    let Some(h) = docker().await else { return };
+async fn docker_concurrent_creates(runtime) {
+    let Some(h) = docker_with(Duration::from_secs(120), runtime).await else { return };
     concurrent_creates(&h).await;
+}
 }
 
 #[tokio::test]

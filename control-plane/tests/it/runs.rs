@@ -8,26 +8,36 @@ use sandhold_tests::docker::{self, DockerCleanup};
 use sandhold_tests::local::*;
 use sandhold_tests::provider::Kind;
 use sandhold_tests::run::*;
+use sandhold_tests::runtime::Runtime;
 use sandhold_tests::server::*;
+use sandhold_tests::under_each_runtime;
 use sandhold_tests::wait::*;
 use shared::proto::v1 as api;
 
 type Setup = TenantServer;
 
+/// A server with definition `def` of `kind` (Docker: under runc).
 async fn setup(kind: Kind) -> Setup {
+    setup_under(kind, Runtime::Runc).await
+}
+
+/// A server with definition `def` of `kind` (Docker: under `runtime`).
+async fn setup_under(kind: Kind, runtime: Runtime) -> Setup {
+    let mut def = definition("def", kind);
     if kind == Kind::Docker {
         sandhold_tests::docker::ensure_test_image();
+        runtime.apply(&mut def);
     }
     let s = TenantServer::start("runs", &["other"]).await;
-    put_definition(&mut s.server.sandboxes(&s.token).await, definition("def", kind)).await;
+    put_definition(&mut s.server.sandboxes(&s.token).await, def).await;
     s
 }
 
 /// A durable run of 5,000 numbered lines; the client drops at a random
 /// point and attaches again from the last offset it received: the union is
 /// every line exactly once, in order.
-async fn disconnect_and_reattach(kind: Kind) {
-    let s = setup(kind).await;
+async fn disconnect_and_reattach(kind: Kind, runtime: Runtime) {
+    let s = setup_under(kind, runtime).await;
     let _cleanup = DockerCleanup { tenant: s.tenant.clone() };
     let mut runs = s.server.runs(&s.token).await;
     let run_id = format!("run-{}", s.nonce);
@@ -168,15 +178,102 @@ async fn cancel_stops_at_once(s: &Setup, runs: &mut Runs, kind: Kind) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn local_durable_run_disconnect_reattach_and_cancel() {
-    disconnect_and_reattach(Kind::Local).await;
+    disconnect_and_reattach(Kind::Local, Runtime::Runc).await;
 }
 
+under_each_runtime! {
+#[tokio_test(flavor = "multi_thread", worker_threads = 4)]
+async fn docker_durable_run_disconnect_reattach_and_cancel(runtime) {
+    disconnect_and_reattach(Kind::Docker, runtime).await;
+}
+}
+
+/// The pids of a Docker sandbox's agent daemon, read from the container's
+/// `/proc` (its init runs it as `/.sandhold/sandhold-agent serve …`; the
+/// images have no `pgrep`).
+fn agent_daemon_pids(container: &str) -> String {
+    let script = "for p in /proc/[0-9]*; do \
+                  case \"$(tr '\\0' ' ' < $p/cmdline 2>/dev/null)\" in \
+                  '/.sandhold/sandhold-agent serve '*) echo ${p#/proc/};; esac; done";
+    let out =
+        std::process::Command::new("docker").args(["exec", container, "sh", "-c", script]).output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// A run in a Docker sandbox outlives its agent daemon: the daemon is
+/// SIGKILLed while the command waits, the container's init starts another,
+/// the server follows the journal again through it, and the command (kept
+/// by its supervisor, not by the daemon) goes on when told to: every line
+/// once, in order, and the run completes.
+///
+/// runc only for now: under gVisor the restarted daemon logs that it
+/// listens but no call reaches it while the run's processes live (the
+/// server's reconnect and an exec hang until their deadlines); found by
+/// this test under gVisor, open in issue 36.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn docker_durable_run_disconnect_reattach_and_cancel() {
-    if !sandhold_tests::services::docker() {
+async fn a_docker_run_goes_on_through_a_restart_of_its_agent() {
+    if !Runtime::Runc.available() {
         return;
     }
-    disconnect_and_reattach(Kind::Docker).await;
+    let s = setup_under(Kind::Docker, Runtime::Runc).await;
+    let _cleanup = DockerCleanup { tenant: s.tenant.clone() };
+    let mut runs = s.server.runs(&s.token).await;
+    let mut sandboxes = s.server.sandboxes(&s.token).await;
+    let run_id = format!("agent-{}", s.nonce);
+    let script = "i=1; while [ $i -le 50 ]; do echo \"line $i\"; i=$((i+1)); done; \
+                  while [ ! -e /tmp/go ]; do sleep 0.05; done; \
+                  while [ $i -le 100 ]; do echo \"line $i\"; i=$((i+1)); done";
+    let mut stream =
+        runs.start_run(command_run(&run_id, "thread-1", "def", script)).await.unwrap().into_inner();
+    let mut seen = Seen::default();
+    read_until(&mut stream, &mut seen, |s| s.line_numbers().len() >= 50)
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", s.server.log_text()));
+    let record = runs.get_run(api::GetRunRequest { run_id: run_id.clone() }).await.unwrap().into_inner();
+    let sandbox = record.run.unwrap().sandbox_id;
+    let container =
+        docker::running(&format!("dev.sandhold.sandbox-key={sandbox}")).pop().expect("the container");
+
+    let before = agent_daemon_pids(&container);
+    assert!(!before.is_empty() && !before.contains('\n'), "one agent daemon: {before:?}");
+    let killed = std::process::Command::new("docker")
+        .args(["exec", &container, "kill", "-9", &before])
+        .output()
+        .unwrap();
+    assert!(killed.status.success(), "{killed:?}");
+    let restarted = eventually(PATIENCE, || {
+        let now = agent_daemon_pids(&container);
+        std::future::ready(!now.is_empty() && now != before)
+    })
+    .await;
+    assert!(restarted, "no new agent daemon after {before}");
+
+    // Through the new daemon: the command is still waiting for this. Until
+    // the daemon listens again a call is refused UNAVAILABLE (retryable),
+    // never an unknown failure.
+    let touch = api::ExecRequest {
+        sandbox_id: sandbox.clone(),
+        command: Some(api::Command { kind: Some(api::command::Kind::Shell("touch /tmp/go".into())) }),
+        ..Default::default()
+    };
+    let deadline = Instant::now() + PATIENCE;
+    let done = loop {
+        match sandboxes.exec(touch.clone()).await {
+            Ok(done) => break done.into_inner(),
+            Err(e) => assert!(
+                e.code() == tonic::Code::Unavailable && Instant::now() < deadline,
+                "{e:?}\n{}",
+                s.server.log_text()
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(done.status.and_then(|s| s.status), Some(api::exit_status::Status::Code(0)));
+    assert!(read_until(&mut stream, &mut seen, |_| false).await.unwrap(), "the stream ends");
+    assert_eq!(seen.line_numbers(), (1..=100).collect::<Vec<_>>(), "every line once, in order");
+    let record = wait_terminal(&mut runs, &run_id).await;
+    assert_eq!(record.status, api::RunStatus::Completed as i32, "{record:?}\n{}", s.server.log_text());
 }
 
 /// Bad requests are refused before anything is created; another tenant's

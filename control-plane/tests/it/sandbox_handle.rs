@@ -1,6 +1,6 @@
 //! The rest of the sandbox handle (issue #21) through a real server and
 //! the real CLI: ports forwarded from a Docker sandbox without a network,
-//! git on the workspace (status, diff, branch, commit, push), and an
+//! a terminal there (under runc and under gVisor), git on the workspace (status, diff, branch, commit, push), and an
 //! interactive terminal driven through tmux. Each new call is also tried
 //! by another tenant (NOT_FOUND) and on a provider without the capability
 //! (UNIMPLEMENTED, reason UNSUPPORTED).
@@ -14,9 +14,11 @@ use sandhold_tests::docker::{DEBIAN_IMAGE, DockerCleanup, ensure_debian_image};
 use sandhold_tests::local::{TestDir, git};
 use sandhold_tests::provider::Kind;
 use sandhold_tests::run::{definition, put_definition};
+use sandhold_tests::runtime::Runtime;
 use sandhold_tests::sandbox::{ensure, sh};
 use sandhold_tests::server::{Sandboxes, TenantServer};
 use sandhold_tests::tmux::{Tmux, has_line};
+use sandhold_tests::under_each_runtime;
 use sandhold_tests::wait::{PATIENCE, eventually};
 use shared::proto::v1 as api;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -113,21 +115,30 @@ async fn get(addr: &str, path: &str) -> Vec<u8> {
 /// A Python server in a Docker sandbox with no network, reached through
 /// `sandhold port-forward`: 20 concurrent GETs of 1 MiB arrive intact, and
 /// a local connection that closes closes the sandbox's side.
+///
+/// runc only for now: under gVisor the 20 concurrent GETs stall (one had
+/// not arrived within the test's patience); found by this test under
+/// gVisor, open in issue 36.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn port_forward_reaches_a_server_in_a_docker_sandbox_without_network() {
-    if !sandhold_tests::services::docker() {
+    let runtime = Runtime::Runc;
+    if !runtime.available() {
         return;
     }
     ensure_debian_image();
     let s = TenantServer::start("ports", &["other"]).await;
     let _cleanup = DockerCleanup { tenant: s.tenant.clone() };
-    let sandbox = sandbox_of(&s, debian("py"), "ports").await;
+    let mut def = debian("py");
+    runtime.apply(&mut def);
+    let sandbox = sandbox_of(&s, def, "ports").await;
     let mut sandboxes = s.server.sandboxes(&s.token).await;
     let got = sandboxes.get_sandbox(api::GetSandboxRequest { sandbox_id: sandbox.clone() }).await.unwrap();
     let capabilities = got.into_inner().sandbox.unwrap().capabilities.unwrap();
     assert!(capabilities.ports && capabilities.terminal, "{capabilities:?}");
 
-    let (_, links) = sh(&mut sandboxes, &sandbox, "ls /sys/class/net").await;
+    // The kernel's own list (gVisor's `/sys/class/net` is empty for the run
+    // user; `/proc/net/dev` answers under both).
+    let (_, links) = sh(&mut sandboxes, &sandbox, "sed -n 's/^ *\\([^:]*\\):.*/\\1/p' /proc/net/dev").await;
     assert_eq!(links.trim(), "lo", "the sandbox has no network but its loopback");
     let (code, out) = sh(&mut sandboxes, &sandbox, SERVERS).await;
     assert_eq!(code, 0, "{out}");
@@ -174,13 +185,6 @@ async fn port_forward_reaches_a_server_in_a_docker_sandbox_without_network() {
     .await;
     assert!(closed, "the sandbox side never saw the connection close");
 
-    // A terminal there runs as the run user, on a pseudo-terminal.
-    let (output, exit) = terminal(&mut sandboxes, &sandbox, "id -u; tty; exit 4").await;
-    let lines: Vec<&str> = output.lines().map(str::trim).collect();
-    assert_ne!(lines.first().copied(), Some("0"), "the terminal runs as root: {output:?}");
-    assert!(lines.get(1).is_some_and(|l| l.starts_with("/dev/pts/")), "{output:?}");
-    assert_eq!(exit, Some(api::exit_status::Status::Code(4)));
-
     // Another tenant's sandbox does not exist for it.
     let mut other = s.server.sandboxes(&s.token_of("other")).await;
     let err = connect_port(&mut other, &sandbox, 8000).await.unwrap_err();
@@ -189,6 +193,25 @@ async fn port_forward_reaches_a_server_in_a_docker_sandbox_without_network() {
     let err = connect_port(&mut sandboxes, &sandbox, 8002).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
     assert!(err.message().contains("8002"), "{err:?}");
+}
+
+under_each_runtime! {
+/// A terminal in a Docker sandbox runs as the run user, on a
+/// pseudo-terminal, and ends with its command's code.
+async fn a_terminal_in_a_docker_sandbox_is_the_run_users_on_a_pty(runtime) {
+    ensure_debian_image();
+    let s = TenantServer::start("terminal", &[]).await;
+    let _cleanup = DockerCleanup { tenant: s.tenant.clone() };
+    let mut def = debian("term");
+    runtime.apply(&mut def);
+    let sandbox = sandbox_of(&s, def, "terminal").await;
+    let mut sandboxes = s.server.sandboxes(&s.token).await;
+    let (output, exit) = terminal(&mut sandboxes, &sandbox, "id -u; tty; exit 4").await;
+    let lines: Vec<&str> = output.lines().map(str::trim).collect();
+    assert_ne!(lines.first().copied(), Some("0"), "the terminal runs as root: {output:?}");
+    assert!(lines.get(1).is_some_and(|l| l.starts_with("/dev/pts/")), "{output:?}");
+    assert_eq!(exit, Some(api::exit_status::Status::Code(4)));
+}
 }
 
 /// Two servers for the port test, started in the background: Python's

@@ -1,9 +1,9 @@
 //! Harness CLIs brought into images that lack them (issue #18): `sandhold
 //! harness install` fetches the pinned native builds from the npm registry
 //! into a toolchain dir, `harness ls` shows them, and runs find them on
-//! their PATH: in a Debian container that has none of them, in an image
-//! with no C library (only Codex's static build runs; a Claude Code run
-//! says why it cannot), and in a local sandbox.
+//! their PATH: in a Debian container that has none of them (under runc and
+//! under gVisor), in an image with no C library (only Codex's static build
+//! runs; a Claude Code run says why it cannot), and in a local sandbox.
 
 use sandhold_tests::cli::toolchains;
 use sandhold_tests::docker::{
@@ -13,6 +13,7 @@ use sandhold_tests::local::TestDir;
 use sandhold_tests::provider::Kind;
 use sandhold_tests::run::{Seen, command_run, definition, put_definition, read_until};
 use sandhold_tests::server::TenantServer;
+use sandhold_tests::under_each_runtime;
 use shared::proto::v1 as api;
 
 async fn server(prefix: &str) -> TenantServer {
@@ -80,16 +81,15 @@ fn harness_ls_lists_what_install_put_there() {
     assert!(!data.path().join("empty").exists());
 }
 
-#[tokio::test]
-async fn a_debian_container_without_the_clis_runs_them_from_the_toolchain() {
-    if !sandhold_tests::services::docker() {
-        return;
-    }
+under_each_runtime! {
+async fn a_debian_container_without_the_clis_runs_them_from_the_toolchain(runtime) {
     ensure_debian_image();
     let s = server("toolchain-docker").await;
     let _cleanup = DockerCleanup { tenant: s.tenant.clone() };
     let mut sandboxes = s.server.sandboxes(&s.token).await;
-    put_definition(&mut sandboxes, docker_definition("deb", DEBIAN_IMAGE)).await;
+    let mut def = docker_definition("deb", DEBIAN_IMAGE);
+    runtime.apply(&mut def);
+    put_definition(&mut sandboxes, def).await;
     // The image itself has none of them: without the toolchain's part of
     // PATH nothing is found.
     let bare = "PATH=$(echo \"$PATH\" | sed 's#:/opt/sandhold/toolchains/[^:]*##'); \
@@ -107,6 +107,7 @@ async fn a_debian_container_without_the_clis_runs_them_from_the_toolchain() {
         run(&s, "deb", "write", "touch /opt/sandhold/toolchains/glibc/bin/x 2>&1 || echo refused").await;
     assert!(seen.has_text("refused"), "{:?}", seen.chunks);
     assert!(!toolchains().join("glibc/bin/x").exists());
+}
 }
 
 #[tokio::test]

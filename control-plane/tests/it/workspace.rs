@@ -19,8 +19,10 @@ use control_plane::workspace::{WorkspaceProvisioner, project_for_run};
 use sandhold_tests::docker::{self, DEBIAN_IMAGE as DEBIAN, DockerCleanup, ensure_debian_image};
 use sandhold_tests::local::git;
 use sandhold_tests::provider::{self, Kind};
+use sandhold_tests::runtime::Runtime;
 use sandhold_tests::sandbox::*;
 use sandhold_tests::server::{Harness, captured_logs};
+use sandhold_tests::under_each_runtime;
 use shared::proto::v1 as api;
 use shared::secret::Secret;
 
@@ -610,7 +612,7 @@ async fn projection_suite(kind: Kind) {
 /// of skill with an MCP header from a secret) whose setup echoes the secret
 /// and fails: the secret is in no database row, log line, progress event or
 /// error.
-async fn secrets_suite(kind: Kind, postgres: bool) {
+async fn secrets_suite(kind: Kind, runtime: Runtime, postgres: bool) {
     let fixtures = Fixtures::new();
     let db = if postgres {
         let Some(admin) = sandhold_tests::services::postgres_url() else { return };
@@ -635,7 +637,10 @@ async fn secrets_suite(kind: Kind, postgres: bool) {
     ws.setup = vec![serial(
         "echo \"token is $MCP_TOKEN\"; echo \"auth is [$API_TOKEN]\"; echo \"again $MCP_TOKEN\" >&2; exit 3",
     )];
-    let def = definition("full", kind, &fixtures, ws);
+    let mut def = definition("full", kind, &fixtures, ws);
+    if kind == Kind::Docker {
+        runtime.apply(&mut def);
+    }
     h.acme.put_definition(api::PutDefinitionRequest { definition: Some(def) }).await.unwrap();
     let (progress, result) =
         ensure(&mut h.acme, request("full", "t", &[("API_TOKEN", &secret), ("MCP_TOKEN", &secret)])).await;
@@ -717,9 +722,18 @@ on_both!(
     docker_instructions_and_skills_per_harness,
     projection_suite
 );
-on_both!(local_secrets_stay_out_of_sqlite_and_logs, docker_secrets_stay_out_of_sqlite_and_logs, |k| {
-    secrets_suite(k, false)
-});
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn local_secrets_stay_out_of_sqlite_and_logs() {
+    secrets_suite(Kind::Local, Runtime::Runc, false).await;
+}
+
+under_each_runtime! {
+#[tokio_test(flavor = "multi_thread", worker_threads = 4)]
+async fn docker_secrets_stay_out_of_sqlite_and_logs(runtime) {
+    secrets_suite(Kind::Docker, runtime, false).await;
+}
+}
+
 on_both!(local_secrets_stay_out_of_postgres_and_logs, docker_secrets_stay_out_of_postgres_and_logs, |k| {
-    secrets_suite(k, true)
+    secrets_suite(k, Runtime::Runc, true)
 });
