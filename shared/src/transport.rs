@@ -46,14 +46,28 @@ impl fmt::Display for Address {
     }
 }
 
-/// Open a channel to `address`. Connects lazily on first use when `lazy`.
+/// How long a connection may go unanswered before it is given up: a PING
+/// every `KEEPALIVE` (idle or not), and the connection closed when one goes
+/// unacknowledged for as long; the channel then connects again. A server
+/// that died is usually seen at once (a refused connect, a reset), but
+/// under gVisor a connect to the socket of an agent that has just died
+/// succeeds and then nothing ever answers: without this, every call on
+/// the channel waited out its own deadline.
+const KEEPALIVE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// What every channel is opened with.
+fn endpoint(uri: Endpoint) -> Endpoint {
+    uri.http2_keep_alive_interval(KEEPALIVE).keep_alive_timeout(KEEPALIVE).keep_alive_while_idle(true)
+}
+
+/// Open a channel to `address`.
 pub async fn connect(address: &Address) -> Result<Channel, tonic::transport::Error> {
     match address {
-        Address::Tcp(addr) => Endpoint::from_shared(format!("http://{addr}"))?.connect().await,
+        Address::Tcp(addr) => endpoint(Endpoint::from_shared(format!("http://{addr}"))?).connect().await,
         Address::Unix(path) => {
             let path = path.clone();
             // The URI is ignored by the connector; it only has to parse.
-            Endpoint::from_static("http://sandbox.local")
+            endpoint(Endpoint::from_static("http://sandbox.local"))
                 .connect_with_connector(tower::service_fn(move |_: http::Uri| {
                     let path = path.clone();
                     async move {

@@ -201,22 +201,19 @@ fn agent_daemon_pids(container: &str) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
+under_each_runtime! {
 /// A run in a Docker sandbox outlives its agent daemon: the daemon is
 /// SIGKILLed while the command waits, the container's init starts another,
 /// the server follows the journal again through it, and the command (kept
 /// by its supervisor, not by the daemon) goes on when told to: every line
 /// once, in order, and the run completes.
 ///
-/// runc only for now: under gVisor the restarted daemon logs that it
-/// listens but no call reaches it while the run's processes live (the
-/// server's reconnect and an exec hang until their deadlines); found by
-/// this test under gVisor, open in issue 36.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_docker_run_goes_on_through_a_restart_of_its_agent() {
-    if !Runtime::Runc.available() {
-        return;
-    }
-    let s = setup_under(Kind::Docker, Runtime::Runc).await;
+/// Under gVisor a connect in the moment between the old daemon's death and
+/// the new one's bind succeeds and is never answered (runc refuses it):
+/// the server's channels give such a connection up by HTTP/2 keepalive.
+#[tokio_test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_docker_run_goes_on_through_a_restart_of_its_agent(runtime) {
+    let s = setup_under(Kind::Docker, runtime).await;
     let _cleanup = DockerCleanup { tenant: s.tenant.clone() };
     let mut runs = s.server.runs(&s.token).await;
     let mut sandboxes = s.server.sandboxes(&s.token).await;
@@ -274,6 +271,7 @@ async fn a_docker_run_goes_on_through_a_restart_of_its_agent() {
     assert_eq!(seen.line_numbers(), (1..=100).collect::<Vec<_>>(), "every line once, in order");
     let record = wait_terminal(&mut runs, &run_id).await;
     assert_eq!(record.status, api::RunStatus::Completed as i32, "{record:?}\n{}", s.server.log_text());
+}
 }
 
 /// Bad requests are refused before anything is created; another tenant's
