@@ -9,7 +9,8 @@
 //!
 //! Nothing a test starts outlives it: servers stop on drop, local
 //! sandboxes die with their [`local::TestDir`], Docker sandboxes with their
-//! [`docker::DockerCleanup`].
+//! [`docker::DockerCleanup`], a test's own Docker engine with its
+//! [`dockerd::Dockerd`].
 
 pub mod agent;
 pub mod attack;
@@ -19,6 +20,7 @@ pub mod cli;
 pub mod cluster;
 pub mod database;
 pub mod docker;
+pub mod dockerd;
 pub mod in_process;
 pub mod local;
 pub mod model;

@@ -1,10 +1,18 @@
 //! The real agent CLIs (`scripts/install-agent-clis`) and the fake model
 //! API they talk to on 127.0.0.1 (`tests/fake-model/fake_model.py`): the
-//! only double in the suite, standing in for the paid model services.
+//! only double in the suite, standing in for the paid model services. With
+//! what a brokered run of each CLI in a Docker sandbox needs (the model
+//! reached only through the sandbox agent's broker, the key never in the
+//! sandbox), for the broker's tests and the isolation bench.
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+
+use shared::proto::v1 as api;
+
+use crate::docker::DEBIAN_IMAGE;
+use crate::server::TenantServer;
 
 /// The installed agent CLI `name` (`claude`, `codex`, `opencode`, `gemini`,
 /// `codex-acp`, `claude-code-acp`). Skips
@@ -80,4 +88,112 @@ impl Drop for FakeModel {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// What one CLI needs for a brokered run against the fake model.
+pub struct BrokeredCli {
+    pub harness: &'static str,
+    pub key_name: &'static str,
+    /// The upstream for the fake model on `port`.
+    pub upstream: fn(u16) -> String,
+    pub model: &'static str,
+    /// The header the fake model must have received the key in.
+    pub auth_header: &'static str,
+    pub auth_prefix: &'static str,
+}
+
+pub const CLAUDE: BrokeredCli = BrokeredCli {
+    harness: "claude-code",
+    key_name: "ANTHROPIC_API_KEY",
+    upstream: |port| format!("http://127.0.0.1:{port}"),
+    model: "",
+    auth_header: "x-api-key",
+    auth_prefix: "",
+};
+
+pub const CODEX: BrokeredCli = BrokeredCli {
+    harness: "codex",
+    key_name: "OPENAI_API_KEY",
+    upstream: |port| format!("http://127.0.0.1:{port}/v1"),
+    model: "fake-model",
+    auth_header: "authorization",
+    auth_prefix: "Bearer ",
+};
+
+pub const OPENCODE: BrokeredCli = BrokeredCli {
+    harness: "opencode",
+    key_name: "ANTHROPIC_API_KEY",
+    upstream: |port| format!("http://127.0.0.1:{port}/v1"),
+    model: "anthropic/fake-model",
+    auth_header: "x-api-key",
+    auth_prefix: "",
+};
+
+impl BrokeredCli {
+    /// A Docker definition of the Debian image whose model access is this
+    /// CLI's, to `upstream`; its workspace a git work tree, so the run's
+    /// changes come as `file.changed`.
+    pub fn definition(&self, id: &str, upstream: String) -> api::SandboxDefinition {
+        let docker = api::DockerProvider { image: DEBIAN_IMAGE.into(), ..Default::default() };
+        api::SandboxDefinition {
+            id: id.into(),
+            provider: Some(api::ProviderSpec { provider: Some(api::provider_spec::Provider::Docker(docker)) }),
+            secret_names: vec![self.key_name.into()],
+            model_access: vec![api::ModelAccess {
+                harness: self.harness.into(),
+                upstream,
+                key_secret: self.key_name.into(),
+            }],
+            workspace: Some(api::WorkspaceDefinition {
+                setup: vec![api::SetupStep {
+                    step: Some(api::setup_step::Step::Serial(
+                        "git init -q . && git -c user.name=t -c user.email=t@t commit -q --allow-empty -m init"
+                            .into(),
+                    )),
+                }],
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    /// A durable run of this CLI asked to write hello.txt (what the fake
+    /// model's `tool` scenario has it do), `key` its model key.
+    pub fn start_request(
+        &self,
+        run_id: &str,
+        thread: &str,
+        definition: &str,
+        key: &str,
+    ) -> api::StartRunRequest {
+        api::StartRunRequest {
+            thread_id: thread.into(),
+            run_id: run_id.into(),
+            definition_id: definition.into(),
+            secrets: [(self.key_name.to_string(), key.to_string())].into(),
+            harness: self.harness.into(),
+            options: Some(api::HarnessOptions { model: self.model.into(), ..Default::default() }),
+            prompt: "write hello.txt".into(),
+            durable: true,
+            ..Default::default()
+        }
+    }
+}
+
+/// Flags of a server whose sandboxes run the CLIs against the fake model:
+/// the toolchain dir the tests share, and egress to this machine's
+/// loopback (where the fake model listens).
+pub fn broker_server_args() -> Vec<String> {
+    vec![
+        "--toolchain-dir".into(),
+        crate::cli::toolchains().display().to_string(),
+        "--egress-private-addresses".into(),
+    ]
+}
+
+/// A [`TenantServer`] with [`broker_server_args`].
+pub async fn broker_server(prefix: &str) -> TenantServer {
+    let args = broker_server_args();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    TenantServer::start_with_args(prefix, &[], &args).await
 }

@@ -65,6 +65,15 @@ impl Runtime {
     }
 }
 
+impl From<control_plane::config::Runtime> for Runtime {
+    fn from(runtime: control_plane::config::Runtime) -> Self {
+        match runtime {
+            control_plane::config::Runtime::Runc => Self::Runc,
+            control_plane::config::Runtime::Gvisor => Self::Gvisor,
+        }
+    }
+}
+
 fn engine_has_runsc() -> bool {
     let out = Command::new("docker").args(["info", "--format", "{{json .Runtimes}}"]).output();
     out.is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("\"runsc\""))

@@ -30,6 +30,12 @@ pub async fn ensure(
     }
 }
 
+/// The sandbox of `thread`, as ListSandboxes has it (panics without one).
+pub async fn of_thread(client: &mut Sandboxes, thread: &str) -> api::Sandbox {
+    let list = client.list_sandboxes(api::ListSandboxesRequest::default()).await.unwrap().into_inner();
+    list.sandboxes.into_iter().find(|s| s.thread_id == thread).expect("the thread's sandbox")
+}
+
 /// The stdout and the exit of an `ExecStream` read to its end.
 pub async fn exec_stream_output(
     out: &mut tonic::Streaming<api::ExecStreamResponse>,

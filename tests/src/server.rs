@@ -42,6 +42,8 @@ pub struct ServerOptions {
     pub tokens: Vec<String>,
     /// More `sandhold serve` flags (e.g. the reaper's).
     pub extra_args: Vec<String>,
+    /// More environment (e.g. `DOCKER_HOST`).
+    pub env: Vec<(String, String)>,
     /// The operator policy as shipped. Otherwise (the default) the server
     /// keeps the local provider on with tokens (`--allow-local-with-tokens`),
     /// which the tests of runs and takeovers sandbox in.
@@ -124,6 +126,28 @@ pub struct ServerProcess {
 
 impl ServerProcess {
     pub async fn start(opts: &ServerOptions) -> Self {
+        let mut server = Self::spawn(opts);
+        if let Some(status) = server.ready_or_exit().await {
+            panic!("server exited early ({status}):\n{}", server.log_text());
+        }
+        server
+    }
+
+    /// A server that must refuse to start: its exit (a failure) is waited
+    /// for, and its log returned for the test to read why. Panics if it
+    /// becomes ready instead.
+    pub async fn refused(opts: &ServerOptions) -> String {
+        let mut server = Self::spawn(opts);
+        match server.ready_or_exit().await {
+            Some(status) => {
+                assert!(!status.success(), "server exited with success:\n{}", server.log_text());
+                server.log_text()
+            }
+            None => panic!("server became ready where it must refuse to start:\n{}", server.log_text()),
+        }
+    }
+
+    fn spawn(opts: &ServerOptions) -> Self {
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let addr = format!("127.0.0.1:{port}");
         let replica = opts.replica_id.clone().unwrap_or_else(|| format!("replica-{port}"));
@@ -162,11 +186,9 @@ impl ServerProcess {
         if !opts.operator_defaults {
             cmd.arg("--allow-local-with-tokens");
         }
-        cmd.args(&opts.extra_args);
+        cmd.args(&opts.extra_args).envs(opts.env.iter().map(|(k, v)| (k, v)));
         let child = cmd.spawn().expect("spawning sandhold serve");
-        let mut server = Self { addr, log, data_dir: opts.data_dir.clone(), child };
-        server.wait_ready().await;
-        server
+        Self { addr, log, data_dir: opts.data_dir.clone(), child }
     }
 
     pub fn pid(&self) -> u32 {
@@ -189,7 +211,8 @@ impl ServerProcess {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    async fn wait_ready(&mut self) {
+    /// `None` once it reports SERVING, or how it exited before.
+    async fn ready_or_exit(&mut self) -> Option<std::process::ExitStatus> {
         let deadline = Instant::now() + PATIENCE;
         loop {
             if let Ok(ch) = Channel::from_shared(format!("http://{}", self.addr)).unwrap().connect().await {
@@ -199,10 +222,12 @@ impl ServerProcess {
                     && r.into_inner().status
                         == tonic_health::pb::health_check_response::ServingStatus::Serving as i32
                 {
-                    return;
+                    return None;
                 }
             }
-            assert!(self.child.try_wait().unwrap().is_none(), "server exited early:\n{}", self.log_text());
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return Some(status);
+            }
             assert!(Instant::now() < deadline, "server never became ready:\n{}", self.log_text());
             tokio::time::sleep(Duration::from_millis(50)).await;
         }

@@ -14,102 +14,15 @@ use std::time::Duration;
 use sandhold_tests::cli::toolchains;
 use sandhold_tests::docker::{DEBIAN_IMAGE, DockerCleanup, ensure_debian_image};
 use sandhold_tests::local::TestDir;
-use sandhold_tests::model::FakeModel;
+use sandhold_tests::model::{
+    BrokeredCli, CLAUDE, CODEX, FakeModel, OPENCODE, broker_server, broker_server_args,
+};
 use sandhold_tests::run::{Seen, attach_after, put_definition, read_until, wait_terminal};
 use sandhold_tests::runtime::Runtime;
-use sandhold_tests::server::{Sandboxes, TenantServer};
+use sandhold_tests::sandbox::of_thread;
+use sandhold_tests::server::Sandboxes;
 use sandhold_tests::under_each_runtime;
 use shared::proto::v1 as api;
-
-/// Flags of every server here: the toolchain, and egress to this
-/// machine's loopback (where the fake model listens).
-fn server_args() -> Vec<String> {
-    vec!["--toolchain-dir".into(), toolchains().display().to_string(), "--egress-private-addresses".into()]
-}
-
-async fn server(prefix: &str) -> TenantServer {
-    let args = server_args();
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    TenantServer::start_with_args(prefix, &[], &args).await
-}
-
-/// What each CLI needs for a brokered run against the fake model.
-struct Cli {
-    harness: &'static str,
-    key_name: &'static str,
-    /// The upstream for the fake model on `port`.
-    upstream: fn(u16) -> String,
-    model: &'static str,
-    /// The header the fake model must have received the key in.
-    auth_header: &'static str,
-    auth_prefix: &'static str,
-}
-
-const CLAUDE: Cli = Cli {
-    harness: "claude-code",
-    key_name: "ANTHROPIC_API_KEY",
-    upstream: |port| format!("http://127.0.0.1:{port}"),
-    model: "",
-    auth_header: "x-api-key",
-    auth_prefix: "",
-};
-
-const CODEX: Cli = Cli {
-    harness: "codex",
-    key_name: "OPENAI_API_KEY",
-    upstream: |port| format!("http://127.0.0.1:{port}/v1"),
-    model: "fake-model",
-    auth_header: "authorization",
-    auth_prefix: "Bearer ",
-};
-
-const OPENCODE: Cli = Cli {
-    harness: "opencode",
-    key_name: "ANTHROPIC_API_KEY",
-    upstream: |port| format!("http://127.0.0.1:{port}/v1"),
-    model: "anthropic/fake-model",
-    auth_header: "x-api-key",
-    auth_prefix: "",
-};
-
-fn docker_definition(id: &str, cli: &Cli, upstream: String) -> api::SandboxDefinition {
-    let docker = api::DockerProvider { image: DEBIAN_IMAGE.into(), ..Default::default() };
-    api::SandboxDefinition {
-        id: id.into(),
-        provider: Some(api::ProviderSpec { provider: Some(api::provider_spec::Provider::Docker(docker)) }),
-        secret_names: vec![cli.key_name.into()],
-        model_access: vec![api::ModelAccess {
-            harness: cli.harness.into(),
-            upstream,
-            key_secret: cli.key_name.into(),
-        }],
-        // A git work tree, so the run's changes come as `file.changed`.
-        workspace: Some(api::WorkspaceDefinition {
-            setup: vec![api::SetupStep {
-                step: Some(api::setup_step::Step::Serial(
-                    "git init -q . && git -c user.name=t -c user.email=t@t commit -q --allow-empty -m init"
-                        .into(),
-                )),
-            }],
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
-
-fn start_request(cli: &Cli, run_id: &str, thread: &str, definition: &str, key: &str) -> api::StartRunRequest {
-    api::StartRunRequest {
-        thread_id: thread.into(),
-        run_id: run_id.into(),
-        definition_id: definition.into(),
-        secrets: [(cli.key_name.to_string(), key.to_string())].into(),
-        harness: cli.harness.into(),
-        options: Some(api::HarnessOptions { model: cli.model.into(), ..Default::default() }),
-        prompt: "write hello.txt".into(),
-        durable: true,
-        ..Default::default()
-    }
-}
 
 /// The fake model's log lines (JSON).
 fn requests(model: &FakeModel) -> Vec<serde_json::Value> {
@@ -138,15 +51,6 @@ async fn exec(sandboxes: &mut Sandboxes, sandbox: &str, script: &str, stdin: &[u
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-async fn sandbox_of_thread(sandboxes: &mut Sandboxes, thread: &str) -> String {
-    container_of_thread(sandboxes, thread).await.sandbox_id
-}
-
-async fn container_of_thread(sandboxes: &mut Sandboxes, thread: &str) -> api::Sandbox {
-    let list = sandboxes.list_sandboxes(api::ListSandboxesRequest::default()).await.unwrap().into_inner();
-    list.sandboxes.into_iter().find(|s| s.thread_id == thread).expect("the thread sandbox")
-}
-
 /// `script`'s stdout, run by the run user in `container` beside the agent
 /// (`docker exec`), not through it: Landlock keeps an exec the agent starts
 /// from reading the environment of the run's processes (another domain),
@@ -171,12 +75,12 @@ fn customs(seen: &Seen, name: &str) -> Vec<serde_json::Value> {
 /// One CLI's brokered run in a Docker sandbox with no network: while the
 /// model stalls, the sandbox is searched for the key as the run user would;
 /// then the run completes with the tool's file.
-async fn brokered_run_in_docker(cli: Cli, runtime: Runtime) {
+async fn brokered_run_in_docker(cli: BrokeredCli, runtime: Runtime) {
     if !sandhold_tests::services::docker() || sandhold_tests::model::cli("claude").is_none() {
         return;
     }
     ensure_debian_image();
-    let s = server(&format!("broker-{}", cli.harness)).await;
+    let s = broker_server(&format!("broker-{}", cli.harness)).await;
     let _cleanup = DockerCleanup { tenant: s.tenant.clone() };
     let dir = TestDir::new("broker-model");
     let stall = dir.path().join("stall");
@@ -185,17 +89,16 @@ async fn brokered_run_in_docker(cli: Cli, runtime: Runtime) {
     let key = format!("sk-real-{}", uuid::Uuid::new_v4().simple());
 
     let mut sandboxes = s.server.sandboxes(&s.token).await;
-    let mut definition = docker_definition("def", &cli, (cli.upstream)(model.port));
+    let mut definition = cli.definition("def", (cli.upstream)(model.port));
     runtime.apply(&mut definition);
     put_definition(&mut sandboxes, definition).await;
     let run_id = format!("r-{}", s.nonce);
     let mut runs = s.server.runs(&s.token).await;
-    let mut stream =
-        runs.start_run(start_request(&cli, &run_id, "t", "def", &key)).await.unwrap().into_inner();
+    let mut stream = runs.start_run(cli.start_request(&run_id, "t", "def", &key)).await.unwrap().into_inner();
 
     // The CLI is waiting on the model: look for the key as the run user.
     wait_for_a_request(&model).await;
-    let container = container_of_thread(&mut sandboxes, "t").await;
+    let container = of_thread(&mut sandboxes, "t").await;
     let sandbox = container.sandbox_id.clone();
     let dump = "for f in /proc/[0-9]*/environ /proc/[0-9]*/cmdline; do tr '\\0' '\\n' < $f 2>/dev/null; done";
     let seen_by_processes = as_run_user_beside_the_agent(&container.provider_sandbox_id, dump);
@@ -300,7 +203,7 @@ async fn setup_reaches_an_allowed_host_through_the_proxy_and_nothing_else() {
         return;
     }
     ensure_debian_image();
-    let s = server("broker-setup").await;
+    let s = broker_server("broker-setup").await;
     let _cleanup = DockerCleanup { tenant: s.tenant.clone() };
     let dir = TestDir::new("broker-setup-www");
     // Two servers on this machine; only the first is on the list.
@@ -381,7 +284,7 @@ async fn an_unreachable_model_is_said_as_it_happens_then_ends_the_run() {
     if sandhold_tests::model::cli("claude").is_none() {
         return;
     }
-    let s = server("broker-unreachable").await;
+    let s = broker_server("broker-unreachable").await;
     // Nothing listens there.
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let definition = api::SandboxDefinition {
@@ -404,7 +307,7 @@ async fn an_unreachable_model_is_said_as_it_happens_then_ends_the_run() {
     let run_id = format!("gone-{}", s.nonce);
     let key = format!("sk-real-{}", s.nonce);
     let mut stream =
-        runs.start_run(start_request(&CLAUDE, &run_id, "t", "gone", &key)).await.unwrap().into_inner();
+        runs.start_run(CLAUDE.start_request(&run_id, "t", "gone", &key)).await.unwrap().into_inner();
     let mut seen = Seen::default();
     read_until(&mut stream, &mut seen, |_| false).await.unwrap();
     let unavailable = customs(&seen, "model.unavailable");
@@ -436,19 +339,19 @@ async fn a_run_survives_kill_9_of_the_replica_carrying_its_model_traffic() {
     let mut replicas = Vec::new();
     for i in 0..2 {
         let tokens = vec![format!("{tenant}={token}")];
-        replicas.push(cluster.replica(&format!("b{i}"), tokens, (2000, 500), server_args()).await);
+        replicas.push(cluster.replica(&format!("b{i}"), tokens, (2000, 500), broker_server_args()).await);
     }
     let dir = TestDir::new("broker-kill-model");
     let stall = dir.path().join("stall");
     std::fs::write(&stall, b"").unwrap();
     let model = FakeModel::stalling("tool", dir.path().join("model.log"), stall.clone());
     let mut sandboxes = replicas[0].sandboxes(&token).await;
-    put_definition(&mut sandboxes, docker_definition("def", &CLAUDE, (CLAUDE.upstream)(model.port))).await;
+    put_definition(&mut sandboxes, CLAUDE.definition("def", (CLAUDE.upstream)(model.port))).await;
     let run_id = format!("k-{nonce}");
     let key = format!("sk-real-{nonce}");
     let mut runs0 = replicas[0].runs(&token).await;
     let mut stream =
-        runs0.start_run(start_request(&CLAUDE, &run_id, "t", "def", &key)).await.unwrap().into_inner();
+        runs0.start_run(CLAUDE.start_request(&run_id, "t", "def", &key)).await.unwrap().into_inner();
     let mut seen = Seen::default();
     read_until(&mut stream, &mut seen, |s| !s.chunks.is_empty()).await.unwrap();
     // The CLI waits on the model, through replica 0's carrier.
@@ -480,7 +383,7 @@ async fn a_run_survives_kill_9_of_the_replica_carrying_its_model_traffic() {
     let starts = seen.chunks.iter().filter(|(_, c)| c.r#type() == api::ChunkType::RunStarted).count();
     assert_eq!(starts, 1);
     let mut sandboxes = replicas[1].sandboxes(&token).await;
-    let sandbox = sandbox_of_thread(&mut sandboxes, "t").await;
+    let sandbox = of_thread(&mut sandboxes, "t").await.sandbox_id;
     assert_eq!(exec(&mut sandboxes, &sandbox, "cat hello.txt", b"").await, "hello from the tool\n");
     drop(replicas);
     cluster.tear_down().await;

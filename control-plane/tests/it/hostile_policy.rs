@@ -419,3 +419,60 @@ async fn a_tenant_required_to_use_gvisor_cannot_get_runc() {
         assert_eq!(engine, want.engine_name(), "what the engine runs it under");
     }
 }
+
+/// An engine without runsc (a second dockerd of the test's own, which
+/// reads no daemon.json): a server required to run gVisor refuses to
+/// start, and without the requirement a gVisor definition is refused at
+/// `PutDefinition`, each naming the engine and the fix; runc is still
+/// accepted on that engine.
+#[tokio::test]
+async fn gvisor_on_an_engine_without_runsc_is_refused_naming_the_fix() {
+    let Some(engine) = sandhold_tests::dockerd::Dockerd::start() else { return };
+    assert!(!engine.runtimes().contains("runsc"), "the test's engine has runsc: {}", engine.runtimes());
+    let names_the_fix = |message: &str| {
+        for needle in [
+            "no gvisor runtime",
+            "`runsc`",
+            engine.host.as_str(),
+            "/etc/docker/daemon.json",
+            "scripts/services",
+        ] {
+            assert!(message.contains(needle), "{needle:?} not in:\n{message}");
+        }
+    };
+    let dir = TestDir::new("sh-norunsc");
+    let n = nonce();
+    let on_engine = |extra_args: &[&str]| ServerOptions {
+        env: vec![("DOCKER_HOST".into(), engine.host.clone())],
+        ..options(&dir, &n, extra_args)
+    };
+
+    let log = ServerProcess::refused(&on_engine(&[
+        "--docker-runtimes",
+        "runc,gvisor",
+        "--require-runtime",
+        "gvisor",
+    ]))
+    .await;
+    assert!(log.contains("the operator policy requires the gvisor runtime (require_runtime)"), "{log}");
+    names_the_fix(&log);
+
+    let server = ServerProcess::start(&on_engine(&["--docker-runtimes", "runc,gvisor"])).await;
+    let evil = format!("tok-evil-{n}");
+    let gvisor = docker("gvisor", api::DockerProvider { runtime: "gvisor".into(), ..busybox() });
+    let refused = put(&server, &evil, gvisor).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::FailedPrecondition, "{refused:?}");
+    names_the_fix(refused.message());
+    let mut client = server.sandboxes(&evil).await;
+    let stored =
+        client.get_definition(api::GetDefinitionRequest { id: "gvisor".into(), ..Default::default() }).await;
+    assert_eq!(
+        stored.map_err(|s| s.code()).err(),
+        Some(tonic::Code::NotFound),
+        "a refused definition is not kept"
+    );
+    let runc = docker("runc", api::DockerProvider { runtime: "runc".into(), ..busybox() });
+    put(&server, &evil, runc)
+        .await
+        .unwrap_or_else(|e| panic!("runc on the same engine: {e:?}\n{}", server.log_text()));
+}
