@@ -15,6 +15,7 @@ pub const TEST_IMAGE: &str = "sandhold-test-busybox:latest";
 pub const DEBIAN_IMAGE: &str = "sandhold-test-debian:latest";
 
 pub use control_plane::provider::LABEL_TENANT;
+use control_plane::provider::docker::LABEL_HOST_DIR;
 
 /// Make sure the test images exist (built locally; no registry), once per
 /// test binary.
@@ -58,6 +59,34 @@ impl Drop for DockerCleanup {
         let images = ids(&["images", "-q", "--filter", &filter]);
         if !images.is_empty() {
             let _ = Command::new("docker").args(["rmi", "-f"]).args(&images).output();
+        }
+    }
+}
+
+/// Removes, when dropped, every container whose sandbox directory is under
+/// `dir`: for tests whose sandboxes have no tenant of their own (the CLI's
+/// `default`), run by a server the test's directory holds. Such a server is
+/// killed with the directory, maybe before it destroyed a finished run's
+/// sandbox.
+pub struct DockerUnder {
+    pub dir: PathBuf,
+}
+
+impl Drop for DockerUnder {
+    fn drop(&mut self) {
+        let format = format!("{{{{.ID}}}} {{{{.Label \"{LABEL_HOST_DIR}\"}}}}");
+        let out = Command::new("docker")
+            .args(["ps", "-a", "--filter", &format!("label={LABEL_HOST_DIR}"), "--format", &format])
+            .output()
+            .expect("docker");
+        let under: Vec<String> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.split_once(' '))
+            .filter(|(_, dir)| std::path::Path::new(dir).starts_with(&self.dir))
+            .map(|(id, _)| id.to_string())
+            .collect();
+        if !under.is_empty() {
+            let _ = Command::new("docker").args(["rm", "-fv"]).args(&under).output();
         }
     }
 }

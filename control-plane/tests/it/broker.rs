@@ -428,6 +428,9 @@ fn the_readme_quickstarts_work_as_written() {
         assert!(tag.is_ok_and(|s| s.success()));
     }
     let dir = TestDir::new("broker-quickstart");
+    // Dropped first: the runs' sandboxes, should the servers the directory
+    // holds be killed before they destroyed them.
+    let _containers = sandhold_tests::docker::DockerUnder { dir: dir.path().to_path_buf() };
     let model = FakeModel::logging("tool", dir.path().join("model.log"));
     let bin = dir.path().join("bin");
     std::fs::create_dir(&bin).unwrap();
