@@ -46,18 +46,22 @@ impl fmt::Display for Address {
     }
 }
 
-/// How long a connection may go unanswered before it is given up: a PING
-/// every `KEEPALIVE` (idle or not), and the connection closed when one goes
-/// unacknowledged for as long; the channel then connects again. A server
-/// that died is usually seen at once (a refused connect, a reset), but
-/// under gVisor a connect to the socket of an agent that has just died
-/// succeeds and then nothing ever answers: without this, every call on
-/// the channel waited out its own deadline.
-const KEEPALIVE: std::time::Duration = std::time::Duration::from_secs(5);
+/// A PING on every connection this often, idle or not; the connection is
+/// closed when one goes unacknowledged for [`KEEPALIVE_TIMEOUT`], and the
+/// channel then connects again. A server that died is usually seen at once
+/// (a refused connect, a reset), but under gVisor a connect to the socket
+/// of an agent that has just died succeeds and then nothing ever answers:
+/// without this, every call on the channel waited out its own deadline.
+const KEEPALIVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
+/// Long enough that a busy agent (gVisor's ptrace platform under load)
+/// keeps its connection and the streams on it.
+const KEEPALIVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
 
 /// What every channel is opened with.
 fn endpoint(uri: Endpoint) -> Endpoint {
-    uri.http2_keep_alive_interval(KEEPALIVE).keep_alive_timeout(KEEPALIVE).keep_alive_while_idle(true)
+    uri.http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+        .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+        .keep_alive_while_idle(true)
 }
 
 /// Open a channel to `address`.

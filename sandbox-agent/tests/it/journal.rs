@@ -603,7 +603,9 @@ async fn serve_on(dir: &Path, name: &str) -> Served {
     let task = tokio::spawn(sandbox_agent::serve(options, async move {
         let _ = stopped.await;
     }));
-    wait_for("socket", || socket.exists()).await;
+    // Listening, not only bound: the file exists a moment before connects
+    // are accepted.
+    wait_for("socket", || std::os::unix::net::UnixStream::connect(&socket).is_ok()).await;
     Served { socket, token, stop, task }
 }
 
@@ -687,7 +689,7 @@ async fn spawn_agent(dir: &Path, name: &str) -> AgentProcess {
         .stderr(log)
         .spawn()
         .unwrap();
-    wait_for("agent socket", || socket.exists()).await;
+    wait_for("agent socket", || std::os::unix::net::UnixStream::connect(&socket).is_ok()).await;
     AgentProcess { child, socket, token }
 }
 
