@@ -50,7 +50,7 @@ async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, Error> + Send + 'static,
 ) -> Result<T, Status> {
     let as_user = move || {
-        let _as = FsAs::new(user.as_ref());
+        let _as = FsAs::new(user.as_ref())?;
         f()
     };
     match tokio::task::spawn_blocking(as_user).await {

@@ -157,7 +157,7 @@ fn prepare_root(root: &Path, user: &RunUser) -> std::io::Result<()> {
         return Err(std::io::Error::other(format!("{} is not the agent's own dir", root.display())));
     }
     // Reachable when the user may search every dir above it.
-    let _as_user = crate::run_user::FsAs::new(Some(user));
+    let _as_user = crate::run_user::FsAs::new(Some(user)).map_err(std::io::Error::other)?;
     std::fs::metadata(root.join(".")).map(drop)
 }
 

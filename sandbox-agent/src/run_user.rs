@@ -16,6 +16,7 @@ use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
+use shared::error::Error;
 
 /// Name given to a run user the image has no passwd entry for.
 pub const DEFAULT_NAME: &str = "sandhold";
@@ -153,6 +154,10 @@ fn append(path: &Path, existing: &str, line: &str) -> std::io::Result<()> {
 /// it creates is the user's and it can reach nothing the user could not,
 /// whatever links the user plants. Without a run user, or when the agent is
 /// not root, it changes nothing.
+///
+/// Fails closed: a thread that cannot take the user's ids is an error, never
+/// work done as root on the user's behalf (root would follow a link the user
+/// planted to a file only root may write).
 pub struct FsAs {
     restore: Option<Restore>,
 }
@@ -166,25 +171,25 @@ enum Restore {
 }
 
 impl FsAs {
-    pub fn new(user: Option<&RunUser>) -> Self {
+    pub fn new(user: Option<&RunUser>) -> Result<Self, Error> {
         match user {
             Some(user) => Self::ids(user.uid, user.gid),
-            None => Self { restore: None },
+            None => Ok(Self { restore: None }),
         }
     }
 
-    pub fn ids(uid: u32, gid: u32) -> Self {
+    pub fn ids(uid: u32, gid: u32) -> Result<Self, Error> {
         // SAFETY: plain syscalls on the calling thread's credentials.
         unsafe {
             if libc::geteuid() != 0 {
-                return Self { restore: None };
+                return Ok(Self { restore: None });
             }
             let old_gid = libc::setfsgid(gid) as u32;
             let old_uid = libc::setfsuid(uid) as u32;
             // An invalid id changes nothing and returns the current one:
             // whether the switch took. gVisor accepts setfsuid and ignores it.
             if libc::setfsuid(u32::MAX) as u32 == uid && libc::setfsgid(u32::MAX) as u32 == gid {
-                return Self { restore: Some(Restore::Fs(old_uid, old_gid)) };
+                return Ok(Self { restore: Some(Restore::Fs(old_uid, old_gid)) });
             }
             libc::setfsuid(old_uid);
             libc::setfsgid(old_gid);
@@ -193,19 +198,24 @@ impl FsAs {
             // every thread of the process); the saved ids stay root's, so
             // `Drop` can switch back.
             let keep = libc::c_long::from(-1i32);
-            let gid_ok = libc::syscall(libc::SYS_setresgid, keep, libc::c_long::from(gid), keep) == 0;
-            let uid_ok =
-                gid_ok && libc::syscall(libc::SYS_setresuid, keep, libc::c_long::from(uid), keep) == 0;
-            if !uid_ok {
-                if gid_ok {
-                    libc::syscall(libc::SYS_setresgid, keep, 0 as libc::c_long, keep);
-                }
-                tracing::error!(uid, gid, "cannot act as the run user on this thread: acting as root");
-                return Self { restore: None };
+            if libc::syscall(libc::SYS_setresgid, keep, libc::c_long::from(gid), keep) != 0 {
+                return Err(cannot_act_as(uid, gid, std::io::Error::last_os_error()));
             }
-            Self { restore: Some(Restore::Effective) }
+            if libc::syscall(libc::SYS_setresuid, keep, libc::c_long::from(uid), keep) != 0 {
+                let why = std::io::Error::last_os_error();
+                libc::syscall(libc::SYS_setresgid, keep, 0 as libc::c_long, keep);
+                return Err(cannot_act_as(uid, gid, why));
+            }
+            Ok(Self { restore: Some(Restore::Effective) })
         }
     }
+}
+
+fn cannot_act_as(uid: u32, gid: u32, why: std::io::Error) -> Error {
+    Error::internal(format!(
+        "cannot act as the run user (uid {uid}, gid {gid}) on this thread ({why}); \
+         refusing to do the user's file work as root"
+    ))
 }
 
 impl Drop for FsAs {
@@ -231,6 +241,51 @@ impl Drop for FsAs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A thread that cannot take the run user's ids (here: root without
+    /// CAP_SETUID, capabilities being per thread) gets an error, not work
+    /// done as root; and the group it had taken is given back.
+    #[test]
+    fn a_thread_that_cannot_become_the_run_user_is_refused_not_left_root() {
+        // SAFETY: plain syscalls.
+        if unsafe { libc::geteuid() } != 0 {
+            return;
+        }
+        std::thread::spawn(|| {
+            #[repr(C)]
+            struct Header {
+                version: u32,
+                pid: i32,
+            }
+            #[repr(C)]
+            #[derive(Clone, Copy, Default)]
+            struct Data {
+                effective: u32,
+                permitted: u32,
+                inheritable: u32,
+            }
+            const VERSION_3: u32 = 0x2008_0522;
+            const CAP_SETUID: u32 = 7;
+            let mut header = Header { version: VERSION_3, pid: 0 };
+            let mut data = [Data::default(); 2];
+            // SAFETY: the kernel's own structures, for this thread (pid 0).
+            unsafe {
+                assert_eq!(libc::syscall(libc::SYS_capget, &mut header, data.as_mut_ptr()), 0);
+                data[0].effective &= !(1 << CAP_SETUID);
+                data[0].permitted &= !(1 << CAP_SETUID);
+                assert_eq!(libc::syscall(libc::SYS_capset, &mut header, data.as_ptr()), 0);
+            }
+            let err = FsAs::ids(65534, 65534).err().expect("acting as root must be refused");
+            assert!(err.to_string().contains("cannot act as the run user"), "{err}");
+            let (mut r, mut e, mut s) = (1u32, 1u32, 1u32);
+            // SAFETY: out-pointers to locals.
+            unsafe { libc::syscall(libc::SYS_getresgid, &mut r, &mut e, &mut s) };
+            assert_eq!((r, e, s), (0, 0, 0), "the group taken before the refusal is given back");
+            assert!(FsAs::new(None).is_ok(), "no run user: nothing to take");
+        })
+        .join()
+        .unwrap();
+    }
 
     #[test]
     fn a_root_over_the_agents_paths_is_refused() {

@@ -205,7 +205,7 @@ fn start(args: &ShimArgs) -> anyhow::Result<Started> {
             // must not get what only the shim could read (a link swapped in
             // after the agent's check).
             let as_user = match args.remove_stdin_file {
-                false => args.run_as.map(|(uid, gid)| crate::run_user::FsAs::ids(uid, gid)),
+                false => args.run_as.map(|(uid, gid)| crate::run_user::FsAs::ids(uid, gid)).transpose()?,
                 true => None,
             };
             let f = File::open(path).with_context(|| format!("opening stdin {}", path.display()))?;

@@ -158,7 +158,7 @@ fn adopt_packs(from: &Path, to: &Path, user: Option<&RunUser>) -> Result<(), Err
     for name in names {
         let mut data = std::fs::File::open(from.join(&name))
             .map_err(|e| Error::internal(format!("reading a fetched pack: {e}")))?;
-        let _as_user = FsAs::new(user);
+        let _as_user = FsAs::new(user)?;
         copy_new(&to.join(&name), &mut data)
             .map_err(|e| Error::internal(format!("adding a fetched pack to the repository: {e}")))?;
     }
@@ -176,7 +176,7 @@ fn adopt_shallow(from: &Path, to: &Path, user: Option<&RunUser>) -> Result<(), E
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
         Err(e) => return Err(Error::internal(format!("reading the fetched shallow list: {e}"))),
     };
-    let _as_user = FsAs::new(user);
+    let _as_user = FsAs::new(user)?;
     let failed = |e: std::io::Error| Error::internal(format!("adding to the repository's shallow list: {e}"));
     let mut file = std::fs::OpenOptions::new()
         .read(true)

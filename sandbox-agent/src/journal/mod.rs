@@ -639,7 +639,7 @@ fn lexical(path: &Path) -> PathBuf {
 fn runnable_by(exe: &Path, user: &RunUser) -> bool {
     use std::os::unix::ffi::OsStrExt;
     let Ok(c) = std::ffi::CString::new(exe.as_os_str().as_bytes()) else { return false };
-    let _as_user = crate::run_user::FsAs::new(Some(user));
+    let Ok(_as_user) = crate::run_user::FsAs::new(Some(user)) else { return false };
     // SAFETY: a valid C string; AT_EACCESS checks with the fs ids set above.
     unsafe { libc::faccessat(libc::AT_FDCWD, c.as_ptr(), libc::X_OK, libc::AT_EACCESS) == 0 }
 }

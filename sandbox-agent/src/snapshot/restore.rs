@@ -198,7 +198,7 @@ pub(super) fn apply(
     let plan = plan(root.path(), policy, entries)?;
     // Verified and planned: the first change to the workspace.
     {
-        let _as_user = FsAs::new(user);
+        let _as_user = FsAs::new(user)?;
         remove_paths(root.path(), &plan.remove)?;
     }
     let mut response = write_entries(root, &staging, &plan.write, user)?;
@@ -410,13 +410,13 @@ fn write_entries(
         let path = entry.path.as_str();
         let target = root.path().join(path);
         if entry.kind == EntryKind::Directory as i32 {
-            let _as_user = FsAs::new(user);
+            let _as_user = FsAs::new(user)?;
             std::fs::create_dir_all(&target).map_err(|e| io_error(e, path))?;
             response.dirs_created += 1;
             continue;
         }
         let mut blob = std::fs::File::open(staging.blob(&entry.sha256)).map_err(|e| io_error(e, path))?;
-        let _as_user = FsAs::new(user);
+        let _as_user = FsAs::new(user)?;
         if let Some(parent) = target.parent() {
             std::fs::create_dir_all(parent).map_err(|e| io_error(e, path))?;
         }

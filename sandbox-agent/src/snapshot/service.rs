@@ -85,7 +85,7 @@ impl SnapshotService for Snapshots {
         // As the run user: a link it swapped in never shows the snapshot
         // what only the agent may read.
         let entries = blocking(move || {
-            let _as = FsAs::new(user.as_ref());
+            let _as = FsAs::new(user.as_ref())?;
             capture(&root, &policy, &redactor)
         })
         .await?;
@@ -111,7 +111,13 @@ impl SnapshotService for Snapshots {
         let user = self.run_user.clone();
         let (tx, rx) = mpsc::channel::<Result<ReadBlobsResponse, Status>>(4);
         tokio::task::spawn_blocking(move || {
-            let _as = FsAs::new(user.as_ref());
+            let _as = match FsAs::new(user.as_ref()) {
+                Ok(as_user) => as_user,
+                Err(e) => {
+                    let _ = tx.blocking_send(Err(e.into()));
+                    return;
+                }
+            };
             let send = |msg: ReadBlobsResponse| {
                 tx.blocking_send(Ok(msg)).map_err(|_| Error::new(ErrorCode::Cancelled, "reader left"))
             };
