@@ -97,9 +97,10 @@ async fn to_port(mut inbound: Streaming<PortRequest>, mut write: OwnedWriteHalf,
 /// Send what the port writes until it closes its side or the caller goes.
 async fn from_port(mut read: OwnedReadHalf, tx: &mpsc::Sender<Result<PortResponse, Status>>, port: u16) {
     let mut buf = vec![0u8; READ_CHUNK];
+    let mut recheck = Recheck::default();
     loop {
         tokio::select! {
-            n = read.read(&mut buf) => match n {
+            n = recheck.read(&mut read, &mut buf) => match n {
                 Ok(0) => return,
                 Ok(n) => {
                     let event = Some(port_response::Event::Data(buf[..n].to_vec()));
@@ -115,6 +116,55 @@ async fn from_port(mut read: OwnedReadHalf, tx: &mpsc::Sender<Result<PortRespons
             },
             _ = tx.closed() => return,
         }
+    }
+}
+
+/// A read that does not trust readiness alone. Under gVisor the netstack
+/// sometimes posts no epoll event for the last bytes and the FIN of a
+/// loopback connection (google/gvisor#7331 is one such report): the
+/// socket sits in CLOSE_WAIT with nothing queued while tokio waits for an
+/// edge that never comes, and the caller's stream stalls for good. So a
+/// read that has waited a while asks the socket itself, without waiting
+/// (`recv` with `MSG_DONTWAIT`): the bytes or the end of file it finds are
+/// the read's. The wait starts short after data (where a lost FIN hurts:
+/// a reply read to its end) and doubles while the connection idles, so an
+/// idle connection costs one system call a second.
+struct Recheck {
+    after: std::time::Duration,
+}
+
+impl Recheck {
+    const FIRST: std::time::Duration = std::time::Duration::from_millis(50);
+    const MOST: std::time::Duration = std::time::Duration::from_secs(1);
+
+    async fn read(&mut self, read: &mut OwnedReadHalf, buf: &mut [u8]) -> std::io::Result<usize> {
+        use std::os::fd::AsRawFd;
+        loop {
+            if let Ok(n) = tokio::time::timeout(self.after, read.read(buf)).await {
+                self.after = Self::FIRST;
+                return n;
+            }
+            let fd = read.as_ref().as_raw_fd();
+            // SAFETY: `fd` is the open socket `read` holds (borrowed for the
+            // call); `buf` is valid for its length. No read is in flight: the
+            // timed-out one was dropped.
+            let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+            if n >= 0 {
+                self.after = Self::FIRST;
+                return Ok(n as usize);
+            }
+            let e = std::io::Error::last_os_error();
+            if e.kind() != std::io::ErrorKind::WouldBlock && e.kind() != std::io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+            self.after = (self.after * 2).min(Self::MOST);
+        }
+    }
+}
+
+impl Default for Recheck {
+    fn default() -> Self {
+        Self { after: Self::FIRST }
     }
 }
 

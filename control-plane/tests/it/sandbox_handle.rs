@@ -14,7 +14,6 @@ use sandhold_tests::docker::{DEBIAN_IMAGE, DockerCleanup, ensure_debian_image};
 use sandhold_tests::local::{TestDir, git};
 use sandhold_tests::provider::Kind;
 use sandhold_tests::run::{definition, put_definition};
-use sandhold_tests::runtime::Runtime;
 use sandhold_tests::sandbox::{ensure, sh};
 use sandhold_tests::server::{Sandboxes, TenantServer};
 use sandhold_tests::tmux::{Tmux, has_line};
@@ -112,19 +111,12 @@ async fn get(addr: &str, path: &str) -> Vec<u8> {
     response.split_off(at + 4)
 }
 
+under_each_runtime! {
 /// A Python server in a Docker sandbox with no network, reached through
 /// `sandhold port-forward`: 20 concurrent GETs of 1 MiB arrive intact, and
 /// a local connection that closes closes the sandbox's side.
-///
-/// runc only for now: under gVisor the 20 concurrent GETs stall (one had
-/// not arrived within the test's patience); found by this test under
-/// gVisor, open in issue 36.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn port_forward_reaches_a_server_in_a_docker_sandbox_without_network() {
-    let runtime = Runtime::Runc;
-    if !runtime.available() {
-        return;
-    }
+#[tokio_test(flavor = "multi_thread", worker_threads = 4)]
+async fn port_forward_reaches_a_server_in_a_docker_sandbox_without_network(runtime) {
     ensure_debian_image();
     let s = TenantServer::start("ports", &["other"]).await;
     let _cleanup = DockerCleanup { tenant: s.tenant.clone() };
@@ -193,6 +185,7 @@ async fn port_forward_reaches_a_server_in_a_docker_sandbox_without_network() {
     let err = connect_port(&mut sandboxes, &sandbox, 8002).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
     assert!(err.message().contains("8002"), "{err:?}");
+}
 }
 
 under_each_runtime! {
