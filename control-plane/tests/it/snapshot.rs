@@ -22,6 +22,7 @@ use sandhold_tests::auth::{Bearer, bearer};
 use sandhold_tests::docker::{DockerCleanup, TEST_IMAGE, ensure_test_image};
 use sandhold_tests::run::{command_run, wait_terminal};
 use sandhold_tests::server::Runs;
+use sandhold_tests::under_each_runtime;
 use sandhold_tests::wait::PATIENCE;
 use shared::error::{Error, ErrorCode};
 use shared::proto::agent::v1 as agent;
@@ -262,11 +263,12 @@ const WORKSPACE: &str = "mkdir -p src/deep/er empty/dir .git/objects node_module
     printf x > .git/objects/1 && printf y > node_modules/pkg/i.js && printf z > .env && printf w > web/.env.d/k && \
     printf instructions > CLAUDE.md";
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_docker_workspace_restores_byte_for_byte_into_a_local_sandbox() {
-    if !sandhold_tests::services::docker() {
-        return;
-    }
+under_each_runtime! {
+/// A portable snapshot of a Docker sandbox under each runtime: captured
+/// there, restored byte for byte into a local sandbox and into another
+/// Docker sandbox of the same runtime.
+#[tokio_test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_docker_workspace_restores_byte_for_byte_into_a_local_sandbox(runtime) {
     ensure_test_image();
     let mut h = Harness::start().await;
     let _cleanup = DockerCleanup { tenant: h.inner.tenant.clone() };
@@ -274,6 +276,7 @@ async fn a_docker_workspace_restores_byte_for_byte_into_a_local_sandbox() {
         "docker",
         api::provider_spec::Provider::Docker(api::DockerProvider {
             image: TEST_IMAGE.into(),
+            runtime: runtime.name().into(),
             ..Default::default()
         }),
     )
@@ -320,7 +323,21 @@ async fn a_docker_workspace_restores_byte_for_byte_into_a_local_sandbox() {
     // `web` keeps only an excluded child: it comes back empty.
     assert_eq!(restored, expected);
     assert!(restored.contains_key("empty/dir") && restored.contains_key("zero.txt"));
+
+    // And into a new Docker sandbox of the same runtime.
+    h.acme
+        .fork_snapshot(api::ForkSnapshotRequest {
+            thread_id: "thread-d".into(),
+            checkpoint_id: saved.checkpoint_id.clone(),
+            new_thread_id: "thread-r".into(),
+        })
+        .await
+        .unwrap();
+    let again = h.ensure("docker", "thread-r").await;
+    assert!(!again.restored_checkpoint_id.is_empty(), "the fork's checkpoint is restored");
+    assert_eq!(tree_lines(&h.sh(&again.sandbox_id, TREE).await), expected);
     h.stop().await;
+}
 }
 
 fn hex_sha256(data: &[u8]) -> String {
