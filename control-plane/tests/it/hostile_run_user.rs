@@ -221,6 +221,50 @@ async fn a_process_left_behind_cannot_forge_the_end_of_its_run(runtime) {
     assert!(record.error.unwrap().message.contains("exited with code 7"));
 }
 
+/// The agent binary is one host file bound read-only into every container
+/// (so no container carries a copy). A tenant who got root in its
+/// container (here: `docker exec` as root, with the container's
+/// capabilities) must not change it, since every other container runs it
+/// as root: writes, a rename, a copy over it and a read-write remount all
+/// fail, and the host file keeps its bytes and mode.
+async fn root_in_a_container_cannot_change_the_agent_binary_every_container_runs(runtime) {
+    let s = setup(runtime).await;
+    let _cleanup = DockerCleanup { tenant: s.tenant.clone() };
+    let mut sandboxes = s.server.sandboxes(&s.token).await;
+    sandbox(&s, &mut sandboxes).await;
+    let container = docker::running(&format!("{LABEL_TENANT}={}", s.tenant)).pop().expect("the container");
+    let source = docker::inspect(
+        &container,
+        r#"{{range .Mounts}}{{if eq .Destination "/.sandhold/sandhold-agent"}}{{.Source}}{{end}}{{end}}"#,
+    );
+    assert!(!source.is_empty(), "the agent is bound from the host");
+    let sha256 = |path: &str| {
+        use sha2::Digest;
+        hex::encode(sha2::Sha256::digest(std::fs::read(path).unwrap()))
+    };
+    let before = sha256(&source);
+    let attack = r#"a=/.sandhold/sandhold-agent
+id -u
+(: >>$a) 2>/dev/null && echo HOLE appended
+(printf x | dd of=$a conv=notrunc 2>/dev/null) && echo HOLE overwritten
+cp /bin/sh $a 2>/dev/null && echo HOLE copied-over
+mv $a $a.x 2>/dev/null && echo HOLE moved
+chmod 777 $a 2>/dev/null && echo HOLE chmod
+mount -o remount,rw,bind $a 2>/dev/null && echo HOLE remounted
+umount $a 2>/dev/null && echo HOLE unmounted
+true"#;
+    let out = std::process::Command::new("docker")
+        .args(["exec", "-u", "0", &container, "sh", "-c", attack])
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(out.starts_with("0\n"), "the attack runs as the container's root: {out}");
+    assert!(!out.contains("HOLE"), "root in the container changed the shared agent:\n{out}");
+    assert_eq!(sha256(&source), before, "the host's agent binary changed");
+    let mode = std::fs::metadata(&source).map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()));
+    assert_eq!(mode.unwrap() & 0o7777, 0o555);
+}
+
 async fn the_sandbox_runs_under_the_runtime_it_asked_for_and_sees_its_kernel(runtime) {
     let s = setup(runtime).await;
     let _cleanup = DockerCleanup { tenant: s.tenant.clone() };

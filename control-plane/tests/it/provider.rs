@@ -37,9 +37,16 @@ impl Harness {
         self.provider.kind()
     }
 
+    /// The per-sandbox directories of the state dir (Docker's `agent/`, the
+    /// binary every container binds, is the provider's own, not one).
     fn dir_entries(&self) -> Vec<String> {
         std::fs::read_dir(&self.dirs)
-            .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|name| !(self.kind().as_str() == "docker" && name == "agent"))
+                    .collect()
+            })
             .unwrap_or_default()
     }
 

@@ -95,6 +95,7 @@ pub(super) fn container_config(
     spec: &SandboxSpec,
     origin: &Origin,
     host_dir: &Path,
+    agent: &Path,
     toolchains: Option<&Path>,
 ) -> Result<ContainerCreateBody> {
     let opts = &spec.docker;
@@ -103,20 +104,18 @@ pub(super) fn container_config(
     labels.insert(LABEL_HOST_DIR.into(), host_dir.display().to_string());
     labels.insert(LABEL_FORK_IMAGE.into(), origin.fork_image.clone().unwrap_or_default());
 
-    let mut mounts = vec![bind(&host_dir.display().to_string(), RUN_DIR, false)];
+    let mut mounts = vec![
+        bind(&host_dir.display().to_string(), RUN_DIR, false),
+        bind(&agent.display().to_string(), AGENT_PATH, true),
+    ];
     if let Some(dir) = toolchains {
         mounts.push(bind(&dir.display().to_string(), crate::toolchain::MOUNT, true));
     }
     let mut tmpfs = HashMap::new();
     if opts.read_only_root {
-        // Uploads into a read-only rootfs are refused even before start,
-        // so the agent goes to a volume of its own; the workspace is the
-        // host directory's, which the agent hands to the run user.
-        mounts.push(Mount {
-            target: Some(AGENT_DIR.into()),
-            typ: Some(MountTypeEnum::VOLUME),
-            ..Default::default()
-        });
+        // Uploads into a read-only rootfs are refused even before start:
+        // the workspace is the host directory's, which the agent hands to
+        // the run user.
         mounts.push(bind(&host_dir.join("workspace").display().to_string(), &workdir, false));
         tmpfs.insert("/tmp".to_string(), "mode=1777".to_string());
     }
@@ -244,14 +243,22 @@ mod tests {
         body.entrypoint.as_ref().unwrap().windows(2).any(|w| w == pair)
     }
 
+    const AGENT: &str = "/s/agent/sandhold-agent-0123456789abcdef";
+
     fn mount(m: &Mount) -> (Option<&str>, &str, Option<MountTypeEnum>, bool) {
         (m.source.as_deref(), m.target.as_deref().unwrap(), m.typ, m.read_only.unwrap_or(false))
     }
 
     #[test]
     fn a_default_container_runs_the_agent_without_network() {
-        let body =
-            container_config(&spec(DockerOptions::default()), &origin(), Path::new("/s/abc"), None).unwrap();
+        let body = container_config(
+            &spec(DockerOptions::default()),
+            &origin(),
+            Path::new("/s/abc"),
+            Path::new(AGENT),
+            None,
+        )
+        .unwrap();
         assert_eq!(body.image.as_deref(), Some("debian:bookworm"));
         assert_eq!(body.working_dir.as_deref(), Some("/workspace"));
         assert_eq!(body.env, Some(vec!["A=1".to_string()]));
@@ -282,14 +289,18 @@ mod tests {
         let mounts = host.mounts.unwrap();
         assert_eq!(
             mounts.iter().map(mount).collect::<Vec<_>>(),
-            vec![(Some("/s/abc"), "/run/sandhold", Some(MountTypeEnum::BIND), false)]
+            vec![
+                (Some("/s/abc"), "/run/sandhold", Some(MountTypeEnum::BIND), false),
+                (Some(AGENT), "/.sandhold/sandhold-agent", Some(MountTypeEnum::BIND), true),
+            ]
         );
     }
 
     #[test]
     fn gvisor_is_the_engines_runsc() {
         let docker = DockerOptions { runtime: Some(Runtime::Gvisor), ..Default::default() };
-        let body = container_config(&spec(docker), &origin(), Path::new("/s/abc"), None).unwrap();
+        let body =
+            container_config(&spec(docker), &origin(), Path::new("/s/abc"), Path::new(AGENT), None).unwrap();
         assert_eq!(body.host_config.unwrap().runtime.as_deref(), Some("runsc"));
     }
 
@@ -310,7 +321,8 @@ mod tests {
             ..Default::default()
         };
         let fork = Origin { image: "sandhold-fork:x".into(), fork_image: Some("sandhold-fork:x".into()) };
-        let body = container_config(&spec(docker), &fork, Path::new("/s/abc"), None).unwrap();
+        let body =
+            container_config(&spec(docker), &fork, Path::new("/s/abc"), Path::new(AGENT), None).unwrap();
         assert_eq!(body.user.as_deref(), Some("0:0"), "the agent is root");
         assert!(
             entrypoint_has(&body, ["--run-user", "1000:1000"]),
@@ -330,7 +342,7 @@ mod tests {
             host.mounts.unwrap().iter().map(mount).collect::<Vec<_>>(),
             vec![
                 (Some("/s/abc"), "/run/sandhold", Some(MountTypeEnum::BIND), false),
-                (None, "/.sandhold", Some(MountTypeEnum::VOLUME), false),
+                (Some(AGENT), "/.sandhold/sandhold-agent", Some(MountTypeEnum::BIND), true),
                 (Some("/s/abc/workspace"), "/w", Some(MountTypeEnum::BIND), false),
                 (Some("/host/data"), "/data", Some(MountTypeEnum::BIND), true),
                 (Some("cache"), "/cache", Some(MountTypeEnum::VOLUME), false),
@@ -367,7 +379,8 @@ mod tests {
     fn relative_paths_are_refused() {
         for workdir in ["relative", "/a/../b"] {
             let docker = DockerOptions { workdir: Some(workdir.into()), ..Default::default() };
-            let err = container_config(&spec(docker), &origin(), Path::new("/s"), None).unwrap_err();
+            let err = container_config(&spec(docker), &origin(), Path::new("/s"), Path::new(AGENT), None)
+                .unwrap_err();
             let err = shared::error::Error::from(err);
             assert_eq!(err.code, shared::error::ErrorCode::InvalidArgument);
             assert!(err.message.starts_with("docker.workdir:"), "{err:?}");
@@ -376,7 +389,8 @@ mod tests {
             mounts: vec![MountSpec { source: "v".into(), target: "data".into(), read_only: false }],
             ..Default::default()
         };
-        let err = container_config(&spec(docker), &origin(), Path::new("/s"), None).unwrap_err();
+        let err =
+            container_config(&spec(docker), &origin(), Path::new("/s"), Path::new(AGENT), None).unwrap_err();
         let err = shared::error::Error::from(err);
         assert!(err.message.starts_with("docker.mounts.target:"), "{err:?}");
     }

@@ -12,14 +12,14 @@ use bollard::query_parameters::{
     CommitContainerOptions, CreateContainerOptionsBuilder, InspectContainerOptions, LogsOptions,
     RemoveContainerOptions, RemoveImageOptions, StartContainerOptions, UploadToContainerOptions,
 };
-use bytes::Bytes;
 use futures::StreamExt;
 use shared::transport::Address;
 
-use super::archive::agent_archive;
+use super::agent_file;
+use super::archive::workspace_archive;
 use super::container::{Origin, container_config, workdir};
 use super::user::run_user;
-use super::{AGENT_DIR, DockerProviderOptions, LABEL_HOST_DIR};
+use super::{DockerProviderOptions, LABEL_HOST_DIR};
 use crate::agent::AgentClient;
 use crate::config::Runtime;
 use crate::provider::{
@@ -34,7 +34,9 @@ pub struct DockerProvider {
     pub(super) docker: Docker,
     /// Where the engine was looked for, for error messages.
     engine: String,
-    agent: Bytes,
+    /// The agent binary, bound read-only into every container
+    /// ([`agent_file`]).
+    agent: PathBuf,
     state_dir: PathBuf,
     pub(super) default_image: Option<String>,
     ready_timeout: Duration,
@@ -76,6 +78,12 @@ impl DockerProvider {
         let state_dir =
             options.state_dir.canonicalize().map_err(Error::io(&options.state_dir, "resolving"))?;
         check_socket_path(&state_dir.join(new_short_id()).join("agent.sock"), "the Docker state dir")?;
+        let agent = {
+            let state_dir = state_dir.clone();
+            tokio::task::spawn_blocking(move || agent_file::install(&state_dir, &agent))
+                .await
+                .map_err(|e| Error::Internal(format!("installing the agent binary: {e}")))??
+        };
         let toolchain_dir = match options.toolchain_dir {
             Some(dir) => {
                 std::fs::create_dir_all(&dir).map_err(Error::io(&dir, "creating"))?;
@@ -83,15 +91,47 @@ impl DockerProvider {
             }
             None => None,
         };
-        Ok(Self {
+        let provider = Self {
             docker,
             engine,
-            agent: Bytes::from(agent),
+            agent,
             state_dir,
             default_image: options.default_image,
             ready_timeout: options.ready_timeout,
             toolchain_dir,
-        })
+        };
+        provider.remove_stale_agents().await;
+        Ok(provider)
+    }
+
+    /// Remove the agent binaries of earlier versions that no container of
+    /// ours binds any more (best effort: a failure leaves a file behind).
+    async fn remove_stale_agents(&self) {
+        let options = bollard::query_parameters::ListContainersOptions {
+            all: true,
+            filters: Some(HashMap::from([("label".to_string(), vec![format!("{LABEL_MANAGED}=true")])])),
+            ..Default::default()
+        };
+        let containers = match self.docker.list_containers(Some(options)).await {
+            Ok(containers) => containers,
+            Err(e) => {
+                tracing::warn!(error = %e, "listing containers to find unused agent binaries");
+                return;
+            }
+        };
+        let bound = containers
+            .into_iter()
+            .flat_map(|c| c.mounts.unwrap_or_default())
+            .filter_map(|m| m.source.map(PathBuf::from))
+            .collect();
+        for path in agent_file::stale(&self.state_dir, &self.agent, &bound) {
+            match std::fs::remove_file(&path) {
+                Ok(()) => tracing::info!(path = %path.display(), "removed an agent binary no container uses"),
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), error = %e, "removing an unused agent binary")
+                }
+            }
+        }
     }
 
     /// The bollard client, for callers that need the engine directly
@@ -214,7 +254,7 @@ impl DockerProvider {
     ) -> Result<Sandbox> {
         let opts = &spec.docker;
         let workdir = workdir(opts)?;
-        let body = container_config(spec, origin, host_dir, self.toolchain_dir.as_deref())?;
+        let body = container_config(spec, origin, host_dir, &self.agent, self.toolchain_dir.as_deref())?;
         let token = new_token();
         write_private_file(&host_dir.join("token"), token.expose().as_bytes())
             .map_err(Error::io(&host_dir.join("token"), "writing"))?;
@@ -243,20 +283,20 @@ impl DockerProvider {
             )
             .into());
         }
-        let (upload_path, archive) = if opts.read_only_root {
-            (AGENT_DIR.to_string(), agent_archive(&self.agent, "", None)?)
-        } else {
-            let workspace = Some((workdir.trim_start_matches('/').to_string(), owner));
-            ("/".to_string(), agent_archive(&self.agent, ".sandhold/", workspace)?)
-        };
-        self.docker
-            .upload_to_container(
-                &id,
-                Some(UploadToContainerOptions { path: upload_path, ..Default::default() }),
-                bollard::body_full(archive),
-            )
-            .await
-            .map_err(|e| self.engine_error("copying the agent into the container", e))?;
+        // The workspace, the run user's, in the image's filesystem (with a
+        // read-only root it is a bind of the host dir's, handed over by the
+        // agent).
+        if !opts.read_only_root {
+            let archive = workspace_archive(workdir.trim_start_matches('/'), owner)?;
+            self.docker
+                .upload_to_container(
+                    &id,
+                    Some(UploadToContainerOptions { path: "/".to_string(), ..Default::default() }),
+                    bollard::body_full(archive),
+                )
+                .await
+                .map_err(|e| self.engine_error("making the workspace in the container", e))?;
+        }
         self.docker
             .start_container(&id, None::<StartContainerOptions>)
             .await

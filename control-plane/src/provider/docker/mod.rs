@@ -1,13 +1,14 @@
 //! The `docker` provider: one container per sandbox, of any image.
 //!
-//! The image needs nothing of ours. Before the container starts, the control
-//! plane uploads the statically linked `sandhold-agent` into it (archive
-//! upload to `/.sandhold/`) and makes it the entrypoint, as PID 1 in `init`
+//! The image needs nothing of ours. The statically linked `sandhold-agent`
+//! is bound read-only at `/.sandhold/sandhold-agent` from the one copy the
+//! host keeps (`agent_file.rs`) and is the entrypoint, as PID 1 in `init`
 //! mode (reaps orphans, restarts the daemon). The agent listens on a Unix
 //! socket in a per-sandbox host directory bind-mounted at `/run/sandhold`,
 //! which also holds its token and the run journals:
 //!
 //! ```text
+//! <state_dir>/agent/sandhold-agent-<hash>   bound read-only at /.sandhold/sandhold-agent
 //! <state_dir>/<name>/           bind-mounted at /run/sandhold (0700, the server's user)
 //!   token                       the agent's bearer token (0600)
 //!   agent.sock                  created by the agent
@@ -29,6 +30,7 @@
 //! bind mounts are not part of a commit, so a read-only-root sandbox (whose
 //! workspace is a bind mount) refuses to snapshot.
 
+mod agent_file;
 mod archive;
 mod container;
 mod engine;
