@@ -15,13 +15,13 @@ use std::time::{Duration, Instant};
 
 use shared::proto::v1 as api;
 use shared::proto::v1::sandbox_service_client::SandboxServiceClient;
-use tonic::transport::Channel;
 
+use sandhold_tests::auth::bearer;
 use sandhold_tests::bench::{Row, ms, summary};
 use sandhold_tests::docker::{self, TEST_IMAGE as IMAGE};
-use sandhold_tests::server::embedded as embedded_server;
+use sandhold_tests::server::{Sandboxes, embedded as embedded_server};
 
-async fn ensure(client: &mut SandboxServiceClient<Channel>, thread: &str) -> api::EnsureReady {
+async fn ensure(client: &mut Sandboxes, thread: &str) -> api::EnsureReady {
     let mut stream = client
         .ensure_sandbox(api::EnsureSandboxRequest {
             definition_id: "bench".into(),
@@ -50,7 +50,8 @@ async fn main() {
         std::env::var("SANDHOLD_BENCH_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(10);
     let dir = sandhold_tests::local::TestDir::new("shb");
     let (server, channel) = embedded_server(dir.path(), None).await;
-    let mut client = SandboxServiceClient::new(channel);
+    let token = bearer(server.local_token().expect("a single-user server").expose());
+    let mut client = SandboxServiceClient::with_interceptor(channel, token);
     let definition = api::SandboxDefinition {
         id: "bench".into(),
         provider: Some(api::ProviderSpec {

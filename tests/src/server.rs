@@ -294,6 +294,8 @@ pub async fn embedded(dir: &Path, database_url: Option<String>) -> (RunningServe
     };
     let config = ServeConfig::resolve(layer).unwrap();
     let server = control_plane::server::start(config, CancellationToken::new()).await.unwrap();
+    // Ready, so its local token is there to be read.
+    server.ready(Duration::from_secs(60)).await.expect("the embedded server became ready");
     let channel =
         Channel::from_shared(format!("http://{}", server.local_addr())).unwrap().connect().await.unwrap();
     (server, channel)

@@ -185,10 +185,15 @@ impl DockerProvider {
         Ok(info.runtimes.unwrap_or_default().into_keys().collect())
     }
 
-    /// Refused, naming the fix, when the engine lacks `runtime`. Asked each
-    /// time (one cheap call): an operator who registers runsc later needs no
-    /// restart of the server.
+    /// Refused, naming the fix, when the engine lacks `runtime`. runc is
+    /// every engine's own and is not asked for (a `docker info` costs
+    /// milliseconds, and this runs on every ensure and create); another
+    /// runtime is asked for each time, so an operator who registers runsc
+    /// later needs no restart of the server.
     pub async fn check_runtime(&self, runtime: Runtime) -> Result<()> {
+        if runtime == Runtime::Runc {
+            return Ok(());
+        }
         let have = self.engine_runtimes().await?;
         if have.iter().any(|r| r == runtime.engine_name()) {
             return Ok(());
@@ -213,13 +218,7 @@ impl DockerProvider {
 
     pub(super) async fn create_from(&self, spec: &SandboxSpec, origin: Origin) -> Result<Sandbox> {
         self.check_image(&origin.image).await?;
-        // runc is every engine's own runtime: asking would cost a `docker
-        // info` per create for nothing. Another runtime is asked for each
-        // time (an operator may register it later without a restart).
-        match spec.docker.runtime.unwrap_or(Runtime::Runc) {
-            Runtime::Runc => {}
-            other => self.check_runtime(other).await?,
-        }
+        self.check_runtime(spec.docker.runtime.unwrap_or(Runtime::Runc)).await?;
         let name = new_short_id();
         let host_dir = self.state_dir.join(&name);
         std::fs::create_dir(&host_dir).map_err(Error::io(&host_dir, "creating"))?;
