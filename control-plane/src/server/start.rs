@@ -282,7 +282,16 @@ pub async fn start(config: ServeConfig, shutdown: CancellationToken) -> anyhow::
             )
         }
         (Listener::Tcp(listener), None) => tokio::spawn(router.serve_with_incoming_shutdown(
-            TcpListenerStream::new(listener),
+            // tonic sets TCP_NODELAY only on the listener it binds itself;
+            // without it a small answer after another (a stream's last
+            // message, its trailers) waits for the client's delayed ACK:
+            // 40 ms of every warm EnsureSandbox.
+            TcpListenerStream::new(listener).map(|accepted| {
+                if let Ok(tcp) = &accepted {
+                    let _ = tcp.set_nodelay(true);
+                }
+                accepted
+            }),
             stop_accepting.clone().cancelled_owned(),
         )),
         (Listener::Unix(listener), _) => tokio::spawn(router.serve_with_incoming_shutdown(
