@@ -74,7 +74,9 @@ pub(crate) struct Live {
     pub agent: AgentClient,
     pub secrets: Arc<Secrets>,
     pub provider: ProviderKind,
-    pub provider_id: String,
+    /// Where its agent answers, its token, id and runtime, as the provider
+    /// last said.
+    pub sandbox: crate::provider::Sandbox,
     pub keep_alive: Duration,
     pub last_used: Instant,
     /// The sandbox's `SetEnv` variables, as last read from its record
@@ -83,8 +85,6 @@ pub(crate) struct Live {
     /// Secrets only the agent holds (model keys): never in a process's
     /// environment.
     pub withheld: Arc<BTreeSet<String>>,
-    /// The container runtime the provider says it runs under.
-    pub runtime: String,
 }
 
 impl Live {
@@ -267,9 +267,9 @@ impl Lifecycle {
         // A new sandbox (not a resumed one: that is never overwritten) of a
         // thread with portable snapshots starts from its latest checkpoint.
         let result = match result {
-            Ok((sandbox, outcome, instance)) if outcome != EnsureOutcome::Resumed => {
+            Ok(Located { sandbox, outcome, instance, .. }) if outcome != EnsureOutcome::Resumed => {
                 match self.restore_checkpoint(stores, &input, &sandbox, progress).await {
-                    Ok(restored) => Ok((sandbox, outcome, instance, restored)),
+                    Ok(restored) => Ok((sandbox, outcome, instance, None, restored)),
                     Err(e) => {
                         if let Err(d) = provider.destroy(&sandbox.provider_id).await {
                             warn!(sandbox_key = %key, error = %d, "destroying a sandbox whose restore failed");
@@ -279,11 +279,14 @@ impl Lifecycle {
                     }
                 }
             }
-            other => other.map(|(sandbox, outcome, instance)| (sandbox, outcome, instance, None)),
+            other => other.map(|l| (l.sandbox, l.outcome, l.instance, l.held, None)),
         };
         let _ = lease.release().await;
-        let (sandbox, outcome, instance, restored) = result?;
-        let agent = connect(&sandbox.address, &sandbox.token).await?;
+        let (sandbox, outcome, instance, held, restored) = result?;
+        let agent = match held {
+            Some(agent) => agent,
+            None => connect(&sandbox.address, &sandbox.token).await?,
+        };
         // Every ensure hands the values over again: an agent restarted
         // since the last one lost them (and refuses to serve runs that had
         // them until then).
@@ -296,12 +299,11 @@ impl Lifecycle {
                 agent,
                 secrets,
                 provider: kind,
-                provider_id: sandbox.provider_id.clone(),
                 keep_alive: Duration::from_millis(lifecycle.keep_alive_ms),
                 last_used: Instant::now(),
                 env: BTreeMap::new(),
                 withheld,
-                runtime: sandbox.runtime.clone(),
+                sandbox,
             },
         );
         info!(sandbox_key = %key, tenant = %input.tenant, outcome = ?outcome, provider = %kind, "sandbox ready");
@@ -351,7 +353,7 @@ impl Lifecycle {
         lifecycle: &api::Lifecycle,
         progress: &Progress,
         lease: &crate::lease::Lease,
-    ) -> Result<(crate::provider::Sandbox, EnsureOutcome, Instance), Error> {
+    ) -> Result<Located, Error> {
         let existing = match stores.instances.get(key).await {
             Ok(i) => Some(i),
             Err(store::Error::NotFound(_)) => None,
@@ -361,11 +363,29 @@ impl Lifecycle {
         let mut snapshot = None;
         if let Some(instance) = existing {
             progress.phase(EnsurePhase::Resuming, "resuming the thread's sandbox");
+            // Held by this replica and its agent answers: running, nothing
+            // to ask the provider (a `docker inspect` and a second agent
+            // connection were most of a warm ensure).
+            if let Some(live) = self.peek_live(key)
+                && live.sandbox.provider_id == instance.provider_sandbox_id
+                && answers(&live.agent).await
+            {
+                let instance = self
+                    .record(stores, key, input, provider, &live.sandbox, instance.native_snapshot, lease)
+                    .await?;
+                let held = Some(live.agent);
+                return Ok(Located {
+                    sandbox: live.sandbox,
+                    outcome: EnsureOutcome::Resumed,
+                    instance,
+                    held,
+                });
+            }
             if let Some(sandbox) = provider.resume(&instance.provider_sandbox_id).await? {
                 let instance = self
                     .record(stores, key, input, provider, &sandbox, instance.native_snapshot, lease)
                     .await?;
-                return Ok((sandbox, EnsureOutcome::Resumed, instance));
+                return Ok(Located { sandbox, outcome: EnsureOutcome::Resumed, instance, held: None });
             }
             snapshot = instance.native_snapshot.as_deref().and_then(NativeSnapshot::parse);
         }
@@ -386,7 +406,8 @@ impl Lifecycle {
                         let instance = self
                             .record(stores, key, input, provider, &sandbox, Some(snap.encode()), lease)
                             .await?;
-                        return Ok((sandbox, EnsureOutcome::SnapshotRestored, instance));
+                        let outcome = EnsureOutcome::SnapshotRestored;
+                        return Ok(Located { sandbox, outcome, instance, held: None });
                     }
                     Err(e) => {
                         warn!(sandbox_key = %key, error = %e, "restoring the native snapshot failed; creating anew")
@@ -415,7 +436,7 @@ impl Lifecycle {
         match self.provision(input, provider, &sandbox, workspace, lifecycle, progress).await {
             Ok(native) => {
                 let instance = self.record(stores, key, input, provider, &sandbox, native, lease).await?;
-                Ok((sandbox, EnsureOutcome::Created, instance))
+                Ok(Located { sandbox, outcome: EnsureOutcome::Created, instance, held: None })
             }
             Err(e) => {
                 // Nothing half-made survives a failed ensure.
@@ -564,7 +585,7 @@ impl Lifecycle {
                 terminal: c.terminal,
                 landlock: confined.is_some_and(|a| a.landlock),
                 seccomp: confined.is_some_and(|a| a.seccomp),
-                runtime: live.as_ref().map(|l| l.runtime.clone()).unwrap_or_default(),
+                runtime: live.as_ref().map(|l| l.sandbox.runtime.clone()).unwrap_or_default(),
             }
         });
         api::Sandbox {
@@ -606,7 +627,7 @@ impl Lifecycle {
     pub(crate) async fn agent(&self, stores: &Stores, tenant: &Tenant, key: &str) -> Result<Live, Error> {
         let instance = self.instance(stores, tenant, key).await?;
         if let Some(mut live) = self.live(key)
-            && live.provider_id == instance.provider_sandbox_id
+            && live.sandbox.provider_id == instance.provider_sandbox_id
         {
             // From the record, not the cache: another replica may have set it.
             live.env = instance.env;
@@ -622,12 +643,11 @@ impl Lifecycle {
             agent,
             secrets: Arc::default(),
             provider: provider.kind(),
-            provider_id: sandbox.provider_id,
+            sandbox,
             keep_alive: Duration::ZERO,
             last_used: Instant::now(),
             env: instance.env,
             withheld: Arc::default(),
-            runtime: sandbox.runtime,
         };
         self.set_live(key, live.clone());
         Ok(live)
@@ -681,7 +701,7 @@ impl Lifecycle {
         for (key, live) in idle {
             self.forget(&key);
             let Ok(provider) = self.providers.get(live.provider) else { continue };
-            match provider.stop(&live.provider_id).await {
+            match provider.stop(&live.sandbox.provider_id).await {
                 Ok(()) => info!(sandbox_key = %key, "idle sandbox stopped (keep_alive passed)"),
                 Err(e) => warn!(sandbox_key = %key, error = %e, "stopping an idle sandbox failed"),
             }
@@ -720,6 +740,25 @@ async fn secret_in_file_system(
             scanned.hits.len()
         )
     }))
+}
+
+/// What [`Lifecycle::ensure_locked`] found or made.
+struct Located {
+    sandbox: crate::provider::Sandbox,
+    outcome: EnsureOutcome,
+    instance: Instance,
+    /// The agent this replica already held, when it answered.
+    held: Option<AgentClient>,
+}
+
+/// How long a held agent has to answer before the provider is asked to
+/// resume its sandbox: a live connection answers in well under a
+/// millisecond; one to an agent that restarted fails at once, except under
+/// gVisor, where it can hang (see `shared::transport`'s keepalive).
+const HELD_ANSWER: Duration = Duration::from_secs(1);
+
+async fn answers(agent: &AgentClient) -> bool {
+    matches!(tokio::time::timeout(HELD_ANSWER, agent.refresh_info()).await, Ok(Ok(_)))
 }
 
 async fn connect(
