@@ -34,6 +34,7 @@ mod session;
 mod spec;
 mod start;
 mod thread;
+mod usage;
 
 use records::run_id_field;
 use replica::StopReason;

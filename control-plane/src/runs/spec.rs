@@ -42,6 +42,11 @@ pub struct RunSpec {
     pub prompt: String,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub prompt_truncated: bool,
+    /// The run's token budget, the run's and its definition's limits
+    /// merged at the start (a successor goes by this, not by a definition
+    /// changed since).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<super::usage::RunBudget>,
 }
 
 /// Bytes of a prompt a run's record keeps: enough to recognize the run,

@@ -13,6 +13,7 @@ use super::ctx::DriveCtx;
 use super::ending::{Ending, ending_name};
 use super::retry::GaveUp;
 use crate::harness::session::Carry;
+use crate::runs::align::checkpoints;
 use crate::runs::{Runs, session};
 use crate::store::{self, RunError, RunFinish, RunStatus, Timestamp};
 
@@ -101,6 +102,11 @@ impl Runs {
                 return;
             }
         }
+        // However the run ended, its record carries what the broker metered.
+        let usage = match usage {
+            Some(usage) => Some(usage),
+            None => self.metered(ctx).await.map(|u| shared::chunk::usage_to_json(&u)),
+        };
         let session_id = ctx.session.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let finish = RunFinish { status, error, usage, finished_at: Timestamp::now(), session_id };
         let terminal_write = tracing::info_span!("store.finish", status = %status);
@@ -142,6 +148,18 @@ impl Runs {
             return;
         }
         self.drop_journal(ctx, &key).await;
+    }
+
+    /// The run's metered usage, `None` when no answer was metered: as the
+    /// pump left it, else (a drive that ended before its pump) from the
+    /// stored log.
+    async fn metered(&self, ctx: &DriveCtx) -> Option<shared::proto::v1::Usage> {
+        let known = *ctx.usage.lock().unwrap_or_else(|e| e.into_inner());
+        let tally = match known {
+            Some(tally) => tally,
+            None => checkpoints(self.inner.ctx.stores.events.clone(), ctx.key.clone()).await.ok()?.1,
+        };
+        tally.metered().then(|| tally.usage(None))
     }
 
     async fn sandbox_key(&self, ctx: &DriveCtx) -> Option<String> {
