@@ -1,5 +1,6 @@
 //! The model usage of each run, as its broker read it from the answers:
 //! one record per answer, appended to `<run_id>.usage` in the journal dir
+//! (deleted with the run's journal)
 //! (the agent's alone) before the answer's last bytes reach the client, so
 //! it outlives the agent and every driver, and is read by the control plane
 //! from a sequence number (`ReadUsage`). The run's totals, summed from its
@@ -15,9 +16,6 @@ use std::sync::Mutex;
 use serde::{Deserialize, Serialize};
 
 use super::usage::Usage;
-
-/// The file's suffix after the run id.
-pub const SUFFIX: &str = "usage";
 
 /// One answer's usage, as the file keeps it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -91,7 +89,7 @@ impl Ledger {
     }
 
     fn path(&self, run_id: &str) -> PathBuf {
-        self.dir.join(format!("{run_id}.{SUFFIX}"))
+        self.dir.join(format!("{run_id}.{}", shared::journal::USAGE_EXT))
     }
 
     /// `run_id`'s totals (read from its file the first time).
