@@ -87,9 +87,10 @@ pub enum Error {
     /// is stopped.
     #[error("the model upstream {upstream} has been unreachable for {} s: {error}", waited_ms / 1000)]
     ModelUnreachable { upstream: String, error: String, waited_ms: u64 },
-    /// The run's model usage reached its token budget; its broker refuses
-    /// further model requests, and the CLI is stopped.
-    #[error("the run's model usage reached its token budget ({limit} = {max}, {used} used)")]
+    /// The run's model usage reached its token budget (the run's, or the
+    /// tenant's daily one): its broker refuses further model requests, and
+    /// the CLI is stopped; or a run started past the tenant's.
+    #[error("the model token budget is used up ({limit} = {max}, {used} used)")]
     BudgetExceeded { limit: String, max: u64, used: u64 },
     /// No such request in the run (not recorded in its sandbox).
     #[error("run {run} has no request {request}")]

@@ -22,6 +22,7 @@ pub mod coalesce;
 pub mod quiet;
 
 mod attach;
+mod daily;
 mod drive;
 mod egress;
 mod error;

@@ -96,6 +96,9 @@ pub struct RunOptions {
     /// Runs not yet terminal one tenant may have; a start over it is
     /// refused with RESOURCE_EXHAUSTED.
     pub running_runs: Limit,
+    /// Model tokens the runs one tenant starts on one UTC day may use
+    /// (0: no limit).
+    pub tenant_daily_tokens: u64,
 }
 
 impl Default for RunOptions {
@@ -106,6 +109,7 @@ impl Default for RunOptions {
             takeover_retry: Duration::from_millis(500),
             quiet: quiet::QuietGate::default(),
             running_runs: Quotas::default().running_runs(),
+            tenant_daily_tokens: 0,
         }
     }
 }

@@ -152,6 +152,19 @@ impl Runs {
             )
             .into());
         }
+        // Past the tenant's daily budget a brokered run would end at its
+        // first answer: refused now.
+        let daily_max = self.inner.options.tenant_daily_tokens;
+        if daily_max > 0 && matches!(crate::egress::upstream_for(&input.definition, harness), Ok(Some(_))) {
+            let used = super::daily::tokens_today(cx.stores.runs.as_ref(), &tenant).await?;
+            if used >= daily_max {
+                return Err(Error::BudgetExceeded {
+                    limit: "tenant_daily_tokens".into(),
+                    max: daily_max,
+                    used,
+                });
+            }
+        }
         let mut notes = Vec::new();
         let mut unless_resumed = None;
         let build = |options: &HarnessOptions| {

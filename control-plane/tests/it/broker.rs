@@ -519,6 +519,57 @@ async fn a_budget_below_one_answer_ends_the_run_budget_exceeded() {
     assert_eq!(tokens(record.usage.as_ref()), usage_of(n), "{record:?}");
 }
 
+/// Issue 38: the operator's daily budget of a tenant, summed from the
+/// stored records of the runs it started today: a Claude Code run whose
+/// second answer reaches it ends BUDGET_EXCEEDED (`tenant_daily_tokens`),
+/// and the tenant's next brokered run is refused at its start.
+#[tokio::test]
+async fn the_tenants_daily_budget_ends_a_run_and_refuses_the_next() {
+    if !sandhold_tests::services::docker() || sandhold_tests::model::cli("claude").is_none() {
+        return;
+    }
+    ensure_debian_image();
+    let mut args = broker_server_args();
+    args.extend(["--tenant-daily-tokens".to_string(), "30".to_string()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let s = sandhold_tests::server::TenantServer::start_with_args("broker-daily", &[], &args).await;
+    let _cleanup = DockerCleanup { tenant: s.tenant.clone() };
+    let dir = TestDir::new("broker-daily-model");
+    let model = FakeModel::logging("tool", dir.path().join("model.log"));
+    let mut sandboxes = s.server.sandboxes(&s.token).await;
+    put_definition(&mut sandboxes, CLAUDE.definition("def", (CLAUDE.upstream)(model.port))).await;
+    let key = format!("sk-real-{}", s.nonce);
+    let mut runs = s.server.runs(&s.token).await;
+    let run_id = format!("d-{}", s.nonce);
+    let mut stream =
+        runs.start_run(CLAUDE.start_request(&run_id, "t", "def", &key)).await.unwrap().into_inner();
+    let mut seen = Seen::default();
+    read_until(&mut stream, &mut seen, |_| false)
+        .await
+        .unwrap_or_else(|e| panic!("{e:?}\n{}", s.server.log_text()));
+    let terminal = seen.terminal().expect("a terminal chunk");
+    assert_eq!(terminal.error_code, "BUDGET_EXCEEDED", "{:?}\n{}", seen.chunks, s.server.log_text());
+    let n = metered_answers(&seen);
+    let (input, output, read, write) = usage_of(n);
+    let exceeded = customs(&seen, "budget.exceeded");
+    assert_eq!(exceeded.len(), 1, "{:?}", seen.chunks);
+    assert_eq!(
+        (exceeded[0]["limit"].as_str(), exceeded[0]["max"].as_u64()),
+        (Some("tenant_daily_tokens"), Some(30))
+    );
+    assert_eq!(exceeded[0]["used"], input + output + read + write);
+    assert!(n >= 2, "one answer (27 tokens) stays within 30: {:?}", seen.chunks);
+    let record = wait_terminal(&mut runs, &run_id).await;
+    assert_eq!(tokens(record.usage.as_ref()), usage_of(n), "{record:?}");
+    // The tenant's day is spent: the next brokered run is refused.
+    let refused = runs
+        .start_run(CLAUDE.start_request(&format!("d2-{}", s.nonce), "t2", "def", &key))
+        .await
+        .expect_err("the tenant's daily budget is used up");
+    assert_eq!(refused.code(), tonic::Code::ResourceExhausted, "{refused:?}");
+    assert!(refused.message().contains("tenant_daily_tokens = 30"), "{refused:?}");
+}
+
 /// Issue 38: the run's totals come from its stored `model.usage` chunks,
 /// not from a driver's memory: the replica driving a Claude Code run is
 /// killed (SIGKILL) after the first answer was metered, while the second

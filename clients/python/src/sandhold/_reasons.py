@@ -175,7 +175,7 @@ class ModelUnreachable(SandholdError):
 
 
 class BudgetExceeded(SandholdError):
-    """A run's model usage reached its token budget (the run's, or its definition's `budget`): its broker refuses further model requests and the run ends. Metadata: `limit` (`max_tokens`, `max_input_tokens` or `max_output_tokens`), `max`, `used`."""
+    """A run's model usage reached its token budget (the run's, its definition's `budget`, or the operator's daily budget of the tenant): its broker refuses further model requests and the run ends; or a brokered run was started past the tenant's daily budget. Metadata: `limit` (`max_tokens`, `max_input_tokens`, `max_output_tokens` or `tenant_daily_tokens`), `max`, `used`."""
 
     reason = "BUDGET_EXCEEDED"
 

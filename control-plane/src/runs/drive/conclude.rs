@@ -14,6 +14,7 @@ use super::ending::{Ending, ending_name};
 use super::retry::GaveUp;
 use crate::harness::session::Carry;
 use crate::runs::align::checkpoints;
+use crate::runs::daily;
 use crate::runs::{Runs, session};
 use crate::store::{self, RunError, RunFinish, RunStatus, Timestamp};
 
@@ -102,10 +103,12 @@ impl Runs {
                 return;
             }
         }
-        // However the run ended, its record carries what the broker metered.
-        let usage = match usage {
-            Some(usage) => Some(usage),
-            None => self.metered(ctx).await.map(|u| shared::chunk::usage_to_json(&u)),
+        // However the run ended, its record carries what the broker metered
+        // (marked so, for the tenant's daily budget).
+        let usage = match (usage, self.metered(ctx).await) {
+            (Some(reported), Some(_)) => Some(daily::marked(reported)),
+            (None, Some(metered)) => Some(daily::marked(shared::chunk::usage_to_json(&metered))),
+            (usage, None) => usage,
         };
         let session_id = ctx.session.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let finish = RunFinish { status, error, usage, finished_at: Timestamp::now(), session_id };

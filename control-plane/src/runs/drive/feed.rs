@@ -17,8 +17,10 @@ use crate::harness::{Harness, Translator};
 use crate::provision::Masks;
 use crate::runs::Runs;
 use crate::runs::align::Aligner;
+use crate::runs::daily;
 use crate::runs::error::Error;
 use crate::runs::usage::{Tally, exceeded_chunk, usage_chunk};
+use crate::store::RunUpdate;
 
 /// Usage records read from the broker per call.
 const USAGE_PAGE: u32 = 500;
@@ -168,6 +170,7 @@ impl Runs {
         if !pump.metered {
             return Ok(());
         }
+        let mut fresh_records = false;
         loop {
             let request = agent::ReadUsageRequest {
                 run_id: ctx.key.run.to_string(),
@@ -196,12 +199,35 @@ impl Runs {
                     );
                 }
                 *ctx.usage.lock().unwrap_or_else(|e| e.into_inner()) = Some(pump.usage);
+                fresh_records = true;
             }
             if page < USAGE_PAGE as usize {
                 break;
             }
         }
-        let Some((limit, max, used)) = ctx.spec.budget.and_then(|b| b.reached(&pump.usage)) else {
+        let mut reached = ctx.spec.budget.and_then(|b| b.reached(&pump.usage));
+        if fresh_records {
+            // The record keeps the run's usage as it grows: the tenant's
+            // daily budget is summed from the records.
+            let usage = daily::marked(shared::chunk::usage_to_json(&pump.usage.usage(None)));
+            let update = RunUpdate { usage: Some(usage), ..Default::default() };
+            if let Err(e) = self.inner.ctx.stores.runs.update(&ctx.key, update).await {
+                debug!(run_id = %ctx.key.run, error = %e, "recording the run's usage on its record failed");
+            }
+        }
+        // Summed again after new records, and by a successor that finds the
+        // budget reached in the log but the run not ended.
+        if fresh_records || (pump.usage.exceeded && reached.is_none()) {
+            let max = self.inner.options.tenant_daily_tokens;
+            if reached.is_none() && max > 0 {
+                match daily::tokens_today(self.inner.ctx.stores.runs.as_ref(), &ctx.key.tenant).await {
+                    Ok(used) if used >= max => reached = Some(("tenant_daily_tokens", max, used)),
+                    Ok(_) => {}
+                    Err(e) => debug!(run_id = %ctx.key.run, error = %e, "summing the tenant's tokens failed"),
+                }
+            }
+        }
+        let Some((limit, max, used)) = reached else {
             return Ok(());
         };
         if !pump.usage.exceeded {
