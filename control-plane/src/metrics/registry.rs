@@ -252,6 +252,14 @@ mod tests {
         assert_eq!(moved("sandhold_sandbox_ensures_total{outcome=\"created\"}"), 0.0);
         assert_eq!(moved("sandhold_drives_active"), 1.0);
         assert_eq!(sample(&after, "sandhold_drives_active"), 0.0);
+        // Per tenant: a series appears with the tenant's first tokens.
+        m.model.metered("t1", 12, 7, 5, 3);
+        m.model.metered("t1", 12, 7, 0, 0);
+        let metered = m.encode();
+        assert_eq!(sample(&metered, "sandhold_model_tokens_total{tenant=\"t1\",kind=\"input\"}"), 24.0);
+        assert_eq!(sample(&metered, "sandhold_model_tokens_total{tenant=\"t1\",kind=\"output\"}"), 14.0);
+        assert_eq!(sample(&metered, "sandhold_model_tokens_total{tenant=\"t1\",kind=\"cache_read\"}"), 5.0);
+        assert!(!metered.contains("tenant=\"t2\""), "{metered}");
         let info = format!("sandhold_build_info{{version=\"{}\"}}", env!("CARGO_PKG_VERSION"));
         assert_eq!(sample(&after, &info), 1.0);
         assert!(after.ends_with("# EOF\n"), "{after}");

@@ -570,6 +570,40 @@ async fn the_tenants_daily_budget_ends_a_run_and_refuses_the_next() {
     assert!(refused.message().contains("tenant_daily_tokens = 30"), "{refused:?}");
 }
 
+/// Issue 38: `sandhold run --max-tokens N` is the run's budget: below one
+/// answer's usage the command says so and exits 1 with BUDGET_EXCEEDED.
+#[test]
+fn sandhold_run_max_tokens_ends_the_run_with_budget_exceeded() {
+    if sandhold_tests::model::cli("claude").is_none() {
+        return;
+    }
+    let dir = TestDir::new("broker-cli-budget");
+    let model = FakeModel::logging("tool", dir.path().join("model.log"));
+    let key = format!("sk-ant-real-{}", uuid::Uuid::new_v4().simple());
+    let out = sandhold_tests::cli::sandhold(&dir.path().join("data"))
+        .args([
+            "run",
+            "--local",
+            "--harness",
+            "claude-code",
+            "--secret",
+            "ANTHROPIC_API_KEY=ANTHROPIC_API_KEY",
+        ])
+        .args(["--max-tokens", "10", "--", "write hello.txt"])
+        .current_dir(dir.path())
+        .env("SANDHOLD_TOOLCHAIN_DIR", toolchains())
+        .env("SANDHOLD_MODEL_UPSTREAM", format!("http://127.0.0.1:{}", model.port))
+        .env("ANTHROPIC_API_KEY", &key)
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(1), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(stderr.contains("token budget reached: max_tokens = 10"), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(stderr.contains("BUDGET_EXCEEDED"), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(!messages(&model).is_empty());
+    assert!(messages(&model).iter().all(|r| !r["body"].to_string().contains("tool_result")));
+}
+
 /// Issue 38: the run's totals come from its stored `model.usage` chunks,
 /// not from a driver's memory: the replica driving a Claude Code run is
 /// killed (SIGKILL) after the first answer was metered, while the second
