@@ -145,7 +145,7 @@ async fn main() {
     let route = egress::upstream_for(&definition, control_plane::harness::Harness::ClaudeCode)
         .unwrap()
         .unwrap()
-        .route(&placeholder);
+        .route(&placeholder, "", None);
     let broker = egress::configure(&agent, &definition, vec![route]).await.expect("configuring the broker");
     let (events, mut seen) = tokio::sync::mpsc::unbounded_channel();
     let limits = egress::EgressLimits::new(

@@ -39,6 +39,16 @@ pub const CODEX_TODO_LIST: &str = "codex.todo_list";
 /// relative to stdout; never part of a replay.
 pub const RUN_STDERR: &str = "run.stderr";
 
+/// One model answer's usage, as the run's model broker read it: `{seq,
+/// api, model, input_tokens, output_tokens, cache_read_tokens,
+/// cache_write_tokens}`, `seq` its number in the run's usage records (where
+/// a successor resumes); `input_tokens` is the uncached input. Appended by
+/// the server as the broker records them; never part of a replay.
+pub const MODEL_USAGE: &str = "model.usage";
+/// The run's model usage reached its budget: `{limit, max, used}`. The
+/// broker refuses further model requests; the run ends BUDGET_EXCEEDED.
+pub const BUDGET_EXCEEDED: &str = "budget.exceeded";
+
 /// Every CUSTOM name the system emits (the server's and the translators'),
 /// besides each harness's `<harness>.session-id`. A new one belongs here.
 pub const SYSTEM_NAMES: &[&str] = &[
@@ -52,6 +62,8 @@ pub const SYSTEM_NAMES: &[&str] = &[
     ACP_PERMISSION,
     CODEX_TODO_LIST,
     RUN_STDERR,
+    MODEL_USAGE,
+    BUDGET_EXCEEDED,
 ];
 
 /// The CUSTOM name carrying `harness`'s resumable session id.
@@ -251,6 +263,14 @@ pub fn stderr_offset(chunk: &Chunk) -> Option<u64> {
         return None;
     }
     serde_json::from_str::<Value>(&chunk.value_json).ok()?.get("offset")?.as_u64()
+}
+
+/// The `seq` of a `model.usage` chunk; `None` for any other chunk.
+pub fn usage_seq(chunk: &Chunk) -> Option<u64> {
+    if chunk.r#type() != ChunkType::Custom || chunk.name != MODEL_USAGE {
+        return None;
+    }
+    serde_json::from_str::<Value>(&chunk.value_json).ok()?.get("seq")?.as_u64()
 }
 
 /// True for RUN_FINISHED and RUN_ERROR.

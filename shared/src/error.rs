@@ -58,10 +58,12 @@ pub enum ErrorCode {
     StorageFull,
     /// A run's model upstream stayed unreachable past its bound.
     ModelUnreachable,
+    /// A run's model usage reached its token budget; the run ends.
+    BudgetExceeded,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 28] = [
+    pub const ALL: [ErrorCode; 29] = [
         Self::InvalidArgument,
         Self::NotFound,
         Self::AlreadyExists,
@@ -90,6 +92,7 @@ impl ErrorCode {
         Self::JournalFull,
         Self::StorageFull,
         Self::ModelUnreachable,
+        Self::BudgetExceeded,
     ];
 
     /// The stable reason string carried in `ErrorInfo.reason`.
@@ -123,6 +126,7 @@ impl ErrorCode {
             Self::JournalFull => "JOURNAL_FULL",
             Self::StorageFull => "STORAGE_FULL",
             Self::ModelUnreachable => "MODEL_UNREACHABLE",
+            Self::BudgetExceeded => "BUDGET_EXCEEDED",
         }
     }
 
@@ -157,6 +161,7 @@ impl ErrorCode {
             Self::JournalFull => Code::ResourceExhausted,
             Self::StorageFull => Code::ResourceExhausted,
             Self::ModelUnreachable => Code::Unavailable,
+            Self::BudgetExceeded => Code::ResourceExhausted,
         }
     }
 

@@ -54,6 +54,8 @@ pub const SECRETS_EXT: &str = "secrets";
 pub const CAP_EXT: &str = "cap";
 /// Extension of the marker of a run stopped at its journal byte cap.
 pub const FULL_EXT: &str = "full";
+/// Extension of a run's model usage records (the egress broker's).
+pub const USAGE_EXT: &str = "usage";
 /// The names of every secret the agent was handed, in the journal dir (not
 /// a run's file: no run file name starts with `.secret-names`).
 pub const SANDBOX_SECRETS_FILE: &str = ".secret-names";
@@ -76,6 +78,7 @@ pub struct JournalPaths {
     pub secrets: PathBuf,
     pub cap: PathBuf,
     pub full: PathBuf,
+    pub usage: PathBuf,
 }
 
 impl JournalPaths {
@@ -90,12 +93,23 @@ impl JournalPaths {
             secrets: file(SECRETS_EXT),
             cap: file(CAP_EXT),
             full: file(FULL_EXT),
+            usage: file(USAGE_EXT),
         }
     }
 
     /// Every file a run may own, for deletion.
-    pub fn all(&self) -> [&Path; 8] {
-        [&self.ndjson, &self.err, &self.lock, &self.exit, &self.stdin, &self.secrets, &self.cap, &self.full]
+    pub fn all(&self) -> [&Path; 9] {
+        [
+            &self.ndjson,
+            &self.err,
+            &self.lock,
+            &self.exit,
+            &self.stdin,
+            &self.secrets,
+            &self.cap,
+            &self.full,
+            &self.usage,
+        ]
     }
 }
 

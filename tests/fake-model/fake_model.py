@@ -28,7 +28,14 @@ schema, so CLI upgrades that rename or reshape the tool keep working.
 Prints `PORT=<n>` on its first stdout line once it is listening. Every
 request is appended as one JSON line to --log when given (path, the auth
 headers it carried, body). While the file named by --stall-file exists,
-every POST waits before it is answered (a slow model).
+every POST waits before it is answered (a slow model); while the file named
+by --hold-tool-results exists, only requests that carry a tool's result
+wait (the second turn).
+
+Every answer reports its usage as the real APIs do, always the same
+numbers (USAGE): Anthropic's with cache reads and writes (in
+`message_start`, output in the cumulative `message_delta`), OpenAI's
+Responses with cached input, Gemini's `usageMetadata`.
 """
 
 import argparse
@@ -47,6 +54,11 @@ SHELL_TOOL_NAMES = ("bash", "shell", "exec_command", "local_shell", "container.e
 ARGS = None
 LOG_LOCK = threading.Lock()
 
+# What every answer reports: uncached input, output, cache reads, cache
+# writes (Anthropic's numbers; OpenAI and Gemini count the cached input
+# within their input).
+USAGE = {"input": 12, "output": 7, "cache_read": 5, "cache_write": 3}
+
 
 AUTH_HEADERS = ("x-api-key", "authorization", "x-goog-api-key")
 
@@ -59,12 +71,18 @@ def log_request(path, body, headers=None):
         f.write(json.dumps({"path": path, "auth": auth, "body": body}) + "\n")
 
 
-def stall():
-    """While --stall-file exists, hold every model answer back."""
-    if not ARGS.stall_file:
-        return
-    while os.path.exists(ARGS.stall_file):
+def stall(body=None):
+    """While --stall-file exists, hold every model answer back; while
+    --hold-tool-results exists, those answering a tool's result."""
+    while ARGS.stall_file and os.path.exists(ARGS.stall_file):
         time.sleep(0.1)
+    if ARGS.hold_tool_results and has_tool_result(body or {}):
+        while os.path.exists(ARGS.hold_tool_results):
+            time.sleep(0.1)
+
+
+def has_tool_result(body):
+    return anthropic_has_tool_result(body) or responses_has_tool_output(body) or gemini_has_function_response(body)
 
 
 def shell_args_for(schema):
@@ -146,7 +164,8 @@ def anthropic_turn(body):
 def anthropic_sse(handler, body):
     blocks, stop = anthropic_turn(body)
     model = body.get("model", "fake-model")
-    usage_in = {"input_tokens": 12, "output_tokens": 0, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+    usage_in = {"input_tokens": USAGE["input"], "output_tokens": 1,
+                "cache_creation_input_tokens": USAGE["cache_write"], "cache_read_input_tokens": USAGE["cache_read"]}
     events = [("message_start", {"type": "message_start", "message": {
         "id": "msg_fake", "type": "message", "role": "assistant", "model": model, "content": [],
         "stop_reason": None, "stop_sequence": None, "usage": usage_in}})]
@@ -163,7 +182,7 @@ def anthropic_sse(handler, body):
                 "type": "input_json_delta", "partial_json": json.dumps(block["input"])}}))
         events.append(("content_block_stop", {"type": "content_block_stop", "index": i}))
     events.append(("message_delta", {"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": None},
-                                     "usage": {"output_tokens": 7}}))
+                                     "usage": {"output_tokens": USAGE["output"]}}))
     events.append(("message_stop", {"type": "message_stop"}))
     handler.send_response(200)
     handler.send_header("content-type", "text/event-stream")
@@ -178,7 +197,10 @@ def anthropic_json(handler, body):
     blocks, stop = anthropic_turn(body)
     send_json(handler, 200, {"id": "msg_fake", "type": "message", "role": "assistant",
                              "model": body.get("model", "fake-model"), "content": blocks, "stop_reason": stop,
-                             "stop_sequence": None, "usage": {"input_tokens": 12, "output_tokens": 7}})
+                             "stop_sequence": None, "usage": {
+                                 "input_tokens": USAGE["input"], "output_tokens": USAGE["output"],
+                                 "cache_creation_input_tokens": USAGE["cache_write"],
+                                 "cache_read_input_tokens": USAGE["cache_read"]}})
 
 
 # ----------------------------------------------------------------- OpenAI Responses
@@ -244,8 +266,10 @@ def responses_sse(handler, body):
         event({"type": "response.output_item.done", "output_index": 0, "item": item})
         output = [item]
     done = dict(response, status="completed", output=output,
-                usage={"input_tokens": 12, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": 7,
-                       "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 19})
+                usage={"input_tokens": USAGE["input"] + USAGE["cache_read"],
+                       "input_tokens_details": {"cached_tokens": USAGE["cache_read"]}, "output_tokens": USAGE["output"],
+                       "output_tokens_details": {"reasoning_tokens": 0},
+                       "total_tokens": USAGE["input"] + USAGE["cache_read"] + USAGE["output"]})
     event({"type": "response.completed", "response": done})
 
 
@@ -276,7 +300,10 @@ def gemini_response(body):
     else:
         parts = [{"text": FINAL_TEXT if gemini_has_function_response(body) else PLAIN_TEXT}]
     return {"candidates": [{"content": {"role": "model", "parts": parts}, "finishReason": "STOP", "index": 0}],
-            "usageMetadata": {"promptTokenCount": 12, "candidatesTokenCount": 7, "totalTokenCount": 19},
+            "usageMetadata": {"promptTokenCount": USAGE["input"] + USAGE["cache_read"],
+                              "cachedContentTokenCount": USAGE["cache_read"],
+                              "candidatesTokenCount": USAGE["output"],
+                              "totalTokenCount": USAGE["input"] + USAGE["cache_read"] + USAGE["output"]},
             "modelVersion": "fake-model", "responseId": "resp_fake"}
 
 
@@ -330,7 +357,7 @@ class Handler(BaseHTTPRequestHandler):
             return
         path = self.path.split("?")[0]
         log_request(path, body, self.headers)
-        stall()
+        stall(body)
         # Streaming responses end with the connection.
         if path.endswith("/messages/count_tokens"):
             send_json(self, 200, {"input_tokens": 12})
@@ -362,6 +389,7 @@ def main():
     p.add_argument("--log")
     p.add_argument("--verbose", action="store_true")
     p.add_argument("--stall-file", help="while this file exists, model answers wait")
+    p.add_argument("--hold-tool-results", help="while this file exists, answers to a tool's result wait")
     ARGS = p.parse_args()
     server = ThreadingHTTPServer(("127.0.0.1", ARGS.port), Handler)
     print(f"PORT={server.server_address[1]}", flush=True)

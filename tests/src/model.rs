@@ -42,23 +42,38 @@ pub struct FakeModel {
     pub stall_file: Option<PathBuf>,
 }
 
+/// What each of the fake model's answers reports (Anthropic's shape:
+/// uncached input, output, cache reads, cache writes).
+pub const ANSWER_USAGE: (u64, u64, u64, u64) = (12, 7, 5, 3);
+
 impl FakeModel {
     pub fn start(scenario: &str) -> Self {
-        Self::spawn(scenario, None, None)
+        Self::spawn(scenario, None, None, None)
     }
 
     /// As [`FakeModel::start`], appending every request to `log`.
     pub fn logging(scenario: &str, log: PathBuf) -> Self {
-        Self::spawn(scenario, Some(log), None)
+        Self::spawn(scenario, Some(log), None, None)
     }
 
     /// As [`FakeModel::logging`]; its answers wait while `stall_file`
     /// exists (create it to stall, remove it to go on).
     pub fn stalling(scenario: &str, log: PathBuf, stall_file: PathBuf) -> Self {
-        Self::spawn(scenario, Some(log), Some(stall_file))
+        Self::spawn(scenario, Some(log), Some(stall_file), None)
     }
 
-    fn spawn(scenario: &str, log: Option<PathBuf>, stall_file: Option<PathBuf>) -> Self {
+    /// As [`FakeModel::logging`]; only its answers to a tool's result (the
+    /// second turn) wait, while `hold` exists.
+    pub fn holding_tool_results(scenario: &str, log: PathBuf, hold: PathBuf) -> Self {
+        Self::spawn(scenario, Some(log), None, Some(hold))
+    }
+
+    fn spawn(
+        scenario: &str,
+        log: Option<PathBuf>,
+        stall_file: Option<PathBuf>,
+        hold: Option<PathBuf>,
+    ) -> Self {
         let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fake-model/fake_model.py");
         let mut cmd = Command::new("python3");
         cmd.arg(script).args(["--scenario", scenario, "--port", "0"]);
@@ -67,6 +82,9 @@ impl FakeModel {
         }
         if let Some(stall) = &stall_file {
             cmd.arg("--stall-file").arg(stall);
+        }
+        if let Some(hold) = &hold {
+            cmd.arg("--hold-tool-results").arg(hold);
         }
         let mut child =
             cmd.stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().expect("python3 runs the fake model");

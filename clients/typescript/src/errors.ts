@@ -35,6 +35,7 @@ export const ERROR_REASONS = [
   "JOURNAL_FULL",
   "STORAGE_FULL",
   "MODEL_UNREACHABLE",
+  "BUDGET_EXCEEDED",
 ] as const;
 
 /** A stable error reason of the Sandhold API. */

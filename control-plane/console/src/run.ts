@@ -161,6 +161,7 @@ const FAILURES: Record<string, string> = {
   error_during_execution: "The agent failed while working",
   turn_failed: "The agent's turn failed",
   MODEL_UNREACHABLE: "The model could not be reached",
+  BUDGET_EXCEEDED: "Its token budget was used up",
   UNAVAILABLE: "The sandbox could not be reached",
   DEADLINE_EXCEEDED: "Timed out",
   JOURNAL_FULL: "Its output outgrew the journal",

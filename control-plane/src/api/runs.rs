@@ -140,6 +140,7 @@ impl RunService for RunApi {
                 .transpose()
                 .map_err(runs::Error::from)?,
             client_tools: req.client_tools,
+            budget: req.budget,
         };
         Ok(Response::new(to_status_stream(self.runs.start(start).await?)))
     }

@@ -247,6 +247,7 @@ impl FromFlags {
                 destroy_on_complete: self.destroy_on_complete,
                 ..Default::default()
             }),
+            budget: None,
             env: Default::default(),
             secret_names: self.secret_names.clone(),
             max_journal_bytes: None,

@@ -165,6 +165,13 @@ impl Renderer {
             "sandbox.file" => self.note(&format!("  {} {}", s("type"), s("path")), true),
             "file.changed" => self.note(&format!("  changed {}", s("path")), true),
             "harness.warning" => self.note(&format!("warning: {}", s("message")), false),
+            chunk::BUDGET_EXCEEDED => {
+                let n = |k: &str| value.get(k).and_then(Value::as_u64).unwrap_or(0);
+                self.note(
+                    &format!("token budget reached: {} = {} ({} used)", s("limit"), n("max"), n("used")),
+                    false,
+                );
+            }
             "model.unavailable" => self.note(
                 &format!("model unavailable: {}: {} (the CLI retries)", s("upstream"), s("error")),
                 false,

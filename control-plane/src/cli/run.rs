@@ -172,6 +172,24 @@ pub struct RunArgs {
     #[arg(long = "allow-host", value_name = "HOST[:PORT]")]
     pub allow_hosts: Vec<String>,
 
+    /// The run's token budget: input and output tokens together (cache
+    /// reads and writes count as input), as the model broker reads them
+    /// from the model's answers. Once reached, the broker refuses further
+    /// model requests and the run ends with BUDGET_EXCEEDED. Takes the
+    /// place of the definition's `[budget] max_tokens`. Needs brokered model
+    /// access (--secret with the harness's key).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_tokens: Option<u64>,
+
+    /// As --max-tokens, for input tokens only (cache reads and writes
+    /// included).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_input_tokens: Option<u64>,
+
+    /// As --max-tokens, for output tokens only.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_output_tokens: Option<u64>,
+
     /// What the harness may do without asking when no rule matches
     /// (the policy: see docs/requests.md). With `ask`, a terminal shows each
     /// request as a prompt; `sandhold respond` answers from anywhere.
@@ -383,8 +401,20 @@ fn prepare(args: &RunArgs) -> anyhow::Result<Prepared> {
         new_session: args.new_session,
         policy: run_policy(args)?.map(|p| crate::sandbox::policy_to_api(&p)),
         client_tools: Vec::new(),
+        budget: run_budget(args),
     };
     Ok(Prepared { definition, request })
+}
+
+/// The run's budget from `--max-tokens` and its one-sided forms; `None`
+/// when none is given.
+fn run_budget(args: &RunArgs) -> Option<api::Budget> {
+    let budget = api::Budget {
+        max_tokens: args.max_tokens.unwrap_or(0),
+        max_input_tokens: args.max_input_tokens.unwrap_or(0),
+        max_output_tokens: args.max_output_tokens.unwrap_or(0),
+    };
+    (budget != api::Budget::default()).then_some(budget)
 }
 
 /// The run's policy from `--policy FILE`, `--policy-default` and the rule

@@ -183,6 +183,14 @@ pub struct ConfigLayer {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_running_runs_per_tenant: Option<u32>,
 
+    /// Model tokens the runs one tenant starts on one UTC day may use, as
+    /// the model broker meters them (input, cache reads and writes, and
+    /// output); a run that reaches it ends with BUDGET_EXCEEDED, and a
+    /// brokered run started past it is refused; 0: no limit [default: 0].
+    #[arg(long, env = "SANDHOLD_TENANT_DAILY_TOKENS", value_name = "N")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tenant_daily_tokens: Option<u64>,
+
     /// Bytes of one file a portable snapshot captures; a save with a larger
     /// file is refused with SNAPSHOT_TOO_LARGE; a definition may set a
     /// lower maximum; 0: no maximum [default: 536870912 (512 MiB)].

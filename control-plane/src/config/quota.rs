@@ -22,6 +22,11 @@ pub struct Quotas {
     pub max_sandboxes_per_tenant: u32,
     /// Non-terminal runs of one tenant; `0`: no limit.
     pub max_running_runs_per_tenant: u32,
+    /// Model tokens (input, cache reads and writes, output) the runs of one
+    /// tenant started on one UTC day may use, as their brokers metered
+    /// them; `0` (the default): no limit.
+    #[serde(default)]
+    pub tenant_daily_tokens: u64,
 }
 
 impl Default for Quotas {
@@ -29,6 +34,7 @@ impl Default for Quotas {
         Self {
             max_sandboxes_per_tenant: DEFAULT_MAX_SANDBOXES_PER_TENANT,
             max_running_runs_per_tenant: DEFAULT_MAX_RUNNING_RUNS_PER_TENANT,
+            tenant_daily_tokens: 0,
         }
     }
 }

@@ -118,8 +118,14 @@ impl Upstream {
         format!("{}://{}:{}{}", self.scheme, self.host, self.port, self.path)
     }
 
-    /// The agent's route for a run with `placeholder`.
-    pub fn route(&self, placeholder: &str) -> agent::EgressRoute {
+    /// The agent's route for run `run_id` with `placeholder`: its answers
+    /// metered under the run, refused past `budget`.
+    pub fn route(
+        &self,
+        placeholder: &str,
+        run_id: &str,
+        budget: Option<agent::RouteBudget>,
+    ) -> agent::EgressRoute {
         agent::EgressRoute {
             placeholder: placeholder.to_string(),
             scheme: self.scheme.clone(),
@@ -127,6 +133,8 @@ impl Upstream {
             port: u32::from(self.port),
             secret_name: self.key_secret.clone(),
             label: self.harness.name().to_string(),
+            run_id: run_id.to_string(),
+            budget,
         }
     }
 }

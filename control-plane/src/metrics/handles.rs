@@ -11,8 +11,25 @@ use prometheus_client::metrics::histogram::Histogram;
 use shared::proto::v1::EnsureOutcome;
 
 use super::labels::{
-    FencedWrite, OutcomeLabel, StatusLabel, SweepOutcome, TERMINAL_STATUSES, UNFINISHED_STATUSES, WriteLabel,
+    FencedWrite, OutcomeLabel, StatusLabel, SweepOutcome, TERMINAL_STATUSES, TenantTokensLabel,
+    UNFINISHED_STATUSES, WriteLabel,
 };
+
+/// Model tokens the runs' brokers metered, per tenant.
+pub struct ModelMetrics {
+    pub(super) tokens: Family<TenantTokensLabel, Counter>,
+}
+
+impl ModelMetrics {
+    /// One model answer's tokens, as its `model.usage` chunk was appended.
+    pub fn metered(&self, tenant: &str, input: u64, output: u64, cache_read: u64, cache_write: u64) {
+        for (kind, n) in
+            [("input", input), ("output", output), ("cache_read", cache_read), ("cache_write", cache_write)]
+        {
+            self.tokens.get_or_create(&TenantTokensLabel { tenant: tenant.to_string(), kind }).inc_by(n);
+        }
+    }
+}
 
 /// Run counters and the sampled run gauge.
 pub struct RunMetrics {

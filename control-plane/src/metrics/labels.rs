@@ -117,6 +117,14 @@ pub(super) struct WriteLabel {
     pub(super) write: &'static str,
 }
 
+/// A tenant (one of the operator's, never a caller's choice: the series
+/// set stays as small as the tenant list) and a kind of model token.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct TenantTokensLabel {
+    pub(super) tenant: String,
+    pub(super) kind: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(super) struct VersionLabel {
     pub(super) version: &'static str,

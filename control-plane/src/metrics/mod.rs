@@ -10,10 +10,10 @@ mod registry;
 
 pub use endpoint::{MetricsEndpoint, Sampler, serve as serve_endpoint};
 pub use handles::{
-    ActiveDrive, DriveMetrics, EventLogMetrics, FencingMetrics, JournalMetrics, RunMetrics, SandboxMetrics,
-    SweepMetrics,
+    ActiveDrive, DriveMetrics, EventLogMetrics, FencingMetrics, JournalMetrics, ModelMetrics, RunMetrics,
+    SandboxMetrics, SweepMetrics,
 };
 pub use labels::{FencedWrite, SweepOutcome, TERMINAL_STATUSES, UNFINISHED_STATUSES};
 pub use registry::{
-    Metrics, drives, event_log, fencing, journal, registry, runs, sample, sandboxes, sweeps, takeovers,
+    Metrics, drives, event_log, fencing, journal, model, registry, runs, sample, sandboxes, sweeps, takeovers,
 };

@@ -3,8 +3,9 @@
 //!
 //! One process-wide registry ([`registry()`]) with typed handles, so any
 //! component records without threading a handle through its constructor.
-//! Every name starts with `sandhold_`; no label carries a tenant, a run id or
-//! anything else a caller chose, so the series set is small and fixed.
+//! Every name starts with `sandhold_`; no label carries a run id or anything
+//! else a caller chose (a tenant is the operator's: one of its configured
+//! tenants), so the series set is small.
 //!
 //! | metric | type | labels | recorded by |
 //! |---|---|---|---|
@@ -18,6 +19,7 @@
 //! | `sandhold_event_log_append_seconds` | histogram | | the store's `LogWriter::append`: one observation per batch, refused ones included |
 //! | `sandhold_sweep_outcomes_total` | counter | `outcome` | the reaper, per run or journal it handled: [`sweeps()`]`.outcome(outcome)` |
 //! | `sandhold_sandbox_ensures_total` | counter | `outcome` = created, resumed, snapshot_restored, failed | the sandbox lifecycle's `ensure` |
+//! | `sandhold_model_tokens_total` | counter | `tenant`, `kind` = input, output, cache_read, cache_write | the run pump, per `model.usage` chunk it appends: [`model()`]`.metered(..)` |
 //! | `sandhold_build_info` | gauge (1) | `version` | at start |
 //!
 //! The exposition format is OpenMetrics text (Prometheus scrapes it as is).
@@ -31,7 +33,8 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
 
 use super::handles::{
-    DriveMetrics, EventLogMetrics, FencingMetrics, JournalMetrics, RunMetrics, SandboxMetrics, SweepMetrics,
+    DriveMetrics, EventLogMetrics, FencingMetrics, JournalMetrics, ModelMetrics, RunMetrics, SandboxMetrics,
+    SweepMetrics,
 };
 use super::labels::{
     FencedWrite, OutcomeLabel, StatusLabel, SweepOutcome, TERMINAL_STATUSES, UNFINISHED_STATUSES,
@@ -49,6 +52,7 @@ pub struct Metrics {
     event_log: EventLogMetrics,
     sweeps: SweepMetrics,
     sandboxes: SandboxMetrics,
+    model: ModelMetrics,
 }
 
 impl Metrics {
@@ -101,6 +105,12 @@ impl Metrics {
         registry.register("sweep_outcomes", "Items the reaper handled, by outcome", sweeps.outcomes.clone());
         let sandboxes = SandboxMetrics { ensures: Family::default() };
         registry.register("sandbox_ensures", "EnsureSandbox calls by outcome", sandboxes.ensures.clone());
+        let model = ModelMetrics { tokens: Family::default() };
+        registry.register(
+            "model_tokens",
+            "Model tokens the runs' brokers metered, by tenant and kind",
+            model.tokens.clone(),
+        );
         let build_info = Family::<VersionLabel, Gauge>::default();
         build_info.get_or_create(&VersionLabel { version: env!("CARGO_PKG_VERSION") }).set(1);
         registry.register("build_info", "The running sandhold's version", build_info);
@@ -123,7 +133,7 @@ impl Metrics {
             let _ = sandboxes.ensures.get_or_create(&OutcomeLabel { outcome });
         }
 
-        Self { registry, runs, drives, takeovers, fencing, journal, event_log, sweeps, sandboxes }
+        Self { registry, runs, drives, takeovers, fencing, journal, event_log, sweeps, sandboxes, model }
     }
 
     /// The OpenMetrics text exposition of every metric.
@@ -184,6 +194,10 @@ pub fn sandboxes() -> &'static SandboxMetrics {
     &METRICS.sandboxes
 }
 
+pub fn model() -> &'static ModelMetrics {
+    &METRICS.model
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
@@ -238,6 +252,14 @@ mod tests {
         assert_eq!(moved("sandhold_sandbox_ensures_total{outcome=\"created\"}"), 0.0);
         assert_eq!(moved("sandhold_drives_active"), 1.0);
         assert_eq!(sample(&after, "sandhold_drives_active"), 0.0);
+        // Per tenant: a series appears with the tenant's first tokens.
+        m.model.metered("t1", 12, 7, 5, 3);
+        m.model.metered("t1", 12, 7, 0, 0);
+        let metered = m.encode();
+        assert_eq!(sample(&metered, "sandhold_model_tokens_total{tenant=\"t1\",kind=\"input\"}"), 24.0);
+        assert_eq!(sample(&metered, "sandhold_model_tokens_total{tenant=\"t1\",kind=\"output\"}"), 14.0);
+        assert_eq!(sample(&metered, "sandhold_model_tokens_total{tenant=\"t1\",kind=\"cache_read\"}"), 5.0);
+        assert!(!metered.contains("tenant=\"t2\""), "{metered}");
         let info = format!("sandhold_build_info{{version=\"{}\"}}", env!("CARGO_PKG_VERSION"));
         assert_eq!(sample(&after, &info), 1.0);
         assert!(after.ends_with("# EOF\n"), "{after}");

@@ -14,20 +14,23 @@
 //! The command's stderr (`run.stderr`) is not replayed either: its lines sit
 //! in the log wherever they arrived, in any number, and a successor follows
 //! the stderr sidecar from the offset the last stored one ends at
-//! ([`stderr_checkpoint`]), so the aligner skips them all.
+//! ([`checkpoints`]), so the aligner skips them all. So with the model
+//! broker's usage records (`model.usage`): a successor reads them after the
+//! last stored `seq`.
 
 use std::sync::Arc;
 
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use shared::chunk::{
-    FILE_CHANGED, HARNESS_WARNING, MODEL_UNAVAILABLE, RUN_ACCEPTED, SANDBOX_FILE, SANDBOX_NETWORK,
-    fingerprint, fingerprint_hex, stderr_offset,
+    BUDGET_EXCEEDED, FILE_CHANGED, HARNESS_WARNING, MODEL_UNAVAILABLE, RUN_ACCEPTED, SANDBOX_FILE,
+    SANDBOX_NETWORK, fingerprint, fingerprint_hex, stderr_offset, usage_seq,
 };
 use shared::proto::v1::{Chunk, ChunkType};
 
 use super::Error;
 use super::log::decode_chunk;
+use super::usage::Tally;
 use crate::store::{EventLog, Offset, RunKey};
 
 /// Out-of-band chunks the stored log may skip in a row. Writers keep runs of
@@ -45,22 +48,33 @@ pub fn is_out_of_band(chunk: &Chunk) -> bool {
                 | MODEL_UNAVAILABLE
                 | FILE_CHANGED
                 | HARNESS_WARNING
+                | BUDGET_EXCEEDED
         )
 }
 
-/// Where the run's stderr sidecar was delivered up to: the offset the last
-/// stored `run.stderr` chunk ends at, 0 when there is none. Appends are
-/// fenced, so no earlier driver adds one after the caller's claim: following
-/// the sidecar from here delivers each stderr line exactly once.
-pub async fn stderr_checkpoint(events: Arc<dyn EventLog>, run: RunKey) -> Result<u64, Error> {
+/// Whether the aligner skips `stored` whatever the number in a row:
+/// `run.stderr` and `model.usage`, delivered from their own checkpoints.
+fn is_sidecar(stored: &Chunk) -> bool {
+    stderr_offset(stored).is_some() || usage_seq(stored).is_some()
+}
+
+/// Where the run's stderr sidecar was delivered up to (the offset the last
+/// stored `run.stderr` chunk ends at, 0 when there is none), and its model
+/// usage (the stored `model.usage` chunks summed, the last `seq`). Appends
+/// are fenced, so no earlier driver adds one after the caller's claim:
+/// reading on from here delivers each stderr line and usage record exactly
+/// once.
+pub async fn checkpoints(events: Arc<dyn EventLog>, run: RunKey) -> Result<(u64, Tally), Error> {
     let mut stored = crate::store::stored_after(events, run, Offset::start());
-    let mut offset = 0;
+    let (mut offset, mut tally) = (0, Tally::default());
     while let Some(chunk) = stored.next().await {
-        if let Some(end) = stderr_offset(&decode_chunk(&chunk.map_err(Error::Store)?)?) {
+        let chunk = decode_chunk(&chunk.map_err(Error::Store)?)?;
+        if let Some(end) = stderr_offset(&chunk) {
             offset = offset.max(end);
         }
+        tally.observe(&chunk);
     }
-    Ok(offset)
+    Ok((offset, tally))
 }
 
 /// The stored log, in order, as the aligner reads it.
@@ -128,7 +142,7 @@ impl Aligner {
                 self.pop().await?;
                 return Ok(false);
             }
-            if stderr_offset(stored).is_some() {
+            if is_sidecar(stored) {
                 self.pop().await?;
                 continue;
             }
@@ -145,7 +159,7 @@ impl Aligner {
     /// longer than the replay (apart from out-of-band chunks) diverged too.
     pub async fn finish(&mut self) -> Result<(), Error> {
         while let Some((index, stored)) = &self.next {
-            if is_out_of_band(stored) || stderr_offset(stored).is_some() {
+            if is_out_of_band(stored) || is_sidecar(stored) {
                 self.pop().await?;
                 continue;
             }

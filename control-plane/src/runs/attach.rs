@@ -179,6 +179,7 @@ impl Runs {
             lease,
             session: Default::default(),
             definition: Default::default(),
+            usage: Default::default(),
         };
         let epoch = record.driver_epoch;
         Ok(Takeover::Driving { drive: self.inner.drives.spawn(self.clone().drive(ctx, None)), epoch })

@@ -13,6 +13,7 @@ use shared::chunk::ChunkFactory;
 use shared::proto::v1::{Chunk, SandboxDefinition};
 
 use super::Error;
+use super::usage::RunBudget;
 use crate::agent::AgentClient;
 use crate::egress::{self, Connection, LOOPBACK, Plan, Purpose, Upstream};
 use crate::harness::{CommandSpec, Harness};
@@ -63,16 +64,18 @@ impl RunEgress {
 
 /// Configure the sandbox's listener with this run's route and point
 /// `command` at it: the broker's URL and a placeholder key for the CLI,
-/// the proxy's variables when the definition allows hosts.
+/// the proxy's variables when the definition allows hosts. The route
+/// meters the run's answers, and refuses requests past `budget`.
 pub(super) async fn point(
     egress: &RunEgress,
     definition: &SandboxDefinition,
-    harness: Harness,
+    (harness, run_id, budget): (Harness, &str, Option<RunBudget>),
     agent: &AgentClient,
     command: &mut CommandSpec,
 ) -> Result<(), Error> {
     let placeholder = egress::placeholder();
-    let routes = egress.upstream.iter().map(|u| u.route(&placeholder)).collect();
+    let budget = budget.map(|b| b.route());
+    let routes = egress.upstream.iter().map(|u| u.route(&placeholder, run_id, budget)).collect();
     let port = egress::configure(agent, definition, routes).await.map_err(Error::StartRefused)?;
     if let Some(upstream) = &egress.upstream {
         let base = format!("http://{LOOPBACK}:{port}{}", upstream.path);

@@ -87,6 +87,11 @@ pub enum Error {
     /// is stopped.
     #[error("the model upstream {upstream} has been unreachable for {} s: {error}", waited_ms / 1000)]
     ModelUnreachable { upstream: String, error: String, waited_ms: u64 },
+    /// The run's model usage reached its token budget (the run's, or the
+    /// tenant's daily one): its broker refuses further model requests, and
+    /// the CLI is stopped; or a run started past the tenant's.
+    #[error("the model token budget is used up ({limit} = {max}, {used} used)")]
+    BudgetExceeded { limit: String, max: u64, used: u64 },
     /// No such request in the run (not recorded in its sandbox).
     #[error("run {run} has no request {request}")]
     RequestNotFound { run: RunId, request: String },
@@ -130,7 +135,10 @@ impl Error {
         // frees room for the run's end to be recorded.
         matches!(
             self,
-            Self::LineTooLong(_) | Self::ModelUnreachable { .. } | Self::Store(store::Error::StorageFull(_))
+            Self::LineTooLong(_)
+                | Self::ModelUnreachable { .. }
+                | Self::BudgetExceeded { .. }
+                | Self::Store(store::Error::StorageFull(_))
         )
     }
 
@@ -181,6 +189,10 @@ impl From<Error> for WireError {
             Error::ModelUnreachable { upstream, .. } => {
                 WireError::new(ErrorCode::ModelUnreachable, message).with_meta("upstream", upstream)
             }
+            Error::BudgetExceeded { limit, max, used } => WireError::new(ErrorCode::BudgetExceeded, message)
+                .with_meta("limit", limit)
+                .with_meta("max", max.to_string())
+                .with_meta("used", used.to_string()),
             Error::Provision(e) => e.into(),
             Error::Store(e) => e.into(),
             Error::Lease(e) => e.into(),

@@ -22,6 +22,7 @@ pub mod coalesce;
 pub mod quiet;
 
 mod attach;
+mod daily;
 mod drive;
 mod egress;
 mod error;
@@ -34,6 +35,7 @@ mod session;
 mod spec;
 mod start;
 mod thread;
+mod usage;
 
 use records::run_id_field;
 use replica::StopReason;

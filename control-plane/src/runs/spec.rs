@@ -42,6 +42,11 @@ pub struct RunSpec {
     pub prompt: String,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub prompt_truncated: bool,
+    /// The run's token budget, the run's and its definition's limits
+    /// merged at the start (a successor goes by this, not by a definition
+    /// changed since).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<super::usage::RunBudget>,
 }
 
 /// Bytes of a prompt a run's record keeps: enough to recognize the run,
@@ -91,6 +96,9 @@ pub struct RunOptions {
     /// Runs not yet terminal one tenant may have; a start over it is
     /// refused with RESOURCE_EXHAUSTED.
     pub running_runs: Limit,
+    /// Model tokens the runs one tenant starts on one UTC day may use
+    /// (0: no limit).
+    pub tenant_daily_tokens: u64,
 }
 
 impl Default for RunOptions {
@@ -101,6 +109,7 @@ impl Default for RunOptions {
             takeover_retry: Duration::from_millis(500),
             quiet: quiet::QuietGate::default(),
             running_runs: Quotas::default().running_runs(),
+            tenant_daily_tokens: 0,
         }
     }
 }

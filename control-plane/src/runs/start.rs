@@ -13,6 +13,7 @@ use tracing::info;
 
 use super::drive::{DriveCtx, FreshStart, Interrupts, Unresumed};
 use super::log::encode_chunk;
+use super::usage::RunBudget;
 use super::{Error, RunEvents, RunSpec, Runs};
 use crate::harness::{Harness, HarnessOptions};
 use crate::provision::{InvalidField, Progress};
@@ -42,6 +43,8 @@ pub struct StartRun {
     pub policy: Option<shared::policy::Policy>,
     /// Tools the client runs itself (checked by [`Runs::start`]).
     pub client_tools: Vec<shared::proto::v1::ClientTool>,
+    /// The run's token budget (each limit set takes the definition's place).
+    pub budget: Option<shared::proto::v1::Budget>,
 }
 
 impl Runs {
@@ -129,6 +132,39 @@ impl Runs {
             None => outer,
         };
         options.client_tools = super::requests::client_tools(req.client_tools)?;
+        let budget = RunBudget::of(req.budget.as_ref(), input.definition.budget.as_ref());
+        // The broker counts the tokens: without it a budget would be
+        // accepted and never enforced.
+        if budget.is_some() && !matches!(crate::egress::upstream_for(&input.definition, harness), Ok(Some(_)))
+        {
+            let field = if req.budget.is_some_and(|b| b != Default::default()) {
+                "budget"
+            } else {
+                "definition.budget"
+            };
+            return Err(InvalidField::new(
+                field,
+                format!(
+                    "a token budget is counted by the model broker: definition {definition_id} gives the {} harness \
+                     no model_access",
+                    harness.name()
+                ),
+            )
+            .into());
+        }
+        // Past the tenant's daily budget a brokered run would end at its
+        // first answer: refused now.
+        let daily_max = self.inner.options.tenant_daily_tokens;
+        if daily_max > 0 && matches!(crate::egress::upstream_for(&input.definition, harness), Ok(Some(_))) {
+            let used = super::daily::tokens_today(cx.stores.runs.as_ref(), &tenant).await?;
+            if used >= daily_max {
+                return Err(Error::BudgetExceeded {
+                    limit: "tenant_daily_tokens".into(),
+                    max: daily_max,
+                    used,
+                });
+            }
+        }
         let mut notes = Vec::new();
         let mut unless_resumed = None;
         let build = |options: &HarnessOptions| {
@@ -175,6 +211,7 @@ impl Runs {
             command: options.command.iter().map(|arg| masks.mask(arg)).collect(),
             prompt,
             prompt_truncated,
+            budget,
         };
         // The lease first: from the record's creation on, an attach on
         // another replica must see the run as driven.
@@ -252,6 +289,7 @@ impl Runs {
             spec,
             session: Default::default(),
             definition: Default::default(),
+            usage: Default::default(),
         };
         info!(run_id = %run, harness = harness.name(), durable = ctx.spec.durable, "run accepted");
         crate::metrics::runs().started();

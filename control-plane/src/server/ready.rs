@@ -183,6 +183,7 @@ impl Readiness {
             RunOptions {
                 quiet: config.takeover_quiet,
                 running_runs: config.quotas.running_runs(),
+                tenant_daily_tokens: config.quotas.tenant_daily_tokens,
                 ..Default::default()
             },
         );

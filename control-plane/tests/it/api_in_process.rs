@@ -128,6 +128,16 @@ async fn run_service_streams_a_run_and_answers_for_its_record() {
     no_id.durable = true;
     let refused = runs.start_run(no_id).await.unwrap_err();
     assert_eq!(refused.code(), Code::InvalidArgument, "a durable run needs an id: {refused:?}");
+    // A token budget is counted by the model broker: refused for a run
+    // without brokered model access, never accepted and left unenforced.
+    let mut budgeted = command_run("ip-run-2", "t1", "def", "true");
+    budgeted.budget = Some(api::Budget { max_tokens: 100, ..Default::default() });
+    let refused = runs.start_run(budgeted).await.unwrap_err();
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+    assert!(
+        refused.message().contains("budget") && refused.message().contains("model_access"),
+        "{refused:?}"
+    );
 }
 
 #[tokio::test]

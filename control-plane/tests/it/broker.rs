@@ -15,7 +15,7 @@ use sandhold_tests::cli::toolchains;
 use sandhold_tests::docker::{DEBIAN_IMAGE, DockerCleanup, ensure_debian_image};
 use sandhold_tests::local::TestDir;
 use sandhold_tests::model::{
-    BrokeredCli, CLAUDE, CODEX, FakeModel, OPENCODE, broker_server, broker_server_args,
+    ANSWER_USAGE, BrokeredCli, CLAUDE, CODEX, FakeModel, OPENCODE, broker_server, broker_server_args,
 };
 use sandhold_tests::run::{Seen, attach_after, put_definition, read_until, wait_terminal};
 use sandhold_tests::runtime::Runtime;
@@ -385,6 +385,295 @@ async fn a_run_survives_kill_9_of_the_replica_carrying_its_model_traffic() {
     let mut sandboxes = replicas[1].sandboxes(&token).await;
     let sandbox = of_thread(&mut sandboxes, "t").await.sandbox_id;
     assert_eq!(exec(&mut sandboxes, &sandbox, "cat hello.txt", b"").await, "hello from the tool\n");
+    drop(replicas);
+    cluster.tear_down().await;
+}
+
+/// The Messages requests the fake model received (each answered with
+/// [`ANSWER_USAGE`] unless its connection died first).
+fn messages(model: &FakeModel) -> Vec<serde_json::Value> {
+    requests(model)
+        .into_iter()
+        .filter(|r| r["path"].as_str().is_some_and(|p| p.ends_with("/messages")) && !r["body"].is_null())
+        .collect()
+}
+
+/// The run's `model.usage` records, each checked to be one fake answer's,
+/// numbered 1..=n once each; n.
+fn metered_answers(seen: &Seen) -> u64 {
+    let usage = customs(seen, "model.usage");
+    let (input, output, read, write) = ANSWER_USAGE;
+    for (i, u) in usage.iter().enumerate() {
+        assert_eq!(u["seq"], i as u64 + 1, "{usage:?}");
+        assert_eq!(u["api"], "anthropic", "{u}");
+        let tokens = |k: &str| u[k].as_u64().unwrap();
+        assert_eq!(
+            (
+                tokens("input_tokens"),
+                tokens("output_tokens"),
+                tokens("cache_read_tokens"),
+                tokens("cache_write_tokens")
+            ),
+            (input, output, read, write),
+            "{u}"
+        );
+    }
+    usage.len() as u64
+}
+
+/// `n` answers' worth of usage, as the API's `Usage`.
+fn usage_of(n: u64) -> (u64, u64, u64, u64) {
+    let (input, output, read, write) = ANSWER_USAGE;
+    (n * input, n * output, n * read, n * write)
+}
+
+fn tokens(u: Option<&api::Usage>) -> (u64, u64, u64, u64) {
+    let u = u.cloned().unwrap_or_default();
+    (u.input_tokens, u.output_tokens, u.cache_read_tokens, u.cache_write_tokens)
+}
+
+/// Issue 38: the broker reads the usage of every answer Claude Code gets
+/// (streamed, with cache reads and writes) and the run ends with exactly
+/// the fake model's numbers, per answer and in total, on RUN_FINISHED and
+/// on its record.
+#[tokio::test]
+async fn a_claude_code_run_ends_with_the_exact_token_totals_the_model_reported() {
+    if !sandhold_tests::services::docker() || sandhold_tests::model::cli("claude").is_none() {
+        return;
+    }
+    ensure_debian_image();
+    let s = broker_server("broker-usage").await;
+    let _cleanup = DockerCleanup { tenant: s.tenant.clone() };
+    let dir = TestDir::new("broker-usage-model");
+    let model = FakeModel::logging("tool", dir.path().join("model.log"));
+    let mut sandboxes = s.server.sandboxes(&s.token).await;
+    put_definition(&mut sandboxes, CLAUDE.definition("def", (CLAUDE.upstream)(model.port))).await;
+    let run_id = format!("u-{}", s.nonce);
+    let key = format!("sk-real-{}", s.nonce);
+    let mut runs = s.server.runs(&s.token).await;
+    let mut stream =
+        runs.start_run(CLAUDE.start_request(&run_id, "t", "def", &key)).await.unwrap().into_inner();
+    let mut seen = Seen::default();
+    read_until(&mut stream, &mut seen, |_| false)
+        .await
+        .unwrap_or_else(|e| panic!("{e:?}\n{}", s.server.log_text()));
+    let terminal = seen.terminal().expect("a terminal chunk");
+    assert_eq!(terminal.r#type(), api::ChunkType::RunFinished, "{:?}\n{}", seen.chunks, s.server.log_text());
+    let n = metered_answers(&seen);
+    // Two turns at least (the tool call, the final text), and every
+    // Messages request the model answered is metered.
+    assert!(n >= 2, "{:?}", seen.chunks);
+    assert_eq!(n, messages(&model).len() as u64, "{:?}", requests(&model));
+    assert_eq!(tokens(terminal.usage.as_ref()), usage_of(n), "{terminal:?}");
+    let record = wait_terminal(&mut runs, &run_id).await;
+    assert_eq!(tokens(record.usage.as_ref()), usage_of(n), "{record:?}");
+}
+
+/// Issue 38: with `--max-tokens` below one answer's usage, the first
+/// answer reaches the budget: `budget.exceeded`, then RUN_ERROR
+/// BUDGET_EXCEEDED within seconds, and the model never gets the second
+/// turn (the broker refuses it, or the run ended first).
+#[tokio::test]
+async fn a_budget_below_one_answer_ends_the_run_budget_exceeded() {
+    if !sandhold_tests::services::docker() || sandhold_tests::model::cli("claude").is_none() {
+        return;
+    }
+    ensure_debian_image();
+    let s = broker_server("broker-budget").await;
+    let _cleanup = DockerCleanup { tenant: s.tenant.clone() };
+    let dir = TestDir::new("broker-budget-model");
+    let model = FakeModel::logging("tool", dir.path().join("model.log"));
+    let mut sandboxes = s.server.sandboxes(&s.token).await;
+    put_definition(&mut sandboxes, CLAUDE.definition("def", (CLAUDE.upstream)(model.port))).await;
+    let run_id = format!("b-{}", s.nonce);
+    let key = format!("sk-real-{}", s.nonce);
+    let mut runs = s.server.runs(&s.token).await;
+    let mut start = CLAUDE.start_request(&run_id, "t", "def", &key);
+    start.budget = Some(api::Budget { max_tokens: 10, ..Default::default() });
+    let mut stream = runs.start_run(start).await.unwrap().into_inner();
+    let mut seen = Seen::default();
+    read_until(&mut stream, &mut seen, |_| false)
+        .await
+        .unwrap_or_else(|e| panic!("{e:?}\n{}", s.server.log_text()));
+    let terminal = seen.terminal().expect("a terminal chunk");
+    assert_eq!(terminal.r#type(), api::ChunkType::RunError, "{:?}\n{}", seen.chunks, s.server.log_text());
+    assert_eq!(terminal.error_code, "BUDGET_EXCEEDED", "{terminal:?}");
+    let n = metered_answers(&seen);
+    assert!(n >= 1);
+    let (input, output, read, write) = usage_of(n);
+    let exceeded = customs(&seen, "budget.exceeded");
+    assert_eq!(exceeded.len(), 1, "{:?}", seen.chunks);
+    assert_eq!(exceeded[0]["limit"], "max_tokens");
+    assert_eq!(exceeded[0]["max"], 10);
+    assert_eq!(exceeded[0]["used"], input + output + read + write);
+    // Once the budget was reached nothing more reached the model.
+    assert!(
+        messages(&model).iter().all(|r| !r["body"].to_string().contains("tool_result")),
+        "{:?}",
+        requests(&model)
+    );
+    assert_eq!(messages(&model).len() as u64, n);
+    let record = wait_terminal(&mut runs, &run_id).await;
+    assert_eq!(record.status, api::RunStatus::Failed as i32);
+    assert_eq!(record.error.as_ref().map(|e| e.code.as_str()), Some("BUDGET_EXCEEDED"), "{record:?}");
+    assert_eq!(tokens(record.usage.as_ref()), usage_of(n), "{record:?}");
+}
+
+/// Issue 38: the operator's daily budget of a tenant, summed from the
+/// stored records of the runs it started today: a Claude Code run whose
+/// second answer reaches it ends BUDGET_EXCEEDED (`tenant_daily_tokens`),
+/// and the tenant's next brokered run is refused at its start.
+#[tokio::test]
+async fn the_tenants_daily_budget_ends_a_run_and_refuses_the_next() {
+    if !sandhold_tests::services::docker() || sandhold_tests::model::cli("claude").is_none() {
+        return;
+    }
+    ensure_debian_image();
+    let mut args = broker_server_args();
+    args.extend(["--tenant-daily-tokens".to_string(), "30".to_string()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let s = sandhold_tests::server::TenantServer::start_with_args("broker-daily", &[], &args).await;
+    let _cleanup = DockerCleanup { tenant: s.tenant.clone() };
+    let dir = TestDir::new("broker-daily-model");
+    let model = FakeModel::logging("tool", dir.path().join("model.log"));
+    let mut sandboxes = s.server.sandboxes(&s.token).await;
+    put_definition(&mut sandboxes, CLAUDE.definition("def", (CLAUDE.upstream)(model.port))).await;
+    let key = format!("sk-real-{}", s.nonce);
+    let mut runs = s.server.runs(&s.token).await;
+    let run_id = format!("d-{}", s.nonce);
+    let mut stream =
+        runs.start_run(CLAUDE.start_request(&run_id, "t", "def", &key)).await.unwrap().into_inner();
+    let mut seen = Seen::default();
+    read_until(&mut stream, &mut seen, |_| false)
+        .await
+        .unwrap_or_else(|e| panic!("{e:?}\n{}", s.server.log_text()));
+    let terminal = seen.terminal().expect("a terminal chunk");
+    assert_eq!(terminal.error_code, "BUDGET_EXCEEDED", "{:?}\n{}", seen.chunks, s.server.log_text());
+    let n = metered_answers(&seen);
+    let (input, output, read, write) = usage_of(n);
+    let exceeded = customs(&seen, "budget.exceeded");
+    assert_eq!(exceeded.len(), 1, "{:?}", seen.chunks);
+    assert_eq!(
+        (exceeded[0]["limit"].as_str(), exceeded[0]["max"].as_u64()),
+        (Some("tenant_daily_tokens"), Some(30))
+    );
+    assert_eq!(exceeded[0]["used"], input + output + read + write);
+    assert!(n >= 2, "one answer (27 tokens) stays within 30: {:?}", seen.chunks);
+    let record = wait_terminal(&mut runs, &run_id).await;
+    assert_eq!(tokens(record.usage.as_ref()), usage_of(n), "{record:?}");
+    // The tenant's day is spent: the next brokered run is refused.
+    let refused = runs
+        .start_run(CLAUDE.start_request(&format!("d2-{}", s.nonce), "t2", "def", &key))
+        .await
+        .expect_err("the tenant's daily budget is used up");
+    assert_eq!(refused.code(), tonic::Code::ResourceExhausted, "{refused:?}");
+    assert!(refused.message().contains("tenant_daily_tokens = 30"), "{refused:?}");
+}
+
+/// Issue 38: `sandhold run --max-tokens N` is the run's budget: below one
+/// answer's usage the command says so and exits 1 with BUDGET_EXCEEDED.
+#[test]
+fn sandhold_run_max_tokens_ends_the_run_with_budget_exceeded() {
+    if sandhold_tests::model::cli("claude").is_none() {
+        return;
+    }
+    let dir = TestDir::new("broker-cli-budget");
+    let model = FakeModel::logging("tool", dir.path().join("model.log"));
+    let key = format!("sk-ant-real-{}", uuid::Uuid::new_v4().simple());
+    let out = sandhold_tests::cli::sandhold(&dir.path().join("data"))
+        .args([
+            "run",
+            "--local",
+            "--harness",
+            "claude-code",
+            "--secret",
+            "ANTHROPIC_API_KEY=ANTHROPIC_API_KEY",
+        ])
+        .args(["--max-tokens", "10", "--", "write hello.txt"])
+        .current_dir(dir.path())
+        .env("SANDHOLD_TOOLCHAIN_DIR", toolchains())
+        .env("SANDHOLD_MODEL_UPSTREAM", format!("http://127.0.0.1:{}", model.port))
+        .env("ANTHROPIC_API_KEY", &key)
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(1), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(stderr.contains("token budget reached: max_tokens = 10"), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(stderr.contains("BUDGET_EXCEEDED"), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(!messages(&model).is_empty());
+    assert!(messages(&model).iter().all(|r| !r["body"].to_string().contains("tool_result")));
+}
+
+/// Issue 38: the run's totals come from its stored `model.usage` chunks,
+/// not from a driver's memory: the replica driving a Claude Code run is
+/// killed (SIGKILL) after the first answer was metered, while the second
+/// turn waits on the model; the replica that takes the run over delivers
+/// each usage record once and ends the run with the exact totals.
+#[tokio::test]
+async fn model_usage_totals_survive_kill_9_of_the_driving_replica() {
+    if !sandhold_tests::services::docker() || sandhold_tests::model::cli("claude").is_none() {
+        return;
+    }
+    let Some(cluster) = sandhold_tests::cluster::Cluster::create("broker-usage-kill").await else { return };
+    ensure_debian_image();
+    let nonce = cluster.nonce.clone();
+    let token = format!("tok-{nonce}");
+    let tenant = format!("t{nonce}");
+    let _cleanup = DockerCleanup { tenant: tenant.clone() };
+    let mut replicas = Vec::new();
+    for i in 0..2 {
+        let tokens = vec![format!("{tenant}={token}")];
+        replicas.push(cluster.replica(&format!("u{i}"), tokens, (2000, 500), broker_server_args()).await);
+    }
+    let dir = TestDir::new("broker-usage-kill-model");
+    let hold = dir.path().join("hold");
+    std::fs::write(&hold, b"").unwrap();
+    let model = FakeModel::holding_tool_results("tool", dir.path().join("model.log"), hold.clone());
+    let mut sandboxes = replicas[0].sandboxes(&token).await;
+    put_definition(&mut sandboxes, CLAUDE.definition("def", (CLAUDE.upstream)(model.port))).await;
+    let run_id = format!("uk-{nonce}");
+    let key = format!("sk-real-{nonce}");
+    let mut runs0 = replicas[0].runs(&token).await;
+    let mut stream =
+        runs0.start_run(CLAUDE.start_request(&run_id, "t", "def", &key)).await.unwrap().into_inner();
+    let mut seen = Seen::default();
+    // The first answer is metered and delivered by replica 0 ...
+    read_until(&mut stream, &mut seen, |s| !customs(s, "model.usage").is_empty())
+        .await
+        .unwrap_or_else(|e| panic!("{e:?}\n{}", replicas[0].log_text()));
+    // ... and the second turn waits on the model.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    while !messages(&model).iter().any(|r| r["body"].to_string().contains("tool_result")) {
+        assert!(tokio::time::Instant::now() < deadline, "the CLI never sent the tool's result");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    replicas[0].kill9().await;
+    std::fs::remove_file(&hold).unwrap();
+    let mut runs1 = replicas[1].runs(&token).await;
+    let mut stream = attach_after(&mut runs1, &run_id, &seen).await.unwrap();
+    read_until(&mut stream, &mut seen, |_| false)
+        .await
+        .unwrap_or_else(|e| panic!("{e:?}\n{}", replicas[1].log_text()));
+    let terminal = seen.terminal().expect("a terminal chunk").clone();
+    assert_eq!(
+        terminal.r#type(),
+        api::ChunkType::RunFinished,
+        "{:?}\n{}",
+        seen.chunks,
+        replicas[1].log_text()
+    );
+    // Every record once, in order, before and after the kill.
+    let n = metered_answers(&seen);
+    assert!(n >= 2, "{:?}", seen.chunks);
+    assert_eq!(tokens(terminal.usage.as_ref()), usage_of(n), "{terminal:?}");
+    let record = wait_terminal(&mut runs1, &run_id).await;
+    assert_eq!(record.status, api::RunStatus::Completed as i32, "{record:?}");
+    assert_eq!(tokens(record.usage.as_ref()), usage_of(n), "{record:?}");
+    // The stored log says the same to a reader from the start.
+    let mut stored = Seen::default();
+    let mut from_start = attach_after(&mut runs1, &run_id, &Seen::default()).await.unwrap();
+    read_until(&mut from_start, &mut stored, |_| false).await.unwrap();
+    assert_eq!(metered_answers(&stored), n);
     drop(replicas);
     cluster.tear_down().await;
 }

@@ -10,6 +10,8 @@ use serde::{Deserialize, Serialize};
 use shared::error::Error;
 use shared::proto::agent::v1::{ConfigureEgressRequest, EgressRoute};
 
+use super::ledger::Budget;
+
 /// Routes kept at most; the oldest go first.
 pub const MAX_ROUTES: usize = 64;
 /// The shortest placeholder: long enough never to occur by chance.
@@ -26,6 +28,12 @@ pub struct Route {
     pub port: u16,
     pub secret_name: String,
     pub label: String,
+    /// The run whose usage the route's answers are recorded under (empty:
+    /// not metered).
+    #[serde(default)]
+    pub run_id: String,
+    #[serde(default)]
+    pub budget: Budget,
 }
 
 impl Route {
@@ -77,6 +85,20 @@ pub fn route(index: usize, r: &EgressRoute) -> Result<Route, Error> {
     if !shared::secret::valid_env_name(&r.secret_name) {
         return Err(Error::invalid_field(field("secret_name"), "not a valid variable name"));
     }
+    // It names a file in the journal dir.
+    if !r.run_id.is_empty()
+        && let Err(e) = shared::ids::RunId::parse(&r.run_id)
+    {
+        return Err(Error::invalid_field(field("run_id"), e.to_string()));
+    }
+    let budget = r.budget.as_ref().map_or_else(Budget::default, |b| Budget {
+        max_tokens: b.max_tokens,
+        max_input_tokens: b.max_input_tokens,
+        max_output_tokens: b.max_output_tokens,
+    });
+    if !budget.is_none() && r.run_id.is_empty() {
+        return Err(Error::invalid_field(field("budget"), "a budget counts a run's usage: set run_id"));
+    }
     Ok(Route {
         placeholder: r.placeholder.clone(),
         tls,
@@ -84,6 +106,8 @@ pub fn route(index: usize, r: &EgressRoute) -> Result<Route, Error> {
         port,
         secret_name: r.secret_name.clone(),
         label: r.label.clone(),
+        run_id: r.run_id.clone(),
+        budget,
     })
 }
 
@@ -162,19 +186,28 @@ mod tests {
             port: 443,
             secret_name: "API_KEY".to_string(),
             label: "claude-code".to_string(),
+            ..Default::default()
         }
     }
 
     #[test]
     fn invalid_routes_name_their_field() {
         type Spoil = fn(&mut EgressRoute);
-        let cases: [(Spoil, &str); 6] = [
+        let cases: [(Spoil, &str); 8] = [
             (|r| r.placeholder = "short".into(), "routes[0].placeholder"),
             (|r| r.scheme = "ftp".into(), "routes[0].scheme"),
             (|r| r.host = String::new(), "routes[0].host"),
             (|r| r.port = 0, "routes[0].port"),
             (|r| r.port = 65_536, "routes[0].port"),
             (|r| r.secret_name = "not a name".into(), "routes[0].secret_name"),
+            (|r| r.run_id = "../escape".into(), "routes[0].run_id"),
+            (
+                |r| {
+                    r.budget =
+                        Some(shared::proto::agent::v1::RouteBudget { max_tokens: 1, ..Default::default() })
+                },
+                "routes[0].budget",
+            ),
         ];
         for (spoil, field) in cases {
             let mut r = wire("sandhold-placeholder-0001");

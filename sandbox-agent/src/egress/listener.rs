@@ -19,7 +19,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::carrier::{DialError, Pool};
 use super::config::{EgressConfig, Route};
+use super::ledger::Ledger;
+use super::metered::Metered;
 use super::tls::{Hello, client_hello, fits};
+use super::usage::Api;
 use crate::vault::Vault;
 
 /// The longest host name the proxy dials (DNS's own maximum).
@@ -39,6 +42,7 @@ pub struct Broker {
     pub table: RwLock<Arc<Table>>,
     pub pool: Pool,
     pub vault: Vault,
+    pub ledger: Arc<Ledger>,
 }
 
 /// Accept connections until `stop`.
@@ -120,6 +124,15 @@ impl Broker {
                 );
             }
         };
+        let api = Api::of(&route.label, req.headers());
+        // The run's count is its routes', whatever process sends with its
+        // placeholder: past its budget, nothing more goes upstream.
+        if !route.run_id.is_empty()
+            && let Some((limit, max, used)) = route.budget.reached(&self.ledger.totals(&route.run_id))
+        {
+            tracing::warn!(run_id = %route.run_id, limit, max, used, "egress broker: refused a model request past the run's budget");
+            return budget_refusal(api, limit, max, used);
+        }
         let Some(secret) = self.vault.latest(&route.secret_name) else {
             return error(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -138,6 +151,10 @@ impl Broker {
         strip_hop_by_hop(&mut parts.headers);
         if let Ok(host) = HeaderValue::from_str(&route.authority()) {
             parts.headers.insert(header::HOST, host);
+        }
+        if !route.run_id.is_empty() {
+            // An encoded answer could not be read for its usage.
+            parts.headers.insert(header::ACCEPT_ENCODING, HeaderValue::from_static("identity"));
         }
         parts.uri = origin_form(&parts.uri);
         parts.version = http::Version::HTTP_11;
@@ -167,7 +184,13 @@ impl Broker {
             exchange(stream, req).await
         };
         match sent {
-            Ok(resp) => response(resp),
+            Ok(resp) if route.run_id.is_empty() => response(resp),
+            Ok(resp) => {
+                let (mut parts, body) = resp.into_parts();
+                strip_hop_by_hop(&mut parts.headers);
+                let body = Metered::new(body, &parts.headers, self.ledger.clone(), &route.run_id);
+                Response::from_parts(parts, body.map_err(BoxError::from).boxed())
+            }
             Err(e) => error(StatusCode::BAD_GATEWAY, "api_error", &format!("{}: {e}", describe(route))),
         }
     }
@@ -473,6 +496,41 @@ fn dial_error(e: &DialError, what: &str) -> Response<Body> {
     error(status, kind, &format!("{what}: {e}"))
 }
 
+/// The broker's answer past a run's budget, in the shape of the run's API
+/// (Anthropic's, which the other harnesses' clients read too, when it is
+/// not known): a refusal its clients show and do not retry, like the
+/// provider's own for a spent credit or quota.
+fn budget_refusal(api: Option<Api>, limit: &str, max: u64, used: u64) -> Response<Body> {
+    let message = format!(
+        "Sandhold: this run's token budget is used up ({limit} = {max}, {used} used); its model broker sends \
+         no further requests"
+    );
+    let (status, body) = match api {
+        Some(Api::OpenAi) => (
+            StatusCode::TOO_MANY_REQUESTS,
+            serde_json::json!({"error": {"message": message, "type": "insufficient_quota", "param": null,
+                "code": "insufficient_quota"}}),
+        ),
+        Some(Api::Gemini) => (
+            StatusCode::TOO_MANY_REQUESTS,
+            serde_json::json!({"error": {"code": 429, "message": message, "status": "RESOURCE_EXHAUSTED"}}),
+        ),
+        Some(Api::Anthropic) | None => (
+            StatusCode::BAD_REQUEST,
+            serde_json::json!({"type": "error", "error": {"type": "invalid_request_error", "message": message}}),
+        ),
+    };
+    let mut resp =
+        Response::new(Full::new(Bytes::from(body.to_string())).map_err(|never| match never {}).boxed());
+    *resp.status_mut() = status;
+    let headers = resp.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    // The Anthropic and OpenAI clients honour it.
+    headers.insert("x-should-retry", HeaderValue::from_static("false"));
+    headers.insert("x-sandhold-budget", HeaderValue::from_static("exceeded"));
+    resp
+}
+
 fn empty() -> Body {
     Full::new(Bytes::new()).map_err(|never| match never {}).boxed()
 }
@@ -502,6 +560,8 @@ mod tests {
                 port: 443,
                 secret_name: "KEY".into(),
                 label: "claude-code".into(),
+                run_id: String::new(),
+                budget: Default::default(),
             })
             .collect()
     }
@@ -529,6 +589,29 @@ mod tests {
             assert!(!h.contains_key(gone), "{gone}");
         }
         assert_eq!(origin_form(&"http://h:1/a/b?c=d".parse().unwrap()), "/a/b?c=d");
+    }
+
+    #[tokio::test]
+    async fn past_its_budget_a_request_is_refused_in_its_apis_shape() {
+        let read = |api| async move {
+            let resp = budget_refusal(api, "max_tokens", 10, 27);
+            let status = resp.status().as_u16();
+            let body = resp.into_body().collect().await.unwrap().to_bytes();
+            (status, serde_json::from_slice::<serde_json::Value>(&body).unwrap())
+        };
+        let (status, anthropic) = read(Some(Api::Anthropic)).await;
+        assert_eq!((status, anthropic["type"].as_str()), (400, Some("error")), "{anthropic}");
+        assert_eq!(anthropic["error"]["type"], "invalid_request_error");
+        assert!(anthropic["error"]["message"].as_str().unwrap().contains("max_tokens = 10, 27 used"));
+        let (status, openai) = read(Some(Api::OpenAi)).await;
+        assert_eq!((status, openai["error"]["code"].as_str()), (429, Some("insufficient_quota")), "{openai}");
+        let (status, gemini) = read(Some(Api::Gemini)).await;
+        assert_eq!(
+            (status, gemini["error"]["status"].as_str()),
+            (429, Some("RESOURCE_EXHAUSTED")),
+            "{gemini}"
+        );
+        assert_eq!(gemini["error"]["code"], 429);
     }
 
     #[test]

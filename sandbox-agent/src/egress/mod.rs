@@ -12,12 +12,21 @@
 //! `Carry` stream the control plane opened ahead of time; the control plane
 //! checks every destination against the sandbox's allowlist, alone decides
 //! and records each attempt.
+//!
+//! A route made for a run is metered: the usage each answer carries is read
+//! as it passes (`usage`, `metered`) and kept per run in the journal dir
+//! (`ledger`), where the control plane reads it (`ReadUsage`); once the
+//! run's usage reaches its budget, the broker answers the route's requests
+//! itself, in the API's own error shape.
 
 mod carrier;
 mod config;
+mod ledger;
 mod listener;
+mod metered;
 mod service;
 pub mod tls;
+mod usage;
 
 pub use carrier::DialError;
 pub use config::{CONFIG_FILE, MAX_ROUTES, MIN_PLACEHOLDER};

@@ -9,7 +9,8 @@ use std::time::Duration;
 use shared::error::Error;
 use shared::proto::agent::v1::egress_service_server::EgressService;
 use shared::proto::agent::v1::{
-    CarryRequest, CarryResponse, ConfigureEgressRequest, ConfigureEgressResponse,
+    CarryRequest, CarryResponse, ConfigureEgressRequest, ConfigureEgressResponse, ModelUsage,
+    ReadUsageRequest, ReadUsageResponse,
 };
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
@@ -17,6 +18,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::carrier::Pool;
 use super::config::{self, EgressConfig, Saved};
+use super::ledger::Ledger;
 use super::listener::{self, Broker, Table};
 use crate::context::AgentContext;
 
@@ -24,6 +26,9 @@ use crate::context::AgentContext;
 pub const CARRIER_WAIT: Duration = Duration::from_secs(10);
 /// How long a dial waits for the control plane's `dialed`.
 pub const DIAL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Usage records one `ReadUsage` answers with at most.
+pub const MAX_USAGE_RECORDS: usize = 1000;
 
 /// The waits (shorter in tests).
 #[derive(Debug, Clone, Copy)]
@@ -72,6 +77,7 @@ impl Egress {
             table: RwLock::new(Arc::new(Table { config, tls })),
             pool: Pool::new(settings.carrier_wait, settings.dial_timeout),
             vault: ctx.vault.clone(),
+            ledger: Arc::new(Ledger::new(&ctx.journal_dir)),
         });
         let egress = Self {
             inner: Arc::new(Inner {
@@ -149,6 +155,29 @@ impl Egress {
         Ok(listening)
     }
 
+    /// The usage records of a run after `after_seq`, at most `max`.
+    pub fn read_usage(&self, req: &ReadUsageRequest) -> Result<Vec<ModelUsage>, Error> {
+        shared::ids::RunId::parse(&req.run_id).map_err(|e| Error::invalid_field("run_id", e.to_string()))?;
+        let max = match req.max_records {
+            0 => MAX_USAGE_RECORDS,
+            n => (n as usize).min(MAX_USAGE_RECORDS),
+        };
+        let records = self.inner.broker.ledger.read(&req.run_id, req.after_seq, max);
+        Ok(records
+            .into_iter()
+            .map(|r| ModelUsage {
+                seq: r.seq,
+                api: r.api,
+                model: r.usage.model,
+                input_tokens: r.usage.input_tokens,
+                output_tokens: r.usage.output_tokens,
+                cache_read_tokens: r.usage.cache_read_tokens,
+                cache_write_tokens: r.usage.cache_write_tokens,
+                at_ms: r.at_ms,
+            })
+            .collect())
+    }
+
     /// Close the listener and every connection it serves, and end the idle
     /// carriers.
     pub fn stop(&self) {
@@ -174,6 +203,14 @@ impl EgressService for Egress {
         req: Request<Streaming<CarryRequest>>,
     ) -> Result<Response<Self::CarryStream>, Status> {
         Ok(Response::new(ReceiverStream::new(self.inner.broker.pool.add(req.into_inner()))))
+    }
+
+    async fn read_usage(
+        &self,
+        req: Request<ReadUsageRequest>,
+    ) -> Result<Response<ReadUsageResponse>, Status> {
+        let records = Egress::read_usage(self, req.get_ref())?;
+        Ok(Response::new(ReadUsageResponse { records }))
     }
 }
 
@@ -222,6 +259,7 @@ mod tests {
                 port: 80,
                 secret_name: "MODEL_KEY".to_string(),
                 label: "codex".to_string(),
+                ..Default::default()
             }],
             extra_roots_pem: String::new(),
         };

@@ -17,7 +17,7 @@ use shared::proto::agent::v1::egress_service_client::EgressServiceClient;
 use shared::proto::agent::v1::secret_service_client::SecretServiceClient;
 use shared::proto::agent::v1::{
     CarryClose, CarryDial, CarryDialed, CarryPurpose, CarryRequest, ConfigureEgressRequest, EgressRoute,
-    NamedSecret, PutSecretsRequest, carry_request, carry_response,
+    NamedSecret, PutSecretsRequest, ReadUsageRequest, RouteBudget, carry_request, carry_response,
 };
 use shared::transport::AuthedChannel;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
@@ -307,6 +307,7 @@ fn route(upstream_port: u16, scheme: &str, host: &str, secret: &str) -> EgressRo
         port: u32::from(upstream_port),
         secret_name: secret.to_string(),
         label: "claude-code".to_string(),
+        ..Default::default()
     }
 }
 
@@ -839,5 +840,126 @@ async fn routes_and_port_survive_an_agent_restart() {
     assert_eq!(upstream.seen()[0].header("x-api-key"), Some(SECRET));
     // Configuring again keeps the port.
     assert_eq!(configure(&agent, ConfigureEgressRequest::default()).await, port);
+    agent.stop().await;
+}
+
+// ---------------------------------------------------------------------------
+// Metering and budgets.
+
+/// An Anthropic upstream on 127.0.0.1 answering every request with a
+/// streamed message whose usage is 12 input, 7 output, 5 cache reads and 3
+/// cache writes; records each request's head.
+async fn usage_upstream() -> (u16, Arc<Mutex<Vec<String>>>, tokio::task::JoinHandle<()>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let heads = Arc::new(Mutex::new(Vec::new()));
+    let seen = heads.clone();
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else { return };
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                let mut tcp = BufReader::new(tcp);
+                let (mut head, mut length) = (String::new(), 0usize);
+                loop {
+                    let mut line = String::new();
+                    if tcp.read_line(&mut line).await.unwrap_or(0) == 0 || line.trim_end().is_empty() {
+                        break;
+                    }
+                    if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                        length = v.trim().parse().unwrap_or(0);
+                    }
+                    head.push_str(&line);
+                }
+                let mut body = vec![0u8; length];
+                let _ = tcp.read_exact(&mut body).await;
+                seen.lock().unwrap().push(head.to_ascii_lowercase());
+                let events = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"model\":\"m-1\",\
+                    \"usage\":{\"input_tokens\":12,\"output_tokens\":1,\"cache_read_input_tokens\":5,\
+                    \"cache_creation_input_tokens\":3}}}\n\n\
+                    event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":7}}\n\n\
+                    event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
+                let answer = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {}\r\n\
+                     connection: close\r\n\r\n{events}",
+                    events.len()
+                );
+                let _ = tcp.get_mut().write_all(answer.as_bytes()).await;
+                let _ = tcp.get_mut().shutdown().await;
+            });
+        }
+    });
+    (port, heads, task)
+}
+
+async fn usage_of(agent: &TestAgent, run_id: &str) -> Vec<(u64, u64, u64, u64, u64)> {
+    let mut client = EgressServiceClient::new(agent.channel().await);
+    let records = client
+        .read_usage(ReadUsageRequest { run_id: run_id.into(), after_seq: 0, max_records: 0 })
+        .await
+        .unwrap()
+        .into_inner()
+        .records;
+    records
+        .iter()
+        .map(|r| (r.seq, r.input_tokens, r.output_tokens, r.cache_read_tokens, r.cache_write_tokens))
+        .collect()
+}
+
+/// A process in the sandbox with the run's placeholder (any auth header,
+/// asking for an encoded answer so as not to be read) is metered under the
+/// run like the CLI; past the run's budget every request is answered by the
+/// broker itself in Anthropic's error shape, nothing goes upstream, and an
+/// agent restarted on the same journal dir still counts what was recorded.
+#[tokio::test]
+async fn hostile_the_budget_is_the_runs_whatever_process_asks_and_outlives_the_agent() {
+    let mut agent = TestAgent::start().await;
+    let (upstream, heads, _task) = usage_upstream().await;
+    put_secret(&agent, "ANTHROPIC_API_KEY", SECRET).await;
+    let mut metered = route(upstream, "http", "api.model.test", "ANTHROPIC_API_KEY");
+    metered.run_id = "r-budget".into();
+    metered.budget = Some(RouteBudget { max_tokens: 40, ..Default::default() });
+    let port =
+        configure(&agent, ConfigureEgressRequest { routes: vec![metered], ..Default::default() }).await;
+    let carrier = TestCarrier::start(&agent, &[]).await;
+
+    let read_all = |resp: http::Response<Incoming>| async move {
+        assert_eq!(resp.status(), 200);
+        resp.into_body().collect().await.unwrap().to_bytes()
+    };
+    // The CLI's request: 27 tokens.
+    read_all(request(port, post("/v1/messages", &[("x-api-key", PLACEHOLDER)], "{}")).await).await;
+    assert_eq!(usage_of(&agent, "r-budget").await, [(1, 12, 7, 5, 3)]);
+    // Another process, another auth header, an encoding it cannot get.
+    let bearer = format!("Bearer {PLACEHOLDER}");
+    let sneaky = [("authorization", bearer.as_str()), ("accept-encoding", "br, gzip")];
+    read_all(request(port, post("/v1/messages", &sneaky, "{}")).await).await;
+    assert_eq!(usage_of(&agent, "r-budget").await, [(1, 12, 7, 5, 3), (2, 12, 7, 5, 3)]);
+    assert!(heads.lock().unwrap()[1].contains("accept-encoding: identity"), "{:?}", heads.lock().unwrap());
+    // 54 of 40: refused, in Anthropic's shape, without a dial.
+    let dials = carrier.dials().len();
+    for headers in [&[("x-api-key", PLACEHOLDER)][..], &sneaky[..]] {
+        let resp = request(port, post("/v1/messages", headers, "{}")).await;
+        assert_eq!(resp.status(), 400);
+        assert_eq!(resp.headers()["x-should-retry"], "false");
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(
+            (json["type"].as_str(), json["error"]["type"].as_str()),
+            (Some("error"), Some("invalid_request_error"))
+        );
+        let message = json["error"]["message"].as_str().unwrap();
+        assert!(message.contains("max_tokens = 40, 54 used"), "{message}");
+        assert!(!message.contains(SECRET));
+    }
+    assert_eq!(heads.lock().unwrap().len(), 2, "nothing past the budget went upstream");
+    assert_eq!(carrier.dials().len(), dials);
+    // The count is on disk, not in the agent's memory.
+    drop(carrier);
+    agent.restart().await;
+    let resp = request(port, post("/v1/messages", &[("x-api-key", PLACEHOLDER)], "{}")).await;
+    assert_eq!(resp.status(), 400);
+    assert_eq!(usage_of(&agent, "r-budget").await.len(), 2);
+    assert_eq!(heads.lock().unwrap().len(), 2);
     agent.stop().await;
 }

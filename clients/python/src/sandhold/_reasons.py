@@ -174,6 +174,12 @@ class ModelUnreachable(SandholdError):
     reason = "MODEL_UNREACHABLE"
 
 
+class BudgetExceeded(SandholdError):
+    """A run's model usage reached its token budget (the run's, its definition's `budget`, or the operator's daily budget of the tenant): its broker refuses further model requests and the run ends; or a brokered run was started past the tenant's daily budget. Metadata: `limit` (`max_tokens`, `max_input_tokens`, `max_output_tokens` or `tenant_daily_tokens`), `max`, `used`."""
+
+    reason = "BUDGET_EXCEEDED"
+
+
 # Every class above by its reason.
 BY_REASON: dict[str, type[SandholdError]] = {
     "INVALID_ARGUMENT": InvalidArgument,
@@ -204,6 +210,7 @@ BY_REASON: dict[str, type[SandholdError]] = {
     "JOURNAL_FULL": JournalFull,
     "STORAGE_FULL": StorageFull,
     "MODEL_UNREACHABLE": ModelUnreachable,
+    "BUDGET_EXCEEDED": BudgetExceeded,
 }
 
 __all__ = [
@@ -235,4 +242,5 @@ __all__ = [
     "JournalFull",
     "StorageFull",
     "ModelUnreachable",
+    "BudgetExceeded",
 ]

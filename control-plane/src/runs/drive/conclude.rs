@@ -13,6 +13,8 @@ use super::ctx::DriveCtx;
 use super::ending::{Ending, ending_name};
 use super::retry::GaveUp;
 use crate::harness::session::Carry;
+use crate::runs::align::checkpoints;
+use crate::runs::daily;
 use crate::runs::{Runs, session};
 use crate::store::{self, RunError, RunFinish, RunStatus, Timestamp};
 
@@ -101,6 +103,13 @@ impl Runs {
                 return;
             }
         }
+        // However the run ended, its record carries what the broker metered
+        // (marked so, for the tenant's daily budget).
+        let usage = match (usage, self.metered(ctx).await) {
+            (Some(reported), Some(_)) => Some(daily::marked(reported)),
+            (None, Some(metered)) => Some(daily::marked(shared::chunk::usage_to_json(&metered))),
+            (usage, None) => usage,
+        };
         let session_id = ctx.session.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let finish = RunFinish { status, error, usage, finished_at: Timestamp::now(), session_id };
         let terminal_write = tracing::info_span!("store.finish", status = %status);
@@ -142,6 +151,18 @@ impl Runs {
             return;
         }
         self.drop_journal(ctx, &key).await;
+    }
+
+    /// The run's metered usage, `None` when no answer was metered: as the
+    /// pump left it, else (a drive that ended before its pump) from the
+    /// stored log.
+    async fn metered(&self, ctx: &DriveCtx) -> Option<shared::proto::v1::Usage> {
+        let known = *ctx.usage.lock().unwrap_or_else(|e| e.into_inner());
+        let tally = match known {
+            Some(tally) => tally,
+            None => checkpoints(self.inner.ctx.stores.events.clone(), ctx.key.clone()).await.ok()?.1,
+        };
+        tally.metered().then(|| tally.usage(None))
     }
 
     async fn sandbox_key(&self, ctx: &DriveCtx) -> Option<String> {

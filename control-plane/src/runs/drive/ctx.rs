@@ -7,6 +7,7 @@ use super::retry::Interrupts;
 use crate::harness::Harness;
 use crate::lease::Lease;
 use crate::runs::RunSpec;
+use crate::runs::usage::Tally;
 use crate::store::{LogWriter, RunKey};
 
 /// One drive: who drives, under which epoch, for which run.
@@ -29,4 +30,7 @@ pub(crate) struct DriveCtx {
     /// read by its egress and its checkpoint. Unset when it was deleted
     /// since the run started.
     pub(in crate::runs) definition: std::sync::OnceLock<SandboxDefinition>,
+    /// The run's model usage as its log holds it, once this drive read it
+    /// (the pump keeps it current); recorded with the run's end.
+    pub(in crate::runs) usage: std::sync::Mutex<Option<Tally>>,
 }

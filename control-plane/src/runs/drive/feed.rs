@@ -7,6 +7,7 @@
 use shared::chunk::{self, ChunkFactory, SANDBOX_FILE};
 use shared::proto::agent::v1 as agent;
 use shared::proto::v1::{Chunk, ChunkType};
+use tracing::debug;
 
 use super::ctx::DriveCtx;
 use super::ending::Ending;
@@ -16,6 +17,13 @@ use crate::harness::{Harness, Translator};
 use crate::provision::Masks;
 use crate::runs::Runs;
 use crate::runs::align::Aligner;
+use crate::runs::daily;
+use crate::runs::error::Error;
+use crate::runs::usage::{Tally, exceeded_chunk, usage_chunk};
+use crate::store::RunUpdate;
+
+/// Usage records read from the broker per call.
+const USAGE_PAGE: u32 = 500;
 
 /// `sandbox.file` chunks allowed in a row between two translated chunks:
 /// kept under the aligner's limit of out-of-band chunks in a row, so a
@@ -35,6 +43,10 @@ pub(super) struct Pump {
     /// Where the stderr sidecar is delivered up to (a successor starts at
     /// the stored checkpoint).
     pub(super) stderr_from: u64,
+    /// The run's model usage as delivered to its log so far.
+    pub(super) usage: Tally,
+    /// The run has a model route, whose usage its broker records.
+    pub(super) metered: bool,
     /// Out-of-band chunks appended since the last translated one.
     pub(super) out_of_band_run: usize,
     pub(super) dropped_file_events: u64,
@@ -143,8 +155,93 @@ impl Runs {
         if pump.aligner.caught_up() { self.append(ctx, &batch).await } else { Ok(()) }
     }
 
-    /// The sentinel was read: the rest of the translation, the workspace's
-    /// changes, then the terminal chunk.
+    /// Deliver the usage records the broker kept since the last one
+    /// delivered, as `model.usage` chunks (appended wherever they arrive,
+    /// past the aligner, like stderr: a successor reads on from the stored
+    /// `seq`), and end the run once its budget is reached: a
+    /// `budget.exceeded` chunk (once), then BUDGET_EXCEEDED. A broker that
+    /// cannot be read now is read at the next call.
+    pub(super) async fn meter(
+        &self,
+        ctx: &DriveCtx,
+        pump: &mut Pump,
+        agent: &AgentClient,
+    ) -> Result<(), Ending> {
+        if !pump.metered {
+            return Ok(());
+        }
+        let mut fresh_records = false;
+        loop {
+            let request = agent::ReadUsageRequest {
+                run_id: ctx.key.run.to_string(),
+                after_seq: pump.usage.seq,
+                max_records: USAGE_PAGE,
+            };
+            let records = match agent.egress().read_usage(request).await {
+                Ok(r) => r.into_inner().records,
+                Err(status) => {
+                    debug!(run_id = %ctx.key.run, error = %status.message(), "reading the model usage failed");
+                    break;
+                }
+            };
+            let page = records.len();
+            let fresh: Vec<_> = records.into_iter().filter(|r| pump.usage.add(r)).collect();
+            if !fresh.is_empty() {
+                let batch: Vec<Chunk> = fresh.iter().map(|r| usage_chunk(&pump.factory, r)).collect();
+                self.append(ctx, &batch).await?;
+                for r in &fresh {
+                    crate::metrics::model().metered(
+                        ctx.key.tenant.as_str(),
+                        r.input_tokens,
+                        r.output_tokens,
+                        r.cache_read_tokens,
+                        r.cache_write_tokens,
+                    );
+                }
+                *ctx.usage.lock().unwrap_or_else(|e| e.into_inner()) = Some(pump.usage);
+                fresh_records = true;
+            }
+            if page < USAGE_PAGE as usize {
+                break;
+            }
+        }
+        let mut reached = ctx.spec.budget.and_then(|b| b.reached(&pump.usage));
+        if fresh_records {
+            // The record keeps the run's usage as it grows: the tenant's
+            // daily budget is summed from the records.
+            let usage = daily::marked(shared::chunk::usage_to_json(&pump.usage.usage(None)));
+            let update = RunUpdate { usage: Some(usage), ..Default::default() };
+            if let Err(e) = self.inner.ctx.stores.runs.update(&ctx.key, update).await {
+                debug!(run_id = %ctx.key.run, error = %e, "recording the run's usage on its record failed");
+            }
+        }
+        // Summed again after new records, and by a successor that finds the
+        // budget reached in the log but the run not ended.
+        if fresh_records || (pump.usage.exceeded && reached.is_none()) {
+            let max = self.inner.options.tenant_daily_tokens;
+            if reached.is_none() && max > 0 {
+                match daily::tokens_today(self.inner.ctx.stores.runs.as_ref(), &ctx.key.tenant).await {
+                    Ok(used) if used >= max => reached = Some(("tenant_daily_tokens", max, used)),
+                    Ok(_) => {}
+                    Err(e) => debug!(run_id = %ctx.key.run, error = %e, "summing the tenant's tokens failed"),
+                }
+            }
+        }
+        let Some((limit, max, used)) = reached else {
+            return Ok(());
+        };
+        if !pump.usage.exceeded {
+            self.append(ctx, &[exceeded_chunk(&pump.factory, limit, max, used)]).await?;
+            pump.usage.exceeded = true;
+            *ctx.usage.lock().unwrap_or_else(|e| e.into_inner()) = Some(pump.usage);
+        }
+        Err(Ending::Failed(Error::BudgetExceeded { limit: limit.to_string(), max, used }))
+    }
+
+    /// The sentinel was read: the usage the broker recorded up to now (the
+    /// budget may end the run here), the rest of the translation, the
+    /// workspace's changes, then the terminal chunk, which carries the
+    /// metered usage when there is any.
     pub(super) async fn exited(
         &self,
         ctx: &DriveCtx,
@@ -153,6 +250,9 @@ impl Runs {
         exit_code: i32,
         stderr_tail: &str,
     ) -> Ending {
+        if let Err(ending) = self.meter(ctx, pump, agent).await {
+            return ending;
+        }
         let mut batch = Vec::new();
         for c in pump.translator.finish(exit_code, stderr_tail) {
             if chunk::is_terminal(&c) {
@@ -172,10 +272,16 @@ impl Runs {
                 Err(e) => return Ending::Failed(e),
             }
         }
-        let terminal = pump.held_terminal.take().unwrap_or_else(|| {
+        let mut terminal = pump.held_terminal.take().unwrap_or_else(|| {
             // Translator::finish always yields one; keep the run closable anyway.
             pump.factory.run_error("the run ended without a terminal event", "INTERNAL")
         });
+        // What the broker read, not what the CLI says: every answer counts,
+        // whatever process asked. A successor has the same records stored,
+        // so its replay gives the same chunk.
+        if terminal.r#type() == ChunkType::RunFinished && pump.usage.metered() {
+            terminal.usage = Some(pump.usage.usage(terminal.usage.as_ref()));
+        }
         match pump.aligner.offer(&terminal).await {
             Ok(true) => batch.push(terminal.clone()),
             Ok(false) => {}

@@ -196,7 +196,8 @@ impl Runs {
         if let Some(egress) =
             RunEgress::of(&definition, ctx.harness, sandbox, tenant).map_err(Ending::Failed)?
         {
-            crate::runs::egress::point(&egress, &definition, ctx.harness, &live.agent, &mut command)
+            let run = (ctx.harness, ctx.key.run.as_str(), ctx.spec.budget);
+            crate::runs::egress::point(&egress, &definition, run, &live.agent, &mut command)
                 .await
                 .map_err(Ending::Failed)?;
         }

@@ -27,7 +27,7 @@ use ending::ending_name;
 pub(crate) use launch::{FreshStart, Unresumed};
 pub(super) use retry::Interrupts;
 
-use crate::runs::align::{Aligner, stderr_checkpoint};
+use crate::runs::align::{Aligner, checkpoints};
 use crate::runs::{Error, Runs};
 
 impl Runs {
@@ -88,10 +88,11 @@ impl Runs {
             Ok(aligner) => aligner,
             Err(e) => return Ending::Failed(e),
         };
-        let stderr_from = match stderr_checkpoint(cx.stores.events.clone(), ctx.key.clone()).await {
-            Ok(offset) => offset,
+        let (stderr_from, usage) = match checkpoints(cx.stores.events.clone(), ctx.key.clone()).await {
+            Ok(checkpoints) => checkpoints,
             Err(e) => return Ending::Failed(e),
         };
-        self.pump(ctx, &key, agent, &secrets, aligner, stderr_from).await
+        *ctx.usage.lock().unwrap_or_else(|e| e.into_inner()) = Some(usage);
+        self.pump(ctx, &key, agent, &secrets, aligner, (stderr_from, usage)).await
     }
 }

@@ -25,6 +25,7 @@ use crate::runs::coalesce::Coalesced;
 use crate::runs::egress::{ModelHealth, RunEgress};
 use crate::runs::error::Error;
 use crate::runs::replica::StopReason;
+use crate::runs::usage::Tally;
 
 /// The longest pause between follows that fail or break.
 const FOLLOW_PAUSE_MAX: Duration = Duration::from_secs(5);
@@ -44,7 +45,7 @@ impl Runs {
         mut agent: AgentClient,
         secrets: &Secrets,
         aligner: Aligner,
-        stderr_from: u64,
+        (stderr_from, usage): (u64, Tally),
     ) -> Ending {
         let redactor = match crate::provision::redactor(secrets) {
             Ok(r) => r,
@@ -57,6 +58,8 @@ impl Runs {
             held_terminal: None,
             from_byte: 0,
             stderr_from,
+            usage,
+            metered: false,
             out_of_band_run: 0,
             dropped_file_events: 0,
             redactor,
@@ -69,6 +72,8 @@ impl Runs {
             Ok(egress) => egress,
             Err(e) => return Ending::Failed(e),
         };
+        // Only a route to a model upstream is metered.
+        pump.metered = egress.as_ref().is_some_and(|e| e.upstream.is_some());
         let (net_tx, mut net_rx) = mpsc::unbounded_channel::<Connection>();
         let carry = |agent: &AgentClient| {
             egress.as_ref().map(|e| Carriers::open(agent.clone(), e.plan.clone(), net_tx.clone()))
@@ -152,6 +157,9 @@ impl Runs {
                             .and_then(|e| health.expired(e.unreachable_after, e.upstream.as_ref()))
                         {
                             break 'follow Ending::Failed(e);
+                        }
+                        if let Err(ending) = self.meter(ctx, &mut pump, &agent).await {
+                            break 'follow ending;
                         }
                         if last_activity.elapsed() >= self.inner.options.liveness_probe {
                             last_activity = Instant::now();

@@ -74,7 +74,7 @@ class ConfigOverride(_message.Message):
     def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
 
 class StartRunRequest(_message.Message):
-    __slots__ = ("thread_id", "run_id", "definition_id", "secrets", "harness", "options", "prompt", "durable", "detach_on_disconnect", "cwd", "new_session", "policy", "client_tools")
+    __slots__ = ("thread_id", "run_id", "definition_id", "secrets", "harness", "options", "prompt", "durable", "detach_on_disconnect", "cwd", "new_session", "policy", "client_tools", "budget")
     class SecretsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -95,6 +95,7 @@ class StartRunRequest(_message.Message):
     NEW_SESSION_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
     CLIENT_TOOLS_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_FIELD_NUMBER: _ClassVar[int]
     thread_id: str
     run_id: str
     definition_id: str
@@ -108,7 +109,8 @@ class StartRunRequest(_message.Message):
     new_session: bool
     policy: _sandbox_pb2.SandboxPolicy
     client_tools: _containers.RepeatedCompositeFieldContainer[ClientTool]
-    def __init__(self, thread_id: _Optional[str] = ..., run_id: _Optional[str] = ..., definition_id: _Optional[str] = ..., secrets: _Optional[_Mapping[str, str]] = ..., harness: _Optional[str] = ..., options: _Optional[_Union[HarnessOptions, _Mapping]] = ..., prompt: _Optional[str] = ..., durable: _Optional[bool] = ..., detach_on_disconnect: _Optional[bool] = ..., cwd: _Optional[str] = ..., new_session: _Optional[bool] = ..., policy: _Optional[_Union[_sandbox_pb2.SandboxPolicy, _Mapping]] = ..., client_tools: _Optional[_Iterable[_Union[ClientTool, _Mapping]]] = ...) -> None: ...
+    budget: _sandbox_pb2.Budget
+    def __init__(self, thread_id: _Optional[str] = ..., run_id: _Optional[str] = ..., definition_id: _Optional[str] = ..., secrets: _Optional[_Mapping[str, str]] = ..., harness: _Optional[str] = ..., options: _Optional[_Union[HarnessOptions, _Mapping]] = ..., prompt: _Optional[str] = ..., durable: _Optional[bool] = ..., detach_on_disconnect: _Optional[bool] = ..., cwd: _Optional[str] = ..., new_session: _Optional[bool] = ..., policy: _Optional[_Union[_sandbox_pb2.SandboxPolicy, _Mapping]] = ..., client_tools: _Optional[_Iterable[_Union[ClientTool, _Mapping]]] = ..., budget: _Optional[_Union[_sandbox_pb2.Budget, _Mapping]] = ...) -> None: ...
 
 class ClientTool(_message.Message):
     __slots__ = ("name", "description", "input_schema_json")

@@ -153,7 +153,7 @@ GIT_CHANGE_UNMERGED: GitChange
 GIT_CHANGE_UNTRACKED: GitChange
 
 class SandboxDefinition(_message.Message):
-    __slots__ = ("id", "provider", "workspace", "lifecycle", "env", "secret_names", "max_journal_bytes", "model_access", "network", "policy")
+    __slots__ = ("id", "provider", "workspace", "lifecycle", "env", "secret_names", "max_journal_bytes", "model_access", "network", "policy", "budget")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -171,6 +171,7 @@ class SandboxDefinition(_message.Message):
     MODEL_ACCESS_FIELD_NUMBER: _ClassVar[int]
     NETWORK_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_FIELD_NUMBER: _ClassVar[int]
     id: str
     provider: ProviderSpec
     workspace: WorkspaceDefinition
@@ -181,7 +182,18 @@ class SandboxDefinition(_message.Message):
     model_access: _containers.RepeatedCompositeFieldContainer[ModelAccess]
     network: Network
     policy: SandboxPolicy
-    def __init__(self, id: _Optional[str] = ..., provider: _Optional[_Union[ProviderSpec, _Mapping]] = ..., workspace: _Optional[_Union[WorkspaceDefinition, _Mapping]] = ..., lifecycle: _Optional[_Union[Lifecycle, _Mapping]] = ..., env: _Optional[_Mapping[str, str]] = ..., secret_names: _Optional[_Iterable[str]] = ..., max_journal_bytes: _Optional[int] = ..., model_access: _Optional[_Iterable[_Union[ModelAccess, _Mapping]]] = ..., network: _Optional[_Union[Network, _Mapping]] = ..., policy: _Optional[_Union[SandboxPolicy, _Mapping]] = ...) -> None: ...
+    budget: Budget
+    def __init__(self, id: _Optional[str] = ..., provider: _Optional[_Union[ProviderSpec, _Mapping]] = ..., workspace: _Optional[_Union[WorkspaceDefinition, _Mapping]] = ..., lifecycle: _Optional[_Union[Lifecycle, _Mapping]] = ..., env: _Optional[_Mapping[str, str]] = ..., secret_names: _Optional[_Iterable[str]] = ..., max_journal_bytes: _Optional[int] = ..., model_access: _Optional[_Iterable[_Union[ModelAccess, _Mapping]]] = ..., network: _Optional[_Union[Network, _Mapping]] = ..., policy: _Optional[_Union[SandboxPolicy, _Mapping]] = ..., budget: _Optional[_Union[Budget, _Mapping]] = ...) -> None: ...
+
+class Budget(_message.Message):
+    __slots__ = ("max_tokens", "max_input_tokens", "max_output_tokens")
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MAX_INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MAX_OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    max_tokens: int
+    max_input_tokens: int
+    max_output_tokens: int
+    def __init__(self, max_tokens: _Optional[int] = ..., max_input_tokens: _Optional[int] = ..., max_output_tokens: _Optional[int] = ...) -> None: ...
 
 class SandboxPolicy(_message.Message):
     __slots__ = ("default", "rules", "request_timeout_ms")
