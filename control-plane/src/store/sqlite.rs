@@ -48,7 +48,10 @@ pub(super) async fn open(database_url: &str, grouping: GroupCommit) -> Result<St
         // Every committed append survives a power loss, not only a crash.
         .synchronous(SqliteSynchronous::Full)
         .busy_timeout(Duration::from_secs(30))
-        .foreign_keys(true);
+        .foreign_keys(true)
+        // A group of appends to many runs dirties a page per run; a longer
+        // WAL between checkpoints writes a hot page back once, not per group.
+        .pragma("wal_autocheckpoint", "16384");
     let path = options.get_filename().to_path_buf();
     if let Some(parent) = path.parent()
         && !parent.as_os_str().is_empty()
