@@ -2,6 +2,12 @@
 //! and read-after-append latency, SQLite vs PostgreSQL, against a plain
 //! INSERT loop into an unfenced table of the same shape. Prints a table.
 //!
+//! Then group commit: 500 runs appending one chunk at a time at once
+//! (SANDHOLD_BENCH_RUNS), each through its own `LogWriter`, with appends
+//! grouped (the default) and with one transaction per append
+//! (`GroupCommit::Off`, the path before grouping), and the latency of a
+//! lone append both ways (grouping must not slow it down).
+//!
 //! `cargo bench -p control-plane --bench event_log`. PostgreSQL rows need
 //! SANDHOLD_TEST_DATABASE_URL (see scripts/services); each run uses a
 //! scratch database. SANDHOLD_BENCH_SECONDS sets the time per throughput
@@ -11,10 +17,11 @@ use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 use control_plane::store::{
-    EventLog, FIRST_EPOCH, LogWriter, NewChunk, NewRun, Offset, RunId, RunKey, Stores, Timestamp,
-    default_database_url,
+    EventLog, FIRST_EPOCH, GroupCommit, LogWriter, NewChunk, NewRun, Offset, RunId, RunKey, Stores,
+    Timestamp, default_database_url,
 };
 use futures::StreamExt;
+use sandhold_tests::bench::summary;
 use sandhold_tests::database::ScratchDatabase;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
 
@@ -150,6 +157,78 @@ async fn read_after_append(
     (latencies[samples / 2], latencies[(samples * 99 / 100).min(samples - 1)])
 }
 
+/// Chunks per second stored by `runs` runs appending one chunk per append
+/// at once for `budget`, and the p50 of one append's latency meanwhile.
+async fn many_runs(url: &str, grouping: GroupCommit, runs: usize, budget: Duration) -> (f64, Duration) {
+    let stores = Stores::open_with(url, grouping).await.unwrap();
+    let tag = if grouping == GroupCommit::Off { "off" } else { "grouped" };
+    let mut writers = Vec::with_capacity(runs);
+    for i in 0..runs {
+        let run = new_run(&stores, &format!("many-{tag}-{i}")).await;
+        writers.push(LogWriter::new(stores.events.clone(), run, FIRST_EPOCH));
+    }
+    let started = Instant::now();
+    let tasks: Vec<_> = writers
+        .into_iter()
+        .map(|writer| {
+            tokio::spawn(async move {
+                let mut latencies = Vec::new();
+                let mut round = 0;
+                while started.elapsed() < budget {
+                    let began = Instant::now();
+                    writer.append(&chunk_batch(1, round)).await.unwrap();
+                    latencies.push(began.elapsed());
+                    round += 1;
+                }
+                latencies
+            })
+        })
+        .collect();
+    let mut latencies = Vec::new();
+    for task in tasks {
+        latencies.extend(task.await.unwrap());
+    }
+    let rate = latencies.len() as f64 / started.elapsed().as_secs_f64();
+    latencies.sort();
+    stores.close().await;
+    (rate, latencies[latencies.len() / 2])
+}
+
+/// p50 and p99 of a lone one-chunk append (nothing else appending).
+async fn lone_append(url: &str, grouping: GroupCommit, samples: usize) -> (Duration, Duration) {
+    let stores = Stores::open_with(url, grouping).await.unwrap();
+    let tag = if grouping == GroupCommit::Off { "off" } else { "grouped" };
+    let run = new_run(&stores, &format!("lone-{tag}")).await;
+    let writer = LogWriter::new(stores.events.clone(), run, FIRST_EPOCH);
+    let mut latencies = Vec::with_capacity(samples);
+    for i in 0..samples {
+        let began = Instant::now();
+        writer.append(&chunk_batch(1, i)).await.unwrap();
+        latencies.push(began.elapsed());
+    }
+    latencies.sort();
+    stores.close().await;
+    (latencies[samples / 2], latencies[(samples * 99 / 100).min(samples - 1)])
+}
+
+struct Grouping {
+    backend: &'static str,
+    runs: usize,
+    grouped: (f64, Duration),
+    off: (f64, Duration),
+    lone_grouped: (Duration, Duration),
+    lone_off: (Duration, Duration),
+}
+
+async fn bench_grouping(backend: &'static str, url: &str, runs: usize, budget: Duration) -> Grouping {
+    // Off first, so the grouped run does not start on a warmer database.
+    let off = many_runs(url, GroupCommit::Off, runs, budget).await;
+    let grouped = many_runs(url, GroupCommit::default(), runs, budget).await;
+    let lone_off = lone_append(url, GroupCommit::Off, LATENCY_SAMPLES).await;
+    let lone_grouped = lone_append(url, GroupCommit::default(), LATENCY_SAMPLES).await;
+    Grouping { backend, runs, grouped, off, lone_grouped, lone_off }
+}
+
 fn ms(d: Duration) -> String {
     format!("{:.2}", d.as_secs_f64() * 1000.0)
 }
@@ -186,12 +265,17 @@ fn main() {
     );
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     rt.block_on(async {
+        let runs = std::env::var("SANDHOLD_BENCH_RUNS").ok().and_then(|s| s.parse().ok()).unwrap_or(500);
         let mut rows = Vec::new();
+        let mut groupings = Vec::new();
         let dir = tempfile::tempdir().unwrap();
-        rows.push(bench_backend("sqlite", &default_database_url(dir.path()), budget).await);
+        let sqlite = default_database_url(dir.path());
+        rows.push(bench_backend("sqlite", &sqlite, budget).await);
+        groupings.push(bench_grouping("sqlite", &sqlite, runs, budget).await);
         if let Some(admin_url) = sandhold_tests::services::postgres_url() {
             let scratch = ScratchDatabase::create(&admin_url).await.unwrap();
             rows.push(bench_backend("postgres", scratch.url(), budget).await);
+            groupings.push(bench_grouping("postgres", scratch.url(), runs, budget).await);
             scratch.drop_database().await.unwrap();
         }
 
@@ -233,5 +317,35 @@ fn main() {
             "(replica = a second Stores on the same database: PostgreSQL wakes it by LISTEN/NOTIFY, \
              SQLite by its 1 s poll)"
         );
+        println!();
+        println!("group commit: runs appending one chunk per append at once, durable (chunks/s; append p50 ms)");
+        println!(
+            "{:<10} {:>5} {:>14} {:>10} {:>16} {:>10} {:>7} {:>16} {:>16}",
+            "backend", "runs", "grouped", "p50", "one tx each", "p50", "ratio", "lone grouped", "lone one tx"
+        );
+        for g in &groupings {
+            println!(
+                "{:<10} {:>5} {:>14.0} {:>10} {:>16.0} {:>10} {:>6.2}x {:>16} {:>16}",
+                g.backend,
+                g.runs,
+                g.grouped.0,
+                ms(g.grouped.1),
+                g.off.0,
+                ms(g.off.1),
+                g.grouped.0 / g.off.0,
+                format!("{} / {}", ms(g.lone_grouped.0), ms(g.lone_grouped.1)),
+                format!("{} / {}", ms(g.lone_off.0), ms(g.lone_off.1)),
+            );
+            let database = if g.backend == "sqlite" { "SQLite" } else { "PostgreSQL" };
+            summary(
+                25 + u32::from(g.backend != "sqlite"),
+                &format!("{database} appends/s, {} runs appending at once (a lone append p50: grouped / one transaction each)", g.runs),
+                &format!("{:.0} chunks/s grouped (lone {} ms)", g.grouped.0, ms(g.lone_grouped.0)),
+                &format!("{:.0} chunks/s, one transaction per append (lone {} ms)", g.off.0, ms(g.lone_off.0)),
+                Some(g.grouped.0 / g.off.0),
+                "≥ 20,000 chunks/s durable",
+            );
+        }
+        println!("(lone: p50 / p99 ms of one append with nothing else appending)");
     });
 }

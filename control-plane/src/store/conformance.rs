@@ -1107,6 +1107,150 @@ async fn log_tail_sees_appends_through_another_store_instance(b: &Backend) {
     replica.close().await;
 }
 
+// ---------------------------------------------------------------- group commit
+
+async fn log_many_runs_appending_at_once_keep_their_own_order(b: &Backend) {
+    const RUNS: usize = 40;
+    const APPENDS: usize = 25;
+    for i in 0..RUNS {
+        create(&b.stores, &format!("g{i}")).await;
+    }
+    // Every run appends as fast as its store answers: the appends of many
+    // runs meet in the committer and share transactions.
+    let writers = (0..RUNS).map(|i| {
+        let writer = LogWriter::new(b.stores.events.clone(), acme(&format!("g{i}")), FIRST_EPOCH);
+        tokio::spawn(async move {
+            let mut acknowledged = Vec::new();
+            for round in 0..APPENDS {
+                let batch = chunks(&format!("g{i}-{round}"), 1 + (i + round) % 3);
+                let offsets = writer.append(&batch).await.unwrap();
+                assert_eq!(offsets.len(), batch.len());
+                acknowledged.extend(offsets.into_iter().zip(batch.into_iter().map(|c| c.payload)));
+            }
+            acknowledged
+        })
+    });
+    let acknowledged = futures::future::join_all(writers).await;
+    for (i, acknowledged) in acknowledged.into_iter().enumerate() {
+        let acknowledged = acknowledged.unwrap();
+        let log = b.stores.events.snapshot(&acme(&format!("g{i}"))).await.unwrap();
+        let stored: Vec<(Offset, Vec<u8>)> = log.chunks.into_iter().map(|c| (c.offset, c.payload)).collect();
+        assert_eq!(stored, acknowledged, "run g{i}: every acknowledged chunk, in order, nothing else");
+        let seqs: Vec<String> = stored.iter().map(|(offset, _)| offset.to_string()).collect();
+        let contiguous: Vec<String> = (1..=stored.len()).map(|n| n.to_string()).collect();
+        assert_eq!(seqs, contiguous, "run g{i}: offsets contiguous from the first");
+    }
+}
+
+/// Appends queued behind a held write lock (SQLite) or run row
+/// (PostgreSQL), so the committer finds them waiting together and writes
+/// them in one group once the hold is released. The gate's own append goes
+/// first and alone.
+async fn appends_held_together(
+    b: &Backend,
+    appends: Vec<(RunKey, Epoch, Vec<NewChunk>)>,
+) -> Vec<Result<Vec<Offset>>> {
+    create(&b.stores, "gate").await;
+    let hold = b.hold_run_row(&run_id("gate")).await;
+    let events = b.stores.events.clone();
+    let gate =
+        tokio::spawn(async move { events.append(&acme("gate"), FIRST_EPOCH, &chunks("gate", 1)).await });
+    // The committer is now waiting on the hold with the gate's append.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Polled in order from one task, the appends are queued in this order.
+    let queued = futures::future::join_all(appends.iter().map(|(run, epoch, batch)| {
+        let events = b.stores.events.clone();
+        async move {
+            tokio::time::timeout(DEADLINE, events.append(run, *epoch, batch))
+                .await
+                .expect("the group commits")
+        }
+    }));
+    let release = async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        drop(hold);
+    };
+    let (results, ()) = tokio::join!(queued, release);
+    gate.await.unwrap().unwrap();
+    results
+}
+
+async fn log_group_refuses_a_fenced_or_closed_member_alone(b: &Backend) {
+    for id in ["healthy", "claimed", "closed", "also-healthy"] {
+        create(&b.stores, id).await;
+    }
+    let successor = b.stores.runs.claim(&acme("claimed")).await.unwrap().driver_epoch;
+    b.stores.events.close(&acme("closed")).await.unwrap();
+    let results = appends_held_together(
+        b,
+        vec![
+            (acme("healthy"), FIRST_EPOCH, chunks("healthy-a", 2)),
+            (acme("claimed"), FIRST_EPOCH, chunks("stale", 2)),
+            (acme("closed"), FIRST_EPOCH, chunks("late", 1)),
+            (acme("nope"), FIRST_EPOCH, chunks("unknown", 1)),
+            (acme("claimed"), successor, chunks("current", 2)),
+            (acme("healthy"), FIRST_EPOCH, chunks("healthy-b", 1)),
+            (acme("also-healthy"), FIRST_EPOCH, chunks("also", 3)),
+            (acme("also-healthy"), FIRST_EPOCH, Vec::new()),
+        ],
+    )
+    .await;
+    let mut results = results.into_iter();
+    let mut next = || results.next().unwrap();
+    assert_eq!(next().unwrap().len(), 2, "healthy");
+    let stale = next();
+    assert!(
+        matches!(stale, Err(Error::Fenced { held, current, .. }) if held == FIRST_EPOCH && current == successor),
+        "{stale:?}"
+    );
+    let closed = next();
+    assert!(matches!(closed, Err(Error::LogClosed(_))), "{closed:?}");
+    let unknown = next();
+    assert!(matches!(unknown, Err(Error::NotFound(_))), "{unknown:?}");
+    assert_eq!(next().unwrap().len(), 2, "the successor's append beside the refused one");
+    assert_eq!(next().unwrap().len(), 1, "healthy, second");
+    assert_eq!(next().unwrap().len(), 3, "also healthy");
+    assert!(next().unwrap().is_empty(), "an empty append");
+
+    let log = |id: &'static str| {
+        let events = b.stores.events.clone();
+        async move { payloads(&events.snapshot(&acme(id)).await.unwrap().chunks) }
+    };
+    assert_eq!(log("healthy").await, ["healthy-a-0", "healthy-a-1", "healthy-b-0"]);
+    assert_eq!(log("claimed").await, ["current-0", "current-1"]);
+    assert!(log("closed").await.is_empty());
+    assert_eq!(log("also-healthy").await, ["also-0", "also-1", "also-2"]);
+    let claimed = b.stores.events.snapshot(&acme("claimed")).await.unwrap();
+    assert!(claimed.chunks.iter().all(|c| c.epoch == successor));
+}
+
+async fn log_group_keeps_the_request_index_of_each_member(b: &Backend) {
+    for id in ["asks", "answers"] {
+        create(&b.stores, id).await;
+    }
+    let asked = |tag: &str, id: &str| {
+        NewChunk::new("ask", tag.as_bytes().to_vec()).with_request(Some(RequestMark::Asked(id.into())))
+    };
+    let answered = |tag: &str, id: &str| {
+        NewChunk::new("answer", tag.as_bytes().to_vec()).with_request(Some(RequestMark::Answered(id.into())))
+    };
+    let results = appends_held_together(
+        b,
+        vec![
+            (acme("asks"), FIRST_EPOCH, vec![asked("q1", "req-1"), NewChunk::new("k", b"plain".to_vec())]),
+            (acme("answers"), FIRST_EPOCH, vec![asked("q2", "req-2")]),
+            (acme("answers"), FIRST_EPOCH, vec![answered("a2", "req-2")]),
+        ],
+    )
+    .await;
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    let pending = b.stores.events.requests(&acme("asks"), RequestFilter::Pending).await.unwrap();
+    assert_eq!(pending.iter().map(|r| r.request_id.as_str()).collect::<Vec<_>>(), ["req-1"]);
+    let answered = b.stores.events.request(&acme("answers"), "req-2").await.unwrap().unwrap();
+    assert_eq!(answered.asked.payload, b"q2");
+    assert_eq!(answered.answered.unwrap().payload, b"a2");
+}
+
 // ---------------------------------------------------------------- InstanceStore
 
 async fn instances_put_get_list_and_delete(b: &Backend) {
@@ -1598,6 +1742,9 @@ conformance_suite!(
     log_snapshot_never_blocks,
     log_tail_sees_later_appends_and_ends_at_close,
     log_tail_sees_appends_through_another_store_instance,
+    log_many_runs_appending_at_once_keep_their_own_order,
+    log_group_refuses_a_fenced_or_closed_member_alone,
+    log_group_keeps_the_request_index_of_each_member,
     instances_put_get_list_and_delete,
     instances_count_per_tenant,
     definitions_round_trip_per_tenant,

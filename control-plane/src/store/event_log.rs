@@ -126,8 +126,9 @@ pub type ChunkStream = BoxStream<'static, Result<StoredChunk>>;
 /// fencing epoch and the closed flag.
 #[async_trait]
 pub trait EventLog: Send + Sync {
-    /// Append `chunks` in order, in one transaction, and return one offset
-    /// per chunk. Refused with [`Error::Fenced`] unless `epoch` is the run's
+    /// Append `chunks` in order, in one transaction (which appends of other
+    /// runs waiting at the same time may share: group commit, answered only
+    /// once it committed), and return one offset per chunk. Refused with [`Error::Fenced`] unless `epoch` is the run's
     /// current epoch, atomically with respect to a concurrent claim: nothing
     /// of a superseded writer lands after the claim that superseded it.
     /// [`Error::LogClosed`] after [`EventLog::close`]. Drivers append through

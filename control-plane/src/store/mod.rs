@@ -24,6 +24,7 @@ mod checkpoint_sql;
 mod definitions;
 mod error;
 mod event_log;
+mod group;
 mod instances;
 mod postgres;
 mod presence;
@@ -52,6 +53,7 @@ pub use error::{Error, Result};
 pub use event_log::{
     ChunkStream, EventLog, LogSnapshot, NewChunk, Offset, PAGE_CHUNKS, StoredChunk, stored_after,
 };
+pub use group::GroupCommit;
 pub use instances::{Instance, InstanceStore, NewInstance};
 pub use presence::Presence;
 pub use primitives::{Epoch, FIRST_EPOCH, FIRST_OFFSET, TAIL_POLL_INTERVAL, Tenant, Timestamp};

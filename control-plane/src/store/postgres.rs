@@ -35,6 +35,7 @@ use super::checkpoint_sql::{
     CheckpointRow, REFS_PER_INSERT, checkpoint_columns, checkpoint_not_found, impl_checkpoint_store,
     new_checkpoint_id, to_db,
 };
+use super::group::{Committer, Fence, GroupCommit, GroupLog, Member, Written, refusal, write_group};
 use super::requests_sql::{RequestRow, impl_request_index, index_marks, index_requests, request_select};
 use super::sql::{
     DefinitionRow, EventRow, InstanceRow, RunRow, epoch_to_db, explain_refusal, impl_shared_stores,
@@ -59,6 +60,7 @@ const SEQ_CONFLICT_RETRIES: usize = 8;
 pub(super) struct PgStore {
     pool: PgPool,
     wakes: Wakes,
+    appends: Committer<PgAppends>,
     /// Stops the notification relay when the last clone goes away.
     _relay: Arc<DropGuard>,
 }
@@ -67,7 +69,7 @@ pub(super) struct PgStore {
 /// says the database does not answer (and tries again).
 const FIRST_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
-pub(super) async fn open(database_url: &str) -> Result<Stores> {
+pub(super) async fn open(database_url: &str, grouping: GroupCommit) -> Result<Stores> {
     // One direct attempt first: the pool retries a refused connection
     // quietly until its acquire timeout, 30 s of silence for an operator
     // whose database is down.
@@ -92,7 +94,8 @@ pub(super) async fn open(database_url: &str) -> Result<Stores> {
     let stop = CancellationToken::new();
     tokio::spawn(relay_notifications(database_url.to_owned(), wakes.clone(), stop.clone()));
     let blobs: Arc<dyn super::BlobStore> = Arc::new(super::PgBlobStore::new(pool.clone()));
-    let store = Arc::new(PgStore { pool: pool.clone(), wakes, _relay: Arc::new(stop.drop_guard()) });
+    let appends = Committer::start(PgAppends { pool: pool.clone() }, wakes.clone(), grouping);
+    let store = Arc::new(PgStore { pool: pool.clone(), wakes, appends, _relay: Arc::new(stop.drop_guard()) });
     Ok(Stores {
         runs: store.clone(),
         events: store.clone(),
@@ -177,7 +180,22 @@ fn is_unique_violation(error: &sqlx::Error) -> bool {
     matches!(error, sqlx::Error::Database(db) if db.code().as_deref() == Some("23505"))
 }
 
-impl PgStore {
+/// The appends of a PostgreSQL store ([`group`](super::group)).
+///
+/// A group of several appends is one transaction: `read_fences!` locks the
+/// members' run rows `FOR SHARE` and reads their epochs under that lock,
+/// then the admitted rows are inserted and the transaction commits. A claim
+/// (`UPDATE` of a run row) conflicts with `FOR SHARE`, so it either
+/// committed before the lock was granted (the member sees the new epoch and
+/// is refused) or waits until the group committed (every row of the old
+/// epoch is in before the new epoch exists): the module's argument, with
+/// the lock held to the group's COMMIT. An append alone keeps the one
+/// statement that checks and inserts (nothing held between round trips).
+pub(super) struct PgAppends {
+    pool: PgPool,
+}
+
+impl PgAppends {
     /// One fenced INSERT of the whole batch (see the module docs). Returns
     /// the sequence numbers it minted, or nothing when the fence refused.
     async fn insert_fenced<'e>(
@@ -231,9 +249,28 @@ impl PgStore {
 }
 
 #[async_trait]
-impl EventLog for PgStore {
-    async fn append(&self, run: &RunKey, epoch: Epoch, chunks: &[NewChunk]) -> Result<Vec<Offset>> {
-        let held = epoch_to_db(epoch)?;
+impl GroupLog for PgAppends {
+    type Tx = sqlx::Transaction<'static, sqlx::Postgres>;
+
+    async fn begin(&self) -> Result<Self::Tx> {
+        Ok(self.pool.begin().await?)
+    }
+
+    async fn write(&self, tx: &mut Self::Tx, members: &[Member<'_>]) -> Result<Vec<Written>> {
+        Ok(write_group!(sqlx::Postgres, tx, members, lock: " FOR SHARE OF r"))
+    }
+
+    async fn commit(&self, tx: Self::Tx) -> Result<()> {
+        Ok(tx.commit().await?)
+    }
+
+    async fn abandon(&self, tx: Self::Tx) {
+        // A connection that cannot roll back is closed by sqlx.
+        let _ = tx.rollback().await;
+    }
+
+    async fn alone(&self, member: &Member<'_>) -> Result<Written> {
+        let Member { run, held, chunks, .. } = *member;
         let mut seqs = Vec::new();
         if !chunks.is_empty() {
             let mut attempt = 0;
@@ -248,39 +285,36 @@ impl EventLog for PgStore {
                 }
             };
         }
-        if seqs.len() != chunks.len() || chunks.is_empty() {
-            // Refused (or an empty batch): say why, from the current row.
-            let fence: Option<(i64, bool)> =
-                sqlx::query_as("SELECT driver_epoch, log_closed FROM runs WHERE tenant = $1 AND run_id = $2")
-                    .bind(run.tenant.as_str())
-                    .bind(run.run.as_str())
-                    .fetch_optional(&self.pool)
-                    .await?;
-            match fence {
-                None => return Err(run_not_found(run)),
-                Some((current, _)) if current != held => {
-                    return Err(Error::Fenced {
-                        run: run.run.to_string(),
-                        held: epoch,
-                        current: current as Epoch,
-                    });
-                }
-                Some((_, true)) => return Err(Error::LogClosed(run.run.to_string())),
-                Some(_) if chunks.is_empty() => return Ok(Vec::new()),
-                Some(_) => {
-                    return Err(Error::Corrupt(format!(
-                        "run {}: append stored {} of {} chunks",
-                        run.run,
-                        seqs.len(),
-                        chunks.len()
-                    )));
-                }
-            }
+        if seqs.len() == chunks.len() && !chunks.is_empty() {
+            seqs.sort_unstable();
+            return Ok(Written::Stored(seqs));
         }
-        // Local tailers need not wait for the NOTIFY round trip.
-        tail::wake_run(&self.wakes, run);
-        seqs.sort_unstable();
-        seqs.into_iter().map(Offset::from_seq).collect()
+        // Refused (or an empty batch): say why, from the current row.
+        let fence: Option<(i64, bool)> =
+            sqlx::query_as("SELECT driver_epoch, log_closed FROM runs WHERE tenant = $1 AND run_id = $2")
+                .bind(run.tenant.as_str())
+                .bind(run.run.as_str())
+                .fetch_optional(&self.pool)
+                .await?;
+        let fence = fence.map(|(epoch, closed)| Fence { epoch, closed, last: 0 });
+        match refusal(member, fence) {
+            Some(refused) => Ok(Written::Refused(refused)),
+            None if chunks.is_empty() => Ok(Written::Stored(Vec::new())),
+            None => Err(Error::Corrupt(format!(
+                "run {}: append stored {} of {} chunks",
+                run.run,
+                seqs.len(),
+                chunks.len()
+            ))),
+        }
+    }
+}
+
+#[async_trait]
+impl EventLog for PgStore {
+    async fn append(&self, run: &RunKey, epoch: Epoch, chunks: &[NewChunk]) -> Result<Vec<Offset>> {
+        // Local tailers are woken at once, not after the NOTIFY round trip.
+        self.appends.append(run, epoch, chunks).await
     }
 
     async fn read(&self, run: &RunKey, after: &Offset) -> Result<super::ChunkStream> {

@@ -1,9 +1,10 @@
 //! The SQLite backend: the embedded default, one file in WAL mode.
 //!
-//! Fencing: SQLite runs one writer at a time, across processes. An append
-//! opens its transaction with `BEGIN IMMEDIATE`, which takes the write lock
-//! before the epoch is read, so no claim (an `UPDATE` of the run row, itself
-//! a writer) can commit between the check and the insert.
+//! Fencing: SQLite runs one writer at a time, across processes. A group of
+//! appends ([`group`](super::group)) opens its transaction with `BEGIN
+//! IMMEDIATE`, which takes the write lock before the epochs are read, so no
+//! claim (an `UPDATE` of a run row, itself a writer) can commit between the
+//! checks and the inserts.
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -17,6 +18,7 @@ use super::checkpoint_sql::{
     CheckpointRow, REFS_PER_INSERT, checkpoint_columns, checkpoint_not_found, impl_checkpoint_store,
     new_checkpoint_id, to_db,
 };
+use super::group::{Committer, GroupCommit, GroupLog, Member, Written, write_group};
 use super::requests_sql::{RequestRow, impl_request_index, index_marks, index_requests, request_select};
 use super::sql::{
     DefinitionRow, EventRow, InstanceRow, RunRow, epoch_to_db, explain_refusal, impl_shared_stores,
@@ -30,17 +32,15 @@ use super::{
     Timestamp, TokenStore, token_hash,
 };
 
-/// Rows per INSERT statement; SQLite caps bound parameters per statement.
-const ROWS_PER_INSERT: usize = 1000;
-
 #[derive(Clone)]
 pub(super) struct SqliteStore {
     pool: SqlitePool,
     /// In-process wake-ups; other processes' appends are seen by the poll.
     wakes: Wakes,
+    appends: Committer<SqliteAppends>,
 }
 
-pub(super) async fn open(database_url: &str) -> Result<Stores> {
+pub(super) async fn open(database_url: &str, grouping: GroupCommit) -> Result<Stores> {
     let options = SqliteConnectOptions::from_str(database_url)
         .map_err(|e| Error::invalid("database_url", e.to_string()))?
         .create_if_missing(true)
@@ -48,7 +48,10 @@ pub(super) async fn open(database_url: &str) -> Result<Stores> {
         // Every committed append survives a power loss, not only a crash.
         .synchronous(SqliteSynchronous::Full)
         .busy_timeout(Duration::from_secs(30))
-        .foreign_keys(true);
+        .foreign_keys(true)
+        // A group of appends to many runs dirties a page per run; a longer
+        // WAL between checkpoints writes a hot page back once, not per group.
+        .pragma("wal_autocheckpoint", "16384");
     let path = options.get_filename().to_path_buf();
     if let Some(parent) = path.parent()
         && !parent.as_os_str().is_empty()
@@ -63,7 +66,9 @@ pub(super) async fn open(database_url: &str) -> Result<Stores> {
         .connect_with(options)
         .await?;
     sqlx::migrate!("./migrations/sqlite").run(&pool).await?;
-    let store = Arc::new(SqliteStore { pool: pool.clone(), wakes: tail::wakes() });
+    let wakes = tail::wakes();
+    let appends = Committer::start(SqliteAppends { pool: pool.clone() }, wakes.clone(), grouping);
+    let store = Arc::new(SqliteStore { pool: pool.clone(), wakes, appends });
     // Blobs live beside the database file, under the data dir.
     let blob_dir = if path.to_string_lossy().contains(":memory:") || path.as_os_str().is_empty() {
         std::env::temp_dir().join(format!("sandhold-snapshot-blobs-{}", uuid::Uuid::new_v4().simple()))
@@ -118,62 +123,42 @@ impl SqliteStore {
 impl_checkpoint_store!(SqliteStore, sqlx::Sqlite, begin: "BEGIN IMMEDIATE", for_update: "",
     sweep_lock: "SELECT 1", pin_lock: "SELECT 1");
 
-impl SqliteStore {
-    /// The body of [`EventLog::append`] inside its transaction, COMMIT
-    /// included: the sequence number the appended chunks follow.
-    async fn append_in(
-        &self,
-        conn: &mut sqlx::pool::PoolConnection<sqlx::Sqlite>,
-        run: &RunKey,
-        held: i64,
-        epoch: Epoch,
-        chunks: &[NewChunk],
-    ) -> Result<i64> {
-        let fence: Option<(i64, bool)> =
-            sqlx::query_as("SELECT driver_epoch, log_closed FROM runs WHERE tenant = $1 AND run_id = $2")
-                .bind(run.tenant.as_str())
-                .bind(run.run.as_str())
-                .fetch_optional(&mut **conn)
-                .await?;
-        match fence {
-            None => return Err(run_not_found(run)),
-            Some((current, _)) if current != held => {
-                return Err(Error::Fenced {
-                    run: run.run.to_string(),
-                    held: epoch,
-                    current: current as Epoch,
-                });
-            }
-            Some((_, true)) => return Err(Error::LogClosed(run.run.to_string())),
-            Some(_) => {}
+/// The appends of a SQLite store ([`group`](super::group)): the group's
+/// transaction under `BEGIN IMMEDIATE`, which takes the database's one write
+/// lock before any fence is read, so no claim (an `UPDATE` of a run row,
+/// itself a writer) commits between a member's check and its insert.
+pub(super) struct SqliteAppends {
+    pool: SqlitePool,
+}
+
+#[async_trait]
+impl GroupLog for SqliteAppends {
+    // The transaction by hand, not sqlx's: a COMMIT that fails on a full
+    // disk leaves sqlx's count of open transactions at one on a connection
+    // SQLite has already rolled back, and every later `begin` on it fails
+    // ("non-zero transaction depth").
+    type Tx = sqlx::pool::PoolConnection<sqlx::Sqlite>;
+
+    async fn begin(&self) -> Result<Self::Tx> {
+        let mut conn = self.pool.acquire().await?;
+        sqlx::query("BEGIN IMMEDIATE").execute(&mut *conn).await?;
+        Ok(conn)
+    }
+
+    async fn write(&self, conn: &mut Self::Tx, members: &[Member<'_>]) -> Result<Vec<Written>> {
+        Ok(write_group!(sqlx::Sqlite, conn, members, lock: ""))
+    }
+
+    async fn commit(&self, mut conn: Self::Tx) -> Result<()> {
+        if let Err(e) = sqlx::query("COMMIT").execute(&mut *conn).await {
+            end_failed_transaction(conn).await;
+            return Err(e.into());
         }
-        let last: i64 = sqlx::query_scalar(
-            "SELECT COALESCE(MAX(seq), 0) FROM run_events WHERE tenant = $1 AND run_id = $2",
-        )
-        .bind(run.tenant.as_str())
-        .bind(run.run.as_str())
-        .fetch_one(&mut **conn)
-        .await?;
-        let now = Timestamp::now().as_millis();
-        for (group_index, group) in chunks.chunks(ROWS_PER_INSERT).enumerate() {
-            let first_seq = last + 1 + (group_index * ROWS_PER_INSERT) as i64;
-            let mut insert = sqlx::QueryBuilder::<sqlx::Sqlite>::new(
-                "INSERT INTO run_events (tenant, run_id, seq, epoch, kind, payload, appended_at) ",
-            );
-            insert.push_values(group.iter().enumerate(), |mut row, (i, chunk)| {
-                row.push_bind(run.tenant.as_str())
-                    .push_bind(run.run.as_str())
-                    .push_bind(first_seq + i as i64)
-                    .push_bind(held)
-                    .push_bind(chunk.kind.as_str())
-                    .push_bind(chunk.payload.as_slice())
-                    .push_bind(now);
-            });
-            insert.build().execute(&mut **conn).await?;
-        }
-        index_requests!((*conn), run, chunks, (1..=chunks.len() as i64).map(|i| last + i));
-        sqlx::query("COMMIT").execute(&mut **conn).await?;
-        Ok(last)
+        Ok(())
+    }
+
+    async fn abandon(&self, conn: Self::Tx) {
+        end_failed_transaction(conn).await;
     }
 }
 
@@ -193,25 +178,7 @@ async fn end_failed_transaction(mut conn: sqlx::pool::PoolConnection<sqlx::Sqlit
 #[async_trait]
 impl EventLog for SqliteStore {
     async fn append(&self, run: &RunKey, epoch: Epoch, chunks: &[NewChunk]) -> Result<Vec<Offset>> {
-        let held = epoch_to_db(epoch)?;
-        // The transaction by hand, not sqlx's: a COMMIT that fails on a
-        // full disk leaves sqlx's count of open transactions at one on a
-        // connection SQLite has already rolled back, and every later
-        // `begin` on it fails ("non-zero transaction depth").
-        let mut conn = self.pool.acquire().await?;
-        sqlx::query("BEGIN IMMEDIATE").execute(&mut *conn).await?;
-        match self.append_in(&mut conn, run, held, epoch, chunks).await {
-            Ok(last) => {
-                if !chunks.is_empty() {
-                    tail::wake_run(&self.wakes, run);
-                }
-                (1..=chunks.len() as i64).map(|i| Offset::from_seq(last + i)).collect()
-            }
-            Err(e) => {
-                end_failed_transaction(conn).await;
-                Err(e)
-            }
-        }
+        self.appends.append(run, epoch, chunks).await
     }
 
     async fn read(&self, run: &RunKey, after: &Offset) -> Result<super::ChunkStream> {

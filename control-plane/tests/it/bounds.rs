@@ -688,3 +688,50 @@ async fn a_status_written_on_a_full_disk_is_refused_not_acknowledged_and_lost() 
     assert_eq!(stores.runs.finish(&key, FIRST_EPOCH, finish()).await.unwrap().status, RunStatus::Failed);
     assert_eq!(stores.runs.get(&key).await.unwrap().status, RunStatus::Failed);
 }
+
+/// Appends of many runs committed as one group on a full disk: the group's
+/// COMMIT fails, and so does every append in it; none is acknowledged and
+/// none is in the log. With room again they land.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn appends_grouped_on_a_full_disk_are_all_refused_none_acknowledged() {
+    use control_plane::store::{Error, FIRST_EPOCH, NewChunk, NewRun, RunId, Stores};
+    const RUNS: usize = 8;
+    let dir = sandhold_tests::local::TestDir::new("bounds-group-full");
+    let data_dir = dir.path().join("data");
+    let Some(_disk) = Tmpfs::mount(&data_dir, "2m") else { return };
+    let stores = Stores::open(&control_plane::store::default_database_url(&data_dir)).await.unwrap();
+    let mut keys = Vec::new();
+    for i in 0..RUNS {
+        let new = NewRun::bare(RunId::parse(&format!("full-{i}")).unwrap(), "tenant", "thread");
+        keys.push(new.key());
+        stores.runs.create_or_resume(new).await.unwrap();
+    }
+    let checkpoint = std::process::Command::new("sqlite3")
+        .arg(data_dir.join("sandhold.db"))
+        .arg("PRAGMA wal_checkpoint(TRUNCATE)")
+        .output()
+        .unwrap();
+    assert!(checkpoint.status.success(), "{checkpoint:?}");
+    let filler = fill(&data_dir);
+
+    let batch = |i: usize| -> Vec<NewChunk> {
+        (0..4).map(|k| NewChunk::new("k", format!("{i}-{k}-{}", "x".repeat(2_000)).into_bytes())).collect()
+    };
+    let appends = futures::future::join_all(keys.iter().enumerate().map(|(i, key)| {
+        let events = stores.events.clone();
+        async move { events.append(key, FIRST_EPOCH, &batch(i)).await }
+    }))
+    .await;
+    std::fs::remove_file(&filler).unwrap();
+    for (i, append) in appends.iter().enumerate() {
+        assert!(matches!(append, Err(Error::StorageFull(_))), "run {i}: {append:?}");
+    }
+    for key in &keys {
+        assert!(stores.events.snapshot(key).await.unwrap().chunks.is_empty(), "nothing of a refused group");
+    }
+    // With room again, the same appends land.
+    for (i, key) in keys.iter().enumerate() {
+        assert_eq!(stores.events.append(key, FIRST_EPOCH, &batch(i)).await.unwrap().len(), 4);
+    }
+    stores.close().await;
+}

@@ -3,6 +3,11 @@
 //! writer is SIGCONTed. Nothing of the old epoch may land after the claim,
 //! and every append the old writer saw succeed must have landed before it.
 //!
+//! And group commit under `kill -9`: a process appending to many runs at
+//! once (their appends sharing transactions) is SIGKILLed; every chunk it
+//! had been told was stored is in the log afterwards, once, at the offset
+//! it was told, and every log is contiguous.
+//!
 //! The child processes are this test binary again, entering
 //! [`fault_child_process`] with `SANDHOLD_FAULT_ROLE` set; in a normal test
 //! run that entry point does nothing.
@@ -24,6 +29,10 @@ const RUN: &str = "SANDHOLD_FAULT_RUN";
 const TENANT: &str = "fault";
 const BATCH: usize = 4;
 const DEADLINE: Duration = Duration::from_secs(120);
+/// Runs the killed writer appends to at once.
+const GROUP_RUNS: usize = 64;
+/// Acknowledged chunks to wait for before the kill.
+const ACKS_BEFORE_KILL: usize = 3_000;
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
@@ -64,6 +73,34 @@ fn fault_child_process() {
                 }
             }
             // Take the run over and write one batch as its new driver.
+            // Append to GROUP_RUNS runs (`<RUN>-<i>`) at once until killed,
+            // saying which chunk was stored at which offset once acknowledged.
+            "group-writer" => {
+                let appenders: Vec<_> = (0..GROUP_RUNS)
+                    .map(|i| {
+                        let run = RunKey::new(
+                            run.tenant.clone(),
+                            RunId::parse(&format!("{}-{i}", run.run)).unwrap(),
+                        );
+                        let writer = LogWriter::new(stores.events.clone(), run, FIRST_EPOCH);
+                        tokio::spawn(async move {
+                            for n in 0.. {
+                                let chunks: Vec<NewChunk> = (0..1 + (i + n) % 3)
+                                    .map(|k| NewChunk::new("fault", format!("r{i}-{n}-{k}").into_bytes()))
+                                    .collect();
+                                let offsets = writer.append(&chunks).await.unwrap();
+                                for (chunk, offset) in chunks.iter().zip(offsets) {
+                                    let payload = String::from_utf8_lossy(&chunk.payload);
+                                    say(&format!("ACK {i} {offset} {payload} END"));
+                                }
+                            }
+                        })
+                    })
+                    .collect();
+                for appender in appenders {
+                    appender.await.unwrap();
+                }
+            }
             "claimer" => {
                 let epoch = stores.runs.claim(&run).await.unwrap().driver_epoch;
                 LogWriter::new(stores.events.clone(), run, epoch).append(&batch("new")).await.unwrap();
@@ -233,4 +270,86 @@ fn stopped_writer_lands_nothing_after_a_claim_sqlite() {
     let dir = tempfile::tempdir().unwrap();
     let url = control_plane::store::default_database_url(dir.path());
     fault_rounds(&url, 5, Duration::from_secs(3));
+}
+
+/// SIGKILL a process appending to many runs at once, mid-group: what it
+/// had acknowledged is stored, once, where it said; nothing is stored twice.
+fn killed_mid_group_loses_nothing_acknowledged(url: &str) {
+    let rt = runtime();
+    let stores = rt.block_on(Stores::open(url)).unwrap();
+    let keys: Vec<RunKey> = (0..GROUP_RUNS)
+        .map(|i| {
+            let new = NewRun::bare(RunId::parse(&format!("kill-{i}")).unwrap(), TENANT, "fault");
+            let key = new.key();
+            rt.block_on(stores.runs.create_or_resume(new)).unwrap();
+            key
+        })
+        .collect();
+    let (mut writer, lines) = spawn_child("group-writer", url, &RunId::parse("kill").unwrap());
+    let mut acknowledged: Vec<String> = Vec::new();
+    while acknowledged.len() < ACKS_BEFORE_KILL {
+        acknowledged.push(lines.recv_timeout(DEADLINE).expect("the writer appends"));
+    }
+    kill(Pid::from_raw(writer.id() as i32), Signal::SIGKILL).unwrap();
+    let status = writer.wait().unwrap();
+    assert!(!status.success(), "{status}");
+    // Until the reader thread saw EOF: what was printed before the kill.
+    acknowledged.extend(lines.iter());
+
+    let mut stored_at: std::collections::HashMap<(usize, String), String> = Default::default();
+    for line in &acknowledged {
+        // A line the kill cut short was never whole, so never acknowledged.
+        let Some(line) = line.strip_suffix(" END") else { continue };
+        let fields: Vec<&str> = line.split(' ').collect();
+        assert!(matches!(fields.as_slice(), ["ACK", _, _, _]), "{line}");
+        let run: usize = fields[1].parse().unwrap();
+        let earlier = stored_at.insert((run, fields[2].to_owned()), fields[3].to_owned());
+        assert!(earlier.is_none(), "offset {} of run {run} acknowledged twice", fields[2]);
+    }
+    assert!(stored_at.len() >= ACKS_BEFORE_KILL - 1);
+
+    let mut stored_total = 0;
+    for (i, key) in keys.iter().enumerate() {
+        let log = rt.block_on(stores.events.snapshot(key)).unwrap();
+        stored_total += log.chunks.len();
+        let offsets: Vec<String> = log.chunks.iter().map(|c| c.offset.to_string()).collect();
+        let contiguous: Vec<String> = (1..=log.chunks.len()).map(|n| n.to_string()).collect();
+        assert_eq!(offsets, contiguous, "run {i}: offsets contiguous");
+        let payloads: std::collections::HashSet<&[u8]> =
+            log.chunks.iter().map(|c| c.payload.as_slice()).collect();
+        assert_eq!(payloads.len(), log.chunks.len(), "run {i}: a chunk stored twice");
+        let by_offset: std::collections::HashMap<String, &[u8]> =
+            log.chunks.iter().map(|c| (c.offset.to_string(), c.payload.as_slice())).collect();
+        for ((run, offset), payload) in stored_at.iter().filter(|((run, _), _)| *run == i) {
+            assert_eq!(
+                by_offset.get(offset).copied(),
+                Some(payload.as_bytes()),
+                "run {run}: acknowledged chunk {payload} at offset {offset} is not in the log"
+            );
+        }
+    }
+    assert!(stored_total >= stored_at.len());
+    eprintln!("kill -9 mid-group: {} chunks acknowledged, {stored_total} stored", stored_at.len());
+    rt.block_on(stores.close());
+}
+
+#[test]
+fn killed_mid_group_loses_nothing_acknowledged_sqlite() {
+    if std::env::var(ROLE).is_ok() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    killed_mid_group_loses_nothing_acknowledged(&control_plane::store::default_database_url(dir.path()));
+}
+
+#[test]
+fn killed_mid_group_loses_nothing_acknowledged_postgres() {
+    if std::env::var(ROLE).is_ok() {
+        return;
+    }
+    let Some(admin_url) = sandhold_tests::services::postgres_url() else { return };
+    let rt = runtime();
+    let scratch = rt.block_on(ScratchDatabase::create(&admin_url)).unwrap();
+    killed_mid_group_loses_nothing_acknowledged(scratch.url());
+    rt.block_on(scratch.drop_database()).unwrap();
 }

@@ -187,6 +187,76 @@ async fn killed_driver_is_replaced_and_nothing_is_lost_or_doubled() {
     }
 }
 
+/// One server on its embedded SQLite, 20 runs streaming at once (their
+/// appends share group commits), SIGKILLed mid-stream and started again on
+/// the same data: every chunk a client had received before the kill is in
+/// its run's log at the offset the client saw it at, and each run, taken
+/// over on attach, ends with every line exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn killed_server_on_sqlite_keeps_every_chunk_its_clients_received() {
+    const RUNS: usize = 20;
+    const LINES: u32 = 400;
+    let mut s = TenantServer::start("kill-group", &[]).await;
+    put_definition(&mut s.server.sandboxes(&s.token).await, definition("def", Kind::Local)).await;
+    let script = numbered_lines(LINES, 10, "0.05");
+    let (streaming_tx, mut streaming_rx) = tokio::sync::mpsc::channel::<()>(RUNS);
+    let mut clients = Vec::new();
+    for i in 0..RUNS {
+        let mut runs = s.server.runs(&s.token).await;
+        let run_id = format!("group-{i}-{}", s.nonce);
+        let request = command_run(&run_id, &format!("thread-{}", i % 4), "def", &script);
+        let mut stream = runs.start_run(request).await.unwrap().into_inner();
+        let streaming = streaming_tx.clone();
+        clients.push(tokio::spawn(async move {
+            let mut seen = Seen::default();
+            let _ = read_until(&mut stream, &mut seen, |s| !s.line_numbers().is_empty()).await;
+            let _ = streaming.send(()).await;
+            // Until the run ends or the server dies under the stream.
+            let _ = read_until(&mut stream, &mut seen, |_| false).await;
+            (run_id, seen)
+        }));
+    }
+    for _ in 0..RUNS {
+        tokio::time::timeout(PATIENCE, streaming_rx.recv()).await.expect("every run streams");
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    s.server.kill9().await;
+    let mut received = Vec::new();
+    for client in clients {
+        received.push(
+            tokio::time::timeout(PATIENCE, client).await.expect("the stream ends with the server").unwrap(),
+        );
+    }
+
+    let options = ServerOptions {
+        data_dir: s.server.data_dir().to_path_buf(),
+        tokens: vec![format!("{}={}", s.tenant, s.token)],
+        ..Default::default()
+    };
+    s.server = ServerProcess::start(&options).await;
+    let mut runs = s.server.runs(&s.token).await;
+    let mut cut_short = 0;
+    for (run_id, before) in received {
+        let mut stream = attach_after(&mut runs, &run_id, &Seen::default()).await.unwrap();
+        let mut log = Seen::default();
+        assert!(read_until(&mut stream, &mut log, |_| false).await.unwrap(), "{run_id}: the log ends");
+        let stored: std::collections::HashMap<&String, &api::Chunk> =
+            log.chunks.iter().map(|(offset, chunk)| (offset, chunk)).collect();
+        for (offset, chunk) in &before.chunks {
+            assert_eq!(
+                stored.get(offset).copied(),
+                Some(chunk),
+                "{run_id}: received at {offset}, not stored there"
+            );
+        }
+        if before.terminal().is_none() {
+            cut_short += 1;
+        }
+        assert_every_line_once(&log, LINES, &run_id);
+    }
+    assert!(cut_short > 0, "the kill came after every run had ended");
+}
+
 /// The driver is paused (SIGSTOP) past its lease; a successor takes over;
 /// when the old driver resumes, nothing it writes lands: the log's epochs
 /// never go back, and the record is completed by the successor.
