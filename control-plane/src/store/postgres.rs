@@ -191,6 +191,10 @@ fn is_unique_violation(error: &sqlx::Error) -> bool {
 /// epoch is in before the new epoch exists): the module's argument, with
 /// the lock held to the group's COMMIT. An append alone keeps the one
 /// statement that checks and inserts (nothing held between round trips).
+/// How long a group's transaction may sit idle before PostgreSQL ends it
+/// (a group runs in milliseconds; see [`PgAppends`]'s `begin`).
+const GROUP_IDLE_LIMIT: Duration = Duration::from_secs(5);
+
 pub(super) struct PgAppends {
     pool: PgPool,
 }
@@ -253,7 +257,19 @@ impl GroupLog for PgAppends {
     type Tx = sqlx::Transaction<'static, sqlx::Postgres>;
 
     async fn begin(&self) -> Result<Self::Tx> {
-        Ok(self.pool.begin().await?)
+        let mut tx = self.pool.begin().await?;
+        // A group holds its runs' rows `FOR SHARE` to its COMMIT: a replica
+        // stopped or cut off inside it would hold up every claim of those
+        // runs for as long as its connection lives. PostgreSQL ends such a
+        // transaction (and its session) after this much idleness; its
+        // members were never acknowledged, so nothing is lost.
+        sqlx::query(&format!(
+            "SET LOCAL idle_in_transaction_session_timeout = '{}ms'",
+            GROUP_IDLE_LIMIT.as_millis()
+        ))
+        .execute(&mut *tx)
+        .await?;
+        Ok(tx)
     }
 
     async fn write(&self, tx: &mut Self::Tx, members: &[Member<'_>]) -> Result<Vec<Written>> {
@@ -374,5 +390,46 @@ impl EventLog for PgStore {
         }
         tail::wake_run(&self.wakes, run);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use sandhold_tests::database::ScratchDatabase;
+
+    use super::*;
+    use crate::store::{NewRun, RunId, Stores};
+
+    /// A group whose replica stops inside its transaction (SIGSTOP, a
+    /// partition) holds its runs' rows: PostgreSQL ends it after
+    /// [`GROUP_IDLE_LIMIT`], so another replica's claim goes through, and
+    /// the stalled group can no longer commit (nothing of it was
+    /// acknowledged). Without the limit the claim waits for as long as the
+    /// stopped replica's connection lives.
+    #[tokio::test]
+    async fn a_group_left_hanging_lets_a_claim_of_its_runs_through() {
+        let Some(admin_url) = sandhold_tests::services::postgres_url() else { return };
+        let scratch = ScratchDatabase::create(&admin_url).await.unwrap();
+        let stores = Stores::open(scratch.url()).await.unwrap();
+        let new = NewRun::bare(RunId::parse("hang").unwrap(), "acme", "t");
+        let key = new.key();
+        stores.runs.create_or_resume(new).await.unwrap();
+
+        let appends = PgAppends { pool: PgPool::connect(scratch.url()).await.unwrap() };
+        let mut tx = appends.begin().await.unwrap();
+        sqlx::query("SELECT 1 FROM runs r WHERE tenant = $1 AND run_id = $2 FOR SHARE OF r")
+            .bind(key.tenant.as_str())
+            .bind(key.run.as_str())
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        // The group's replica stops here.
+        let claimed = tokio::time::timeout(Duration::from_secs(60), stores.runs.claim(&key)).await;
+        assert!(matches!(claimed, Ok(Ok(_))), "a claim waited on a stopped group: {claimed:?}");
+        assert!(appends.commit(tx).await.is_err(), "the stalled group committed after the claim");
+
+        appends.pool.close().await;
+        stores.close().await;
+        scratch.drop_database().await.unwrap();
     }
 }
