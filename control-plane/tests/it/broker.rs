@@ -327,66 +327,121 @@ async fn an_unreachable_model_is_said_as_it_happens_then_ends_the_run() {
 
 #[tokio::test]
 async fn a_run_survives_kill_9_of_the_replica_carrying_its_model_traffic() {
-    if !sandhold_tests::services::docker() || sandhold_tests::model::cli("claude").is_none() {
-        return;
-    }
-    let Some(cluster) = sandhold_tests::cluster::Cluster::create("broker-kill").await else { return };
-    ensure_debian_image();
-    let nonce = cluster.nonce.clone();
-    let token = format!("tok-{nonce}");
-    let tenant = format!("t{nonce}");
-    let _cleanup = DockerCleanup { tenant: tenant.clone() };
-    let mut replicas = Vec::new();
-    for i in 0..2 {
-        let tokens = vec![format!("{tenant}={token}")];
-        replicas.push(cluster.replica(&format!("b{i}"), tokens, (2000, 500), broker_server_args()).await);
-    }
-    let dir = TestDir::new("broker-kill-model");
-    let stall = dir.path().join("stall");
-    std::fs::write(&stall, b"").unwrap();
-    let model = FakeModel::stalling("tool", dir.path().join("model.log"), stall.clone());
-    let mut sandboxes = replicas[0].sandboxes(&token).await;
-    put_definition(&mut sandboxes, CLAUDE.definition("def", (CLAUDE.upstream)(model.port))).await;
-    let run_id = format!("k-{nonce}");
-    let key = format!("sk-real-{nonce}");
-    let mut runs0 = replicas[0].runs(&token).await;
-    let mut stream =
-        runs0.start_run(CLAUDE.start_request(&run_id, "t", "def", &key)).await.unwrap().into_inner();
-    let mut seen = Seen::default();
-    read_until(&mut stream, &mut seen, |s| !s.chunks.is_empty()).await.unwrap();
+    let Some(mut held) = HeldRun::start("broker-kill", FakeModel::stalling).await else { return };
     // The CLI waits on the model, through replica 0's carrier.
-    wait_for_a_request(&model).await;
-    let before_the_kill = requests(&model).len();
-    replicas[0].kill9().await;
-    std::fs::remove_file(&stall).unwrap();
-    let mut runs1 = replicas[1].runs(&token).await;
-    let mut stream = attach_after(&mut runs1, &run_id, &seen).await.unwrap();
-    read_until(&mut stream, &mut seen, |_| false)
-        .await
-        .unwrap_or_else(|e| panic!("{e:?}\n{}", replicas[1].log_text()));
-    let record = wait_terminal(&mut runs1, &run_id).await;
+    wait_for_a_request(&held.model).await;
+    let before_the_kill = requests(&held.model).len();
+    let mut runs1 = held.finish_on_the_successor().await;
+    let (replicas, token, run_id) = (&held.replicas, &held.token, &held.run_id);
+    let record = wait_terminal(&mut runs1, run_id).await;
     assert_eq!(record.status, api::RunStatus::Completed as i32, "{record:?}\n{}", replicas[1].log_text());
     // The model was asked again after the kill: through the successor's
     // carriers (the key still added by the agent).
-    let after = requests(&model);
+    let after = requests(&held.model);
     assert!(after.len() > before_the_kill, "{after:?}");
     assert!(
         after[before_the_kill..]
             .iter()
-            .all(|r| r["body"].is_null() || r["auth"]["x-api-key"] == key.as_str())
+            .all(|r| r["body"].is_null() || r["auth"]["x-api-key"] == held.key.as_str())
     );
     // Every chunk once: offsets and translated chunks never repeat.
+    let seen = &held.seen;
     let mut offsets: Vec<_> = seen.chunks.iter().map(|(o, _)| o.clone()).collect();
     offsets.sort();
     offsets.dedup();
     assert_eq!(offsets.len(), seen.chunks.len(), "a chunk came twice");
     let starts = seen.chunks.iter().filter(|(_, c)| c.r#type() == api::ChunkType::RunStarted).count();
     assert_eq!(starts, 1);
-    let mut sandboxes = replicas[1].sandboxes(&token).await;
+    let mut sandboxes = replicas[1].sandboxes(token).await;
     let sandbox = of_thread(&mut sandboxes, "t").await.sandbox_id;
     assert_eq!(exec(&mut sandboxes, &sandbox, "cat hello.txt", b"").await, "hello from the tool\n");
-    drop(replicas);
-    cluster.tear_down().await;
+    held.tear_down().await;
+}
+
+/// A Claude Code run started on replica 0 of two broker replicas of a
+/// fresh cluster, against a fake model that holds answers while its hold
+/// file exists: the tests kill replica 0 mid-run and finish on replica 1.
+struct HeldRun {
+    cluster: sandhold_tests::cluster::Cluster,
+    replicas: Vec<sandhold_tests::server::ServerProcess>,
+    token: String,
+    run_id: String,
+    /// The model key the run was given.
+    key: String,
+    model: FakeModel,
+    hold: std::path::PathBuf,
+    seen: Seen,
+    stream: tonic::Streaming<api::RunEvent>,
+    _cleanup: DockerCleanup,
+    _dir: TestDir,
+}
+
+impl HeldRun {
+    /// `None` where Docker or the Claude Code CLI is missing (skipped, or
+    /// failed under `SANDHOLD_REQUIRE_SERVICES`). The first chunk has come.
+    async fn start(
+        name: &str,
+        model: fn(&str, std::path::PathBuf, std::path::PathBuf) -> FakeModel,
+    ) -> Option<Self> {
+        if !sandhold_tests::services::docker() || sandhold_tests::model::cli("claude").is_none() {
+            return None;
+        }
+        let cluster = sandhold_tests::cluster::Cluster::create(name).await?;
+        ensure_debian_image();
+        let nonce = cluster.nonce.clone();
+        let token = format!("tok-{nonce}");
+        let tenant = format!("t{nonce}");
+        let cleanup = DockerCleanup { tenant: tenant.clone() };
+        let mut replicas = Vec::new();
+        for i in 0..2 {
+            let tokens = vec![format!("{tenant}={token}")];
+            replicas.push(cluster.replica(&format!("r{i}"), tokens, (2000, 500), broker_server_args()).await);
+        }
+        let dir = TestDir::new(&format!("{name}-model"));
+        let hold = dir.path().join("hold");
+        std::fs::write(&hold, b"").unwrap();
+        let model = model("tool", dir.path().join("model.log"), hold.clone());
+        let mut sandboxes = replicas[0].sandboxes(&token).await;
+        put_definition(&mut sandboxes, CLAUDE.definition("def", (CLAUDE.upstream)(model.port))).await;
+        let run_id = format!("k-{nonce}");
+        let key = format!("sk-real-{nonce}");
+        let mut runs0 = replicas[0].runs(&token).await;
+        let mut stream =
+            runs0.start_run(CLAUDE.start_request(&run_id, "t", "def", &key)).await.unwrap().into_inner();
+        let mut seen = Seen::default();
+        read_until(&mut stream, &mut seen, |s| !s.chunks.is_empty()).await.unwrap();
+        Some(Self {
+            cluster,
+            replicas,
+            token,
+            run_id,
+            key,
+            model,
+            hold,
+            seen,
+            stream,
+            _cleanup: cleanup,
+            _dir: dir,
+        })
+    }
+
+    /// Kill replica 0 (SIGKILL), let the model answer, and read the run to
+    /// its end through replica 1, after what was seen; replica 1's client.
+    async fn finish_on_the_successor(&mut self) -> sandhold_tests::server::Runs {
+        self.replicas[0].kill9().await;
+        std::fs::remove_file(&self.hold).unwrap();
+        let mut runs1 = self.replicas[1].runs(&self.token).await;
+        self.stream = attach_after(&mut runs1, &self.run_id, &self.seen).await.unwrap();
+        read_until(&mut self.stream, &mut self.seen, |_| false)
+            .await
+            .unwrap_or_else(|e| panic!("{e:?}\n{}", self.replicas[1].log_text()));
+        runs1
+    }
+
+    async fn tear_down(self) {
+        drop(self.replicas);
+        self.cluster.tear_down().await;
+    }
 }
 
 /// The Messages requests the fake model received (each answered with
@@ -611,71 +666,42 @@ fn sandhold_run_max_tokens_ends_the_run_with_budget_exceeded() {
 /// each usage record once and ends the run with the exact totals.
 #[tokio::test]
 async fn model_usage_totals_survive_kill_9_of_the_driving_replica() {
-    if !sandhold_tests::services::docker() || sandhold_tests::model::cli("claude").is_none() {
+    let Some(mut held) = HeldRun::start("broker-usage-kill", FakeModel::holding_tool_results).await else {
         return;
-    }
-    let Some(cluster) = sandhold_tests::cluster::Cluster::create("broker-usage-kill").await else { return };
-    ensure_debian_image();
-    let nonce = cluster.nonce.clone();
-    let token = format!("tok-{nonce}");
-    let tenant = format!("t{nonce}");
-    let _cleanup = DockerCleanup { tenant: tenant.clone() };
-    let mut replicas = Vec::new();
-    for i in 0..2 {
-        let tokens = vec![format!("{tenant}={token}")];
-        replicas.push(cluster.replica(&format!("u{i}"), tokens, (2000, 500), broker_server_args()).await);
-    }
-    let dir = TestDir::new("broker-usage-kill-model");
-    let hold = dir.path().join("hold");
-    std::fs::write(&hold, b"").unwrap();
-    let model = FakeModel::holding_tool_results("tool", dir.path().join("model.log"), hold.clone());
-    let mut sandboxes = replicas[0].sandboxes(&token).await;
-    put_definition(&mut sandboxes, CLAUDE.definition("def", (CLAUDE.upstream)(model.port))).await;
-    let run_id = format!("uk-{nonce}");
-    let key = format!("sk-real-{nonce}");
-    let mut runs0 = replicas[0].runs(&token).await;
-    let mut stream =
-        runs0.start_run(CLAUDE.start_request(&run_id, "t", "def", &key)).await.unwrap().into_inner();
-    let mut seen = Seen::default();
+    };
     // The first answer is metered and delivered by replica 0 ...
-    read_until(&mut stream, &mut seen, |s| !customs(s, "model.usage").is_empty())
+    read_until(&mut held.stream, &mut held.seen, |s| !customs(s, "model.usage").is_empty())
         .await
-        .unwrap_or_else(|e| panic!("{e:?}\n{}", replicas[0].log_text()));
+        .unwrap_or_else(|e| panic!("{e:?}\n{}", held.replicas[0].log_text()));
     // ... and the second turn waits on the model.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
-    while !messages(&model).iter().any(|r| r["body"].to_string().contains("tool_result")) {
+    while !messages(&held.model).iter().any(|r| r["body"].to_string().contains("tool_result")) {
         assert!(tokio::time::Instant::now() < deadline, "the CLI never sent the tool's result");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    replicas[0].kill9().await;
-    std::fs::remove_file(&hold).unwrap();
-    let mut runs1 = replicas[1].runs(&token).await;
-    let mut stream = attach_after(&mut runs1, &run_id, &seen).await.unwrap();
-    read_until(&mut stream, &mut seen, |_| false)
-        .await
-        .unwrap_or_else(|e| panic!("{e:?}\n{}", replicas[1].log_text()));
+    let mut runs1 = held.finish_on_the_successor().await;
+    let (seen, run_id) = (&held.seen, &held.run_id);
     let terminal = seen.terminal().expect("a terminal chunk").clone();
     assert_eq!(
         terminal.r#type(),
         api::ChunkType::RunFinished,
         "{:?}\n{}",
         seen.chunks,
-        replicas[1].log_text()
+        held.replicas[1].log_text()
     );
     // Every record once, in order, before and after the kill.
-    let n = metered_answers(&seen);
+    let n = metered_answers(seen);
     assert!(n >= 2, "{:?}", seen.chunks);
     assert_eq!(tokens(terminal.usage.as_ref()), usage_of(n), "{terminal:?}");
-    let record = wait_terminal(&mut runs1, &run_id).await;
+    let record = wait_terminal(&mut runs1, run_id).await;
     assert_eq!(record.status, api::RunStatus::Completed as i32, "{record:?}");
     assert_eq!(tokens(record.usage.as_ref()), usage_of(n), "{record:?}");
     // The stored log says the same to a reader from the start.
     let mut stored = Seen::default();
-    let mut from_start = attach_after(&mut runs1, &run_id, &Seen::default()).await.unwrap();
+    let mut from_start = attach_after(&mut runs1, run_id, &Seen::default()).await.unwrap();
     read_until(&mut from_start, &mut stored, |_| false).await.unwrap();
     assert_eq!(metered_answers(&stored), n);
-    drop(replicas);
-    cluster.tear_down().await;
+    held.tear_down().await;
 }
 
 /// The README's blocks fenced ```` ```sh quickstart ````.
