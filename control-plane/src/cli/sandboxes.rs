@@ -102,7 +102,9 @@ pub async fn sandboxes(command: SandboxesCommand) -> ExitCode {
                     .sandboxes()
                     .list_sandboxes(api::ListSandboxesRequest {
                         thread_id: thread.unwrap_or_default(),
-                        ..Default::default()
+                        // What the providers say of each: running, stopped
+                        // or missing (and what a running one uses).
+                        with_state: true,
                     })
                     .await
                     .map_err(status_error)?
@@ -112,14 +114,18 @@ pub async fn sandboxes(command: SandboxesCommand) -> ExitCode {
                     OutputFormat::Json => list.iter().for_each(|s| json_line(&message_json(s, "Sandbox"))),
                     OutputFormat::Human if list.is_empty() => eprintln!("no sandboxes"),
                     OutputFormat::Human => {
+                        // Ids as the console shows them: 16 characters, a
+                        // prefix every command takes (`--output json` has
+                        // them whole).
                         println!(
-                            "{:<64} {:<8} {:<24} {:<24} CREATED",
-                            "SANDBOX", "PROVIDER", "DEFINITION", "THREAD"
+                            "{:<16} {:<8} {:<8} {:<24} {:<24} CREATED",
+                            "SANDBOX", "STATE", "PROVIDER", "DEFINITION", "THREAD"
                         );
                         for s in &list {
                             println!(
-                                "{:<64} {:<8} {:<24} {:<24} {}",
-                                s.sandbox_id,
+                                "{:<16} {:<8} {:<8} {:<24} {:<24} {}",
+                                &s.sandbox_id[..s.sandbox_id.len().min(16)],
+                                state_word(s.state()),
                                 s.provider,
                                 s.definition_id,
                                 s.thread_id,
@@ -278,5 +284,15 @@ pub async fn definitions(command: DefinitionsCommand) -> ExitCode {
             })
             .await
         }
+    }
+}
+
+/// A sandbox's state as the list says it (the words of `--output json`).
+fn state_word(state: api::SandboxState) -> &'static str {
+    match state {
+        api::SandboxState::Running => "running",
+        api::SandboxState::Stopped => "stopped",
+        api::SandboxState::Missing => "missing",
+        api::SandboxState::Unspecified => "unknown",
     }
 }

@@ -80,7 +80,9 @@ fn definitions_sandboxes_and_exec_against_a_served_server() {
     assert_eq!(listed[0]["sandbox_id"], sandbox.as_str());
     assert_eq!(listed[0]["thread_id"], "thread-a");
     let human = stdout(ok(&server.cli().args(["sandboxes", "ls"]).output().unwrap()));
-    assert!(human.contains(&sandbox) && human.contains("local"), "{human}");
+    let row = human.lines().find(|l| l.starts_with(&sandbox[..16])).unwrap_or_else(|| panic!("{human}"));
+    let columns: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(columns[..3], [&sandbox[..16], "running", "local"], "{human}");
 
     // Output streams through; the exit code is the command's.
     let out = server
