@@ -671,14 +671,7 @@ async fn a_status_written_on_a_full_disk_is_refused_not_acknowledged_and_lost() 
     let new = NewRun::bare(RunId::parse("full").unwrap(), "tenant", "thread");
     let key = new.key();
     stores.runs.create_or_resume(new).await.unwrap();
-    // An empty write-ahead log: the next commit needs new room on the disk.
-    let checkpoint = std::process::Command::new("sqlite3")
-        .arg(data_dir.join("sandhold.db"))
-        .arg("PRAGMA wal_checkpoint(TRUNCATE)")
-        .output()
-        .unwrap();
-    assert!(checkpoint.status.success(), "{checkpoint:?}");
-    assert_eq!(std::fs::metadata(data_dir.join("sandhold.db-wal")).unwrap().len(), 0);
+    empty_wal(&data_dir);
     let filler = fill(&data_dir);
 
     let finish = || RunFinish {
@@ -695,6 +688,18 @@ async fn a_status_written_on_a_full_disk_is_refused_not_acknowledged_and_lost() 
     // With room again, the same write lands.
     assert_eq!(stores.runs.finish(&key, FIRST_EPOCH, finish()).await.unwrap().status, RunStatus::Failed);
     assert_eq!(stores.runs.get(&key).await.unwrap().status, RunStatus::Failed);
+}
+
+/// Empty the write-ahead log of the SQLite database in `data_dir`, so the
+/// next commit needs new room on the disk.
+fn empty_wal(data_dir: &std::path::Path) {
+    let checkpoint = std::process::Command::new("sqlite3")
+        .arg(data_dir.join("sandhold.db"))
+        .arg("PRAGMA wal_checkpoint(TRUNCATE)")
+        .output()
+        .unwrap();
+    assert!(checkpoint.status.success(), "{checkpoint:?}");
+    assert_eq!(std::fs::metadata(data_dir.join("sandhold.db-wal")).unwrap().len(), 0);
 }
 
 /// Appends of many runs committed as one group on a full disk: the group's
@@ -714,12 +719,7 @@ async fn appends_grouped_on_a_full_disk_are_all_refused_none_acknowledged() {
         keys.push(new.key());
         stores.runs.create_or_resume(new).await.unwrap();
     }
-    let checkpoint = std::process::Command::new("sqlite3")
-        .arg(data_dir.join("sandhold.db"))
-        .arg("PRAGMA wal_checkpoint(TRUNCATE)")
-        .output()
-        .unwrap();
-    assert!(checkpoint.status.success(), "{checkpoint:?}");
+    empty_wal(&data_dir);
     let filler = fill(&data_dir);
 
     let batch = |i: usize| -> Vec<NewChunk> {

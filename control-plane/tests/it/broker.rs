@@ -487,6 +487,25 @@ fn tokens(u: Option<&api::Usage>) -> (u64, u64, u64, u64) {
     (u.input_tokens, u.output_tokens, u.cache_read_tokens, u.cache_write_tokens)
 }
 
+/// A Claude Code run `run_id` on `s` (definition `def`, thread `t`, key
+/// `sk-real-<nonce>`) against a new fake model logging under `dir`, with
+/// `budget`: the model, the runs client and the run's stream.
+async fn claude_run(
+    s: &sandhold_tests::server::TenantServer,
+    dir: &TestDir,
+    run_id: &str,
+    budget: Option<api::Budget>,
+) -> (FakeModel, sandhold_tests::server::Runs, tonic::Streaming<api::RunEvent>) {
+    let model = FakeModel::logging("tool", dir.path().join("model.log"));
+    let mut sandboxes = s.server.sandboxes(&s.token).await;
+    put_definition(&mut sandboxes, CLAUDE.definition("def", (CLAUDE.upstream)(model.port))).await;
+    let key = format!("sk-real-{}", s.nonce);
+    let mut runs = s.server.runs(&s.token).await;
+    let start = api::StartRunRequest { budget, ..CLAUDE.start_request(run_id, "t", "def", &key) };
+    let stream = runs.start_run(start).await.unwrap().into_inner();
+    (model, runs, stream)
+}
+
 /// Issue 38: the broker reads the usage of every answer Claude Code gets
 /// (streamed, with cache reads and writes) and the run ends with exactly
 /// the fake model's numbers, per answer and in total, on RUN_FINISHED and
@@ -500,14 +519,8 @@ async fn a_claude_code_run_ends_with_the_exact_token_totals_the_model_reported()
     let s = broker_server("broker-usage").await;
     let _cleanup = DockerCleanup { tenant: s.tenant.clone() };
     let dir = TestDir::new("broker-usage-model");
-    let model = FakeModel::logging("tool", dir.path().join("model.log"));
-    let mut sandboxes = s.server.sandboxes(&s.token).await;
-    put_definition(&mut sandboxes, CLAUDE.definition("def", (CLAUDE.upstream)(model.port))).await;
     let run_id = format!("u-{}", s.nonce);
-    let key = format!("sk-real-{}", s.nonce);
-    let mut runs = s.server.runs(&s.token).await;
-    let mut stream =
-        runs.start_run(CLAUDE.start_request(&run_id, "t", "def", &key)).await.unwrap().into_inner();
+    let (model, mut runs, mut stream) = claude_run(&s, &dir, &run_id, None).await;
     let mut seen = Seen::default();
     read_until(&mut stream, &mut seen, |_| false)
         .await
@@ -537,15 +550,9 @@ async fn a_budget_below_one_answer_ends_the_run_budget_exceeded() {
     let s = broker_server("broker-budget").await;
     let _cleanup = DockerCleanup { tenant: s.tenant.clone() };
     let dir = TestDir::new("broker-budget-model");
-    let model = FakeModel::logging("tool", dir.path().join("model.log"));
-    let mut sandboxes = s.server.sandboxes(&s.token).await;
-    put_definition(&mut sandboxes, CLAUDE.definition("def", (CLAUDE.upstream)(model.port))).await;
     let run_id = format!("b-{}", s.nonce);
-    let key = format!("sk-real-{}", s.nonce);
-    let mut runs = s.server.runs(&s.token).await;
-    let mut start = CLAUDE.start_request(&run_id, "t", "def", &key);
-    start.budget = Some(api::Budget { max_tokens: 10, ..Default::default() });
-    let mut stream = runs.start_run(start).await.unwrap().into_inner();
+    let budget = api::Budget { max_tokens: 10, ..Default::default() };
+    let (model, mut runs, mut stream) = claude_run(&s, &dir, &run_id, Some(budget)).await;
     let mut seen = Seen::default();
     read_until(&mut stream, &mut seen, |_| false)
         .await
@@ -590,14 +597,9 @@ async fn the_tenants_daily_budget_ends_a_run_and_refuses_the_next() {
     let s = sandhold_tests::server::TenantServer::start_with_args("broker-daily", &[], &args).await;
     let _cleanup = DockerCleanup { tenant: s.tenant.clone() };
     let dir = TestDir::new("broker-daily-model");
-    let model = FakeModel::logging("tool", dir.path().join("model.log"));
-    let mut sandboxes = s.server.sandboxes(&s.token).await;
-    put_definition(&mut sandboxes, CLAUDE.definition("def", (CLAUDE.upstream)(model.port))).await;
-    let key = format!("sk-real-{}", s.nonce);
-    let mut runs = s.server.runs(&s.token).await;
     let run_id = format!("d-{}", s.nonce);
-    let mut stream =
-        runs.start_run(CLAUDE.start_request(&run_id, "t", "def", &key)).await.unwrap().into_inner();
+    let (_model, mut runs, mut stream) = claude_run(&s, &dir, &run_id, None).await;
+    let key = format!("sk-real-{}", s.nonce);
     let mut seen = Seen::default();
     read_until(&mut stream, &mut seen, |_| false)
         .await

@@ -418,6 +418,22 @@ async fn no_placeholder_is_401_and_a_secret_not_held_is_503_naming_it() {
 /// (request line and every header, as received) as the body: what an API
 /// does that quotes an unknown header value in its error. Records each head.
 async fn echo_upstream() -> (u16, Arc<Mutex<Vec<String>>>, tokio::task::JoinHandle<()>) {
+    let answer = |head: &str| {
+        format!(
+            "HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n\
+             connection: close\r\n\r\n{head}",
+            head.len()
+        )
+    };
+    recording_upstream(answer, str::to_owned).await
+}
+
+/// An upstream on 127.0.0.1 that reads each request (head, and body by its
+/// length), records `record(head)` and writes `answer(head)`, then closes.
+async fn recording_upstream(
+    answer: fn(&str) -> String,
+    record: fn(&str) -> String,
+) -> (u16, Arc<Mutex<Vec<String>>>, tokio::task::JoinHandle<()>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     let heads = Arc::new(Mutex::new(Vec::new()));
@@ -428,21 +444,21 @@ async fn echo_upstream() -> (u16, Arc<Mutex<Vec<String>>>, tokio::task::JoinHand
             let seen = seen.clone();
             tokio::spawn(async move {
                 let mut tcp = BufReader::new(tcp);
-                let mut head = String::new();
+                let (mut head, mut length) = (String::new(), 0usize);
                 loop {
                     let mut line = String::new();
                     if tcp.read_line(&mut line).await.unwrap_or(0) == 0 || line.trim_end().is_empty() {
                         break;
                     }
+                    if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                        length = v.trim().parse().unwrap_or(0);
+                    }
                     head.push_str(&line);
                 }
-                seen.lock().unwrap().push(head.clone());
-                let answer = format!(
-                    "HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n\
-                     connection: close\r\n\r\n{head}",
-                    head.len()
-                );
-                let _ = tcp.get_mut().write_all(answer.as_bytes()).await;
+                let mut body = vec![0u8; length];
+                let _ = tcp.read_exact(&mut body).await;
+                seen.lock().unwrap().push(record(&head));
+                let _ = tcp.get_mut().write_all(answer(&head).as_bytes()).await;
                 let _ = tcp.get_mut().shutdown().await;
             });
         }
@@ -850,46 +866,19 @@ async fn routes_and_port_survive_an_agent_restart() {
 /// streamed message whose usage is 12 input, 7 output, 5 cache reads and 3
 /// cache writes; records each request's head.
 async fn usage_upstream() -> (u16, Arc<Mutex<Vec<String>>>, tokio::task::JoinHandle<()>) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let heads = Arc::new(Mutex::new(Vec::new()));
-    let seen = heads.clone();
-    let task = tokio::spawn(async move {
-        loop {
-            let Ok((tcp, _)) = listener.accept().await else { return };
-            let seen = seen.clone();
-            tokio::spawn(async move {
-                let mut tcp = BufReader::new(tcp);
-                let (mut head, mut length) = (String::new(), 0usize);
-                loop {
-                    let mut line = String::new();
-                    if tcp.read_line(&mut line).await.unwrap_or(0) == 0 || line.trim_end().is_empty() {
-                        break;
-                    }
-                    if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
-                        length = v.trim().parse().unwrap_or(0);
-                    }
-                    head.push_str(&line);
-                }
-                let mut body = vec![0u8; length];
-                let _ = tcp.read_exact(&mut body).await;
-                seen.lock().unwrap().push(head.to_ascii_lowercase());
-                let events = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"model\":\"m-1\",\
-                    \"usage\":{\"input_tokens\":12,\"output_tokens\":1,\"cache_read_input_tokens\":5,\
-                    \"cache_creation_input_tokens\":3}}}\n\n\
-                    event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":7}}\n\n\
-                    event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
-                let answer = format!(
-                    "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {}\r\n\
-                     connection: close\r\n\r\n{events}",
-                    events.len()
-                );
-                let _ = tcp.get_mut().write_all(answer.as_bytes()).await;
-                let _ = tcp.get_mut().shutdown().await;
-            });
-        }
-    });
-    (port, heads, task)
+    let answer = |_: &str| {
+        let events = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"model\":\"m-1\",\
+            \"usage\":{\"input_tokens\":12,\"output_tokens\":1,\"cache_read_input_tokens\":5,\
+            \"cache_creation_input_tokens\":3}}}\n\n\
+            event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":7}}\n\n\
+            event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
+        format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {}\r\n\
+             connection: close\r\n\r\n{events}",
+            events.len()
+        )
+    };
+    recording_upstream(answer, str::to_ascii_lowercase).await
 }
 
 async fn usage_of(agent: &TestAgent, run_id: &str) -> Vec<(u64, u64, u64, u64, u64)> {
