@@ -188,6 +188,70 @@ async fn docker_durable_run_disconnect_reattach_and_cancel(runtime) {
 }
 }
 
+/// A cancel that lands while the run's sandbox is still being set up (the
+/// drive registered, the command not started): the run ends cancelled,
+/// with its terminal chunk written by the driver that was cancelled, its
+/// command never started, and its sandbox gone. Before the fix the drive
+/// went on to follow a journal that never existed and ended
+/// FAILED_PRECONDITION, and an `attach` then took over a run nobody
+/// concluded. (Cancels before the drive exists and after the start are
+/// the takeover tests' and `cancel_stops_at_once`'s.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cancel_during_setup_ends_the_run_cancelled_and_starts_nothing() {
+    let s = TenantServer::start("cancel-setup", &[]).await;
+    let in_setup = s.server.log.with_file_name("in-setup");
+    let go = s.server.log.with_file_name("setup-go");
+    let mut def = definition("def", Kind::Local);
+    def.workspace = Some(api::WorkspaceDefinition {
+        setup: vec![api::SetupStep {
+            step: Some(api::setup_step::Step::Serial(format!(
+                "touch {}; while [ ! -e {} ]; do sleep 0.05; done",
+                in_setup.display(),
+                go.display()
+            ))),
+        }],
+        ..Default::default()
+    });
+    put_definition(&mut s.server.sandboxes(&s.token).await, def).await;
+    let mut runs = s.server.runs(&s.token).await;
+    let run_id = format!("run-{}", s.nonce);
+    let marker = format!("never{}", s.nonce);
+    let script = format!("echo {marker} > {}", s.server.log.with_file_name("ran").display());
+    let mut stream =
+        runs.start_run(command_run(&run_id, "thread-1", "def", &script)).await.unwrap().into_inner();
+    let in_setup_seen = eventually(PATIENCE, || async { in_setup.exists() }).await;
+    assert!(in_setup_seen, "setup never began:\n{}", tail(&s.server.log_text()));
+
+    runs.cancel_run(api::CancelRunRequest { run_id: run_id.clone() }).await.unwrap();
+    std::fs::write(&go, "").unwrap();
+
+    let mut seen = Seen::default();
+    assert!(read_until(&mut stream, &mut seen, |_| false).await.unwrap(), "the stream ends");
+    let terminal = seen.terminal().expect("a terminal chunk");
+    assert_eq!(terminal.r#type(), api::ChunkType::RunError, "{terminal:?}");
+    assert_eq!(terminal.error_code, "CANCELLED", "{terminal:?}");
+    let record = wait_terminal(&mut runs, &run_id).await;
+    assert_eq!(record.status, api::RunStatus::Aborted as i32, "{record:?}");
+    assert!(!s.server.log.with_file_name("ran").exists(), "the cancelled run's command ran");
+
+    // An attach later finds a concluded run: it replays the cancel and
+    // takes nothing over.
+    let mut replay = Seen::default();
+    let mut attach = runs
+        .attach_run(api::AttachRunRequest {
+            run_id: run_id.clone(),
+            thread_id: "thread-1".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(read_until(&mut attach, &mut replay, |_| false).await.unwrap());
+    assert_eq!(replay.terminal().map(|t| t.error_code.clone()), Some("CANCELLED".into()));
+    let after = wait_terminal(&mut runs, &run_id).await;
+    assert_eq!(after.status, api::RunStatus::Aborted as i32, "{after:?}");
+}
+
 /// The pids of a Docker sandbox's agent daemon, read from the container's
 /// `/proc` (its init runs it as `/.sandhold/sandhold-agent serve …`; the
 /// images have no `pgrep`).

@@ -134,9 +134,10 @@ impl Runs {
         let update = RunUpdate { sandbox_key: Some(Some(key.clone())), ..Default::default() };
         cx.stores.runs.update(&ctx.key, update).await.map_err(|e| Ending::Failed(e.into()))?;
         let live = sandbox.agent(&ctx.key.tenant, &key).await.map_err(|e| Ending::Failed(e.into()))?;
-        if ctx.interrupts.drive.stop.is_cancelled() {
-            // Stopped while the sandbox was being made: nothing to start.
-            return Ok((key, live.agent, live.secrets));
+        if let Some(stopped) = ctx.interrupts.stopped() {
+            // Stopped while the sandbox was being made: nothing to start,
+            // and no journal for a pump to follow.
+            return Err(stopped);
         }
         let (path, missing) = sandbox.run_path(&live, ctx.harness, command.cli_program(), &command.env).await;
         if let Some(u) = unresumed {
@@ -215,6 +216,9 @@ impl Runs {
         // The toolchain's CLIs, unless the run sets its own PATH.
         if let Some(path) = path {
             request.env.entry("PATH".into()).or_insert(path);
+        }
+        if let Some(stopped) = ctx.interrupts.stopped() {
+            return Err(stopped);
         }
         live.agent
             .journal()

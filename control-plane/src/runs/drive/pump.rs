@@ -99,7 +99,9 @@ impl Runs {
             let mut stream = match agent.journal().follow(request).await {
                 Ok(s) => Coalesced::new(s.into_inner()),
                 Err(status) if status.code() == tonic::Code::NotFound => {
-                    break Ending::Failed(Error::NoJournal);
+                    // A launch stopped before its start leaves no journal:
+                    // the stop is the ending, not the missing journal.
+                    break ctx.interrupts.stopped().unwrap_or(Ending::Failed(Error::NoJournal));
                 }
                 Err(status) if WireError::from_status(&status).code == ErrorCode::SecretsMissing => {
                     // The agent restarted without the values: hand back what
@@ -148,8 +150,7 @@ impl Runs {
                         break 'follow Ending::Superseded("the run's lease was lost".into());
                     }
                     _ = ctx.interrupts.drive.stop.cancelled() => {
-                        let reason = ctx.interrupts.drive.reason().unwrap_or(StopReason::Cancel);
-                        break 'follow Ending::Stopped(reason);
+                        break 'follow ctx.interrupts.stopped().unwrap_or(Ending::Stopped(StopReason::Cancel));
                     }
                     _ = health_check.tick() => {
                         if let Some(e) = egress

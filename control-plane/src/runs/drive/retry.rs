@@ -33,15 +33,20 @@ impl Interrupts {
         }
     }
 
+    /// The drive's stop as its ending, once a stop (a cancel, a deadline,
+    /// a disconnect) has landed.
+    pub fn stopped(&self) -> Option<Ending> {
+        let reason = || self.drive.reason().unwrap_or(StopReason::Cancel);
+        self.drive.stop.is_cancelled().then(|| Ending::Stopped(reason()))
+    }
+
     /// Wait `d` unless the drive must end first, and then say how.
     pub async fn during(&self, d: Duration) -> Option<Ending> {
         tokio::select! {
             biased;
             _ = self.shutdown.cancelled() => Some(Ending::Detach),
             _ = self.lease_lost.cancelled() => Some(Ending::Superseded("the run's lease was lost".into())),
-            _ = self.drive.stop.cancelled() => {
-                Some(Ending::Stopped(self.drive.reason().unwrap_or(StopReason::Cancel)))
-            }
+            _ = self.drive.stop.cancelled() => self.stopped(),
             _ = tokio::time::sleep(d) => None,
         }
     }
