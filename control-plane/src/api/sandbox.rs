@@ -139,6 +139,15 @@ impl SandboxService for SandboxApi {
         Ok(Response::new(api::ListSandboxesResponse { sandboxes }))
     }
 
+    async fn list_warm_pools(
+        &self,
+        request: Request<api::ListWarmPoolsRequest>,
+    ) -> Result<Response<api::ListWarmPoolsResponse>, Status> {
+        let tenant = tenant_of(&request)?;
+        let pools = self.sandboxes.warm_pools(&tenant).await?;
+        Ok(Response::new(api::ListWarmPoolsResponse { pools }))
+    }
+
     async fn destroy_sandbox(
         &self,
         request: Request<api::DestroySandboxRequest>,

@@ -207,6 +207,8 @@ pub struct FromFlags {
     pub model_access: Vec<api::ModelAccess>,
     /// `--allow-host`: the egress proxy's allowlist.
     pub allow_hosts: Vec<String>,
+    /// `--warm`: sandboxes kept ready (`lifecycle.warm`).
+    pub warm: u32,
 }
 
 impl FromFlags {
@@ -245,6 +247,7 @@ impl FromFlags {
             }),
             lifecycle: Some(api::Lifecycle {
                 destroy_on_complete: self.destroy_on_complete,
+                warm: self.warm,
                 ..Default::default()
             }),
             budget: None,

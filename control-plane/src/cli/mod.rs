@@ -83,6 +83,9 @@ pub enum Command {
     /// Store, list or remove sandbox definitions.
     #[command(subcommand)]
     Definitions(sandboxes::DefinitionsCommand),
+    /// Warm pools: sandboxes kept ready for definitions that ask (`--warm N`).
+    #[command(subcommand)]
+    Pools(sandboxes::PoolsCommand),
     /// Forward local connections to a port on a sandbox's loopback, until Ctrl-C.
     #[command(
         after_help = "Examples:\n  sandhold port-forward 3f2a9c 8080:3000\n  sandhold port-forward --thread demo 8080:3000",
@@ -215,6 +218,7 @@ async fn client(command: Command) -> ExitCode {
         Command::Sandboxes(c) => sandboxes::sandboxes(c).await,
         Command::Exec(args) => sandboxes::exec(args).await,
         Command::Definitions(c) => sandboxes::definitions(c).await,
+        Command::Pools(c) => sandboxes::pools(c).await,
         Command::PortForward(args) => port_forward::port_forward(args).await,
         Command::Git(args) => git::git(args).await,
         Command::Shell(args) => shell::shell(args).await,

@@ -172,6 +172,12 @@ pub struct RunArgs {
     #[arg(long = "allow-host", value_name = "HOST[:PORT]")]
     pub allow_hosts: Vec<String>,
 
+    /// Keep N sandboxes of this definition created, set up and idle, so a
+    /// new thread's run takes one at once (`lifecycle.warm`; `sandhold
+    /// pools ls` shows the pools). Overrides --definition's.
+    #[arg(long, value_name = "N")]
+    pub warm: Option<u32>,
+
     /// The run's token budget: input and output tokens together (cache
     /// reads and writes count as input), as the model broker reads them
     /// from the model's answers. Once reached, the broker refuses further
@@ -299,6 +305,7 @@ impl RunArgs {
             || self.runtime.is_some()
             || self.model_upstream.is_some()
             || !self.allow_hosts.is_empty()
+            || self.warm.is_some()
     }
 }
 
@@ -361,6 +368,7 @@ fn prepare(args: &RunArgs) -> anyhow::Result<Prepared> {
             network: args.network.clone(),
             runtime: args.runtime.clone(),
             destroy_on_complete: args.thread.is_none(),
+            warm: args.warm.unwrap_or_default(),
         }
         .build()?,
     };
@@ -463,8 +471,8 @@ fn model_access(args: &RunArgs, existing: &[api::ModelAccess]) -> Option<api::Mo
     Some(api::ModelAccess { harness: harness.name().to_string(), upstream, key_secret })
 }
 
-/// The `--secret` names, `--model-upstream` and `--allow-host` on top of a
-/// definition file's own settings.
+/// The `--secret` names, `--model-upstream`, `--allow-host` and `--warm` on
+/// top of a definition file's own settings.
 fn broker_on_top(definition: &mut api::SandboxDefinition, args: &RunArgs, secret_names: &[String]) {
     for name in secret_names {
         if !definition.secret_names.contains(name) {
@@ -474,6 +482,9 @@ fn broker_on_top(definition: &mut api::SandboxDefinition, args: &RunArgs, secret
     if let Some(access) = model_access(args, &definition.model_access) {
         definition.model_access.retain(|m| m.harness != access.harness);
         definition.model_access.push(access);
+    }
+    if let Some(warm) = args.warm {
+        definition.lifecycle.get_or_insert_with(Default::default).warm = warm;
     }
     if !args.allow_hosts.is_empty() {
         let network = definition.network.get_or_insert_with(Default::default);

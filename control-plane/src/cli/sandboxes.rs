@@ -1,5 +1,6 @@
-//! `sandhold sandboxes ls|rm`, `sandhold exec` and `sandhold definitions
-//! apply|ls|rm`: the clients of `sandhold.v1.SandboxService`.
+//! `sandhold sandboxes ls|rm`, `sandhold exec`, `sandhold definitions
+//! apply|ls|rm` and `sandhold pools ls`: the clients of
+//! `sandhold.v1.SandboxService`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -91,6 +92,51 @@ pub enum DefinitionsCommand {
         #[command(flatten)]
         client: ClientArgs,
     },
+}
+
+#[derive(Debug, Clone, Subcommand)]
+pub enum PoolsCommand {
+    /// List the warm pools: per definition, sandboxes ready, claimed in the
+    /// last 24 hours, and being made.
+    #[command(after_help = "Examples:\n  sandhold pools ls\n  sandhold pools ls --output json")]
+    Ls {
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+}
+
+pub async fn pools(command: PoolsCommand) -> ExitCode {
+    let PoolsCommand::Ls { client } = command;
+    let format = client.output;
+    with_connection(&client, async move |conn| {
+        let pools = conn
+            .sandboxes()
+            .list_warm_pools(api::ListWarmPoolsRequest {})
+            .await
+            .map_err(status_error)?
+            .into_inner()
+            .pools;
+        match format {
+            OutputFormat::Json => pools.iter().for_each(|p| json_line(&message_json(p, "WarmPool"))),
+            OutputFormat::Human if pools.is_empty() => {
+                eprintln!("no warm pools (a definition asks for one with `lifecycle.warm`, or `sandhold run --warm N`)")
+            }
+            OutputFormat::Human => {
+                println!(
+                    "{:<24} {:<16} {:>6} {:>6} {:>8} {:>10}  LAST ERROR",
+                    "DEFINITION", "TENANT", "TARGET", "READY", "CLAIMED", "REFILLING"
+                );
+                for p in &pools {
+                    println!(
+                        "{:<24} {:<16} {:>6} {:>6} {:>8} {:>10}  {}",
+                        p.definition_id, p.tenant, p.target, p.ready, p.claimed, p.refilling, p.last_error
+                    );
+                }
+            }
+        }
+        Ok(0)
+    })
+    .await
 }
 
 pub async fn sandboxes(command: SandboxesCommand) -> ExitCode {

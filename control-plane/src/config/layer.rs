@@ -426,6 +426,12 @@ pub struct ConfigLayer {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_journal_bytes: Option<u64>,
 
+    /// Most sandboxes one definition's warm pool may keep ready
+    /// (`lifecycle.warm`); 0: no warm pools [default: 8].
+    #[arg(long, env = "SANDHOLD_MAX_WARM_PER_DEFINITION", value_name = "N")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_warm_per_definition: Option<u32>,
+
     /// API tokens (`[[tokens]]` tables in the config file, or
     /// SANDHOLD_TOKENS="TENANT=TOKEN,..."; never a flag: a command line is
     /// visible to every user of the machine). Without any token the server

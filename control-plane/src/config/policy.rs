@@ -24,6 +24,9 @@ pub const DEFAULT_JOURNAL_BYTES: u64 = 1 << 30;
 /// 8 GiB: the largest journal cap a definition may name unless the
 /// operator says.
 pub const DEFAULT_MAX_JOURNAL_BYTES: u64 = 8 << 30;
+/// The most sandboxes one definition's warm pool may keep ready unless the
+/// operator says: each is a running sandbox of the host's.
+pub const DEFAULT_MAX_WARM_PER_DEFINITION: u32 = 8;
 /// Egress connections one sandbox may hold open at once: each is a socket
 /// of the server's.
 pub const DEFAULT_EGRESS_MAX_CONNECTIONS_PER_SANDBOX: u32 = 64;
@@ -139,6 +142,9 @@ pub struct Policy {
     pub default_journal_bytes: u64,
     /// The largest `max_journal_bytes` a definition may name.
     pub max_journal_bytes: u64,
+    /// The most sandboxes one definition's warm pool may keep ready
+    /// (`lifecycle.warm`); 0: no warm pools.
+    pub max_warm_per_definition: u32,
     /// Sandbox egress (the model broker's upstreams and the proxy's
     /// allowed hosts) may reach loopback, private and link-local addresses.
     /// Off by default: a tenant listing `10.0.0.5:5432` or `127.0.0.1`
@@ -183,6 +189,7 @@ impl Default for Policy {
             docker_max_pids_limit: DEFAULT_DOCKER_MAX_PIDS_LIMIT,
             default_journal_bytes: DEFAULT_JOURNAL_BYTES,
             max_journal_bytes: DEFAULT_MAX_JOURNAL_BYTES,
+            max_warm_per_definition: DEFAULT_MAX_WARM_PER_DEFINITION,
             egress_private_addresses: false,
             egress_hosts: vec!["*".into()],
             egress_max_connections_per_sandbox: DEFAULT_EGRESS_MAX_CONNECTIONS_PER_SANDBOX,

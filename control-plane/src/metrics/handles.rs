@@ -142,9 +142,16 @@ impl SweepMetrics {
     }
 }
 
-/// `EnsureSandbox` results.
+/// `EnsureSandbox` results, and the warm pools.
 pub struct SandboxMetrics {
     pub(super) ensures: Family<OutcomeLabel, Counter>,
+    /// Ensures of a new sandbox under a definition with a pool: `claimed`
+    /// or `miss` (the pool had none ready: created cold).
+    pub(super) warm_claims: Family<OutcomeLabel, Counter>,
+    /// How long making one pooled sandbox took (create and setup).
+    pub(super) warm_refill_seconds: Histogram,
+    /// Pooled sandboxes ready, across pools (as the last keeper pass saw).
+    pub(super) warm_ready: Gauge,
 }
 
 impl SandboxMetrics {
@@ -153,6 +160,7 @@ impl SandboxMetrics {
             EnsureOutcome::Created => "created",
             EnsureOutcome::Resumed => "resumed",
             EnsureOutcome::SnapshotRestored => "snapshot_restored",
+            EnsureOutcome::Claimed => "claimed",
             EnsureOutcome::Unspecified => "unspecified",
         };
         self.ensures.get_or_create(&OutcomeLabel { outcome }).inc();
@@ -160,5 +168,19 @@ impl SandboxMetrics {
 
     pub fn ensure_failed(&self) {
         self.ensures.get_or_create(&OutcomeLabel { outcome: "failed" }).inc();
+    }
+
+    /// A new sandbox of a pooled definition: taken from the pool, or not.
+    pub fn warm_claim(&self, claimed: bool) {
+        let outcome = if claimed { "claimed" } else { "miss" };
+        self.warm_claims.get_or_create(&OutcomeLabel { outcome }).inc();
+    }
+
+    pub fn warm_refilled(&self, took: Duration) {
+        self.warm_refill_seconds.observe(took.as_secs_f64());
+    }
+
+    pub fn warm_ready(&self, ready: u64) {
+        self.warm_ready.set(i64::try_from(ready).unwrap_or(i64::MAX));
     }
 }

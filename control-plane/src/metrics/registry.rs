@@ -18,7 +18,10 @@
 //! | `sandhold_journal_read_bytes_total` | counter | | the run pump, per journal line read from a sandbox agent: [`journal()`]`.read(bytes)` |
 //! | `sandhold_event_log_append_seconds` | histogram | | the store's `LogWriter::append`: one observation per batch, refused ones included |
 //! | `sandhold_sweep_outcomes_total` | counter | `outcome` | the reaper, per run or journal it handled: [`sweeps()`]`.outcome(outcome)` |
-//! | `sandhold_sandbox_ensures_total` | counter | `outcome` = created, resumed, snapshot_restored, failed | the sandbox lifecycle's `ensure` |
+//! | `sandhold_sandbox_ensures_total` | counter | `outcome` = created, resumed, snapshot_restored, claimed, failed | the sandbox lifecycle's `ensure` |
+//! | `sandhold_warm_claims_total` | counter | `outcome` = claimed, miss | an ensure of a new sandbox of a definition with a warm pool |
+//! | `sandhold_warm_refill_seconds` | histogram | | the warm pool keeper, per pooled sandbox made (create and setup) |
+//! | `sandhold_warm_ready` | gauge | | the warm pool keeper after each pass: pooled sandboxes ready, across pools |
 //! | `sandhold_model_tokens_total` | counter | `tenant`, `kind` = input, output, cache_read, cache_write | the run pump, per `model.usage` chunk it appends: [`model()`]`.metered(..)` |
 //! | `sandhold_build_info` | gauge (1) | `version` | at start |
 //!
@@ -103,8 +106,26 @@ impl Metrics {
         );
         let sweeps = SweepMetrics { outcomes: Family::default() };
         registry.register("sweep_outcomes", "Items the reaper handled, by outcome", sweeps.outcomes.clone());
-        let sandboxes = SandboxMetrics { ensures: Family::default() };
+        let sandboxes = SandboxMetrics {
+            ensures: Family::default(),
+            warm_claims: Family::default(),
+            // 50 ms .. ~14 min.
+            warm_refill_seconds: Histogram::new(exponential_buckets(0.05, 2.0, 15)),
+            warm_ready: Gauge::default(),
+        };
         registry.register("sandbox_ensures", "EnsureSandbox calls by outcome", sandboxes.ensures.clone());
+        registry.register(
+            "warm_claims",
+            "New sandboxes of pooled definitions: claimed from the pool, or missed",
+            sandboxes.warm_claims.clone(),
+        );
+        registry.register_with_unit(
+            "warm_refill",
+            "Time to create and set up one pooled sandbox",
+            Unit::Seconds,
+            sandboxes.warm_refill_seconds.clone(),
+        );
+        registry.register("warm_ready", "Pooled sandboxes ready to be claimed", sandboxes.warm_ready.clone());
         let model = ModelMetrics { tokens: Family::default() };
         registry.register(
             "model_tokens",
@@ -129,8 +150,11 @@ impl Metrics {
         for outcome in SweepOutcome::ALL {
             let _ = sweeps.outcomes.get_or_create(&OutcomeLabel { outcome: outcome.as_str() });
         }
-        for outcome in ["created", "resumed", "snapshot_restored", "failed"] {
+        for outcome in ["created", "resumed", "snapshot_restored", "claimed", "failed"] {
             let _ = sandboxes.ensures.get_or_create(&OutcomeLabel { outcome });
+        }
+        for outcome in ["claimed", "miss"] {
+            let _ = sandboxes.warm_claims.get_or_create(&OutcomeLabel { outcome });
         }
 
         Self { registry, runs, drives, takeovers, fencing, journal, event_log, sweeps, sandboxes, model }

@@ -14,7 +14,7 @@ use tracing::{debug, info, warn};
 
 use crate::context::Context;
 use crate::provider::{LABEL_SANDBOX_KEY, LABEL_TENANT};
-use crate::store::{self, Tenant, Timestamp};
+use crate::store::{self, Tenant, Timestamp, WarmState};
 
 use super::{Reaper, Scope, Tally};
 
@@ -94,8 +94,9 @@ impl Reaper {
         }
     }
 
-    /// No instance record points at this sandbox, and no unfinished run
-    /// lives in its key when no record points anywhere.
+    /// No instance record points at this sandbox, no warm pool keeps it,
+    /// and no unfinished run lives in its key when no record points
+    /// anywhere.
     async fn orphan(
         &self,
         cx: &Context,
@@ -107,7 +108,24 @@ impl Reaper {
             Ok(i) if i.provider == provider && i.provider_sandbox_id == provider_id => Ok(false),
             // The key's record points at another sandbox: this one was replaced.
             Ok(_) => Ok(true),
-            Err(store::Error::NotFound(_)) => Ok(cx.stores.runs.unfinished_in_sandbox(key).await?.is_empty()),
+            Err(store::Error::NotFound(_)) => {
+                // A warm pool's sandbox carries its pool key: kept while
+                // it is being made or waits to be claimed, and once
+                // claimed while the claiming thread's record points at it.
+                match cx.stores.warm.get(key).await? {
+                    Some(pooled) if pooled.state == WarmState::Creating => return Ok(false),
+                    Some(pooled)
+                        if pooled.state == WarmState::Ready && pooled.provider_sandbox_id == provider_id =>
+                    {
+                        return Ok(false);
+                    }
+                    _ => {}
+                }
+                if cx.stores.instances.points_at(provider, provider_id).await? {
+                    return Ok(false);
+                }
+                Ok(cx.stores.runs.unfinished_in_sandbox(key).await?.is_empty())
+            }
             Err(e) => Err(e),
         }
     }

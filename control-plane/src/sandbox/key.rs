@@ -37,8 +37,28 @@ pub struct KeyInput<'a> {
 
 /// The sandbox key of `definition` for `input`: 64 hex characters.
 pub fn sandbox_key(definition: &SandboxDefinition, input: KeyInput<'_>) -> String {
+    let mut c = of_definition(definition, input.tenant);
+    c.str("thread_id", input.thread_id);
+    match input.run_id {
+        Some(run) => c.str("run_id", run),
+        None => c.absent("run_id"),
+    };
+    hex::encode(Sha256::digest(c.into_bytes()))
+}
+
+/// What a sandbox of `definition` is, for no thread yet: the digest a warm
+/// pool's sandboxes are made under, which changes exactly when the
+/// sandbox key of every thread would (a pooled sandbox of an older digest
+/// is never claimed). 64 hex characters, never a sandbox key.
+pub fn pool_digest(definition: &SandboxDefinition, tenant: &str) -> String {
+    let mut c = of_definition(definition, tenant);
+    c.absent("thread_id").str("warm_pool", "");
+    hex::encode(Sha256::digest(c.into_bytes()))
+}
+
+fn of_definition(definition: &SandboxDefinition, tenant: &str) -> Canon {
     let mut c = Canon::default();
-    c.str("version", VERSION).str("tenant", input.tenant).str("definition_id", &definition.id);
+    c.str("version", VERSION).str("tenant", tenant).str("definition_id", &definition.id);
     match ProviderKind::of(definition) {
         Some((kind, section)) => {
             c.str("provider", kind.as_str());
@@ -60,12 +80,7 @@ pub fn sandbox_key(definition: &SandboxDefinition, input: KeyInput<'_>) -> Strin
         Some(w) => c.nested("workspace", workspace(w)),
         None => c.absent("workspace"),
     };
-    c.str("thread_id", input.thread_id);
-    match input.run_id {
-        Some(run) => c.str("run_id", run),
-        None => c.absent("run_id"),
-    };
-    hex::encode(Sha256::digest(c.into_bytes()))
+    c
 }
 
 fn workspace(w: &WorkspaceDefinition) -> Canon {

@@ -15,6 +15,7 @@ use super::Error;
 use super::key::{KeyInput, sandbox_key};
 use super::policy::OperatorPolicy;
 use super::quota::SandboxQuota;
+use super::warm_held::WarmPools;
 use crate::agent::AgentClient;
 use crate::egress::{EgressLimits, Limits};
 use crate::lease::Leases;
@@ -111,13 +112,15 @@ pub struct Lifecycle {
     /// ensure (a stored definition may predate a stricter policy).
     pub(crate) policy: OperatorPolicy,
     /// How many sandboxes one tenant may hold.
-    quota: SandboxQuota,
+    pub(super) quota: SandboxQuota,
     /// How large a portable snapshot's file, and a snapshot, may be.
     snapshot_limits: crate::config::SnapshotLimits,
     /// Harness CLIs runs find on their `PATH` (`sandhold harness install`).
     pub(crate) toolchains: Option<crate::toolchain::Toolchains>,
-    provisioner: Arc<dyn Provisioner>,
+    pub(super) provisioner: Arc<dyn Provisioner>,
     live: Arc<Mutex<HashMap<String, Live>>>,
+    /// The warm pools' sandboxes this replica made, and their keeper.
+    pub(super) warm: WarmPools,
     /// The egress connections this server's sandboxes hold open, within
     /// the policy's limits.
     egress: EgressLimits,
@@ -137,6 +140,7 @@ impl Lifecycle {
             toolchains: None,
             provisioner,
             live: Arc::default(),
+            warm: WarmPools::default(),
         }
     }
 
@@ -416,6 +420,11 @@ impl Lifecycle {
             }
         }
 
+        // A new sandbox from the definition's warm pool, when it has one
+        // ready: made and set up already, and counted in the quota since.
+        if let Some(claimed) = self.claim_warm(stores, input, key, provider, lease).await? {
+            return Ok(claimed);
+        }
         // A new sandbox of the tenant (not the key's own, replaced) counts
         // against its quota from here until recorded.
         let _slot = if existing_key { None } else { self.quota.admit(stores, &input.tenant).await? };
@@ -492,7 +501,7 @@ impl Lifecycle {
     /// Provision a created sandbox, then take the native snapshot when the
     /// lifecycle asks and the provider can. Returns the snapshot, encoded.
     #[tracing::instrument(name = "sandbox.provision", skip_all)]
-    async fn provision(
+    pub(super) async fn provision(
         &self,
         input: &EnsureInput,
         provider: &dyn Provider,
@@ -536,7 +545,7 @@ impl Lifecycle {
     }
 
     #[allow(clippy::too_many_arguments)]
-    async fn record(
+    pub(super) async fn record(
         &self,
         stores: &Stores,
         key: &str,
@@ -743,12 +752,12 @@ async fn secret_in_file_system(
 }
 
 /// What [`Lifecycle::ensure_locked`] found or made.
-struct Located {
-    sandbox: crate::provider::Sandbox,
-    outcome: EnsureOutcome,
-    instance: Instance,
+pub(super) struct Located {
+    pub sandbox: crate::provider::Sandbox,
+    pub outcome: EnsureOutcome,
+    pub instance: Instance,
     /// The agent this replica already held, when it answered.
-    held: Option<AgentClient>,
+    pub held: Option<AgentClient>,
 }
 
 /// How long a held agent has to answer before the provider is asked to
@@ -757,18 +766,18 @@ struct Located {
 /// gVisor, where it can hang (see `shared::transport`'s keepalive).
 const HELD_ANSWER: Duration = Duration::from_secs(1);
 
-async fn answers(agent: &AgentClient) -> bool {
+pub(super) async fn answers(agent: &AgentClient) -> bool {
     matches!(tokio::time::timeout(HELD_ANSWER, agent.refresh_info()).await, Ok(Ok(_)))
 }
 
-async fn connect(
+pub(super) async fn connect(
     address: &shared::transport::Address,
     token: &shared::secret::Secret,
 ) -> Result<AgentClient, Error> {
     AgentClient::connect_with_deadline(address, token, AGENT_DEADLINE).await.map_err(Error::Agent)
 }
 
-fn provider_kind(definition: &api::SandboxDefinition) -> Result<ProviderKind, Error> {
+pub(super) fn provider_kind(definition: &api::SandboxDefinition) -> Result<ProviderKind, Error> {
     match ProviderKind::of(definition) {
         Some((kind, _)) => Ok(kind),
         None => Err(InvalidField::new("definition.provider", "required").into()),

@@ -31,6 +31,8 @@ mod process;
 mod run_path;
 mod run_sandbox;
 mod sandboxes;
+mod warm;
+mod warm_held;
 
 use std::time::Duration;
 
@@ -47,6 +49,7 @@ pub use quota::SandboxQuota;
 pub use run_policy::{policy_from_api, policy_to_api};
 pub use run_sandbox::RunSandbox;
 pub use sandboxes::{EnsureStream, Sandboxes};
+pub use warm::run_warm_keeper;
 
 /// How often idle sandboxes are looked for.
 const IDLE_SWEEP_EVERY: Duration = Duration::from_secs(10);

@@ -2,7 +2,8 @@
 //! would create a new one (not when it resumes or replaces the key's own).
 //!
 //! A sandbox counts from the moment its creation is admitted until its
-//! instance record is gone (destroyed: `DestroySandbox`,
+//! instance record is gone (a warm pool's, from its admission until a
+//! thread's record points at it, then as that record) (destroyed: `DestroySandbox`,
 //! `destroy_on_complete`, the reaper), stopped or not. The count is the
 //! tenant's instance records plus the creations this replica has admitted
 //! but not recorded yet. Admissions on one replica take turns, and each
@@ -75,7 +76,8 @@ impl SandboxQuota {
         }
         let _turn = self.inner.admission.lock().await;
         let in_flight = self.in_flight(tenant);
-        let recorded = stores.instances.count(tenant).await?;
+        // A pooled sandbox not claimed yet is the tenant's too.
+        let recorded = stores.instances.count(tenant).await? + stores.warm.count_unclaimed(tenant).await?;
         let held = recorded + in_flight;
         if !self.limit.admits(held) {
             let refusal = self.limit.exceeded(tenant.as_str(), held, "sandboxes");

@@ -131,6 +131,7 @@ impl Sandboxes {
         definition::settle(&mut definition)?;
         definition::validate(&definition)?;
         self.lifecycle.policy.check(&definition, tenant.as_str())?;
+        let warm = super::warm::check(&definition, self.lifecycle.policy.settings().max_warm_per_definition)?;
         // What the host cannot make (gVisor where the engine has no runsc) is
         // refused now, not at the first ensure; a provider that is down
         // now is not (the ensure says so then).
@@ -141,6 +142,10 @@ impl Sandboxes {
             provider.supports(&spec).await?;
         }
         self.stores.definitions.put(tenant, &definition.id, definition::to_stored(&definition)).await?;
+        // The pool follows the definition: filled, resized, or emptied (a
+        // changed definition's pooled sandboxes are replaced).
+        self.stores.warm.set_pool(tenant, &definition.id, warm).await?;
+        self.lifecycle.wake_keeper();
         Ok(definition)
     }
 
@@ -154,10 +159,17 @@ impl Sandboxes {
         stored.iter().map(|d| definition::from_stored(&d.body)).collect()
     }
 
+    /// The tenant's warm pools.
+    pub async fn warm_pools(&self, tenant: &Tenant) -> Result<Vec<api::WarmPool>, Error> {
+        self.lifecycle.list_pools(&self.stores, tenant).await
+    }
+
     pub async fn delete_definition(&self, tenant: &Tenant, id: &str) -> Result<(), Error> {
         if !self.stores.definitions.delete(tenant, InvalidField::required("id", id)?).await? {
             return Err(Error::DefinitionNotFound(id.to_string()));
         }
+        self.stores.warm.set_pool(tenant, id, 0).await?;
+        self.lifecycle.wake_keeper();
         Ok(())
     }
 

@@ -197,6 +197,8 @@ impl Readiness {
 
         let shutdown = &self.shutdown;
         self.loops.spawn(crate::sandbox::run_idle_sweeper(cx.lifecycle.clone(), shutdown.clone()));
+        let (lifecycle, stores, leases) = (cx.lifecycle.clone(), cx.stores.clone(), cx.leases.clone());
+        self.loops.spawn(crate::sandbox::run_warm_keeper(lifecycle, stores, leases, shutdown.clone()));
         self.loops.spawn(crate::snapshot::run_gc_sweeper(cx.stores.clone(), shutdown.clone()));
         self.loops.spawn(reaper.run(shutdown.clone()));
         let listener = runs.clone();

@@ -1692,6 +1692,91 @@ async fn postgres_upgrade_reads_older_runs_definitions() {
     scratch.drop_database().await.unwrap();
 }
 
+// ---------------------------------------------------------------- warm pools
+
+fn warm(key: &str, tenant: &str, digest: &str, created_at: i64) -> WarmSandbox {
+    WarmSandbox {
+        pool_key: key.into(),
+        tenant: Tenant::new(tenant),
+        definition_id: "def".into(),
+        digest: digest.into(),
+        provider: "local".into(),
+        provider_sandbox_id: String::new(),
+        state: WarmState::Creating,
+        claimed_key: None,
+        created_at: Timestamp::from_millis(created_at),
+        claimed_at: None,
+    }
+}
+
+/// Claims take ready sandboxes of the pool's tenant, definition and digest,
+/// oldest first, each once, even from many claims at once through two
+/// store handles (two replicas); a sandbox being made is never claimed.
+async fn warm_claims_take_each_ready_sandbox_once(b: &Backend) {
+    let s = &b.stores;
+    let acme = Tenant::new("acme");
+    s.warm.set_pool(&acme, "def", 3).await.unwrap();
+    assert_eq!(s.warm.pools().await.unwrap().len(), 1);
+    for (key, tenant, digest, at) in [
+        ("k1", "acme", "d1", 10),
+        ("k2", "acme", "d1", 20),
+        ("k3", "acme", "d0", 5),
+        ("k4", "other", "d1", 1),
+    ] {
+        s.warm.add(&warm(key, tenant, digest, at)).await.unwrap();
+        assert!(s.warm.ready(key, &format!("p-{key}")).await.unwrap());
+        assert!(!s.warm.ready(key, "again").await.unwrap(), "ready twice");
+    }
+    s.warm.add(&warm("k5", "acme", "d1", 0)).await.unwrap();
+    assert_eq!(s.warm.count_unclaimed(&acme).await.unwrap(), 4, "k1, k2, k3 and k5 (creating)");
+
+    let other = b.reopen().await;
+    let claims = (0..6).map(|i| {
+        let store = if i % 2 == 0 { s.warm.clone() } else { other.warm.clone() };
+        async move { store.claim(&Tenant::new("acme"), "def", "d1", &format!("thread-{i}")).await.unwrap() }
+    });
+    let claimed: Vec<WarmSandbox> = futures::future::join_all(claims).await.into_iter().flatten().collect();
+    let keys: BTreeSet<&str> = claimed.iter().map(|c| c.pool_key.as_str()).collect();
+    assert_eq!(keys, BTreeSet::from(["k1", "k2"]), "each ready sandbox of the digest exactly once");
+    assert!(claimed.iter().all(|c| c.state == WarmState::Claimed && c.claimed_key.is_some()));
+    let k1 = s.warm.get("k1").await.unwrap().unwrap();
+    assert_eq!((k1.state, k1.provider_sandbox_id.as_str()), (WarmState::Claimed, "p-k1"));
+    // Claimed a moment ago with no thread's record yet: still counted.
+    assert_eq!(s.warm.count_unclaimed(&acme).await.unwrap(), 4);
+    for c in &claimed {
+        let key = c.claimed_key.clone().unwrap();
+        s.instances
+            .put(NewInstance {
+                sandbox_key: key.clone(),
+                tenant: acme.clone(),
+                provider: "local".into(),
+                provider_sandbox_id: c.provider_sandbox_id.clone(),
+                native_snapshot: None,
+                definition_id: "def".into(),
+                thread_id: key,
+            })
+            .await
+            .unwrap();
+    }
+    assert_eq!(s.warm.count_unclaimed(&acme).await.unwrap(), 2, "k3 and k5");
+    assert!(s.instances.points_at("local", "p-k1").await.unwrap());
+    assert!(!s.instances.points_at("local", "p-k3").await.unwrap());
+    assert!(!s.instances.points_at("docker", "p-k1").await.unwrap());
+    // Another digest, another tenant, a sandbox being made: none to claim.
+    assert!(s.warm.claim(&acme, "def", "d1", "late").await.unwrap().is_none());
+    assert!(s.warm.claim(&acme, "def", "d9", "late").await.unwrap().is_none());
+    assert_eq!(s.warm.claim(&Tenant::new("other"), "def", "d1", "t").await.unwrap().unwrap().pool_key, "k4");
+
+    s.warm.set_pool_error(&acme, "def", "quota").await.unwrap();
+    assert_eq!(s.warm.pools().await.unwrap()[0].last_error, "quota");
+    assert!(s.warm.remove("k3").await.unwrap());
+    assert!(!s.warm.remove("k3").await.unwrap());
+    assert_eq!(s.warm.list(Some(&acme)).await.unwrap().len(), 3);
+    s.warm.set_pool(&acme, "def", 0).await.unwrap();
+    assert!(s.warm.pools().await.unwrap().is_empty());
+    other.close().await;
+}
+
 // ---------------------------------------------------------------- instantiation
 
 macro_rules! instantiate {
@@ -1750,6 +1835,7 @@ conformance_suite!(
     definitions_round_trip_per_tenant,
     definitions_unused_derived_are_removed,
     tokens_map_to_tenants_and_are_stored_hashed,
+    warm_claims_take_each_ready_sandbox_once,
 );
 
 #[test]

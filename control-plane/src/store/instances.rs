@@ -59,6 +59,11 @@ pub trait InstanceStore: Send + Sync {
     /// without reading them.
     async fn count(&self, tenant: &Tenant) -> Result<u64>;
 
+    /// Whether any instance record (of any key) points at this sandbox: a
+    /// sandbox taken from a warm pool carries its pool key in its labels,
+    /// not the key of the thread whose record points at it.
+    async fn points_at(&self, provider: &str, provider_sandbox_id: &str) -> Result<bool>;
+
     /// True if it existed.
     async fn delete(&self, sandbox_key: &str) -> Result<bool>;
 }

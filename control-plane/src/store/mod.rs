@@ -37,6 +37,7 @@ mod sqlite;
 mod stores;
 mod tail;
 mod tokens;
+mod warm;
 mod writer;
 
 #[cfg(test)]
@@ -66,6 +67,7 @@ use stores::Pool;
 pub use stores::Stores;
 pub use tokens::TokenStore;
 pub(crate) use tokens::token_hash;
+pub use warm::{WarmPool, WarmSandbox, WarmState, WarmStore};
 pub use writer::LogWriter;
 
 pub use crate::config::default_database_url;

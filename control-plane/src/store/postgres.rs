@@ -102,6 +102,7 @@ pub(super) async fn open(database_url: &str, grouping: GroupCommit) -> Result<St
         instances: store.clone(),
         definitions: store.clone(),
         tokens: store.clone(),
+        warm: store.clone(),
         checkpoints: store,
         blobs,
         pool: Pool::Postgres(pool),
@@ -154,6 +155,7 @@ async fn relay_notifications(database_url: String, wakes: Wakes, stop: Cancellat
     }
 }
 
+super::warm::impl_warm_store!(PgStore, skip_locked: " FOR UPDATE SKIP LOCKED");
 impl_shared_stores!(PgStore, sqlx::Postgres);
 impl_request_index!(PgStore, begin: "BEGIN", for_update: " FOR UPDATE");
 

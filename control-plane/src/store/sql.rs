@@ -759,6 +759,17 @@ macro_rules! impl_shared_stores {
                 u64::try_from(n).map_err(|_| Error::Corrupt(format!("instance count {n}")))
             }
 
+            async fn points_at(&self, provider: &str, provider_sandbox_id: &str) -> Result<bool> {
+                let n = sqlx::query_scalar::<_, i64>(
+                    "SELECT COUNT(*) FROM instances WHERE provider = $1 AND provider_sandbox_id = $2",
+                )
+                .bind(provider)
+                .bind(provider_sandbox_id)
+                .fetch_one(&self.pool)
+                .await?;
+                Ok(n > 0)
+            }
+
             async fn delete(&self, sandbox_key: &str) -> Result<bool> {
                 let deleted = sqlx::query("DELETE FROM instances WHERE sandbox_key = $1")
                     .bind(sandbox_key)

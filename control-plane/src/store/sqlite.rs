@@ -86,6 +86,7 @@ pub(super) async fn open(database_url: &str, grouping: GroupCommit) -> Result<St
         instances: store.clone(),
         definitions: store.clone(),
         tokens: store.clone(),
+        warm: store.clone(),
         checkpoints: store,
         blobs,
         pool: Pool::Sqlite(pool),
@@ -110,6 +111,7 @@ async fn adopt_legacy_blobs(pool: &SqlitePool, blobs: &super::DirBlobStore) -> R
     Ok(())
 }
 
+super::warm::impl_warm_store!(SqliteStore, skip_locked: "");
 impl_shared_stores!(SqliteStore, sqlx::Sqlite);
 impl_request_index!(SqliteStore, begin: "BEGIN IMMEDIATE", for_update: "");
 

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use super::{
     BlobStore, CheckpointStore, DefinitionStore, Error, EventLog, GroupCommit, InstanceStore, Result,
-    RunStatus, RunStore, TokenStore, postgres, sqlite,
+    RunStatus, RunStore, TokenStore, WarmStore, postgres, sqlite,
 };
 
 /// Every store over one database.
@@ -15,6 +15,8 @@ pub struct Stores {
     pub instances: Arc<dyn InstanceStore>,
     pub definitions: Arc<dyn DefinitionStore>,
     pub tokens: Arc<dyn TokenStore>,
+    /// Warm pools and their pooled sandboxes.
+    pub warm: Arc<dyn WarmStore>,
     /// Portable snapshot checkpoints, heads and blob references.
     pub checkpoints: Arc<dyn CheckpointStore>,
     /// Portable snapshot blobs: a directory beside the SQLite file, or a

@@ -729,3 +729,39 @@ fn serve_says_at_once_and_again(name: &str, flag: &str, url: &str, what: &str) {
     // Pretty lines to a pipe or a file are plain: no colour codes.
     assert!(warnings.iter().all(|(_, line)| !line.contains('\x1b')), "{warnings:?}");
 }
+
+/// `sandhold run --warm 1` gives its definition a pool: once the pool holds
+/// a sandbox, the next one-off run of the same flags takes it (`pools ls`
+/// counts the claim) and the pool makes another.
+#[test]
+fn run_warm_keeps_a_pool_the_next_run_takes_from() {
+    let server = Served::start(&[]);
+    let run = || {
+        let out = server
+            .cli()
+            .args(["run", "--warm", "1", "--setup", "echo warm > w.txt", "--", "cat", "w.txt"])
+            .output()
+            .unwrap();
+        stdout(ok(&out))
+    };
+    let pools = || json_lines(ok(&server.cli().args(["pools", "ls", "--output", "json"]).output().unwrap()));
+    let ready_and_claimed = |pools: &[serde_json::Value]| {
+        let pool = pools.first().cloned().unwrap_or_default();
+        let n = |field: &str| pool[field].as_u64().unwrap_or_default();
+        (n("ready"), n("claimed"))
+    };
+    assert_eq!(run(), "warm\n");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while ready_and_claimed(&pools()).0 < 1 {
+        assert!(std::time::Instant::now() < deadline, "the pool never filled: {:?}", pools());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(run(), "warm\n", "the claimed sandbox was set up");
+    let listed = pools();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0]["target"], 1, "{listed:?}");
+    assert_eq!(ready_and_claimed(&listed).1, 1, "the second run did not take the pooled sandbox: {listed:?}");
+    let human = stdout(ok(&server.cli().args(["pools", "ls"]).output().unwrap()));
+    assert!(human.starts_with("DEFINITION"), "{human}");
+    assert!(human.lines().nth(1).is_some_and(|l| l.starts_with("def-")), "{human}");
+}

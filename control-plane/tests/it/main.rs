@@ -38,5 +38,6 @@ mod takeover;
 mod toolchain;
 mod traces;
 mod transport;
+mod warm;
 mod web;
 mod workspace;

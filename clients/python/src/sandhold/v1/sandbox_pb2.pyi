@@ -52,6 +52,7 @@ class EnsureOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ENSURE_OUTCOME_CREATED: _ClassVar[EnsureOutcome]
     ENSURE_OUTCOME_RESUMED: _ClassVar[EnsureOutcome]
     ENSURE_OUTCOME_SNAPSHOT_RESTORED: _ClassVar[EnsureOutcome]
+    ENSURE_OUTCOME_CLAIMED: _ClassVar[EnsureOutcome]
 
 class SandboxState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -123,6 +124,7 @@ ENSURE_OUTCOME_UNSPECIFIED: EnsureOutcome
 ENSURE_OUTCOME_CREATED: EnsureOutcome
 ENSURE_OUTCOME_RESUMED: EnsureOutcome
 ENSURE_OUTCOME_SNAPSHOT_RESTORED: EnsureOutcome
+ENSURE_OUTCOME_CLAIMED: EnsureOutcome
 SANDBOX_STATE_UNSPECIFIED: SandboxState
 SANDBOX_STATE_RUNNING: SandboxState
 SANDBOX_STATE_STOPPED: SandboxState
@@ -408,20 +410,22 @@ class HeaderValue(_message.Message):
     def __init__(self, literal: _Optional[str] = ..., secret: _Optional[str] = ..., bearer_secret: _Optional[str] = ...) -> None: ...
 
 class Lifecycle(_message.Message):
-    __slots__ = ("reuse", "snapshot", "snapshot_max_age_ms", "keep_alive_ms", "destroy_on_complete", "portable_snapshots")
+    __slots__ = ("reuse", "snapshot", "snapshot_max_age_ms", "keep_alive_ms", "destroy_on_complete", "portable_snapshots", "warm")
     REUSE_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_MAX_AGE_MS_FIELD_NUMBER: _ClassVar[int]
     KEEP_ALIVE_MS_FIELD_NUMBER: _ClassVar[int]
     DESTROY_ON_COMPLETE_FIELD_NUMBER: _ClassVar[int]
     PORTABLE_SNAPSHOTS_FIELD_NUMBER: _ClassVar[int]
+    WARM_FIELD_NUMBER: _ClassVar[int]
     reuse: Reuse
     snapshot: SnapshotPolicy
     snapshot_max_age_ms: int
     keep_alive_ms: int
     destroy_on_complete: bool
     portable_snapshots: PortableSnapshots
-    def __init__(self, reuse: _Optional[_Union[Reuse, str]] = ..., snapshot: _Optional[_Union[SnapshotPolicy, str]] = ..., snapshot_max_age_ms: _Optional[int] = ..., keep_alive_ms: _Optional[int] = ..., destroy_on_complete: _Optional[bool] = ..., portable_snapshots: _Optional[_Union[PortableSnapshots, _Mapping]] = ...) -> None: ...
+    warm: int
+    def __init__(self, reuse: _Optional[_Union[Reuse, str]] = ..., snapshot: _Optional[_Union[SnapshotPolicy, str]] = ..., snapshot_max_age_ms: _Optional[int] = ..., keep_alive_ms: _Optional[int] = ..., destroy_on_complete: _Optional[bool] = ..., portable_snapshots: _Optional[_Union[PortableSnapshots, _Mapping]] = ..., warm: _Optional[int] = ...) -> None: ...
 
 class PortableSnapshots(_message.Message):
     __slots__ = ("enabled", "include", "exclude", "redact", "max_file_bytes", "max_total_bytes")
@@ -683,6 +687,34 @@ class DestroySandboxRequest(_message.Message):
 class DestroySandboxResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class ListWarmPoolsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class WarmPool(_message.Message):
+    __slots__ = ("definition_id", "tenant", "target", "ready", "claimed", "refilling", "last_error")
+    DEFINITION_ID_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    READY_FIELD_NUMBER: _ClassVar[int]
+    CLAIMED_FIELD_NUMBER: _ClassVar[int]
+    REFILLING_FIELD_NUMBER: _ClassVar[int]
+    LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
+    definition_id: str
+    tenant: str
+    target: int
+    ready: int
+    claimed: int
+    refilling: int
+    last_error: str
+    def __init__(self, definition_id: _Optional[str] = ..., tenant: _Optional[str] = ..., target: _Optional[int] = ..., ready: _Optional[int] = ..., claimed: _Optional[int] = ..., refilling: _Optional[int] = ..., last_error: _Optional[str] = ...) -> None: ...
+
+class ListWarmPoolsResponse(_message.Message):
+    __slots__ = ("pools",)
+    POOLS_FIELD_NUMBER: _ClassVar[int]
+    pools: _containers.RepeatedCompositeFieldContainer[WarmPool]
+    def __init__(self, pools: _Optional[_Iterable[_Union[WarmPool, _Mapping]]] = ...) -> None: ...
 
 class Command(_message.Message):
     __slots__ = ("argv", "shell")

@@ -78,6 +78,11 @@ class SandboxServiceStub:
                 request_serializer=sandhold_dot_v1_dot_sandbox__pb2.DestroySandboxRequest.SerializeToString,
                 response_deserializer=sandhold_dot_v1_dot_sandbox__pb2.DestroySandboxResponse.FromString,
                 _registered_method=True)
+        self.ListWarmPools = channel.unary_unary(
+                '/sandhold.v1.SandboxService/ListWarmPools',
+                request_serializer=sandhold_dot_v1_dot_sandbox__pb2.ListWarmPoolsRequest.SerializeToString,
+                response_deserializer=sandhold_dot_v1_dot_sandbox__pb2.ListWarmPoolsResponse.FromString,
+                _registered_method=True)
         self.SetEnv = channel.unary_unary(
                 '/sandhold.v1.SandboxService/SetEnv',
                 request_serializer=sandhold_dot_v1_dot_sandbox__pb2.SetEnvRequest.SerializeToString,
@@ -238,6 +243,15 @@ class SandboxServiceServicer:
 
     def DestroySandbox(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListWarmPools(self, request, context):
+        """The tenant's warm pools (definitions with `lifecycle.warm` > 0): how
+        many sandboxes each holds ready, how many were claimed in the last 24
+        hours, and how many are being made.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -430,6 +444,11 @@ def add_SandboxServiceServicer_to_server(servicer, server):
                     servicer.DestroySandbox,
                     request_deserializer=sandhold_dot_v1_dot_sandbox__pb2.DestroySandboxRequest.FromString,
                     response_serializer=sandhold_dot_v1_dot_sandbox__pb2.DestroySandboxResponse.SerializeToString,
+            ),
+            'ListWarmPools': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListWarmPools,
+                    request_deserializer=sandhold_dot_v1_dot_sandbox__pb2.ListWarmPoolsRequest.FromString,
+                    response_serializer=sandhold_dot_v1_dot_sandbox__pb2.ListWarmPoolsResponse.SerializeToString,
             ),
             'SetEnv': grpc.unary_unary_rpc_method_handler(
                     servicer.SetEnv,
@@ -752,6 +771,33 @@ class SandboxService:
             '/sandhold.v1.SandboxService/DestroySandbox',
             sandhold_dot_v1_dot_sandbox__pb2.DestroySandboxRequest.SerializeToString,
             sandhold_dot_v1_dot_sandbox__pb2.DestroySandboxResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListWarmPools(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sandhold.v1.SandboxService/ListWarmPools',
+            sandhold_dot_v1_dot_sandbox__pb2.ListWarmPoolsRequest.SerializeToString,
+            sandhold_dot_v1_dot_sandbox__pb2.ListWarmPoolsResponse.FromString,
             options,
             channel_credentials,
             insecure,
