@@ -111,6 +111,24 @@ impl TenantServer {
     pub fn token_of(&self, other: &str) -> String {
         format!("{other}-{}", self.nonce)
     }
+
+    /// Waits for the checkpoint of `thread` saved after `run` (once the run
+    /// is terminal).
+    pub async fn wait_checkpoint(&self, thread: &str, run: &str) {
+        use shared::proto::v1::snapshot_service_client::SnapshotServiceClient;
+        let snapshots =
+            SnapshotServiceClient::with_interceptor(self.server.channel().await, bearer(&self.token));
+        let saved = crate::wait::eventually(crate::wait::PATIENCE, || {
+            let mut snapshots = snapshots.clone();
+            let request = api::ListSnapshotsRequest { thread_id: thread.into() };
+            async move {
+                let listed = snapshots.list_snapshots(request).await;
+                listed.is_ok_and(|l| l.into_inner().checkpoints.iter().any(|c| c.run_id == run))
+            }
+        })
+        .await;
+        assert!(saved, "no checkpoint after {run}:\n{}", self.server.log_text());
+    }
 }
 
 /// A `sandhold serve` child process on a loopback port, killed on drop. Its

@@ -9,7 +9,10 @@ use tonic::{Request, Response, Status};
 
 use crate::auth::tenant_of;
 use crate::harness::HarnessOptions;
-use crate::runs::{self, RunEvents, RunSpec, Runs, StartRun};
+use crate::provision::InvalidField;
+use crate::runs::{
+    self, AttemptRun, AttemptView, Evaluation, RunEvents, RunSpec, Runs, StartAttempts, StartRun,
+};
 use crate::store::{RunFilter, RunId, RunRecord, RunStatus, Timestamp};
 
 impl From<runs::Error> for Status {
@@ -57,6 +60,94 @@ pub(crate) fn options_from_api(o: api::HarnessOptions) -> HarnessOptions {
         policy: Default::default(),
         client_tools: Vec::new(),
         prompt_file: None,
+    }
+}
+
+/// A `StartRunRequest` as [`Runs::start`] takes it.
+fn start_of(tenant: crate::store::Tenant, req: api::StartRunRequest) -> Result<StartRun, Status> {
+    Ok(StartRun {
+        tenant,
+        thread_id: req.thread_id,
+        run_id: req.run_id,
+        harness: req.harness,
+        options: options_from_api(req.options.unwrap_or_default()),
+        prompt: req.prompt,
+        definition_id: req.definition_id,
+        secrets: req.secrets,
+        durable: req.durable,
+        detach_on_disconnect: req.detach_on_disconnect,
+        cwd: req.cwd,
+        new_session: req.new_session,
+        policy: req
+            .policy
+            .as_ref()
+            .map(|p| crate::sandbox::policy_from_api(p, "policy"))
+            .transpose()
+            .map_err(runs::Error::from)?,
+        client_tools: req.client_tools,
+        budget: req.budget,
+    })
+}
+
+/// The API view of a set of attempts.
+fn attempt_set_to_api(view: &AttemptView) -> api::AttemptSet {
+    let set = &view.set;
+    api::AttemptSet {
+        attempt_set_id: set.set_id.clone(),
+        thread_id: set.thread_id.clone(),
+        definition_id: set.definition_id.clone(),
+        base_checkpoint_id: set.base_checkpoint_id.clone(),
+        promoted_run_id: set.promoted_run_id.clone().unwrap_or_default(),
+        created_at_ms: set.created_at.as_millis(),
+        attempts: view
+            .attempts
+            .iter()
+            .map(|(a, run)| {
+                let e: Evaluation = a
+                    .evaluation
+                    .as_ref()
+                    .and_then(|v| serde_json::from_value(v.clone()).ok())
+                    .unwrap_or_default();
+                api::Attempt {
+                    attempt: a.attempt,
+                    run_id: a.run_id.clone(),
+                    thread_id: a.thread_id.clone(),
+                    harness: a.harness.clone(),
+                    model: a.model.clone(),
+                    status: run.as_ref().map_or(api::RunStatus::Unspecified, |r| status_to_api(r.status))
+                        as i32,
+                    evaluated: a.evaluation.is_some(),
+                    files_changed: e.files_changed,
+                    lines_added: e.lines_added,
+                    lines_removed: e.lines_removed,
+                    files: e
+                        .files
+                        .into_iter()
+                        .map(|f| api::ChangedFile {
+                            path: f.path,
+                            change: f.change,
+                            lines_added: f.lines_added,
+                            lines_removed: f.lines_removed,
+                            binary: f.binary,
+                        })
+                        .collect(),
+                    test_exit_code: e.test_exit_code,
+                    test_output_tail: e.test_output_tail,
+                    test_error: e.test_error,
+                    usage: run
+                        .as_ref()
+                        .and_then(|r| r.usage.as_ref())
+                        .and_then(shared::chunk::usage_from_json),
+                    duration_ms: e.duration_ms,
+                    checkpoint_id: e.checkpoint_id,
+                    error: run
+                        .as_ref()
+                        .and_then(|r| r.error.as_ref())
+                        .map(|e| e.message.clone())
+                        .unwrap_or_default(),
+                }
+            })
+            .collect(),
     }
 }
 
@@ -119,30 +210,83 @@ impl RunService for RunApi {
         request: Request<api::StartRunRequest>,
     ) -> Result<Response<Self::StartRunStream>, Status> {
         let tenant = tenant_of(&request)?;
-        let req = request.into_inner();
-        let start = StartRun {
-            tenant,
-            thread_id: req.thread_id,
-            run_id: req.run_id,
-            harness: req.harness,
-            options: options_from_api(req.options.unwrap_or_default()),
-            prompt: req.prompt,
-            definition_id: req.definition_id,
-            secrets: req.secrets,
-            durable: req.durable,
-            detach_on_disconnect: req.detach_on_disconnect,
-            cwd: req.cwd,
-            new_session: req.new_session,
-            policy: req
-                .policy
-                .as_ref()
-                .map(|p| crate::sandbox::policy_from_api(p, "policy"))
-                .transpose()
-                .map_err(runs::Error::from)?,
-            client_tools: req.client_tools,
-            budget: req.budget,
-        };
+        let start = start_of(tenant, request.into_inner())?;
         Ok(Response::new(to_status_stream(self.runs.start(start).await?)))
+    }
+
+    async fn start_attempts(
+        &self,
+        request: Request<api::StartAttemptsRequest>,
+    ) -> Result<Response<api::StartAttemptsResponse>, Status> {
+        let tenant = tenant_of(&request)?;
+        let req = request.into_inner();
+        let template = req.run.ok_or_else(|| runs::Error::from(InvalidField::new("run", "required")))?;
+        let specs = match (req.attempts.len(), req.count as usize) {
+            (0, count) => vec![api::AttemptSpec::default(); count],
+            (mix, count) if count == 0 || count == mix => req.attempts,
+            (mix, count) => {
+                let why =
+                    format!("{count} attempts asked, and {mix} given in `attempts`: give one or the same");
+                return Err(runs::Error::from(InvalidField::new("count", why)).into());
+            }
+        };
+        let mut attempts = Vec::with_capacity(specs.len());
+        for spec in specs {
+            let mut run = template.clone();
+            if !spec.harness.is_empty() {
+                run.harness = spec.harness;
+            }
+            if !spec.model.is_empty() {
+                run.options.get_or_insert_with(Default::default).model = spec.model;
+            }
+            let (harness, model) = (run.harness.clone(), run.options.as_ref().map(|o| o.model.clone()));
+            attempts.push(AttemptRun {
+                harness,
+                model: model.unwrap_or_default(),
+                start: start_of(tenant.clone(), run)?,
+            });
+        }
+        let view = self
+            .runs
+            .start_attempts(StartAttempts {
+                tenant,
+                thread_id: template.thread_id,
+                definition_id: template.definition_id,
+                secrets: template.secrets,
+                attempts,
+            })
+            .await?;
+        Ok(Response::new(api::StartAttemptsResponse { set: Some(attempt_set_to_api(&view)) }))
+    }
+
+    async fn get_attempt_set(
+        &self,
+        request: Request<api::GetAttemptSetRequest>,
+    ) -> Result<Response<api::GetAttemptSetResponse>, Status> {
+        let tenant = tenant_of(&request)?;
+        let view = self.runs.attempt_set(&tenant, &request.into_inner().attempt_set_id).await?;
+        Ok(Response::new(api::GetAttemptSetResponse { set: Some(attempt_set_to_api(&view)) }))
+    }
+
+    async fn get_attempt_patch(
+        &self,
+        request: Request<api::GetAttemptPatchRequest>,
+    ) -> Result<Response<api::GetAttemptPatchResponse>, Status> {
+        let tenant = tenant_of(&request)?;
+        let req = request.into_inner();
+        let (patch, truncated) = self.runs.attempt_patch(&tenant, &req.attempt_set_id, &req.run_id).await?;
+        Ok(Response::new(api::GetAttemptPatchResponse { patch, truncated }))
+    }
+
+    async fn promote_attempt(
+        &self,
+        request: Request<api::PromoteAttemptRequest>,
+    ) -> Result<Response<api::PromoteAttemptResponse>, Status> {
+        let tenant = tenant_of(&request)?;
+        let req = request.into_inner();
+        let (view, checkpoint_id) =
+            self.runs.promote_attempt(&tenant, &req.attempt_set_id, &req.run_id).await?;
+        Ok(Response::new(api::PromoteAttemptResponse { set: Some(attempt_set_to_api(&view)), checkpoint_id }))
     }
 
     type AttachRunStream = EventStream;

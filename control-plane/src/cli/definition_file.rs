@@ -209,6 +209,8 @@ pub struct FromFlags {
     pub allow_hosts: Vec<String>,
     /// `--warm`: sandboxes kept ready (`lifecycle.warm`).
     pub warm: u32,
+    /// Portable snapshots (what `--attempts` starts from and compares).
+    pub portable_snapshots: bool,
 }
 
 impl FromFlags {
@@ -248,6 +250,9 @@ impl FromFlags {
             lifecycle: Some(api::Lifecycle {
                 destroy_on_complete: self.destroy_on_complete,
                 warm: self.warm,
+                portable_snapshots: self
+                    .portable_snapshots
+                    .then(|| api::PortableSnapshots { enabled: true, ..Default::default() }),
                 ..Default::default()
             }),
             budget: None,

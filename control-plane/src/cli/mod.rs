@@ -2,6 +2,7 @@
 //! command is a client of one: of `--server` / `SANDHOLD_SERVER`, or else of
 //! an embedded server started in the same process on the user's data dir.
 
+mod attempts;
 mod background;
 mod client;
 mod daemon;
@@ -86,6 +87,9 @@ pub enum Command {
     /// Warm pools: sandboxes kept ready for definitions that ask (`--warm N`).
     #[command(subcommand)]
     Pools(sandboxes::PoolsCommand),
+    /// Sets of attempts (`sandhold run --attempts N`): compare, promote.
+    #[command(subcommand)]
+    Attempts(attempts::AttemptsCommand),
     /// Forward local connections to a port on a sandbox's loopback, until Ctrl-C.
     #[command(
         after_help = "Examples:\n  sandhold port-forward 3f2a9c 8080:3000\n  sandhold port-forward --thread demo 8080:3000",
@@ -208,6 +212,7 @@ pub fn main() -> ExitCode {
 async fn client(command: Command) -> ExitCode {
     match command {
         Command::Serve(_) | Command::Harness(_) | Command::Daemon(_) => unreachable!("handled above"),
+        Command::Run(args) if args.fans_out() => attempts::run(*args).await,
         Command::Run(args) => run::run(*args).await,
         Command::Attach(args) => run::attach(args).await,
         Command::Cancel(args) => run::cancel(args).await,
@@ -219,6 +224,7 @@ async fn client(command: Command) -> ExitCode {
         Command::Exec(args) => sandboxes::exec(args).await,
         Command::Definitions(c) => sandboxes::definitions(c).await,
         Command::Pools(c) => sandboxes::pools(c).await,
+        Command::Attempts(c) => attempts::attempts(c).await,
         Command::PortForward(args) => port_forward::port_forward(args).await,
         Command::Git(args) => git::git(args).await,
         Command::Shell(args) => shell::shell(args).await,

@@ -231,6 +231,18 @@ pub struct RunArgs {
     #[arg(long)]
     pub detach: bool,
 
+    /// Run the task N times, each attempt in a fork of the thread's latest
+    /// checkpoint, followed side by side; then `sandhold attempts show` and
+    /// `attempts promote` (the definition needs portable snapshots: the
+    /// flags' definition gets them).
+    #[arg(long, value_name = "N")]
+    pub attempts: Option<u32>,
+
+    /// One attempt of this harness (and model), for a mix; repeatable (N is
+    /// their number).
+    #[arg(long = "attempt", value_name = "HARNESS[:MODEL]")]
+    pub attempt: Vec<String>,
+
     /// The run's id [default: generated].
     #[arg(long, value_name = "ID")]
     pub run_id: Option<String>,
@@ -307,6 +319,11 @@ impl RunArgs {
             || !self.allow_hosts.is_empty()
             || self.warm.is_some()
     }
+
+    /// `--attempts` or `--attempt`: the task fans out to a set of attempts.
+    pub fn fans_out(&self) -> bool {
+        self.attempts.is_some() || !self.attempt.is_empty()
+    }
 }
 
 /// Run `body` on a connection, print its error if any, close the connection.
@@ -344,12 +361,12 @@ pub async fn run(args: RunArgs) -> ExitCode {
     with_connection(&client, async move |conn| start(conn, &args, prepared).await).await
 }
 
-struct Prepared {
+pub(super) struct Prepared {
     definition: api::SandboxDefinition,
     request: api::StartRunRequest,
 }
 
-fn prepare(args: &RunArgs) -> anyhow::Result<Prepared> {
+pub(super) fn prepare(args: &RunArgs) -> anyhow::Result<Prepared> {
     let secrets = secret_values(&args.secrets)?;
     let secret_names: Vec<String> = args.secrets.iter().map(|s| s.name.clone()).collect();
     let definition = match &args.definition {
@@ -367,7 +384,9 @@ fn prepare(args: &RunArgs) -> anyhow::Result<Prepared> {
             secret_names,
             network: args.network.clone(),
             runtime: args.runtime.clone(),
-            destroy_on_complete: args.thread.is_none(),
+            // Attempts are compared in their sandboxes after their runs.
+            destroy_on_complete: args.thread.is_none() && !args.fans_out(),
+            portable_snapshots: args.fans_out(),
             warm: args.warm.unwrap_or_default(),
         }
         .build()?,
@@ -498,6 +517,34 @@ fn broker_on_top(definition: &mut api::SandboxDefinition, args: &RunArgs, secret
 
 async fn start(conn: &Connection, args: &RunArgs, prepared: Prepared) -> anyhow::Result<u8> {
     let format = args.client.output;
+    let (request, notice) = resolve(conn, args, prepared).await?;
+    let run_id = request.run_id.clone();
+    match format {
+        OutputFormat::Json => json_line(&json!({"run_id": run_id, "thread_id": request.thread_id})),
+        OutputFormat::Human => eprintln!("run {run_id} (thread {})", request.thread_id),
+    }
+    if let Some(line) = notice {
+        match format {
+            OutputFormat::Json => json_line(&json!({"notice": line, "run_id": run_id})),
+            OutputFormat::Human => eprintln!("{line}"),
+        }
+    }
+    let stream = conn.runs().start_run(request).await.map_err(status_error)?.into_inner();
+    let mut session = Session::new(conn, &run_id, format);
+    if args.detach {
+        return session.until_accepted(stream).await;
+    }
+    session.follow(stream).await
+}
+
+/// The run's request with its definition settled: the thread's when no
+/// flag names one, else the flags' or the file's, stored (and a notice when
+/// that changes the thread's).
+pub(super) async fn resolve(
+    conn: &Connection,
+    args: &RunArgs,
+    prepared: Prepared,
+) -> anyhow::Result<(api::StartRunRequest, Option<String>)> {
     let Prepared { definition, mut request } = prepared;
     let existing = match &args.thread {
         Some(t) => thread::definition_of(conn, t).await?,
@@ -521,23 +568,7 @@ async fn start(conn: &Connection, args: &RunArgs, prepared: Prepared) -> anyhow:
             request.definition_id = stored.id;
         }
     }
-    let run_id = request.run_id.clone();
-    match format {
-        OutputFormat::Json => json_line(&json!({"run_id": run_id, "thread_id": request.thread_id})),
-        OutputFormat::Human => eprintln!("run {run_id} (thread {})", request.thread_id),
-    }
-    if let Some(line) = notice {
-        match format {
-            OutputFormat::Json => json_line(&json!({"notice": line, "run_id": run_id})),
-            OutputFormat::Human => eprintln!("{line}"),
-        }
-    }
-    let stream = conn.runs().start_run(request).await.map_err(status_error)?.into_inner();
-    let mut session = Session::new(conn, &run_id, format);
-    if args.detach {
-        return session.until_accepted(stream).await;
-    }
-    session.follow(stream).await
+    Ok((request, notice))
 }
 
 pub async fn attach(args: AttachArgs) -> ExitCode {

@@ -191,6 +191,12 @@ pub struct ConfigLayer {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tenant_daily_tokens: Option<u64>,
 
+    /// Attempts one StartAttempts (`sandhold run --attempts N`) may fan a
+    /// task out to; more is refused with INVALID_ARGUMENT [default: 8].
+    #[arg(long, env = "SANDHOLD_MAX_ATTEMPTS", value_name = "N")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_attempts: Option<u32>,
+
     /// Bytes of one file a portable snapshot captures; a save with a larger
     /// file is refused with SNAPSHOT_TOO_LARGE; a definition may set a
     /// lower maximum; 0: no maximum [default: 536870912 (512 MiB)].

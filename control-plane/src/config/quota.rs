@@ -27,6 +27,17 @@ pub struct Quotas {
     /// them; `0` (the default): no limit.
     #[serde(default)]
     pub tenant_daily_tokens: u64,
+    /// Attempts one StartAttempts may fan a task out to.
+    #[serde(default = "default_max_attempts")]
+    pub max_attempts: u32,
+}
+
+/// Attempts of one task unless the operator says otherwise: each is a run
+/// and a sandbox of the host's.
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 8;
+
+fn default_max_attempts() -> u32 {
+    DEFAULT_MAX_ATTEMPTS
 }
 
 impl Default for Quotas {
@@ -35,6 +46,7 @@ impl Default for Quotas {
             max_sandboxes_per_tenant: DEFAULT_MAX_SANDBOXES_PER_TENANT,
             max_running_runs_per_tenant: DEFAULT_MAX_RUNNING_RUNS_PER_TENANT,
             tenant_daily_tokens: 0,
+            max_attempts: DEFAULT_MAX_ATTEMPTS,
         }
     }
 }

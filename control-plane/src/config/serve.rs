@@ -440,7 +440,7 @@ max_running_runs_per_tenant = 9
         let c = ServeConfig::resolve(file.merge(flags)).unwrap();
         assert_eq!(
             c.quotas,
-            Quotas { max_sandboxes_per_tenant: 4, max_running_runs_per_tenant: 2, tenant_daily_tokens: 0 }
+            Quotas { max_sandboxes_per_tenant: 4, max_running_runs_per_tenant: 2, ..Default::default() }
         );
         assert_eq!(c.reaper.tenant_sweep_budget, Duration::from_secs(5));
         let printed = c.to_redacted_toml();

@@ -113,6 +113,13 @@ pub enum Error {
     /// The run's sandbox: its ensure was refused or failed.
     #[error(transparent)]
     Sandbox(#[from] sandbox::Error),
+    /// A checkpoint of a set of attempts could not be saved or read.
+    #[error(transparent)]
+    Snapshot(#[from] crate::snapshot::Error),
+    /// A set of attempts cannot do what was asked in its state (no
+    /// portable snapshots, an attempt not evaluated yet, another promoted).
+    #[error("{0}")]
+    Attempts(String),
 }
 
 impl Error {
@@ -197,6 +204,8 @@ impl From<Error> for WireError {
             Error::Store(e) => e.into(),
             Error::Lease(e) => e.into(),
             Error::Sandbox(e) => e.into(),
+            Error::Snapshot(e) => e.into(),
+            Error::Attempts(_) => WireError::new(ErrorCode::FailedPrecondition, message),
         }
     }
 }

@@ -22,6 +22,7 @@ pub mod coalesce;
 pub mod quiet;
 
 mod attach;
+mod attempts;
 mod daily;
 mod drive;
 mod egress;
@@ -41,6 +42,7 @@ use records::run_id_field;
 use replica::StopReason;
 
 pub use attach::{RunEvents, Takeover};
+pub use attempts::{AttemptRun, AttemptView, Evaluation, StartAttempts, run_attempt_keeper};
 pub use error::Error;
 pub use records::lease_name;
 pub use replica::Runs;

@@ -99,6 +99,11 @@ pub struct RunOptions {
     /// Model tokens the runs one tenant starts on one UTC day may use
     /// (0: no limit).
     pub tenant_daily_tokens: u64,
+    /// Sandboxes one tenant may hold: what a set of attempts must fit in
+    /// before any of it starts.
+    pub sandboxes: Limit,
+    /// Attempts one StartAttempts may fan a task out to.
+    pub max_attempts: u32,
 }
 
 impl Default for RunOptions {
@@ -110,6 +115,8 @@ impl Default for RunOptions {
             quiet: quiet::QuietGate::default(),
             running_runs: Quotas::default().running_runs(),
             tenant_daily_tokens: 0,
+            sandboxes: Quotas::default().sandboxes(),
+            max_attempts: Quotas::default().max_attempts,
         }
     }
 }

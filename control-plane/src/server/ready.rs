@@ -184,6 +184,8 @@ impl Readiness {
                 quiet: config.takeover_quiet,
                 running_runs: config.quotas.running_runs(),
                 tenant_daily_tokens: config.quotas.tenant_daily_tokens,
+                sandboxes: config.quotas.sandboxes(),
+                max_attempts: config.quotas.max_attempts,
                 ..Default::default()
             },
         );
@@ -201,6 +203,7 @@ impl Readiness {
         self.loops.spawn(crate::sandbox::run_warm_keeper(lifecycle, stores, leases, shutdown.clone()));
         self.loops.spawn(crate::snapshot::run_gc_sweeper(cx.stores.clone(), shutdown.clone()));
         self.loops.spawn(reaper.run(shutdown.clone()));
+        self.loops.spawn(crate::runs::run_attempt_keeper(runs.clone(), shutdown.clone()));
         let listener = runs.clone();
         let (cancels, token) = (cx.cancels.clone(), shutdown.clone());
         self.loops.spawn(async move {

@@ -69,6 +69,15 @@ pub struct NewCheckpoint {
     pub uploaded_bytes: u64,
 }
 
+/// What [`CheckpointStore::adopt`] made.
+#[derive(Debug, Clone)]
+pub struct Adopted {
+    /// The copy of the checkpoint: the thread's new head.
+    pub checkpoint: Checkpoint,
+    /// The copy of the run.
+    pub run: super::RunId,
+}
+
 /// What a fork made in the new thread.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Fork {
@@ -136,6 +145,19 @@ pub trait CheckpointStore: Send + Sync {
         checkpoint_id: &str,
         new_thread_id: &str,
     ) -> Result<Fork>;
+
+    /// Copy checkpoint `checkpoint_id` of `from_thread` into `thread_id`
+    /// as its new head (its parent the old head), and the ended run
+    /// `run_id` of `from_thread` with it, as [`CheckpointStore::fork`]
+    /// copies runs: how an attempt is promoted. One transaction.
+    async fn adopt(
+        &self,
+        tenant: &Tenant,
+        from_thread: &str,
+        checkpoint_id: &str,
+        run_id: &str,
+        thread_id: &str,
+    ) -> Result<Adopted>;
 
     /// Delete the checkpoint (and its blob references); a deleted head is
     /// replaced by the newest remaining checkpoint.

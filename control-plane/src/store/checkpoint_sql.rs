@@ -67,6 +67,132 @@ pub(super) fn to_db(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
 
+/// Inside the transaction `$tx`: thread `$thread` of `$tenant` exists in
+/// `snapshot_threads`, its row locked (`$for_update`); evaluates to its
+/// head.
+macro_rules! lock_thread_head {
+    ($tx:ident, $tenant:expr, $thread:expr, $now:expr, $for_update:literal) => {{
+        sqlx::query(
+            "INSERT INTO snapshot_threads (tenant, thread_id, head, writer_epoch, updated_at) \
+             VALUES ($1, $2, NULL, 0, $3) ON CONFLICT (tenant, thread_id) DO NOTHING",
+        )
+        .bind($tenant.as_str())
+        .bind($thread)
+        .bind($now)
+        .execute(&mut *$tx)
+        .await?;
+        let head: Option<String> = sqlx::query_scalar(concat!(
+            "SELECT head FROM snapshot_threads WHERE tenant = $1 AND thread_id = $2",
+            $for_update
+        ))
+        .bind($tenant.as_str())
+        .bind($thread)
+        .fetch_one(&mut *$tx)
+        .await?;
+        head
+    }};
+}
+pub(super) use lock_thread_head;
+
+/// Inside `$tx`: a copy of checkpoint `$source` (manifest and blob
+/// references, `forked_from` naming it) as thread `$thread`'s checkpoint
+/// number `$seq` after `$parent`, made its head (fencing the thread's
+/// writer); evaluates to the copy's row.
+macro_rules! copy_checkpoint_as_head {
+    ($tx:ident, $tenant:expr, $source:expr, $thread:expr, $parent:expr, $seq:expr, $now:expr) => {{
+        let id = new_checkpoint_id();
+        let row = sqlx::query_as::<_, CheckpointRow>(concat!(
+            "INSERT INTO snapshot_checkpoints (checkpoint_id, tenant, thread_id, parent_id, run_id, \
+             label, forked_from, manifest, file_count, dir_count, total_bytes, uploaded_bytes, seq, \
+             created_at) \
+             SELECT $1, tenant, $2, $3, run_id, label, checkpoint_id, manifest, file_count, dir_count, \
+             total_bytes, 0, $4, $5 FROM snapshot_checkpoints WHERE checkpoint_id = $6 RETURNING ",
+            checkpoint_columns!()
+        ))
+        .bind(&id)
+        .bind($thread)
+        .bind($parent)
+        .bind($seq)
+        .bind($now)
+        .bind($source)
+        .fetch_one(&mut *$tx)
+        .await?;
+        sqlx::query(
+            "INSERT INTO snapshot_blob_refs (checkpoint_id, sha256) \
+             SELECT $1, sha256 FROM snapshot_blob_refs WHERE checkpoint_id = $2",
+        )
+        .bind(&id)
+        .bind($source)
+        .execute(&mut *$tx)
+        .await?;
+        sqlx::query(
+            "UPDATE snapshot_threads SET head = $3, writer_epoch = writer_epoch + 1, updated_at = $4 \
+             WHERE tenant = $1 AND thread_id = $2",
+        )
+        .bind($tenant.as_str())
+        .bind($thread)
+        .bind(&id)
+        .bind($now)
+        .execute(&mut *$tx)
+        .await?;
+        row
+    }};
+}
+pub(super) use copy_checkpoint_as_head;
+
+/// Copy the ended run `$source` of `$tenant`, with its event log and
+/// requests, into thread `$thread` under a fresh id (its record names the
+/// source in `forked_from_run`), inside the transaction `$tx`; evaluates to
+/// the copy's id.
+macro_rules! copy_run {
+    ($tx:ident, $tenant:expr, $source:expr, $thread:expr, $now:expr) => {{
+        let (tenant, source, new_thread_id, now) = ($tenant, $source, $thread, $now);
+        let copy = super::generated_run_id();
+        sqlx::query(
+            "INSERT INTO runs (run_id, thread_id, tenant, status, started_at, finished_at, \
+             error_code, error_message, usage, sandbox_key, detached_since, cancel_requested, \
+             driver_epoch, sentinel_key, log_closed, updated_at, spec, forked_from_run, \
+             requests_indexed, definition_id) \
+             SELECT $1, $2, tenant, status, started_at, finished_at, error_code, error_message, \
+             usage, NULL, NULL, FALSE, driver_epoch, $3, TRUE, $4, spec, run_id, requests_indexed, \
+             definition_id \
+             FROM runs WHERE tenant = $6 AND run_id = $5",
+        )
+        .bind(copy.as_str())
+        .bind(new_thread_id)
+        .bind(super::SentinelKey::random().expose())
+        .bind(now)
+        .bind(source)
+        .bind(tenant.as_str())
+        .execute(&mut *$tx)
+        .await?;
+        sqlx::query(
+            "INSERT INTO run_events (tenant, run_id, seq, epoch, kind, payload, appended_at) \
+             SELECT tenant, $1, seq, epoch, kind, payload, appended_at FROM run_events \
+             WHERE tenant = $3 AND run_id = $2",
+        )
+        .bind(copy.as_str())
+        .bind(source)
+        .bind(tenant.as_str())
+        .execute(&mut *$tx)
+        .await?;
+        // The copy's requests are the source's, at the same offsets
+        // (and built from its log alike when the source's are not).
+        sqlx::query(
+            "INSERT INTO run_requests (tenant, run_id, request_id, asked_seq, answered_seq) \
+             SELECT tenant, $1, request_id, asked_seq, answered_seq FROM run_requests \
+             WHERE tenant = $3 AND run_id = $2",
+        )
+        .bind(copy.as_str())
+        .bind(source)
+        .bind(tenant.as_str())
+        .execute(&mut *$tx)
+        .await?;
+        copy
+    }};
+}
+pub(super) use copy_run;
+
 /// Implements [`super::CheckpointStore`] for `$store` (with a `pool` of
 /// `$db`). `$begin`: the statement opening a write transaction;
 /// `$for_update`: the row-lock suffix; `$sweep_lock` / `$pin_lock`: the
@@ -259,23 +385,7 @@ macro_rules! impl_checkpoint_store {
                     return Err(checkpoint_not_found(thread_id, checkpoint_id));
                 };
                 let now = Timestamp::now().as_millis();
-                sqlx::query(
-                    "INSERT INTO snapshot_threads (tenant, thread_id, head, writer_epoch, updated_at) \
-                     VALUES ($1, $2, NULL, 0, $3) ON CONFLICT (tenant, thread_id) DO NOTHING",
-                )
-                .bind(tenant.as_str())
-                .bind(new_thread_id)
-                .bind(now)
-                .execute(&mut *tx)
-                .await?;
-                let head: Option<String> = sqlx::query_scalar(concat!(
-                    "SELECT head FROM snapshot_threads WHERE tenant = $1 AND thread_id = $2",
-                    $for_update
-                ))
-                .bind(tenant.as_str())
-                .bind(new_thread_id)
-                .fetch_one(&mut *tx)
-                .await?;
+                let head = lock_thread_head!(tx, tenant, new_thread_id, now, $for_update);
                 let busy: bool = sqlx::query_scalar(
                     "SELECT EXISTS (SELECT 1 FROM snapshot_checkpoints WHERE tenant = $1 AND thread_id = $2) \
                      OR EXISTS (SELECT 1 FROM runs WHERE tenant = $1 AND thread_id = $2)",
@@ -287,29 +397,7 @@ macro_rules! impl_checkpoint_store {
                 if head.is_some() || busy {
                     return Err(Error::NotEmpty(format!("thread {new_thread_id} already has checkpoints or runs")));
                 }
-                let id = new_checkpoint_id();
-                let row = sqlx::query_as::<_, CheckpointRow>(concat!(
-                    "INSERT INTO snapshot_checkpoints (checkpoint_id, tenant, thread_id, parent_id, run_id, \
-                     label, forked_from, manifest, file_count, dir_count, total_bytes, uploaded_bytes, seq, \
-                     created_at) \
-                     SELECT $1, tenant, $2, NULL, run_id, label, checkpoint_id, manifest, file_count, dir_count, \
-                     total_bytes, 0, 1, $3 FROM snapshot_checkpoints WHERE checkpoint_id = $4 RETURNING ",
-                    checkpoint_columns!()
-                ))
-                .bind(&id)
-                .bind(new_thread_id)
-                .bind(now)
-                .bind(checkpoint_id)
-                .fetch_one(&mut *tx)
-                .await?;
-                sqlx::query(
-                    "INSERT INTO snapshot_blob_refs (checkpoint_id, sha256) \
-                     SELECT $1, sha256 FROM snapshot_blob_refs WHERE checkpoint_id = $2",
-                )
-                .bind(&id)
-                .bind(checkpoint_id)
-                .execute(&mut *tx)
-                .await?;
+                let row = copy_checkpoint_as_head!(tx, tenant, checkpoint_id, new_thread_id, None::<String>, 1i64, now);
                 // The conversation up to the checkpoint. A terminal run's log
                 // is complete: its driver appends nothing after the terminal
                 // status, and a terminal run cannot be claimed again.
@@ -325,62 +413,61 @@ macro_rules! impl_checkpoint_store {
                 .await?;
                 let mut runs = Vec::with_capacity(sources.len());
                 for source in sources {
-                    let copy = super::generated_run_id();
-                    sqlx::query(
-                        "INSERT INTO runs (run_id, thread_id, tenant, status, started_at, finished_at, \
-                         error_code, error_message, usage, sandbox_key, detached_since, cancel_requested, \
-                         driver_epoch, sentinel_key, log_closed, updated_at, spec, forked_from_run, \
-                         requests_indexed, definition_id) \
-                         SELECT $1, $2, tenant, status, started_at, finished_at, error_code, error_message, \
-                         usage, NULL, NULL, FALSE, driver_epoch, $3, TRUE, $4, spec, run_id, requests_indexed, \
-                         definition_id \
-                         FROM runs WHERE tenant = $6 AND run_id = $5",
-                    )
-                    .bind(copy.as_str())
-                    .bind(new_thread_id)
-                    .bind(super::SentinelKey::random().expose())
-                    .bind(now)
-                    .bind(&source)
-                    .bind(tenant.as_str())
-                    .execute(&mut *tx)
-                    .await?;
-                    sqlx::query(
-                        "INSERT INTO run_events (tenant, run_id, seq, epoch, kind, payload, appended_at) \
-                         SELECT tenant, $1, seq, epoch, kind, payload, appended_at FROM run_events \
-                         WHERE tenant = $3 AND run_id = $2",
-                    )
-                    .bind(copy.as_str())
-                    .bind(&source)
-                    .bind(tenant.as_str())
-                    .execute(&mut *tx)
-                    .await?;
-                    // The copy's requests are the source's, at the same offsets
-                    // (and built from its log alike when the source's are not).
-                    sqlx::query(
-                        "INSERT INTO run_requests (tenant, run_id, request_id, asked_seq, answered_seq) \
-                         SELECT tenant, $1, request_id, asked_seq, answered_seq FROM run_requests \
-                         WHERE tenant = $3 AND run_id = $2",
-                    )
-                    .bind(copy.as_str())
-                    .bind(&source)
-                    .bind(tenant.as_str())
-                    .execute(&mut *tx)
-                    .await?;
+                    let copy = copy_run!(tx, tenant, &source, new_thread_id, now);
                     runs.push(copy);
                 }
-                // Fences any writer that claimed the empty thread meanwhile.
-                sqlx::query(
-                    "UPDATE snapshot_threads SET head = $3, writer_epoch = writer_epoch + 1, updated_at = $4 \
-                     WHERE tenant = $1 AND thread_id = $2",
-                )
-                .bind(tenant.as_str())
-                .bind(new_thread_id)
-                .bind(&id)
-                .bind(now)
-                .execute(&mut *tx)
-                .await?;
                 tx.commit().await?;
                 Ok(super::Fork { checkpoint: row.into(), runs })
+            }
+
+            async fn adopt(
+                &self,
+                tenant: &Tenant,
+                from_thread: &str,
+                checkpoint_id: &str,
+                run_id: &str,
+                thread_id: &str,
+            ) -> Result<super::Adopted> {
+                let mut tx = self.pool.begin_with($begin).await?;
+                let exists: bool = sqlx::query_scalar(
+                    "SELECT EXISTS (SELECT 1 FROM snapshot_checkpoints \
+                     WHERE tenant = $1 AND thread_id = $2 AND checkpoint_id = $3)",
+                )
+                .bind(tenant.as_str())
+                .bind(from_thread)
+                .bind(checkpoint_id)
+                .fetch_one(&mut *tx)
+                .await?;
+                if !exists {
+                    return Err(checkpoint_not_found(from_thread, checkpoint_id));
+                }
+                let ended: bool = sqlx::query_scalar(concat!(
+                    "SELECT EXISTS (SELECT 1 FROM runs WHERE tenant = $1 AND thread_id = $2 AND run_id = $3 AND ",
+                    terminal!(),
+                    ")"
+                ))
+                .bind(tenant.as_str())
+                .bind(from_thread)
+                .bind(run_id)
+                .fetch_one(&mut *tx)
+                .await?;
+                if !ended {
+                    return Err(Error::NotFound(format!("ended run {run_id} of thread {from_thread}")));
+                }
+                let now = Timestamp::now().as_millis();
+                let head = lock_thread_head!(tx, tenant, thread_id, now, $for_update);
+                let seq: i64 = sqlx::query_scalar(
+                    "SELECT COALESCE(MAX(seq), 0) + 1 FROM snapshot_checkpoints WHERE tenant = $1 AND thread_id = $2",
+                )
+                .bind(tenant.as_str())
+                .bind(thread_id)
+                .fetch_one(&mut *tx)
+                .await?;
+                // The head fences any writer of the thread meanwhile.
+                let row = copy_checkpoint_as_head!(tx, tenant, checkpoint_id, thread_id, &head, seq, now);
+                let run = copy_run!(tx, tenant, run_id, thread_id, now);
+                tx.commit().await?;
+                Ok(super::Adopted { checkpoint: row.into(), run })
             }
 
             async fn delete(&self, tenant: &Tenant, thread_id: &str, checkpoint_id: &str) -> Result<()> {

@@ -18,6 +18,7 @@
 //! fence latches by construction. [`LogWriter`] additionally latches in
 //! memory so a superseded writer stops without another round trip.
 
+mod attempts;
 pub mod blob;
 mod checkpoint;
 mod checkpoint_sql;
@@ -47,8 +48,9 @@ mod snapshot_conformance;
 
 pub use shared::ids::RunId;
 
+pub use attempts::{AttemptRecord, AttemptSetRecord, AttemptStore, Promotion};
 pub use blob::{BlobKey, BlobStats, BlobStore, DirBlobStore, PgBlobStore};
-pub use checkpoint::{Checkpoint, CheckpointStore, DeleteBlobs, Fork, NewCheckpoint, WriterClaim};
+pub use checkpoint::{Adopted, Checkpoint, CheckpointStore, DeleteBlobs, Fork, NewCheckpoint, WriterClaim};
 pub use definitions::{DERIVED_PREFIX, Definition, DefinitionStore};
 pub use error::{Error, Result};
 pub use event_log::{

@@ -32,8 +32,8 @@ use sqlx::postgres::{PgListener, PgPoolOptions};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::checkpoint_sql::{
-    CheckpointRow, REFS_PER_INSERT, checkpoint_columns, checkpoint_not_found, impl_checkpoint_store,
-    new_checkpoint_id, to_db,
+    CheckpointRow, REFS_PER_INSERT, checkpoint_columns, checkpoint_not_found, copy_checkpoint_as_head,
+    copy_run, impl_checkpoint_store, lock_thread_head, new_checkpoint_id, to_db,
 };
 use super::group::{Committer, Fence, GroupCommit, GroupLog, Member, Written, refusal, write_group};
 use super::requests_sql::{RequestRow, impl_request_index, index_marks, index_requests, request_select};
@@ -103,6 +103,7 @@ pub(super) async fn open(database_url: &str, grouping: GroupCommit) -> Result<St
         definitions: store.clone(),
         tokens: store.clone(),
         warm: store.clone(),
+        attempts: store.clone(),
         checkpoints: store,
         blobs,
         pool: Pool::Postgres(pool),
@@ -155,6 +156,7 @@ async fn relay_notifications(database_url: String, wakes: Wakes, stop: Cancellat
     }
 }
 
+super::attempts::impl_attempt_store!(PgStore, begin: "BEGIN");
 super::warm::impl_warm_store!(PgStore, skip_locked: " FOR UPDATE SKIP LOCKED");
 impl_shared_stores!(PgStore, sqlx::Postgres);
 impl_request_index!(PgStore, begin: "BEGIN", for_update: " FOR UPDATE");

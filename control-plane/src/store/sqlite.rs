@@ -15,8 +15,8 @@ use sqlx::SqlitePool;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 
 use super::checkpoint_sql::{
-    CheckpointRow, REFS_PER_INSERT, checkpoint_columns, checkpoint_not_found, impl_checkpoint_store,
-    new_checkpoint_id, to_db,
+    CheckpointRow, REFS_PER_INSERT, checkpoint_columns, checkpoint_not_found, copy_checkpoint_as_head,
+    copy_run, impl_checkpoint_store, lock_thread_head, new_checkpoint_id, to_db,
 };
 use super::group::{Committer, GroupCommit, GroupLog, Member, Written, write_group};
 use super::requests_sql::{RequestRow, impl_request_index, index_marks, index_requests, request_select};
@@ -87,6 +87,7 @@ pub(super) async fn open(database_url: &str, grouping: GroupCommit) -> Result<St
         definitions: store.clone(),
         tokens: store.clone(),
         warm: store.clone(),
+        attempts: store.clone(),
         checkpoints: store,
         blobs,
         pool: Pool::Sqlite(pool),
@@ -111,6 +112,7 @@ async fn adopt_legacy_blobs(pool: &SqlitePool, blobs: &super::DirBlobStore) -> R
     Ok(())
 }
 
+super::attempts::impl_attempt_store!(SqliteStore, begin: "BEGIN IMMEDIATE");
 super::warm::impl_warm_store!(SqliteStore, skip_locked: "");
 impl_shared_stores!(SqliteStore, sqlx::Sqlite);
 impl_request_index!(SqliteStore, begin: "BEGIN IMMEDIATE", for_update: "");

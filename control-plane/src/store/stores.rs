@@ -3,8 +3,8 @@
 use std::sync::Arc;
 
 use super::{
-    BlobStore, CheckpointStore, DefinitionStore, Error, EventLog, GroupCommit, InstanceStore, Result,
-    RunStatus, RunStore, TokenStore, WarmStore, postgres, sqlite,
+    AttemptStore, BlobStore, CheckpointStore, DefinitionStore, Error, EventLog, GroupCommit, InstanceStore,
+    Result, RunStatus, RunStore, TokenStore, WarmStore, postgres, sqlite,
 };
 
 /// Every store over one database.
@@ -17,6 +17,8 @@ pub struct Stores {
     pub tokens: Arc<dyn TokenStore>,
     /// Warm pools and their pooled sandboxes.
     pub warm: Arc<dyn WarmStore>,
+    /// Attempt sets and their attempts.
+    pub attempts: Arc<dyn AttemptStore>,
     /// Portable snapshot checkpoints, heads and blob references.
     pub checkpoints: Arc<dyn CheckpointStore>,
     /// Portable snapshot blobs: a directory beside the SQLite file, or a

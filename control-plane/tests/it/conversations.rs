@@ -7,15 +7,12 @@
 
 use std::path::{Path, PathBuf};
 
-use sandhold_tests::auth::bearer;
 use sandhold_tests::docker::DockerCleanup;
 use sandhold_tests::model::{FakeModel, cli};
 use sandhold_tests::provider::Kind;
 use sandhold_tests::run::*;
 use sandhold_tests::server::*;
-use sandhold_tests::wait::{PATIENCE, eventually};
 use shared::proto::v1 as api;
-use shared::proto::v1::snapshot_service_client::SnapshotServiceClient;
 
 /// A harness run of `prompt` on `thread`, read to its end; its record and
 /// what its client saw.
@@ -129,7 +126,7 @@ async fn a_session_survives_its_sandbox(harness: &str, options: impl Fn(&Path, u
     let (first, _) =
         turn(&mut runs, &run1, "chat", harness, &options(&home1, model.port), &fact, false).await;
     assert!(!first.session_id.is_empty(), "{first:?}");
-    wait_checkpoint(&s, "chat", &run1).await;
+    s.wait_checkpoint("chat", &run1).await;
 
     let mut sandboxes = s.server.sandboxes(&s.token).await;
     sandboxes
@@ -240,7 +237,7 @@ async fn a_session_moves_from_docker_to_local(
     let run1 = format!("d1-{}", s.nonce);
     let (first, _) = turn(&mut runs, &run1, "chat", harness, &options, &fact, false).await;
     assert!(!first.session_id.is_empty(), "{first:?}");
-    wait_checkpoint(&s, "chat", &run1).await;
+    s.wait_checkpoint("chat", &run1).await;
     sandboxes
         .destroy_sandbox(api::DestroySandboxRequest { sandbox_id: first.sandbox_id.clone() })
         .await
@@ -358,21 +355,6 @@ fn ensure_debian_image() {
     let out =
         std::process::Command::new(&script).arg("--debian").output().expect("scripts/build-test-images");
     assert!(out.status.success(), "build-test-images --debian: {}", String::from_utf8_lossy(&out.stderr));
-}
-
-/// Waits for the checkpoint saved after `run` (once the run is terminal).
-async fn wait_checkpoint(s: &TenantServer, thread: &str, run: &str) {
-    let snapshots = SnapshotServiceClient::with_interceptor(s.server.channel().await, bearer(&s.token));
-    let saved = eventually(PATIENCE, || {
-        let mut snapshots = snapshots.clone();
-        let request = api::ListSnapshotsRequest { thread_id: thread.into() };
-        async move {
-            let listed = snapshots.list_snapshots(request).await;
-            listed.is_ok_and(|l| l.into_inner().checkpoints.iter().any(|c| c.run_id == run))
-        }
-    })
-    .await;
-    assert!(saved, "no checkpoint after {run}:\n{}", s.server.log_text());
 }
 
 fn claude_options(bin: &Path, home: &Path, port: u16) -> api::HarnessOptions {

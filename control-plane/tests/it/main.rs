@@ -2,6 +2,7 @@
 //! A test that must own its process (it changes the environment) is a binary of its own beside this folder.
 
 mod api_in_process;
+mod attempts;
 mod bounds;
 mod broker;
 mod cli;

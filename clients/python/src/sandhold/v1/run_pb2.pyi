@@ -24,6 +24,146 @@ RUN_STATUS_COMPLETED: RunStatus
 RUN_STATUS_FAILED: RunStatus
 RUN_STATUS_ABORTED: RunStatus
 
+class StartAttemptsRequest(_message.Message):
+    __slots__ = ("run", "count", "attempts")
+    RUN_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    run: StartRunRequest
+    count: int
+    attempts: _containers.RepeatedCompositeFieldContainer[AttemptSpec]
+    def __init__(self, run: _Optional[_Union[StartRunRequest, _Mapping]] = ..., count: _Optional[int] = ..., attempts: _Optional[_Iterable[_Union[AttemptSpec, _Mapping]]] = ...) -> None: ...
+
+class AttemptSpec(_message.Message):
+    __slots__ = ("harness", "model")
+    HARNESS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    harness: str
+    model: str
+    def __init__(self, harness: _Optional[str] = ..., model: _Optional[str] = ...) -> None: ...
+
+class StartAttemptsResponse(_message.Message):
+    __slots__ = ("set",)
+    SET_FIELD_NUMBER: _ClassVar[int]
+    set: AttemptSet
+    def __init__(self, set: _Optional[_Union[AttemptSet, _Mapping]] = ...) -> None: ...
+
+class GetAttemptSetRequest(_message.Message):
+    __slots__ = ("attempt_set_id",)
+    ATTEMPT_SET_ID_FIELD_NUMBER: _ClassVar[int]
+    attempt_set_id: str
+    def __init__(self, attempt_set_id: _Optional[str] = ...) -> None: ...
+
+class GetAttemptSetResponse(_message.Message):
+    __slots__ = ("set",)
+    SET_FIELD_NUMBER: _ClassVar[int]
+    set: AttemptSet
+    def __init__(self, set: _Optional[_Union[AttemptSet, _Mapping]] = ...) -> None: ...
+
+class AttemptSet(_message.Message):
+    __slots__ = ("attempt_set_id", "thread_id", "definition_id", "base_checkpoint_id", "attempts", "promoted_run_id", "created_at_ms")
+    ATTEMPT_SET_ID_FIELD_NUMBER: _ClassVar[int]
+    THREAD_ID_FIELD_NUMBER: _ClassVar[int]
+    DEFINITION_ID_FIELD_NUMBER: _ClassVar[int]
+    BASE_CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    PROMOTED_RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    attempt_set_id: str
+    thread_id: str
+    definition_id: str
+    base_checkpoint_id: str
+    attempts: _containers.RepeatedCompositeFieldContainer[Attempt]
+    promoted_run_id: str
+    created_at_ms: int
+    def __init__(self, attempt_set_id: _Optional[str] = ..., thread_id: _Optional[str] = ..., definition_id: _Optional[str] = ..., base_checkpoint_id: _Optional[str] = ..., attempts: _Optional[_Iterable[_Union[Attempt, _Mapping]]] = ..., promoted_run_id: _Optional[str] = ..., created_at_ms: _Optional[int] = ...) -> None: ...
+
+class Attempt(_message.Message):
+    __slots__ = ("attempt", "run_id", "thread_id", "harness", "model", "status", "evaluated", "files_changed", "lines_added", "lines_removed", "files", "test_exit_code", "test_output_tail", "test_error", "usage", "duration_ms", "checkpoint_id", "error")
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    THREAD_ID_FIELD_NUMBER: _ClassVar[int]
+    HARNESS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    EVALUATED_FIELD_NUMBER: _ClassVar[int]
+    FILES_CHANGED_FIELD_NUMBER: _ClassVar[int]
+    LINES_ADDED_FIELD_NUMBER: _ClassVar[int]
+    LINES_REMOVED_FIELD_NUMBER: _ClassVar[int]
+    FILES_FIELD_NUMBER: _ClassVar[int]
+    TEST_EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    TEST_OUTPUT_TAIL_FIELD_NUMBER: _ClassVar[int]
+    TEST_ERROR_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    DURATION_MS_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    attempt: int
+    run_id: str
+    thread_id: str
+    harness: str
+    model: str
+    status: RunStatus
+    evaluated: bool
+    files_changed: int
+    lines_added: int
+    lines_removed: int
+    files: _containers.RepeatedCompositeFieldContainer[ChangedFile]
+    test_exit_code: int
+    test_output_tail: str
+    test_error: str
+    usage: _events_pb2.Usage
+    duration_ms: int
+    checkpoint_id: str
+    error: str
+    def __init__(self, attempt: _Optional[int] = ..., run_id: _Optional[str] = ..., thread_id: _Optional[str] = ..., harness: _Optional[str] = ..., model: _Optional[str] = ..., status: _Optional[_Union[RunStatus, str]] = ..., evaluated: _Optional[bool] = ..., files_changed: _Optional[int] = ..., lines_added: _Optional[int] = ..., lines_removed: _Optional[int] = ..., files: _Optional[_Iterable[_Union[ChangedFile, _Mapping]]] = ..., test_exit_code: _Optional[int] = ..., test_output_tail: _Optional[str] = ..., test_error: _Optional[str] = ..., usage: _Optional[_Union[_events_pb2.Usage, _Mapping]] = ..., duration_ms: _Optional[int] = ..., checkpoint_id: _Optional[str] = ..., error: _Optional[str] = ...) -> None: ...
+
+class ChangedFile(_message.Message):
+    __slots__ = ("path", "change", "lines_added", "lines_removed", "binary")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    CHANGE_FIELD_NUMBER: _ClassVar[int]
+    LINES_ADDED_FIELD_NUMBER: _ClassVar[int]
+    LINES_REMOVED_FIELD_NUMBER: _ClassVar[int]
+    BINARY_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    change: str
+    lines_added: int
+    lines_removed: int
+    binary: bool
+    def __init__(self, path: _Optional[str] = ..., change: _Optional[str] = ..., lines_added: _Optional[int] = ..., lines_removed: _Optional[int] = ..., binary: _Optional[bool] = ...) -> None: ...
+
+class GetAttemptPatchRequest(_message.Message):
+    __slots__ = ("attempt_set_id", "run_id")
+    ATTEMPT_SET_ID_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    attempt_set_id: str
+    run_id: str
+    def __init__(self, attempt_set_id: _Optional[str] = ..., run_id: _Optional[str] = ...) -> None: ...
+
+class GetAttemptPatchResponse(_message.Message):
+    __slots__ = ("patch", "truncated")
+    PATCH_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    patch: str
+    truncated: bool
+    def __init__(self, patch: _Optional[str] = ..., truncated: _Optional[bool] = ...) -> None: ...
+
+class PromoteAttemptRequest(_message.Message):
+    __slots__ = ("attempt_set_id", "run_id")
+    ATTEMPT_SET_ID_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    attempt_set_id: str
+    run_id: str
+    def __init__(self, attempt_set_id: _Optional[str] = ..., run_id: _Optional[str] = ...) -> None: ...
+
+class PromoteAttemptResponse(_message.Message):
+    __slots__ = ("set", "checkpoint_id")
+    SET_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    set: AttemptSet
+    checkpoint_id: str
+    def __init__(self, set: _Optional[_Union[AttemptSet, _Mapping]] = ..., checkpoint_id: _Optional[str] = ...) -> None: ...
+
 class HarnessOptions(_message.Message):
     __slots__ = ("program", "command", "model", "resume_session_id", "permission_mode", "max_turns", "allowed_tools", "disallowed_tools", "system_prompt", "mcp_config_path", "include_partial_messages", "sandbox_mode", "config_overrides", "extra_args", "env")
     class EnvEntry(_message.Message):

@@ -90,6 +90,26 @@ class RunServiceStub:
                 request_serializer=sandhold_dot_v1_dot_run__pb2.ListRequestsRequest.SerializeToString,
                 response_deserializer=sandhold_dot_v1_dot_run__pb2.ListRequestsResponse.FromString,
                 _registered_method=True)
+        self.StartAttempts = channel.unary_unary(
+                '/sandhold.v1.RunService/StartAttempts',
+                request_serializer=sandhold_dot_v1_dot_run__pb2.StartAttemptsRequest.SerializeToString,
+                response_deserializer=sandhold_dot_v1_dot_run__pb2.StartAttemptsResponse.FromString,
+                _registered_method=True)
+        self.GetAttemptSet = channel.unary_unary(
+                '/sandhold.v1.RunService/GetAttemptSet',
+                request_serializer=sandhold_dot_v1_dot_run__pb2.GetAttemptSetRequest.SerializeToString,
+                response_deserializer=sandhold_dot_v1_dot_run__pb2.GetAttemptSetResponse.FromString,
+                _registered_method=True)
+        self.GetAttemptPatch = channel.unary_unary(
+                '/sandhold.v1.RunService/GetAttemptPatch',
+                request_serializer=sandhold_dot_v1_dot_run__pb2.GetAttemptPatchRequest.SerializeToString,
+                response_deserializer=sandhold_dot_v1_dot_run__pb2.GetAttemptPatchResponse.FromString,
+                _registered_method=True)
+        self.PromoteAttempt = channel.unary_unary(
+                '/sandhold.v1.RunService/PromoteAttempt',
+                request_serializer=sandhold_dot_v1_dot_run__pb2.PromoteAttemptRequest.SerializeToString,
+                response_deserializer=sandhold_dot_v1_dot_run__pb2.PromoteAttemptResponse.FromString,
+                _registered_method=True)
 
 
 class RunServiceServicer:
@@ -180,6 +200,52 @@ class RunServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StartAttempts(self, request, context):
+        """One task fanned out to N attempts. From the thread's latest checkpoint
+        (saved first, from a fresh sandbox of the definition set up once, when
+        the thread has none) N new threads are forked, each with the thread's
+        conversation, and the same prompt starts in each as an ordinary
+        durable run (takeover, requests, egress and budgets apply to each).
+        The definition needs portable snapshots (`lifecycle.portable_snapshots`):
+        FAILED_PRECONDITION otherwise. Each attempt's processes see
+        SANDHOLD_ATTEMPT (0 to N-1). N past the operator's `max_attempts`, or
+        more attempts than the tenant's running-run or sandbox quota has room
+        for, is refused before anything starts. Attach to each run with
+        AttachRun.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetAttemptSet(self, request, context):
+        """A set and each attempt's outcome: status and, once its run ended and it
+        was evaluated, the diff against the starting checkpoint, the
+        workspace's `scripts.test` run in its sandbox, tokens and duration.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetAttemptPatch(self, request, context):
+        """An evaluated attempt's changes as a unified diff against the starting
+        checkpoint (text files; binary ones are named), at most 1 MiB.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PromoteAttempt(self, request, context):
+        """Make an attempt the thread's: its checkpoint becomes the thread's head
+        and its run joins the thread (so the thread's next run continues its
+        session), its sandbox becomes the thread's sandbox, and the other
+        attempts' sandboxes are destroyed. Promoting the promoted attempt again
+        changes nothing; another attempt of a promoted set is
+        FAILED_PRECONDITION, as is an attempt that has not been evaluated.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RunServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -227,6 +293,26 @@ def add_RunServiceServicer_to_server(servicer, server):
                     servicer.ListRequests,
                     request_deserializer=sandhold_dot_v1_dot_run__pb2.ListRequestsRequest.FromString,
                     response_serializer=sandhold_dot_v1_dot_run__pb2.ListRequestsResponse.SerializeToString,
+            ),
+            'StartAttempts': grpc.unary_unary_rpc_method_handler(
+                    servicer.StartAttempts,
+                    request_deserializer=sandhold_dot_v1_dot_run__pb2.StartAttemptsRequest.FromString,
+                    response_serializer=sandhold_dot_v1_dot_run__pb2.StartAttemptsResponse.SerializeToString,
+            ),
+            'GetAttemptSet': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetAttemptSet,
+                    request_deserializer=sandhold_dot_v1_dot_run__pb2.GetAttemptSetRequest.FromString,
+                    response_serializer=sandhold_dot_v1_dot_run__pb2.GetAttemptSetResponse.SerializeToString,
+            ),
+            'GetAttemptPatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetAttemptPatch,
+                    request_deserializer=sandhold_dot_v1_dot_run__pb2.GetAttemptPatchRequest.FromString,
+                    response_serializer=sandhold_dot_v1_dot_run__pb2.GetAttemptPatchResponse.SerializeToString,
+            ),
+            'PromoteAttempt': grpc.unary_unary_rpc_method_handler(
+                    servicer.PromoteAttempt,
+                    request_deserializer=sandhold_dot_v1_dot_run__pb2.PromoteAttemptRequest.FromString,
+                    response_serializer=sandhold_dot_v1_dot_run__pb2.PromoteAttemptResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -483,6 +569,114 @@ class RunService:
             '/sandhold.v1.RunService/ListRequests',
             sandhold_dot_v1_dot_run__pb2.ListRequestsRequest.SerializeToString,
             sandhold_dot_v1_dot_run__pb2.ListRequestsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StartAttempts(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sandhold.v1.RunService/StartAttempts',
+            sandhold_dot_v1_dot_run__pb2.StartAttemptsRequest.SerializeToString,
+            sandhold_dot_v1_dot_run__pb2.StartAttemptsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetAttemptSet(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sandhold.v1.RunService/GetAttemptSet',
+            sandhold_dot_v1_dot_run__pb2.GetAttemptSetRequest.SerializeToString,
+            sandhold_dot_v1_dot_run__pb2.GetAttemptSetResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetAttemptPatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sandhold.v1.RunService/GetAttemptPatch',
+            sandhold_dot_v1_dot_run__pb2.GetAttemptPatchRequest.SerializeToString,
+            sandhold_dot_v1_dot_run__pb2.GetAttemptPatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PromoteAttempt(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sandhold.v1.RunService/PromoteAttempt',
+            sandhold_dot_v1_dot_run__pb2.PromoteAttemptRequest.SerializeToString,
+            sandhold_dot_v1_dot_run__pb2.PromoteAttemptResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -14,7 +14,419 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file sandhold/v1/run.proto.
  */
 export const file_sandhold_v1_run: GenFile = /*@__PURE__*/
-  fileDesc("ChVzYW5kaG9sZC92MS9ydW4ucHJvdG8SC3NhbmRob2xkLnYxIssDCg5IYXJuZXNzT3B0aW9ucxIPCgdwcm9ncmFtGAEgASgJEg8KB2NvbW1hbmQYAiADKAkSDQoFbW9kZWwYAyABKAkSGQoRcmVzdW1lX3Nlc3Npb25faWQYBCABKAkSFwoPcGVybWlzc2lvbl9tb2RlGAUgASgJEhEKCW1heF90dXJucxgGIAEoDRIVCg1hbGxvd2VkX3Rvb2xzGAcgAygJEhgKEGRpc2FsbG93ZWRfdG9vbHMYCCADKAkSFQoNc3lzdGVtX3Byb21wdBgJIAEoCRIXCg9tY3BfY29uZmlnX3BhdGgYCiABKAkSIAoYaW5jbHVkZV9wYXJ0aWFsX21lc3NhZ2VzGAsgASgIEhQKDHNhbmRib3hfbW9kZRgMIAEoCRI1ChBjb25maWdfb3ZlcnJpZGVzGA0gAygLMhsuc2FuZGhvbGQudjEuQ29uZmlnT3ZlcnJpZGUSEgoKZXh0cmFfYXJncxgOIAMoCRIxCgNlbnYYDyADKAsyJC5zYW5kaG9sZC52MS5IYXJuZXNzT3B0aW9ucy5FbnZFbnRyeRoqCghFbnZFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIiwKDkNvbmZpZ092ZXJyaWRlEgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCSL1AwoPU3RhcnRSdW5SZXF1ZXN0EhEKCXRocmVhZF9pZBgBIAEoCRIOCgZydW5faWQYAiABKAkSFQoNZGVmaW5pdGlvbl9pZBgDIAEoCRI6CgdzZWNyZXRzGAQgAygLMikuc2FuZGhvbGQudjEuU3RhcnRSdW5SZXF1ZXN0LlNlY3JldHNFbnRyeRIPCgdoYXJuZXNzGAUgASgJEiwKB29wdGlvbnMYBiABKAsyGy5zYW5kaG9sZC52MS5IYXJuZXNzT3B0aW9ucxIOCgZwcm9tcHQYByABKAkSDwoHZHVyYWJsZRgIIAEoCBIhChRkZXRhY2hfb25fZGlzY29ubmVjdBgJIAEoCEgAiAEBEgsKA2N3ZBgKIAEoCRITCgtuZXdfc2Vzc2lvbhgLIAEoCBIqCgZwb2xpY3kYDCABKAsyGi5zYW5kaG9sZC52MS5TYW5kYm94UG9saWN5Ei0KDGNsaWVudF90b29scxgNIAMoCzIXLnNhbmRob2xkLnYxLkNsaWVudFRvb2wSIwoGYnVkZ2V0GA4gASgLMhMuc2FuZGhvbGQudjEuQnVkZ2V0Gi4KDFNlY3JldHNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBQhcKFV9kZXRhY2hfb25fZGlzY29ubmVjdCJKCgpDbGllbnRUb29sEgwKBG5hbWUYASABKAkSEwoLZGVzY3JpcHRpb24YAiABKAkSGQoRaW5wdXRfc2NoZW1hX2pzb24YAyABKAkirAEKF1Jlc3BvbmRUb1JlcXVlc3RSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRISCgpyZXF1ZXN0X2lkGAIgASgJEjMKCnBlcm1pc3Npb24YAyABKAsyHS5zYW5kaG9sZC52MS5QZXJtaXNzaW9uQW5zd2VySAASLgoLdG9vbF9yZXN1bHQYBCABKAsyFy5zYW5kaG9sZC52MS5Ub29sUmVzdWx0SABCCAoGYW5zd2VyIkIKEFBlcm1pc3Npb25BbnN3ZXISDQoFYWxsb3cYASABKAgSDwoHbWVzc2FnZRgCIAEoCRIOCgZhbHdheXMYAyABKAgiLwoKVG9vbFJlc3VsdBIPCgdjb250ZW50GAEgASgJEhAKCGlzX2Vycm9yGAIgASgIIkQKGFJlc3BvbmRUb1JlcXVlc3RSZXNwb25zZRIoCgdyZXF1ZXN0GAEgASgLMhcuc2FuZGhvbGQudjEuUnVuUmVxdWVzdCI/ChNMaXN0UmVxdWVzdHNSZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIYChBpbmNsdWRlX2Fuc3dlcmVkGAIgASgIIkEKFExpc3RSZXF1ZXN0c1Jlc3BvbnNlEikKCHJlcXVlc3RzGAEgAygLMhcuc2FuZGhvbGQudjEuUnVuUmVxdWVzdCLVAQoKUnVuUmVxdWVzdBISCgpyZXF1ZXN0X2lkGAEgASgJEgwKBGtpbmQYAiABKAkSDAoEdG9vbBgDIAEoCRISCgppbnB1dF9qc29uGAQgASgJEgwKBHJ1bGUYBSABKAkSFAoMdG9vbF9jYWxsX2lkGAYgASgJEhMKC2RlYWRsaW5lX21zGAcgASgDEg4KBm9mZnNldBgIIAEoCRIvCgZhbnN3ZXIYCSABKAsyGi5zYW5kaG9sZC52MS5SZXF1ZXN0QW5zd2VySACIAQFCCQoHX2Fuc3dlciJYCg1SZXF1ZXN0QW5zd2VyEg8KB2FsbG93ZWQYASABKAgSDwoHbWVzc2FnZRgCIAEoCRIQCghpc19lcnJvchgDIAEoCBITCgthbnN3ZXJlZF9ieRgEIAEoCSJgChBBdHRhY2hSdW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIUCgxhZnRlcl9vZmZzZXQYAiABKAkSEQoJdGhyZWFkX2lkGAMgASgJEhMKC3N0b3JlZF9vbmx5GAQgASgIImwKCFJ1bkV2ZW50EiYKBWNodW5rGAEgASgLMhUuc2FuZGhvbGQudjEuUnVuQ2h1bmtIABIvCghwcm9ncmVzcxgCIAEoCzIbLnNhbmRob2xkLnYxLkVuc3VyZVByb2dyZXNzSABCBwoFZXZlbnQiPQoIUnVuQ2h1bmsSDgoGb2Zmc2V0GAEgASgJEiEKBWNodW5rGAIgASgLMhIuc2FuZGhvbGQudjEuQ2h1bmsiIgoQQ2FuY2VsUnVuUmVxdWVzdBIOCgZydW5faWQYASABKAkiMgoRQ2FuY2VsUnVuUmVzcG9uc2USHQoDcnVuGAEgASgLMhAuc2FuZGhvbGQudjEuUnVuIiIKEERlbGV0ZVJ1blJlcXVlc3QSDgoGcnVuX2lkGAEgASgJIhMKEURlbGV0ZVJ1blJlc3BvbnNlIh8KDUdldFJ1blJlcXVlc3QSDgoGcnVuX2lkGAEgASgJIi8KDkdldFJ1blJlc3BvbnNlEh0KA3J1bhgBIAEoCzIQLnNhbmRob2xkLnYxLlJ1biJ+Cg9MaXN0UnVuc1JlcXVlc3QSEQoJdGhyZWFkX2lkGAEgASgJEg0KBWxpbWl0GAIgASgNEg0KBXF1ZXJ5GAMgASgJEiYKBnN0YXR1cxgEIAEoDjIWLnNhbmRob2xkLnYxLlJ1blN0YXR1cxISCgpwYWdlX3Rva2VuGAUgASgJIksKEExpc3RSdW5zUmVzcG9uc2USHgoEcnVucxgBIAMoCzIQLnNhbmRob2xkLnYxLlJ1bhIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiKAoTR2V0QWN0aXZlUnVuUmVxdWVzdBIRCgl0aHJlYWRfaWQYASABKAkiQgoUR2V0QWN0aXZlUnVuUmVzcG9uc2USIgoDcnVuGAEgASgLMhAuc2FuZGhvbGQudjEuUnVuSACIAQFCBgoEX3J1biIrCgpSdW5GYWlsdXJlEgwKBGNvZGUYASABKAkSDwoHbWVzc2FnZRgCIAEoCSLnAwoDUnVuEg4KBnJ1bl9pZBgBIAEoCRIRCgl0aHJlYWRfaWQYAiABKAkSJgoGc3RhdHVzGAMgASgOMhYuc2FuZGhvbGQudjEuUnVuU3RhdHVzEg8KB2hhcm5lc3MYBCABKAkSFQoNZGVmaW5pdGlvbl9pZBgFIAEoCRIPCgdkdXJhYmxlGAYgASgIEhUKDXN0YXJ0ZWRfYXRfbXMYByABKAMSGwoOZmluaXNoZWRfYXRfbXMYCCABKANIAIgBARImCgVlcnJvchgJIAEoCzIXLnNhbmRob2xkLnYxLlJ1bkZhaWx1cmUSIQoFdXNhZ2UYCiABKAsyEi5zYW5kaG9sZC52MS5Vc2FnZRISCgpzYW5kYm94X2lkGAsgASgJEh4KEWRldGFjaGVkX3NpbmNlX21zGAwgASgDSAGIAQESGAoQY2FuY2VsX3JlcXVlc3RlZBgNIAEoCBIXCg9mb3JrZWRfZnJvbV9ydW4YDiABKAkSEgoKc2Vzc2lvbl9pZBgPIAEoCRIPCgdjb21tYW5kGBAgAygJEg4KBnByb21wdBgRIAEoCRIYChBwcm9tcHRfdHJ1bmNhdGVkGBIgASgIQhEKD19maW5pc2hlZF9hdF9tc0IUChJfZGV0YWNoZWRfc2luY2VfbXMqpAEKCVJ1blN0YXR1cxIaChZSVU5fU1RBVFVTX1VOU1BFQ0lGSUVEEAASFgoSUlVOX1NUQVRVU19SVU5OSU5HEAESGgoWUlVOX1NUQVRVU19JTlRFUlJVUFRFRBACEhgKFFJVTl9TVEFUVVNfQ09NUExFVEVEEAMSFQoRUlVOX1NUQVRVU19GQUlMRUQQBBIWChJSVU5fU1RBVFVTX0FCT1JURUQQBTLDBQoKUnVuU2VydmljZRJBCghTdGFydFJ1bhIcLnNhbmRob2xkLnYxLlN0YXJ0UnVuUmVxdWVzdBoVLnNhbmRob2xkLnYxLlJ1bkV2ZW50MAESQwoJQXR0YWNoUnVuEh0uc2FuZGhvbGQudjEuQXR0YWNoUnVuUmVxdWVzdBoVLnNhbmRob2xkLnYxLlJ1bkV2ZW50MAESSgoJQ2FuY2VsUnVuEh0uc2FuZGhvbGQudjEuQ2FuY2VsUnVuUmVxdWVzdBoeLnNhbmRob2xkLnYxLkNhbmNlbFJ1blJlc3BvbnNlEkEKBkdldFJ1bhIaLnNhbmRob2xkLnYxLkdldFJ1blJlcXVlc3QaGy5zYW5kaG9sZC52MS5HZXRSdW5SZXNwb25zZRJKCglEZWxldGVSdW4SHS5zYW5kaG9sZC52MS5EZWxldGVSdW5SZXF1ZXN0Gh4uc2FuZGhvbGQudjEuRGVsZXRlUnVuUmVzcG9uc2USRwoITGlzdFJ1bnMSHC5zYW5kaG9sZC52MS5MaXN0UnVuc1JlcXVlc3QaHS5zYW5kaG9sZC52MS5MaXN0UnVuc1Jlc3BvbnNlElMKDEdldEFjdGl2ZVJ1bhIgLnNhbmRob2xkLnYxLkdldEFjdGl2ZVJ1blJlcXVlc3QaIS5zYW5kaG9sZC52MS5HZXRBY3RpdmVSdW5SZXNwb25zZRJfChBSZXNwb25kVG9SZXF1ZXN0EiQuc2FuZGhvbGQudjEuUmVzcG9uZFRvUmVxdWVzdFJlcXVlc3QaJS5zYW5kaG9sZC52MS5SZXNwb25kVG9SZXF1ZXN0UmVzcG9uc2USUwoMTGlzdFJlcXVlc3RzEiAuc2FuZGhvbGQudjEuTGlzdFJlcXVlc3RzUmVxdWVzdBohLnNhbmRob2xkLnYxLkxpc3RSZXF1ZXN0c1Jlc3BvbnNlYgZwcm90bzM", [file_sandhold_v1_events, file_sandhold_v1_sandbox]);
+  fileDesc("ChVzYW5kaG9sZC92MS9ydW4ucHJvdG8SC3NhbmRob2xkLnYxInwKFFN0YXJ0QXR0ZW1wdHNSZXF1ZXN0EikKA3J1bhgBIAEoCzIcLnNhbmRob2xkLnYxLlN0YXJ0UnVuUmVxdWVzdBINCgVjb3VudBgCIAEoDRIqCghhdHRlbXB0cxgDIAMoCzIYLnNhbmRob2xkLnYxLkF0dGVtcHRTcGVjIi0KC0F0dGVtcHRTcGVjEg8KB2hhcm5lc3MYASABKAkSDQoFbW9kZWwYAiABKAkiPQoVU3RhcnRBdHRlbXB0c1Jlc3BvbnNlEiQKA3NldBgBIAEoCzIXLnNhbmRob2xkLnYxLkF0dGVtcHRTZXQiLgoUR2V0QXR0ZW1wdFNldFJlcXVlc3QSFgoOYXR0ZW1wdF9zZXRfaWQYASABKAkiPQoVR2V0QXR0ZW1wdFNldFJlc3BvbnNlEiQKA3NldBgBIAEoCzIXLnNhbmRob2xkLnYxLkF0dGVtcHRTZXQiwgEKCkF0dGVtcHRTZXQSFgoOYXR0ZW1wdF9zZXRfaWQYASABKAkSEQoJdGhyZWFkX2lkGAIgASgJEhUKDWRlZmluaXRpb25faWQYAyABKAkSGgoSYmFzZV9jaGVja3BvaW50X2lkGAQgASgJEiYKCGF0dGVtcHRzGAUgAygLMhQuc2FuZGhvbGQudjEuQXR0ZW1wdBIXCg9wcm9tb3RlZF9ydW5faWQYBiABKAkSFQoNY3JlYXRlZF9hdF9tcxgHIAEoAyLAAwoHQXR0ZW1wdBIPCgdhdHRlbXB0GAEgASgNEg4KBnJ1bl9pZBgCIAEoCRIRCgl0aHJlYWRfaWQYAyABKAkSDwoHaGFybmVzcxgEIAEoCRINCgVtb2RlbBgFIAEoCRImCgZzdGF0dXMYBiABKA4yFi5zYW5kaG9sZC52MS5SdW5TdGF0dXMSEQoJZXZhbHVhdGVkGAcgASgIEhUKDWZpbGVzX2NoYW5nZWQYCCABKA0SEwoLbGluZXNfYWRkZWQYCSABKA0SFQoNbGluZXNfcmVtb3ZlZBgKIAEoDRInCgVmaWxlcxgLIAMoCzIYLnNhbmRob2xkLnYxLkNoYW5nZWRGaWxlEhsKDnRlc3RfZXhpdF9jb2RlGAwgASgFSACIAQESGAoQdGVzdF9vdXRwdXRfdGFpbBgNIAEoCRISCgp0ZXN0X2Vycm9yGA4gASgJEiEKBXVzYWdlGA8gASgLMhIuc2FuZGhvbGQudjEuVXNhZ2USEwoLZHVyYXRpb25fbXMYECABKAMSFQoNY2hlY2twb2ludF9pZBgRIAEoCRINCgVlcnJvchgSIAEoCUIRCg9fdGVzdF9leGl0X2NvZGUiZwoLQ2hhbmdlZEZpbGUSDAoEcGF0aBgBIAEoCRIOCgZjaGFuZ2UYAiABKAkSEwoLbGluZXNfYWRkZWQYAyABKA0SFQoNbGluZXNfcmVtb3ZlZBgEIAEoDRIOCgZiaW5hcnkYBSABKAgiQAoWR2V0QXR0ZW1wdFBhdGNoUmVxdWVzdBIWCg5hdHRlbXB0X3NldF9pZBgBIAEoCRIOCgZydW5faWQYAiABKAkiOwoXR2V0QXR0ZW1wdFBhdGNoUmVzcG9uc2USDQoFcGF0Y2gYASABKAkSEQoJdHJ1bmNhdGVkGAIgASgIIj8KFVByb21vdGVBdHRlbXB0UmVxdWVzdBIWCg5hdHRlbXB0X3NldF9pZBgBIAEoCRIOCgZydW5faWQYAiABKAkiVQoWUHJvbW90ZUF0dGVtcHRSZXNwb25zZRIkCgNzZXQYASABKAsyFy5zYW5kaG9sZC52MS5BdHRlbXB0U2V0EhUKDWNoZWNrcG9pbnRfaWQYAiABKAkiywMKDkhhcm5lc3NPcHRpb25zEg8KB3Byb2dyYW0YASABKAkSDwoHY29tbWFuZBgCIAMoCRINCgVtb2RlbBgDIAEoCRIZChFyZXN1bWVfc2Vzc2lvbl9pZBgEIAEoCRIXCg9wZXJtaXNzaW9uX21vZGUYBSABKAkSEQoJbWF4X3R1cm5zGAYgASgNEhUKDWFsbG93ZWRfdG9vbHMYByADKAkSGAoQZGlzYWxsb3dlZF90b29scxgIIAMoCRIVCg1zeXN0ZW1fcHJvbXB0GAkgASgJEhcKD21jcF9jb25maWdfcGF0aBgKIAEoCRIgChhpbmNsdWRlX3BhcnRpYWxfbWVzc2FnZXMYCyABKAgSFAoMc2FuZGJveF9tb2RlGAwgASgJEjUKEGNvbmZpZ19vdmVycmlkZXMYDSADKAsyGy5zYW5kaG9sZC52MS5Db25maWdPdmVycmlkZRISCgpleHRyYV9hcmdzGA4gAygJEjEKA2VudhgPIAMoCzIkLnNhbmRob2xkLnYxLkhhcm5lc3NPcHRpb25zLkVudkVudHJ5GioKCEVudkVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiLAoOQ29uZmlnT3ZlcnJpZGUSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJIvUDCg9TdGFydFJ1blJlcXVlc3QSEQoJdGhyZWFkX2lkGAEgASgJEg4KBnJ1bl9pZBgCIAEoCRIVCg1kZWZpbml0aW9uX2lkGAMgASgJEjoKB3NlY3JldHMYBCADKAsyKS5zYW5kaG9sZC52MS5TdGFydFJ1blJlcXVlc3QuU2VjcmV0c0VudHJ5Eg8KB2hhcm5lc3MYBSABKAkSLAoHb3B0aW9ucxgGIAEoCzIbLnNhbmRob2xkLnYxLkhhcm5lc3NPcHRpb25zEg4KBnByb21wdBgHIAEoCRIPCgdkdXJhYmxlGAggASgIEiEKFGRldGFjaF9vbl9kaXNjb25uZWN0GAkgASgISACIAQESCwoDY3dkGAogASgJEhMKC25ld19zZXNzaW9uGAsgASgIEioKBnBvbGljeRgMIAEoCzIaLnNhbmRob2xkLnYxLlNhbmRib3hQb2xpY3kSLQoMY2xpZW50X3Rvb2xzGA0gAygLMhcuc2FuZGhvbGQudjEuQ2xpZW50VG9vbBIjCgZidWRnZXQYDiABKAsyEy5zYW5kaG9sZC52MS5CdWRnZXQaLgoMU2VjcmV0c0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAFCFwoVX2RldGFjaF9vbl9kaXNjb25uZWN0IkoKCkNsaWVudFRvb2wSDAoEbmFtZRgBIAEoCRITCgtkZXNjcmlwdGlvbhgCIAEoCRIZChFpbnB1dF9zY2hlbWFfanNvbhgDIAEoCSKsAQoXUmVzcG9uZFRvUmVxdWVzdFJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEhIKCnJlcXVlc3RfaWQYAiABKAkSMwoKcGVybWlzc2lvbhgDIAEoCzIdLnNhbmRob2xkLnYxLlBlcm1pc3Npb25BbnN3ZXJIABIuCgt0b29sX3Jlc3VsdBgEIAEoCzIXLnNhbmRob2xkLnYxLlRvb2xSZXN1bHRIAEIICgZhbnN3ZXIiQgoQUGVybWlzc2lvbkFuc3dlchINCgVhbGxvdxgBIAEoCBIPCgdtZXNzYWdlGAIgASgJEg4KBmFsd2F5cxgDIAEoCCIvCgpUb29sUmVzdWx0Eg8KB2NvbnRlbnQYASABKAkSEAoIaXNfZXJyb3IYAiABKAgiRAoYUmVzcG9uZFRvUmVxdWVzdFJlc3BvbnNlEigKB3JlcXVlc3QYASABKAsyFy5zYW5kaG9sZC52MS5SdW5SZXF1ZXN0Ij8KE0xpc3RSZXF1ZXN0c1JlcXVlc3QSDgoGcnVuX2lkGAEgASgJEhgKEGluY2x1ZGVfYW5zd2VyZWQYAiABKAgiQQoUTGlzdFJlcXVlc3RzUmVzcG9uc2USKQoIcmVxdWVzdHMYASADKAsyFy5zYW5kaG9sZC52MS5SdW5SZXF1ZXN0ItUBCgpSdW5SZXF1ZXN0EhIKCnJlcXVlc3RfaWQYASABKAkSDAoEa2luZBgCIAEoCRIMCgR0b29sGAMgASgJEhIKCmlucHV0X2pzb24YBCABKAkSDAoEcnVsZRgFIAEoCRIUCgx0b29sX2NhbGxfaWQYBiABKAkSEwoLZGVhZGxpbmVfbXMYByABKAMSDgoGb2Zmc2V0GAggASgJEi8KBmFuc3dlchgJIAEoCzIaLnNhbmRob2xkLnYxLlJlcXVlc3RBbnN3ZXJIAIgBAUIJCgdfYW5zd2VyIlgKDVJlcXVlc3RBbnN3ZXISDwoHYWxsb3dlZBgBIAEoCBIPCgdtZXNzYWdlGAIgASgJEhAKCGlzX2Vycm9yGAMgASgIEhMKC2Fuc3dlcmVkX2J5GAQgASgJImAKEEF0dGFjaFJ1blJlcXVlc3QSDgoGcnVuX2lkGAEgASgJEhQKDGFmdGVyX29mZnNldBgCIAEoCRIRCgl0aHJlYWRfaWQYAyABKAkSEwoLc3RvcmVkX29ubHkYBCABKAgibAoIUnVuRXZlbnQSJgoFY2h1bmsYASABKAsyFS5zYW5kaG9sZC52MS5SdW5DaHVua0gAEi8KCHByb2dyZXNzGAIgASgLMhsuc2FuZGhvbGQudjEuRW5zdXJlUHJvZ3Jlc3NIAEIHCgVldmVudCI9CghSdW5DaHVuaxIOCgZvZmZzZXQYASABKAkSIQoFY2h1bmsYAiABKAsyEi5zYW5kaG9sZC52MS5DaHVuayIiChBDYW5jZWxSdW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCSIyChFDYW5jZWxSdW5SZXNwb25zZRIdCgNydW4YASABKAsyEC5zYW5kaG9sZC52MS5SdW4iIgoQRGVsZXRlUnVuUmVxdWVzdBIOCgZydW5faWQYASABKAkiEwoRRGVsZXRlUnVuUmVzcG9uc2UiHwoNR2V0UnVuUmVxdWVzdBIOCgZydW5faWQYASABKAkiLwoOR2V0UnVuUmVzcG9uc2USHQoDcnVuGAEgASgLMhAuc2FuZGhvbGQudjEuUnVuIn4KD0xpc3RSdW5zUmVxdWVzdBIRCgl0aHJlYWRfaWQYASABKAkSDQoFbGltaXQYAiABKA0SDQoFcXVlcnkYAyABKAkSJgoGc3RhdHVzGAQgASgOMhYuc2FuZGhvbGQudjEuUnVuU3RhdHVzEhIKCnBhZ2VfdG9rZW4YBSABKAkiSwoQTGlzdFJ1bnNSZXNwb25zZRIeCgRydW5zGAEgAygLMhAuc2FuZGhvbGQudjEuUnVuEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSIoChNHZXRBY3RpdmVSdW5SZXF1ZXN0EhEKCXRocmVhZF9pZBgBIAEoCSJCChRHZXRBY3RpdmVSdW5SZXNwb25zZRIiCgNydW4YASABKAsyEC5zYW5kaG9sZC52MS5SdW5IAIgBAUIGCgRfcnVuIisKClJ1bkZhaWx1cmUSDAoEY29kZRgBIAEoCRIPCgdtZXNzYWdlGAIgASgJIucDCgNSdW4SDgoGcnVuX2lkGAEgASgJEhEKCXRocmVhZF9pZBgCIAEoCRImCgZzdGF0dXMYAyABKA4yFi5zYW5kaG9sZC52MS5SdW5TdGF0dXMSDwoHaGFybmVzcxgEIAEoCRIVCg1kZWZpbml0aW9uX2lkGAUgASgJEg8KB2R1cmFibGUYBiABKAgSFQoNc3RhcnRlZF9hdF9tcxgHIAEoAxIbCg5maW5pc2hlZF9hdF9tcxgIIAEoA0gAiAEBEiYKBWVycm9yGAkgASgLMhcuc2FuZGhvbGQudjEuUnVuRmFpbHVyZRIhCgV1c2FnZRgKIAEoCzISLnNhbmRob2xkLnYxLlVzYWdlEhIKCnNhbmRib3hfaWQYCyABKAkSHgoRZGV0YWNoZWRfc2luY2VfbXMYDCABKANIAYgBARIYChBjYW5jZWxfcmVxdWVzdGVkGA0gASgIEhcKD2ZvcmtlZF9mcm9tX3J1bhgOIAEoCRISCgpzZXNzaW9uX2lkGA8gASgJEg8KB2NvbW1hbmQYECADKAkSDgoGcHJvbXB0GBEgASgJEhgKEHByb21wdF90cnVuY2F0ZWQYEiABKAhCEQoPX2ZpbmlzaGVkX2F0X21zQhQKEl9kZXRhY2hlZF9zaW5jZV9tcyqkAQoJUnVuU3RhdHVzEhoKFlJVTl9TVEFUVVNfVU5TUEVDSUZJRUQQABIWChJSVU5fU1RBVFVTX1JVTk5JTkcQARIaChZSVU5fU1RBVFVTX0lOVEVSUlVQVEVEEAISGAoUUlVOX1NUQVRVU19DT01QTEVURUQQAxIVChFSVU5fU1RBVFVTX0ZBSUxFRBAEEhYKElJVTl9TVEFUVVNfQUJPUlRFRBAFMqwICgpSdW5TZXJ2aWNlEkEKCFN0YXJ0UnVuEhwuc2FuZGhvbGQudjEuU3RhcnRSdW5SZXF1ZXN0GhUuc2FuZGhvbGQudjEuUnVuRXZlbnQwARJDCglBdHRhY2hSdW4SHS5zYW5kaG9sZC52MS5BdHRhY2hSdW5SZXF1ZXN0GhUuc2FuZGhvbGQudjEuUnVuRXZlbnQwARJKCglDYW5jZWxSdW4SHS5zYW5kaG9sZC52MS5DYW5jZWxSdW5SZXF1ZXN0Gh4uc2FuZGhvbGQudjEuQ2FuY2VsUnVuUmVzcG9uc2USQQoGR2V0UnVuEhouc2FuZGhvbGQudjEuR2V0UnVuUmVxdWVzdBobLnNhbmRob2xkLnYxLkdldFJ1blJlc3BvbnNlEkoKCURlbGV0ZVJ1bhIdLnNhbmRob2xkLnYxLkRlbGV0ZVJ1blJlcXVlc3QaHi5zYW5kaG9sZC52MS5EZWxldGVSdW5SZXNwb25zZRJHCghMaXN0UnVucxIcLnNhbmRob2xkLnYxLkxpc3RSdW5zUmVxdWVzdBodLnNhbmRob2xkLnYxLkxpc3RSdW5zUmVzcG9uc2USUwoMR2V0QWN0aXZlUnVuEiAuc2FuZGhvbGQudjEuR2V0QWN0aXZlUnVuUmVxdWVzdBohLnNhbmRob2xkLnYxLkdldEFjdGl2ZVJ1blJlc3BvbnNlEl8KEFJlc3BvbmRUb1JlcXVlc3QSJC5zYW5kaG9sZC52MS5SZXNwb25kVG9SZXF1ZXN0UmVxdWVzdBolLnNhbmRob2xkLnYxLlJlc3BvbmRUb1JlcXVlc3RSZXNwb25zZRJTCgxMaXN0UmVxdWVzdHMSIC5zYW5kaG9sZC52MS5MaXN0UmVxdWVzdHNSZXF1ZXN0GiEuc2FuZGhvbGQudjEuTGlzdFJlcXVlc3RzUmVzcG9uc2USVgoNU3RhcnRBdHRlbXB0cxIhLnNhbmRob2xkLnYxLlN0YXJ0QXR0ZW1wdHNSZXF1ZXN0GiIuc2FuZGhvbGQudjEuU3RhcnRBdHRlbXB0c1Jlc3BvbnNlElYKDUdldEF0dGVtcHRTZXQSIS5zYW5kaG9sZC52MS5HZXRBdHRlbXB0U2V0UmVxdWVzdBoiLnNhbmRob2xkLnYxLkdldEF0dGVtcHRTZXRSZXNwb25zZRJcCg9HZXRBdHRlbXB0UGF0Y2gSIy5zYW5kaG9sZC52MS5HZXRBdHRlbXB0UGF0Y2hSZXF1ZXN0GiQuc2FuZGhvbGQudjEuR2V0QXR0ZW1wdFBhdGNoUmVzcG9uc2USWQoOUHJvbW90ZUF0dGVtcHQSIi5zYW5kaG9sZC52MS5Qcm9tb3RlQXR0ZW1wdFJlcXVlc3QaIy5zYW5kaG9sZC52MS5Qcm9tb3RlQXR0ZW1wdFJlc3BvbnNlYgZwcm90bzM", [file_sandhold_v1_events, file_sandhold_v1_sandbox]);
+
+/**
+ * @generated from message sandhold.v1.StartAttemptsRequest
+ */
+export type StartAttemptsRequest = Message<"sandhold.v1.StartAttemptsRequest"> & {
+  /**
+   * What every attempt runs: thread, definition, harness, options, prompt,
+   * secrets, budget, policy... as one StartRun. `run_id` is ignored (each
+   * attempt's is `<set id>-<attempt>`); runs are durable and detach.
+   *
+   * @generated from field: sandhold.v1.StartRunRequest run = 1;
+   */
+  run?: StartRunRequest;
+
+  /**
+   * How many attempts of `run.harness` and its model, when `attempts` is
+   * empty.
+   *
+   * @generated from field: uint32 count = 2;
+   */
+  count: number;
+
+  /**
+   * A mix: one attempt per entry, its harness and model (each empty: the
+   * run's). Non-empty: `count` must be 0 or its length.
+   *
+   * @generated from field: repeated sandhold.v1.AttemptSpec attempts = 3;
+   */
+  attempts: AttemptSpec[];
+};
+
+/**
+ * Describes the message sandhold.v1.StartAttemptsRequest.
+ * Use `create(StartAttemptsRequestSchema)` to create a new message.
+ */
+export const StartAttemptsRequestSchema: GenMessage<StartAttemptsRequest> = /*@__PURE__*/
+  messageDesc(file_sandhold_v1_run, 0);
+
+/**
+ * @generated from message sandhold.v1.AttemptSpec
+ */
+export type AttemptSpec = Message<"sandhold.v1.AttemptSpec"> & {
+  /**
+   * @generated from field: string harness = 1;
+   */
+  harness: string;
+
+  /**
+   * @generated from field: string model = 2;
+   */
+  model: string;
+};
+
+/**
+ * Describes the message sandhold.v1.AttemptSpec.
+ * Use `create(AttemptSpecSchema)` to create a new message.
+ */
+export const AttemptSpecSchema: GenMessage<AttemptSpec> = /*@__PURE__*/
+  messageDesc(file_sandhold_v1_run, 1);
+
+/**
+ * @generated from message sandhold.v1.StartAttemptsResponse
+ */
+export type StartAttemptsResponse = Message<"sandhold.v1.StartAttemptsResponse"> & {
+  /**
+   * @generated from field: sandhold.v1.AttemptSet set = 1;
+   */
+  set?: AttemptSet;
+};
+
+/**
+ * Describes the message sandhold.v1.StartAttemptsResponse.
+ * Use `create(StartAttemptsResponseSchema)` to create a new message.
+ */
+export const StartAttemptsResponseSchema: GenMessage<StartAttemptsResponse> = /*@__PURE__*/
+  messageDesc(file_sandhold_v1_run, 2);
+
+/**
+ * @generated from message sandhold.v1.GetAttemptSetRequest
+ */
+export type GetAttemptSetRequest = Message<"sandhold.v1.GetAttemptSetRequest"> & {
+  /**
+   * @generated from field: string attempt_set_id = 1;
+   */
+  attemptSetId: string;
+};
+
+/**
+ * Describes the message sandhold.v1.GetAttemptSetRequest.
+ * Use `create(GetAttemptSetRequestSchema)` to create a new message.
+ */
+export const GetAttemptSetRequestSchema: GenMessage<GetAttemptSetRequest> = /*@__PURE__*/
+  messageDesc(file_sandhold_v1_run, 3);
+
+/**
+ * @generated from message sandhold.v1.GetAttemptSetResponse
+ */
+export type GetAttemptSetResponse = Message<"sandhold.v1.GetAttemptSetResponse"> & {
+  /**
+   * @generated from field: sandhold.v1.AttemptSet set = 1;
+   */
+  set?: AttemptSet;
+};
+
+/**
+ * Describes the message sandhold.v1.GetAttemptSetResponse.
+ * Use `create(GetAttemptSetResponseSchema)` to create a new message.
+ */
+export const GetAttemptSetResponseSchema: GenMessage<GetAttemptSetResponse> = /*@__PURE__*/
+  messageDesc(file_sandhold_v1_run, 4);
+
+/**
+ * @generated from message sandhold.v1.AttemptSet
+ */
+export type AttemptSet = Message<"sandhold.v1.AttemptSet"> & {
+  /**
+   * @generated from field: string attempt_set_id = 1;
+   */
+  attemptSetId: string;
+
+  /**
+   * The thread the task was asked in (where a promoted attempt goes).
+   *
+   * @generated from field: string thread_id = 2;
+   */
+  threadId: string;
+
+  /**
+   * @generated from field: string definition_id = 3;
+   */
+  definitionId: string;
+
+  /**
+   * The checkpoint every attempt started from.
+   *
+   * @generated from field: string base_checkpoint_id = 4;
+   */
+  baseCheckpointId: string;
+
+  /**
+   * @generated from field: repeated sandhold.v1.Attempt attempts = 5;
+   */
+  attempts: Attempt[];
+
+  /**
+   * The attempt made the thread's, if any.
+   *
+   * @generated from field: string promoted_run_id = 6;
+   */
+  promotedRunId: string;
+
+  /**
+   * @generated from field: int64 created_at_ms = 7;
+   */
+  createdAtMs: bigint;
+};
+
+/**
+ * Describes the message sandhold.v1.AttemptSet.
+ * Use `create(AttemptSetSchema)` to create a new message.
+ */
+export const AttemptSetSchema: GenMessage<AttemptSet> = /*@__PURE__*/
+  messageDesc(file_sandhold_v1_run, 5);
+
+/**
+ * @generated from message sandhold.v1.Attempt
+ */
+export type Attempt = Message<"sandhold.v1.Attempt"> & {
+  /**
+   * 0 to N-1: its SANDHOLD_ATTEMPT.
+   *
+   * @generated from field: uint32 attempt = 1;
+   */
+  attempt: number;
+
+  /**
+   * @generated from field: string run_id = 2;
+   */
+  runId: string;
+
+  /**
+   * The attempt's own thread (a fork of the set's thread).
+   *
+   * @generated from field: string thread_id = 3;
+   */
+  threadId: string;
+
+  /**
+   * @generated from field: string harness = 4;
+   */
+  harness: string;
+
+  /**
+   * @generated from field: string model = 5;
+   */
+  model: string;
+
+  /**
+   * @generated from field: sandhold.v1.RunStatus status = 6;
+   */
+  status: RunStatus;
+
+  /**
+   * Its run ended and the outcome below is recorded.
+   *
+   * @generated from field: bool evaluated = 7;
+   */
+  evaluated: boolean;
+
+  /**
+   * Against the starting checkpoint: files added, removed or changed, and
+   * text lines added and removed.
+   *
+   * @generated from field: uint32 files_changed = 8;
+   */
+  filesChanged: number;
+
+  /**
+   * @generated from field: uint32 lines_added = 9;
+   */
+  linesAdded: number;
+
+  /**
+   * @generated from field: uint32 lines_removed = 10;
+   */
+  linesRemoved: number;
+
+  /**
+   * @generated from field: repeated sandhold.v1.ChangedFile files = 11;
+   */
+  files: ChangedFile[];
+
+  /**
+   * The workspace's `scripts.test` run in the attempt's sandbox after its
+   * run: its exit code (unset when there is no such script or it could not
+   * run: see `test_error`) and the last 4 KiB of its output.
+   *
+   * @generated from field: optional int32 test_exit_code = 12;
+   */
+  testExitCode?: number;
+
+  /**
+   * @generated from field: string test_output_tail = 13;
+   */
+  testOutputTail: string;
+
+  /**
+   * @generated from field: string test_error = 14;
+   */
+  testError: string;
+
+  /**
+   * @generated from field: sandhold.v1.Usage usage = 15;
+   */
+  usage?: Usage;
+
+  /**
+   * @generated from field: int64 duration_ms = 16;
+   */
+  durationMs: bigint;
+
+  /**
+   * The attempt's checkpoint (its thread's), what a promote makes the
+   * thread's; readable with SnapshotService.ReadArtifact.
+   *
+   * @generated from field: string checkpoint_id = 17;
+   */
+  checkpointId: string;
+
+  /**
+   * Why the run failed, for a failed or cancelled attempt.
+   *
+   * @generated from field: string error = 18;
+   */
+  error: string;
+};
+
+/**
+ * Describes the message sandhold.v1.Attempt.
+ * Use `create(AttemptSchema)` to create a new message.
+ */
+export const AttemptSchema: GenMessage<Attempt> = /*@__PURE__*/
+  messageDesc(file_sandhold_v1_run, 6);
+
+/**
+ * @generated from message sandhold.v1.ChangedFile
+ */
+export type ChangedFile = Message<"sandhold.v1.ChangedFile"> & {
+  /**
+   * @generated from field: string path = 1;
+   */
+  path: string;
+
+  /**
+   * "added", "removed" or "modified".
+   *
+   * @generated from field: string change = 2;
+   */
+  change: string;
+
+  /**
+   * @generated from field: uint32 lines_added = 3;
+   */
+  linesAdded: number;
+
+  /**
+   * @generated from field: uint32 lines_removed = 4;
+   */
+  linesRemoved: number;
+
+  /**
+   * @generated from field: bool binary = 5;
+   */
+  binary: boolean;
+};
+
+/**
+ * Describes the message sandhold.v1.ChangedFile.
+ * Use `create(ChangedFileSchema)` to create a new message.
+ */
+export const ChangedFileSchema: GenMessage<ChangedFile> = /*@__PURE__*/
+  messageDesc(file_sandhold_v1_run, 7);
+
+/**
+ * @generated from message sandhold.v1.GetAttemptPatchRequest
+ */
+export type GetAttemptPatchRequest = Message<"sandhold.v1.GetAttemptPatchRequest"> & {
+  /**
+   * @generated from field: string attempt_set_id = 1;
+   */
+  attemptSetId: string;
+
+  /**
+   * @generated from field: string run_id = 2;
+   */
+  runId: string;
+};
+
+/**
+ * Describes the message sandhold.v1.GetAttemptPatchRequest.
+ * Use `create(GetAttemptPatchRequestSchema)` to create a new message.
+ */
+export const GetAttemptPatchRequestSchema: GenMessage<GetAttemptPatchRequest> = /*@__PURE__*/
+  messageDesc(file_sandhold_v1_run, 8);
+
+/**
+ * @generated from message sandhold.v1.GetAttemptPatchResponse
+ */
+export type GetAttemptPatchResponse = Message<"sandhold.v1.GetAttemptPatchResponse"> & {
+  /**
+   * @generated from field: string patch = 1;
+   */
+  patch: string;
+
+  /**
+   * @generated from field: bool truncated = 2;
+   */
+  truncated: boolean;
+};
+
+/**
+ * Describes the message sandhold.v1.GetAttemptPatchResponse.
+ * Use `create(GetAttemptPatchResponseSchema)` to create a new message.
+ */
+export const GetAttemptPatchResponseSchema: GenMessage<GetAttemptPatchResponse> = /*@__PURE__*/
+  messageDesc(file_sandhold_v1_run, 9);
+
+/**
+ * @generated from message sandhold.v1.PromoteAttemptRequest
+ */
+export type PromoteAttemptRequest = Message<"sandhold.v1.PromoteAttemptRequest"> & {
+  /**
+   * @generated from field: string attempt_set_id = 1;
+   */
+  attemptSetId: string;
+
+  /**
+   * @generated from field: string run_id = 2;
+   */
+  runId: string;
+};
+
+/**
+ * Describes the message sandhold.v1.PromoteAttemptRequest.
+ * Use `create(PromoteAttemptRequestSchema)` to create a new message.
+ */
+export const PromoteAttemptRequestSchema: GenMessage<PromoteAttemptRequest> = /*@__PURE__*/
+  messageDesc(file_sandhold_v1_run, 10);
+
+/**
+ * @generated from message sandhold.v1.PromoteAttemptResponse
+ */
+export type PromoteAttemptResponse = Message<"sandhold.v1.PromoteAttemptResponse"> & {
+  /**
+   * @generated from field: sandhold.v1.AttemptSet set = 1;
+   */
+  set?: AttemptSet;
+
+  /**
+   * The thread's new head.
+   *
+   * @generated from field: string checkpoint_id = 2;
+   */
+  checkpointId: string;
+};
+
+/**
+ * Describes the message sandhold.v1.PromoteAttemptResponse.
+ * Use `create(PromoteAttemptResponseSchema)` to create a new message.
+ */
+export const PromoteAttemptResponseSchema: GenMessage<PromoteAttemptResponse> = /*@__PURE__*/
+  messageDesc(file_sandhold_v1_run, 11);
 
 /**
  * Options of the harness adapters. An option a harness has no use for is
@@ -136,7 +548,7 @@ export type HarnessOptions = Message<"sandhold.v1.HarnessOptions"> & {
  * Use `create(HarnessOptionsSchema)` to create a new message.
  */
 export const HarnessOptionsSchema: GenMessage<HarnessOptions> = /*@__PURE__*/
-  messageDesc(file_sandhold_v1_run, 0);
+  messageDesc(file_sandhold_v1_run, 12);
 
 /**
  * @generated from message sandhold.v1.ConfigOverride
@@ -158,7 +570,7 @@ export type ConfigOverride = Message<"sandhold.v1.ConfigOverride"> & {
  * Use `create(ConfigOverrideSchema)` to create a new message.
  */
 export const ConfigOverrideSchema: GenMessage<ConfigOverride> = /*@__PURE__*/
-  messageDesc(file_sandhold_v1_run, 1);
+  messageDesc(file_sandhold_v1_run, 13);
 
 /**
  * @generated from message sandhold.v1.StartRunRequest
@@ -286,7 +698,7 @@ export type StartRunRequest = Message<"sandhold.v1.StartRunRequest"> & {
  * Use `create(StartRunRequestSchema)` to create a new message.
  */
 export const StartRunRequestSchema: GenMessage<StartRunRequest> = /*@__PURE__*/
-  messageDesc(file_sandhold_v1_run, 2);
+  messageDesc(file_sandhold_v1_run, 14);
 
 /**
  * @generated from message sandhold.v1.ClientTool
@@ -317,7 +729,7 @@ export type ClientTool = Message<"sandhold.v1.ClientTool"> & {
  * Use `create(ClientToolSchema)` to create a new message.
  */
 export const ClientToolSchema: GenMessage<ClientTool> = /*@__PURE__*/
-  messageDesc(file_sandhold_v1_run, 3);
+  messageDesc(file_sandhold_v1_run, 15);
 
 /**
  * @generated from message sandhold.v1.RespondToRequestRequest
@@ -360,7 +772,7 @@ export type RespondToRequestRequest = Message<"sandhold.v1.RespondToRequestReque
  * Use `create(RespondToRequestRequestSchema)` to create a new message.
  */
 export const RespondToRequestRequestSchema: GenMessage<RespondToRequestRequest> = /*@__PURE__*/
-  messageDesc(file_sandhold_v1_run, 4);
+  messageDesc(file_sandhold_v1_run, 16);
 
 /**
  * @generated from message sandhold.v1.PermissionAnswer
@@ -391,7 +803,7 @@ export type PermissionAnswer = Message<"sandhold.v1.PermissionAnswer"> & {
  * Use `create(PermissionAnswerSchema)` to create a new message.
  */
 export const PermissionAnswerSchema: GenMessage<PermissionAnswer> = /*@__PURE__*/
-  messageDesc(file_sandhold_v1_run, 5);
+  messageDesc(file_sandhold_v1_run, 17);
 
 /**
  * @generated from message sandhold.v1.ToolResult
@@ -413,7 +825,7 @@ export type ToolResult = Message<"sandhold.v1.ToolResult"> & {
  * Use `create(ToolResultSchema)` to create a new message.
  */
 export const ToolResultSchema: GenMessage<ToolResult> = /*@__PURE__*/
-  messageDesc(file_sandhold_v1_run, 6);
+  messageDesc(file_sandhold_v1_run, 18);
 
 /**
  * @generated from message sandhold.v1.RespondToRequestResponse
@@ -432,7 +844,7 @@ export type RespondToRequestResponse = Message<"sandhold.v1.RespondToRequestResp
  * Use `create(RespondToRequestResponseSchema)` to create a new message.
  */
 export const RespondToRequestResponseSchema: GenMessage<RespondToRequestResponse> = /*@__PURE__*/
-  messageDesc(file_sandhold_v1_run, 7);
+  messageDesc(file_sandhold_v1_run, 19);
 
 /**
  * @generated from message sandhold.v1.ListRequestsRequest
@@ -456,7 +868,7 @@ export type ListRequestsRequest = Message<"sandhold.v1.ListRequestsRequest"> & {
  * Use `create(ListRequestsRequestSchema)` to create a new message.
  */
 export const ListRequestsRequestSchema: GenMessage<ListRequestsRequest> = /*@__PURE__*/
-  messageDesc(file_sandhold_v1_run, 8);
+  messageDesc(file_sandhold_v1_run, 20);
 
 /**
  * @generated from message sandhold.v1.ListRequestsResponse
@@ -475,7 +887,7 @@ export type ListRequestsResponse = Message<"sandhold.v1.ListRequestsResponse"> &
  * Use `create(ListRequestsResponseSchema)` to create a new message.
  */
 export const ListRequestsResponseSchema: GenMessage<ListRequestsResponse> = /*@__PURE__*/
-  messageDesc(file_sandhold_v1_run, 9);
+  messageDesc(file_sandhold_v1_run, 21);
 
 /**
  * A request as the run's log records it.
@@ -546,7 +958,7 @@ export type RunRequest = Message<"sandhold.v1.RunRequest"> & {
  * Use `create(RunRequestSchema)` to create a new message.
  */
 export const RunRequestSchema: GenMessage<RunRequest> = /*@__PURE__*/
-  messageDesc(file_sandhold_v1_run, 10);
+  messageDesc(file_sandhold_v1_run, 22);
 
 /**
  * @generated from message sandhold.v1.RequestAnswer
@@ -580,7 +992,7 @@ export type RequestAnswer = Message<"sandhold.v1.RequestAnswer"> & {
  * Use `create(RequestAnswerSchema)` to create a new message.
  */
 export const RequestAnswerSchema: GenMessage<RequestAnswer> = /*@__PURE__*/
-  messageDesc(file_sandhold_v1_run, 11);
+  messageDesc(file_sandhold_v1_run, 23);
 
 /**
  * @generated from message sandhold.v1.AttachRunRequest
@@ -621,7 +1033,7 @@ export type AttachRunRequest = Message<"sandhold.v1.AttachRunRequest"> & {
  * Use `create(AttachRunRequestSchema)` to create a new message.
  */
 export const AttachRunRequestSchema: GenMessage<AttachRunRequest> = /*@__PURE__*/
-  messageDesc(file_sandhold_v1_run, 12);
+  messageDesc(file_sandhold_v1_run, 24);
 
 /**
  * @generated from message sandhold.v1.RunEvent
@@ -655,7 +1067,7 @@ export type RunEvent = Message<"sandhold.v1.RunEvent"> & {
  * Use `create(RunEventSchema)` to create a new message.
  */
 export const RunEventSchema: GenMessage<RunEvent> = /*@__PURE__*/
-  messageDesc(file_sandhold_v1_run, 13);
+  messageDesc(file_sandhold_v1_run, 25);
 
 /**
  * @generated from message sandhold.v1.RunChunk
@@ -679,7 +1091,7 @@ export type RunChunk = Message<"sandhold.v1.RunChunk"> & {
  * Use `create(RunChunkSchema)` to create a new message.
  */
 export const RunChunkSchema: GenMessage<RunChunk> = /*@__PURE__*/
-  messageDesc(file_sandhold_v1_run, 14);
+  messageDesc(file_sandhold_v1_run, 26);
 
 /**
  * @generated from message sandhold.v1.CancelRunRequest
@@ -696,7 +1108,7 @@ export type CancelRunRequest = Message<"sandhold.v1.CancelRunRequest"> & {
  * Use `create(CancelRunRequestSchema)` to create a new message.
  */
 export const CancelRunRequestSchema: GenMessage<CancelRunRequest> = /*@__PURE__*/
-  messageDesc(file_sandhold_v1_run, 15);
+  messageDesc(file_sandhold_v1_run, 27);
 
 /**
  * @generated from message sandhold.v1.CancelRunResponse
@@ -716,7 +1128,7 @@ export type CancelRunResponse = Message<"sandhold.v1.CancelRunResponse"> & {
  * Use `create(CancelRunResponseSchema)` to create a new message.
  */
 export const CancelRunResponseSchema: GenMessage<CancelRunResponse> = /*@__PURE__*/
-  messageDesc(file_sandhold_v1_run, 16);
+  messageDesc(file_sandhold_v1_run, 28);
 
 /**
  * @generated from message sandhold.v1.DeleteRunRequest
@@ -733,7 +1145,7 @@ export type DeleteRunRequest = Message<"sandhold.v1.DeleteRunRequest"> & {
  * Use `create(DeleteRunRequestSchema)` to create a new message.
  */
 export const DeleteRunRequestSchema: GenMessage<DeleteRunRequest> = /*@__PURE__*/
-  messageDesc(file_sandhold_v1_run, 17);
+  messageDesc(file_sandhold_v1_run, 29);
 
 /**
  * @generated from message sandhold.v1.DeleteRunResponse
@@ -746,7 +1158,7 @@ export type DeleteRunResponse = Message<"sandhold.v1.DeleteRunResponse"> & {
  * Use `create(DeleteRunResponseSchema)` to create a new message.
  */
 export const DeleteRunResponseSchema: GenMessage<DeleteRunResponse> = /*@__PURE__*/
-  messageDesc(file_sandhold_v1_run, 18);
+  messageDesc(file_sandhold_v1_run, 30);
 
 /**
  * @generated from message sandhold.v1.GetRunRequest
@@ -763,7 +1175,7 @@ export type GetRunRequest = Message<"sandhold.v1.GetRunRequest"> & {
  * Use `create(GetRunRequestSchema)` to create a new message.
  */
 export const GetRunRequestSchema: GenMessage<GetRunRequest> = /*@__PURE__*/
-  messageDesc(file_sandhold_v1_run, 19);
+  messageDesc(file_sandhold_v1_run, 31);
 
 /**
  * @generated from message sandhold.v1.GetRunResponse
@@ -780,7 +1192,7 @@ export type GetRunResponse = Message<"sandhold.v1.GetRunResponse"> & {
  * Use `create(GetRunResponseSchema)` to create a new message.
  */
 export const GetRunResponseSchema: GenMessage<GetRunResponse> = /*@__PURE__*/
-  messageDesc(file_sandhold_v1_run, 20);
+  messageDesc(file_sandhold_v1_run, 32);
 
 /**
  * @generated from message sandhold.v1.ListRunsRequest
@@ -829,7 +1241,7 @@ export type ListRunsRequest = Message<"sandhold.v1.ListRunsRequest"> & {
  * Use `create(ListRunsRequestSchema)` to create a new message.
  */
 export const ListRunsRequestSchema: GenMessage<ListRunsRequest> = /*@__PURE__*/
-  messageDesc(file_sandhold_v1_run, 21);
+  messageDesc(file_sandhold_v1_run, 33);
 
 /**
  * @generated from message sandhold.v1.ListRunsResponse
@@ -854,7 +1266,7 @@ export type ListRunsResponse = Message<"sandhold.v1.ListRunsResponse"> & {
  * Use `create(ListRunsResponseSchema)` to create a new message.
  */
 export const ListRunsResponseSchema: GenMessage<ListRunsResponse> = /*@__PURE__*/
-  messageDesc(file_sandhold_v1_run, 22);
+  messageDesc(file_sandhold_v1_run, 34);
 
 /**
  * @generated from message sandhold.v1.GetActiveRunRequest
@@ -871,7 +1283,7 @@ export type GetActiveRunRequest = Message<"sandhold.v1.GetActiveRunRequest"> & {
  * Use `create(GetActiveRunRequestSchema)` to create a new message.
  */
 export const GetActiveRunRequestSchema: GenMessage<GetActiveRunRequest> = /*@__PURE__*/
-  messageDesc(file_sandhold_v1_run, 23);
+  messageDesc(file_sandhold_v1_run, 35);
 
 /**
  * @generated from message sandhold.v1.GetActiveRunResponse
@@ -890,7 +1302,7 @@ export type GetActiveRunResponse = Message<"sandhold.v1.GetActiveRunResponse"> &
  * Use `create(GetActiveRunResponseSchema)` to create a new message.
  */
 export const GetActiveRunResponseSchema: GenMessage<GetActiveRunResponse> = /*@__PURE__*/
-  messageDesc(file_sandhold_v1_run, 24);
+  messageDesc(file_sandhold_v1_run, 36);
 
 /**
  * @generated from message sandhold.v1.RunFailure
@@ -912,7 +1324,7 @@ export type RunFailure = Message<"sandhold.v1.RunFailure"> & {
  * Use `create(RunFailureSchema)` to create a new message.
  */
 export const RunFailureSchema: GenMessage<RunFailure> = /*@__PURE__*/
-  messageDesc(file_sandhold_v1_run, 25);
+  messageDesc(file_sandhold_v1_run, 37);
 
 /**
  * @generated from message sandhold.v1.Run
@@ -1036,7 +1448,7 @@ export type Run = Message<"sandhold.v1.Run"> & {
  * Use `create(RunSchema)` to create a new message.
  */
 export const RunSchema: GenMessage<Run> = /*@__PURE__*/
-  messageDesc(file_sandhold_v1_run, 26);
+  messageDesc(file_sandhold_v1_run, 38);
 
 /**
  * @generated from enum sandhold.v1.RunStatus
@@ -1194,6 +1606,64 @@ export const RunService: GenService<{
     methodKind: "unary";
     input: typeof ListRequestsRequestSchema;
     output: typeof ListRequestsResponseSchema;
+  },
+  /**
+   * One task fanned out to N attempts. From the thread's latest checkpoint
+   * (saved first, from a fresh sandbox of the definition set up once, when
+   * the thread has none) N new threads are forked, each with the thread's
+   * conversation, and the same prompt starts in each as an ordinary
+   * durable run (takeover, requests, egress and budgets apply to each).
+   * The definition needs portable snapshots (`lifecycle.portable_snapshots`):
+   * FAILED_PRECONDITION otherwise. Each attempt's processes see
+   * SANDHOLD_ATTEMPT (0 to N-1). N past the operator's `max_attempts`, or
+   * more attempts than the tenant's running-run or sandbox quota has room
+   * for, is refused before anything starts. Attach to each run with
+   * AttachRun.
+   *
+   * @generated from rpc sandhold.v1.RunService.StartAttempts
+   */
+  startAttempts: {
+    methodKind: "unary";
+    input: typeof StartAttemptsRequestSchema;
+    output: typeof StartAttemptsResponseSchema;
+  },
+  /**
+   * A set and each attempt's outcome: status and, once its run ended and it
+   * was evaluated, the diff against the starting checkpoint, the
+   * workspace's `scripts.test` run in its sandbox, tokens and duration.
+   *
+   * @generated from rpc sandhold.v1.RunService.GetAttemptSet
+   */
+  getAttemptSet: {
+    methodKind: "unary";
+    input: typeof GetAttemptSetRequestSchema;
+    output: typeof GetAttemptSetResponseSchema;
+  },
+  /**
+   * An evaluated attempt's changes as a unified diff against the starting
+   * checkpoint (text files; binary ones are named), at most 1 MiB.
+   *
+   * @generated from rpc sandhold.v1.RunService.GetAttemptPatch
+   */
+  getAttemptPatch: {
+    methodKind: "unary";
+    input: typeof GetAttemptPatchRequestSchema;
+    output: typeof GetAttemptPatchResponseSchema;
+  },
+  /**
+   * Make an attempt the thread's: its checkpoint becomes the thread's head
+   * and its run joins the thread (so the thread's next run continues its
+   * session), its sandbox becomes the thread's sandbox, and the other
+   * attempts' sandboxes are destroyed. Promoting the promoted attempt again
+   * changes nothing; another attempt of a promoted set is
+   * FAILED_PRECONDITION, as is an attempt that has not been evaluated.
+   *
+   * @generated from rpc sandhold.v1.RunService.PromoteAttempt
+   */
+  promoteAttempt: {
+    methodKind: "unary";
+    input: typeof PromoteAttemptRequestSchema;
+    output: typeof PromoteAttemptResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_sandhold_v1_run, 0);
