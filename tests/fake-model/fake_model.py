@@ -14,8 +14,9 @@ It speaks just enough of three wire protocols, streaming included:
 and answers with a scripted conversation chosen by --scenario:
   plain  one text answer ("Hello from the fake model.")
   tool   first a call of the CLI's own shell tool that writes a file in the
-         working directory (`printf 'hello from the tool\n' > hello.txt`),
-         then, once the tool result comes back, a final text answer.
+         working directory (`printf 'hello from the tool\n' > hello.txt`, or
+         the command --tool-command gives), then, once the tool result comes
+         back, a final text answer.
   client-tool  (Anthropic) first a call of the first `mcp__sandhold__*`
          tool offered (a client tool; not `permission`) with
          {"query": "the question"}, then a final text quoting the tool's
@@ -92,9 +93,9 @@ def shell_args_for(schema):
     command = props.get("command") or props.get("cmd")
     key = "command" if "command" in props else ("cmd" if "cmd" in props else "command")
     if command and command.get("type") == "array":
-        args[key] = ["bash", "-lc", TOOL_COMMAND]
+        args[key] = ["bash", "-lc", ARGS.tool_command]
     else:
-        args[key] = TOOL_COMMAND
+        args[key] = ARGS.tool_command
     if "description" in props:
         args["description"] = "Write hello.txt"
     return args
@@ -390,6 +391,7 @@ def main():
     p.add_argument("--verbose", action="store_true")
     p.add_argument("--stall-file", help="while this file exists, model answers wait")
     p.add_argument("--hold-tool-results", help="while this file exists, answers to a tool's result wait")
+    p.add_argument("--tool-command", default=TOOL_COMMAND, help="the shell command the tool scenario runs")
     ARGS = p.parse_args()
     server = ThreadingHTTPServer(("127.0.0.1", ARGS.port), Handler)
     print(f"PORT={server.server_address[1]}", flush=True)

@@ -42,38 +42,51 @@ pub struct FakeModel {
     pub stall_file: Option<PathBuf>,
 }
 
+/// How a [`FakeModel`] is started besides its scenario.
+#[derive(Debug, Clone, Default)]
+pub struct FakeOptions {
+    /// Every request is appended here.
+    pub log: Option<PathBuf>,
+    /// While this file exists, answers wait.
+    pub stall_file: Option<PathBuf>,
+    /// While this file exists, answers to a tool's result wait.
+    pub hold: Option<PathBuf>,
+    /// The shell command the `tool` scenario has the CLI run.
+    pub tool_command: Option<String>,
+}
+
 /// What each of the fake model's answers reports (Anthropic's shape:
 /// uncached input, output, cache reads, cache writes).
 pub const ANSWER_USAGE: (u64, u64, u64, u64) = (12, 7, 5, 3);
 
 impl FakeModel {
     pub fn start(scenario: &str) -> Self {
-        Self::spawn(scenario, None, None, None)
+        Self::with(scenario, FakeOptions::default())
     }
 
     /// As [`FakeModel::start`], appending every request to `log`.
     pub fn logging(scenario: &str, log: PathBuf) -> Self {
-        Self::spawn(scenario, Some(log), None, None)
+        Self::with(scenario, FakeOptions { log: Some(log), ..Default::default() })
     }
 
     /// As [`FakeModel::logging`]; its answers wait while `stall_file`
     /// exists (create it to stall, remove it to go on).
     pub fn stalling(scenario: &str, log: PathBuf, stall_file: PathBuf) -> Self {
-        Self::spawn(scenario, Some(log), Some(stall_file), None)
+        Self::with(
+            scenario,
+            FakeOptions { log: Some(log), stall_file: Some(stall_file), ..Default::default() },
+        )
     }
 
     /// As [`FakeModel::logging`]; only its answers to a tool's result (the
     /// second turn) wait, while `hold` exists.
     pub fn holding_tool_results(scenario: &str, log: PathBuf, hold: PathBuf) -> Self {
-        Self::spawn(scenario, Some(log), None, Some(hold))
+        Self::with(scenario, FakeOptions { log: Some(log), hold: Some(hold), ..Default::default() })
     }
 
-    fn spawn(
-        scenario: &str,
-        log: Option<PathBuf>,
-        stall_file: Option<PathBuf>,
-        hold: Option<PathBuf>,
-    ) -> Self {
+    /// The fake model of `scenario` with `options`.
+    pub fn with(scenario: &str, options: FakeOptions) -> Self {
+        let FakeOptions { log, stall_file, hold, tool_command } = options;
         let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fake-model/fake_model.py");
         let mut cmd = Command::new("python3");
         cmd.arg(script).args(["--scenario", scenario, "--port", "0"]);
@@ -85,6 +98,9 @@ impl FakeModel {
         }
         if let Some(hold) = &hold {
             cmd.arg("--hold-tool-results").arg(hold);
+        }
+        if let Some(command) = &tool_command {
+            cmd.arg("--tool-command").arg(command);
         }
         let mut child =
             cmd.stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().expect("python3 runs the fake model");

@@ -133,7 +133,7 @@ pub trait CheckpointStore: Send + Sync {
     /// terminal run of the source thread that started at or before the
     /// checkpoint was written becomes a run of the new thread under a fresh
     /// id ([`super::RunRecord::forked_from_run`] names the source), with the
-    /// same status, times, error, usage, spec and event log (same offsets,
+    /// same status, times, error, usage, spec, harness session and event log (same offsets,
     /// kinds and payloads), no sandbox, a closed log and a fresh sentinel
     /// key. Runs still going, and runs that started later, are not copied.
     /// [`super::Error::NotEmpty`] when the destination has a checkpoint or a

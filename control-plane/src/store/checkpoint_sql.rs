@@ -152,10 +152,10 @@ macro_rules! copy_run {
             "INSERT INTO runs (run_id, thread_id, tenant, status, started_at, finished_at, \
              error_code, error_message, usage, sandbox_key, detached_since, cancel_requested, \
              driver_epoch, sentinel_key, log_closed, updated_at, spec, forked_from_run, \
-             requests_indexed, definition_id) \
+             requests_indexed, definition_id, session_id) \
              SELECT $1, $2, tenant, status, started_at, finished_at, error_code, error_message, \
              usage, NULL, NULL, FALSE, driver_epoch, $3, TRUE, $4, spec, run_id, requests_indexed, \
-             definition_id \
+             definition_id, session_id \
              FROM runs WHERE tenant = $6 AND run_id = $5",
         )
         .bind(copy.as_str())

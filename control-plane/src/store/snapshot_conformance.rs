@@ -402,7 +402,7 @@ async fn run_with_log(
     b.stores.events.append(&run, FIRST_EPOCH, &chunks(id, n)).await.unwrap();
     if status.is_terminal() {
         let finish = RunFinish {
-            session_id: None,
+            session_id: Some(format!("session-of-{id}")),
             status,
             error: (status != RunStatus::Completed)
                 .then(|| RunError { code: "BOOM".into(), message: format!("{id} broke") }),
@@ -458,6 +458,10 @@ async fn checkpoints_fork_copies_the_conversation_up_to_the_checkpoint(b: &Backe
                 &source.spec
             )
         );
+        // The harness session goes with the conversation: the forked
+        // thread's next run continues it.
+        assert_eq!(copy.session_id, source.session_id);
+        assert!(copy.session_id.is_some());
         assert_eq!((copy.sandbox_key.as_deref(), copy.detached_since), (None, None));
         assert!(copy.log_closed && !copy.cancel_requested);
         assert_ne!(copy.sentinel_key, source.sentinel_key, "a fresh sentinel key");

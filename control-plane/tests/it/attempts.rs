@@ -41,7 +41,7 @@ fn attempts_request(thread: &str, count: u32) -> api::StartAttemptsRequest {
     api::StartAttemptsRequest { run: Some(run), count, attempts: Vec::new() }
 }
 
-async fn wait_evaluated(s: &TenantServer, runs: &mut Runs, set: &str) -> api::AttemptSet {
+async fn wait_evaluated(server: &ServerProcess, runs: &mut Runs, set: &str) -> api::AttemptSet {
     let get = |mut runs: Runs| async move {
         let request = api::GetAttemptSetRequest { attempt_set_id: set.to_string() };
         runs.get_attempt_set(request).await.unwrap().into_inner().set.unwrap()
@@ -52,7 +52,7 @@ async fn wait_evaluated(s: &TenantServer, runs: &mut Runs, set: &str) -> api::At
     })
     .await;
     let set = get(runs.clone()).await;
-    assert!(done, "the attempts were never all evaluated: {set:?}\n{}", s.server.log_text());
+    assert!(done, "the attempts were never all evaluated: {set:?}\n{}", server.log_text());
     set
 }
 
@@ -78,7 +78,7 @@ async fn three_attempts_are_compared_and_the_passing_one_becomes_the_threads() {
     let started = runs.start_attempts(attempts_request("task", 3)).await.unwrap().into_inner().set.unwrap();
     assert_eq!(started.attempts.len(), 3);
     let set_id = started.attempt_set_id.clone();
-    let set = wait_evaluated(&s, &mut runs, &set_id).await;
+    let set = wait_evaluated(&s.server, &mut runs, &set_id).await;
     let by = |n: u32| set.attempts.iter().find(|a| a.attempt == n).unwrap().clone();
     let (zero, one, two) = (by(0), by(1), by(2));
     for a in [&zero, &one, &two] {
@@ -185,4 +185,162 @@ async fn a_set_past_a_limit_is_refused_whole_and_starts_nothing() {
     let refused = runs.start_attempts(request).await.unwrap_err();
     assert_eq!(refused.code(), tonic::Code::FailedPrecondition, "{refused:?}");
     assert!(refused.message().contains("portable snapshots"), "{}", refused.message());
+}
+
+/// Three real Claude Code attempts against the fake model, whose shell tool
+/// call writes `attempt-$SANDHOLD_ATTEMPT.txt` and prints it: the set
+/// records three different files and that only attempt 1 passes
+/// `scripts.test`; promoting attempt 1 gives the thread its file and not
+/// the others', and the thread's next run sends the model the winner's
+/// conversation (its tool result), not a loser's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn claude_code_attempts_are_compared_and_the_winners_conversation_continues() {
+    let Some(bin) = sandhold_tests::model::cli("claude") else { return };
+    let s = TenantServer::start("attempts-claude", &[]).await;
+    let mut def = comparable("def");
+    def.workspace.as_mut().unwrap().scripts.insert("test".into(), "test -f attempt-1.txt".into());
+    put_definition(&mut s.server.sandboxes(&s.token).await, def).await;
+    let home = s.server.log.with_file_name("home");
+    std::fs::create_dir_all(&home).unwrap();
+    let model = sandhold_tests::model::FakeModel::with(
+        "tool",
+        sandhold_tests::model::FakeOptions {
+            log: Some(s.server.log.with_file_name("model.log")),
+            tool_command: Some(
+                "echo \"wrote by attempt $SANDHOLD_ATTEMPT\" | tee attempt-$SANDHOLD_ATTEMPT.txt".into(),
+            ),
+            ..Default::default()
+        },
+    );
+    let options = crate::conversations::claude_options(&bin, &home, model.port);
+    let run = api::StartRunRequest {
+        thread_id: "task".into(),
+        definition_id: "def".into(),
+        harness: "claude-code".into(),
+        options: Some(options.clone()),
+        prompt: format!("Write your file, {}.", s.nonce),
+        ..Default::default()
+    };
+    let mut runs = s.server.runs(&s.token).await;
+    let request = api::StartAttemptsRequest { run: Some(run), count: 3, attempts: Vec::new() };
+    let set = runs.start_attempts(request).await.unwrap().into_inner().set.unwrap();
+    let set = wait_evaluated(&s.server, &mut runs, &set.attempt_set_id).await;
+    for a in &set.attempts {
+        assert_eq!(a.status(), api::RunStatus::Completed, "{a:?}");
+        let mine = format!("attempt-{}.txt", a.attempt);
+        assert!(a.files.iter().any(|f| f.path == mine && f.change == "added"), "{a:?}");
+        assert!(
+            a.files.iter().all(|f| !f.path.starts_with("attempt-") || f.path == mine),
+            "an attempt saw another's file: {a:?}"
+        );
+        let passes = if a.attempt == 1 { Some(0) } else { Some(1) };
+        assert_eq!(a.test_exit_code, passes, "{a:?}");
+    }
+    let winner = set.attempts.iter().find(|a| a.attempt == 1).unwrap();
+    runs.promote_attempt(api::PromoteAttemptRequest {
+        attempt_set_id: set.attempt_set_id.clone(),
+        run_id: winner.run_id.clone(),
+    })
+    .await
+    .unwrap();
+
+    let question = format!("What did you write, {}?", s.nonce);
+    let next = api::StartRunRequest {
+        thread_id: "task".into(),
+        run_id: format!("next-{}", s.nonce),
+        harness: "claude-code".into(),
+        options: Some(options),
+        prompt: question.clone(),
+        durable: true,
+        ..Default::default()
+    };
+    let mut stream = runs.start_run(next).await.unwrap().into_inner();
+    read_until(&mut stream, &mut Seen::default(), |_| false).await.unwrap();
+    let record = wait_terminal(&mut runs, &format!("next-{}", s.nonce)).await;
+    assert_eq!(record.status, api::RunStatus::Completed as i32, "{record:?}");
+    let requests = model.requests();
+    let asked: Vec<&String> = requests.iter().filter(|r| r.contains(&question)).collect();
+    assert!(!asked.is_empty(), "the question reached the model");
+    assert!(
+        asked.iter().any(|r| r.contains("wrote by attempt 1")),
+        "the winner's conversation was not continued"
+    );
+    assert!(
+        asked.iter().all(|r| !r.contains("wrote by attempt 0") && !r.contains("wrote by attempt 2")),
+        "a losing attempt's conversation reached the model"
+    );
+    let mut sandboxes = s.server.sandboxes(&s.token).await;
+    let (_, listed) =
+        sandhold_tests::sandbox::sh(&mut sandboxes, &record.sandbox_id, "ls attempt-*.txt").await;
+    assert_eq!(listed, "attempt-1.txt\n", "the thread's workspace is not the winner's");
+}
+
+/// Two replicas on PostgreSQL: the one driving a set's runs is killed with
+/// SIGKILL while they print; attaching through the other, every attempt
+/// completes with every line exactly once, and the survivor evaluates them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_attempt_completes_once_when_its_replica_is_killed() {
+    // `None`: the services are missing and not required (a skip).
+    let Some(cluster) = sandhold_tests::cluster::Cluster::create("attempts-kill").await else { return };
+    let (tenant, token) = (format!("t{}", cluster.nonce), format!("tok-{}", cluster.nonce));
+    let tokens = vec![format!("{tenant}={token}")];
+    let mut a = cluster.replica("a", tokens.clone(), (3000, 500), Vec::new()).await;
+    let b = cluster.replica("b", tokens, (3000, 500), Vec::new()).await;
+    put_definition(&mut a.sandboxes(&token).await, comparable("def")).await;
+    let mut runs_a = a.runs(&token).await;
+    let script =
+        "for i in $(seq 1 40); do echo \"line $i\"; sleep 0.1; done; echo $SANDHOLD_ATTEMPT > done.txt";
+    let mut run = command_run("ignored", "task", "def", script);
+    run.durable = true;
+    let request = api::StartAttemptsRequest { run: Some(run), count: 3, attempts: Vec::new() };
+    let set = runs_a.start_attempts(request).await.unwrap().into_inner().set.unwrap();
+    // Some lines in, the driving replica dies.
+    let mut first = Seen::default();
+    let mut stream = runs_a
+        .attach_run(api::AttachRunRequest { run_id: set.attempts[0].run_id.clone(), ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner();
+    read_until(&mut stream, &mut first, |seen| seen.has_text("line 5")).await.unwrap();
+    a.kill9().await;
+
+    let mut runs_b = b.runs(&token).await;
+    for attempt in &set.attempts {
+        let mut seen = Seen::default();
+        let mut stream = runs_b
+            .attach_run(api::AttachRunRequest {
+                run_id: attempt.run_id.clone(),
+                thread_id: attempt.thread_id.clone(),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(
+            read_until(&mut stream, &mut seen, |_| false).await.unwrap(),
+            "attempt {} never ended",
+            attempt.attempt
+        );
+        let text: String = seen.chunks.iter().map(|(_, c)| c.delta.clone()).collect();
+        for i in 1..=40 {
+            assert_eq!(
+                text.matches(&format!("line {i}\n")).count(),
+                1,
+                "attempt {}: line {i} not once:\n{text}",
+                attempt.attempt
+            );
+        }
+        assert_eq!(
+            seen.terminal().map(|t| t.r#type()),
+            Some(api::ChunkType::RunFinished),
+            "{:?}",
+            seen.chunks.last()
+        );
+    }
+    let set = wait_evaluated(&b, &mut runs_b, &set.attempt_set_id).await;
+    for attempt in &set.attempts {
+        assert!(attempt.files.iter().any(|f| f.path == "done.txt"), "{attempt:?}");
+    }
+    drop((a, b));
+    cluster.tear_down().await;
 }

@@ -357,7 +357,7 @@ fn ensure_debian_image() {
     assert!(out.status.success(), "build-test-images --debian: {}", String::from_utf8_lossy(&out.stderr));
 }
 
-fn claude_options(bin: &Path, home: &Path, port: u16) -> api::HarnessOptions {
+pub(crate) fn claude_options(bin: &Path, home: &Path, port: u16) -> api::HarnessOptions {
     let mut options = api::HarnessOptions { program: bin.display().to_string(), ..Default::default() };
     options.env.insert("HOME".into(), home.display().to_string());
     options.env.insert("ANTHROPIC_BASE_URL".into(), format!("http://127.0.0.1:{port}"));
