@@ -3,10 +3,11 @@ dropped connections, every chunk once), the records, cancel, delete."""
 
 from __future__ import annotations
 
+import time
 import uuid
 
 import support
-from sandhold import ChunkType, NotFound, Reconnect, RunStatus, Sandhold
+from sandhold import ChunkType, NotFound, Reconnect, RunStatus, Sandhold, definition
 
 
 def thread() -> str:
@@ -74,3 +75,30 @@ def test_records_list_active_cancel_delete(client: Sandhold, local_definition: s
         raise AssertionError("a deleted run was found")
     except NotFound as e:
         assert e.reason == "NOT_FOUND"
+
+
+def test_attempts_are_compared_and_one_promoted(client: Sandhold) -> None:
+    client.definitions.put(definition("py-attempts", local=True, portable_snapshots=True,
+                                      setup=["echo base > base.txt"]))
+    task = thread()
+    started = client.runs.start_attempts(
+        thread_id=task, definition_id="py-attempts", count=2,
+        command=["sh", "-c", 'echo "mine $SANDHOLD_ATTEMPT" > "attempt-$SANDHOLD_ATTEMPT.txt"'],
+    )
+    assert len(started.attempts) == 2
+    for attempt in started.attempts:
+        assert list(client.runs.stream(attempt.run_id))[-1].type is ChunkType.RUN_FINISHED
+    deadline = time.monotonic() + 120
+    while True:
+        evaluated = client.runs.attempt_set(started.attempt_set_id)
+        if all(a.evaluated for a in evaluated.attempts) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    files = {a.attempt: [f.path for f in a.files] for a in evaluated.attempts}
+    assert files == {0: ["attempt-0.txt"], 1: ["attempt-1.txt"]}
+    winner = evaluated.attempts[1]
+    assert "+mine 1" in client.runs.attempt_patch(started.attempt_set_id, winner.run_id)
+    promoted = client.runs.promote_attempt(started.attempt_set_id, winner.run_id)
+    assert promoted.set.promoted_run_id == winner.run_id
+    after = client.runs.start(thread_id=task, command=["sh", "-c", "ls attempt-*.txt"])
+    assert "".join(c.text for c in after) == "attempt-1.txt\n"

@@ -9,6 +9,7 @@ import { AdminService, type GetServerInfoResponse } from "./gen/sandhold/v1/admi
 import {
   RunService,
   StartRunRequestSchema,
+  type AttemptSet,
   type Run,
   type RunEvent,
   type StartRunRequest,
@@ -241,6 +242,35 @@ export class SandholdClient {
   /** Runs newest first; of one thread when `threadId` is set. */
   async listRuns(options: { threadId?: string; limit?: number } = {}): Promise<Run[]> {
     return wrap(async () => (await this.runs.listRuns({ threadId: options.threadId ?? "", limit: options.limit ?? 0 })).runs);
+  }
+
+  /**
+   * Run one task several times: `run` is what every attempt runs (its
+   * `runId` is ignored), `count` how many, or `attempts` a mix of
+   * `{ harness, model }`. Each attempt is a durable run in a fork of the
+   * thread's latest checkpoint; follow it with `attach(attempt.runId)`.
+   */
+  async startAttempts(
+    run: StartRunInit,
+    options: { count?: number; attempts?: { harness?: string; model?: string }[] } = {},
+  ): Promise<AttemptSet | undefined> {
+    const request = { run: { durable: true, ...run }, count: options.count ?? 0, attempts: options.attempts ?? [] };
+    return wrap(async () => (await this.runs.startAttempts(request)).set);
+  }
+
+  /** A set of attempts: each attempt's status and, once evaluated, its diff, test exit code, tokens and duration. */
+  async getAttemptSet(attemptSetId: string): Promise<AttemptSet | undefined> {
+    return wrap(async () => (await this.runs.getAttemptSet({ attemptSetId })).set);
+  }
+
+  /** An evaluated attempt's changes as a unified diff. */
+  async getAttemptPatch(attemptSetId: string, runId: string): Promise<string> {
+    return wrap(async () => (await this.runs.getAttemptPatch({ attemptSetId, runId })).patch);
+  }
+
+  /** Make an evaluated attempt the thread's: its files and conversation are what the thread's next run continues. */
+  async promoteAttempt(attemptSetId: string, runId: string): Promise<AttemptSet | undefined> {
+    return wrap(async () => (await this.runs.promoteAttempt({ attemptSetId, runId })).set);
   }
 }
 

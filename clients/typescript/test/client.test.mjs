@@ -94,3 +94,36 @@ test("the reason union is errors.proto's set", () => {
   const fromProto = Object.keys(ErrorReasonEnum).filter((k) => Number.isNaN(Number(k)) && k !== "UNSPECIFIED");
   assert.deepEqual([...ERROR_REASONS].sort(), fromProto.sort());
 });
+
+test("attempts: a set started, compared and one promoted", async (t) => {
+  const server = await startServer(t);
+  const client = server.client();
+  await client.sandboxes.putDefinition({
+    definition: {
+      id: "ts-attempts",
+      provider: { provider: { case: "local", value: {} } },
+      lifecycle: { portableSnapshots: { enabled: true } },
+    },
+  });
+  const script = 'echo "mine $SANDHOLD_ATTEMPT" > "attempt-$SANDHOLD_ATTEMPT.txt"';
+  const started = await client.startAttempts(
+    { threadId: "ts-task", definitionId: "ts-attempts", harness: "command", options: { command: ["sh", "-c", script] } },
+    { count: 2 },
+  );
+  assert.equal(started.attempts.length, 2);
+  for (const attempt of started.attempts) {
+    const types = [];
+    for await (const item of client.attachRun(attempt.runId)) if (item.kind === "chunk") types.push(item.chunk.type);
+    assert.equal(types.at(-1), "RUN_FINISHED");
+  }
+  let set = await client.getAttemptSet(started.attemptSetId);
+  for (let i = 0; i < 240 && !set.attempts.every((a) => a.evaluated); i++) {
+    await new Promise((r) => setTimeout(r, 500));
+    set = await client.getAttemptSet(started.attemptSetId);
+  }
+  assert.deepEqual(set.attempts.map((a) => a.files.map((f) => f.path)), [["attempt-0.txt"], ["attempt-1.txt"]]);
+  const winner = set.attempts[1];
+  assert.match(await client.getAttemptPatch(set.attemptSetId, winner.runId), /\+mine 1/);
+  const promoted = await client.promoteAttempt(set.attemptSetId, winner.runId);
+  assert.equal(promoted.promotedRunId, winner.runId);
+});

@@ -525,3 +525,44 @@ test("the console shows the token usage a harness reported", { skip, timeout: 18
   assert.ok(input >= 12 && output >= 7 && output % 7 === 0, `the model's usage, summed over its turns: ${input} in, ${output} out`);
   assert.deepEqual(pageErrors, []);
 });
+
+test("the console shows a set of attempts side by side and promotes one", { skip, timeout: 180_000 }, async (t) => {
+  assert.ok(chromium, "Chromium is required here (SANDHOLD_REQUIRE_SERVICES=1): apt-get install chromium");
+  const server = await startServer(t, { tokens: false });
+  const client = server.client();
+  await client.sandboxes.putDefinition({
+    definition: {
+      id: "console-attempts",
+      provider: { provider: { case: "local", value: {} } },
+      workspace: { scripts: { test: "test -f pass.txt" } },
+      lifecycle: { portableSnapshots: { enabled: true } },
+    },
+  });
+  const script = 'if [ "$SANDHOLD_ATTEMPT" = 1 ]; then echo pass > pass.txt; else echo "no $SANDHOLD_ATTEMPT" > notes.txt; fi';
+  const set = await client.startAttempts(
+    { threadId: "console-task", definitionId: "console-attempts", harness: "command", options: { command: ["sh", "-c", script] } },
+    { count: 2 },
+  );
+  const { page, pageErrors } = await openPage(t);
+  await page.goto(server.url + "/", { waitUntil: "load" });
+  await page.evaluate((token) => sessionStorage.setItem("sandhold.token", token), server.token);
+  await page.goto(`${server.url}/attempts/${set.attemptSetId}`, { waitUntil: "load" });
+  // Both evaluated: the test outcomes side by side, each diff below.
+  await page.waitForFunction(() => document.querySelectorAll("details.diff").length === 2, { timeout: 120_000 });
+  const tests = await page.$$eval("table.attempts tbody tr .test", (cells) => cells.map((c) => c.textContent));
+  assert.deepEqual(tests, ["failed (1)", "passed"]);
+  const diffs = await page.$$eval("details.diff pre.patch", (pres) => pres.map((p) => p.textContent).join("\n"));
+  assert.match(diffs, /\+pass/);
+  assert.match(diffs, /\+no 0/);
+  await checkLayouts(page, "attempts");
+  // Promote the passing one, behind the confirmation.
+  const winner = set.attempts[1].runId;
+  await page.click(`button.promote[data-run="${winner}"]`);
+  await page.waitForSelector("#promote-dialog[open]");
+  assert.deepEqual(await accessibilityProblems(page), [], "the promote dialog");
+  await page.click('#promote-dialog button[value="confirm"]');
+  await page.waitForFunction(() => document.querySelector('tr[data-attempt="1"] .tag')?.textContent === "promoted", { timeout: 30_000 });
+  assert.equal((await client.getAttemptSet(set.attemptSetId)).promotedRunId, winner);
+  assert.equal(await page.$$eval("button.promote", (bs) => bs.every((b) => b.disabled)), true, "a set promotes one attempt");
+  assert.deepEqual(pageErrors, []);
+});

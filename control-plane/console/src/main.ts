@@ -2,6 +2,7 @@
 // none on a single-user server), then the page of the address.
 
 import { SandholdError } from "@sandhold/client";
+import { renderAttempts } from "./attempts.js";
 import { h, problem } from "./dom.js";
 import { renderRun } from "./run.js";
 import { renderRuns } from "./runs.js";
@@ -89,7 +90,7 @@ function render(): void {
   page = new AbortController();
   const signal = page.signal;
   const r = route(location.pathname);
-  const section = r.page === "run" || r.page === "runs" ? "runs" : r.page === "files" || r.page === "sandboxes" ? "sandboxes" : "snapshots";
+  const section = r.page === "run" || r.page === "runs" || r.page === "attempts" ? "runs" : r.page === "files" || r.page === "sandboxes" ? "sandboxes" : "snapshots";
   for (const a of document.querySelectorAll<HTMLAnchorElement>("[data-nav]")) {
     if (a.dataset.nav === section) a.setAttribute("aria-current", "page");
     else a.removeAttribute("aria-current");
@@ -113,6 +114,9 @@ function render(): void {
     case "snapshots":
       document.title = `Snapshots of ${r.threadId} · Sandhold`;
       return renderSnapshots(main, r.threadId, signal);
+    case "attempts":
+      document.title = `Attempts ${r.setId} · Sandhold`;
+      return renderAttempts(main, r.setId, signal);
     case "not-found":
       document.title = "Not found · Sandhold";
       main.replaceChildren(h("h1", {}, "Not found"), h("p", {}, h("a", { href: "/" }, "Runs")));

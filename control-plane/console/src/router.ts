@@ -16,6 +16,7 @@ export type Route =
   | { page: "files"; sandboxId: string }
   | { page: "snapshot-threads" }
   | { page: "snapshots"; threadId: string }
+  | { page: "attempts"; setId: string }
   | { page: "not-found" };
 
 export function route(pathname: string): Route {
@@ -27,5 +28,6 @@ export function route(pathname: string): Route {
   if (a === "sandboxes" && b && parts.length === 2) return { page: "files", sandboxId: b };
   if (a === "snapshots" && parts.length === 1) return { page: "snapshot-threads" };
   if (a === "threads" && b && c === "snapshots" && parts.length === 3) return { page: "snapshots", threadId: b };
+  if (a === "attempts" && b && parts.length === 2) return { page: "attempts", setId: b };
   return { page: "not-found" };
 }

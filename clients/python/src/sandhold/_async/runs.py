@@ -259,6 +259,65 @@ class AsyncRuns:
         request = run_pb2.DeleteRunRequest(run_id=run_id)
         await self._rpc.unary(self._rpc.runs.DeleteRun, request, run_pb2.DeleteRunResponse)
 
+    async def start_attempts(
+        self,
+        *,
+        thread_id: str,
+        count: int = 0,
+        attempts: Sequence[tuple[str, str]] = (),
+        harness: str | None = None,
+        definition_id: str = "",
+        command: Sequence[str] | None = None,
+        prompt: str = "",
+        options: run_pb2.HarnessOptions | None = None,
+        secrets: Mapping[str, str] | None = None,
+    ) -> run_pb2.AttemptSet:
+        """Run one task ``count`` times (or once per ``(harness, model)`` of
+        ``attempts``, each empty part the run's), each attempt a durable run
+        in a fork of the thread's latest checkpoint; follow each with
+        ``stream(attempt.run_id)``. The set, as started."""
+        opts = run_pb2.HarnessOptions()
+        if options is not None:
+            opts.CopyFrom(options)
+        if command is not None:
+            opts.command[:] = list(command)
+        run = run_pb2.StartRunRequest(
+            thread_id=thread_id,
+            definition_id=definition_id,
+            harness=harness or ("command" if command is not None else ""),
+            options=opts,
+            prompt=prompt,
+            durable=True,
+            secrets=dict(secrets or {}),
+        )
+        request = run_pb2.StartAttemptsRequest(
+            run=run,
+            count=count,
+            attempts=[run_pb2.AttemptSpec(harness=h, model=m) for h, m in attempts],
+        )
+        r = await self._rpc.unary(self._rpc.runs.StartAttempts, request, run_pb2.StartAttemptsResponse)
+        return r.set
+
+    async def attempt_set(self, attempt_set_id: str) -> run_pb2.AttemptSet:
+        """A set of attempts: each attempt's status and, once evaluated, its
+        diff against the starting checkpoint, test exit code, tokens and
+        duration."""
+        request = run_pb2.GetAttemptSetRequest(attempt_set_id=attempt_set_id)
+        r = await self._rpc.unary(self._rpc.runs.GetAttemptSet, request, run_pb2.GetAttemptSetResponse)
+        return r.set
+
+    async def attempt_patch(self, attempt_set_id: str, run_id: str) -> str:
+        """An evaluated attempt's changes as a unified diff."""
+        request = run_pb2.GetAttemptPatchRequest(attempt_set_id=attempt_set_id, run_id=run_id)
+        r = await self._rpc.unary(self._rpc.runs.GetAttemptPatch, request, run_pb2.GetAttemptPatchResponse)
+        return r.patch
+
+    async def promote_attempt(self, attempt_set_id: str, run_id: str) -> run_pb2.PromoteAttemptResponse:
+        """Make an evaluated attempt the thread's: its files and its
+        conversation are what the thread's next run continues from."""
+        request = run_pb2.PromoteAttemptRequest(attempt_set_id=attempt_set_id, run_id=run_id)
+        return await self._rpc.unary(self._rpc.runs.PromoteAttempt, request, run_pb2.PromoteAttemptResponse)
+
 
 class AsyncRequests:
     """``client.requests``: what runs ask their clients."""
