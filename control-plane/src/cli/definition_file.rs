@@ -207,6 +207,8 @@ pub struct FromFlags {
     pub model_access: Vec<api::ModelAccess>,
     /// `--allow-host`: the egress proxy's allowlist.
     pub allow_hosts: Vec<String>,
+    /// `--require`: labels the sandbox's node must carry.
+    pub require: Vec<String>,
 }
 
 impl FromFlags {
@@ -256,6 +258,7 @@ impl FromFlags {
                 .then(|| api::Network { allow_hosts: self.allow_hosts.clone(), ..Default::default() }),
             // The run's --policy flags go on the run, within any definition.
             policy: None,
+            placement: (!self.require.is_empty()).then(|| api::Placement { require: self.require.clone() }),
         };
         definition.secret_names.sort();
         definition.secret_names.dedup();

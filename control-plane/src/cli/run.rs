@@ -172,6 +172,12 @@ pub struct RunArgs {
     #[arg(long = "allow-host", value_name = "HOST[:PORT]")]
     pub allow_hosts: Vec<String>,
 
+    /// A label the node holding the sandbox must carry, KEY=VALUE (e.g.
+    /// runtime=gvisor; a server with nodes only). Repeatable; adds to
+    /// --definition's `[placement] require`.
+    #[arg(long = "require", value_name = "K=V")]
+    pub require: Vec<String>,
+
     /// The run's token budget: input and output tokens together (cache
     /// reads and writes count as input), as the model broker reads them
     /// from the model's answers. Once reached, the broker refuses further
@@ -299,6 +305,7 @@ impl RunArgs {
             || self.runtime.is_some()
             || self.model_upstream.is_some()
             || !self.allow_hosts.is_empty()
+            || !self.require.is_empty()
     }
 }
 
@@ -357,6 +364,7 @@ fn prepare(args: &RunArgs) -> anyhow::Result<Prepared> {
             setup: args.setup.clone(),
             model_access: model_access(args, &[]).into_iter().collect(),
             allow_hosts: args.allow_hosts.clone(),
+            require: args.require.clone(),
             secret_names,
             network: args.network.clone(),
             runtime: args.runtime.clone(),
@@ -474,6 +482,14 @@ fn broker_on_top(definition: &mut api::SandboxDefinition, args: &RunArgs, secret
     if let Some(access) = model_access(args, &definition.model_access) {
         definition.model_access.retain(|m| m.harness != access.harness);
         definition.model_access.push(access);
+    }
+    if !args.require.is_empty() {
+        let placement = definition.placement.get_or_insert_with(Default::default);
+        for r in &args.require {
+            if !placement.require.contains(r) {
+                placement.require.push(r.clone());
+            }
+        }
     }
     if !args.allow_hosts.is_empty() {
         let network = definition.network.get_or_insert_with(Default::default);

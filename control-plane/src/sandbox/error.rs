@@ -80,6 +80,12 @@ pub enum Error {
     Snapshot(#[from] snapshot::Error),
     #[error(transparent)]
     Store(#[from] store::Error),
+    /// No node can take a new sandbox of the definition, and why.
+    #[error("no node can take this sandbox: {0}")]
+    Unplaceable(String),
+    /// The fleet (the node the sandbox is on) refused.
+    #[error(transparent)]
+    Fleet(#[from] crate::node::Error),
 }
 
 impl Error {
@@ -134,6 +140,8 @@ impl From<Error> for WireError {
             Error::Lease(e) => e.into(),
             Error::Snapshot(e) => e.into(),
             Error::Store(e) => e.into(),
+            Error::Unplaceable(_) => precondition(),
+            Error::Fleet(e) => e.into(),
         }
     }
 }

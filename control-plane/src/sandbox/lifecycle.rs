@@ -74,6 +74,10 @@ pub(crate) struct Live {
     pub agent: AgentClient,
     pub secrets: Arc<Secrets>,
     pub provider: ProviderKind,
+    /// The node it lives on (`""`: this server's own providers).
+    pub node: String,
+    /// What its provider can do.
+    pub capabilities: crate::provider::Capabilities,
     /// Where its agent answers, its token, id and runtime, as the provider
     /// last said.
     pub sandbox: crate::provider::Sandbox,
@@ -121,6 +125,9 @@ pub struct Lifecycle {
     /// The egress connections this server's sandboxes hold open, within
     /// the policy's limits.
     egress: EgressLimits,
+    /// The fleet's nodes, once the stores are open; `None`: every sandbox
+    /// is on this server's own providers.
+    pub(super) fleet: Option<crate::node::Fleet>,
 }
 
 impl Lifecycle {
@@ -137,7 +144,19 @@ impl Lifecycle {
             toolchains: None,
             provisioner,
             live: Arc::default(),
+            fleet: None,
         }
+    }
+
+    /// Sandboxes may live on the nodes of `fleet`.
+    pub fn with_fleet(mut self, fleet: crate::node::Fleet) -> Self {
+        self.fleet = Some(fleet);
+        self
+    }
+
+    /// The fleet's nodes.
+    pub fn fleet(&self) -> Result<&crate::node::Fleet, crate::node::Error> {
+        self.fleet.as_ref().ok_or(crate::node::Error::Closed("this server has no fleet"))
     }
 
     pub fn with_quota(mut self, quota: SandboxQuota) -> Self {
@@ -237,12 +256,15 @@ impl Lifecycle {
         );
         let kind = provider_kind(definition)?;
         self.policy.check_on_host(definition, input.tenant.as_str())?;
-        let provider = self.providers.get(kind)?.clone();
+        if self.fleet.is_none() {
+            // Refused before waiting for the lease (with a fleet, which
+            // provider is known only under it).
+            self.providers.get(kind)?;
+        }
         let workspace = definition.workspace.clone().unwrap_or_default();
         // Refused before anything is made.
         self.provisioner.check(&workspace)?;
         let spec = spec_for(definition, &key, &input.tenant, &self.policy);
-        provider.supports(&spec).await?;
 
         // One ensure per key at a time: concurrent callers wait here and then
         // find the sandbox the first one made.
@@ -252,24 +274,16 @@ impl Lifecycle {
             .await?
             .ok_or(Error::Cancelled("ensure cancelled while waiting for the sandbox lease"))?;
         let result = self
-            .ensure_locked(
-                stores,
-                &input,
-                &key,
-                &spec,
-                provider.as_ref(),
-                &workspace,
-                &lifecycle,
-                progress,
-                &lease,
-            )
+            .ensure_locked(stores, &input, &key, &spec, kind, &workspace, &lifecycle, progress, &lease)
             .await;
         // A new sandbox (not a resumed one: that is never overwritten) of a
         // thread with portable snapshots starts from its latest checkpoint.
         let result = match result {
-            Ok(Located { sandbox, outcome, instance, .. }) if outcome != EnsureOutcome::Resumed => {
+            Ok(Located { sandbox, outcome, instance, provider, capabilities, .. })
+                if outcome != EnsureOutcome::Resumed =>
+            {
                 match self.restore_checkpoint(stores, &input, &sandbox, progress).await {
-                    Ok(restored) => Ok((sandbox, outcome, instance, None, restored)),
+                    Ok(restored) => Ok((sandbox, outcome, instance, None, restored, capabilities)),
                     Err(e) => {
                         if let Err(d) = provider.destroy(&sandbox.provider_id).await {
                             warn!(sandbox_key = %key, error = %d, "destroying a sandbox whose restore failed");
@@ -279,10 +293,10 @@ impl Lifecycle {
                     }
                 }
             }
-            other => other.map(|l| (l.sandbox, l.outcome, l.instance, l.held, None)),
+            other => other.map(|l| (l.sandbox, l.outcome, l.instance, l.held, None, l.capabilities)),
         };
         let _ = lease.release().await;
-        let (sandbox, outcome, instance, held, restored) = result?;
+        let (sandbox, outcome, instance, held, restored, capabilities) = result?;
         let agent = match held {
             Some(agent) => agent,
             None => connect(&sandbox.address, &sandbox.token).await?,
@@ -299,6 +313,8 @@ impl Lifecycle {
                 agent,
                 secrets,
                 provider: kind,
+                node: instance.node.clone(),
+                capabilities,
                 keep_alive: Duration::from_millis(lifecycle.keep_alive_ms),
                 last_used: Instant::now(),
                 env: BTreeMap::new(),
@@ -348,7 +364,7 @@ impl Lifecycle {
         input: &EnsureInput,
         key: &str,
         spec: &SandboxSpec,
-        provider: &dyn Provider,
+        kind: ProviderKind,
         workspace: &api::WorkspaceDefinition,
         lifecycle: &api::Lifecycle,
         progress: &Progress,
@@ -360,8 +376,22 @@ impl Lifecycle {
             Err(e) => return Err(e.into()),
         };
         let existing_key = existing.is_some();
+        let placed = self.place(existing.as_ref(), kind, &input.definition).await?;
+        let (node, provider_arc) = (placed.node, placed.provider);
+        let provider = provider_arc.as_ref();
+        provider.supports(spec).await?;
+        let located = |sandbox, outcome, instance, held| Located {
+            sandbox,
+            outcome,
+            instance,
+            held,
+            provider: provider_arc.clone(),
+            capabilities: provider_arc.capabilities(),
+        };
         let mut snapshot = None;
-        if let Some(instance) = existing {
+        // A sandbox on a node that is gone is not resumed: a new one is
+        // placed (and restored from the thread's checkpoint).
+        if let Some(instance) = existing.filter(|i| i.node == node) {
             progress.phase(EnsurePhase::Resuming, "resuming the thread's sandbox");
             // Held by this replica and its agent answers: running, nothing
             // to ask the provider (a `docker inspect` and a second agent
@@ -371,21 +401,23 @@ impl Lifecycle {
                 && answers(&live.agent).await
             {
                 let instance = self
-                    .record(stores, key, input, provider, &live.sandbox, instance.native_snapshot, lease)
+                    .record(
+                        stores,
+                        key,
+                        input,
+                        (&node, provider),
+                        &live.sandbox,
+                        instance.native_snapshot,
+                        lease,
+                    )
                     .await?;
-                let held = Some(live.agent);
-                return Ok(Located {
-                    sandbox: live.sandbox,
-                    outcome: EnsureOutcome::Resumed,
-                    instance,
-                    held,
-                });
+                return Ok(located(live.sandbox, EnsureOutcome::Resumed, instance, Some(live.agent)));
             }
             if let Some(sandbox) = provider.resume(&instance.provider_sandbox_id).await? {
                 let instance = self
-                    .record(stores, key, input, provider, &sandbox, instance.native_snapshot, lease)
+                    .record(stores, key, input, (&node, provider), &sandbox, instance.native_snapshot, lease)
                     .await?;
-                return Ok(Located { sandbox, outcome: EnsureOutcome::Resumed, instance, held: None });
+                return Ok(located(sandbox, EnsureOutcome::Resumed, instance, None));
             }
             snapshot = instance.native_snapshot.as_deref().and_then(NativeSnapshot::parse);
         }
@@ -404,10 +436,17 @@ impl Lifecycle {
                 match provider.restore(&Snapshot { id: snap.id.clone() }, spec).await {
                     Ok(sandbox) => {
                         let instance = self
-                            .record(stores, key, input, provider, &sandbox, Some(snap.encode()), lease)
+                            .record(
+                                stores,
+                                key,
+                                input,
+                                (&node, provider),
+                                &sandbox,
+                                Some(snap.encode()),
+                                lease,
+                            )
                             .await?;
-                        let outcome = EnsureOutcome::SnapshotRestored;
-                        return Ok(Located { sandbox, outcome, instance, held: None });
+                        return Ok(located(sandbox, EnsureOutcome::SnapshotRestored, instance, None));
                     }
                     Err(e) => {
                         warn!(sandbox_key = %key, error = %e, "restoring the native snapshot failed; creating anew")
@@ -435,8 +474,9 @@ impl Lifecycle {
         let sandbox = provider.create(spec).instrument(created).await?;
         match self.provision(input, provider, &sandbox, workspace, lifecycle, progress).await {
             Ok(native) => {
-                let instance = self.record(stores, key, input, provider, &sandbox, native, lease).await?;
-                Ok(Located { sandbox, outcome: EnsureOutcome::Created, instance, held: None })
+                let instance =
+                    self.record(stores, key, input, (&node, provider), &sandbox, native, lease).await?;
+                Ok(located(sandbox, EnsureOutcome::Created, instance, None))
             }
             Err(e) => {
                 // Nothing half-made survives a failed ensure.
@@ -541,7 +581,7 @@ impl Lifecycle {
         stores: &Stores,
         key: &str,
         input: &EnsureInput,
-        provider: &dyn Provider,
+        (node, provider): (&str, &dyn Provider),
         sandbox: &crate::provider::Sandbox,
         native_snapshot: Option<String>,
         lease: &crate::lease::Lease,
@@ -561,6 +601,7 @@ impl Lifecycle {
                 native_snapshot,
                 definition_id: input.definition.id.clone(),
                 thread_id: input.thread_id.clone(),
+                node: node.to_string(),
             })
             .await?)
     }
@@ -571,22 +612,25 @@ impl Lifecycle {
         // known while this replica holds the sandbox's agent.
         let live = self.peek_live(&instance.sandbox_key);
         let confined = live.as_ref().and_then(|l| l.agent.handshake().capabilities);
-        let capabilities = self.providers.by_name(&instance.provider).ok().map(|p| {
-            let c = p.capabilities();
-            api::Capabilities {
-                snapshots: c.snapshots,
-                fork: c.fork,
-                background_processes: c.background_processes,
-                killable_processes: c.killable_processes,
-                writable_stdin: c.writable_stdin,
-                durable_filesystem: c.durable_filesystem,
-                network_policy: c.network_policy,
-                ports: c.ports,
-                terminal: c.terminal,
-                landlock: confined.is_some_and(|a| a.landlock),
-                seccomp: confined.is_some_and(|a| a.seccomp),
-                runtime: live.as_ref().map(|l| l.sandbox.runtime.clone()).unwrap_or_default(),
-            }
+        let own = || self.providers.by_name(&instance.provider).ok().map(|p| p.capabilities());
+        let known = match &live {
+            Some(l) => Some(l.capabilities),
+            None if instance.node.is_empty() => own(),
+            None => None,
+        };
+        let capabilities = known.map(|c| api::Capabilities {
+            snapshots: c.snapshots,
+            fork: c.fork,
+            background_processes: c.background_processes,
+            killable_processes: c.killable_processes,
+            writable_stdin: c.writable_stdin,
+            durable_filesystem: c.durable_filesystem,
+            network_policy: c.network_policy,
+            ports: c.ports,
+            terminal: c.terminal,
+            landlock: confined.is_some_and(|a| a.landlock),
+            seccomp: confined.is_some_and(|a| a.seccomp),
+            runtime: live.as_ref().map(|l| l.sandbox.runtime.clone()).unwrap_or_default(),
         });
         api::Sandbox {
             sandbox_id: instance.sandbox_key.clone(),
@@ -603,6 +647,7 @@ impl Lifecycle {
             state: api::SandboxState::Unspecified as i32,
             keep_alive_ms: None,
             usage: None,
+            node: instance.node.clone(),
         }
     }
 
@@ -633,7 +678,7 @@ impl Lifecycle {
             live.env = instance.env;
             return Ok(live);
         }
-        let provider = self.providers.by_name(&instance.provider)?;
+        let provider = self.provider_on(&instance.node, kind_named(&instance.provider)?).await?;
         let sandbox = provider
             .resume(&instance.provider_sandbox_id)
             .await?
@@ -643,6 +688,8 @@ impl Lifecycle {
             agent,
             secrets: Arc::default(),
             provider: provider.kind(),
+            node: instance.node.clone(),
+            capabilities: provider.capabilities(),
             sandbox,
             keep_alive: Duration::ZERO,
             last_used: Instant::now(),
@@ -671,7 +718,7 @@ impl Lifecycle {
         let result = async {
             // Re-read under the lease: an ensure may have replaced it.
             let instance = self.instance(stores, tenant, key).await?;
-            let provider = self.providers.by_name(&instance.provider)?;
+            let provider = self.provider_on(&instance.node, kind_named(&instance.provider)?).await?;
             provider.destroy(&instance.provider_sandbox_id).await?;
             if let Some(snap) = instance.native_snapshot.as_deref().and_then(NativeSnapshot::parse)
                 && let Err(e) = provider.delete_snapshot(&Snapshot { id: snap.id }).await
@@ -700,7 +747,7 @@ impl Lifecycle {
         };
         for (key, live) in idle {
             self.forget(&key);
-            let Ok(provider) = self.providers.get(live.provider) else { continue };
+            let Ok(provider) = self.provider_on(&live.node, live.provider).await else { continue };
             match provider.stop(&live.sandbox.provider_id).await {
                 Ok(()) => info!(sandbox_key = %key, "idle sandbox stopped (keep_alive passed)"),
                 Err(e) => warn!(sandbox_key = %key, error = %e, "stopping an idle sandbox failed"),
@@ -749,6 +796,9 @@ struct Located {
     instance: Instance,
     /// The agent this replica already held, when it answered.
     held: Option<AgentClient>,
+    /// Its provider (on its node), and what that can do.
+    provider: Arc<dyn Provider>,
+    capabilities: crate::provider::Capabilities,
 }
 
 /// How long a held agent has to answer before the provider is asked to
@@ -766,6 +816,11 @@ async fn connect(
     token: &shared::secret::Secret,
 ) -> Result<AgentClient, Error> {
     AgentClient::connect_with_deadline(address, token, AGENT_DEADLINE).await.map_err(Error::Agent)
+}
+
+/// The provider an instance record names.
+fn kind_named(name: &str) -> Result<ProviderKind, Error> {
+    ProviderKind::named(name).ok_or_else(|| Error::UnknownProvider(name.to_string()))
 }
 
 fn provider_kind(definition: &api::SandboxDefinition) -> Result<ProviderKind, Error> {

@@ -3,8 +3,8 @@
 use std::sync::Arc;
 
 use super::{
-    BlobStore, CheckpointStore, DefinitionStore, Error, EventLog, GroupCommit, InstanceStore, Result,
-    RunStatus, RunStore, TokenStore, postgres, sqlite,
+    BlobStore, CheckpointStore, DefinitionStore, Error, EventLog, GroupCommit, InstanceStore, NodeStore,
+    Result, RunStatus, RunStore, TokenStore, postgres, sqlite,
 };
 
 /// Every store over one database.
@@ -15,6 +15,8 @@ pub struct Stores {
     pub instances: Arc<dyn InstanceStore>,
     pub definitions: Arc<dyn DefinitionStore>,
     pub tokens: Arc<dyn TokenStore>,
+    /// The fleet's sandbox hosts.
+    pub nodes: Arc<dyn NodeStore>,
     /// Portable snapshot checkpoints, heads and blob references.
     pub checkpoints: Arc<dyn CheckpointStore>,
     /// Portable snapshot blobs: a directory beside the SQLite file, or a
