@@ -125,8 +125,10 @@ pub struct NodeSpec {
     pub slots: Option<u32>,
     /// Offer Docker besides local.
     pub docker: bool,
-    /// Present a certificate from this CA instead of the fleet's.
+    /// Present a certificate from another CA than the fleet's.
     pub other_ca: bool,
+    /// Present another join token than the control plane's.
+    pub wrong_join_token: bool,
 }
 
 /// A real `sandhold node` in its namespace: killed on drop, restartable.
@@ -206,16 +208,16 @@ impl Fleet {
     /// `None` (the test skips) without root or `ip`, unless services are
     /// required. `extra` more `sandhold serve` flags.
     pub async fn start(prefix: &str, extra: &[&str]) -> Option<Self> {
-        Self::start_with(prefix, extra, |_| {}).await
+        Self::start_with(prefix, extra, false).await
     }
 
-    /// As [`Fleet::start`]; `adjust` may change the server's options (its
-    /// client certificate files are in place).
-    pub async fn start_with(
-        prefix: &str,
-        extra: &[&str],
-        adjust: impl FnOnce(&mut ServerOptions),
-    ) -> Option<Self> {
+    /// As [`Fleet::start`], the control plane presenting nodes a
+    /// certificate from another CA than the one they trust.
+    pub async fn start_presenting_another_ca(prefix: &str) -> Option<Self> {
+        Self::start_with(prefix, &[], true).await
+    }
+
+    async fn start_with(prefix: &str, extra: &[&str], cp_other_ca: bool) -> Option<Self> {
         if !Netns::available() {
             assert!(!crate::services::required(), "fleet tests need root and `ip netns`");
             eprintln!("skipping: fleet tests need root and `ip netns`");
@@ -228,6 +230,9 @@ impl Fleet {
         let cp_dir = dir.path().join("cp-tls");
         std::fs::create_dir_all(&cp_dir).unwrap();
         let cp_files = ca.write(&cp_dir, &ca.leaf_for(&["control-plane"], 1));
+        if cp_other_ca {
+            other_ca.leaf_for(&["control-plane"], 1).write(&cp_files);
+        }
         let nonce = crate::nonce();
         let (tenant, token, join_token) =
             (format!("t{nonce}"), format!("tok-{nonce}"), format!("join-{nonce}"));
@@ -258,7 +263,6 @@ impl Fleet {
         .map(|s| s.to_string())
         .chain(extra.iter().map(|s| s.to_string()))
         .collect();
-        adjust(&mut options);
         let server = ServerProcess::start(&options).await;
         Some(Self {
             nodes: Vec::new(),
@@ -311,7 +315,9 @@ impl Fleet {
             args.extend(["--sandbox-slots".into(), slots.to_string().into()]);
         }
         let log = self.dir.path().join(format!("{}.log", spec.name));
-        let env = vec![("SANDHOLD_NODE_JOIN_TOKEN".to_string(), self.join_token.clone())];
+        let token =
+            if spec.wrong_join_token { format!("not-{}", self.join_token) } else { self.join_token.clone() };
+        let env = vec![("SANDHOLD_NODE_JOIN_TOKEN".to_string(), token)];
         let mut node = Node { spec, ns, data_dir, log, args, env, child: None };
         node.spawn();
         self.nodes.push(node);
