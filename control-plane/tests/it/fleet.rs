@@ -1,0 +1,287 @@
+//! A fleet, end to end: a control plane and real `sandhold node`s, each
+//! node in a network namespace of its own joined to the host by a veth
+//! pair (`sandhold_tests::fleet`). Registration and placement, runs and
+//! sandbox calls through a node's tunnel, a node daemon killed and started
+//! again, mutual TLS refusing another CA, and a drained node.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use sandhold_tests::fleet::{Fleet, NodeSpec};
+use sandhold_tests::provider::Kind;
+use sandhold_tests::run::*;
+use sandhold_tests::sandbox::{ensure, sh};
+use sandhold_tests::wait::PATIENCE;
+use shared::proto::v1 as api;
+
+fn node(name: &str, labels: &[&str], slots: u32) -> NodeSpec {
+    NodeSpec {
+        name: name.into(),
+        labels: labels.iter().map(|l| l.to_string()).collect(),
+        slots: Some(slots),
+        ..Default::default()
+    }
+}
+
+/// A local definition whose node must carry `require`.
+fn placed(id: &str, require: &[&str]) -> api::SandboxDefinition {
+    let mut d = definition(id, Kind::Local);
+    d.placement = Some(api::Placement { require: require.iter().map(|r| r.to_string()).collect() });
+    d
+}
+
+fn ensure_request(definition: &str, thread: &str) -> api::EnsureSandboxRequest {
+    api::EnsureSandboxRequest {
+        definition_id: definition.into(),
+        thread_id: thread.into(),
+        secrets: Default::default(),
+        run_id: String::new(),
+    }
+}
+
+/// Three nodes register with their labels and capacity (`nodes ls`);
+/// sandboxes requiring a label fill the nodes carrying it up to their
+/// slots and no further, each in the node's own data dir; a requirement no
+/// node meets is refused naming it, and so is one whose nodes are full.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn nodes_register_and_sandboxes_are_placed_by_labels_and_capacity() {
+    let Some(mut fleet) = Fleet::start("fleet-place", &[]).await else { return };
+    fleet.add_node(node("node-a", &["zone=a"], 3));
+    fleet.add_node(node("node-b", &["zone=b"], 3));
+    fleet.add_node(node("node-c", &["zone=a"], 2));
+    let nodes = fleet.wait_state(&["node-a", "node-b", "node-c"], "ready").await;
+    let a = nodes.iter().find(|n| n.name == "node-a").unwrap();
+    assert_eq!(a.labels.get("zone").map(String::as_str), Some("a"));
+    assert_eq!(a.capacity.as_ref().unwrap().sandbox_slots, 3);
+    assert!(a.capacity.as_ref().unwrap().memory_bytes > 0);
+    assert_eq!(a.providers, ["local"]);
+    assert!(a.address.starts_with("https://10.213."), "{}", a.address);
+
+    // The operator's CLI lists them.
+    let out = sandhold_tests::cli::sandhold(fleet.data_dir())
+        .args(["nodes", "ls", "--output", "json", "--server", &format!("http://{}", fleet.server.addr)])
+        .env("SANDHOLD_TOKEN", &fleet.token)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let listed: Vec<serde_json::Value> =
+        String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let names: Vec<&str> = listed.iter().map(|n| n["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["node-a", "node-b", "node-c"]);
+    assert_eq!(listed[1]["labels"]["zone"], "b");
+    assert_eq!(listed[0]["state"], "ready");
+
+    let mut sandboxes = fleet.server.sandboxes(&fleet.token).await;
+    put_definition(&mut sandboxes, placed("zone-a", &["zone=a"])).await;
+    put_definition(&mut sandboxes, placed("gpu", &["gpu=true"])).await;
+    let mut on = BTreeMap::<String, u32>::new();
+    for i in 0..5 {
+        let (_, ready) = ensure(&mut sandboxes, ensure_request("zone-a", &format!("t{i}"))).await;
+        let ready = ready.unwrap_or_else(|s| panic!("ensure {i}: {s}\n{}", fleet.logs()));
+        let sandbox = ready.sandbox.unwrap();
+        *on.entry(sandbox.node.clone()).or_default() += 1;
+        // The sandbox lives in its node's data dir and answers through it.
+        let (code, out) = sh(&mut sandboxes, &ready.sandbox_id, "echo hello-from-$((6*7))").await;
+        assert_eq!((code, out.trim()), (0, "hello-from-42"));
+        let node = fleet.nodes.iter().find(|n| n.spec.name == sandbox.node).unwrap();
+        assert!(
+            walk_has(&node.data_dir, &sandbox.provider_sandbox_id),
+            "{} not under {}",
+            sandbox.provider_sandbox_id,
+            node.data_dir.display()
+        );
+    }
+    assert_eq!(on, BTreeMap::from([("node-a".to_string(), 3), ("node-c".to_string(), 2)]));
+    let (_, full) = ensure(&mut sandboxes, ensure_request("zone-a", "t-full")).await;
+    let full = full.unwrap_err();
+    assert_eq!(full.code(), tonic::Code::FailedPrecondition, "{full}");
+    assert!(full.message().contains("all 2 ready nodes with zone=a are full"), "{full}");
+    let (_, none) = ensure(&mut sandboxes, ensure_request("gpu", "t-gpu")).await;
+    let none = none.unwrap_err();
+    assert!(none.message().contains("no node has gpu=true"), "{none}");
+
+    // `nodes ls` counts them; `sandboxes ls` names each one's node.
+    let counts: BTreeMap<String, u32> =
+        fleet.list().await.into_iter().map(|n| (n.name, n.sandboxes)).collect();
+    assert_eq!(counts["node-a"], 3);
+    assert_eq!(counts["node-b"], 0);
+    let out = sandhold_tests::cli::sandhold(fleet.data_dir())
+        .args(["sandboxes", "ls", "--server", &format!("http://{}", fleet.server.addr)])
+        .env("SANDHOLD_TOKEN", &fleet.token)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.lines().next().unwrap().contains("NODE"), "{text}");
+    assert_eq!(text.lines().filter(|l| l.contains("node-c")).count(), 2, "{text}");
+}
+
+/// Whether a file or directory named `name` is anywhere under `dir`.
+fn walk_has(dir: &std::path::Path, name: &str) -> bool {
+    let Ok(entries) = std::fs::read_dir(dir) else { return false };
+    entries
+        .flatten()
+        .any(|e| e.file_name().to_string_lossy() == name || (e.path().is_dir() && walk_has(&e.path(), name)))
+}
+
+/// A durable command run in a sandbox on a node in another namespace
+/// streams every line once, in order, through the node's tunnel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_run_on_a_node_streams_every_chunk_once() {
+    let Some(mut fleet) = Fleet::start("fleet-run", &[]).await else { return };
+    fleet.add_node(node("node-1", &[], 8));
+    fleet.wait_state(&["node-1"], "ready").await;
+    let mut sandboxes = fleet.server.sandboxes(&fleet.token).await;
+    put_definition(&mut sandboxes, definition("def", Kind::Local)).await;
+    let mut runs = fleet.server.runs(&fleet.token).await;
+    let run_id = format!("run-{}", fleet.nonce);
+    let seen = run_to_end(&mut runs, &run_id, "thread", "def", &numbered_lines(500, 50, "0.05")).await;
+    assert_eq!(seen.line_numbers(), (1..=500).collect::<Vec<_>>(), "{}", fleet.logs());
+    let record = wait_terminal(&mut runs, &run_id).await;
+    assert_eq!(record.status, api::RunStatus::Completed as i32, "{record:?}");
+    let sandbox = sandhold_tests::sandbox::of_thread(&mut sandboxes, "thread").await;
+    assert_eq!(sandbox.node, "node-1");
+    let _ = (PATIENCE, Duration::ZERO);
+}
+
+/// Start `n` durable runs of `lines` numbered lines on `definition`, each
+/// on a thread of its own; returns the run ids and their readers, which
+/// read each stream to its end (the control plane is not restarted: a
+/// stream that breaks is a failure).
+async fn start_runs(
+    fleet: &Fleet,
+    prefix: &str,
+    n: usize,
+    lines: u32,
+    definition: &str,
+) -> Vec<(String, tokio::task::JoinHandle<Seen>)> {
+    let mut out = Vec::new();
+    for i in 0..n {
+        let mut runs = fleet.server.runs(&fleet.token).await;
+        let run_id = format!("{prefix}{i}-{}", fleet.nonce);
+        let request = command_run(
+            &run_id,
+            &format!("{prefix}-thread-{i}"),
+            definition,
+            &numbered_lines(lines, 20, "0.2"),
+        );
+        let mut stream = runs.start_run(request).await.unwrap().into_inner();
+        out.push((
+            run_id,
+            tokio::spawn(async move {
+                let mut seen = Seen::default();
+                read_until(&mut stream, &mut seen, |_| false).await.expect("the run's stream broke");
+                seen
+            }),
+        ));
+    }
+    out
+}
+
+/// Each run ended COMPLETED and its client saw every line once, in order.
+async fn assert_all_complete(fleet: &Fleet, runs: Vec<(String, tokio::task::JoinHandle<Seen>)>, lines: u32) {
+    let mut client = fleet.server.runs(&fleet.token).await;
+    for (run_id, reader) in runs {
+        let seen = tokio::time::timeout(PATIENCE * 2, reader)
+            .await
+            .unwrap_or_else(|_| panic!("{run_id} never ended:\n{}", fleet.logs()))
+            .unwrap();
+        assert_eq!(
+            seen.line_numbers(),
+            (1..=lines).collect::<Vec<_>>(),
+            "{run_id}: every line once, in order"
+        );
+        let terminal = seen.terminal().unwrap_or_else(|| panic!("{run_id}: no terminal chunk"));
+        assert_eq!(
+            terminal.r#type(),
+            api::ChunkType::RunFinished,
+            "{run_id}: {terminal:?}\n{}",
+            fleet.logs()
+        );
+        let record = wait_terminal(&mut client, &run_id).await;
+        assert_eq!(record.status, api::RunStatus::Completed as i32, "{run_id}: {record:?}");
+    }
+}
+
+/// The node daemon is SIGKILLed while six runs stream from its sandboxes
+/// and started again: its sandboxes ran on, it adopts them, and every run
+/// completes with every line delivered once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_daemon_killed_during_runs_adopts_its_sandboxes_and_every_run_completes() {
+    const LINES: u32 = 200;
+    let Some(mut fleet) = Fleet::start("fleet-kill", &[]).await else { return };
+    fleet.add_node(node("node-k", &[], 8));
+    fleet.wait_state(&["node-k"], "ready").await;
+    let mut sandboxes = fleet.server.sandboxes(&fleet.token).await;
+    put_definition(&mut sandboxes, definition("def", Kind::Local)).await;
+    let runs = start_runs(&fleet, "k", 6, LINES, "def").await;
+    // Mid-stream: the runs print 20 lines every 0.2 s, 2 s in all.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    fleet.nodes[0].kill9().await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    fleet.nodes[0].restart();
+    assert_all_complete(&fleet, runs, LINES).await;
+    assert!(fleet.nodes[0].log_text().matches("sandhold node serving").count() >= 2, "{}", fleet.logs());
+}
+
+/// A drained node gets no new sandbox, and the run already on it finishes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_drained_node_gets_no_new_sandbox_and_its_run_finishes() {
+    const LINES: u32 = 200;
+    let Some(mut fleet) = Fleet::start("fleet-drain", &[]).await else { return };
+    fleet.add_node(node("node-d", &[], 8));
+    fleet.wait_state(&["node-d"], "ready").await;
+    let mut sandboxes = fleet.server.sandboxes(&fleet.token).await;
+    put_definition(&mut sandboxes, definition("def", Kind::Local)).await;
+    let running = start_runs(&fleet, "d", 1, LINES, "def").await;
+    fleet.add_node(node("node-e", &[], 8));
+    fleet.wait_state(&["node-e"], "ready").await;
+    let out = sandhold_tests::cli::sandhold(fleet.data_dir())
+        .args(["nodes", "drain", "node-d", "--server", &format!("http://{}", fleet.server.addr)])
+        .env("SANDHOLD_TOKEN", &fleet.token)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    fleet.wait_state(&["node-d"], "draining").await;
+    for i in 0..4 {
+        let (_, ready) = ensure(&mut sandboxes, ensure_request("def", &format!("new-{i}"))).await;
+        assert_eq!(ready.unwrap().sandbox.unwrap().node, "node-e", "a new sandbox on the drained node");
+    }
+    assert_all_complete(&fleet, running, LINES).await;
+    let sandbox = sandhold_tests::sandbox::of_thread(&mut sandboxes, "d-thread-0").await;
+    assert_eq!(sandbox.node, "node-d", "the running run's sandbox stays where it is");
+}
+
+/// A node whose certificate comes from another CA is refused: the control
+/// plane's dial back fails its TLS handshake, the node is not listed, and
+/// it exits saying so. So is a node with another join token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_from_another_ca_or_with_another_join_token_is_refused() {
+    let Some(mut fleet) = Fleet::start("fleet-ca", &[]).await else { return };
+    fleet.add_node(NodeSpec { name: "intruder".into(), other_ca: true, ..Default::default() });
+    fleet.add_node(NodeSpec { name: "tokenless".into(), wrong_join_token: true, ..Default::default() });
+    fleet.add_node(node("member", &[], 4));
+    fleet.wait_state(&["member"], "ready").await;
+    for (i, why) in [(0, "certificate"), (1, "join token")] {
+        let status = fleet.nodes[i].exited(PATIENCE).await.unwrap_or_else(|| panic!("{}", fleet.logs()));
+        assert!(!status.success());
+        let log = fleet.nodes[i].log_text();
+        assert!(log.contains("refused this node"), "{log}");
+        assert!(log.contains(why), "{why}: {log}");
+    }
+    let names: Vec<String> = fleet.list().await.into_iter().map(|n| n.name).collect();
+    assert_eq!(names, ["member"]);
+}
+
+/// A control plane presenting a certificate from another CA than the
+/// node's is refused by the node: its dial back fails, so the node never
+/// joins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_control_plane_from_another_ca_is_refused_by_the_node() {
+    let Some(mut fleet) = Fleet::start_presenting_another_ca("fleet-cpca").await else { return };
+    fleet.add_node(node("careful", &[], 4));
+    let status = fleet.nodes[0].exited(PATIENCE).await.unwrap_or_else(|| panic!("{}", fleet.logs()));
+    assert!(!status.success());
+    let log = fleet.nodes[0].log_text();
+    assert!(log.contains("refused this node") && log.contains("mutual TLS"), "{log}");
+    assert!(fleet.list().await.is_empty());
+}
