@@ -32,6 +32,11 @@ pub fn register(node: &str, channel: Channel) {
     NODES.write().expect("node channels poisoned").insert(node.to_string(), channel);
 }
 
+/// No new agent connection to `node` (removed by the operator).
+pub fn forget(node: &str) {
+    NODES.write().expect("node channels poisoned").remove(node);
+}
+
 fn channel_of(node: &str) -> Option<Channel> {
     NODES.read().expect("node channels poisoned").get(node).cloned()
 }

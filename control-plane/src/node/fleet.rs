@@ -219,6 +219,7 @@ impl Fleet {
             return Err(Error::NotFound(name.into()));
         }
         self.inner.channels.lock().expect("node channels poisoned").remove(name);
+        crate::tunnel::forget(name);
         warn!(node = %name, "node removed: its sandboxes are given up");
         Ok(())
     }

@@ -671,6 +671,7 @@ impl Lifecycle {
     /// gone until the next ensure).
     pub(crate) async fn agent(&self, stores: &Stores, tenant: &Tenant, key: &str) -> Result<Live, Error> {
         let instance = self.instance(stores, tenant, key).await?;
+        self.check_node(&instance).await?;
         if let Some(mut live) = self.live(key)
             && live.sandbox.provider_id == instance.provider_sandbox_id
         {

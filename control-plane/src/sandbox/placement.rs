@@ -7,6 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use shared::proto::v1 as api;
 use tracing::warn;
@@ -56,6 +57,42 @@ impl Lifecycle {
         let require = requirements(definition);
         let chosen = choose(&nodes, kind, &require).map_err(Error::Unplaceable)?;
         Ok(Placed { provider: fleet.provider(&chosen, kind).await?, node: chosen })
+    }
+
+    /// A sandbox whose node is gone (removed, lost, unknown) is lost: the
+    /// live agent is forgotten and [`Error::SandboxLost`] says why. A
+    /// node that is only unreachable (a partition shorter than the grace
+    /// period) still holds it.
+    pub(super) async fn check_node(&self, instance: &Instance) -> Result<(), Error> {
+        if instance.node.is_empty() {
+            return Ok(());
+        }
+        let Some(kind) = ProviderKind::named(&instance.provider) else { return Ok(()) };
+        match self.provider_on(&instance.node, kind).await {
+            Err(Error::Fleet(
+                e @ (node::Error::Removed(_) | node::Error::Lost(_) | node::Error::NotFound(_)),
+            )) => {
+                self.forget(&instance.sandbox_key);
+                Err(Error::SandboxLost {
+                    key: instance.sandbox_key.clone(),
+                    node: instance.node.clone(),
+                    why: e.to_string(),
+                })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// How long a drive keeps reconnecting to sandbox `key` before it gives
+    /// up: `default`, or for a sandbox on a node, until the node is lost
+    /// (the grace period), whichever is longer.
+    pub(crate) async fn reconnect_budget(&self, instance: Option<&Instance>, default: Duration) -> Duration {
+        match (instance, &self.fleet) {
+            (Some(i), Some(fleet)) if !i.node.is_empty() => {
+                default.max(fleet.grace() + crate::node::fleet::HEARTBEAT_INTERVAL * 5)
+            }
+            _ => default,
+        }
     }
 
     /// The `kind` provider of `node` (`""`: this server's own).

@@ -285,3 +285,63 @@ async fn a_control_plane_from_another_ca_is_refused_by_the_node() {
     assert!(log.contains("refused this node") && log.contains("mutual TLS"), "{log}");
     assert!(fleet.list().await.is_empty());
 }
+
+/// A local definition whose threads keep portable checkpoints.
+fn portable(id: &str) -> api::SandboxDefinition {
+    let mut d = definition(id, Kind::Local);
+    let portable = api::PortableSnapshots { enabled: true, ..Default::default() };
+    d.lifecycle = Some(api::Lifecycle { portable_snapshots: Some(portable), ..Default::default() });
+    d
+}
+
+/// `sandhold nodes rm` during a run: the run ends RUN_ERROR SANDBOX_LOST
+/// with every line it delivered before kept, the removed node may not come
+/// back, and the thread's next run gets a sandbox on another node restored
+/// from its latest checkpoint (a file an earlier run wrote is there).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_removed_nodes_runs_end_sandbox_lost_and_the_thread_continues_on_another_node() {
+    let Some(mut fleet) = Fleet::start("fleet-rm", &[]).await else { return };
+    fleet.add_node(node("node-x", &[], 8));
+    fleet.wait_state(&["node-x"], "ready").await;
+    let mut sandboxes = fleet.server.sandboxes(&fleet.token).await;
+    put_definition(&mut sandboxes, portable("def")).await;
+    let mut runs = fleet.server.runs(&fleet.token).await;
+    let first =
+        run_to_end(&mut runs, &format!("r1-{}", fleet.nonce), "t", "def", "echo kept > kept.txt; echo wrote")
+            .await;
+    assert!(first.has_text("wrote"), "{:?}", first.chunks);
+    fleet.add_node(node("node-y", &[], 8));
+    fleet.wait_state(&["node-y"], "ready").await;
+
+    let run_id = format!("r2-{}", fleet.nonce);
+    let mut stream = runs
+        .start_run(command_run(&run_id, "t", "def", &numbered_lines(1000, 10, "0.2")))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut seen = Seen::default();
+    read_until(&mut stream, &mut seen, |s| s.line_numbers().len() >= 20).await.unwrap();
+    let out = sandhold_tests::cli::sandhold(fleet.data_dir())
+        .args(["nodes", "rm", "node-x", "--server", &format!("http://{}", fleet.server.addr)])
+        .env("SANDHOLD_TOKEN", &fleet.token)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    read_until(&mut stream, &mut seen, |_| false).await.unwrap_or_else(|e| panic!("{e}\n{}", fleet.logs()));
+    let terminal = seen.terminal().expect("a terminal chunk");
+    assert_eq!(terminal.r#type(), api::ChunkType::RunError, "{terminal:?}\n{}", fleet.logs());
+    assert_eq!(terminal.error_code, "SANDBOX_LOST", "{terminal:?}");
+    let lines = seen.line_numbers();
+    assert!(lines.len() >= 20 && lines.len() < 1000, "{} lines", lines.len());
+    assert_eq!(lines, (1..=lines.len() as u32).collect::<Vec<_>>(), "what was delivered stays, once each");
+    // The removed node is told so and stops; it may not join again.
+    let status = fleet.nodes[0].exited(PATIENCE).await.unwrap_or_else(|| panic!("{}", fleet.logs()));
+    assert!(!status.success());
+    assert!(fleet.nodes[0].log_text().contains("removed by the operator"), "{}", fleet.nodes[0].log_text());
+    let names: Vec<String> = fleet.list().await.into_iter().map(|n| n.name).collect();
+    assert_eq!(names, ["node-y"]);
+
+    let next = run_to_end(&mut runs, &format!("r3-{}", fleet.nonce), "t", "def", "cat kept.txt").await;
+    assert!(next.has_text("kept"), "the checkpoint was restored: {:?}\n{}", next.chunks, fleet.logs());
+    assert_eq!(sandhold_tests::sandbox::of_thread(&mut sandboxes, "t").await.node, "node-y");
+}
