@@ -345,3 +345,74 @@ async fn a_removed_nodes_runs_end_sandbox_lost_and_the_thread_continues_on_anoth
     assert!(next.has_text("kept"), "the checkpoint was restored: {:?}\n{}", next.chunks, fleet.logs());
     assert_eq!(sandhold_tests::sandbox::of_thread(&mut sandboxes, "t").await.node, "node-y");
 }
+
+/// A partition shorter than the grace period: the node's veth is down for
+/// 20 s while its runs go on; once it heals, the drives catch up from their
+/// journal offsets and every run completes with every line once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_partition_shorter_than_the_grace_loses_and_doubles_nothing() {
+    const LINES: u32 = 300;
+    let Some(mut fleet) = Fleet::start("fleet-cut", &[]).await else { return };
+    fleet.add_node(node("node-p", &[], 8));
+    fleet.wait_state(&["node-p"], "ready").await;
+    let mut sandboxes = fleet.server.sandboxes(&fleet.token).await;
+    put_definition(&mut sandboxes, definition("def", Kind::Local)).await;
+    // 300 lines over 30 s: they straddle the partition.
+    let mut runs = Vec::new();
+    for i in 0..3 {
+        let mut client = fleet.server.runs(&fleet.token).await;
+        let run_id = format!("p{i}-{}", fleet.nonce);
+        let request = command_run(&run_id, &format!("p-thread-{i}"), "def", &numbered_lines(LINES, 10, "1"));
+        let mut stream = client.start_run(request).await.unwrap().into_inner();
+        runs.push((
+            run_id,
+            tokio::spawn(async move {
+                let mut seen = Seen::default();
+                read_until(&mut stream, &mut seen, |_| false).await.expect("the run's stream broke");
+                seen
+            }),
+        ));
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    fleet.nodes[0].ns.cut();
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let during = fleet.list().await;
+    assert_eq!(during[0].state, "unreachable", "{during:?}");
+    fleet.nodes[0].ns.heal();
+    assert_all_complete(&fleet, runs, LINES).await;
+}
+
+/// A partition past the grace period: the node is lost, its runs end
+/// RUN_ERROR SANDBOX_LOST, and the thread's next run continues on another
+/// node from its latest checkpoint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_partition_past_the_grace_loses_the_sandbox_and_the_thread_moves() {
+    let Some(mut fleet) = Fleet::start("fleet-lost", &["--node-grace-ms", "8000"]).await else { return };
+    fleet.add_node(node("node-l", &[], 8));
+    fleet.wait_state(&["node-l"], "ready").await;
+    let mut sandboxes = fleet.server.sandboxes(&fleet.token).await;
+    put_definition(&mut sandboxes, portable("def")).await;
+    let mut runs = fleet.server.runs(&fleet.token).await;
+    run_to_end(&mut runs, &format!("l1-{}", fleet.nonce), "t", "def", "echo kept > kept.txt").await;
+    fleet.add_node(node("node-m", &[], 8));
+    fleet.wait_state(&["node-m"], "ready").await;
+    let run_id = format!("l2-{}", fleet.nonce);
+    let mut stream = runs
+        .start_run(command_run(&run_id, "t", "def", &numbered_lines(1000, 10, "0.5")))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut seen = Seen::default();
+    read_until(&mut stream, &mut seen, |s| s.line_numbers().len() >= 10).await.unwrap();
+    fleet.nodes[0].ns.cut();
+    read_until(&mut stream, &mut seen, |_| false).await.unwrap_or_else(|e| panic!("{e}\n{}", fleet.logs()));
+    let terminal = seen.terminal().expect("a terminal chunk");
+    assert_eq!(terminal.error_code, "SANDBOX_LOST", "{terminal:?}\n{}", fleet.logs());
+    let lines = seen.line_numbers();
+    assert_eq!(lines, (1..=lines.len() as u32).collect::<Vec<_>>(), "what was delivered stays, once each");
+    assert_eq!(fleet.list().await.iter().find(|n| n.name == "node-l").unwrap().state, "lost");
+    let next = run_to_end(&mut runs, &format!("l3-{}", fleet.nonce), "t", "def", "cat kept.txt").await;
+    assert!(next.has_text("kept"), "the checkpoint was restored: {:?}\n{}", next.chunks, fleet.logs());
+    assert_eq!(sandhold_tests::sandbox::of_thread(&mut sandboxes, "t").await.node, "node-m");
+    fleet.nodes[0].ns.heal();
+}
