@@ -208,16 +208,22 @@ impl Fleet {
     /// `None` (the test skips) without root or `ip`, unless services are
     /// required. `extra` more `sandhold serve` flags.
     pub async fn start(prefix: &str, extra: &[&str]) -> Option<Self> {
-        Self::start_with(prefix, extra, false).await
+        Self::start_with(prefix, extra, false, &[]).await
+    }
+
+    /// As [`Fleet::start`], with `others` more tenants (`<name><nonce>`,
+    /// token `<name>-<nonce>`, as [`crate::server::TenantServer`]'s).
+    pub async fn start_with_others(prefix: &str, others: &[&str]) -> Option<Self> {
+        Self::start_with(prefix, &[], false, others).await
     }
 
     /// As [`Fleet::start`], the control plane presenting nodes a
     /// certificate from another CA than the one they trust.
     pub async fn start_presenting_another_ca(prefix: &str) -> Option<Self> {
-        Self::start_with(prefix, &[], true).await
+        Self::start_with(prefix, &[], true, &[]).await
     }
 
-    async fn start_with(prefix: &str, extra: &[&str], cp_other_ca: bool) -> Option<Self> {
+    async fn start_with(prefix: &str, extra: &[&str], cp_other_ca: bool, others: &[&str]) -> Option<Self> {
         if !Netns::available() {
             assert!(!crate::services::required(), "fleet tests need root and `ip netns`");
             eprintln!("skipping: fleet tests need root and `ip netns`");
@@ -241,7 +247,9 @@ impl Fleet {
         std::fs::set_permissions(&join_file, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
         let mut options = ServerOptions {
             data_dir: dir.path().join("cp"),
-            tokens: vec![format!("{tenant}={token}")],
+            tokens: std::iter::once(format!("{tenant}={token}"))
+                .chain(others.iter().map(|o| format!("{o}{nonce}={o}-{nonce}")))
+                .collect(),
             listen_ip: Some(IpAddr::V4(hub.host_ip)),
             ..Default::default()
         };
@@ -365,4 +373,76 @@ impl Fleet {
 fn tail(text: &str, n: usize) -> String {
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// A control plane with the test's tenant, wherever its sandboxes live:
+/// one test body runs against a single host ([`crate::server::TenantServer`])
+/// and against a fleet whose sandboxes are on a node in another namespace.
+pub trait Served: Send + Sync {
+    fn server(&self) -> &ServerProcess;
+    fn token(&self) -> &str;
+    fn tenant(&self) -> &str;
+    /// The token of `other`, one of the tenants it was started with.
+    fn token_of(&self, other: &str) -> String;
+    /// What to print when the test fails.
+    fn logs(&self) -> String;
+}
+
+impl Served for crate::server::TenantServer {
+    fn server(&self) -> &ServerProcess {
+        &self.server
+    }
+    fn token(&self) -> &str {
+        &self.token
+    }
+    fn tenant(&self) -> &str {
+        &self.tenant
+    }
+    fn token_of(&self, other: &str) -> String {
+        crate::server::TenantServer::token_of(self, other)
+    }
+    fn logs(&self) -> String {
+        self.server.log_text()
+    }
+}
+
+impl Served for Fleet {
+    fn server(&self) -> &ServerProcess {
+        &self.server
+    }
+    fn token(&self) -> &str {
+        &self.token
+    }
+    fn tenant(&self) -> &str {
+        &self.tenant
+    }
+    fn token_of(&self, other: &str) -> String {
+        format!("{other}-{}", self.nonce)
+    }
+    fn logs(&self) -> String {
+        Fleet::logs(self)
+    }
+}
+
+/// Where a test's sandboxes live.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Place {
+    /// On the server's own providers.
+    SingleHost,
+    /// On a node (local and Docker) in another network namespace.
+    OnANode,
+}
+
+/// A control plane (tenants `others` besides the test's) whose sandboxes
+/// live at `place`; `None`: the test skips (see [`Fleet::start`]).
+pub async fn served(place: Place, prefix: &str, others: &[&str]) -> Option<Box<dyn Served>> {
+    match place {
+        Place::SingleHost => Some(Box::new(crate::server::TenantServer::start(prefix, others).await)),
+        Place::OnANode => {
+            let mut fleet = Fleet::start_with_others(prefix, others).await?;
+            fleet.add_node(NodeSpec { name: "node-1".into(), docker: true, ..Default::default() });
+            fleet.wait_state(&["node-1"], "ready").await;
+            Some(Box::new(fleet))
+        }
+    }
 }
