@@ -19,6 +19,8 @@
 //! | `sandhold_event_log_append_seconds` | histogram | | the store's `LogWriter::append`: one observation per batch, refused ones included |
 //! | `sandhold_sweep_outcomes_total` | counter | `outcome` | the reaper, per run or journal it handled: [`sweeps()`]`.outcome(outcome)` |
 //! | `sandhold_sandbox_ensures_total` | counter | `outcome` = created, resumed, snapshot_restored, failed | the sandbox lifecycle's `ensure` |
+//! | `sandhold_placement_failures_total` | counter | `reason` = labels, provider, not_ready, full | the sandbox layer's placement, per new sandbox no node could take: [`sandboxes()`]`.placement_failed(reason)` |
+//! | `sandhold_node_sandboxes`, `sandhold_node_sandbox_slots`, `sandhold_node_free_memory_bytes`, `sandhold_node_heartbeat_age_seconds` | gauge | `node` | sampled from the database at each scrape: each node not removed (the operator names them) |
 //! | `sandhold_model_tokens_total` | counter | `tenant`, `kind` = input, output, cache_read, cache_write | the run pump, per `model.usage` chunk it appends: [`model()`]`.metered(..)` |
 //! | `sandhold_build_info` | gauge (1) | `version` | at start |
 //!
@@ -37,8 +39,8 @@ use super::handles::{
     SweepMetrics,
 };
 use super::labels::{
-    FencedWrite, OutcomeLabel, StatusLabel, SweepOutcome, TERMINAL_STATUSES, UNFINISHED_STATUSES,
-    VersionLabel, WriteLabel,
+    FencedWrite, OutcomeLabel, ReasonLabel, StatusLabel, SweepOutcome, TERMINAL_STATUSES,
+    UNFINISHED_STATUSES, VersionLabel, WriteLabel,
 };
 
 /// Every metric of the process and the registry that encodes them.
@@ -103,8 +105,37 @@ impl Metrics {
         );
         let sweeps = SweepMetrics { outcomes: Family::default() };
         registry.register("sweep_outcomes", "Items the reaper handled, by outcome", sweeps.outcomes.clone());
-        let sandboxes = SandboxMetrics { ensures: Family::default() };
+        let sandboxes = SandboxMetrics {
+            ensures: Family::default(),
+            placement_failures: Family::default(),
+            nodes: Default::default(),
+        };
         registry.register("sandbox_ensures", "EnsureSandbox calls by outcome", sandboxes.ensures.clone());
+        registry.register(
+            "placement_failures",
+            "New sandboxes no node could take, by reason",
+            sandboxes.placement_failures.clone(),
+        );
+        registry.register(
+            "node_sandboxes",
+            "Sandboxes placed on each node",
+            sandboxes.nodes.sandboxes.clone(),
+        );
+        registry.register(
+            "node_sandbox_slots",
+            "Sandboxes each node holds at most",
+            sandboxes.nodes.slots.clone(),
+        );
+        registry.register(
+            "node_free_memory_bytes",
+            "Memory each node had available at its last heartbeat",
+            sandboxes.nodes.free_memory.clone(),
+        );
+        registry.register(
+            "node_heartbeat_age_seconds",
+            "How long ago each node last heartbeated",
+            sandboxes.nodes.heartbeat_age.clone(),
+        );
         let model = ModelMetrics { tokens: Family::default() };
         registry.register(
             "model_tokens",
@@ -131,6 +162,9 @@ impl Metrics {
         }
         for outcome in ["created", "resumed", "snapshot_restored", "failed"] {
             let _ = sandboxes.ensures.get_or_create(&OutcomeLabel { outcome });
+        }
+        for reason in ["labels", "provider", "not_ready", "full"] {
+            let _ = sandboxes.placement_failures.get_or_create(&ReasonLabel { reason });
         }
 
         Self { registry, runs, drives, takeovers, fencing, journal, event_log, sweeps, sandboxes, model }

@@ -55,7 +55,10 @@ impl Lifecycle {
             return Ok(Placed { node: String::new(), provider: self.providers.get(kind)?.clone() });
         }
         let require = requirements(definition);
-        let chosen = choose(&nodes, kind, &require).map_err(Error::Unplaceable)?;
+        let chosen = choose(&nodes, kind, &require).map_err(|(reason, why)| {
+            crate::metrics::sandboxes().placement_failed(reason);
+            Error::Unplaceable(why)
+        })?;
         Ok(Placed { provider: fleet.provider(&chosen, kind).await?, node: chosen })
     }
 
@@ -133,12 +136,13 @@ pub(super) fn violations(definition: &api::SandboxDefinition, out: &mut Vec<(Str
 }
 
 /// The node a new sandbox of provider `kind` requiring `require` goes to,
-/// or why there is none.
+/// or why there is none: the metric's reason (`labels`, `provider`,
+/// `not_ready`, `full`) and the message.
 pub(super) fn choose(
     nodes: &[NodeView],
     kind: ProviderKind,
     require: &BTreeMap<String, String>,
-) -> Result<String, String> {
+) -> Result<String, (&'static str, String)> {
     let wanted = if require.is_empty() {
         "nodes".to_string()
     } else {
@@ -151,18 +155,21 @@ pub(super) fn choose(
         nodes.iter().filter(|n| require.iter().all(|(k, v)| n.labels.get(k) == Some(v))).collect();
     if labelled.is_empty() {
         let missing = require.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",");
-        return Err(format!("no node has {missing}"));
+        return Err(("labels", format!("no node has {missing}")));
     }
     let offering: Vec<&NodeView> =
         labelled.into_iter().filter(|n| n.providers.iter().any(|p| p.provider == kind.as_str())).collect();
     if offering.is_empty() {
-        return Err(format!("no {wanted} offers the {kind} provider"));
+        return Err(("provider", format!("no {wanted} offers the {kind} provider")));
     }
     let ready: Vec<&NodeView> = offering.iter().copied().filter(|n| n.state == NodeState::Ready).collect();
     if ready.is_empty() {
         let states: Vec<String> =
             offering.iter().map(|n| format!("{} is {}", n.record.node.name, n.state.as_str())).collect();
-        return Err(format!("none of the {} {wanted} is ready ({})", offering.len(), states.join(", ")));
+        return Err((
+            "not_ready",
+            format!("none of the {} {wanted} is ready ({})", offering.len(), states.join(", ")),
+        ));
     }
     let free: Vec<&NodeView> =
         ready.iter().copied().filter(|n| n.placed < n.record.node.sandbox_slots).collect();
@@ -173,7 +180,7 @@ pub(super) fn choose(
             .then(b.placed.cmp(&a.placed))
             .then(b.record.node.name.cmp(&a.record.node.name))
     }) else {
-        return Err(format!("all {} ready {wanted} are full", ready.len()));
+        return Err(("full", format!("all {} ready {wanted} are full", ready.len())));
     };
     Ok(best.record.node.name.clone())
 }
@@ -248,19 +255,19 @@ mod tests {
             node("c", &[("docker", "true")], 1, 0, 10, NodeState::Unreachable),
         ];
         assert_eq!(
-            choose(&nodes, local(), &req(&[("runtime", "gvisor")])).unwrap_err(),
+            choose(&nodes, local(), &req(&[("runtime", "gvisor")])).unwrap_err().1,
             "no node has runtime=gvisor"
         );
         assert_eq!(
-            choose(&nodes, local(), &req(&[("docker", "true")])).unwrap_err(),
+            choose(&nodes, local(), &req(&[("docker", "true")])).unwrap_err().1,
             "all 2 ready nodes with docker=true are full"
         );
         let docker = ProviderKind::named("docker").unwrap();
-        assert!(choose(&nodes, docker, &req(&[])).unwrap_err().contains("offers the docker provider"));
+        assert!(choose(&nodes, docker, &req(&[])).unwrap_err().1.contains("offers the docker provider"));
         let down = [node("c", &[], 1, 0, 10, NodeState::Unreachable)];
         assert_eq!(
             choose(&down, local(), &req(&[])).unwrap_err(),
-            "none of the 1 nodes is ready (c is unreachable)"
+            ("not_ready", "none of the 1 nodes is ready (c is unreachable)".to_string())
         );
     }
 }

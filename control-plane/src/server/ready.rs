@@ -301,6 +301,24 @@ pub(super) fn run_count_sampler(built: Arc<BuiltCell>) -> crate::metrics::Sample
                 Ok(Err(e)) => debug!(error = %e, "metrics: counting runs failed; keeping the last sample"),
                 Err(_) => debug!("metrics: counting runs timed out; keeping the last sample"),
             }
+            if let Ok(fleet) = b.cx.lifecycle.fleet()
+                && let Ok(Ok(nodes)) = tokio::time::timeout(SAMPLE_TIMEOUT, fleet.list()).await
+            {
+                let now = crate::store::Timestamp::now().as_millis();
+                let samples: Vec<crate::metrics::NodeSample<'_>> = nodes
+                    .iter()
+                    .map(|n| crate::metrics::NodeSample {
+                        node: &n.record.node.name,
+                        sandboxes: n.placed,
+                        slots: n.record.node.sandbox_slots,
+                        free_memory_bytes: n.record.free_memory_bytes,
+                        heartbeat_age: Duration::from_millis(
+                            u64::try_from(now - n.record.last_heartbeat.as_millis()).unwrap_or(0),
+                        ),
+                    })
+                    .collect();
+                crate::metrics::sandboxes().nodes(&samples);
+            }
         })
     })
 }

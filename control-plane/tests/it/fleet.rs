@@ -45,7 +45,11 @@ fn ensure_request(definition: &str, thread: &str) -> api::EnsureSandboxRequest {
 /// node meets is refused naming it, and so is one whose nodes are full.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn nodes_register_and_sandboxes_are_placed_by_labels_and_capacity() {
-    let Some(mut fleet) = Fleet::start("fleet-place", &[]).await else { return };
+    let metrics: std::net::SocketAddr = format!("127.0.0.1:{}", crate::metrics::free_port()).parse().unwrap();
+    let Some(mut fleet) = Fleet::start("fleet-place", &["--metrics-listen", &metrics.to_string()]).await
+    else {
+        return;
+    };
     fleet.add_node(node("node-a", &["zone=a"], 3));
     fleet.add_node(node("node-b", &["zone=b"], 3));
     fleet.add_node(node("node-c", &["zone=a"], 2));
@@ -113,6 +117,15 @@ async fn nodes_register_and_sandboxes_are_placed_by_labels_and_capacity() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.lines().next().unwrap().contains("NODE"), "{text}");
     assert_eq!(text.lines().filter(|l| l.contains("node-c")).count(), 2, "{text}");
+
+    // The metrics say the same, and count the two refusals by reason.
+    let scraped = tokio::task::spawn_blocking(move || crate::metrics::scrape(metrics)).await.unwrap();
+    let value = |series: &str| crate::metrics::value(&scraped, series);
+    assert_eq!(value("sandhold_node_sandboxes{node=\"node-a\"}"), 3.0);
+    assert_eq!(value("sandhold_node_sandbox_slots{node=\"node-c\"}"), 2.0);
+    assert!(value("sandhold_node_heartbeat_age_seconds{node=\"node-b\"}") < 60.0);
+    assert_eq!(value("sandhold_placement_failures_total{reason=\"full\"}"), 1.0);
+    assert_eq!(value("sandhold_placement_failures_total{reason=\"labels\"}"), 1.0);
 }
 
 /// Whether a file or directory named `name` is anywhere under `dir`.
