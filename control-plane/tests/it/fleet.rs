@@ -156,17 +156,14 @@ async fn a_run_on_a_node_streams_every_chunk_once() {
     let _ = (PATIENCE, Duration::ZERO);
 }
 
+type Readers = Vec<(String, tokio::task::JoinHandle<Seen>)>;
+
 /// Start `n` durable runs of `lines` numbered lines on `definition`, each
 /// on a thread of its own; returns the run ids and their readers, which
 /// read each stream to its end (the control plane is not restarted: a
-/// stream that breaks is a failure).
-async fn start_runs(
-    fleet: &Fleet,
-    prefix: &str,
-    n: usize,
-    lines: u32,
-    definition: &str,
-) -> Vec<(String, tokio::task::JoinHandle<Seen>)> {
+/// stream that breaks is a failure), once every run has streamed a line.
+async fn start_runs(fleet: &Fleet, prefix: &str, n: usize, lines: u32, definition: &str) -> Readers {
+    let (streaming, mut started) = tokio::sync::mpsc::channel::<()>(n.max(1));
     let mut out = Vec::new();
     for i in 0..n {
         let mut runs = fleet.server.runs(&fleet.token).await;
@@ -178,20 +175,32 @@ async fn start_runs(
             &numbered_lines(lines, 20, "0.2"),
         );
         let mut stream = runs.start_run(request).await.unwrap().into_inner();
+        let streaming = streaming.clone();
         out.push((
             run_id,
             tokio::spawn(async move {
                 let mut seen = Seen::default();
-                read_until(&mut stream, &mut seen, |_| false).await.expect("the run's stream broke");
+                read_until(&mut stream, &mut seen, |s| {
+                    !s.line_numbers().is_empty() || s.terminal().is_some()
+                })
+                .await
+                .expect("the run's stream broke");
+                let _ = streaming.send(()).await;
+                if seen.terminal().is_none() {
+                    read_until(&mut stream, &mut seen, |_| false).await.expect("the run's stream broke");
+                }
                 seen
             }),
         ));
+    }
+    for _ in 0..n {
+        tokio::time::timeout(PATIENCE, started.recv()).await.expect("every run streams");
     }
     out
 }
 
 /// Each run ended COMPLETED and its client saw every line once, in order.
-async fn assert_all_complete(fleet: &Fleet, runs: Vec<(String, tokio::task::JoinHandle<Seen>)>, lines: u32) {
+async fn assert_all_complete(fleet: &Fleet, runs: Readers, lines: u32) {
     let mut client = fleet.server.runs(&fleet.token).await;
     for (run_id, reader) in runs {
         let seen = tokio::time::timeout(PATIENCE * 2, reader)
@@ -216,24 +225,36 @@ async fn assert_all_complete(fleet: &Fleet, runs: Vec<(String, tokio::task::Join
 }
 
 /// The node daemon is SIGKILLed while six runs stream from its sandboxes
-/// and started again: its sandboxes ran on, it adopts them, and every run
-/// completes with every line delivered once.
+/// (three local, three in Docker containers) and started again: its
+/// sandboxes ran on, it adopts them, and every run completes with every
+/// line delivered once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_node_daemon_killed_during_runs_adopts_its_sandboxes_and_every_run_completes() {
-    const LINES: u32 = 200;
+    const LINES: u32 = 400;
+    let docker = sandhold_tests::runtime::Runtime::Runc.available();
     let Some(mut fleet) = Fleet::start("fleet-kill", &[]).await else { return };
-    fleet.add_node(node("node-k", &[], 8));
+    let _cleanup = sandhold_tests::docker::DockerCleanup { tenant: fleet.tenant.clone() };
+    fleet.add_node(NodeSpec { docker, ..node("node-k", &[], 8) });
     fleet.wait_state(&["node-k"], "ready").await;
     let mut sandboxes = fleet.server.sandboxes(&fleet.token).await;
-    put_definition(&mut sandboxes, definition("def", Kind::Local)).await;
-    let runs = start_runs(&fleet, "k", 6, LINES, "def").await;
-    // Mid-stream: the runs print 20 lines every 0.2 s, 2 s in all.
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    put_definition(&mut sandboxes, definition("local", Kind::Local)).await;
+    let mut runs = start_runs(&fleet, "kl", 3, LINES, "local").await;
+    if docker {
+        sandhold_tests::docker::ensure_test_image();
+        put_definition(&mut sandboxes, definition("docker", Kind::Docker)).await;
+        runs.extend(start_runs(&fleet, "kd", 3, LINES, "docker").await);
+    }
+    // Mid-stream: every run has printed, and goes on for 4 s in all.
+    tokio::time::sleep(Duration::from_millis(300)).await;
     fleet.nodes[0].kill9().await;
     tokio::time::sleep(Duration::from_millis(1500)).await;
     fleet.nodes[0].restart();
     assert_all_complete(&fleet, runs, LINES).await;
     assert!(fleet.nodes[0].log_text().matches("sandhold node serving").count() >= 2, "{}", fleet.logs());
+    if docker {
+        let sandbox = sandhold_tests::sandbox::of_thread(&mut sandboxes, "kd-thread-0").await;
+        assert_eq!((sandbox.provider.as_str(), sandbox.node.as_str()), ("docker", "node-k"));
+    }
 }
 
 /// A drained node gets no new sandbox, and the run already on it finishes.
