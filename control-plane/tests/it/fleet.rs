@@ -137,7 +137,8 @@ fn walk_has(dir: &std::path::Path, name: &str) -> bool {
 }
 
 /// A durable command run in a sandbox on a node in another namespace
-/// streams every line once, in order, through the node's tunnel.
+/// streams every line once, in order, through the node's tunnel; files
+/// written and read there arrive intact.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_run_on_a_node_streams_every_chunk_once() {
     let Some(mut fleet) = Fleet::start("fleet-run", &[]).await else { return };
@@ -153,7 +154,25 @@ async fn a_run_on_a_node_streams_every_chunk_once() {
     assert_eq!(record.status, api::RunStatus::Completed as i32, "{record:?}");
     let sandbox = sandhold_tests::sandbox::of_thread(&mut sandboxes, "thread").await;
     assert_eq!(sandbox.node, "node-1");
-    let _ = (PATIENCE, Duration::ZERO);
+
+    // Files go through the node too: 3 MiB written, read back, byte for byte.
+    let data: Vec<u8> = (0..3usize << 20).map(|i| (i % 253) as u8).collect();
+    sandhold_tests::sandbox::write_file(&mut sandboxes, &sandbox.sandbox_id, "out/big.bin", &data)
+        .await
+        .unwrap_or_else(|e| panic!("write: {e}\n{}", fleet.logs()));
+    let request = api::ReadFileRequest {
+        sandbox_id: sandbox.sandbox_id.clone(),
+        path: "out/big.bin".into(),
+        ..Default::default()
+    };
+    let mut chunks = sandboxes.read_file(request).await.unwrap().into_inner();
+    let mut read = Vec::new();
+    while let Some(chunk) = tokio::time::timeout(PATIENCE, chunks.message()).await.unwrap().unwrap() {
+        read.extend(chunk.data);
+    }
+    assert!(read == data, "read {} bytes back", read.len());
+    let (code, out) = sh(&mut sandboxes, &sandbox.sandbox_id, "wc -c < out/big.bin").await;
+    assert_eq!((code, out.trim()), (0, (3usize << 20).to_string().as_str()));
 }
 
 type Readers = Vec<(String, tokio::task::JoinHandle<Seen>)>;
