@@ -39,10 +39,12 @@ fn main() {
 
     let public = descriptor_set(&root, "sandhold/v1");
     let agent = descriptor_set(&root, "sandhold/agent/v1");
+    let node = descriptor_set(&root, "sandhold/node/v1");
     std::fs::write(out.join("sandhold_v1_descriptor.bin"), public.encode_to_vec()).unwrap();
     std::fs::write(out.join("sandhold_agent_v1_descriptor.bin"), agent.encode_to_vec()).unwrap();
+    std::fs::write(out.join("sandhold_node_v1_descriptor.bin"), node.encode_to_vec()).unwrap();
 
-    for set in [public, agent] {
+    for set in [public, agent, node] {
         tonic_prost_build::configure()
             .build_client(true)
             .build_server(true)

@@ -62,7 +62,13 @@ impl AgentClient {
         let bearer = BearerToken::new(token.expose())
             .map_err(|e| Error::new(ErrorCode::InvalidArgument, format!("sandbox token: {e}")))?;
         let attempt = async {
-            let channel = shared::transport::connect(address).await.map_err(|e| {
+            let channel = match address {
+                Address::Node { node, provider, sandbox } => {
+                    crate::tunnel::connect(node, provider, sandbox).await
+                }
+                _ => shared::transport::connect(address).await,
+            };
+            let channel = channel.map_err(|e| {
                 Error::new(
                     ErrorCode::Unavailable,
                     format!("connecting to the sandbox agent at {address}: {e}"),

@@ -132,6 +132,9 @@ pub async fn serve(
                     .await
                     .context("serving")
             }
+            Address::Node { .. } => {
+                anyhow::bail!("the agent listens on a unix socket or loopback, not {}", options.listen)
+            }
             Address::Tcp(addr) => {
                 anyhow::ensure!(
                     addr.ip().is_loopback(),

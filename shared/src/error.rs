@@ -60,10 +60,13 @@ pub enum ErrorCode {
     ModelUnreachable,
     /// A run's model usage reached its token budget; the run ends.
     BudgetExceeded,
+    /// The node holding the run's sandbox is gone (removed by the operator,
+    /// or silent past the grace period); the run ends.
+    SandboxLost,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 29] = [
+    pub const ALL: [ErrorCode; 30] = [
         Self::InvalidArgument,
         Self::NotFound,
         Self::AlreadyExists,
@@ -93,6 +96,7 @@ impl ErrorCode {
         Self::StorageFull,
         Self::ModelUnreachable,
         Self::BudgetExceeded,
+        Self::SandboxLost,
     ];
 
     /// The stable reason string carried in `ErrorInfo.reason`.
@@ -127,6 +131,7 @@ impl ErrorCode {
             Self::StorageFull => "STORAGE_FULL",
             Self::ModelUnreachable => "MODEL_UNREACHABLE",
             Self::BudgetExceeded => "BUDGET_EXCEEDED",
+            Self::SandboxLost => "SANDBOX_LOST",
         }
     }
 
@@ -162,6 +167,7 @@ impl ErrorCode {
             Self::StorageFull => Code::ResourceExhausted,
             Self::ModelUnreachable => Code::Unavailable,
             Self::BudgetExceeded => Code::ResourceExhausted,
+            Self::SandboxLost => Code::Unavailable,
         }
     }
 

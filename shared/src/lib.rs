@@ -29,6 +29,13 @@ pub mod proto {
             tonic::include_proto!("sandhold.agent.v1");
         }
     }
+    /// Control plane <-> sandbox host (`sandhold node`), package
+    /// `sandhold.node.v1`: the provider boundary.
+    pub mod node {
+        pub mod v1 {
+            tonic::include_proto!("sandhold.node.v1");
+        }
+    }
 }
 
 /// Encoded `FileDescriptorSet` of `sandhold.v1`, for server reflection.
@@ -38,6 +45,10 @@ pub const PUBLIC_DESCRIPTOR_SET: &[u8] =
 /// Encoded `FileDescriptorSet` of `sandhold.agent.v1`, for server reflection.
 pub const AGENT_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/sandhold_agent_v1_descriptor.bin"));
+
+/// Encoded `FileDescriptorSet` of `sandhold.node.v1`, for server reflection.
+pub const NODE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/sandhold_node_v1_descriptor.bin"));
 
 /// Version of the `sandhold.agent.v1` wire protocol. The control plane refuses
 /// an agent that reports another one.

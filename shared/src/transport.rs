@@ -1,5 +1,6 @@
-//! Addresses of the form `unix:PATH` or `tcp:HOST:PORT`, listening on them,
-//! and gRPC clients that carry a bearer token.
+//! Addresses of the form `unix:PATH`, `tcp:HOST:PORT` or
+//! `node:NODE/PROVIDER/SANDBOX`, listening on them, and gRPC clients that
+//! carry a bearer token.
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -16,6 +17,14 @@ use tonic::transport::{Channel, Endpoint};
 pub enum Address {
     Unix(PathBuf),
     Tcp(SocketAddr),
+    /// The agent of sandbox `sandbox` of provider `provider` on the fleet's
+    /// node `node`: reached through the node's `ConnectAgent` (the control
+    /// plane's tunnel), never dialled directly.
+    Node {
+        node: String,
+        provider: String,
+        sandbox: String,
+    },
 }
 
 impl FromStr for Address {
@@ -31,8 +40,18 @@ impl FromStr for Address {
             addr.parse().map(Self::Tcp).map_err(|e| {
                 format!("tcp: address {addr:?}: {e} (expected HOST:PORT, e.g. tcp:127.0.0.1:7070)")
             })
+        } else if let Some(rest) = s.strip_prefix("node:") {
+            let mut parts = rest.splitn(3, '/');
+            match (parts.next(), parts.next(), parts.next()) {
+                (Some(node), Some(provider), Some(sandbox))
+                    if !node.is_empty() && !provider.is_empty() && !sandbox.is_empty() =>
+                {
+                    Ok(Self::Node { node: node.into(), provider: provider.into(), sandbox: sandbox.into() })
+                }
+                _ => Err(format!("node: address {rest:?} must be NODE/PROVIDER/SANDBOX")),
+            }
         } else {
-            Err(format!("address {s:?} must start with unix: or tcp:"))
+            Err(format!("address {s:?} must start with unix:, tcp: or node:"))
         }
     }
 }
@@ -42,6 +61,7 @@ impl fmt::Display for Address {
         match self {
             Self::Unix(p) => write!(f, "unix:{}", p.display()),
             Self::Tcp(a) => write!(f, "tcp:{a}"),
+            Self::Node { node, provider, sandbox } => write!(f, "node:{node}/{provider}/{sandbox}"),
         }
     }
 }
@@ -64,9 +84,27 @@ fn endpoint(uri: Endpoint) -> Endpoint {
         .keep_alive_while_idle(true)
 }
 
-/// Open a channel to `address`.
+/// What a channel over a custom connector is opened with (the URI is
+/// ignored by the connector; it only has to parse).
+pub fn connector_endpoint() -> Endpoint {
+    endpoint(Endpoint::from_static("http://sandbox.local"))
+}
+
+/// Open a channel to `address`. A `node:` address is the control plane's
+/// to reach (through its tunnel): here every connection attempt fails.
 pub async fn connect(address: &Address) -> Result<Channel, tonic::transport::Error> {
     match address {
+        Address::Node { node, .. } => {
+            let why = format!("{address} is reached through node {node}'s ConnectAgent, not dialled");
+            connector_endpoint()
+                .connect_with_connector(tower::service_fn(move |_: http::Uri| {
+                    let why = why.clone();
+                    async move {
+                        Err::<hyper_util::rt::TokioIo<tokio::net::UnixStream>, _>(std::io::Error::other(why))
+                    }
+                }))
+                .await
+        }
         Address::Tcp(addr) => endpoint(Endpoint::from_shared(format!("http://{addr}"))?).connect().await,
         Address::Unix(path) => {
             let path = path.clone();
@@ -136,6 +174,9 @@ mod tests {
         assert!("unix:".parse::<Address>().is_err());
         assert!("tcp:nope".parse::<Address>().is_err());
         assert!("/tmp/a.sock".parse::<Address>().is_err());
+        let node = Address::Node { node: "n1".into(), provider: "docker".into(), sandbox: "abc/d".into() };
+        assert_eq!(node.to_string().parse::<Address>().unwrap(), node);
+        assert!("node:n1/docker".parse::<Address>().is_err());
     }
 
     #[test]

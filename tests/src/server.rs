@@ -44,6 +44,9 @@ pub struct ServerOptions {
     pub extra_args: Vec<String>,
     /// More environment (e.g. `DOCKER_HOST`).
     pub env: Vec<(String, String)>,
+    /// Listen on this address instead of loopback (a fleet's control plane,
+    /// reached from nodes in other network namespaces).
+    pub listen_ip: Option<std::net::IpAddr>,
     /// The operator policy as shipped. Otherwise (the default) the server
     /// keeps the local provider on with tokens (`--allow-local-with-tokens`),
     /// which the tests of runs and takeovers sandbox in.
@@ -166,8 +169,9 @@ impl ServerProcess {
     }
 
     fn spawn(opts: &ServerOptions) -> Self {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let addr = format!("127.0.0.1:{port}");
+        let ip = opts.listen_ip.unwrap_or(std::net::Ipv4Addr::LOCALHOST.into());
+        let port = std::net::TcpListener::bind((ip, 0)).unwrap().local_addr().unwrap().port();
+        let addr = std::net::SocketAddr::new(ip, port).to_string();
         let replica = opts.replica_id.clone().unwrap_or_else(|| format!("replica-{port}"));
         std::fs::create_dir_all(&opts.data_dir).unwrap();
         let log = opts.data_dir.join(format!("{replica}.log"));

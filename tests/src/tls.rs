@@ -52,6 +52,20 @@ impl TestCa {
         Leaf { der: cert.der().to_vec(), cert_pem: cert.pem(), key_pem: key.serialize_pem() }
     }
 
+    /// A certificate for `names` (DNS names or IP addresses), good for a
+    /// server and a client alike (the node protocol's mutual TLS).
+    pub fn leaf_for(&self, names: &[&str], serial: u64) -> Leaf {
+        let key = KeyPair::generate_for(&rcgen::PKCS_ED25519).unwrap();
+        let mut params =
+            CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>()).unwrap();
+        params.serial_number = Some(SerialNumber::from(serial));
+        params.distinguished_name.push(DnType::CommonName, format!("sandhold-test-{serial}"));
+        params.extended_key_usages =
+            vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth, rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+        let cert = params.signed_by(&key, &self.issuer).unwrap();
+        Leaf { der: cert.der().to_vec(), cert_pem: cert.pem(), key_pem: key.serialize_pem() }
+    }
+
     /// The CA's certificate and `leaf` written into `dir` (key mode 600).
     pub fn write(&self, dir: &Path, leaf: &Leaf) -> ServerFiles {
         let files =

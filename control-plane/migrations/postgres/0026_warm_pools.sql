@@ -18,6 +18,7 @@ CREATE TABLE warm_sandboxes (
     definition_id       TEXT NOT NULL,
     digest              TEXT NOT NULL,
     provider            TEXT NOT NULL,
+    node                TEXT NOT NULL DEFAULT '',
     provider_sandbox_id TEXT NOT NULL DEFAULT '',
     state               TEXT NOT NULL,
     claimed_key         TEXT,

@@ -3,7 +3,10 @@
 //! [`reaper::Error`] maps to a status here.
 
 use shared::proto::v1::admin_service_server::AdminService;
-use shared::proto::v1::{GetServerInfoRequest, GetServerInfoResponse, SweepRequest, SweepResponse, SweptRun};
+use shared::proto::v1::{
+    DrainNodeRequest, DrainNodeResponse, GetServerInfoRequest, GetServerInfoResponse, ListNodesRequest,
+    ListNodesResponse, RemoveNodeRequest, RemoveNodeResponse, SweepRequest, SweepResponse, SweptRun,
+};
 use tonic::{Request, Response, Status};
 
 use crate::auth::tenant_of;
@@ -38,6 +41,17 @@ impl AdminApi {
             Scope::All
         } else {
             Scope::Tenant(tenant.clone())
+        }
+    }
+
+    /// The fleet's nodes are the operator's: anyone else is refused.
+    fn operator<T>(&self, request: &Request<T>) -> Result<(), Status> {
+        let tenant = tenant_of(request)?;
+        match self.scope_of(&tenant) {
+            Scope::All => Ok(()),
+            Scope::Tenant(_) => Err(Status::permission_denied(format!(
+                "the fleet's nodes are the operator's: tenant {tenant} is not an operator (--operator-tenant)"
+            ))),
         }
     }
 }
@@ -87,5 +101,32 @@ impl AdminService for AdminApi {
         let scope = self.scope_of(&tenant);
         let tally = self.reaper.sweep(&scope).await?;
         Ok(Response::new(tally_to_api(&scope, &tally)))
+    }
+
+    async fn list_nodes(
+        &self,
+        request: Request<ListNodesRequest>,
+    ) -> Result<Response<ListNodesResponse>, Status> {
+        self.operator(&request)?;
+        let nodes = self.cx.lifecycle.fleet()?.list().await?;
+        Ok(Response::new(ListNodesResponse { nodes: nodes.iter().map(super::nodes::node_to_api).collect() }))
+    }
+
+    async fn drain_node(
+        &self,
+        request: Request<DrainNodeRequest>,
+    ) -> Result<Response<DrainNodeResponse>, Status> {
+        self.operator(&request)?;
+        let node = self.cx.lifecycle.fleet()?.drain(&request.get_ref().name).await?;
+        Ok(Response::new(DrainNodeResponse { node: Some(super::nodes::node_to_api(&node)) }))
+    }
+
+    async fn remove_node(
+        &self,
+        request: Request<RemoveNodeRequest>,
+    ) -> Result<Response<RemoveNodeResponse>, Status> {
+        self.operator(&request)?;
+        self.cx.lifecycle.fleet()?.remove(&request.get_ref().name).await?;
+        Ok(Response::new(RemoveNodeResponse {}))
     }
 }

@@ -5,11 +5,13 @@
 //! run adapter). No domain logic lives here, and nothing below imports it.
 
 pub mod admin;
+pub mod nodes;
 pub mod runs;
 pub mod sandbox;
 pub mod snapshot;
 
 pub use admin::AdminApi;
+pub use nodes::NodeRegistryApi;
 pub use runs::RunApi;
 pub use sandbox::SandboxApi;
 pub use snapshot::SnapshotApi;

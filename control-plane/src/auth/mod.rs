@@ -52,8 +52,10 @@ impl From<Error> for WireError {
 /// The tenant of every caller in single-user mode.
 pub const SINGLE_USER_TENANT: &str = "default";
 
-/// Paths served without a token: the health service only.
-const PUBLIC_PREFIXES: &[&str] = &["/grpc.health.v1.Health/"];
+/// Paths served without a tenant's token: the health service, and the node
+/// registry (its calls carry the operator's join token, which the registry
+/// checks itself).
+const PUBLIC_PREFIXES: &[&str] = &["/grpc.health.v1.Health/", "/sandhold.v1.NodeRegistry/"];
 
 /// How long a verified token is trusted without asking the store again: a
 /// deleted token stops working within this time.

@@ -274,6 +274,13 @@ impl Connection {
         shared::sized!(SandboxServiceClient::with_interceptor(self.channel.clone(), self.auth.clone()))
     }
 
+    pub fn admin(&self) -> shared::proto::v1::admin_service_client::AdminServiceClient<Svc> {
+        shared::proto::v1::admin_service_client::AdminServiceClient::with_interceptor(
+            self.channel.clone(),
+            self.auth.clone(),
+        )
+    }
+
     pub fn runs(&self) -> RunServiceClient<Svc> {
         shared::sized!(RunServiceClient::with_interceptor(self.channel.clone(), self.auth.clone()))
     }

@@ -211,6 +211,8 @@ pub struct FromFlags {
     pub warm: u32,
     /// Portable snapshots (what `--attempts` starts from and compares).
     pub portable_snapshots: bool,
+    /// `--require`: labels the sandbox's node must carry.
+    pub require: Vec<String>,
 }
 
 impl FromFlags {
@@ -264,6 +266,7 @@ impl FromFlags {
                 .then(|| api::Network { allow_hosts: self.allow_hosts.clone(), ..Default::default() }),
             // The run's --policy flags go on the run, within any definition.
             policy: None,
+            placement: (!self.require.is_empty()).then(|| api::Placement { require: self.require.clone() }),
         };
         definition.secret_names.sort();
         definition.secret_names.dedup();

@@ -12,6 +12,8 @@ mod git;
 mod harness;
 mod ids;
 mod logging;
+mod node;
+mod nodes;
 mod output;
 mod port_forward;
 mod progress;
@@ -108,6 +110,15 @@ pub enum Command {
     /// Install or list the harness CLIs sandboxes get from this host (run on the server's host).
     #[command(subcommand)]
     Harness(harness::HarnessCommand),
+    /// Serve this host's providers to a control plane as a node of its fleet
+    /// (the join token in SANDHOLD_NODE_JOIN_TOKEN).
+    #[command(
+        after_help = "Example:\n  SANDHOLD_NODE_JOIN_TOKEN=... sandhold node --listen 10.0.0.5:7600 --advertise https://10.0.0.5:7600 \\\n    --server https://cp.example:7443 --name node-1 --label zone=a --tls-cert node.pem --tls-key node.key \\\n    --tls-ca ca.pem --data-dir /var/lib/sandhold-node"
+    )]
+    Node(Box<node::NodeArgs>),
+    /// The fleet's nodes: list, drain, remove (operators).
+    #[command(subcommand)]
+    Nodes(nodes::NodesCommand),
 }
 
 /// A flag that no longer exists and what to use instead (clap's own
@@ -181,6 +192,7 @@ pub fn main() -> ExitCode {
         Command::Serve(args) => return serve::main(args),
         Command::Harness(c) => return harness::harness(c),
         Command::Daemon(c) => return daemon::daemon(c),
+        Command::Node(args) => return node::main(*args),
         other => other,
     };
     let runtime = match tokio::runtime::Runtime::new() {
@@ -211,7 +223,10 @@ pub fn main() -> ExitCode {
 /// A client command, to its exit code.
 async fn client(command: Command) -> ExitCode {
     match command {
-        Command::Serve(_) | Command::Harness(_) | Command::Daemon(_) => unreachable!("handled above"),
+        Command::Serve(_) | Command::Harness(_) | Command::Daemon(_) | Command::Node(_) => {
+            unreachable!("handled above")
+        }
+        Command::Nodes(c) => nodes::nodes(c).await,
         Command::Run(args) if args.fans_out() => attempts::run(*args).await,
         Command::Run(args) => run::run(*args).await,
         Command::Attach(args) => run::attach(args).await,

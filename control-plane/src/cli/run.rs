@@ -178,6 +178,12 @@ pub struct RunArgs {
     #[arg(long, value_name = "N")]
     pub warm: Option<u32>,
 
+    /// A label the node holding the sandbox must carry, KEY=VALUE (e.g.
+    /// runtime=gvisor; a server with nodes only). Repeatable; adds to
+    /// --definition's `[placement] require`.
+    #[arg(long = "require", value_name = "K=V")]
+    pub require: Vec<String>,
+
     /// The run's token budget: input and output tokens together (cache
     /// reads and writes count as input), as the model broker reads them
     /// from the model's answers. Once reached, the broker refuses further
@@ -318,6 +324,7 @@ impl RunArgs {
             || self.model_upstream.is_some()
             || !self.allow_hosts.is_empty()
             || self.warm.is_some()
+            || !self.require.is_empty()
     }
 
     /// `--attempts` or `--attempt`: the task fans out to a set of attempts.
@@ -381,6 +388,7 @@ pub(super) fn prepare(args: &RunArgs) -> anyhow::Result<Prepared> {
             setup: args.setup.clone(),
             model_access: model_access(args, &[]).into_iter().collect(),
             allow_hosts: args.allow_hosts.clone(),
+            require: args.require.clone(),
             secret_names,
             network: args.network.clone(),
             runtime: args.runtime.clone(),
@@ -504,6 +512,14 @@ fn broker_on_top(definition: &mut api::SandboxDefinition, args: &RunArgs, secret
     }
     if let Some(warm) = args.warm {
         definition.lifecycle.get_or_insert_with(Default::default).warm = warm;
+    }
+    if !args.require.is_empty() {
+        let placement = definition.placement.get_or_insert_with(Default::default);
+        for r in &args.require {
+            if !placement.require.contains(r) {
+                placement.require.push(r.clone());
+            }
+        }
     }
     if !args.allow_hosts.is_empty() {
         let network = definition.network.get_or_insert_with(Default::default);

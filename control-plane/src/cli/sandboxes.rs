@@ -163,16 +163,18 @@ pub async fn sandboxes(command: SandboxesCommand) -> ExitCode {
                         // Ids as the console shows them: 16 characters, a
                         // prefix every command takes (`--output json` has
                         // them whole).
+                        // NODE: where it lives, `-` on the server's own providers.
                         println!(
-                            "{:<16} {:<8} {:<8} {:<24} {:<24} CREATED",
-                            "SANDBOX", "STATE", "PROVIDER", "DEFINITION", "THREAD"
+                            "{:<16} {:<8} {:<8} {:<16} {:<24} {:<24} CREATED",
+                            "SANDBOX", "STATE", "PROVIDER", "NODE", "DEFINITION", "THREAD"
                         );
                         for s in &list {
                             println!(
-                                "{:<16} {:<8} {:<8} {:<24} {:<24} {}",
+                                "{:<16} {:<8} {:<8} {:<16} {:<24} {:<24} {}",
                                 &s.sandbox_id[..s.sandbox_id.len().min(16)],
                                 state_word(s.state()),
                                 s.provider,
+                                if s.node.is_empty() { "-" } else { &s.node },
                                 s.definition_id,
                                 s.thread_id,
                                 age(s.created_at_ms)

@@ -241,6 +241,37 @@ pub struct ConfigLayer {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tls_key: Option<PathBuf>,
 
+    /// A file holding the token sandbox nodes (`sandhold node`) present to
+    /// join this control plane, readable by its owner only [default: no
+    /// node may join].
+    #[arg(long, env = "SANDHOLD_NODE_JOIN_TOKEN_FILE", value_name = "FILE")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node_join_token_file: Option<PathBuf>,
+
+    /// This control plane's certificate towards nodes (PEM, from the
+    /// operator's node CA); with --node-tls-key and --node-tls-ca.
+    #[arg(long, env = "SANDHOLD_NODE_TLS_CERT", value_name = "FILE")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node_tls_cert: Option<PathBuf>,
+
+    /// The private key of --node-tls-cert (PEM).
+    #[arg(long, env = "SANDHOLD_NODE_TLS_KEY", value_name = "FILE")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node_tls_key: Option<PathBuf>,
+
+    /// The CA a node's certificate must come from (PEM); a node presenting
+    /// another is refused.
+    #[arg(long, env = "SANDHOLD_NODE_TLS_CA", value_name = "FILE")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node_tls_ca: Option<PathBuf>,
+
+    /// How long a node may miss its heartbeats before it is lost: its runs
+    /// end SANDBOX_LOST and its threads continue on another node, in
+    /// milliseconds [default: 120000].
+    #[arg(long, env = "SANDHOLD_NODE_GRACE_MS", value_name = "MS")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node_grace_ms: Option<u64>,
+
     /// Serve API tokens in plain text on a non-loopback address (behind a
     /// TLS-terminating proxy or on a network you trust) [default: refused].
     #[arg(long, env = "SANDHOLD_INSECURE_LISTEN")]

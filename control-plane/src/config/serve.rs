@@ -22,6 +22,8 @@ use super::{
 /// reachable from the network without tokens.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7443";
 pub const DEFAULT_SHUTDOWN_GRACE_MS: u64 = 10_000;
+/// How long a silent node is waited for before its sandboxes are given up.
+pub const DEFAULT_NODE_GRACE_MS: u64 = 120_000;
 pub const DEFAULT_LOG_FILTER: &str = "info";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
@@ -143,6 +145,19 @@ pub struct ServeConfig {
     pub tls_cert: Option<PathBuf>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls_key: Option<PathBuf>,
+    /// The token nodes present to join; `None`: no node may join.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_join_token_file: Option<PathBuf>,
+    /// This control plane's identity towards nodes and the nodes' CA (PEM).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_tls_cert: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_tls_key: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_tls_ca: Option<PathBuf>,
+    /// A node silent this long is lost.
+    #[serde(rename = "node_grace_ms", with = "millis")]
+    pub node_grace: Duration,
     /// Tokens in plain text beyond loopback are allowed (the operator's call).
     #[serde(default)]
     pub insecure_listen: bool,
@@ -214,6 +229,11 @@ impl ServeConfig {
             tokens_file: None,
             tls_cert: None,
             tls_key: None,
+            node_join_token_file: None,
+            node_tls_cert: None,
+            node_tls_key: None,
+            node_tls_ca: None,
+            node_grace: Duration::from_millis(DEFAULT_NODE_GRACE_MS),
             insecure_listen: false,
             cors_origins: Vec::new(),
             allowed_hosts: Vec::new(),
@@ -247,6 +267,16 @@ impl ServeConfig {
         if config.tls_cert.is_some() != config.tls_key.is_some() {
             bail!(
                 "TLS needs both a certificate and a key (--tls-cert and --tls-key, or tls_cert and tls_key)"
+            );
+        }
+        let node_tls = [&config.node_tls_cert, &config.node_tls_key, &config.node_tls_ca];
+        if node_tls.iter().any(|f| f.is_some()) && !node_tls.iter().all(|f| f.is_some()) {
+            bail!("nodes need all of --node-tls-cert, --node-tls-key and --node-tls-ca");
+        }
+        if config.node_join_token_file.is_some() && config.node_tls_cert.is_none() {
+            bail!(
+                "--node-join-token-file lets nodes join, which needs --node-tls-cert, --node-tls-key and \
+                 --node-tls-ca (the control plane dials nodes with mutual TLS)"
             );
         }
         config.cors_origins = normalized(

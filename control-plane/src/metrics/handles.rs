@@ -11,8 +11,8 @@ use prometheus_client::metrics::histogram::Histogram;
 use shared::proto::v1::EnsureOutcome;
 
 use super::labels::{
-    FencedWrite, OutcomeLabel, StatusLabel, SweepOutcome, TERMINAL_STATUSES, TenantTokensLabel,
-    UNFINISHED_STATUSES, WriteLabel,
+    FencedWrite, NodeLabel, OutcomeLabel, ReasonLabel, StatusLabel, SweepOutcome, TERMINAL_STATUSES,
+    TenantTokensLabel, UNFINISHED_STATUSES, WriteLabel,
 };
 
 /// Model tokens the runs' brokers metered, per tenant.
@@ -152,6 +152,26 @@ pub struct SandboxMetrics {
     pub(super) warm_refill_seconds: Histogram,
     /// Pooled sandboxes ready, across pools (as the last keeper pass saw).
     pub(super) warm_ready: Gauge,
+    pub(super) placement_failures: Family<ReasonLabel, Counter>,
+    pub(super) nodes: NodeGauges,
+}
+
+/// What each node of the fleet holds, as sampled at a scrape.
+#[derive(Default)]
+pub(super) struct NodeGauges {
+    pub(super) sandboxes: Family<NodeLabel, Gauge>,
+    pub(super) slots: Family<NodeLabel, Gauge>,
+    pub(super) free_memory: Family<NodeLabel, Gauge>,
+    pub(super) heartbeat_age: Family<NodeLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
+}
+
+/// One node as a scrape samples it.
+pub struct NodeSample<'a> {
+    pub node: &'a str,
+    pub sandboxes: u32,
+    pub slots: u32,
+    pub free_memory_bytes: u64,
+    pub heartbeat_age: std::time::Duration,
 }
 
 impl SandboxMetrics {
@@ -164,6 +184,28 @@ impl SandboxMetrics {
             EnsureOutcome::Unspecified => "unspecified",
         };
         self.ensures.get_or_create(&OutcomeLabel { outcome }).inc();
+    }
+
+    /// A new sandbox no node could take: `reason` is `labels`, `provider`,
+    /// `not_ready` or `full`.
+    pub fn placement_failed(&self, reason: &'static str) {
+        self.placement_failures.get_or_create(&ReasonLabel { reason }).inc();
+    }
+
+    /// The fleet's nodes now (a node no longer listed leaves no series).
+    pub fn nodes(&self, nodes: &[NodeSample<'_>]) {
+        let g = &self.nodes;
+        g.sandboxes.clear();
+        g.slots.clear();
+        g.free_memory.clear();
+        g.heartbeat_age.clear();
+        for n in nodes {
+            let label = NodeLabel { node: n.node.to_string() };
+            g.sandboxes.get_or_create(&label).set(i64::from(n.sandboxes));
+            g.slots.get_or_create(&label).set(i64::from(n.slots));
+            g.free_memory.get_or_create(&label).set(i64::try_from(n.free_memory_bytes).unwrap_or(i64::MAX));
+            g.heartbeat_age.get_or_create(&label).set(n.heartbeat_age.as_secs_f64());
+        }
     }
 
     pub fn ensure_failed(&self) {

@@ -113,6 +113,17 @@ pub(super) struct OutcomeLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct ReasonLabel {
+    pub(super) reason: &'static str,
+}
+
+/// A fleet node, by the name the operator gave it.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct NodeLabel {
+    pub(super) node: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(super) struct WriteLabel {
     pub(super) write: &'static str,
 }

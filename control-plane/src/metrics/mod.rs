@@ -10,8 +10,8 @@ mod registry;
 
 pub use endpoint::{MetricsEndpoint, Sampler, serve as serve_endpoint};
 pub use handles::{
-    ActiveDrive, DriveMetrics, EventLogMetrics, FencingMetrics, JournalMetrics, ModelMetrics, RunMetrics,
-    SandboxMetrics, SweepMetrics,
+    ActiveDrive, DriveMetrics, EventLogMetrics, FencingMetrics, JournalMetrics, ModelMetrics, NodeSample,
+    RunMetrics, SandboxMetrics, SweepMetrics,
 };
 pub use labels::{FencedWrite, SweepOutcome, TERMINAL_STATUSES, UNFINISHED_STATUSES};
 pub use registry::{

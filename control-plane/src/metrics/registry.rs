@@ -22,6 +22,8 @@
 //! | `sandhold_warm_claims_total` | counter | `outcome` = claimed, miss | an ensure of a new sandbox of a definition with a warm pool |
 //! | `sandhold_warm_refill_seconds` | histogram | | the warm pool keeper, per pooled sandbox made (create and setup) |
 //! | `sandhold_warm_ready` | gauge | | the warm pool keeper after each pass: pooled sandboxes ready, across pools |
+//! | `sandhold_placement_failures_total` | counter | `reason` = labels, provider, not_ready, full | the sandbox layer's placement, per new sandbox no node could take: [`sandboxes()`]`.placement_failed(reason)` |
+//! | `sandhold_node_sandboxes`, `sandhold_node_sandbox_slots`, `sandhold_node_free_memory_bytes`, `sandhold_node_heartbeat_age_seconds` | gauge | `node` | sampled from the database at each scrape: each node not removed (the operator names them) |
 //! | `sandhold_model_tokens_total` | counter | `tenant`, `kind` = input, output, cache_read, cache_write | the run pump, per `model.usage` chunk it appends: [`model()`]`.metered(..)` |
 //! | `sandhold_build_info` | gauge (1) | `version` | at start |
 //!
@@ -40,8 +42,8 @@ use super::handles::{
     SweepMetrics,
 };
 use super::labels::{
-    FencedWrite, OutcomeLabel, StatusLabel, SweepOutcome, TERMINAL_STATUSES, UNFINISHED_STATUSES,
-    VersionLabel, WriteLabel,
+    FencedWrite, OutcomeLabel, ReasonLabel, StatusLabel, SweepOutcome, TERMINAL_STATUSES,
+    UNFINISHED_STATUSES, VersionLabel, WriteLabel,
 };
 
 /// Every metric of the process and the registry that encodes them.
@@ -112,6 +114,8 @@ impl Metrics {
             // 50 ms .. ~14 min.
             warm_refill_seconds: Histogram::new(exponential_buckets(0.05, 2.0, 15)),
             warm_ready: Gauge::default(),
+            placement_failures: Family::default(),
+            nodes: Default::default(),
         };
         registry.register("sandbox_ensures", "EnsureSandbox calls by outcome", sandboxes.ensures.clone());
         registry.register(
@@ -126,6 +130,31 @@ impl Metrics {
             sandboxes.warm_refill_seconds.clone(),
         );
         registry.register("warm_ready", "Pooled sandboxes ready to be claimed", sandboxes.warm_ready.clone());
+        registry.register(
+            "placement_failures",
+            "New sandboxes no node could take, by reason",
+            sandboxes.placement_failures.clone(),
+        );
+        registry.register(
+            "node_sandboxes",
+            "Sandboxes placed on each node",
+            sandboxes.nodes.sandboxes.clone(),
+        );
+        registry.register(
+            "node_sandbox_slots",
+            "Sandboxes each node holds at most",
+            sandboxes.nodes.slots.clone(),
+        );
+        registry.register(
+            "node_free_memory_bytes",
+            "Memory each node had available at its last heartbeat",
+            sandboxes.nodes.free_memory.clone(),
+        );
+        registry.register(
+            "node_heartbeat_age_seconds",
+            "How long ago each node last heartbeated",
+            sandboxes.nodes.heartbeat_age.clone(),
+        );
         let model = ModelMetrics { tokens: Family::default() };
         registry.register(
             "model_tokens",
@@ -155,6 +184,9 @@ impl Metrics {
         }
         for outcome in ["claimed", "miss"] {
             let _ = sandboxes.warm_claims.get_or_create(&OutcomeLabel { outcome });
+        }
+        for reason in ["labels", "provider", "not_ready", "full"] {
+            let _ = sandboxes.placement_failures.get_or_create(&ReasonLabel { reason });
         }
 
         Self { registry, runs, drives, takeovers, fencing, journal, event_log, sweeps, sandboxes, model }

@@ -52,6 +52,9 @@ pub enum Error {
     /// wrong token).
     #[error(transparent)]
     Agent(WireError),
+    /// What the node holding the sandbox answered (its code kept).
+    #[error(transparent)]
+    Node(WireError),
 }
 
 impl Error {
@@ -80,7 +83,7 @@ impl From<Error> for WireError {
             }
             Error::EngineFailed(_) | Error::Io { .. } | Error::Internal(_) => WireError::internal(message),
             Error::Unavailable(_) => WireError::new(ErrorCode::Unavailable, message),
-            Error::Agent(e) => e,
+            Error::Agent(e) | Error::Node(e) => e,
         }
     }
 }

@@ -67,7 +67,11 @@ impl Reaper {
         let running = self.running_sandboxes(&Self::scope_labels(scope)).await;
         let mut budget = u64::from(self.inner.options.max_journal_deletions);
         for instance in instances {
-            if !running.contains(&(instance.provider.clone(), instance.provider_sandbox_id.clone())) {
+            // The listing is of this server's own providers: a node's
+            // sandboxes are not in it.
+            if !instance.node.is_empty()
+                || !running.contains(&(instance.provider.clone(), instance.provider_sandbox_id.clone()))
+            {
                 continue;
             }
             if budget == 0 || bounds.exhausted() {

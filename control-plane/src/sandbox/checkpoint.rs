@@ -90,6 +90,7 @@ mod tests {
             created_at: Timestamp::now(),
             updated_at: Timestamp::now(),
             env: Default::default(),
+            node: String::new(),
         }
     }
 

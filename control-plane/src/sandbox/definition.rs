@@ -69,6 +69,9 @@ pub fn validate(d: &SandboxDefinition) -> Result<(), Violations> {
             None => bad("definition.provider", &format!("unknown: {}", ProviderKind::choices())),
         },
     }
+    let mut placement = Vec::new();
+    super::placement::violations(d, &mut placement);
+    placement.iter().for_each(|(field, why)| bad(field, why));
     if d.max_journal_bytes == Some(0) {
         bad("definition.max_journal_bytes", "must be positive (unset: the operator's default, 1 GiB)");
     }

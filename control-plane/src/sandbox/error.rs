@@ -80,9 +80,24 @@ pub enum Error {
     Snapshot(#[from] snapshot::Error),
     #[error(transparent)]
     Store(#[from] store::Error),
+    /// No node can take a new sandbox of the definition, and why.
+    #[error("no node can take this sandbox: {0}")]
+    Unplaceable(String),
+    /// The node the sandbox lived on is gone (removed, or silent past the
+    /// grace period): the sandbox is given up.
+    #[error("sandbox {key} is lost: {why}")]
+    SandboxLost { key: String, node: String, why: String },
+    /// The fleet (the node the sandbox is on) refused.
+    #[error(transparent)]
+    Fleet(#[from] crate::node::Error),
 }
 
 impl Error {
+    /// Whether the sandbox is given up for good (waiting cannot bring it back).
+    pub fn is_lost(&self) -> bool {
+        matches!(self, Self::SandboxLost { .. })
+    }
+
     /// Whether this travels as NOT_FOUND: the sandbox, or what it was asked
     /// about, does not exist (a stopped run's sandbox may be gone already).
     pub fn is_not_found(&self) -> bool {
@@ -134,6 +149,11 @@ impl From<Error> for WireError {
             Error::Lease(e) => e.into(),
             Error::Snapshot(e) => e.into(),
             Error::Store(e) => e.into(),
+            Error::Unplaceable(_) => precondition(),
+            Error::SandboxLost { node, .. } => {
+                WireError::new(ErrorCode::SandboxLost, message).with_meta("node", node)
+            }
+            Error::Fleet(e) => e.into(),
         }
     }
 }

@@ -75,6 +75,10 @@ pub(crate) struct Live {
     pub agent: AgentClient,
     pub secrets: Arc<Secrets>,
     pub provider: ProviderKind,
+    /// The node it lives on (`""`: this server's own providers).
+    pub node: String,
+    /// What its provider can do.
+    pub capabilities: crate::provider::Capabilities,
     /// Where its agent answers, its token, id and runtime, as the provider
     /// last said.
     pub sandbox: crate::provider::Sandbox,
@@ -124,6 +128,9 @@ pub struct Lifecycle {
     /// The egress connections this server's sandboxes hold open, within
     /// the policy's limits.
     egress: EgressLimits,
+    /// The fleet's nodes, once the stores are open; `None`: every sandbox
+    /// is on this server's own providers.
+    pub(super) fleet: Option<crate::node::Fleet>,
 }
 
 impl Lifecycle {
@@ -141,7 +148,19 @@ impl Lifecycle {
             provisioner,
             live: Arc::default(),
             warm: WarmPools::default(),
+            fleet: None,
         }
+    }
+
+    /// Sandboxes may live on the nodes of `fleet`.
+    pub fn with_fleet(mut self, fleet: crate::node::Fleet) -> Self {
+        self.fleet = Some(fleet);
+        self
+    }
+
+    /// The fleet's nodes.
+    pub fn fleet(&self) -> Result<&crate::node::Fleet, crate::node::Error> {
+        self.fleet.as_ref().ok_or(crate::node::Error::Closed("this server has no fleet"))
     }
 
     pub fn with_quota(mut self, quota: SandboxQuota) -> Self {
@@ -241,12 +260,15 @@ impl Lifecycle {
         );
         let kind = provider_kind(definition)?;
         self.policy.check_on_host(definition, input.tenant.as_str())?;
-        let provider = self.providers.get(kind)?.clone();
+        if self.fleet.is_none() {
+            // Refused before waiting for the lease (with a fleet, which
+            // provider is known only under it).
+            self.providers.get(kind)?;
+        }
         let workspace = definition.workspace.clone().unwrap_or_default();
         // Refused before anything is made.
         self.provisioner.check(&workspace)?;
         let spec = spec_for(definition, &key, &input.tenant, &self.policy);
-        provider.supports(&spec).await?;
 
         // One ensure per key at a time: concurrent callers wait here and then
         // find the sandbox the first one made.
@@ -256,24 +278,16 @@ impl Lifecycle {
             .await?
             .ok_or(Error::Cancelled("ensure cancelled while waiting for the sandbox lease"))?;
         let result = self
-            .ensure_locked(
-                stores,
-                &input,
-                &key,
-                &spec,
-                provider.as_ref(),
-                &workspace,
-                &lifecycle,
-                progress,
-                &lease,
-            )
+            .ensure_locked(stores, &input, &key, &spec, kind, &workspace, &lifecycle, progress, &lease)
             .await;
         // A new sandbox (not a resumed one: that is never overwritten) of a
         // thread with portable snapshots starts from its latest checkpoint.
         let result = match result {
-            Ok(Located { sandbox, outcome, instance, .. }) if outcome != EnsureOutcome::Resumed => {
+            Ok(Located { sandbox, outcome, instance, provider, capabilities, .. })
+                if outcome != EnsureOutcome::Resumed =>
+            {
                 match self.restore_checkpoint(stores, &input, &sandbox, progress).await {
-                    Ok(restored) => Ok((sandbox, outcome, instance, None, restored)),
+                    Ok(restored) => Ok((sandbox, outcome, instance, None, restored, capabilities)),
                     Err(e) => {
                         if let Err(d) = provider.destroy(&sandbox.provider_id).await {
                             warn!(sandbox_key = %key, error = %d, "destroying a sandbox whose restore failed");
@@ -283,10 +297,10 @@ impl Lifecycle {
                     }
                 }
             }
-            other => other.map(|l| (l.sandbox, l.outcome, l.instance, l.held, None)),
+            other => other.map(|l| (l.sandbox, l.outcome, l.instance, l.held, None, l.capabilities)),
         };
         let _ = lease.release().await;
-        let (sandbox, outcome, instance, held, restored) = result?;
+        let (sandbox, outcome, instance, held, restored, capabilities) = result?;
         let agent = match held {
             Some(agent) => agent,
             None => connect(&sandbox.address, &sandbox.token).await?,
@@ -303,6 +317,8 @@ impl Lifecycle {
                 agent,
                 secrets,
                 provider: kind,
+                node: instance.node.clone(),
+                capabilities,
                 keep_alive: Duration::from_millis(lifecycle.keep_alive_ms),
                 last_used: Instant::now(),
                 env: BTreeMap::new(),
@@ -352,7 +368,7 @@ impl Lifecycle {
         input: &EnsureInput,
         key: &str,
         spec: &SandboxSpec,
-        provider: &dyn Provider,
+        kind: ProviderKind,
         workspace: &api::WorkspaceDefinition,
         lifecycle: &api::Lifecycle,
         progress: &Progress,
@@ -364,8 +380,22 @@ impl Lifecycle {
             Err(e) => return Err(e.into()),
         };
         let existing_key = existing.is_some();
+        let placed = self.place(existing.as_ref(), kind, &input.definition).await?;
+        let (node, provider_arc) = (placed.node, placed.provider);
+        let provider = provider_arc.as_ref();
+        provider.supports(spec).await?;
+        let located = |sandbox, outcome, instance, held| Located {
+            sandbox,
+            outcome,
+            instance,
+            held,
+            provider: provider_arc.clone(),
+            capabilities: provider_arc.capabilities(),
+        };
         let mut snapshot = None;
-        if let Some(instance) = existing {
+        // A sandbox on a node that is gone is not resumed: a new one is
+        // placed (and restored from the thread's checkpoint).
+        if let Some(instance) = existing.filter(|i| i.node == node) {
             progress.phase(EnsurePhase::Resuming, "resuming the thread's sandbox");
             // Held by this replica and its agent answers: running, nothing
             // to ask the provider (a `docker inspect` and a second agent
@@ -375,21 +405,23 @@ impl Lifecycle {
                 && answers(&live.agent).await
             {
                 let instance = self
-                    .record(stores, key, input, provider, &live.sandbox, instance.native_snapshot, lease)
+                    .record(
+                        stores,
+                        key,
+                        input,
+                        (&node, provider),
+                        &live.sandbox,
+                        instance.native_snapshot,
+                        lease,
+                    )
                     .await?;
-                let held = Some(live.agent);
-                return Ok(Located {
-                    sandbox: live.sandbox,
-                    outcome: EnsureOutcome::Resumed,
-                    instance,
-                    held,
-                });
+                return Ok(located(live.sandbox, EnsureOutcome::Resumed, instance, Some(live.agent)));
             }
             if let Some(sandbox) = provider.resume(&instance.provider_sandbox_id).await? {
                 let instance = self
-                    .record(stores, key, input, provider, &sandbox, instance.native_snapshot, lease)
+                    .record(stores, key, input, (&node, provider), &sandbox, instance.native_snapshot, lease)
                     .await?;
-                return Ok(Located { sandbox, outcome: EnsureOutcome::Resumed, instance, held: None });
+                return Ok(located(sandbox, EnsureOutcome::Resumed, instance, None));
             }
             snapshot = instance.native_snapshot.as_deref().and_then(NativeSnapshot::parse);
         }
@@ -408,10 +440,17 @@ impl Lifecycle {
                 match provider.restore(&Snapshot { id: snap.id.clone() }, spec).await {
                     Ok(sandbox) => {
                         let instance = self
-                            .record(stores, key, input, provider, &sandbox, Some(snap.encode()), lease)
+                            .record(
+                                stores,
+                                key,
+                                input,
+                                (&node, provider),
+                                &sandbox,
+                                Some(snap.encode()),
+                                lease,
+                            )
                             .await?;
-                        let outcome = EnsureOutcome::SnapshotRestored;
-                        return Ok(Located { sandbox, outcome, instance, held: None });
+                        return Ok(located(sandbox, EnsureOutcome::SnapshotRestored, instance, None));
                     }
                     Err(e) => {
                         warn!(sandbox_key = %key, error = %e, "restoring the native snapshot failed; creating anew")
@@ -422,7 +461,7 @@ impl Lifecycle {
 
         // A new sandbox from the definition's warm pool, when it has one
         // ready: made and set up already, and counted in the quota since.
-        if let Some(claimed) = self.claim_warm(stores, input, key, provider, lease).await? {
+        if let Some(claimed) = self.claim_warm(stores, input, key, kind, lease).await? {
             return Ok(claimed);
         }
         // A new sandbox of the tenant (not the key's own, replaced) counts
@@ -444,8 +483,9 @@ impl Lifecycle {
         let sandbox = provider.create(spec).instrument(created).await?;
         match self.provision(input, provider, &sandbox, workspace, lifecycle, progress).await {
             Ok(native) => {
-                let instance = self.record(stores, key, input, provider, &sandbox, native, lease).await?;
-                Ok(Located { sandbox, outcome: EnsureOutcome::Created, instance, held: None })
+                let instance =
+                    self.record(stores, key, input, (&node, provider), &sandbox, native, lease).await?;
+                Ok(located(sandbox, EnsureOutcome::Created, instance, None))
             }
             Err(e) => {
                 // Nothing half-made survives a failed ensure.
@@ -550,7 +590,7 @@ impl Lifecycle {
         stores: &Stores,
         key: &str,
         input: &EnsureInput,
-        provider: &dyn Provider,
+        (node, provider): (&str, &dyn Provider),
         sandbox: &crate::provider::Sandbox,
         native_snapshot: Option<String>,
         lease: &crate::lease::Lease,
@@ -570,6 +610,7 @@ impl Lifecycle {
                 native_snapshot,
                 definition_id: input.definition.id.clone(),
                 thread_id: input.thread_id.clone(),
+                node: node.to_string(),
             })
             .await?)
     }
@@ -580,22 +621,25 @@ impl Lifecycle {
         // known while this replica holds the sandbox's agent.
         let live = self.peek_live(&instance.sandbox_key);
         let confined = live.as_ref().and_then(|l| l.agent.handshake().capabilities);
-        let capabilities = self.providers.by_name(&instance.provider).ok().map(|p| {
-            let c = p.capabilities();
-            api::Capabilities {
-                snapshots: c.snapshots,
-                fork: c.fork,
-                background_processes: c.background_processes,
-                killable_processes: c.killable_processes,
-                writable_stdin: c.writable_stdin,
-                durable_filesystem: c.durable_filesystem,
-                network_policy: c.network_policy,
-                ports: c.ports,
-                terminal: c.terminal,
-                landlock: confined.is_some_and(|a| a.landlock),
-                seccomp: confined.is_some_and(|a| a.seccomp),
-                runtime: live.as_ref().map(|l| l.sandbox.runtime.clone()).unwrap_or_default(),
-            }
+        let own = || self.providers.by_name(&instance.provider).ok().map(|p| p.capabilities());
+        let known = match &live {
+            Some(l) => Some(l.capabilities),
+            None if instance.node.is_empty() => own(),
+            None => None,
+        };
+        let capabilities = known.map(|c| api::Capabilities {
+            snapshots: c.snapshots,
+            fork: c.fork,
+            background_processes: c.background_processes,
+            killable_processes: c.killable_processes,
+            writable_stdin: c.writable_stdin,
+            durable_filesystem: c.durable_filesystem,
+            network_policy: c.network_policy,
+            ports: c.ports,
+            terminal: c.terminal,
+            landlock: confined.is_some_and(|a| a.landlock),
+            seccomp: confined.is_some_and(|a| a.seccomp),
+            runtime: live.as_ref().map(|l| l.sandbox.runtime.clone()).unwrap_or_default(),
         });
         api::Sandbox {
             sandbox_id: instance.sandbox_key.clone(),
@@ -612,6 +656,7 @@ impl Lifecycle {
             state: api::SandboxState::Unspecified as i32,
             keep_alive_ms: None,
             usage: None,
+            node: instance.node.clone(),
         }
     }
 
@@ -635,6 +680,7 @@ impl Lifecycle {
     /// gone until the next ensure).
     pub(crate) async fn agent(&self, stores: &Stores, tenant: &Tenant, key: &str) -> Result<Live, Error> {
         let instance = self.instance(stores, tenant, key).await?;
+        self.check_node(&instance).await?;
         if let Some(mut live) = self.live(key)
             && live.sandbox.provider_id == instance.provider_sandbox_id
         {
@@ -642,7 +688,7 @@ impl Lifecycle {
             live.env = instance.env;
             return Ok(live);
         }
-        let provider = self.providers.by_name(&instance.provider)?;
+        let provider = self.provider_on(&instance.node, kind_named(&instance.provider)?).await?;
         let sandbox = provider
             .resume(&instance.provider_sandbox_id)
             .await?
@@ -652,6 +698,8 @@ impl Lifecycle {
             agent,
             secrets: Arc::default(),
             provider: provider.kind(),
+            node: instance.node.clone(),
+            capabilities: provider.capabilities(),
             sandbox,
             keep_alive: Duration::ZERO,
             last_used: Instant::now(),
@@ -680,7 +728,7 @@ impl Lifecycle {
         let result = async {
             // Re-read under the lease: an ensure may have replaced it.
             let instance = self.instance(stores, tenant, key).await?;
-            let provider = self.providers.by_name(&instance.provider)?;
+            let provider = self.provider_on(&instance.node, kind_named(&instance.provider)?).await?;
             provider.destroy(&instance.provider_sandbox_id).await?;
             if let Some(snap) = instance.native_snapshot.as_deref().and_then(NativeSnapshot::parse)
                 && let Err(e) = provider.delete_snapshot(&Snapshot { id: snap.id }).await
@@ -709,7 +757,7 @@ impl Lifecycle {
         };
         for (key, live) in idle {
             self.forget(&key);
-            let Ok(provider) = self.providers.get(live.provider) else { continue };
+            let Ok(provider) = self.provider_on(&live.node, live.provider).await else { continue };
             match provider.stop(&live.sandbox.provider_id).await {
                 Ok(()) => info!(sandbox_key = %key, "idle sandbox stopped (keep_alive passed)"),
                 Err(e) => warn!(sandbox_key = %key, error = %e, "stopping an idle sandbox failed"),
@@ -758,6 +806,9 @@ pub(super) struct Located {
     pub instance: Instance,
     /// The agent this replica already held, when it answered.
     pub held: Option<AgentClient>,
+    /// Its provider (on its node), and what that can do.
+    pub provider: Arc<dyn Provider>,
+    pub capabilities: crate::provider::Capabilities,
 }
 
 /// How long a held agent has to answer before the provider is asked to
@@ -775,6 +826,11 @@ pub(super) async fn connect(
     token: &shared::secret::Secret,
 ) -> Result<AgentClient, Error> {
     AgentClient::connect_with_deadline(address, token, AGENT_DEADLINE).await.map_err(Error::Agent)
+}
+
+/// The provider an instance record names.
+fn kind_named(name: &str) -> Result<ProviderKind, Error> {
+    ProviderKind::named(name).ok_or_else(|| Error::UnknownProvider(name.to_string()))
 }
 
 pub(super) fn provider_kind(definition: &api::SandboxDefinition) -> Result<ProviderKind, Error> {

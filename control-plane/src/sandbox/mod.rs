@@ -26,6 +26,7 @@ mod error;
 mod files;
 mod git;
 mod observe;
+mod placement;
 mod ports;
 mod process;
 mod run_path;

@@ -3,6 +3,7 @@
 //! (it is off, it failed, it took too long) stays unknown.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::join_all;
@@ -10,7 +11,7 @@ use shared::proto::v1 as api;
 use tracing::debug;
 
 use super::Lifecycle;
-use crate::provider::ResourceUse;
+use crate::provider::{Provider, ProviderKind, ResourceUse};
 use crate::store::{Instance, Timestamp};
 
 /// How long one provider call of an observation may take.
@@ -27,29 +28,38 @@ impl Lifecycle {
     /// Each instance's state (one listing per provider) and, for those
     /// running, their resource use (one call each, concurrently).
     pub(crate) async fn observe(&self, instances: &[Instance]) -> Vec<Observed> {
-        let mut running: HashMap<&str, Option<HashMap<String, bool>>> = HashMap::new();
+        // One listing per provider of each node (`""`: this server's own).
+        let mut providers: HashMap<(&str, &str), Option<Arc<dyn Provider>>> = HashMap::new();
         for i in instances {
-            if running.contains_key(i.provider.as_str()) {
+            let at = (i.node.as_str(), i.provider.as_str());
+            if providers.contains_key(&at) {
                 continue;
             }
-            let listed = match self.providers.by_name(&i.provider) {
-                Ok(provider) => match tokio::time::timeout(PROVIDER_CALL, provider.list(&Default::default()))
-                    .await
-                {
-                    Ok(Ok(listed)) => Some(listed.into_iter().map(|l| (l.provider_id, l.running)).collect()),
-                    Ok(Err(e)) => {
-                        debug!(provider = %i.provider, error = %e, "listing sandboxes for their state failed");
-                        None
-                    }
-                    Err(_) => None,
-                },
+            let provider = match ProviderKind::named(&i.provider) {
+                Some(kind) => self.provider_on(&i.node, kind).await.ok(),
+                None => None,
+            };
+            providers.insert(at, provider);
+        }
+        let mut running: HashMap<(&str, &str), Option<HashMap<String, bool>>> = HashMap::new();
+        for (at, provider) in &providers {
+            let Some(provider) = provider else {
+                running.insert(*at, None);
+                continue;
+            };
+            let listed = match tokio::time::timeout(PROVIDER_CALL, provider.list(&Default::default())).await {
+                Ok(Ok(listed)) => Some(listed.into_iter().map(|l| (l.provider_id, l.running)).collect()),
+                Ok(Err(e)) => {
+                    debug!(node = %at.0, provider = %at.1, error = %e, "listing sandboxes for their state failed");
+                    None
+                }
                 Err(_) => None,
             };
-            running.insert(&i.provider, listed);
+            running.insert(*at, listed);
         }
         let states: Vec<api::SandboxState> = instances
             .iter()
-            .map(|i| match running.get(i.provider.as_str()) {
+            .map(|i| match running.get(&(i.node.as_str(), i.provider.as_str())) {
                 Some(Some(listed)) => match listed.get(&i.provider_sandbox_id) {
                     Some(true) => api::SandboxState::Running,
                     Some(false) => api::SandboxState::Stopped,
@@ -58,18 +68,20 @@ impl Lifecycle {
                 _ => api::SandboxState::Unspecified,
             })
             .collect();
-        let usages = join_all(instances.iter().zip(&states).map(|(i, state)| async move {
-            if *state != api::SandboxState::Running {
-                return None;
-            }
-            let provider = self.providers.by_name(&i.provider).ok()?;
-            match tokio::time::timeout(PROVIDER_CALL, provider.usage(&i.provider_sandbox_id)).await {
-                Ok(Ok(used)) => used.map(usage_to_api),
-                Ok(Err(e)) => {
-                    debug!(sandbox_key = %i.sandbox_key, error = %e, "measuring a sandbox failed");
-                    None
+        let usages = join_all(instances.iter().zip(&states).map(|(i, state)| {
+            let provider = providers.get(&(i.node.as_str(), i.provider.as_str())).cloned().flatten();
+            async move {
+                if *state != api::SandboxState::Running {
+                    return None;
                 }
-                Err(_) => None,
+                match tokio::time::timeout(PROVIDER_CALL, provider?.usage(&i.provider_sandbox_id)).await {
+                    Ok(Ok(used)) => used.map(usage_to_api),
+                    Ok(Err(e)) => {
+                        debug!(sandbox_key = %i.sandbox_key, error = %e, "measuring a sandbox failed");
+                        None
+                    }
+                    Err(_) => None,
+                }
             }
         }))
         .await;

@@ -47,6 +47,17 @@ impl RunSandbox {
         self.lifecycle.agent(&self.stores, tenant, key).await
     }
 
+    /// How long a drive keeps reconnecting to sandbox `key`: `default`, or
+    /// on a node, at least the fleet's grace period.
+    pub(crate) async fn reconnect_budget(
+        &self,
+        key: &str,
+        default: std::time::Duration,
+    ) -> std::time::Duration {
+        let instance = self.stores.instances.get(key).await.ok();
+        self.lifecycle.reconnect_budget(instance.as_ref(), default).await
+    }
+
     /// The sandbox `key` when this replica holds its agent now.
     pub(crate) fn live(&self, key: &str) -> Option<Live> {
         self.lifecycle.live(key)

@@ -105,7 +105,7 @@ impl Sandboxes {
         what: Optional,
     ) -> Result<Live, Error> {
         let live = self.live(tenant, sandbox_id).await?;
-        let provider = self.lifecycle.providers.get(live.provider)?.capabilities();
+        let provider = live.capabilities;
         let agent = live.agent.handshake().capabilities.unwrap_or_default();
         let (capability, offered) = match what {
             Optional::Ports => ("ports", provider.ports && agent.ports),

@@ -28,7 +28,7 @@ use super::key::pool_digest;
 use super::lifecycle::{EnsureInput, Located, connect, provider_kind, spec_for};
 use super::{Error, Lifecycle, definition};
 use crate::lease::Leases;
-use crate::provider::Provider;
+use crate::provider::{Provider, ProviderKind};
 use crate::provision::{InvalidField, Progress};
 use crate::store::{Stores, Tenant, Timestamp, WarmSandbox, WarmState};
 
@@ -73,7 +73,7 @@ impl Lifecycle {
         stores: &Stores,
         input: &EnsureInput,
         key: &str,
-        provider: &dyn Provider,
+        kind: ProviderKind,
         lease: &crate::lease::Lease,
     ) -> Result<Option<Located>, Error> {
         if input.definition.lifecycle.as_ref().is_none_or(|l| l.warm == 0) {
@@ -83,6 +83,16 @@ impl Lifecycle {
         for _ in 0..CLAIM_TRIES {
             let claimed = stores.warm.claim(&input.tenant, &input.definition.id, &digest, key).await?;
             let Some(pooled) = claimed else { break };
+            // Where the pool placed it (under the same definition's
+            // requirements): this server's providers, or a node.
+            let provider = match self.provider_on(&pooled.node, kind).await {
+                Ok(provider) => provider,
+                Err(e) => {
+                    warn!(pool_key = %pooled.pool_key, node = %pooled.node, error = %e, "a claimed pooled sandbox's node is gone; claiming another");
+                    let _ = stores.warm.remove(&pooled.pool_key).await;
+                    continue;
+                }
+            };
             let (sandbox, held) = match self.warm.take(&pooled.pool_key) {
                 Some((sandbox, agent)) if super::lifecycle::answers(&agent).await => (sandbox, Some(agent)),
                 _ => match provider.resume(&pooled.provider_sandbox_id).await? {
@@ -94,14 +104,24 @@ impl Lifecycle {
                     }
                 },
             };
-            let instance = self.record(stores, key, input, provider, &sandbox, None, lease).await;
+            let instance = self
+                .record(stores, key, input, (&pooled.node, provider.as_ref()), &sandbox, None, lease)
+                .await;
             // The pool is short of one now (also when the record failed:
             // the claimed sandbox is then the reaper's as an orphan).
             self.warm.wake();
             let instance = instance?;
             crate::metrics::sandboxes().warm_claim(true);
             info!(sandbox_key = %key, pool_key = %pooled.pool_key, "sandbox claimed from the warm pool");
-            return Ok(Some(Located { sandbox, outcome: EnsureOutcome::Claimed, instance, held }));
+            let capabilities = provider.capabilities();
+            return Ok(Some(Located {
+                sandbox,
+                outcome: EnsureOutcome::Claimed,
+                instance,
+                held,
+                provider,
+                capabilities,
+            }));
         }
         self.warm.wake();
         crate::metrics::sandboxes().warm_claim(false);
@@ -229,7 +249,10 @@ impl Lifecycle {
     ) -> Result<(), Error> {
         let kind = provider_kind(definition)?;
         self.policy.check_on_host(definition, tenant.as_str())?;
-        let provider = self.providers.get(kind)?.clone();
+        // Placed as a thread's new sandbox would be: a node of the fleet
+        // that satisfies the definition, else this server's providers.
+        let placed = self.place(None, kind, definition).await?;
+        let provider = placed.provider;
         let workspace = definition.workspace.clone().unwrap_or_default();
         self.provisioner.check(&workspace)?;
         let pool_key = hex::encode(rand::random::<[u8; 32]>());
@@ -243,6 +266,7 @@ impl Lifecycle {
             definition_id: definition.id.clone(),
             digest: pool_digest(definition, tenant.as_str()),
             provider: kind.as_str().to_string(),
+            node: placed.node.clone(),
             provider_sandbox_id: String::new(),
             state: WarmState::Creating,
             claimed_key: None,
@@ -296,8 +320,9 @@ impl Lifecycle {
     /// Destroy a pooled sandbox no pool wants and forget its row.
     async fn discard(&self, stores: &Stores, sandbox: &WarmSandbox) {
         self.warm.take(&sandbox.pool_key);
-        if !sandbox.provider_sandbox_id.is_empty() {
-            match self.providers.by_name(&sandbox.provider) {
+        let kind = ProviderKind::named(&sandbox.provider);
+        if let (false, Some(kind)) = (sandbox.provider_sandbox_id.is_empty(), kind) {
+            match self.provider_on(&sandbox.node, kind).await {
                 Ok(provider) => self.destroy_quietly(provider.as_ref(), &sandbox.provider_sandbox_id).await,
                 // Its provider is off here: the reaper of a replica that
                 // has it takes the sandbox as an orphan.

@@ -6,6 +6,7 @@
 use std::sync::OnceLock;
 
 use shared::proto::v1::admin_service_server::AdminServiceServer;
+use shared::proto::v1::node_registry_server::NodeRegistryServer;
 use shared::proto::v1::run_service_server::RunServiceServer;
 use shared::proto::v1::sandbox_service_server::SandboxServiceServer;
 use shared::proto::v1::snapshot_service_server::SnapshotServiceServer;
@@ -21,6 +22,7 @@ pub(super) struct Slots {
     pub(super) snapshot: Slot<SnapshotServiceServer<crate::api::SnapshotApi>>,
     pub(super) sandbox: Slot<SandboxServiceServer<crate::api::SandboxApi>>,
     pub(super) runs: Slot<RunServiceServer<crate::api::RunApi>>,
+    pub(super) nodes: Slot<NodeRegistryServer<crate::api::NodeRegistryApi>>,
 }
 
 /// What exists once the server is ready: the context and the run driver

@@ -12,6 +12,7 @@ use anyhow::Context as _;
 use backon::{ExponentialBuilder, Retryable};
 use futures::TryFutureExt;
 use shared::proto::v1::admin_service_server::AdminServiceServer;
+use shared::proto::v1::node_registry_server::NodeRegistryServer;
 use shared::proto::v1::run_service_server::RunServiceServer;
 use shared::proto::v1::sandbox_service_server::SandboxServiceServer;
 use shared::proto::v1::snapshot_service_server::SnapshotServiceServer;
@@ -23,7 +24,7 @@ use tracing::{debug, info, warn};
 
 use super::built::{Built, BuiltCell, Slots};
 use super::health::set_health;
-use crate::api::{AdminApi, RunApi, SandboxApi, SnapshotApi};
+use crate::api::{AdminApi, NodeRegistryApi, RunApi, SandboxApi, SnapshotApi};
 use crate::auth::{self, Authenticator};
 use crate::config::{ServeConfig, redact_url};
 use crate::context::Context;
@@ -154,7 +155,8 @@ impl Readiness {
         )
         .with_policy(super::providers::policy_from_config(config))
         .with_quota(SandboxQuota::new(config.quotas.sandboxes()))
-        .with_snapshot_limits(config.snapshot_limits);
+        .with_snapshot_limits(config.snapshot_limits)
+        .with_fleet(crate::node::Fleet::new(stores.clone(), fleet_options(config)?));
         let lifecycle = match &config.toolchain_dir {
             Some(dir) => lifecycle.with_toolchains(crate::toolchain::Toolchains::new(dir)),
             None => lifecycle,
@@ -196,6 +198,9 @@ impl Readiness {
         self.slots.snapshot.fill(shared::sized!(SnapshotServiceServer::new(SnapshotApi::new(cx.clone()))));
         self.slots.sandbox.fill(shared::sized!(SandboxServiceServer::new(SandboxApi::new(cx.clone()))));
         self.slots.runs.fill(shared::sized!(RunServiceServer::new(RunApi::new(runs.clone()))));
+        if let Ok(fleet) = cx.lifecycle.fleet() {
+            self.slots.nodes.fill(NodeRegistryServer::new(NodeRegistryApi::new(fleet.clone())));
+        }
 
         let shutdown = &self.shutdown;
         self.loops.spawn(crate::sandbox::run_idle_sweeper(cx.lifecycle.clone(), shutdown.clone()));
@@ -235,6 +240,26 @@ impl Readiness {
             }
         }
     }
+}
+
+/// The fleet's settings of a configuration: the join token (read from its
+/// file, which must be the owner's alone), the identity towards nodes.
+fn fleet_options(config: &ServeConfig) -> anyhow::Result<crate::node::FleetOptions> {
+    let join_token = match &config.node_join_token_file {
+        Some(path) => {
+            let text = crate::provider::read_private_file(path, &[crate::provider::own_uid()])
+                .with_context(|| format!("the node join token file {}", path.display()))?;
+            let token = text.trim().to_string();
+            anyhow::ensure!(!token.is_empty(), "the node join token file {} is empty", path.display());
+            Some(shared::secret::Secret::new(token))
+        }
+        None => None,
+    };
+    let tls = match (&config.node_tls_cert, &config.node_tls_key, &config.node_tls_ca) {
+        (Some(cert), Some(key), Some(ca)) => Some(crate::node::NodeTls::load(cert, key, ca)?),
+        _ => None,
+    };
+    Ok(crate::node::FleetOptions { join_token, tls, grace: config.node_grace })
 }
 
 /// Call `attempt` until it yields a value, backing off (100 ms doubling to
@@ -280,6 +305,24 @@ pub(super) fn run_count_sampler(built: Arc<BuiltCell>) -> crate::metrics::Sample
                 }
                 Ok(Err(e)) => debug!(error = %e, "metrics: counting runs failed; keeping the last sample"),
                 Err(_) => debug!("metrics: counting runs timed out; keeping the last sample"),
+            }
+            if let Ok(fleet) = b.cx.lifecycle.fleet()
+                && let Ok(Ok(nodes)) = tokio::time::timeout(SAMPLE_TIMEOUT, fleet.list()).await
+            {
+                let now = crate::store::Timestamp::now().as_millis();
+                let samples: Vec<crate::metrics::NodeSample<'_>> = nodes
+                    .iter()
+                    .map(|n| crate::metrics::NodeSample {
+                        node: &n.record.node.name,
+                        sandboxes: n.placed,
+                        slots: n.record.node.sandbox_slots,
+                        free_memory_bytes: n.record.free_memory_bytes,
+                        heartbeat_age: Duration::from_millis(
+                            u64::try_from(now - n.record.last_heartbeat.as_millis()).unwrap_or(0),
+                        ),
+                    })
+                    .collect();
+                crate::metrics::sandboxes().nodes(&samples);
             }
         })
     })

@@ -230,7 +230,14 @@ pub async fn start(config: ServeConfig, shutdown: CancellationToken) -> anyhow::
     let (snapshot, snapshot_slot) = gate();
     let (sandbox, sandbox_slot) = gate();
     let (runs, runs_slot) = gate();
-    let slots = Slots { admin: admin_slot, snapshot: snapshot_slot, sandbox: sandbox_slot, runs: runs_slot };
+    let (nodes, nodes_slot) = gate();
+    let slots = Slots {
+        admin: admin_slot,
+        snapshot: snapshot_slot,
+        sandbox: sandbox_slot,
+        runs: runs_slot,
+        nodes: nodes_slot,
+    };
     // HTTP/1.1 too: browsers speak gRPC-Web over it on a plain-text port.
     // Outermost first: the console and the origin gate, CORS headers,
     // gRPC-Web translation, then the same auth and deadlines as native gRPC.
@@ -253,7 +260,8 @@ pub async fn start(config: ServeConfig, shutdown: CancellationToken) -> anyhow::
         .add_service(admin)
         .add_service(snapshot)
         .add_service(sandbox)
-        .add_service(runs);
+        .add_service(runs)
+        .add_service(nodes);
 
     if config.listen_unix.is_none() && !config.listen.ip().is_loopback() && tls.is_none() {
         warn!(listen = %local_addr, "--insecure-listen: API tokens travel in plain text");

@@ -1263,6 +1263,7 @@ async fn instances_put_get_list_and_delete(b: &Backend) {
         native_snapshot: None,
         definition_id: format!("def-{id}"),
         thread_id: format!("thread-{id}"),
+        node: String::new(),
     };
     let first = instances.put(new("k1", "acme", "c-1")).await.unwrap();
     assert_eq!(instances.get("k1").await.unwrap(), first);
@@ -1297,6 +1298,61 @@ async fn instances_put_get_list_and_delete(b: &Backend) {
     assert!(matches!(instances.set_native_snapshot("k1", None).await, Err(Error::NotFound(_))));
 }
 
+/// A sandbox on a node says so; a replace may move it to another.
+async fn instances_carry_their_node(b: &Backend) {
+    let instances = &b.stores.instances;
+    let new = |node: &str| NewInstance {
+        sandbox_key: "kn".into(),
+        tenant: tenant("acme"),
+        provider: "docker".into(),
+        provider_sandbox_id: "c".into(),
+        native_snapshot: None,
+        definition_id: "d".into(),
+        thread_id: "t".into(),
+        node: node.into(),
+    };
+    assert_eq!(instances.put(new("node-a")).await.unwrap().node, "node-a");
+    assert_eq!(instances.get("kn").await.unwrap().node, "node-a");
+    assert_eq!(instances.put(new("")).await.unwrap().node, "", "back on the server's own providers");
+}
+
+// ---------------------------------------------------------------- NodeStore
+
+/// Register, heartbeat, drain and remove; a removed name cannot come back.
+async fn nodes_register_heartbeat_drain_and_remove(b: &Backend) {
+    let nodes = &b.stores.nodes;
+    let new = |name: &str, address: &str| NewNode {
+        name: name.into(),
+        address: address.into(),
+        labels: r#"{"docker":"true"}"#.into(),
+        providers: "[]".into(),
+        memory_bytes: 8 << 30,
+        cpus: 4,
+        sandbox_slots: 10,
+        version: "1".into(),
+    };
+    let a = nodes.register(new("a", "https://10.0.0.1:1")).await.unwrap().unwrap();
+    assert_eq!((a.node.sandbox_slots, a.free_memory_bytes, a.draining), (10, 8 << 30, false));
+    nodes.register(new("b", "https://10.0.0.2:1")).await.unwrap().unwrap();
+    let beat = nodes.heartbeat("a", 1 << 30, 3).await.unwrap().unwrap();
+    assert_eq!((beat.free_memory_bytes, beat.sandboxes), (1 << 30, 3));
+    assert!(beat.last_heartbeat >= a.last_heartbeat);
+    assert!(nodes.heartbeat("nobody", 1, 1).await.unwrap().is_none());
+    assert!(nodes.set_draining("a", true).await.unwrap().unwrap().draining);
+    let again = nodes.register(new("a", "https://10.0.0.9:1")).await.unwrap().unwrap();
+    assert!(again.draining, "registering again keeps the drain");
+    assert_eq!(again.node.address, "https://10.0.0.9:1");
+    assert_eq!(again.registered_at, a.registered_at);
+    let names = |list: Vec<NodeRecord>| list.into_iter().map(|n| n.node.name).collect::<Vec<_>>();
+    assert_eq!(names(nodes.list().await.unwrap()), ["a", "b"]);
+    assert!(nodes.remove("b").await.unwrap());
+    assert!(!nodes.remove("b").await.unwrap());
+    assert_eq!(names(nodes.list().await.unwrap()), ["a"]);
+    assert!(nodes.register(new("b", "https://10.0.0.2:1")).await.unwrap().is_none(), "removed stays out");
+    assert!(nodes.heartbeat("b", 1, 1).await.unwrap().is_none());
+    assert!(nodes.get("b").await.unwrap().unwrap().removed);
+}
+
 /// The count a tenant's sandbox quota reads: its own records, once each.
 async fn instances_count_per_tenant(b: &Backend) {
     let instances = &b.stores.instances;
@@ -1308,6 +1364,7 @@ async fn instances_count_per_tenant(b: &Backend) {
         native_snapshot: None,
         definition_id: "def".into(),
         thread_id: "t".into(),
+        node: String::new(),
     };
     let count = |owner: &'static str| async move { instances.count(&tenant(owner)).await.unwrap() };
     assert_eq!(count("acme").await, 0);
@@ -1395,6 +1452,7 @@ async fn definitions_unused_derived_are_removed(b: &Backend) {
             native_snapshot: None,
             definition_id: "def-sandbox".into(),
             thread_id: "t-sandbox".into(),
+            node: String::new(),
         })
         .await
         .unwrap();
@@ -1701,6 +1759,7 @@ fn warm(key: &str, tenant: &str, digest: &str, created_at: i64) -> WarmSandbox {
         definition_id: "def".into(),
         digest: digest.into(),
         provider: "local".into(),
+        node: String::new(),
         provider_sandbox_id: String::new(),
         state: WarmState::Creating,
         claimed_key: None,
@@ -1754,6 +1813,7 @@ async fn warm_claims_take_each_ready_sandbox_once(b: &Backend) {
                 native_snapshot: None,
                 definition_id: "def".into(),
                 thread_id: key,
+                node: String::new(),
             })
             .await
             .unwrap();
@@ -1832,6 +1892,8 @@ conformance_suite!(
     log_group_keeps_the_request_index_of_each_member,
     instances_put_get_list_and_delete,
     instances_count_per_tenant,
+    instances_carry_their_node,
+    nodes_register_heartbeat_drain_and_remove,
     definitions_round_trip_per_tenant,
     definitions_unused_derived_are_removed,
     tokens_map_to_tenants_and_are_stored_hashed,

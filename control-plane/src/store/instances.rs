@@ -25,6 +25,8 @@ pub struct Instance {
     /// Variables set on the live sandbox (`SetEnv`), for its later execs
     /// and runs. Kept when the instance is replaced; gone with it.
     pub env: BTreeMap<String, String>,
+    /// The fleet node it lives on; empty: the server's own providers.
+    pub node: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,6 +38,8 @@ pub struct NewInstance {
     pub native_snapshot: Option<String>,
     pub definition_id: String,
     pub thread_id: String,
+    /// The fleet node it lives on; empty: the server's own providers.
+    pub node: String,
 }
 
 #[async_trait]

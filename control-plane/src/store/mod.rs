@@ -27,6 +27,7 @@ mod error;
 mod event_log;
 mod group;
 mod instances;
+mod nodes;
 mod postgres;
 mod presence;
 mod primitives;
@@ -58,6 +59,7 @@ pub use event_log::{
 };
 pub use group::GroupCommit;
 pub use instances::{Instance, InstanceStore, NewInstance};
+pub use nodes::{NewNode, NodeRecord, NodeStore};
 pub use presence::Presence;
 pub use primitives::{Epoch, FIRST_EPOCH, FIRST_OFFSET, TAIL_POLL_INTERVAL, Tenant, Timestamp};
 pub use requests::{IndexedRequest, MarkOf, RequestFilter, RequestMark};

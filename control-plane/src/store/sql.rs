@@ -4,8 +4,8 @@
 //! in each backend.
 
 use super::{
-    Definition, Epoch, Error, Instance, Offset, Result, RunError, RunId, RunKey, RunRecord, RunStatus,
-    SentinelKey, StoredChunk, Tenant, Timestamp,
+    Definition, Epoch, Error, Instance, NewNode, NodeRecord, Offset, Result, RunError, RunId, RunKey,
+    RunRecord, RunStatus, SentinelKey, StoredChunk, Tenant, Timestamp,
 };
 
 /// Columns of `runs`, in [`RunRow`] order.
@@ -37,7 +37,7 @@ pub(super) use terminal;
 macro_rules! instance_columns {
     () => {
         "sandbox_key, tenant, provider, provider_sandbox_id, native_snapshot, definition_id, thread_id, \
-         created_at, updated_at, env"
+         created_at, updated_at, env, node"
     };
 }
 pub(super) use instance_columns;
@@ -164,6 +164,7 @@ pub(super) struct InstanceRow {
     created_at: i64,
     updated_at: i64,
     env: Option<String>,
+    node: String,
 }
 
 impl From<InstanceRow> for Instance {
@@ -180,8 +181,64 @@ impl From<InstanceRow> for Instance {
             updated_at: Timestamp::from_millis(row.updated_at),
             // Written only by `set_env`, from a map: always an object.
             env: row.env.and_then(|e| serde_json::from_str(&e).ok()).unwrap_or_default(),
+            node: row.node,
         }
     }
+}
+
+/// Columns of `nodes`, in [`NodeRow`] order.
+macro_rules! node_columns {
+    () => {
+        "name, address, labels, providers, memory_bytes, cpus, sandbox_slots, free_memory_bytes, sandboxes, \
+         version, draining, removed, registered_at, last_heartbeat"
+    };
+}
+pub(super) use node_columns;
+
+#[derive(sqlx::FromRow)]
+pub(super) struct NodeRow {
+    name: String,
+    address: String,
+    labels: String,
+    providers: String,
+    memory_bytes: i64,
+    cpus: i64,
+    sandbox_slots: i64,
+    free_memory_bytes: i64,
+    sandboxes: i64,
+    version: String,
+    draining: i64,
+    removed: i64,
+    registered_at: i64,
+    last_heartbeat: i64,
+}
+
+impl From<NodeRow> for NodeRecord {
+    fn from(row: NodeRow) -> Self {
+        NodeRecord {
+            node: NewNode {
+                name: row.name,
+                address: row.address,
+                labels: row.labels,
+                providers: row.providers,
+                memory_bytes: u64::try_from(row.memory_bytes).unwrap_or_default(),
+                cpus: u32::try_from(row.cpus).unwrap_or_default(),
+                sandbox_slots: u32::try_from(row.sandbox_slots).unwrap_or_default(),
+                version: row.version,
+            },
+            free_memory_bytes: u64::try_from(row.free_memory_bytes).unwrap_or_default(),
+            sandboxes: u32::try_from(row.sandboxes).unwrap_or_default(),
+            draining: row.draining != 0,
+            removed: row.removed != 0,
+            registered_at: Timestamp::from_millis(row.registered_at),
+            last_heartbeat: Timestamp::from_millis(row.last_heartbeat),
+        }
+    }
+}
+
+/// A count as a database integer.
+pub(super) fn db_count(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
 }
 
 #[derive(sqlx::FromRow)]
@@ -661,8 +718,8 @@ macro_rules! impl_shared_stores {
                 let row = super::sql::written(sqlx::query_as::<_, InstanceRow>(concat!(
                     "INSERT INTO instances (",
                     instance_columns!(),
-                    ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $8, NULL) ON CONFLICT (sandbox_key) DO UPDATE SET \
-                     tenant = excluded.tenant, provider = excluded.provider, \
+                    ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $8, NULL, $9) ON CONFLICT (sandbox_key) DO UPDATE SET \
+                     tenant = excluded.tenant, provider = excluded.provider, node = excluded.node, \
                      provider_sandbox_id = excluded.provider_sandbox_id, \
                      native_snapshot = excluded.native_snapshot, definition_id = excluded.definition_id, \
                      thread_id = excluded.thread_id, updated_at = excluded.updated_at \
@@ -677,6 +734,7 @@ macro_rules! impl_shared_stores {
                 .bind(&instance.definition_id)
                 .bind(&instance.thread_id)
                 .bind(now)
+                .bind(&instance.node)
                 , &self.pool)
                 .await?
                 .ok_or_else(|| Error::Corrupt("an upsert returned no row".into()))?;
@@ -866,6 +924,92 @@ macro_rules! impl_shared_stores {
                 .fetch_all(&self.pool)
                 .await?;
                 Ok(rows.into_iter().map(|(tenant, id)| (Tenant::new(tenant), id)).collect())
+            }
+        }
+
+        #[async_trait]
+        impl NodeStore for $store {
+            async fn register(&self, node: NewNode) -> Result<Option<NodeRecord>> {
+                let now = Timestamp::now().as_millis();
+                let row = super::sql::written(sqlx::query_as::<_, NodeRow>(concat!(
+                    "INSERT INTO nodes (",
+                    node_columns!(),
+                    ") VALUES ($1, $2, $3, $4, $5, $6, $7, $5, 0, $8, 0, 0, $9, $9) ON CONFLICT (name) DO UPDATE SET \
+                     address = excluded.address, labels = excluded.labels, providers = excluded.providers, \
+                     memory_bytes = excluded.memory_bytes, cpus = excluded.cpus, \
+                     sandbox_slots = excluded.sandbox_slots, version = excluded.version, \
+                     last_heartbeat = excluded.last_heartbeat WHERE nodes.removed = 0 RETURNING ",
+                    node_columns!()
+                ))
+                .bind(&node.name)
+                .bind(&node.address)
+                .bind(&node.labels)
+                .bind(&node.providers)
+                .bind(super::sql::db_count(node.memory_bytes))
+                .bind(i64::from(node.cpus))
+                .bind(i64::from(node.sandbox_slots))
+                .bind(&node.version)
+                .bind(now)
+                , &self.pool)
+                .await?;
+                Ok(row.map(NodeRecord::from))
+            }
+
+            async fn heartbeat(&self, name: &str, free_memory_bytes: u64, sandboxes: u32) -> Result<Option<NodeRecord>> {
+                let row = super::sql::written(sqlx::query_as::<_, NodeRow>(concat!(
+                    "UPDATE nodes SET free_memory_bytes = $2, sandboxes = $3, last_heartbeat = $4 \
+                     WHERE name = $1 AND removed = 0 RETURNING ",
+                    node_columns!()
+                ))
+                .bind(name)
+                .bind(super::sql::db_count(free_memory_bytes))
+                .bind(i64::from(sandboxes))
+                .bind(Timestamp::now().as_millis())
+                , &self.pool)
+                .await?;
+                Ok(row.map(NodeRecord::from))
+            }
+
+            async fn get(&self, name: &str) -> Result<Option<NodeRecord>> {
+                Ok(sqlx::query_as::<_, NodeRow>(concat!("SELECT ", node_columns!(), " FROM nodes WHERE name = $1"))
+                    .bind(name)
+                    .fetch_optional(&self.pool)
+                    .await?
+                    .map(NodeRecord::from))
+            }
+
+            async fn list(&self) -> Result<Vec<NodeRecord>> {
+                Ok(sqlx::query_as::<_, NodeRow>(concat!(
+                    "SELECT ",
+                    node_columns!(),
+                    " FROM nodes WHERE removed = 0 ORDER BY name"
+                ))
+                .fetch_all(&self.pool)
+                .await?
+                .into_iter()
+                .map(NodeRecord::from)
+                .collect())
+            }
+
+            async fn set_draining(&self, name: &str, draining: bool) -> Result<Option<NodeRecord>> {
+                let row = super::sql::written(sqlx::query_as::<_, NodeRow>(concat!(
+                    "UPDATE nodes SET draining = $2 WHERE name = $1 AND removed = 0 RETURNING ",
+                    node_columns!()
+                ))
+                .bind(name)
+                .bind(i64::from(draining))
+                , &self.pool)
+                .await?;
+                Ok(row.map(NodeRecord::from))
+            }
+
+            async fn remove(&self, name: &str) -> Result<bool> {
+                let n = sqlx::query("UPDATE nodes SET removed = 1 WHERE name = $1 AND removed = 0")
+                    .bind(name)
+                    .execute(&self.pool)
+                    .await?
+                    .rows_affected();
+                Ok(n > 0)
             }
         }
 

@@ -21,15 +21,15 @@ use super::checkpoint_sql::{
 use super::group::{Committer, GroupCommit, GroupLog, Member, Written, write_group};
 use super::requests_sql::{RequestRow, impl_request_index, index_marks, index_requests, request_select};
 use super::sql::{
-    DefinitionRow, EventRow, InstanceRow, RunRow, epoch_to_db, explain_refusal, impl_shared_stores,
-    instance_columns, json_to_db, not_terminal, run_columns, run_not_found, terminal,
+    DefinitionRow, EventRow, InstanceRow, NodeRow, RunRow, epoch_to_db, explain_refusal, impl_shared_stores,
+    instance_columns, json_to_db, node_columns, not_terminal, run_columns, run_not_found, terminal,
 };
 use super::tail::{self, LogPages, Wakes};
 use super::{
     Admitted, CreatedRun, Definition, DefinitionStore, Epoch, Error, EventLog, FIRST_EPOCH, IndexedRequest,
-    Instance, InstanceStore, LogSnapshot, NewChunk, NewInstance, NewRun, Offset, Pool, RequestFilter, Result,
-    RunFinish, RunKey, RunRecord, RunStore, RunUpdate, StoredChunk, Stores, TAIL_POLL_INTERVAL, Tenant,
-    Timestamp, TokenStore, token_hash,
+    Instance, InstanceStore, LogSnapshot, NewChunk, NewInstance, NewNode, NewRun, NodeRecord, NodeStore,
+    Offset, Pool, RequestFilter, Result, RunFinish, RunKey, RunRecord, RunStore, RunUpdate, StoredChunk,
+    Stores, TAIL_POLL_INTERVAL, Tenant, Timestamp, TokenStore, token_hash,
 };
 
 #[derive(Clone)]
@@ -88,6 +88,7 @@ pub(super) async fn open(database_url: &str, grouping: GroupCommit) -> Result<St
         tokens: store.clone(),
         warm: store.clone(),
         attempts: store.clone(),
+        nodes: store.clone(),
         checkpoints: store,
         blobs,
         pool: Pool::Sqlite(pool),

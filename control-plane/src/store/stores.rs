@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use super::{
     AttemptStore, BlobStore, CheckpointStore, DefinitionStore, Error, EventLog, GroupCommit, InstanceStore,
-    Result, RunStatus, RunStore, TokenStore, WarmStore, postgres, sqlite,
+    NodeStore, Result, RunStatus, RunStore, TokenStore, WarmStore, postgres, sqlite,
 };
 
 /// Every store over one database.
@@ -19,6 +19,8 @@ pub struct Stores {
     pub warm: Arc<dyn WarmStore>,
     /// Attempt sets and their attempts.
     pub attempts: Arc<dyn AttemptStore>,
+    /// The fleet's sandbox hosts.
+    pub nodes: Arc<dyn NodeStore>,
     /// Portable snapshot checkpoints, heads and blob references.
     pub checkpoints: Arc<dyn CheckpointStore>,
     /// Portable snapshot blobs: a directory beside the SQLite file, or a

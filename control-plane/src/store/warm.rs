@@ -63,6 +63,8 @@ pub struct WarmSandbox {
     /// without a thread): a sandbox of another digest is never claimed.
     pub digest: String,
     pub provider: String,
+    /// The fleet node it lives on; empty: the server's own providers.
+    pub node: String,
     /// Empty while `Creating`.
     pub provider_sandbox_id: String,
     pub state: WarmState,
@@ -120,7 +122,7 @@ pub(super) const RECORDING_WINDOW_MS: i64 = 60_000;
 /// Columns of `warm_sandboxes`, in [`WarmRow`] order.
 macro_rules! warm_columns {
     () => {
-        "pool_key, tenant, definition_id, digest, provider, provider_sandbox_id, state, \
+        "pool_key, tenant, definition_id, digest, provider, node, provider_sandbox_id, state, \
          claimed_key, created_at, claimed_at"
     };
 }
@@ -133,6 +135,7 @@ pub(super) struct WarmRow {
     definition_id: String,
     digest: String,
     provider: String,
+    node: String,
     provider_sandbox_id: String,
     state: String,
     claimed_key: Option<String>,
@@ -150,6 +153,7 @@ impl TryFrom<WarmRow> for WarmSandbox {
             definition_id: r.definition_id,
             digest: r.digest,
             provider: r.provider,
+            node: r.node,
             provider_sandbox_id: r.provider_sandbox_id,
             state: WarmState::parse(&r.state)?,
             claimed_key: r.claimed_key,
@@ -225,13 +229,14 @@ macro_rules! impl_warm_store {
                 sqlx::query(concat!(
                     "INSERT INTO warm_sandboxes (",
                     super::warm::warm_columns!(),
-                    ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
+                    ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)"
                 ))
                 .bind(&s.pool_key)
                 .bind(s.tenant.as_str())
                 .bind(&s.definition_id)
                 .bind(&s.digest)
                 .bind(&s.provider)
+                .bind(&s.node)
                 .bind(&s.provider_sandbox_id)
                 .bind(s.state.as_str())
                 .bind(&s.claimed_key)

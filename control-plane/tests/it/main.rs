@@ -12,6 +12,7 @@ mod daemon;
 mod event_log_fault;
 mod fairness;
 mod first_hour;
+mod fleet;
 mod harness_cli;
 mod harness_golden;
 mod hostile_egress;

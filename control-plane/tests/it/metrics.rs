@@ -18,7 +18,7 @@ use tonic::transport::Channel;
 
 type Client = SandboxServiceClient<InterceptedService<Channel, Bearer>>;
 
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
@@ -111,14 +111,14 @@ fn http(addr: SocketAddr, method: &str, path: &str) -> (u16, String, String) {
     (code, content_type, body.to_string())
 }
 
-fn scrape(addr: SocketAddr) -> String {
+pub(crate) fn scrape(addr: SocketAddr) -> String {
     let (code, content_type, body) = http(addr, "GET", "/metrics");
     assert_eq!(code, 200, "{body}");
     assert!(content_type.starts_with("application/openmetrics-text"), "{content_type}");
     body
 }
 
-fn value(text: &str, series: &str) -> f64 {
+pub(crate) fn value(text: &str, series: &str) -> f64 {
     sample(text, series).unwrap_or_else(|| panic!("{series} missing in:\n{text}"))
 }
 

@@ -11,6 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use sandhold_tests::docker::{DEBIAN_IMAGE, DockerCleanup, ensure_debian_image};
+use sandhold_tests::fleet::{Place, Served, served};
 use sandhold_tests::local::{TestDir, git};
 use sandhold_tests::provider::Kind;
 use sandhold_tests::run::{definition, put_definition};
@@ -28,13 +29,13 @@ fn big_file() -> Vec<u8> {
     (0..1usize << 20).map(|i| (i % 251) as u8).collect()
 }
 
-async fn sandbox_of(s: &TenantServer, def: api::SandboxDefinition, thread: &str) -> String {
-    let mut sandboxes = s.server.sandboxes(&s.token).await;
+async fn sandbox_of(s: &dyn Served, def: api::SandboxDefinition, thread: &str) -> String {
+    let mut sandboxes = s.server().sandboxes(s.token()).await;
     let definition_id = def.id.clone();
     put_definition(&mut sandboxes, def).await;
     let req = api::EnsureSandboxRequest { definition_id, thread_id: thread.into(), ..Default::default() };
     let (_, ready) = ensure(&mut sandboxes, req).await;
-    ready.unwrap_or_else(|e| panic!("ensure: {e:?}\n{}", s.server.log_text())).sandbox_id
+    ready.unwrap_or_else(|e| panic!("ensure: {e:?}\n{}", s.logs())).sandbox_id
 }
 
 fn debian(id: &str) -> api::SandboxDefinition {
@@ -47,9 +48,9 @@ fn debian(id: &str) -> api::SandboxDefinition {
 }
 
 /// The CLI pointed at the test's server, as its tenant.
-fn cli(s: &TenantServer, data: &Path) -> Command {
+fn cli(s: &dyn Served, data: &Path) -> Command {
     let mut cmd = sandhold_tests::cli::sandhold(data);
-    cmd.env("SANDHOLD_SERVER", &s.server.addr).env("SANDHOLD_TOKEN", &s.token);
+    cmd.env("SANDHOLD_SERVER", &s.server().addr).env("SANDHOLD_TOKEN", s.token());
     cmd
 }
 
@@ -60,7 +61,7 @@ struct Forwarder {
 }
 
 impl Forwarder {
-    fn start(s: &TenantServer, data: &Path, sandbox: &str, spec: &str) -> Self {
+    fn start(s: &dyn Served, data: &Path, sandbox: &str, spec: &str) -> Self {
         let mut child = cli(s, data)
             .args(["port-forward", sandbox, spec])
             .stderr(Stdio::piped())
@@ -117,13 +118,28 @@ under_each_runtime! {
 /// a local connection that closes closes the sandbox's side.
 #[tokio_test(flavor = "multi_thread", worker_threads = 4)]
 async fn port_forward_reaches_a_server_in_a_docker_sandbox_without_network(runtime) {
+    port_forward(Place::SingleHost, runtime).await;
+}
+}
+
+/// The same through a sandbox on a node in another network namespace: the
+/// port's bytes go through the node's tunnel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn port_forward_reaches_a_server_in_a_docker_sandbox_on_a_node() {
+    if sandhold_tests::runtime::Runtime::Runc.available() {
+        port_forward(Place::OnANode, sandhold_tests::runtime::Runtime::Runc).await;
+    }
+}
+
+async fn port_forward(place: Place, runtime: sandhold_tests::runtime::Runtime) {
     ensure_debian_image();
-    let s = TenantServer::start("ports", &["other"]).await;
-    let _cleanup = DockerCleanup { tenant: s.tenant.clone() };
+    let Some(s) = served(place, "ports", &["other"]).await else { return };
+    let s = s.as_ref();
+    let _cleanup = DockerCleanup { tenant: s.tenant().to_string() };
     let mut def = debian("py");
     runtime.apply(&mut def);
-    let sandbox = sandbox_of(&s, def, "ports").await;
-    let mut sandboxes = s.server.sandboxes(&s.token).await;
+    let sandbox = sandbox_of(s, def, "ports").await;
+    let mut sandboxes = s.server().sandboxes(s.token()).await;
     let got = sandboxes.get_sandbox(api::GetSandboxRequest { sandbox_id: sandbox.clone() }).await.unwrap();
     let capabilities = got.into_inner().sandbox.unwrap().capabilities.unwrap();
     assert!(capabilities.ports && capabilities.terminal, "{capabilities:?}");
@@ -146,7 +162,7 @@ async fn port_forward_reaches_a_server_in_a_docker_sandbox_without_network(runti
     assert!(listening, "the servers never listened");
 
     let data = TestDir::new("ports-cli");
-    let mut web = Forwarder::start(&s, data.path(), &sandbox, "0:8000");
+    let mut web = Forwarder::start(s, data.path(), &sandbox, "0:8000");
     let expected = big_file();
     let gets: Vec<_> = (0..20)
         .map(|_| {
@@ -165,7 +181,7 @@ async fn port_forward_reaches_a_server_in_a_docker_sandbox_without_network(runti
 
     // Closing the local side closes the sandbox's: the server there reads
     // end of file, and only then records what it got.
-    let eof = Forwarder::start(&s, data.path(), &sandbox, "127.0.0.1:0:8001");
+    let eof = Forwarder::start(s, data.path(), &sandbox, "127.0.0.1:0:8001");
     let mut socket = tokio::net::TcpStream::connect(&eof.local).await.unwrap();
     socket.write_all(b"bye").await.unwrap();
     drop(socket);
@@ -178,7 +194,7 @@ async fn port_forward_reaches_a_server_in_a_docker_sandbox_without_network(runti
     assert!(closed, "the sandbox side never saw the connection close");
 
     // Another tenant's sandbox does not exist for it.
-    let mut other = s.server.sandboxes(&s.token_of("other")).await;
+    let mut other = s.server().sandboxes(&s.token_of("other")).await;
     let err = connect_port(&mut other, &sandbox, 8000).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::NotFound, "{err:?}");
     // Nothing listens on 8002: a clear refusal.
@@ -186,25 +202,37 @@ async fn port_forward_reaches_a_server_in_a_docker_sandbox_without_network(runti
     assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
     assert!(err.message().contains("8002"), "{err:?}");
 }
-}
 
 under_each_runtime! {
 /// A terminal in a Docker sandbox runs as the run user, on a
 /// pseudo-terminal, and ends with its command's code.
 async fn a_terminal_in_a_docker_sandbox_is_the_run_users_on_a_pty(runtime) {
+    terminal_on_a_pty(Place::SingleHost, runtime).await;
+}
+}
+
+/// The same in a sandbox on a node in another network namespace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_terminal_in_a_docker_sandbox_on_a_node_is_the_run_users_on_a_pty() {
+    if sandhold_tests::runtime::Runtime::Runc.available() {
+        terminal_on_a_pty(Place::OnANode, sandhold_tests::runtime::Runtime::Runc).await;
+    }
+}
+
+async fn terminal_on_a_pty(place: Place, runtime: sandhold_tests::runtime::Runtime) {
     ensure_debian_image();
-    let s = TenantServer::start("terminal", &[]).await;
-    let _cleanup = DockerCleanup { tenant: s.tenant.clone() };
+    let Some(s) = served(place, "terminal", &[]).await else { return };
+    let s = s.as_ref();
+    let _cleanup = DockerCleanup { tenant: s.tenant().to_string() };
     let mut def = debian("term");
     runtime.apply(&mut def);
-    let sandbox = sandbox_of(&s, def, "terminal").await;
-    let mut sandboxes = s.server.sandboxes(&s.token).await;
+    let sandbox = sandbox_of(s, def, "terminal").await;
+    let mut sandboxes = s.server().sandboxes(s.token()).await;
     let (output, exit) = terminal(&mut sandboxes, &sandbox, "id -u; tty; exit 4").await;
     let lines: Vec<&str> = output.lines().map(str::trim).collect();
     assert_ne!(lines.first().copied(), Some("0"), "the terminal runs as root: {output:?}");
     assert!(lines.get(1).is_some_and(|l| l.starts_with("/dev/pts/")), "{output:?}");
     assert_eq!(exit, Some(api::exit_status::Status::Code(4)));
-}
 }
 
 /// Two servers for the port test, started in the background: Python's

@@ -180,6 +180,12 @@ class BudgetExceeded(SandholdError):
     reason = "BUDGET_EXCEEDED"
 
 
+class SandboxLost(SandholdError):
+    """The node holding the run's sandbox is gone: the operator removed it (`sandhold nodes rm`), or it was silent past the grace period (`--node-grace-ms`). The run ends; what it delivered before stays, and the thread's next run gets a sandbox on another node, restored from its latest portable checkpoint. Metadata: `node`."""
+
+    reason = "SANDBOX_LOST"
+
+
 # Every class above by its reason.
 BY_REASON: dict[str, type[SandholdError]] = {
     "INVALID_ARGUMENT": InvalidArgument,
@@ -211,6 +217,7 @@ BY_REASON: dict[str, type[SandholdError]] = {
     "STORAGE_FULL": StorageFull,
     "MODEL_UNREACHABLE": ModelUnreachable,
     "BUDGET_EXCEEDED": BudgetExceeded,
+    "SANDBOX_LOST": SandboxLost,
 }
 
 __all__ = [
@@ -243,4 +250,5 @@ __all__ = [
     "StorageFull",
     "ModelUnreachable",
     "BudgetExceeded",
+    "SandboxLost",
 ]

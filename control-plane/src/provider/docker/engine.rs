@@ -323,7 +323,7 @@ impl DockerProvider {
             let socket_there = match &sandbox.address {
                 Address::Unix(path) => is_agent_socket(path)
                     .map_err(|e| Error::Refused(format!("refusing the sandbox's agent socket: {e}")))?,
-                Address::Tcp(_) => true,
+                Address::Tcp(_) | Address::Node { .. } => true,
             };
             // Why the agent did not answer this time, said when time is up.
             let last = match socket_there {

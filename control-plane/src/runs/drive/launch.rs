@@ -235,7 +235,10 @@ impl Runs {
         key: &str,
     ) -> Result<(AgentClient, Arc<Secrets>), Ending> {
         let sandbox = &self.inner.sandbox;
-        let deadline = Instant::now() + self.inner.options.reconnect_budget;
+        // A sandbox on a node is waited for while the node may come back
+        // (a partition shorter than the grace period).
+        let budget = sandbox.reconnect_budget(key, self.inner.options.reconnect_budget).await;
+        let deadline = Instant::now() + budget;
         let backoff = ExponentialBuilder::default()
             .with_min_delay(Duration::from_millis(100))
             .with_max_delay(Duration::from_secs(2))
@@ -244,7 +247,7 @@ impl Runs {
             ctx.interrupts.clone(),
             backoff,
             || sandbox.agent(&ctx.key.tenant, key),
-            |e: &crate::sandbox::Error| !e.is_not_found() && Instant::now() < deadline,
+            |e: &crate::sandbox::Error| !e.is_not_found() && !e.is_lost() && Instant::now() < deadline,
             |e, _| debug!(run_id = %ctx.key.run, error = %e, "sandbox agent unreachable; retrying"),
         )
         .await;

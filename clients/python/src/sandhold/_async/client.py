@@ -16,7 +16,7 @@ from sandhold._async.streams import AsyncPorts, AsyncTerminals
 from sandhold._connection import resolve_target, resolve_token
 from sandhold._resume import Backoff
 from sandhold.models import ServerInfo
-from sandhold.v1 import admin_pb2
+from sandhold.v1 import admin_pb2, node_pb2
 
 
 class AsyncSandhold:
@@ -71,6 +71,20 @@ class AsyncSandhold:
     async def sweep(self) -> admin_pb2.SweepResponse:
         """Run the reaper's sweep now (the operator's tenant: every tenant; else the caller's)."""
         return await self.raw.unary(self.raw.admin.Sweep, admin_pb2.SweepRequest(), admin_pb2.SweepResponse)
+
+    async def list_nodes(self) -> list[node_pb2.Node]:
+        """The fleet's nodes (an operator tenant, or the single user)."""
+        r = await self.raw.unary(self.raw.admin.ListNodes, node_pb2.ListNodesRequest(), node_pb2.ListNodesResponse)
+        return list(r.nodes)
+
+    async def drain_node(self, name: str) -> node_pb2.Node:
+        """Give node `name` no new sandbox; its sandboxes and runs go on."""
+        r = await self.raw.unary(self.raw.admin.DrainNode, node_pb2.DrainNodeRequest(name=name), node_pb2.DrainNodeResponse)
+        return r.node
+
+    async def remove_node(self, name: str) -> None:
+        """Forget node `name`: its runs end SANDBOX_LOST and it may not register again."""
+        await self.raw.unary(self.raw.admin.RemoveNode, node_pb2.RemoveNodeRequest(name=name), node_pb2.RemoveNodeResponse)
 
     async def close(self) -> None:
         await close_channel(self.raw.channel)

@@ -22,9 +22,10 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from sandhold.v1 import node_pb2 as sandhold_dot_v1_dot_node__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17sandhold/v1/admin.proto\x12\x0bsandhold.v1\"\x16\n\x14GetServerInfoRequest\"\x81\x01\n\x15GetServerInfoResponse\x12\x16\n\x0eserver_version\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x12\n\nreplica_id\x18\x03 \x01(\t\x12\x15\n\rstore_backend\x18\x04 \x01(\t\x12\x15\n\rlease_backend\x18\x05 \x01(\t\"\x0e\n\x0cSweepRequest\"X\n\x08SweptRun\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07outcome\x18\x02 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t\x12\x1b\n\x13terminalized_anyway\x18\x04 \x01(\x08\"\xd7\x02\n\rSweepResponse\x12:\n\x08outcomes\x18\x01 \x03(\x0b\x32(.sandhold.v1.SweepResponse.OutcomesEntry\x12#\n\x04runs\x18\x02 \x03(\x0b\x32\x15.sandhold.v1.SweptRun\x12\x17\n\x0fjournals_pruned\x18\x03 \x01(\x04\x12\x15\n\rjournals_kept\x18\x04 \x01(\x04\x12\x1b\n\x13sandboxes_reclaimed\x18\x05 \x01(\x04\x12\x11\n\ttruncated\x18\x06 \x01(\x08\x12\r\n\x05scope\x18\x07 \x01(\t\x12\x12\n\nelapsed_ms\x18\x08 \x01(\x04\x12\x14\n\x0cruns_removed\x18\t \x01(\x04\x12\x1b\n\x13\x64\x65\x66initions_removed\x18\n \x01(\x04\x1a/\n\rOutcomesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x32\xa6\x01\n\x0c\x41\x64minService\x12V\n\rGetServerInfo\x12!.sandhold.v1.GetServerInfoRequest\x1a\".sandhold.v1.GetServerInfoResponse\x12>\n\x05Sweep\x12\x19.sandhold.v1.SweepRequest\x1a\x1a.sandhold.v1.SweepResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17sandhold/v1/admin.proto\x12\x0bsandhold.v1\x1a\x16sandhold/v1/node.proto\"\x16\n\x14GetServerInfoRequest\"\x81\x01\n\x15GetServerInfoResponse\x12\x16\n\x0eserver_version\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x12\n\nreplica_id\x18\x03 \x01(\t\x12\x15\n\rstore_backend\x18\x04 \x01(\t\x12\x15\n\rlease_backend\x18\x05 \x01(\t\"\x0e\n\x0cSweepRequest\"X\n\x08SweptRun\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07outcome\x18\x02 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t\x12\x1b\n\x13terminalized_anyway\x18\x04 \x01(\x08\"\xd7\x02\n\rSweepResponse\x12:\n\x08outcomes\x18\x01 \x03(\x0b\x32(.sandhold.v1.SweepResponse.OutcomesEntry\x12#\n\x04runs\x18\x02 \x03(\x0b\x32\x15.sandhold.v1.SweptRun\x12\x17\n\x0fjournals_pruned\x18\x03 \x01(\x04\x12\x15\n\rjournals_kept\x18\x04 \x01(\x04\x12\x1b\n\x13sandboxes_reclaimed\x18\x05 \x01(\x04\x12\x11\n\ttruncated\x18\x06 \x01(\x08\x12\r\n\x05scope\x18\x07 \x01(\t\x12\x12\n\nelapsed_ms\x18\x08 \x01(\x04\x12\x14\n\x0cruns_removed\x18\t \x01(\x04\x12\x1b\n\x13\x64\x65\x66initions_removed\x18\n \x01(\x04\x1a/\n\rOutcomesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x32\x8d\x03\n\x0c\x41\x64minService\x12V\n\rGetServerInfo\x12!.sandhold.v1.GetServerInfoRequest\x1a\".sandhold.v1.GetServerInfoResponse\x12>\n\x05Sweep\x12\x19.sandhold.v1.SweepRequest\x1a\x1a.sandhold.v1.SweepResponse\x12J\n\tListNodes\x12\x1d.sandhold.v1.ListNodesRequest\x1a\x1e.sandhold.v1.ListNodesResponse\x12J\n\tDrainNode\x12\x1d.sandhold.v1.DrainNodeRequest\x1a\x1e.sandhold.v1.DrainNodeResponse\x12M\n\nRemoveNode\x12\x1e.sandhold.v1.RemoveNodeRequest\x1a\x1f.sandhold.v1.RemoveNodeResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,18 +34,18 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SWEEPRESPONSE_OUTCOMESENTRY']._loaded_options = None
   _globals['_SWEEPRESPONSE_OUTCOMESENTRY']._serialized_options = b'8\001'
-  _globals['_GETSERVERINFOREQUEST']._serialized_start=40
-  _globals['_GETSERVERINFOREQUEST']._serialized_end=62
-  _globals['_GETSERVERINFORESPONSE']._serialized_start=65
-  _globals['_GETSERVERINFORESPONSE']._serialized_end=194
-  _globals['_SWEEPREQUEST']._serialized_start=196
-  _globals['_SWEEPREQUEST']._serialized_end=210
-  _globals['_SWEPTRUN']._serialized_start=212
-  _globals['_SWEPTRUN']._serialized_end=300
-  _globals['_SWEEPRESPONSE']._serialized_start=303
-  _globals['_SWEEPRESPONSE']._serialized_end=646
-  _globals['_SWEEPRESPONSE_OUTCOMESENTRY']._serialized_start=599
-  _globals['_SWEEPRESPONSE_OUTCOMESENTRY']._serialized_end=646
-  _globals['_ADMINSERVICE']._serialized_start=649
-  _globals['_ADMINSERVICE']._serialized_end=815
+  _globals['_GETSERVERINFOREQUEST']._serialized_start=64
+  _globals['_GETSERVERINFOREQUEST']._serialized_end=86
+  _globals['_GETSERVERINFORESPONSE']._serialized_start=89
+  _globals['_GETSERVERINFORESPONSE']._serialized_end=218
+  _globals['_SWEEPREQUEST']._serialized_start=220
+  _globals['_SWEEPREQUEST']._serialized_end=234
+  _globals['_SWEPTRUN']._serialized_start=236
+  _globals['_SWEPTRUN']._serialized_end=324
+  _globals['_SWEEPRESPONSE']._serialized_start=327
+  _globals['_SWEEPRESPONSE']._serialized_end=670
+  _globals['_SWEEPRESPONSE_OUTCOMESENTRY']._serialized_start=623
+  _globals['_SWEEPRESPONSE_OUTCOMESENTRY']._serialized_end=670
+  _globals['_ADMINSERVICE']._serialized_start=673
+  _globals['_ADMINSERVICE']._serialized_end=1070
 # @@protoc_insertion_point(module_scope)

@@ -1,3 +1,4 @@
+from sandhold.v1 import node_pb2 as _node_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message

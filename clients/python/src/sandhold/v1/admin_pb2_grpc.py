@@ -4,6 +4,7 @@ import grpc
 import warnings
 
 from sandhold.v1 import admin_pb2 as sandhold_dot_v1_dot_admin__pb2
+from sandhold.v1 import node_pb2 as sandhold_dot_v1_dot_node__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -46,6 +47,21 @@ class AdminServiceStub:
                 request_serializer=sandhold_dot_v1_dot_admin__pb2.SweepRequest.SerializeToString,
                 response_deserializer=sandhold_dot_v1_dot_admin__pb2.SweepResponse.FromString,
                 _registered_method=True)
+        self.ListNodes = channel.unary_unary(
+                '/sandhold.v1.AdminService/ListNodes',
+                request_serializer=sandhold_dot_v1_dot_node__pb2.ListNodesRequest.SerializeToString,
+                response_deserializer=sandhold_dot_v1_dot_node__pb2.ListNodesResponse.FromString,
+                _registered_method=True)
+        self.DrainNode = channel.unary_unary(
+                '/sandhold.v1.AdminService/DrainNode',
+                request_serializer=sandhold_dot_v1_dot_node__pb2.DrainNodeRequest.SerializeToString,
+                response_deserializer=sandhold_dot_v1_dot_node__pb2.DrainNodeResponse.FromString,
+                _registered_method=True)
+        self.RemoveNode = channel.unary_unary(
+                '/sandhold.v1.AdminService/RemoveNode',
+                request_serializer=sandhold_dot_v1_dot_node__pb2.RemoveNodeRequest.SerializeToString,
+                response_deserializer=sandhold_dot_v1_dot_node__pb2.RemoveNodeResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -70,6 +86,28 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListNodes(self, request, context):
+        """The fleet's nodes (operator tenants only, or the single user).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DrainNode(self, request, context):
+        """No new sandbox goes to the node; its sandboxes and runs go on.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemoveNode(self, request, context):
+        """Forget the node: its runs end SANDBOX_LOST, its threads continue
+        elsewhere from their latest checkpoint, and it may not register again.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -82,6 +120,21 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.Sweep,
                     request_deserializer=sandhold_dot_v1_dot_admin__pb2.SweepRequest.FromString,
                     response_serializer=sandhold_dot_v1_dot_admin__pb2.SweepResponse.SerializeToString,
+            ),
+            'ListNodes': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListNodes,
+                    request_deserializer=sandhold_dot_v1_dot_node__pb2.ListNodesRequest.FromString,
+                    response_serializer=sandhold_dot_v1_dot_node__pb2.ListNodesResponse.SerializeToString,
+            ),
+            'DrainNode': grpc.unary_unary_rpc_method_handler(
+                    servicer.DrainNode,
+                    request_deserializer=sandhold_dot_v1_dot_node__pb2.DrainNodeRequest.FromString,
+                    response_serializer=sandhold_dot_v1_dot_node__pb2.DrainNodeResponse.SerializeToString,
+            ),
+            'RemoveNode': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveNode,
+                    request_deserializer=sandhold_dot_v1_dot_node__pb2.RemoveNodeRequest.FromString,
+                    response_serializer=sandhold_dot_v1_dot_node__pb2.RemoveNodeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -140,6 +193,87 @@ class AdminService:
             '/sandhold.v1.AdminService/Sweep',
             sandhold_dot_v1_dot_admin__pb2.SweepRequest.SerializeToString,
             sandhold_dot_v1_dot_admin__pb2.SweepResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListNodes(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sandhold.v1.AdminService/ListNodes',
+            sandhold_dot_v1_dot_node__pb2.ListNodesRequest.SerializeToString,
+            sandhold_dot_v1_dot_node__pb2.ListNodesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DrainNode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sandhold.v1.AdminService/DrainNode',
+            sandhold_dot_v1_dot_node__pb2.DrainNodeRequest.SerializeToString,
+            sandhold_dot_v1_dot_node__pb2.DrainNodeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveNode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sandhold.v1.AdminService/RemoveNode',
+            sandhold_dot_v1_dot_node__pb2.RemoveNodeRequest.SerializeToString,
+            sandhold_dot_v1_dot_node__pb2.RemoveNodeResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -36,6 +36,7 @@ class ErrorReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ERROR_REASON_STORAGE_FULL: _ClassVar[ErrorReason]
     ERROR_REASON_MODEL_UNREACHABLE: _ClassVar[ErrorReason]
     ERROR_REASON_BUDGET_EXCEEDED: _ClassVar[ErrorReason]
+    ERROR_REASON_SANDBOX_LOST: _ClassVar[ErrorReason]
 ERROR_REASON_UNSPECIFIED: ErrorReason
 ERROR_REASON_INVALID_ARGUMENT: ErrorReason
 ERROR_REASON_NOT_FOUND: ErrorReason
@@ -66,3 +67,4 @@ ERROR_REASON_JOURNAL_FULL: ErrorReason
 ERROR_REASON_STORAGE_FULL: ErrorReason
 ERROR_REASON_MODEL_UNREACHABLE: ErrorReason
 ERROR_REASON_BUDGET_EXCEEDED: ErrorReason
+ERROR_REASON_SANDBOX_LOST: ErrorReason

@@ -155,7 +155,7 @@ GIT_CHANGE_UNMERGED: GitChange
 GIT_CHANGE_UNTRACKED: GitChange
 
 class SandboxDefinition(_message.Message):
-    __slots__ = ("id", "provider", "workspace", "lifecycle", "env", "secret_names", "max_journal_bytes", "model_access", "network", "policy", "budget")
+    __slots__ = ("id", "provider", "workspace", "lifecycle", "env", "secret_names", "max_journal_bytes", "model_access", "network", "policy", "budget", "placement")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -174,6 +174,7 @@ class SandboxDefinition(_message.Message):
     NETWORK_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
     BUDGET_FIELD_NUMBER: _ClassVar[int]
+    PLACEMENT_FIELD_NUMBER: _ClassVar[int]
     id: str
     provider: ProviderSpec
     workspace: WorkspaceDefinition
@@ -185,7 +186,14 @@ class SandboxDefinition(_message.Message):
     network: Network
     policy: SandboxPolicy
     budget: Budget
-    def __init__(self, id: _Optional[str] = ..., provider: _Optional[_Union[ProviderSpec, _Mapping]] = ..., workspace: _Optional[_Union[WorkspaceDefinition, _Mapping]] = ..., lifecycle: _Optional[_Union[Lifecycle, _Mapping]] = ..., env: _Optional[_Mapping[str, str]] = ..., secret_names: _Optional[_Iterable[str]] = ..., max_journal_bytes: _Optional[int] = ..., model_access: _Optional[_Iterable[_Union[ModelAccess, _Mapping]]] = ..., network: _Optional[_Union[Network, _Mapping]] = ..., policy: _Optional[_Union[SandboxPolicy, _Mapping]] = ..., budget: _Optional[_Union[Budget, _Mapping]] = ...) -> None: ...
+    placement: Placement
+    def __init__(self, id: _Optional[str] = ..., provider: _Optional[_Union[ProviderSpec, _Mapping]] = ..., workspace: _Optional[_Union[WorkspaceDefinition, _Mapping]] = ..., lifecycle: _Optional[_Union[Lifecycle, _Mapping]] = ..., env: _Optional[_Mapping[str, str]] = ..., secret_names: _Optional[_Iterable[str]] = ..., max_journal_bytes: _Optional[int] = ..., model_access: _Optional[_Iterable[_Union[ModelAccess, _Mapping]]] = ..., network: _Optional[_Union[Network, _Mapping]] = ..., policy: _Optional[_Union[SandboxPolicy, _Mapping]] = ..., budget: _Optional[_Union[Budget, _Mapping]] = ..., placement: _Optional[_Union[Placement, _Mapping]] = ...) -> None: ...
+
+class Placement(_message.Message):
+    __slots__ = ("require",)
+    REQUIRE_FIELD_NUMBER: _ClassVar[int]
+    require: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, require: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Budget(_message.Message):
     __slots__ = ("max_tokens", "max_input_tokens", "max_output_tokens")
@@ -581,7 +589,7 @@ class Capabilities(_message.Message):
     def __init__(self, snapshots: _Optional[bool] = ..., fork: _Optional[bool] = ..., background_processes: _Optional[bool] = ..., killable_processes: _Optional[bool] = ..., writable_stdin: _Optional[bool] = ..., durable_filesystem: _Optional[bool] = ..., network_policy: _Optional[bool] = ..., ports: _Optional[bool] = ..., terminal: _Optional[bool] = ..., landlock: _Optional[bool] = ..., seccomp: _Optional[bool] = ..., runtime: _Optional[str] = ...) -> None: ...
 
 class Sandbox(_message.Message):
-    __slots__ = ("sandbox_id", "definition_id", "thread_id", "provider", "provider_sandbox_id", "created_at_ms", "updated_at_ms", "capabilities", "env", "secret_names", "state", "keep_alive_ms", "usage")
+    __slots__ = ("sandbox_id", "definition_id", "thread_id", "provider", "provider_sandbox_id", "created_at_ms", "updated_at_ms", "capabilities", "env", "secret_names", "state", "keep_alive_ms", "usage", "node")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -602,6 +610,7 @@ class Sandbox(_message.Message):
     STATE_FIELD_NUMBER: _ClassVar[int]
     KEEP_ALIVE_MS_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
     sandbox_id: str
     definition_id: str
     thread_id: str
@@ -615,7 +624,8 @@ class Sandbox(_message.Message):
     state: SandboxState
     keep_alive_ms: int
     usage: ResourceUsage
-    def __init__(self, sandbox_id: _Optional[str] = ..., definition_id: _Optional[str] = ..., thread_id: _Optional[str] = ..., provider: _Optional[str] = ..., provider_sandbox_id: _Optional[str] = ..., created_at_ms: _Optional[int] = ..., updated_at_ms: _Optional[int] = ..., capabilities: _Optional[_Union[Capabilities, _Mapping]] = ..., env: _Optional[_Mapping[str, str]] = ..., secret_names: _Optional[_Iterable[str]] = ..., state: _Optional[_Union[SandboxState, str]] = ..., keep_alive_ms: _Optional[int] = ..., usage: _Optional[_Union[ResourceUsage, _Mapping]] = ...) -> None: ...
+    node: str
+    def __init__(self, sandbox_id: _Optional[str] = ..., definition_id: _Optional[str] = ..., thread_id: _Optional[str] = ..., provider: _Optional[str] = ..., provider_sandbox_id: _Optional[str] = ..., created_at_ms: _Optional[int] = ..., updated_at_ms: _Optional[int] = ..., capabilities: _Optional[_Union[Capabilities, _Mapping]] = ..., env: _Optional[_Mapping[str, str]] = ..., secret_names: _Optional[_Iterable[str]] = ..., state: _Optional[_Union[SandboxState, str]] = ..., keep_alive_ms: _Optional[int] = ..., usage: _Optional[_Union[ResourceUsage, _Mapping]] = ..., node: _Optional[str] = ...) -> None: ...
 
 class ResourceUsage(_message.Message):
     __slots__ = ("cpu_time_ms", "memory_bytes", "memory_limit_bytes", "measured_at_ms")

@@ -4,13 +4,15 @@
 
 import type { GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
 import { fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
+import type { DrainNodeRequestSchema, DrainNodeResponseSchema, ListNodesRequestSchema, ListNodesResponseSchema, RemoveNodeRequestSchema, RemoveNodeResponseSchema } from "./node_pb.js";
+import { file_sandhold_v1_node } from "./node_pb.js";
 import type { Message } from "@bufbuild/protobuf";
 
 /**
  * Describes the file sandhold/v1/admin.proto.
  */
 export const file_sandhold_v1_admin: GenFile = /*@__PURE__*/
-  fileDesc("ChdzYW5kaG9sZC92MS9hZG1pbi5wcm90bxILc2FuZGhvbGQudjEiFgoUR2V0U2VydmVySW5mb1JlcXVlc3QigQEKFUdldFNlcnZlckluZm9SZXNwb25zZRIWCg5zZXJ2ZXJfdmVyc2lvbhgBIAEoCRIOCgZ0ZW5hbnQYAiABKAkSEgoKcmVwbGljYV9pZBgDIAEoCRIVCg1zdG9yZV9iYWNrZW5kGAQgASgJEhUKDWxlYXNlX2JhY2tlbmQYBSABKAkiDgoMU3dlZXBSZXF1ZXN0IlgKCFN3ZXB0UnVuEg4KBnJ1bl9pZBgBIAEoCRIPCgdvdXRjb21lGAIgASgJEg4KBmRldGFpbBgDIAEoCRIbChN0ZXJtaW5hbGl6ZWRfYW55d2F5GAQgASgIItcCCg1Td2VlcFJlc3BvbnNlEjoKCG91dGNvbWVzGAEgAygLMiguc2FuZGhvbGQudjEuU3dlZXBSZXNwb25zZS5PdXRjb21lc0VudHJ5EiMKBHJ1bnMYAiADKAsyFS5zYW5kaG9sZC52MS5Td2VwdFJ1bhIXCg9qb3VybmFsc19wcnVuZWQYAyABKAQSFQoNam91cm5hbHNfa2VwdBgEIAEoBBIbChNzYW5kYm94ZXNfcmVjbGFpbWVkGAUgASgEEhEKCXRydW5jYXRlZBgGIAEoCBINCgVzY29wZRgHIAEoCRISCgplbGFwc2VkX21zGAggASgEEhQKDHJ1bnNfcmVtb3ZlZBgJIAEoBBIbChNkZWZpbml0aW9uc19yZW1vdmVkGAogASgEGi8KDU91dGNvbWVzRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgEOgI4ATKmAQoMQWRtaW5TZXJ2aWNlElYKDUdldFNlcnZlckluZm8SIS5zYW5kaG9sZC52MS5HZXRTZXJ2ZXJJbmZvUmVxdWVzdBoiLnNhbmRob2xkLnYxLkdldFNlcnZlckluZm9SZXNwb25zZRI+CgVTd2VlcBIZLnNhbmRob2xkLnYxLlN3ZWVwUmVxdWVzdBoaLnNhbmRob2xkLnYxLlN3ZWVwUmVzcG9uc2ViBnByb3RvMw");
+  fileDesc("ChdzYW5kaG9sZC92MS9hZG1pbi5wcm90bxILc2FuZGhvbGQudjEiFgoUR2V0U2VydmVySW5mb1JlcXVlc3QigQEKFUdldFNlcnZlckluZm9SZXNwb25zZRIWCg5zZXJ2ZXJfdmVyc2lvbhgBIAEoCRIOCgZ0ZW5hbnQYAiABKAkSEgoKcmVwbGljYV9pZBgDIAEoCRIVCg1zdG9yZV9iYWNrZW5kGAQgASgJEhUKDWxlYXNlX2JhY2tlbmQYBSABKAkiDgoMU3dlZXBSZXF1ZXN0IlgKCFN3ZXB0UnVuEg4KBnJ1bl9pZBgBIAEoCRIPCgdvdXRjb21lGAIgASgJEg4KBmRldGFpbBgDIAEoCRIbChN0ZXJtaW5hbGl6ZWRfYW55d2F5GAQgASgIItcCCg1Td2VlcFJlc3BvbnNlEjoKCG91dGNvbWVzGAEgAygLMiguc2FuZGhvbGQudjEuU3dlZXBSZXNwb25zZS5PdXRjb21lc0VudHJ5EiMKBHJ1bnMYAiADKAsyFS5zYW5kaG9sZC52MS5Td2VwdFJ1bhIXCg9qb3VybmFsc19wcnVuZWQYAyABKAQSFQoNam91cm5hbHNfa2VwdBgEIAEoBBIbChNzYW5kYm94ZXNfcmVjbGFpbWVkGAUgASgEEhEKCXRydW5jYXRlZBgGIAEoCBINCgVzY29wZRgHIAEoCRISCgplbGFwc2VkX21zGAggASgEEhQKDHJ1bnNfcmVtb3ZlZBgJIAEoBBIbChNkZWZpbml0aW9uc19yZW1vdmVkGAogASgEGi8KDU91dGNvbWVzRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgEOgI4ATKNAwoMQWRtaW5TZXJ2aWNlElYKDUdldFNlcnZlckluZm8SIS5zYW5kaG9sZC52MS5HZXRTZXJ2ZXJJbmZvUmVxdWVzdBoiLnNhbmRob2xkLnYxLkdldFNlcnZlckluZm9SZXNwb25zZRI+CgVTd2VlcBIZLnNhbmRob2xkLnYxLlN3ZWVwUmVxdWVzdBoaLnNhbmRob2xkLnYxLlN3ZWVwUmVzcG9uc2USSgoJTGlzdE5vZGVzEh0uc2FuZGhvbGQudjEuTGlzdE5vZGVzUmVxdWVzdBoeLnNhbmRob2xkLnYxLkxpc3ROb2Rlc1Jlc3BvbnNlEkoKCURyYWluTm9kZRIdLnNhbmRob2xkLnYxLkRyYWluTm9kZVJlcXVlc3QaHi5zYW5kaG9sZC52MS5EcmFpbk5vZGVSZXNwb25zZRJNCgpSZW1vdmVOb2RlEh4uc2FuZGhvbGQudjEuUmVtb3ZlTm9kZVJlcXVlc3QaHy5zYW5kaG9sZC52MS5SZW1vdmVOb2RlUmVzcG9uc2ViBnByb3RvMw", [file_sandhold_v1_node]);
 
 /**
  * @generated from message sandhold.v1.GetServerInfoRequest
@@ -236,6 +238,37 @@ export const AdminService: GenService<{
     methodKind: "unary";
     input: typeof SweepRequestSchema;
     output: typeof SweepResponseSchema;
+  },
+  /**
+   * The fleet's nodes (operator tenants only, or the single user).
+   *
+   * @generated from rpc sandhold.v1.AdminService.ListNodes
+   */
+  listNodes: {
+    methodKind: "unary";
+    input: typeof ListNodesRequestSchema;
+    output: typeof ListNodesResponseSchema;
+  },
+  /**
+   * No new sandbox goes to the node; its sandboxes and runs go on.
+   *
+   * @generated from rpc sandhold.v1.AdminService.DrainNode
+   */
+  drainNode: {
+    methodKind: "unary";
+    input: typeof DrainNodeRequestSchema;
+    output: typeof DrainNodeResponseSchema;
+  },
+  /**
+   * Forget the node: its runs end SANDBOX_LOST, its threads continue
+   * elsewhere from their latest checkpoint, and it may not register again.
+   *
+   * @generated from rpc sandhold.v1.AdminService.RemoveNode
+   */
+  removeNode: {
+    methodKind: "unary";
+    input: typeof RemoveNodeRequestSchema;
+    output: typeof RemoveNodeResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_sandhold_v1_admin, 0);

@@ -1,0 +1,471 @@
+//! A fleet, end to end: a control plane and real `sandhold node`s, each
+//! node in a network namespace of its own joined to the host by a veth
+//! pair (`sandhold_tests::fleet`). Registration and placement, runs and
+//! sandbox calls through a node's tunnel, a node daemon killed and started
+//! again, mutual TLS refusing another CA, and a drained node.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use sandhold_tests::fleet::{Fleet, NodeSpec};
+use sandhold_tests::provider::Kind;
+use sandhold_tests::run::*;
+use sandhold_tests::sandbox::{ensure, sh};
+use sandhold_tests::wait::PATIENCE;
+use shared::proto::v1 as api;
+
+fn node(name: &str, labels: &[&str], slots: u32) -> NodeSpec {
+    NodeSpec {
+        name: name.into(),
+        labels: labels.iter().map(|l| l.to_string()).collect(),
+        slots: Some(slots),
+        ..Default::default()
+    }
+}
+
+/// A local definition whose node must carry `require`.
+fn placed(id: &str, require: &[&str]) -> api::SandboxDefinition {
+    let mut d = definition(id, Kind::Local);
+    d.placement = Some(api::Placement { require: require.iter().map(|r| r.to_string()).collect() });
+    d
+}
+
+fn ensure_request(definition: &str, thread: &str) -> api::EnsureSandboxRequest {
+    api::EnsureSandboxRequest {
+        definition_id: definition.into(),
+        thread_id: thread.into(),
+        secrets: Default::default(),
+        run_id: String::new(),
+    }
+}
+
+/// Three nodes register with their labels and capacity (`nodes ls`);
+/// sandboxes requiring a label fill the nodes carrying it up to their
+/// slots and no further, each in the node's own data dir; a requirement no
+/// node meets is refused naming it, and so is one whose nodes are full.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn nodes_register_and_sandboxes_are_placed_by_labels_and_capacity() {
+    let metrics: std::net::SocketAddr = format!("127.0.0.1:{}", crate::metrics::free_port()).parse().unwrap();
+    let Some(mut fleet) = Fleet::start("fleet-place", &["--metrics-listen", &metrics.to_string()]).await
+    else {
+        return;
+    };
+    fleet.add_node(node("node-a", &["zone=a"], 3));
+    fleet.add_node(node("node-b", &["zone=b"], 3));
+    fleet.add_node(node("node-c", &["zone=a"], 2));
+    let nodes = fleet.wait_state(&["node-a", "node-b", "node-c"], "ready").await;
+    let a = nodes.iter().find(|n| n.name == "node-a").unwrap();
+    assert_eq!(a.labels.get("zone").map(String::as_str), Some("a"));
+    assert_eq!(a.capacity.as_ref().unwrap().sandbox_slots, 3);
+    assert!(a.capacity.as_ref().unwrap().memory_bytes > 0);
+    assert_eq!(a.providers, ["local"]);
+    assert!(a.address.starts_with("https://10.213."), "{}", a.address);
+
+    // The operator's CLI lists them.
+    let out = sandhold_tests::cli::sandhold(fleet.data_dir())
+        .args(["nodes", "ls", "--output", "json", "--server", &format!("http://{}", fleet.server.addr)])
+        .env("SANDHOLD_TOKEN", &fleet.token)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let listed: Vec<serde_json::Value> =
+        String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let names: Vec<&str> = listed.iter().map(|n| n["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["node-a", "node-b", "node-c"]);
+    assert_eq!(listed[1]["labels"]["zone"], "b");
+    assert_eq!(listed[0]["state"], "ready");
+
+    let mut sandboxes = fleet.server.sandboxes(&fleet.token).await;
+    put_definition(&mut sandboxes, placed("zone-a", &["zone=a"])).await;
+    put_definition(&mut sandboxes, placed("gpu", &["gpu=true"])).await;
+    let mut on = BTreeMap::<String, u32>::new();
+    for i in 0..5 {
+        let (_, ready) = ensure(&mut sandboxes, ensure_request("zone-a", &format!("t{i}"))).await;
+        let ready = ready.unwrap_or_else(|s| panic!("ensure {i}: {s}\n{}", fleet.logs()));
+        let sandbox = ready.sandbox.unwrap();
+        *on.entry(sandbox.node.clone()).or_default() += 1;
+        // The sandbox lives in its node's data dir and answers through it.
+        let (code, out) = sh(&mut sandboxes, &ready.sandbox_id, "echo hello-from-$((6*7))").await;
+        assert_eq!((code, out.trim()), (0, "hello-from-42"));
+        let node = fleet.nodes.iter().find(|n| n.spec.name == sandbox.node).unwrap();
+        assert!(
+            walk_has(&node.data_dir, &sandbox.provider_sandbox_id),
+            "{} not under {}",
+            sandbox.provider_sandbox_id,
+            node.data_dir.display()
+        );
+    }
+    assert_eq!(on, BTreeMap::from([("node-a".to_string(), 3), ("node-c".to_string(), 2)]));
+    let (_, full) = ensure(&mut sandboxes, ensure_request("zone-a", "t-full")).await;
+    let full = full.unwrap_err();
+    assert_eq!(full.code(), tonic::Code::FailedPrecondition, "{full}");
+    assert!(full.message().contains("all 2 ready nodes with zone=a are full"), "{full}");
+    let (_, none) = ensure(&mut sandboxes, ensure_request("gpu", "t-gpu")).await;
+    let none = none.unwrap_err();
+    assert!(none.message().contains("no node has gpu=true"), "{none}");
+
+    // `nodes ls` counts them; `sandboxes ls` names each one's node.
+    let counts: BTreeMap<String, u32> =
+        fleet.list().await.into_iter().map(|n| (n.name, n.sandboxes)).collect();
+    assert_eq!(counts["node-a"], 3);
+    assert_eq!(counts["node-b"], 0);
+    let out = sandhold_tests::cli::sandhold(fleet.data_dir())
+        .args(["sandboxes", "ls", "--server", &format!("http://{}", fleet.server.addr)])
+        .env("SANDHOLD_TOKEN", &fleet.token)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.lines().next().unwrap().contains("NODE"), "{text}");
+    assert_eq!(text.lines().filter(|l| l.contains("node-c")).count(), 2, "{text}");
+
+    // The metrics say the same, and count the two refusals by reason.
+    let scraped = tokio::task::spawn_blocking(move || crate::metrics::scrape(metrics)).await.unwrap();
+    let value = |series: &str| crate::metrics::value(&scraped, series);
+    assert_eq!(value("sandhold_node_sandboxes{node=\"node-a\"}"), 3.0);
+    assert_eq!(value("sandhold_node_sandbox_slots{node=\"node-c\"}"), 2.0);
+    assert!(value("sandhold_node_heartbeat_age_seconds{node=\"node-b\"}") < 60.0);
+    assert_eq!(value("sandhold_placement_failures_total{reason=\"full\"}"), 1.0);
+    assert_eq!(value("sandhold_placement_failures_total{reason=\"labels\"}"), 1.0);
+}
+
+/// Whether a file or directory named `name` is anywhere under `dir`.
+fn walk_has(dir: &std::path::Path, name: &str) -> bool {
+    let Ok(entries) = std::fs::read_dir(dir) else { return false };
+    entries
+        .flatten()
+        .any(|e| e.file_name().to_string_lossy() == name || (e.path().is_dir() && walk_has(&e.path(), name)))
+}
+
+/// A durable command run in a sandbox on a node in another namespace
+/// streams every line once, in order, through the node's tunnel; files
+/// written and read there arrive intact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_run_on_a_node_streams_every_chunk_once() {
+    let Some(mut fleet) = Fleet::start("fleet-run", &[]).await else { return };
+    fleet.add_node(node("node-1", &[], 8));
+    fleet.wait_state(&["node-1"], "ready").await;
+    let mut sandboxes = fleet.server.sandboxes(&fleet.token).await;
+    put_definition(&mut sandboxes, definition("def", Kind::Local)).await;
+    let mut runs = fleet.server.runs(&fleet.token).await;
+    let run_id = format!("run-{}", fleet.nonce);
+    let seen = run_to_end(&mut runs, &run_id, "thread", "def", &numbered_lines(500, 50, "0.05")).await;
+    assert_eq!(seen.line_numbers(), (1..=500).collect::<Vec<_>>(), "{}", fleet.logs());
+    let record = wait_terminal(&mut runs, &run_id).await;
+    assert_eq!(record.status, api::RunStatus::Completed as i32, "{record:?}");
+    let sandbox = sandhold_tests::sandbox::of_thread(&mut sandboxes, "thread").await;
+    assert_eq!(sandbox.node, "node-1");
+
+    // Files go through the node too: 3 MiB written, read back, byte for byte.
+    let data: Vec<u8> = (0..3usize << 20).map(|i| (i % 253) as u8).collect();
+    sandhold_tests::sandbox::write_file(&mut sandboxes, &sandbox.sandbox_id, "out/big.bin", &data)
+        .await
+        .unwrap_or_else(|e| panic!("write: {e}\n{}", fleet.logs()));
+    let request = api::ReadFileRequest {
+        sandbox_id: sandbox.sandbox_id.clone(),
+        path: "out/big.bin".into(),
+        ..Default::default()
+    };
+    let mut chunks = sandboxes.read_file(request).await.unwrap().into_inner();
+    let mut read = Vec::new();
+    while let Some(chunk) = tokio::time::timeout(PATIENCE, chunks.message()).await.unwrap().unwrap() {
+        read.extend(chunk.data);
+    }
+    assert!(read == data, "read {} bytes back", read.len());
+    let (code, out) = sh(&mut sandboxes, &sandbox.sandbox_id, "wc -c < out/big.bin").await;
+    assert_eq!((code, out.trim()), (0, (3usize << 20).to_string().as_str()));
+}
+
+type Readers = Vec<(String, tokio::task::JoinHandle<Seen>)>;
+
+/// Start `n` durable runs of `lines` numbered lines on `definition`, each
+/// on a thread of its own; returns the run ids and their readers, which
+/// read each stream to its end (the control plane is not restarted: a
+/// stream that breaks is a failure), once every run has streamed a line.
+async fn start_runs(fleet: &Fleet, prefix: &str, n: usize, lines: u32, definition: &str) -> Readers {
+    let (streaming, mut started) = tokio::sync::mpsc::channel::<()>(n.max(1));
+    let mut out = Vec::new();
+    for i in 0..n {
+        let mut runs = fleet.server.runs(&fleet.token).await;
+        let run_id = format!("{prefix}{i}-{}", fleet.nonce);
+        let request = command_run(
+            &run_id,
+            &format!("{prefix}-thread-{i}"),
+            definition,
+            &numbered_lines(lines, 20, "0.2"),
+        );
+        let mut stream = runs.start_run(request).await.unwrap().into_inner();
+        let streaming = streaming.clone();
+        out.push((
+            run_id,
+            tokio::spawn(async move {
+                let mut seen = Seen::default();
+                read_until(&mut stream, &mut seen, |s| {
+                    !s.line_numbers().is_empty() || s.terminal().is_some()
+                })
+                .await
+                .expect("the run's stream broke");
+                let _ = streaming.send(()).await;
+                if seen.terminal().is_none() {
+                    read_until(&mut stream, &mut seen, |_| false).await.expect("the run's stream broke");
+                }
+                seen
+            }),
+        ));
+    }
+    for _ in 0..n {
+        tokio::time::timeout(PATIENCE, started.recv()).await.expect("every run streams");
+    }
+    out
+}
+
+/// Each run ended COMPLETED and its client saw every line once, in order.
+async fn assert_all_complete(fleet: &Fleet, runs: Readers, lines: u32) {
+    let mut client = fleet.server.runs(&fleet.token).await;
+    for (run_id, reader) in runs {
+        let seen = tokio::time::timeout(PATIENCE * 2, reader)
+            .await
+            .unwrap_or_else(|_| panic!("{run_id} never ended:\n{}", fleet.logs()))
+            .unwrap();
+        assert_eq!(
+            seen.line_numbers(),
+            (1..=lines).collect::<Vec<_>>(),
+            "{run_id}: every line once, in order"
+        );
+        let terminal = seen.terminal().unwrap_or_else(|| panic!("{run_id}: no terminal chunk"));
+        assert_eq!(
+            terminal.r#type(),
+            api::ChunkType::RunFinished,
+            "{run_id}: {terminal:?}\n{}",
+            fleet.logs()
+        );
+        let record = wait_terminal(&mut client, &run_id).await;
+        assert_eq!(record.status, api::RunStatus::Completed as i32, "{run_id}: {record:?}");
+    }
+}
+
+/// The node daemon is SIGKILLed while six runs stream from its sandboxes
+/// (three local, three in Docker containers) and started again: its
+/// sandboxes ran on, it adopts them, and every run completes with every
+/// line delivered once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_daemon_killed_during_runs_adopts_its_sandboxes_and_every_run_completes() {
+    const LINES: u32 = 400;
+    let docker = sandhold_tests::runtime::Runtime::Runc.available();
+    let Some(mut fleet) = Fleet::start("fleet-kill", &[]).await else { return };
+    let _cleanup = sandhold_tests::docker::DockerCleanup { tenant: fleet.tenant.clone() };
+    fleet.add_node(NodeSpec { docker, ..node("node-k", &[], 8) });
+    fleet.wait_state(&["node-k"], "ready").await;
+    let mut sandboxes = fleet.server.sandboxes(&fleet.token).await;
+    put_definition(&mut sandboxes, definition("local", Kind::Local)).await;
+    let mut runs = start_runs(&fleet, "kl", 3, LINES, "local").await;
+    if docker {
+        sandhold_tests::docker::ensure_test_image();
+        put_definition(&mut sandboxes, definition("docker", Kind::Docker)).await;
+        runs.extend(start_runs(&fleet, "kd", 3, LINES, "docker").await);
+    }
+    // Mid-stream: every run has printed, and goes on for 4 s in all.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    fleet.nodes[0].kill9().await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    fleet.nodes[0].restart();
+    assert_all_complete(&fleet, runs, LINES).await;
+    assert!(fleet.nodes[0].log_text().matches("sandhold node serving").count() >= 2, "{}", fleet.logs());
+    if docker {
+        let sandbox = sandhold_tests::sandbox::of_thread(&mut sandboxes, "kd-thread-0").await;
+        assert_eq!((sandbox.provider.as_str(), sandbox.node.as_str()), ("docker", "node-k"));
+    }
+}
+
+/// A drained node gets no new sandbox, and the run already on it finishes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_drained_node_gets_no_new_sandbox_and_its_run_finishes() {
+    const LINES: u32 = 200;
+    let Some(mut fleet) = Fleet::start("fleet-drain", &[]).await else { return };
+    fleet.add_node(node("node-d", &[], 8));
+    fleet.wait_state(&["node-d"], "ready").await;
+    let mut sandboxes = fleet.server.sandboxes(&fleet.token).await;
+    put_definition(&mut sandboxes, definition("def", Kind::Local)).await;
+    let running = start_runs(&fleet, "d", 1, LINES, "def").await;
+    fleet.add_node(node("node-e", &[], 8));
+    fleet.wait_state(&["node-e"], "ready").await;
+    let out = sandhold_tests::cli::sandhold(fleet.data_dir())
+        .args(["nodes", "drain", "node-d", "--server", &format!("http://{}", fleet.server.addr)])
+        .env("SANDHOLD_TOKEN", &fleet.token)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    fleet.wait_state(&["node-d"], "draining").await;
+    for i in 0..4 {
+        let (_, ready) = ensure(&mut sandboxes, ensure_request("def", &format!("new-{i}"))).await;
+        assert_eq!(ready.unwrap().sandbox.unwrap().node, "node-e", "a new sandbox on the drained node");
+    }
+    assert_all_complete(&fleet, running, LINES).await;
+    let sandbox = sandhold_tests::sandbox::of_thread(&mut sandboxes, "d-thread-0").await;
+    assert_eq!(sandbox.node, "node-d", "the running run's sandbox stays where it is");
+}
+
+/// A node whose certificate comes from another CA is refused: the control
+/// plane's dial back fails its TLS handshake, the node is not listed, and
+/// it exits saying so. So is a node with another join token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_from_another_ca_or_with_another_join_token_is_refused() {
+    let Some(mut fleet) = Fleet::start("fleet-ca", &[]).await else { return };
+    fleet.add_node(NodeSpec { name: "intruder".into(), other_ca: true, ..Default::default() });
+    fleet.add_node(NodeSpec { name: "tokenless".into(), wrong_join_token: true, ..Default::default() });
+    fleet.add_node(node("member", &[], 4));
+    fleet.wait_state(&["member"], "ready").await;
+    for (i, why) in [(0, "certificate"), (1, "join token")] {
+        let status = fleet.nodes[i].exited(PATIENCE).await.unwrap_or_else(|| panic!("{}", fleet.logs()));
+        assert!(!status.success());
+        let log = fleet.nodes[i].log_text();
+        assert!(log.contains("refused this node"), "{log}");
+        assert!(log.contains(why), "{why}: {log}");
+    }
+    let names: Vec<String> = fleet.list().await.into_iter().map(|n| n.name).collect();
+    assert_eq!(names, ["member"]);
+}
+
+/// A control plane presenting a certificate from another CA than the
+/// node's is refused by the node: its dial back fails, so the node never
+/// joins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_control_plane_from_another_ca_is_refused_by_the_node() {
+    let Some(mut fleet) = Fleet::start_presenting_another_ca("fleet-cpca").await else { return };
+    fleet.add_node(node("careful", &[], 4));
+    let status = fleet.nodes[0].exited(PATIENCE).await.unwrap_or_else(|| panic!("{}", fleet.logs()));
+    assert!(!status.success());
+    let log = fleet.nodes[0].log_text();
+    assert!(log.contains("refused this node") && log.contains("mutual TLS"), "{log}");
+    assert!(fleet.list().await.is_empty());
+}
+
+/// A local definition whose threads keep portable checkpoints.
+fn portable(id: &str) -> api::SandboxDefinition {
+    let mut d = definition(id, Kind::Local);
+    let portable = api::PortableSnapshots { enabled: true, ..Default::default() };
+    d.lifecycle = Some(api::Lifecycle { portable_snapshots: Some(portable), ..Default::default() });
+    d
+}
+
+/// `sandhold nodes rm` during a run: the run ends RUN_ERROR SANDBOX_LOST
+/// with every line it delivered before kept, the removed node may not come
+/// back, and the thread's next run gets a sandbox on another node restored
+/// from its latest checkpoint (a file an earlier run wrote is there).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_removed_nodes_runs_end_sandbox_lost_and_the_thread_continues_on_another_node() {
+    let Some(mut fleet) = Fleet::start("fleet-rm", &[]).await else { return };
+    fleet.add_node(node("node-x", &[], 8));
+    fleet.wait_state(&["node-x"], "ready").await;
+    let mut sandboxes = fleet.server.sandboxes(&fleet.token).await;
+    put_definition(&mut sandboxes, portable("def")).await;
+    let mut runs = fleet.server.runs(&fleet.token).await;
+    let first =
+        run_to_end(&mut runs, &format!("r1-{}", fleet.nonce), "t", "def", "echo kept > kept.txt; echo wrote")
+            .await;
+    assert!(first.has_text("wrote"), "{:?}", first.chunks);
+    fleet.add_node(node("node-y", &[], 8));
+    fleet.wait_state(&["node-y"], "ready").await;
+
+    let run_id = format!("r2-{}", fleet.nonce);
+    let mut stream = runs
+        .start_run(command_run(&run_id, "t", "def", &numbered_lines(1000, 10, "0.2")))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut seen = Seen::default();
+    read_until(&mut stream, &mut seen, |s| s.line_numbers().len() >= 20).await.unwrap();
+    let out = sandhold_tests::cli::sandhold(fleet.data_dir())
+        .args(["nodes", "rm", "node-x", "--server", &format!("http://{}", fleet.server.addr)])
+        .env("SANDHOLD_TOKEN", &fleet.token)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    read_until(&mut stream, &mut seen, |_| false).await.unwrap_or_else(|e| panic!("{e}\n{}", fleet.logs()));
+    let terminal = seen.terminal().expect("a terminal chunk");
+    assert_eq!(terminal.r#type(), api::ChunkType::RunError, "{terminal:?}\n{}", fleet.logs());
+    assert_eq!(terminal.error_code, "SANDBOX_LOST", "{terminal:?}");
+    let lines = seen.line_numbers();
+    assert!(lines.len() >= 20 && lines.len() < 1000, "{} lines", lines.len());
+    assert_eq!(lines, (1..=lines.len() as u32).collect::<Vec<_>>(), "what was delivered stays, once each");
+    // The removed node is told so and stops; it may not join again.
+    let status = fleet.nodes[0].exited(PATIENCE).await.unwrap_or_else(|| panic!("{}", fleet.logs()));
+    assert!(!status.success());
+    assert!(fleet.nodes[0].log_text().contains("removed by the operator"), "{}", fleet.nodes[0].log_text());
+    let names: Vec<String> = fleet.list().await.into_iter().map(|n| n.name).collect();
+    assert_eq!(names, ["node-y"]);
+
+    let next = run_to_end(&mut runs, &format!("r3-{}", fleet.nonce), "t", "def", "cat kept.txt").await;
+    assert!(next.has_text("kept"), "the checkpoint was restored: {:?}\n{}", next.chunks, fleet.logs());
+    assert_eq!(sandhold_tests::sandbox::of_thread(&mut sandboxes, "t").await.node, "node-y");
+}
+
+/// A partition shorter than the grace period: the node's veth is down for
+/// 20 s while its runs go on; once it heals, the drives catch up from their
+/// journal offsets and every run completes with every line once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_partition_shorter_than_the_grace_loses_and_doubles_nothing() {
+    const LINES: u32 = 300;
+    let Some(mut fleet) = Fleet::start("fleet-cut", &[]).await else { return };
+    fleet.add_node(node("node-p", &[], 8));
+    fleet.wait_state(&["node-p"], "ready").await;
+    let mut sandboxes = fleet.server.sandboxes(&fleet.token).await;
+    put_definition(&mut sandboxes, definition("def", Kind::Local)).await;
+    // 300 lines over 30 s: they straddle the partition.
+    let mut runs = Vec::new();
+    for i in 0..3 {
+        let mut client = fleet.server.runs(&fleet.token).await;
+        let run_id = format!("p{i}-{}", fleet.nonce);
+        let request = command_run(&run_id, &format!("p-thread-{i}"), "def", &numbered_lines(LINES, 10, "1"));
+        let mut stream = client.start_run(request).await.unwrap().into_inner();
+        runs.push((
+            run_id,
+            tokio::spawn(async move {
+                let mut seen = Seen::default();
+                read_until(&mut stream, &mut seen, |_| false).await.expect("the run's stream broke");
+                seen
+            }),
+        ));
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    fleet.nodes[0].ns.cut();
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let during = fleet.list().await;
+    assert_eq!(during[0].state, "unreachable", "{during:?}");
+    fleet.nodes[0].ns.heal();
+    assert_all_complete(&fleet, runs, LINES).await;
+}
+
+/// A partition past the grace period: the node is lost, its runs end
+/// RUN_ERROR SANDBOX_LOST, and the thread's next run continues on another
+/// node from its latest checkpoint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_partition_past_the_grace_loses_the_sandbox_and_the_thread_moves() {
+    let Some(mut fleet) = Fleet::start("fleet-lost", &["--node-grace-ms", "8000"]).await else { return };
+    fleet.add_node(node("node-l", &[], 8));
+    fleet.wait_state(&["node-l"], "ready").await;
+    let mut sandboxes = fleet.server.sandboxes(&fleet.token).await;
+    put_definition(&mut sandboxes, portable("def")).await;
+    let mut runs = fleet.server.runs(&fleet.token).await;
+    run_to_end(&mut runs, &format!("l1-{}", fleet.nonce), "t", "def", "echo kept > kept.txt").await;
+    fleet.add_node(node("node-m", &[], 8));
+    fleet.wait_state(&["node-m"], "ready").await;
+    let run_id = format!("l2-{}", fleet.nonce);
+    let mut stream = runs
+        .start_run(command_run(&run_id, "t", "def", &numbered_lines(1000, 10, "0.5")))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut seen = Seen::default();
+    read_until(&mut stream, &mut seen, |s| s.line_numbers().len() >= 10).await.unwrap();
+    fleet.nodes[0].ns.cut();
+    read_until(&mut stream, &mut seen, |_| false).await.unwrap_or_else(|e| panic!("{e}\n{}", fleet.logs()));
+    let terminal = seen.terminal().expect("a terminal chunk");
+    assert_eq!(terminal.error_code, "SANDBOX_LOST", "{terminal:?}\n{}", fleet.logs());
+    let lines = seen.line_numbers();
+    assert_eq!(lines, (1..=lines.len() as u32).collect::<Vec<_>>(), "what was delivered stays, once each");
+    assert_eq!(fleet.list().await.iter().find(|n| n.name == "node-l").unwrap().state, "lost");
+    let next = run_to_end(&mut runs, &format!("l3-{}", fleet.nonce), "t", "def", "cat kept.txt").await;
+    assert!(next.has_text("kept"), "the checkpoint was restored: {:?}\n{}", next.chunks, fleet.logs());
+    assert_eq!(sandhold_tests::sandbox::of_thread(&mut sandboxes, "t").await.node, "node-m");
+    fleet.nodes[0].ns.heal();
+}
