@@ -39,7 +39,7 @@ fn ensure_request(definition: &str, thread: &str) -> api::EnsureSandboxRequest {
     }
 }
 
-/// Three nodes register with their labels and capacity (`nodes ls`);
+/// Three nodes register with their labels and capacity (`nodes ls`); 30
 /// sandboxes requiring a label fill the nodes carrying it up to their
 /// slots and no further, each in the node's own data dir; a requirement no
 /// node meets is refused naming it, and so is one whose nodes are full.
@@ -50,13 +50,13 @@ async fn nodes_register_and_sandboxes_are_placed_by_labels_and_capacity() {
     else {
         return;
     };
-    fleet.add_node(node("node-a", &["zone=a"], 3));
-    fleet.add_node(node("node-b", &["zone=b"], 3));
-    fleet.add_node(node("node-c", &["zone=a"], 2));
+    fleet.add_node(node("node-a", &["zone=a"], 12));
+    fleet.add_node(node("node-b", &["zone=b"], 10));
+    fleet.add_node(node("node-c", &["zone=a"], 8));
     let nodes = fleet.wait_state(&["node-a", "node-b", "node-c"], "ready").await;
     let a = nodes.iter().find(|n| n.name == "node-a").unwrap();
     assert_eq!(a.labels.get("zone").map(String::as_str), Some("a"));
-    assert_eq!(a.capacity.as_ref().unwrap().sandbox_slots, 3);
+    assert_eq!(a.capacity.as_ref().unwrap().sandbox_slots, 12);
     assert!(a.capacity.as_ref().unwrap().memory_bytes > 0);
     assert_eq!(a.providers, ["local"]);
     assert!(a.address.starts_with("https://10.213."), "{}", a.address);
@@ -77,10 +77,14 @@ async fn nodes_register_and_sandboxes_are_placed_by_labels_and_capacity() {
 
     let mut sandboxes = fleet.server.sandboxes(&fleet.token).await;
     put_definition(&mut sandboxes, placed("zone-a", &["zone=a"])).await;
+    put_definition(&mut sandboxes, placed("zone-b", &["zone=b"])).await;
     put_definition(&mut sandboxes, placed("gpu", &["gpu=true"])).await;
+    // 30 sandboxes: 20 needing zone=a (nodes a and c, 12 + 8 slots), 10
+    // needing zone=b (node b, 10 slots).
     let mut on = BTreeMap::<String, u32>::new();
-    for i in 0..5 {
-        let (_, ready) = ensure(&mut sandboxes, ensure_request("zone-a", &format!("t{i}"))).await;
+    for i in 0..30 {
+        let definition = if i % 3 == 2 { "zone-b" } else { "zone-a" };
+        let (_, ready) = ensure(&mut sandboxes, ensure_request(definition, &format!("t{i}"))).await;
         let ready = ready.unwrap_or_else(|s| panic!("ensure {i}: {s}\n{}", fleet.logs()));
         let sandbox = ready.sandbox.unwrap();
         *on.entry(sandbox.node.clone()).or_default() += 1;
@@ -95,11 +99,14 @@ async fn nodes_register_and_sandboxes_are_placed_by_labels_and_capacity() {
             node.data_dir.display()
         );
     }
-    assert_eq!(on, BTreeMap::from([("node-a".to_string(), 3), ("node-c".to_string(), 2)]));
+    let expected = [("node-a".to_string(), 12), ("node-b".to_string(), 10), ("node-c".to_string(), 8)];
+    assert_eq!(on, BTreeMap::from(expected));
     let (_, full) = ensure(&mut sandboxes, ensure_request("zone-a", "t-full")).await;
     let full = full.unwrap_err();
     assert_eq!(full.code(), tonic::Code::FailedPrecondition, "{full}");
     assert!(full.message().contains("all 2 ready nodes with zone=a are full"), "{full}");
+    let (_, full_b) = ensure(&mut sandboxes, ensure_request("zone-b", "t-full-b")).await;
+    assert!(full_b.unwrap_err().message().contains("all 1 ready nodes with zone=b are full"));
     let (_, none) = ensure(&mut sandboxes, ensure_request("gpu", "t-gpu")).await;
     let none = none.unwrap_err();
     assert!(none.message().contains("no node has gpu=true"), "{none}");
@@ -107,8 +114,7 @@ async fn nodes_register_and_sandboxes_are_placed_by_labels_and_capacity() {
     // `nodes ls` counts them; `sandboxes ls` names each one's node.
     let counts: BTreeMap<String, u32> =
         fleet.list().await.into_iter().map(|n| (n.name, n.sandboxes)).collect();
-    assert_eq!(counts["node-a"], 3);
-    assert_eq!(counts["node-b"], 0);
+    assert_eq!((counts["node-a"], counts["node-b"], counts["node-c"]), (12, 10, 8));
     let out = sandhold_tests::cli::sandhold(fleet.data_dir())
         .args(["sandboxes", "ls", "--server", &format!("http://{}", fleet.server.addr)])
         .env("SANDHOLD_TOKEN", &fleet.token)
@@ -116,15 +122,15 @@ async fn nodes_register_and_sandboxes_are_placed_by_labels_and_capacity() {
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.lines().next().unwrap().contains("NODE"), "{text}");
-    assert_eq!(text.lines().filter(|l| l.contains("node-c")).count(), 2, "{text}");
+    assert_eq!(text.lines().filter(|l| l.contains("node-c")).count(), 8, "{text}");
 
     // The metrics say the same, and count the two refusals by reason.
     let scraped = tokio::task::spawn_blocking(move || crate::metrics::scrape(metrics)).await.unwrap();
     let value = |series: &str| crate::metrics::value(&scraped, series);
-    assert_eq!(value("sandhold_node_sandboxes{node=\"node-a\"}"), 3.0);
-    assert_eq!(value("sandhold_node_sandbox_slots{node=\"node-c\"}"), 2.0);
+    assert_eq!(value("sandhold_node_sandboxes{node=\"node-a\"}"), 12.0);
+    assert_eq!(value("sandhold_node_sandbox_slots{node=\"node-c\"}"), 8.0);
     assert!(value("sandhold_node_heartbeat_age_seconds{node=\"node-b\"}") < 60.0);
-    assert_eq!(value("sandhold_placement_failures_total{reason=\"full\"}"), 1.0);
+    assert_eq!(value("sandhold_placement_failures_total{reason=\"full\"}"), 2.0);
     assert_eq!(value("sandhold_placement_failures_total{reason=\"labels\"}"), 1.0);
 }
 
