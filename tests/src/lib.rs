@@ -21,6 +21,7 @@ pub mod cluster;
 pub mod database;
 pub mod docker;
 pub mod dockerd;
+pub mod git_remote;
 pub mod in_process;
 pub mod local;
 pub mod model;

@@ -44,6 +44,8 @@ pub use shared::chunk::{MODEL_UNAVAILABLE, SANDBOX_NETWORK};
 pub const DEFAULT_MODEL_UNREACHABLE: Duration = Duration::from_secs(120);
 /// Where the broker and proxy listen, as the sandbox sees it.
 pub const LOOPBACK: &str = "127.0.0.1";
+/// The longest reason an agent's refusal is recorded with.
+const MAX_BLOCKED: usize = 300;
 
 /// What a connection is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -181,16 +183,54 @@ pub fn settle_model_keys(definition: &mut SandboxDefinition) -> Vec<(String, Str
     out
 }
 
-/// Secrets no process in the sandbox may see: the model keys, which only
-/// the agent holds.
+/// Secrets no process in the sandbox may see: the model keys and the
+/// brokered credentials, which only the agent holds (a credential's
+/// variable holds its placeholder instead, see [`Listening::env`]).
 pub fn withheld(definition: &SandboxDefinition) -> BTreeSet<String> {
-    definition.model_access.iter().map(|m| m.key_secret.clone()).collect()
+    let credentials = definition.network.iter().flat_map(|n| n.credentials.iter().map(|c| c.secret.clone()));
+    definition.model_access.iter().map(|m| m.key_secret.clone()).chain(credentials).collect()
 }
 
 /// Whether `definition` needs the agent's egress listener at all.
 pub fn wanted(definition: &SandboxDefinition) -> bool {
-    !definition.model_access.is_empty()
-        || definition.network.as_ref().is_some_and(|n| !n.allow_hosts.is_empty())
+    !definition.model_access.is_empty() || proxied(definition)
+}
+
+/// Whether `definition`'s processes are given the proxy: it allows hosts,
+/// or brokers credentials.
+pub fn proxied(definition: &SandboxDefinition) -> bool {
+    definition.network.as_ref().is_some_and(|n| !n.allow_hosts.is_empty() || !n.credentials.is_empty())
+}
+
+/// The agent's listener, as configured.
+#[derive(Debug, Clone, Default)]
+pub struct Listening {
+    pub port: u16,
+    /// Secret name -> the placeholder its variable holds.
+    pub placeholders: Vec<(String, String)>,
+    /// The interception CA's certificate and the bundle with it, when
+    /// there are credentials.
+    pub ca_cert: String,
+    pub ca_bundle: String,
+}
+
+impl Listening {
+    /// The environment of a process of `definition`: the proxy's variables
+    /// (when it is proxied), the credentials' placeholders, and the
+    /// variables TLS clients read their trusted roots from.
+    pub fn env(&self, definition: &SandboxDefinition) -> Vec<(String, String)> {
+        let mut env = if proxied(definition) { proxy_env(self.port) } else { Vec::new() };
+        env.extend(self.placeholders.iter().cloned());
+        if !self.ca_bundle.is_empty() {
+            for name in ["SSL_CERT_FILE", "GIT_SSL_CAINFO", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"] {
+                env.push((name.to_string(), self.ca_bundle.clone()));
+            }
+        }
+        if !self.ca_cert.is_empty() {
+            env.push(("NODE_EXTRA_CA_CERTS".to_string(), self.ca_cert.clone()));
+        }
+        env
+    }
 }
 
 /// The model-unreachable bound of `definition`.
@@ -204,6 +244,7 @@ pub fn unreachable_after(definition: &SandboxDefinition) -> Duration {
 /// Where one sandbox's egress may go.
 #[derive(Debug, Clone)]
 pub struct Plan {
+    /// `network.allow_hosts` and the credentials' hosts.
     allow: Vec<HostPattern>,
     models: Vec<Upstream>,
     private_ok: bool,
@@ -227,7 +268,7 @@ impl Plan {
         let allow = definition
             .network
             .iter()
-            .flat_map(|n| n.allow_hosts.iter())
+            .flat_map(|n| n.allow_hosts.iter().chain(n.credentials.iter().flat_map(|c| c.hosts.iter())))
             .filter_map(|p| HostPattern::parse(p).ok())
             .collect();
         let models = definition
@@ -254,6 +295,11 @@ impl Plan {
         let host = dial.host.as_str();
         if host.len() > MAX_HOST {
             return Err(refuse(format!("a host name is {MAX_HOST} bytes at most")));
+        }
+        if !dial.blocked.is_empty() {
+            // The agent refused a request itself; this is its record.
+            let why: String = dial.blocked.chars().take(MAX_BLOCKED).collect();
+            return Err(refuse(format!("blocked by the sandbox's agent: {why}")));
         }
         let allowed = match Purpose::from_wire(dial.purpose) {
             Purpose::Model => self.models.iter().any(|m| {
@@ -284,13 +330,12 @@ impl Plan {
 }
 
 /// Configure the agent's listener for `definition` (and `routes`, for a
-/// run); returns the listener's port. An agent without egress is refused
-/// with what to do.
+/// run). An agent without egress is refused with what to do.
 pub async fn configure(
     agent: &AgentClient,
     definition: &SandboxDefinition,
     routes: Vec<agent::EgressRoute>,
-) -> Result<u16, tonic::Status> {
+) -> Result<Listening, tonic::Status> {
     let caps = agent.handshake().capabilities.unwrap_or_default();
     if !caps.egress {
         return Err(tonic::Status::failed_precondition(
@@ -299,10 +344,36 @@ pub async fn configure(
         ));
     }
     let network = definition.network.clone().unwrap_or_default();
-    let request = agent::ConfigureEgressRequest { routes, extra_roots_pem: network.extra_roots_pem };
-    let port = agent.egress().configure(request).await?.into_inner().port;
-    u16::try_from(port)
-        .map_err(|_| tonic::Status::internal(format!("the agent's egress port {port} is not a port")))
+    let credentials = network
+        .credentials
+        .iter()
+        .map(|c| agent::EgressCredential {
+            secret_name: c.secret.clone(),
+            hosts: c.hosts.clone(),
+            header: c.header.clone(),
+            format: c.format.clone(),
+            basic: c.basic,
+            username: c.username.clone(),
+        })
+        .collect();
+    let request =
+        agent::ConfigureEgressRequest { routes, extra_roots_pem: network.extra_roots_pem, credentials };
+    let answer = agent.egress().configure(request).await?.into_inner();
+    let port = u16::try_from(answer.port).map_err(|_| {
+        tonic::Status::internal(format!("the agent's egress port {} is not a port", answer.port))
+    })?;
+    let placeholders = network
+        .credentials
+        .iter()
+        .map(|c| match answer.placeholders.get(&c.secret) {
+            Some(p) => Ok((c.secret.clone(), p.clone())),
+            None => Err(tonic::Status::internal(format!(
+                "the agent gave the credential {} no placeholder",
+                c.secret
+            ))),
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(Listening { port, placeholders, ca_cert: answer.ca_cert_path, ca_bundle: answer.ca_bundle_path })
 }
 
 /// The environment of every process that should use the proxy.
@@ -369,6 +440,55 @@ pub fn violations(definition: &SandboxDefinition, operator_hosts: &[String]) -> 
                     format!("{text:?} is outside the hosts the operator allows (egress_hosts)"),
                 )),
                 Ok(_) => {}
+            }
+        }
+        let models: BTreeSet<&str> = definition.model_access.iter().map(|m| m.key_secret.as_str()).collect();
+        let mut credentials = BTreeSet::new();
+        for (i, c) in network.credentials.iter().enumerate() {
+            let field = |name: &str| format!("definition.network.credentials[{i}].{name}");
+            if !definition.secret_names.contains(&c.secret) {
+                out.push((
+                    field("secret"),
+                    format!("{:?} is not one of the definition's secret_names", c.secret),
+                ));
+            } else if models.contains(c.secret.as_str()) {
+                out.push((field("secret"), format!("{} is already a model key (model_access)", c.secret)));
+            } else if !credentials.insert(c.secret.as_str()) {
+                out.push((field("secret"), format!("{} is a credential twice", c.secret)));
+            }
+            if c.hosts.is_empty() {
+                out.push((field("hosts"), "at least one host it may be sent to".into()));
+            }
+            for (j, text) in c.hosts.iter().enumerate() {
+                match HostPattern::parse(text) {
+                    Err(why) => out.push((format!("{}[{j}]", field("hosts")), why)),
+                    Ok(p) if !p.within(&operator) => out.push((
+                        format!("{}[{j}]", field("hosts")),
+                        format!("{text:?} is outside the hosts the operator allows (egress_hosts)"),
+                    )),
+                    Ok(_) => {}
+                }
+            }
+            if !c.header.is_empty() && http::HeaderName::from_bytes(c.header.as_bytes()).is_err() {
+                out.push((field("header"), format!("{:?} is not a header name", c.header)));
+            }
+            if c.basic && (!c.format.is_empty() || !c.header.is_empty()) {
+                out.push((
+                    field("basic"),
+                    "HTTP basic is sent in Authorization: no header or format with it".into(),
+                ));
+            }
+            if !c.format.is_empty()
+                && (c.format.matches("{}").count() != 1
+                    || http::HeaderValue::from_str(&c.format.replace("{}", "x")).is_err())
+            {
+                out.push((field("format"), "a header value with one `{}` standing for the secret".into()));
+            }
+            if !c.basic && !c.username.is_empty() {
+                out.push((field("username"), "only with basic".into()));
+            }
+            if c.username.contains(':') {
+                out.push((field("username"), "no `:` in a basic user name".into()));
             }
         }
         if !network.extra_roots_pem.is_empty()

@@ -76,15 +76,13 @@ pub(super) async fn point(
     let placeholder = egress::placeholder();
     let budget = budget.map(|b| b.route());
     let routes = egress.upstream.iter().map(|u| u.route(&placeholder, run_id, budget)).collect();
-    let port = egress::configure(agent, definition, routes).await.map_err(Error::StartRefused)?;
+    let listening = egress::configure(agent, definition, routes).await.map_err(Error::StartRefused)?;
     if let Some(upstream) = &egress.upstream {
-        let base = format!("http://{LOOPBACK}:{port}{}", upstream.path);
+        let base = format!("http://{LOOPBACK}:{}{}", listening.port, upstream.path);
         harness.point_at(command, &base, &placeholder);
     }
-    if definition.network.as_ref().is_some_and(|n| !n.allow_hosts.is_empty()) {
-        for (name, value) in egress::proxy_env(port) {
-            command.env.entry(name).or_insert(value);
-        }
+    for (name, value) in listening.env(definition) {
+        command.env.entry(name).or_insert(value);
     }
     Ok(())
 }

