@@ -1,7 +1,10 @@
 //! Host patterns (`host`, `host:port`, `*.domain`, `*`): where a
 //! sandbox's egress may go, and where a brokered credential may be sent.
 //! The control plane decides by them; the sandbox agent reads them to know
-//! which connections to intercept.
+//! which connections to intercept. And what the egress rules by method and
+//! path are judged on: an HTTP request as a `shared::policy` subject
+//! (`METHOD host:port/path`, [`request_subject`]) and a rule as a glob over
+//! it ([`request_pattern`]).
 
 use std::net::IpAddr;
 
@@ -90,6 +93,101 @@ impl HostPattern {
     }
 }
 
+/// Glob metacharacters escaped.
+fn escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if "*?[]{}\\".contains(c) {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+impl HostPattern {
+    /// The glob over `host:port` this pattern stands for (an IPv6 address
+    /// in brackets).
+    pub fn glob(&self) -> String {
+        let host = match &self.host {
+            Host::Any => "*".to_string(),
+            Host::Suffix(domain) => format!("*.{}", escape(domain)),
+            Host::Exact(h) if h.contains(':') => escape(&format!("[{h}]")),
+            Host::Exact(h) => escape(h),
+        };
+        let port = match self.port {
+            Some(p) => p.to_string(),
+            None => format!("{{{},{}}}", WEB_PORTS[0], WEB_PORTS[1]),
+        };
+        format!("{host}:{port}")
+    }
+}
+
+/// The `shared::policy` pattern (action `request`) of an egress rule: any
+/// of `methods` (none: any method) to `host`, on a path matching `path` (a
+/// glob; none: any path).
+pub fn request_pattern(host: &HostPattern, methods: &[String], path: Option<&str>) -> String {
+    let methods: Vec<String> = methods.iter().map(|m| escape(&m.to_ascii_uppercase())).collect();
+    let methods = match methods.len() {
+        0 => "*".to_string(),
+        1 => methods[0].clone(),
+        _ => format!("{{{}}}", methods.join(",")),
+    };
+    let path = match path {
+        Some(p) if !p.is_empty() => p.to_string(),
+        _ => "{,/**}".to_string(),
+    };
+    format!("{methods} {}{path}", host.glob())
+}
+
+/// The `shared::policy` subject of a request: `METHOD host:port/path`,
+/// the path as [`normal_path`] gives it.
+pub fn request_subject(method: &str, host: &str, port: u16, path: &str) -> String {
+    let host = host.trim_start_matches('[').trim_end_matches(']').trim_end_matches('.').to_ascii_lowercase();
+    let host = if host.contains(':') { format!("[{host}]") } else { host };
+    format!("{} {host}:{port}{path}", method.to_ascii_uppercase())
+}
+
+/// A request target's path as rules judge it: the query left out,
+/// percent-escapes decoded. Refused (`Err` says why): a path that does not
+/// start with `/`, has a `.` or `..` segment, or an escaped `/`, `\\`, or
+/// control character, any of which a server may read as another path than
+/// the one judged.
+pub fn normal_path(target: &str) -> Result<String, String> {
+    let raw = target.split(['?', '#']).next().unwrap_or_default();
+    if !raw.starts_with('/') {
+        return Err(format!("{raw:?} is not an absolute path"));
+    }
+    let bytes = raw.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' => {
+                let hex = bytes.get(i + 1..i + 3).and_then(|h| std::str::from_utf8(h).ok());
+                let byte = hex
+                    .and_then(|h| u8::from_str_radix(h, 16).ok())
+                    .ok_or_else(|| format!("{raw:?} has a malformed percent-escape"))?;
+                if byte == b'/' || byte == b'\\' || byte.is_ascii_control() {
+                    return Err(format!("{raw:?} escapes a separator or a control character"));
+                }
+                out.push(byte);
+                i += 3;
+            }
+            b'\\' => return Err(format!("{raw:?} has a backslash")),
+            b => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    let path = String::from_utf8(out).map_err(|_| format!("{raw:?} is not UTF-8 once decoded"))?;
+    if path.split('/').any(|segment| segment == "." || segment == "..") {
+        return Err(format!("{raw:?} has a `.` or `..` segment"));
+    }
+    Ok(path)
+}
+
 fn bad(text: &str) -> String {
     format!("{text:?} is not a host name, an IP address, `*.domain` or `*`")
 }
@@ -169,5 +267,52 @@ mod tests {
         assert!(!p("example.com").within(&operator));
         assert!(p("anything.example:8080").within(&[p("*:8080")]));
         assert!(p("example.com").within(&[p("*")]));
+    }
+
+    #[test]
+    fn request_rules_judge_method_host_port_and_path() {
+        use crate::policy::{Action, Effect, Policy, Rule};
+        let rule = |host: &str, methods: &[&str], path: Option<&str>, effect| Rule {
+            action: Action::Request,
+            pattern: request_pattern(
+                &p(host),
+                &methods.iter().map(|m| m.to_string()).collect::<Vec<_>>(),
+                path,
+            ),
+            effect,
+        };
+        let policy = Policy {
+            default: Effect::Deny,
+            rules: vec![
+                rule("api.github.com", &["GET"], Some("/repos/acme/**"), Effect::Allow),
+                rule("*.example.org", &[], None, Effect::Allow),
+                rule("bad.example.org", &["POST", "put"], None, Effect::Deny),
+                rule("[::1]:8080", &[], Some("/v1/*"), Effect::Allow),
+            ],
+            ..Default::default()
+        };
+        policy.validate().unwrap();
+        let decide = |m: &str, h: &str, port: u16, path: &str| {
+            policy.decide(Action::Request, &request_subject(m, h, port, &normal_path(path).unwrap())).effect
+        };
+        assert_eq!(decide("GET", "api.github.com", 443, "/repos/acme/x"), Effect::Allow);
+        assert_eq!(decide("get", "API.github.com.", 443, "/repos/acme/x/pulls/1"), Effect::Allow);
+        assert_eq!(decide("POST", "api.github.com", 443, "/repos/acme/x"), Effect::Deny);
+        assert_eq!(decide("GET", "api.github.com", 443, "/repos/other/x"), Effect::Deny);
+        assert_eq!(decide("GET", "api.github.com", 8443, "/repos/acme/x"), Effect::Deny);
+        assert_eq!(decide("GET", "api.github.com", 443, "/repos/acme"), Effect::Deny);
+        assert_eq!(decide("DELETE", "a.example.org", 80, "/"), Effect::Allow);
+        assert_eq!(decide("GET", "a.b.example.org", 443, "/any/path"), Effect::Allow);
+        assert_eq!(decide("PUT", "bad.example.org", 443, "/x"), Effect::Deny);
+        assert_eq!(decide("GET", "bad.example.org", 443, "/x"), Effect::Allow);
+        assert_eq!(decide("GET", "::1", 8080, "/v1/models"), Effect::Allow);
+        assert_eq!(decide("GET", "::1", 8080, "/v1/models/x"), Effect::Deny);
+        assert_eq!(normal_path("/repos/acme/x?q=1").unwrap(), "/repos/acme/x");
+        assert_eq!(normal_path("/repos/%61cme/x").unwrap(), "/repos/acme/x");
+        for hostile in
+            ["/repos/acme/../other", "/repos/acme/%2e%2e/other", "/repos/acme%2fx", "/a\\b", "x", "/%zz"]
+        {
+            assert!(normal_path(hostile).is_err(), "{hostile}");
+        }
     }
 }

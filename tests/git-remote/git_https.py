@@ -8,6 +8,8 @@ token as the password. Usage:
 ROOT holds the bare repositories; the port it listens on is written to
 PORT_FILE once it listens; each request is a JSON line in LOG (method,
 path, whether its credentials were the token, and the user it named).
+With ROOT `-` it is a fake API instead: every request is answered 200 with
+its method and path, no credentials asked.
 """
 import base64
 import http.server
@@ -60,6 +62,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
         ok = password == token
         log({"method": self.command, "path": self.path, "authorized": ok, "user": user,
              "sent_credentials": bool(auth)})
+        if root == "-":
+            self.answer(200, [("Content-Type", "text/plain")], f"{self.command} {self.path}".encode())
+            return
         if not ok:
             self.answer(401, [("WWW-Authenticate", 'Basic realm="git"')], b"the token is required\n")
             return
@@ -84,6 +89,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
     do_GET = serve
     do_POST = serve
+    do_PUT = serve
+    do_DELETE = serve
 
 
 server = http.server.ThreadingHTTPServer((addr, 0), Handler)

@@ -30,6 +30,16 @@ impl GitRemote {
             .status()
             .unwrap();
         assert!(init.success());
+        Self::serve(dir, addr, token, root)
+    }
+
+    /// A fake API on `addr` instead (same server, same test CA): every
+    /// request answered 200 with its method and path, and logged.
+    pub fn echo(dir: &Path, addr: &str) -> Self {
+        Self::serve(dir, addr, "", PathBuf::from("-"))
+    }
+
+    fn serve(dir: &Path, addr: &str, token: &str, root: PathBuf) -> Self {
         let (cert, key, ca) = certificates(dir, addr);
         let (port_file, log) = (dir.join("git-remote.port"), dir.join("git-remote.log"));
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("git-remote/git_https.py");

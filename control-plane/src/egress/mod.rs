@@ -27,6 +27,7 @@ mod limits;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use shared::policy::{Action, Effect, Policy, Rule};
 use shared::proto::agent::v1 as agent;
 use shared::proto::v1::SandboxDefinition;
 use tokio::net::TcpStream;
@@ -199,7 +200,9 @@ pub fn wanted(definition: &SandboxDefinition) -> bool {
 /// Whether `definition`'s processes are given the proxy: it allows hosts,
 /// or brokers credentials.
 pub fn proxied(definition: &SandboxDefinition) -> bool {
-    definition.network.as_ref().is_some_and(|n| !n.allow_hosts.is_empty() || !n.credentials.is_empty())
+    definition.network.as_ref().is_some_and(|n| {
+        !n.allow_hosts.is_empty() || !n.credentials.is_empty() || !n.allow.is_empty() || !n.ask.is_empty()
+    })
 }
 
 /// The agent's listener, as configured.
@@ -244,8 +247,12 @@ pub fn unreachable_after(definition: &SandboxDefinition) -> Duration {
 /// Where one sandbox's egress may go.
 #[derive(Debug, Clone)]
 pub struct Plan {
-    /// `network.allow_hosts` and the credentials' hosts.
-    allow: Vec<HostPattern>,
+    /// `network.allow_hosts`, the credentials' hosts, and `network.allow`,
+    /// `ask` and `deny`, as `shared::policy` request rules (default deny).
+    rules: Policy,
+    /// The hosts some rule judges by method or path: their connections are
+    /// intercepted, one dial per request, never a blind tunnel.
+    judged: Vec<HostPattern>,
     models: Vec<Upstream>,
     private_ok: bool,
     limits: Limits,
@@ -265,12 +272,8 @@ impl Plan {
     /// Patterns were validated with the definition; one that does not parse
     /// now is skipped (it allows nothing).
     pub fn of(definition: &SandboxDefinition, private_ok: bool, limits: Limits) -> Self {
-        let allow = definition
-            .network
-            .iter()
-            .flat_map(|n| n.allow_hosts.iter().chain(n.credentials.iter().flat_map(|c| c.hosts.iter())))
-            .filter_map(|p| HostPattern::parse(p).ok())
-            .collect();
+        let network = definition.network.clone().unwrap_or_default();
+        let (rules, judged) = rules_of(&network);
         let models = definition
             .model_access
             .iter()
@@ -278,7 +281,39 @@ impl Plan {
                 Upstream::parse(Harness::parse(&m.harness).ok()?, &m.upstream, &m.key_secret).ok()
             })
             .collect();
-        Self { allow, models, private_ok, limits }
+        Self { rules, judged, models, private_ok, limits }
+    }
+
+    /// Whether the plan lets the sandbox's proxy reach `host:port` with
+    /// `request` (method and target; `None`: a tunnel); `Err` says why not.
+    fn judge(&self, host: &str, port: u16, request: Option<(&str, &str)>) -> Result<(), String> {
+        let subject = match request {
+            None if self.judged.iter().any(|p| p.matches(host, port)) => {
+                return Err(format!(
+                    "{host}:{port}: the sandbox's rules judge its requests by method and path, so a tunnel there is \
+                     refused (its https is intercepted)"
+                ));
+            }
+            None => shared::hosts::request_subject("CONNECT", host, port, "/"),
+            Some((method, target)) => {
+                let path =
+                    shared::hosts::normal_path(target).map_err(|why| format!("{host}:{port}: {why}"))?;
+                shared::hosts::request_subject(method, host, port, &path)
+            }
+        };
+        let decision = self.rules.decide(Action::Request, &subject);
+        let what = match request {
+            Some((method, target)) => format!("{method} {host}:{port}{target}"),
+            None => format!("{host}:{port}"),
+        };
+        match decision.effect {
+            Effect::Allow => Ok(()),
+            Effect::Deny if decision.rule == "default" => {
+                Err(format!("{what} is not on the sandbox's allowlist"))
+            }
+            Effect::Deny => Err(format!("{what} is refused by the rule `{}`", decision.rule)),
+            Effect::Ask => Err(format!("{what} falls under an ask rule, and network asks are not built yet")),
+        }
     }
 
     /// A place for one more open connection under the sandbox's and the
@@ -307,7 +342,11 @@ impl Plan {
                     && m.host.trim_start_matches('[').trim_end_matches(']') == host
                     && m.port == port
             }),
-            Purpose::Proxy => self.allow.iter().any(|p| p.matches(host, port)),
+            Purpose::Proxy => {
+                let request = (!dial.method.is_empty()).then_some((dial.method.as_str(), dial.path.as_str()));
+                self.judge(host, port, request).map_err(refuse)?;
+                true
+            }
         };
         if !allowed {
             return Err(refuse(format!("{host}:{port} is not on the sandbox's allowlist")));
@@ -327,6 +366,52 @@ impl Plan {
         }
         Err(failed(last))
     }
+}
+
+/// The request rules of `network` (see [`Plan`]) and the hosts judged by
+/// method or path. A pattern that does not parse now (they were validated
+/// with the definition) is left out: it allows nothing, and a deny or ask
+/// of it becomes a deny of every host.
+fn rules_of(network: &shared::proto::v1::Network) -> (Policy, Vec<HostPattern>) {
+    let mut rules = Vec::new();
+    let hosts = network.allow_hosts.iter().chain(network.credentials.iter().flat_map(|c| c.hosts.iter()));
+    for host in hosts.filter_map(|h| HostPattern::parse(h).ok()) {
+        let pattern = shared::hosts::request_pattern(&host, &[], None);
+        rules.push(Rule { action: Action::Request, pattern, effect: Effect::Allow });
+    }
+    let mut judged = Vec::new();
+    for (effect, list) in
+        [(Effect::Allow, &network.allow), (Effect::Ask, &network.ask), (Effect::Deny, &network.deny)]
+    {
+        for r in list {
+            let host = match HostPattern::parse(&r.host) {
+                Ok(host) => host,
+                Err(_) if effect == Effect::Allow => continue,
+                Err(_) => HostPattern::parse("*").expect("a pattern"),
+            };
+            if !r.methods.is_empty() || !r.path.is_empty() {
+                judged.push(host.clone());
+            }
+            let path = (!r.path.is_empty()).then_some(r.path.as_str());
+            let pattern = shared::hosts::request_pattern(&host, &r.methods, path);
+            rules.push(Rule { action: Action::Request, pattern, effect });
+        }
+    }
+    (Policy { default: Effect::Deny, rules, ..Default::default() }, judged)
+}
+
+/// The host patterns whose https the agent intercepts so each request is
+/// judged: those of rules with methods or a path.
+pub fn judged_hosts(definition: &SandboxDefinition) -> Vec<String> {
+    let network = definition.network.clone().unwrap_or_default();
+    network
+        .allow
+        .iter()
+        .chain(&network.ask)
+        .chain(&network.deny)
+        .filter(|r| !r.methods.is_empty() || !r.path.is_empty())
+        .map(|r| r.host.clone())
+        .collect()
 }
 
 /// Configure the agent's listener for `definition` (and `routes`, for a
@@ -356,8 +441,15 @@ pub async fn configure(
             username: c.username.clone(),
         })
         .collect();
-    let request =
-        agent::ConfigureEgressRequest { routes, extra_roots_pem: network.extra_roots_pem, credentials };
+    let request = agent::ConfigureEgressRequest {
+        routes,
+        extra_roots_pem: network.extra_roots_pem.clone(),
+        credentials,
+        intercept_hosts: judged_hosts(definition)
+            .into_iter()
+            .filter(|h| HostPattern::parse(h).is_ok())
+            .collect(),
+    };
     let answer = agent.egress().configure(request).await?.into_inner();
     let port = u16::try_from(answer.port).map_err(|_| {
         tonic::Status::internal(format!("the agent's egress port {} is not a port", answer.port))
@@ -491,6 +583,36 @@ pub fn violations(definition: &SandboxDefinition, operator_hosts: &[String]) -> 
                 out.push((field("username"), "no `:` in a basic user name".into()));
             }
         }
+        for (name, list) in [("allow", &network.allow), ("ask", &network.ask), ("deny", &network.deny)] {
+            for (i, r) in list.iter().enumerate() {
+                let field = |f: &str| format!("definition.network.{name}[{i}].{f}");
+                match HostPattern::parse(&r.host) {
+                    Err(why) => out.push((field("host"), why)),
+                    Ok(p) if name == "allow" && !p.within(&operator) => out.push((
+                        field("host"),
+                        format!("{:?} is outside the hosts the operator allows (egress_hosts)", r.host),
+                    )),
+                    Ok(_) => {}
+                }
+                for (j, m) in r.methods.iter().enumerate() {
+                    if m.is_empty() || !m.bytes().all(|b| b.is_ascii_uppercase()) {
+                        out.push((
+                            format!("{}[{j}]", field("methods")),
+                            format!("{m:?}: an upper-case HTTP method"),
+                        ));
+                    }
+                }
+                if !r.path.is_empty() {
+                    let rule =
+                        Rule { action: Action::Request, pattern: r.path.clone(), effect: Effect::Deny };
+                    if !r.path.starts_with('/') {
+                        out.push((field("path"), format!("{:?}: a glob over an absolute path", r.path)));
+                    } else if let Err(e) = (Policy { rules: vec![rule], ..Default::default() }).validate() {
+                        out.push((field("path"), e.to_string()));
+                    }
+                }
+            }
+        }
         if !network.extra_roots_pem.is_empty()
             && !network.extra_roots_pem.contains("-----BEGIN CERTIFICATE-----")
         {
@@ -498,4 +620,61 @@ pub fn violations(definition: &SandboxDefinition, operator_hosts: &[String]) -> 
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use shared::proto::v1 as api;
+
+    use super::*;
+
+    fn rule(host: &str, methods: &[&str], path: &str) -> api::NetworkRule {
+        api::NetworkRule {
+            host: host.into(),
+            methods: methods.iter().map(|m| m.to_string()).collect(),
+            path: path.into(),
+        }
+    }
+
+    /// Rules by method and path: deny > allow, the path judged decoded and
+    /// refused with dot segments, a tunnel to a judged host refused.
+    #[test]
+    fn requests_are_judged_by_method_and_path() {
+        let definition = SandboxDefinition {
+            network: Some(api::Network {
+                allow_hosts: vec!["registry.npmjs.org".into(), "evil.example".into()],
+                allow: vec![rule("api.github.com", &["GET"], "/repos/acme/**")],
+                deny: vec![
+                    rule("evil.example", &[], ""),
+                    rule("api.github.com", &[], "/repos/acme/secret/**"),
+                ],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let plan = Plan::of(&definition, false, EgressLimits::new(0, 0).sandbox("t"));
+        let judge = |host: &str, port: u16, request: Option<(&str, &str)>| plan.judge(host, port, request);
+        judge("api.github.com", 443, Some(("GET", "/repos/acme/x"))).unwrap();
+        judge("api.github.com", 443, Some(("GET", "/repos/acme/x/pulls?state=open"))).unwrap();
+        for (method, target) in [
+            ("POST", "/repos/acme/x"),
+            ("GET", "/repos/other/x"),
+            ("GET", "/repos/acme/secret/key"),
+            ("GET", "/repos/acme/x/../../other/x"),
+            ("GET", "/repos/acme/%2e%2e/other"),
+            ("GET", "/repos/acme%2Fx"),
+        ] {
+            let refused = judge("api.github.com", 443, Some((method, target))).unwrap_err();
+            assert!(refused.contains("api.github.com"), "{method} {target}: {refused}");
+        }
+        let blind = judge("api.github.com", 443, None).unwrap_err();
+        assert!(blind.contains("tunnel there is refused"), "{blind}");
+        judge("registry.npmjs.org", 443, None).unwrap();
+        judge("registry.npmjs.org", 80, Some(("POST", "/-/v1/login"))).unwrap();
+        let denied = judge("evil.example", 443, None).unwrap_err();
+        assert!(denied.contains("refused by the rule"), "{denied}");
+        let off_list = judge("other.example", 443, None).unwrap_err();
+        assert!(off_list.contains("not on the sandbox's allowlist"), "{off_list}");
+        assert_eq!(judged_hosts(&definition), ["api.github.com", "api.github.com"]);
+    }
 }

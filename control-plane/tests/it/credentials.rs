@@ -16,6 +16,24 @@ use shared::proto::v1 as api;
 
 use crate::broker::{as_run_user_beside_the_agent, assert_nowhere_in_the_sandbox, customs, exec};
 
+/// The run read to its end: what was seen, and its text output.
+async fn to_the_end(
+    stream: &mut tonic::Streaming<api::RunEvent>,
+    s: &sandhold_tests::server::TenantServer,
+) -> (Seen, String) {
+    let mut seen = Seen::default();
+    read_until(stream, &mut seen, |_| false)
+        .await
+        .unwrap_or_else(|e| panic!("{e:?}\n{}", s.server.log_text()));
+    let output = seen
+        .chunks
+        .iter()
+        .filter(|(_, c)| c.r#type() == api::ChunkType::TextMessageContent)
+        .map(|(_, c)| c.delta.as_str())
+        .collect();
+    (seen, output)
+}
+
 /// The run's script: push through the broker, then send the placeholder
 /// where it may not go (another header to the bound host, a header and a
 /// body to an allowed but unbound host), then wait for the test's scan.
@@ -111,16 +129,7 @@ async fn git_push_from_a_sandbox_without_network_authenticates_with_a_token_neve
     assert!(!key.contains("PRIVATE KEY"), "the run user reads the CA's key: {key}");
     exec(&mut sandboxes, &sandbox, "touch /tmp/done", b"").await;
 
-    let mut seen = Seen::default();
-    read_until(&mut stream, &mut seen, |_| false)
-        .await
-        .unwrap_or_else(|e| panic!("{e:?}\n{}", s.server.log_text()));
-    let output: String = seen
-        .chunks
-        .iter()
-        .filter(|(_, c)| c.r#type() == api::ChunkType::TextMessageContent)
-        .map(|(_, c)| c.delta.as_str())
-        .collect();
+    let (seen, output) = to_the_end(&mut stream, &s).await;
     let terminal = seen.terminal().expect("a terminal chunk");
     assert_eq!(terminal.r#type(), api::ChunkType::RunFinished, "{output}\n{}", s.server.log_text());
     assert!(output.contains("PUSHED"), "{output}\n{}", s.server.log_text());
@@ -155,5 +164,88 @@ async fn git_push_from_a_sandbox_without_network_authenticates_with_a_token_neve
             && n["allowed"] == true
             && n["bytes_received"].as_u64() > Some(0)),
         "{network:?}"
+    );
+}
+
+/// Rules by method and path (issue #38): an allow rule for `GET
+/// /repos/acme/**` on a host lets exactly that through; its https is
+/// intercepted (never tunnelled blind), and a POST to the same path, a GET
+/// of another repository and a dot-segment escape are refused before they
+/// reach the API, each on the run's record.
+#[tokio::test]
+async fn a_method_and_path_rule_lets_only_its_requests_through() {
+    if !sandhold_tests::services::docker() {
+        return;
+    }
+    ensure_debian_image();
+    let s = broker_server("rules").await;
+    let _cleanup = DockerCleanup { tenant: s.tenant.clone() };
+    let dir = TestDir::new("rules");
+    let api_server = GitRemote::echo(dir.path(), "127.0.0.2");
+    let docker = api::DockerProvider { image: DEBIAN_IMAGE.into(), ..Default::default() };
+    let definition = api::SandboxDefinition {
+        id: "rules".into(),
+        provider: Some(api::ProviderSpec { provider: Some(api::provider_spec::Provider::Docker(docker)) }),
+        network: Some(api::Network {
+            extra_roots_pem: api_server.ca_pem.clone(),
+            allow: vec![api::NetworkRule {
+                host: format!("127.0.0.2:{}", api_server.port),
+                methods: vec!["GET".into()],
+                path: "/repos/acme/**".into(),
+            }],
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let mut sandboxes = s.server.sandboxes(&s.token).await;
+    put_definition(&mut sandboxes, definition).await;
+    let script = format!(
+        r#"python3 - <<'PY'
+import urllib.request as u, urllib.error as e
+base = 'https://127.0.0.2:{port}'
+for m, p in [('GET', '/repos/acme/x'), ('POST', '/repos/acme/x'), ('GET', '/repos/other/x'),
+             ('GET', '/repos/acme/x/../../other/x')]:
+    req = u.Request(base + p, method=m, data=b'{{}}' if m == 'POST' else None)
+    try:
+        r = u.urlopen(req, timeout=30)
+        print('ANSWER', m, p, r.status, r.read().decode())
+    except e.HTTPError as x:
+        print('ANSWER', m, p, x.code)
+PY"#,
+        port = api_server.port
+    );
+    let mut runs = s.server.runs(&s.token).await;
+    let mut stream = runs
+        .start_run(command_run(&format!("rules-{}", s.nonce), "t", "rules", &script))
+        .await
+        .unwrap()
+        .into_inner();
+    let (seen, output) = to_the_end(&mut stream, &s).await;
+    for line in [
+        "ANSWER GET /repos/acme/x 200 GET /repos/acme/x",
+        "ANSWER POST /repos/acme/x 403",
+        "ANSWER GET /repos/other/x 403",
+        "ANSWER GET /repos/acme/x/../../other/x 403",
+    ] {
+        assert!(output.contains(line), "{line:?} in {output}\n{}", s.server.log_text());
+    }
+    let reached: Vec<String> = api_server
+        .requests()
+        .iter()
+        .map(|r| {
+            format!("{} {}", r["method"].as_str().unwrap_or_default(), r["path"].as_str().unwrap_or_default())
+        })
+        .collect();
+    assert_eq!(reached, ["GET /repos/acme/x"], "only the allowed request reached the API");
+    let network = customs(&seen, "sandbox.network");
+    assert!(
+        network.iter().any(|n| n["allowed"] == false
+            && n["error"].as_str().is_some_and(|e| e.contains("POST 127.0.0.2") && e.contains("allowlist"))),
+        "{network:?}\n{:?}\n{}",
+        seen.chunks
+            .iter()
+            .map(|(_, c)| format!("{:?} {} {}", c.r#type(), c.name, c.value_json))
+            .collect::<Vec<_>>(),
+        s.server.log_text()
     );
 }

@@ -56,6 +56,28 @@ pub struct EgressConfig {
     /// The brokered credentials, each with its placeholder.
     #[serde(default)]
     pub credentials: Vec<Credential>,
+    /// Host patterns whose https connections are intercepted so each
+    /// request is judged by its method and path.
+    #[serde(default)]
+    pub intercept_hosts: Vec<String>,
+}
+
+impl EgressConfig {
+    /// Whether connections to `host:port` are intercepted: a credential
+    /// is bound there, or rules judge its requests.
+    pub fn intercepts(&self, host: &str, port: u16) -> bool {
+        self.credentials.iter().any(|c| c.bound_to(host, port))
+            || self
+                .intercept_hosts
+                .iter()
+                .filter_map(|h| shared::hosts::HostPattern::parse(h).ok())
+                .any(|p| p.matches(host, port))
+    }
+
+    /// Whether the interception CA is needed.
+    pub fn intercepting(&self) -> bool {
+        !self.credentials.is_empty() || !self.intercept_hosts.is_empty()
+    }
 }
 
 /// Validate one route from the wire; the field path names what is wrong.
@@ -140,7 +162,16 @@ pub fn apply(current: &EgressConfig, req: &ConfigureEgressRequest) -> Result<Egr
             credential::credential(i, c, placeholder)
         })
         .collect::<Result<Vec<_>, _>>()?;
-    Ok(EgressConfig { routes: next, extra_roots_pem: req.extra_roots_pem.clone(), credentials })
+    for (i, h) in req.intercept_hosts.iter().enumerate() {
+        shared::hosts::HostPattern::parse(h)
+            .map_err(|why| Error::invalid_field(format!("intercept_hosts[{i}]"), why))?;
+    }
+    Ok(EgressConfig {
+        routes: next,
+        extra_roots_pem: req.extra_roots_pem.clone(),
+        credentials,
+        intercept_hosts: req.intercept_hosts.clone(),
+    })
 }
 
 /// What the journal dir keeps.

@@ -186,7 +186,7 @@ impl Broker {
             port: u32::from(route.port),
             purpose: CarryPurpose::Model.into(),
             route: route.label.clone(),
-            blocked: String::new(),
+            ..Default::default()
         };
         let stream = match self.pool.dial(dial).await {
             Ok(stream) => stream,
@@ -229,10 +229,10 @@ impl Broker {
         };
         let host = host.trim_start_matches('[').trim_end_matches(']').to_string();
         let table = self.table();
-        if table.config.credentials.iter().any(|c| c.bound_to(&host, port)) {
+        if table.config.intercepts(&host, port) {
             return self.intercept(req, &table, host, port);
         }
-        let stream = match self.proxy_dial(&host, port).await {
+        let stream = match self.proxy_dial(&host, port, None).await {
             Ok(stream) => stream,
             Err(resp) => return resp,
         };
@@ -321,11 +321,15 @@ impl Broker {
             );
         }
         let table = self.table();
+        let target = match request_target(&req) {
+            Ok(target) => target,
+            Err(resp) => return resp,
+        };
         let req = match self.bound(req, &table.config.credentials, host, port) {
             Ok(req) => req,
             Err(resp) => return resp,
         };
-        let stream = match self.proxy_dial(host, port).await {
+        let stream = match self.proxy_dial(host, port, Some(target)).await {
             Ok(stream) => stream,
             Err(resp) => return resp,
         };
@@ -439,11 +443,15 @@ impl Broker {
         }
         let host = host.trim_start_matches('[').trim_end_matches(']').to_string();
         let table = self.table();
+        let target = match request_target(&req) {
+            Ok(target) => target,
+            Err(resp) => return resp,
+        };
         let req = match self.bound(req, &table.config.credentials, &host, port) {
             Ok(req) => req,
             Err(resp) => return resp,
         };
-        let stream = match self.proxy_dial(&host, port).await {
+        let stream = match self.proxy_dial(&host, port, Some(target)).await {
             Ok(stream) => stream,
             Err(resp) => return resp,
         };
@@ -457,7 +465,14 @@ impl Broker {
     /// why not. Every attempt is dialed: the control plane alone decides
     /// (nothing in the sandbox is trusted) and records each one, refused
     /// ones included.
-    async fn proxy_dial(&self, host: &str, port: u16) -> Result<tokio::io::DuplexStream, Response<Body>> {
+    /// `request`: the method and target of the one request the connection
+    /// carries, for the rules by method and path.
+    async fn proxy_dial(
+        &self,
+        host: &str,
+        port: u16,
+        request: Option<(String, String)>,
+    ) -> Result<tokio::io::DuplexStream, Response<Body>> {
         // A made-up name of kilobytes would travel to the control plane and
         // into the run's log with each attempt.
         if host.len() > MAX_HOST {
@@ -473,6 +488,8 @@ impl Broker {
             purpose: CarryPurpose::Proxy.into(),
             route: String::new(),
             blocked: String::new(),
+            method: request.as_ref().map(|r| r.0.clone()).unwrap_or_default(),
+            path: request.map(|r| r.1).unwrap_or_default(),
         };
         self.pool.dial(dial).await.map_err(|e| dial_error(&e, &format!("{host}:{port}")))
     }
@@ -544,6 +561,21 @@ where
     Ok(())
 }
 
+/// The method and target (path and query) of `req`, for the rules; a
+/// target too long to be judged whole is refused.
+fn request_target<B>(req: &Request<B>) -> Result<(String, String), Response<Body>> {
+    const MAX_TARGET: usize = 8 * 1024;
+    let target = req.uri().path_and_query().map(|pq| pq.as_str()).unwrap_or("/");
+    if target.len() > MAX_TARGET {
+        return Err(error(
+            StatusCode::URI_TOO_LONG,
+            "invalid_request_error",
+            &format!("a request target through the sandbox's proxy is {MAX_TARGET} bytes at most"),
+        ));
+    }
+    Ok((req.method().as_str().to_string(), target.to_string()))
+}
+
 /// Ask the control plane, on a carrier, to record a misplaced placeholder
 /// (it connects nothing); in the background, as the client is answered.
 fn report(pool: &Pool, host: &str, port: u16, misplaced: &Misplaced) {
@@ -553,6 +585,7 @@ fn report(pool: &Pool, host: &str, port: u16, misplaced: &Misplaced) {
         purpose: CarryPurpose::Proxy.into(),
         route: String::new(),
         blocked: misplaced.to_string(),
+        ..Default::default()
     };
     let pool = pool.clone();
     tokio::spawn(async move {

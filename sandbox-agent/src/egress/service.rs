@@ -77,7 +77,7 @@ impl Egress {
             tracing::warn!(error = %e, "the saved egress extra roots do not load; using the webpki roots only");
             super::tls::client_config("").expect("the webpki roots load")
         });
-        let ca = if config.credentials.is_empty() {
+        let ca = if !config.intercepting() {
             None
         } else {
             InterceptCa::load_or_make(&ctx.journal_dir)
@@ -157,7 +157,7 @@ impl Egress {
         let next: EgressConfig = config::apply(&current, req)?;
         let tls = super::tls::client_config(&next.extra_roots_pem)
             .map_err(|why| Error::invalid_field("extra_roots_pem", why))?;
-        let (ca, trust) = match (ca, next.credentials.is_empty()) {
+        let (ca, trust) = match (ca, !next.intercepting()) {
             (_, true) => (None, TrustFiles::default()),
             (kept, false) => {
                 let ca = match kept {

@@ -61,6 +61,7 @@ impl Runs {
             usage,
             metered: false,
             out_of_band_run: 0,
+            held_out_of_band: Vec::new(),
             dropped_file_events: 0,
             redactor,
         };
@@ -196,6 +197,14 @@ impl Runs {
                             }
                         }
                         Some(Ok(agent::FollowResponse { event: Some(agent::follow_response::Event::Exit(exit)) })) => {
+                            // The connections the run made before it ended are its record too.
+                            let upstream = egress.as_ref().and_then(|e| e.upstream.as_ref());
+                            while let Ok(connection) = net_rx.try_recv() {
+                                let chunks = health.observe(&connection, upstream, &pump.factory);
+                                if let Err(ending) = self.out_of_band(ctx, &mut pump, chunks).await {
+                                    break 'follow ending;
+                                }
+                            }
                             let stderr = String::from_utf8_lossy(&exit.stderr_tail).into_owned();
                             break 'follow self.exited(ctx, &mut pump, &agent, exit.exit_code, &stderr).await;
                         }
