@@ -159,6 +159,19 @@ async fn git_push_from_a_sandbox_without_network_authenticates_with_a_token_neve
     };
     assert!(blocked(remote.port), "{network:?}");
     assert!(blocked(other.port), "{network:?}");
+    // And the run's end lists what was refused, with counts, in one record.
+    let summary = customs(&seen, "network.blocked");
+    assert_eq!(summary.len(), 1, "{summary:?}");
+    let count = |port: u16| {
+        summary[0]["blocked"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|b| b["port"] == port)
+            .map(|b| b["count"].clone())
+    };
+    assert_eq!(count(other.port), Some(2.into()), "{summary:?}");
+    assert!(count(remote.port).is_some_and(|c| c.as_u64() >= Some(1)), "{summary:?}");
     assert!(
         network.iter().any(|n| n["port"] == remote.port
             && n["allowed"] == true

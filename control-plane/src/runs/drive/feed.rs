@@ -303,7 +303,11 @@ impl Runs {
         if let Err(e) = pump.aligner.finish().await {
             return Ending::Failed(e);
         }
-        if let Err(ending) = self.append(ctx, &batch).await {
+        // Out-of-band chunks still held (the run printed nothing) go before
+        // the end: they happened before it.
+        let mut all = std::mem::take(&mut pump.held_out_of_band);
+        all.extend(batch);
+        if let Err(ending) = self.append(ctx, &all).await {
             return ending;
         }
         Ending::Exited { terminal }

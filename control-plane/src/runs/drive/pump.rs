@@ -205,6 +205,11 @@ impl Runs {
                                     break 'follow ending;
                                 }
                             }
+                            if let Some(blocked) = health.take_blocked(&pump.factory)
+                                && let Err(ending) = self.out_of_band(ctx, &mut pump, vec![blocked]).await
+                            {
+                                break 'follow ending;
+                            }
                             let stderr = String::from_utf8_lossy(&exit.stderr_tail).into_owned();
                             break 'follow self.exited(ctx, &mut pump, &agent, exit.exit_code, &stderr).await;
                         }
@@ -231,6 +236,15 @@ impl Runs {
                 Err(ending) => break ending,
             }
         };
+        // What was refused, in one record before the run's end (an exit
+        // wrote it before its terminal chunk; a successor's drive says its
+        // own).
+        if !matches!(ending, Ending::Detach | Ending::Superseded(_))
+            && let Some(blocked) = health.take_blocked(&pump.factory)
+            && let Err(e) = self.out_of_band(ctx, &mut pump, vec![blocked]).await
+        {
+            debug!(run_id = %ctx.key.run, ending = ending_name(&e), "recording what the run's egress refused failed");
+        }
         watcher.abort();
         if matches!(ending, Ending::Stopped(StopReason::Cancel)) {
             self.deny_pending(ctx, &mut pump, &agent).await;
