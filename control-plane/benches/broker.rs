@@ -146,7 +146,8 @@ async fn main() {
         .unwrap()
         .unwrap()
         .route(&placeholder, "", None);
-    let broker = egress::configure(&agent, &definition, vec![route]).await.expect("configuring the broker");
+    let broker =
+        egress::configure(&agent, &definition, vec![route]).await.expect("configuring the broker").port;
     let (events, mut seen) = tokio::sync::mpsc::unbounded_channel();
     let limits = egress::EgressLimits::new(
         control_plane::config::DEFAULT_EGRESS_MAX_CONNECTIONS_PER_SANDBOX as usize,

@@ -21,6 +21,10 @@ pub const HARNESS_WARNING: &str = "harness.warning";
 /// `{host, port, purpose, allowed, error?, bytes_sent, bytes_received,
 /// duration_ms}`.
 pub const SANDBOX_NETWORK: &str = "sandbox.network";
+/// What the sandbox's egress refused during the run, once at its end (when
+/// anything was): `{blocked: [{host, port, count}], other}` (`other`:
+/// refusals past the destinations listed).
+pub const NETWORK_BLOCKED: &str = "network.blocked";
 /// The run's model upstream could not be reached: `{upstream, error,
 /// unreachable_ms}`.
 pub const MODEL_UNAVAILABLE: &str = "model.unavailable";
@@ -57,6 +61,7 @@ pub const SYSTEM_NAMES: &[&str] = &[
     FILE_CHANGED,
     HARNESS_WARNING,
     SANDBOX_NETWORK,
+    NETWORK_BLOCKED,
     MODEL_UNAVAILABLE,
     ACP_PLAN,
     ACP_PERMISSION,

@@ -5,6 +5,7 @@
 
 pub mod chunk;
 pub mod error;
+pub mod hosts;
 pub mod ids;
 pub mod journal;
 pub mod limits;

@@ -66,6 +66,11 @@ pub enum Action {
     /// A connection to a host (a URL a tool fetches); the pattern is a glob
     /// over the host name.
     Network,
+    /// An HTTP request leaving a sandbox through its egress proxy: the
+    /// subject is `METHOD host:port/path` ([`request_subject`]), the
+    /// pattern a glob over it ([`request_pattern`]); `*` stays within one
+    /// path segment, `**` crosses them.
+    Request,
 }
 
 impl Action {
@@ -74,6 +79,7 @@ impl Action {
             Action::Command => "command",
             Action::FileWrite => "file_write",
             Action::Network => "network",
+            Action::Request => "request",
         }
     }
 
@@ -118,7 +124,7 @@ impl Rule {
             return Err(PolicyError(format!("a pattern is longer than {MAX_PATTERN} bytes")));
         }
         GlobBuilder::new(&self.pattern)
-            .literal_separator(self.action == Action::FileWrite)
+            .literal_separator(matches!(self.action, Action::FileWrite | Action::Request))
             .case_insensitive(self.action == Action::Network)
             .backslash_escape(true)
             .build()

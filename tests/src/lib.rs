@@ -22,6 +22,7 @@ pub mod database;
 pub mod docker;
 pub mod dockerd;
 pub mod fleet;
+pub mod git_remote;
 pub mod in_process;
 pub mod local;
 pub mod model;

@@ -176,6 +176,24 @@ impl Renderer {
                 &format!("model unavailable: {}: {} (the CLI retries)", s("upstream"), s("error")),
                 false,
             ),
+            chunk::NETWORK_BLOCKED => {
+                let listed: Vec<String> = value
+                    .get("blocked")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                    .map(|b| {
+                        let n = |k: &str| b.get(k).and_then(Value::as_u64).unwrap_or(0);
+                        format!(
+                            "{}:{} x{}",
+                            b.get("host").and_then(Value::as_str).unwrap_or(""),
+                            n("port"),
+                            n("count")
+                        )
+                    })
+                    .collect();
+                self.note(&format!("network blocked: {}", listed.join(", ")), false);
+            }
             "sandbox.network" => {
                 let allowed = value.get("allowed").and_then(Value::as_bool).unwrap_or(false);
                 let port = value.get("port").and_then(Value::as_u64).unwrap_or(0);

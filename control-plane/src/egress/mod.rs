@@ -27,6 +27,7 @@ mod limits;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use shared::policy::{Action, Effect, Policy, Rule};
 use shared::proto::agent::v1 as agent;
 use shared::proto::v1::SandboxDefinition;
 use tokio::net::TcpStream;
@@ -44,6 +45,8 @@ pub use shared::chunk::{MODEL_UNAVAILABLE, SANDBOX_NETWORK};
 pub const DEFAULT_MODEL_UNREACHABLE: Duration = Duration::from_secs(120);
 /// Where the broker and proxy listen, as the sandbox sees it.
 pub const LOOPBACK: &str = "127.0.0.1";
+/// The longest reason an agent's refusal is recorded with.
+const MAX_BLOCKED: usize = 300;
 
 /// What a connection is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -181,16 +184,56 @@ pub fn settle_model_keys(definition: &mut SandboxDefinition) -> Vec<(String, Str
     out
 }
 
-/// Secrets no process in the sandbox may see: the model keys, which only
-/// the agent holds.
+/// Secrets no process in the sandbox may see: the model keys and the
+/// brokered credentials, which only the agent holds (a credential's
+/// variable holds its placeholder instead, see [`Listening::env`]).
 pub fn withheld(definition: &SandboxDefinition) -> BTreeSet<String> {
-    definition.model_access.iter().map(|m| m.key_secret.clone()).collect()
+    let credentials = definition.network.iter().flat_map(|n| n.credentials.iter().map(|c| c.secret.clone()));
+    definition.model_access.iter().map(|m| m.key_secret.clone()).chain(credentials).collect()
 }
 
 /// Whether `definition` needs the agent's egress listener at all.
 pub fn wanted(definition: &SandboxDefinition) -> bool {
-    !definition.model_access.is_empty()
-        || definition.network.as_ref().is_some_and(|n| !n.allow_hosts.is_empty())
+    !definition.model_access.is_empty() || proxied(definition)
+}
+
+/// Whether `definition`'s processes are given the proxy: it allows hosts,
+/// or brokers credentials.
+pub fn proxied(definition: &SandboxDefinition) -> bool {
+    definition.network.as_ref().is_some_and(|n| {
+        !n.allow_hosts.is_empty() || !n.credentials.is_empty() || !n.allow.is_empty() || !n.ask.is_empty()
+    })
+}
+
+/// The agent's listener, as configured.
+#[derive(Debug, Clone, Default)]
+pub struct Listening {
+    pub port: u16,
+    /// Secret name -> the placeholder its variable holds.
+    pub placeholders: Vec<(String, String)>,
+    /// The interception CA's certificate and the bundle with it, when
+    /// there are credentials.
+    pub ca_cert: String,
+    pub ca_bundle: String,
+}
+
+impl Listening {
+    /// The environment of a process of `definition`: the proxy's variables
+    /// (when it is proxied), the credentials' placeholders, and the
+    /// variables TLS clients read their trusted roots from.
+    pub fn env(&self, definition: &SandboxDefinition) -> Vec<(String, String)> {
+        let mut env = if proxied(definition) { proxy_env(self.port) } else { Vec::new() };
+        env.extend(self.placeholders.iter().cloned());
+        if !self.ca_bundle.is_empty() {
+            for name in ["SSL_CERT_FILE", "GIT_SSL_CAINFO", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"] {
+                env.push((name.to_string(), self.ca_bundle.clone()));
+            }
+        }
+        if !self.ca_cert.is_empty() {
+            env.push(("NODE_EXTRA_CA_CERTS".to_string(), self.ca_cert.clone()));
+        }
+        env
+    }
 }
 
 /// The model-unreachable bound of `definition`.
@@ -204,7 +247,12 @@ pub fn unreachable_after(definition: &SandboxDefinition) -> Duration {
 /// Where one sandbox's egress may go.
 #[derive(Debug, Clone)]
 pub struct Plan {
-    allow: Vec<HostPattern>,
+    /// `network.allow_hosts`, the credentials' hosts, and `network.allow`,
+    /// `ask` and `deny`, as `shared::policy` request rules (default deny).
+    rules: Policy,
+    /// The hosts some rule judges by method or path: their connections are
+    /// intercepted, one dial per request, never a blind tunnel.
+    judged: Vec<HostPattern>,
     models: Vec<Upstream>,
     private_ok: bool,
     limits: Limits,
@@ -224,12 +272,8 @@ impl Plan {
     /// Patterns were validated with the definition; one that does not parse
     /// now is skipped (it allows nothing).
     pub fn of(definition: &SandboxDefinition, private_ok: bool, limits: Limits) -> Self {
-        let allow = definition
-            .network
-            .iter()
-            .flat_map(|n| n.allow_hosts.iter())
-            .filter_map(|p| HostPattern::parse(p).ok())
-            .collect();
+        let network = definition.network.clone().unwrap_or_default();
+        let (rules, judged) = rules_of(&network);
         let models = definition
             .model_access
             .iter()
@@ -237,7 +281,39 @@ impl Plan {
                 Upstream::parse(Harness::parse(&m.harness).ok()?, &m.upstream, &m.key_secret).ok()
             })
             .collect();
-        Self { allow, models, private_ok, limits }
+        Self { rules, judged, models, private_ok, limits }
+    }
+
+    /// Whether the plan lets the sandbox's proxy reach `host:port` with
+    /// `request` (method and target; `None`: a tunnel); `Err` says why not.
+    fn judge(&self, host: &str, port: u16, request: Option<(&str, &str)>) -> Result<(), String> {
+        let subject = match request {
+            None if self.judged.iter().any(|p| p.matches(host, port)) => {
+                return Err(format!(
+                    "{host}:{port}: the sandbox's rules judge its requests by method and path, so a tunnel there is \
+                     refused (its https is intercepted)"
+                ));
+            }
+            None => shared::hosts::request_subject("CONNECT", host, port, "/"),
+            Some((method, target)) => {
+                let path =
+                    shared::hosts::normal_path(target).map_err(|why| format!("{host}:{port}: {why}"))?;
+                shared::hosts::request_subject(method, host, port, &path)
+            }
+        };
+        let decision = self.rules.decide(Action::Request, &subject);
+        let what = match request {
+            Some((method, target)) => format!("{method} {host}:{port}{target}"),
+            None => format!("{host}:{port}"),
+        };
+        match decision.effect {
+            Effect::Allow => Ok(()),
+            Effect::Deny if decision.rule == "default" => {
+                Err(format!("{what} is not on the sandbox's allowlist"))
+            }
+            Effect::Deny => Err(format!("{what} is refused by the rule `{}`", decision.rule)),
+            Effect::Ask => Err(format!("{what} falls under an ask rule, and network asks are not built yet")),
+        }
     }
 
     /// A place for one more open connection under the sandbox's and the
@@ -255,13 +331,22 @@ impl Plan {
         if host.len() > MAX_HOST {
             return Err(refuse(format!("a host name is {MAX_HOST} bytes at most")));
         }
+        if !dial.blocked.is_empty() {
+            // The agent refused a request itself; this is its record.
+            let why: String = dial.blocked.chars().take(MAX_BLOCKED).collect();
+            return Err(refuse(format!("blocked by the sandbox's agent: {why}")));
+        }
         let allowed = match Purpose::from_wire(dial.purpose) {
             Purpose::Model => self.models.iter().any(|m| {
                 m.harness.name() == dial.route
                     && m.host.trim_start_matches('[').trim_end_matches(']') == host
                     && m.port == port
             }),
-            Purpose::Proxy => self.allow.iter().any(|p| p.matches(host, port)),
+            Purpose::Proxy => {
+                let request = (!dial.method.is_empty()).then_some((dial.method.as_str(), dial.path.as_str()));
+                self.judge(host, port, request).map_err(refuse)?;
+                true
+            }
         };
         if !allowed {
             return Err(refuse(format!("{host}:{port} is not on the sandbox's allowlist")));
@@ -283,14 +368,59 @@ impl Plan {
     }
 }
 
+/// The request rules of `network` (see [`Plan`]) and the hosts judged by
+/// method or path. A pattern that does not parse now (they were validated
+/// with the definition) is left out: it allows nothing, and a deny or ask
+/// of it becomes a deny of every host.
+fn rules_of(network: &shared::proto::v1::Network) -> (Policy, Vec<HostPattern>) {
+    let mut rules = Vec::new();
+    let hosts = network.allow_hosts.iter().chain(network.credentials.iter().flat_map(|c| c.hosts.iter()));
+    for host in hosts.filter_map(|h| HostPattern::parse(h).ok()) {
+        let pattern = shared::hosts::request_pattern(&host, &[], None);
+        rules.push(Rule { action: Action::Request, pattern, effect: Effect::Allow });
+    }
+    let mut judged = Vec::new();
+    for (effect, list) in
+        [(Effect::Allow, &network.allow), (Effect::Ask, &network.ask), (Effect::Deny, &network.deny)]
+    {
+        for r in list {
+            let host = match HostPattern::parse(&r.host) {
+                Ok(host) => host,
+                Err(_) if effect == Effect::Allow => continue,
+                Err(_) => HostPattern::parse("*").expect("a pattern"),
+            };
+            if !r.methods.is_empty() || !r.path.is_empty() {
+                judged.push(host.clone());
+            }
+            let path = (!r.path.is_empty()).then_some(r.path.as_str());
+            let pattern = shared::hosts::request_pattern(&host, &r.methods, path);
+            rules.push(Rule { action: Action::Request, pattern, effect });
+        }
+    }
+    (Policy { default: Effect::Deny, rules, ..Default::default() }, judged)
+}
+
+/// The host patterns whose https the agent intercepts so each request is
+/// judged: those of rules with methods or a path.
+pub fn judged_hosts(definition: &SandboxDefinition) -> Vec<String> {
+    let network = definition.network.clone().unwrap_or_default();
+    network
+        .allow
+        .iter()
+        .chain(&network.ask)
+        .chain(&network.deny)
+        .filter(|r| !r.methods.is_empty() || !r.path.is_empty())
+        .map(|r| r.host.clone())
+        .collect()
+}
+
 /// Configure the agent's listener for `definition` (and `routes`, for a
-/// run); returns the listener's port. An agent without egress is refused
-/// with what to do.
+/// run). An agent without egress is refused with what to do.
 pub async fn configure(
     agent: &AgentClient,
     definition: &SandboxDefinition,
     routes: Vec<agent::EgressRoute>,
-) -> Result<u16, tonic::Status> {
+) -> Result<Listening, tonic::Status> {
     let caps = agent.handshake().capabilities.unwrap_or_default();
     if !caps.egress {
         return Err(tonic::Status::failed_precondition(
@@ -299,10 +429,43 @@ pub async fn configure(
         ));
     }
     let network = definition.network.clone().unwrap_or_default();
-    let request = agent::ConfigureEgressRequest { routes, extra_roots_pem: network.extra_roots_pem };
-    let port = agent.egress().configure(request).await?.into_inner().port;
-    u16::try_from(port)
-        .map_err(|_| tonic::Status::internal(format!("the agent's egress port {port} is not a port")))
+    let credentials = network
+        .credentials
+        .iter()
+        .map(|c| agent::EgressCredential {
+            secret_name: c.secret.clone(),
+            hosts: c.hosts.clone(),
+            header: c.header.clone(),
+            format: c.format.clone(),
+            basic: c.basic,
+            username: c.username.clone(),
+        })
+        .collect();
+    let request = agent::ConfigureEgressRequest {
+        routes,
+        extra_roots_pem: network.extra_roots_pem.clone(),
+        credentials,
+        intercept_hosts: judged_hosts(definition)
+            .into_iter()
+            .filter(|h| HostPattern::parse(h).is_ok())
+            .collect(),
+    };
+    let answer = agent.egress().configure(request).await?.into_inner();
+    let port = u16::try_from(answer.port).map_err(|_| {
+        tonic::Status::internal(format!("the agent's egress port {} is not a port", answer.port))
+    })?;
+    let placeholders = network
+        .credentials
+        .iter()
+        .map(|c| match answer.placeholders.get(&c.secret) {
+            Some(p) => Ok((c.secret.clone(), p.clone())),
+            None => Err(tonic::Status::internal(format!(
+                "the agent gave the credential {} no placeholder",
+                c.secret
+            ))),
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(Listening { port, placeholders, ca_cert: answer.ca_cert_path, ca_bundle: answer.ca_bundle_path })
 }
 
 /// The environment of every process that should use the proxy.
@@ -371,6 +534,85 @@ pub fn violations(definition: &SandboxDefinition, operator_hosts: &[String]) -> 
                 Ok(_) => {}
             }
         }
+        let models: BTreeSet<&str> = definition.model_access.iter().map(|m| m.key_secret.as_str()).collect();
+        let mut credentials = BTreeSet::new();
+        for (i, c) in network.credentials.iter().enumerate() {
+            let field = |name: &str| format!("definition.network.credentials[{i}].{name}");
+            if !definition.secret_names.contains(&c.secret) {
+                out.push((
+                    field("secret"),
+                    format!("{:?} is not one of the definition's secret_names", c.secret),
+                ));
+            } else if models.contains(c.secret.as_str()) {
+                out.push((field("secret"), format!("{} is already a model key (model_access)", c.secret)));
+            } else if !credentials.insert(c.secret.as_str()) {
+                out.push((field("secret"), format!("{} is a credential twice", c.secret)));
+            }
+            if c.hosts.is_empty() {
+                out.push((field("hosts"), "at least one host it may be sent to".into()));
+            }
+            for (j, text) in c.hosts.iter().enumerate() {
+                match HostPattern::parse(text) {
+                    Err(why) => out.push((format!("{}[{j}]", field("hosts")), why)),
+                    Ok(p) if !p.within(&operator) => out.push((
+                        format!("{}[{j}]", field("hosts")),
+                        format!("{text:?} is outside the hosts the operator allows (egress_hosts)"),
+                    )),
+                    Ok(_) => {}
+                }
+            }
+            if !c.header.is_empty() && http::HeaderName::from_bytes(c.header.as_bytes()).is_err() {
+                out.push((field("header"), format!("{:?} is not a header name", c.header)));
+            }
+            if c.basic && (!c.format.is_empty() || !c.header.is_empty()) {
+                out.push((
+                    field("basic"),
+                    "HTTP basic is sent in Authorization: no header or format with it".into(),
+                ));
+            }
+            if !c.format.is_empty()
+                && (c.format.matches("{}").count() != 1
+                    || http::HeaderValue::from_str(&c.format.replace("{}", "x")).is_err())
+            {
+                out.push((field("format"), "a header value with one `{}` standing for the secret".into()));
+            }
+            if !c.basic && !c.username.is_empty() {
+                out.push((field("username"), "only with basic".into()));
+            }
+            if c.username.contains(':') {
+                out.push((field("username"), "no `:` in a basic user name".into()));
+            }
+        }
+        for (name, list) in [("allow", &network.allow), ("ask", &network.ask), ("deny", &network.deny)] {
+            for (i, r) in list.iter().enumerate() {
+                let field = |f: &str| format!("definition.network.{name}[{i}].{f}");
+                match HostPattern::parse(&r.host) {
+                    Err(why) => out.push((field("host"), why)),
+                    Ok(p) if name == "allow" && !p.within(&operator) => out.push((
+                        field("host"),
+                        format!("{:?} is outside the hosts the operator allows (egress_hosts)", r.host),
+                    )),
+                    Ok(_) => {}
+                }
+                for (j, m) in r.methods.iter().enumerate() {
+                    if m.is_empty() || !m.bytes().all(|b| b.is_ascii_uppercase()) {
+                        out.push((
+                            format!("{}[{j}]", field("methods")),
+                            format!("{m:?}: an upper-case HTTP method"),
+                        ));
+                    }
+                }
+                if !r.path.is_empty() {
+                    let rule =
+                        Rule { action: Action::Request, pattern: r.path.clone(), effect: Effect::Deny };
+                    if !r.path.starts_with('/') {
+                        out.push((field("path"), format!("{:?}: a glob over an absolute path", r.path)));
+                    } else if let Err(e) = (Policy { rules: vec![rule], ..Default::default() }).validate() {
+                        out.push((field("path"), e.to_string()));
+                    }
+                }
+            }
+        }
         if !network.extra_roots_pem.is_empty()
             && !network.extra_roots_pem.contains("-----BEGIN CERTIFICATE-----")
         {
@@ -378,4 +620,61 @@ pub fn violations(definition: &SandboxDefinition, operator_hosts: &[String]) -> 
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use shared::proto::v1 as api;
+
+    use super::*;
+
+    fn rule(host: &str, methods: &[&str], path: &str) -> api::NetworkRule {
+        api::NetworkRule {
+            host: host.into(),
+            methods: methods.iter().map(|m| m.to_string()).collect(),
+            path: path.into(),
+        }
+    }
+
+    /// Rules by method and path: deny > allow, the path judged decoded and
+    /// refused with dot segments, a tunnel to a judged host refused.
+    #[test]
+    fn requests_are_judged_by_method_and_path() {
+        let definition = SandboxDefinition {
+            network: Some(api::Network {
+                allow_hosts: vec!["registry.npmjs.org".into(), "evil.example".into()],
+                allow: vec![rule("api.github.com", &["GET"], "/repos/acme/**")],
+                deny: vec![
+                    rule("evil.example", &[], ""),
+                    rule("api.github.com", &[], "/repos/acme/secret/**"),
+                ],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let plan = Plan::of(&definition, false, EgressLimits::new(0, 0).sandbox("t"));
+        let judge = |host: &str, port: u16, request: Option<(&str, &str)>| plan.judge(host, port, request);
+        judge("api.github.com", 443, Some(("GET", "/repos/acme/x"))).unwrap();
+        judge("api.github.com", 443, Some(("GET", "/repos/acme/x/pulls?state=open"))).unwrap();
+        for (method, target) in [
+            ("POST", "/repos/acme/x"),
+            ("GET", "/repos/other/x"),
+            ("GET", "/repos/acme/secret/key"),
+            ("GET", "/repos/acme/x/../../other/x"),
+            ("GET", "/repos/acme/%2e%2e/other"),
+            ("GET", "/repos/acme%2Fx"),
+        ] {
+            let refused = judge("api.github.com", 443, Some((method, target))).unwrap_err();
+            assert!(refused.contains("api.github.com"), "{method} {target}: {refused}");
+        }
+        let blind = judge("api.github.com", 443, None).unwrap_err();
+        assert!(blind.contains("tunnel there is refused"), "{blind}");
+        judge("registry.npmjs.org", 443, None).unwrap();
+        judge("registry.npmjs.org", 80, Some(("POST", "/-/v1/login"))).unwrap();
+        let denied = judge("evil.example", 443, None).unwrap_err();
+        assert!(denied.contains("refused by the rule"), "{denied}");
+        let off_list = judge("other.example", 443, None).unwrap_err();
+        assert!(off_list.contains("not on the sandbox's allowlist"), "{off_list}");
+        assert_eq!(judged_hosts(&definition), ["api.github.com", "api.github.com"]);
+    }
 }

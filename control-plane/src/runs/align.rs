@@ -23,8 +23,8 @@ use std::sync::Arc;
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use shared::chunk::{
-    BUDGET_EXCEEDED, FILE_CHANGED, HARNESS_WARNING, MODEL_UNAVAILABLE, RUN_ACCEPTED, SANDBOX_FILE,
-    SANDBOX_NETWORK, fingerprint, fingerprint_hex, stderr_offset, usage_seq,
+    BUDGET_EXCEEDED, FILE_CHANGED, HARNESS_WARNING, MODEL_UNAVAILABLE, NETWORK_BLOCKED, RUN_ACCEPTED,
+    SANDBOX_FILE, SANDBOX_NETWORK, fingerprint, fingerprint_hex, stderr_offset, usage_seq,
 };
 use shared::proto::v1::{Chunk, ChunkType};
 
@@ -45,6 +45,7 @@ pub fn is_out_of_band(chunk: &Chunk) -> bool {
             RUN_ACCEPTED
                 | SANDBOX_FILE
                 | SANDBOX_NETWORK
+                | NETWORK_BLOCKED
                 | MODEL_UNAVAILABLE
                 | FILE_CHANGED
                 | HARNESS_WARNING

@@ -3,13 +3,13 @@
 //! run's log says about its connections (`sandbox.network`,
 //! `model.unavailable`, and the MODEL_UNREACHABLE ending).
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use prost::Message;
 
-use shared::chunk::ChunkFactory;
+use shared::chunk::{ChunkFactory, NETWORK_BLOCKED};
 use shared::proto::v1::{Chunk, SandboxDefinition};
 
 use super::Error;
@@ -76,15 +76,13 @@ pub(super) async fn point(
     let placeholder = egress::placeholder();
     let budget = budget.map(|b| b.route());
     let routes = egress.upstream.iter().map(|u| u.route(&placeholder, run_id, budget)).collect();
-    let port = egress::configure(agent, definition, routes).await.map_err(Error::StartRefused)?;
+    let listening = egress::configure(agent, definition, routes).await.map_err(Error::StartRefused)?;
     if let Some(upstream) = &egress.upstream {
-        let base = format!("http://{LOOPBACK}:{port}{}", upstream.path);
+        let base = format!("http://{LOOPBACK}:{}{}", listening.port, upstream.path);
         harness.point_at(command, &base, &placeholder);
     }
-    if definition.network.as_ref().is_some_and(|n| !n.allow_hosts.is_empty()) {
-        for (name, value) in egress::proxy_env(port) {
-            command.env.entry(name).or_insert(value);
-        }
+    for (name, value) in listening.env(definition) {
+        command.env.entry(name).or_insert(value);
     }
     Ok(())
 }
@@ -104,7 +102,14 @@ pub(super) struct ModelHealth {
     folded: u64,
     /// The budget ran out (said once in the server's log).
     over: bool,
+    /// Refused connections per destination (the first [`BLOCKED_LISTED`]),
+    /// and how many more, for the run's `network.blocked` summary.
+    blocked: BTreeMap<(String, u16), u64>,
+    blocked_other: u64,
 }
+
+/// Destinations a run's `network.blocked` lists one by one.
+const BLOCKED_LISTED: usize = 64;
 
 impl ModelHealth {
     /// The health of a run whose connection records may take `budget`
@@ -139,6 +144,17 @@ impl ModelHealth {
                         }),
                     ));
                 }
+            }
+        }
+        if connection.ended && !connection.allowed {
+            let destination = (connection.host.clone(), connection.port);
+            let listed = self.blocked.len();
+            match self.blocked.get_mut(&destination) {
+                Some(count) => *count += 1,
+                None if listed < BLOCKED_LISTED => {
+                    self.blocked.insert(destination, 1);
+                }
+                None => self.blocked_other += 1,
             }
         }
         if connection.ended
@@ -186,6 +202,28 @@ impl ModelHealth {
         }
         self.spent += size;
         true
+    }
+
+    /// The run's `network.blocked` chunk: what this drive saw refused, by
+    /// destination (`None` when nothing was).
+    /// Taken once: the counts start again.
+    pub fn take_blocked(&mut self, f: &ChunkFactory) -> Option<Chunk> {
+        let chunk = self.blocked(f);
+        self.blocked.clear();
+        self.blocked_other = 0;
+        chunk
+    }
+
+    fn blocked(&self, f: &ChunkFactory) -> Option<Chunk> {
+        if self.blocked.is_empty() {
+            return None;
+        }
+        let listed: Vec<serde_json::Value> = self
+            .blocked
+            .iter()
+            .map(|((host, port), count)| serde_json::json!({"host": host, "port": port, "count": count}))
+            .collect();
+        Some(f.custom(NETWORK_BLOCKED, &serde_json::json!({"blocked": listed, "other": self.blocked_other})))
     }
 
     /// The run's ending when the upstream has been unreachable past `bound`.
@@ -278,5 +316,15 @@ mod tests {
         assert!(spent > budget / 2, "records stopped early: {spent}");
         // Past the budget even an allowed connection is not recorded.
         assert!(health.observe(&connection(Purpose::Proxy, None, true), None, &f).is_empty());
+        // The summary counts every refusal, recorded or folded.
+        let summary = health.blocked(&f).unwrap();
+        let value: serde_json::Value = serde_json::from_str(&summary.value_json).unwrap();
+        let listed = value["blocked"].as_array().unwrap();
+        assert_eq!(listed.len(), BLOCKED_LISTED);
+        let same = listed.iter().find(|b| b["host"] == "refused.example").unwrap();
+        assert_eq!(same["count"], 1_000);
+        assert_eq!(value["other"], 20_000 - (BLOCKED_LISTED as u64 - 1));
+        assert!(health.take_blocked(&f).is_some());
+        assert!(health.take_blocked(&f).is_none(), "taken once");
     }
 }

@@ -20,6 +20,9 @@ pub enum Error {
     /// A definition refused by its validation or the operator's policy.
     #[error(transparent)]
     Invalid(#[from] Violations),
+    /// A definition asks for what is not built yet.
+    #[error("{0}")]
+    Unimplemented(String),
     /// No such definition for this tenant (another tenant's is the same).
     #[error("definition {0} not found")]
     DefinitionNotFound(String),
@@ -123,6 +126,7 @@ impl From<Error> for WireError {
         match e {
             Error::InvalidField(e) => e.into(),
             Error::Invalid(e) => e.into(),
+            Error::Unimplemented(_) => WireError::new(ErrorCode::Unimplemented, message),
             Error::DefinitionNotFound(_) | Error::NotFound(_) => WireError::not_found(message),
             Error::NoSandboxToSave(_) | Error::PerRunSandbox | Error::NotRunning(_) | Error::Git(_) => {
                 precondition()

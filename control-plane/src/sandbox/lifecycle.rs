@@ -511,10 +511,8 @@ impl Lifecycle {
         if !crate::egress::wanted(definition) {
             return Ok((BTreeMap::new(), None));
         }
-        let port = crate::egress::configure(agent, definition, Vec::new()).await?;
-        let proxied = definition.network.as_ref().is_some_and(|n| !n.allow_hosts.is_empty());
-        let env =
-            if proxied { crate::egress::proxy_env(port).into_iter().collect() } else { BTreeMap::new() };
+        let listening = crate::egress::configure(agent, definition, Vec::new()).await?;
+        let env = listening.env(definition).into_iter().collect();
         let private_ok = self.policy.egress_private_addresses();
         let plan =
             Arc::new(crate::egress::Plan::of(definition, private_ok, self.egress_limits(tenant.as_str())));

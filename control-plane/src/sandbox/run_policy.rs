@@ -56,7 +56,7 @@ pub fn policy_to_api(p: &Policy) -> api::SandboxPolicy {
                 action: match r.action {
                     Action::Command => api::PolicyAction::Command,
                     Action::FileWrite => api::PolicyAction::FileWrite,
-                    Action::Network => api::PolicyAction::Network,
+                    Action::Network | Action::Request => api::PolicyAction::Network,
                 } as i32,
                 pattern: r.pattern.clone(),
                 effect: effect(r.effect),

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use sandhold_tests::cli::toolchains;
 use sandhold_tests::docker::{DEBIAN_IMAGE, DockerCleanup, ensure_debian_image};
+use sandhold_tests::git_remote::HostServer;
 use sandhold_tests::local::TestDir;
 use sandhold_tests::model::{
     ANSWER_USAGE, BrokeredCli, CLAUDE, CODEX, FakeModel, OPENCODE, broker_server, broker_server_args,
@@ -37,7 +38,7 @@ async fn wait_for_a_request(model: &FakeModel) {
     }
 }
 
-async fn exec(sandboxes: &mut Sandboxes, sandbox: &str, script: &str, stdin: &[u8]) -> String {
+pub(crate) async fn exec(sandboxes: &mut Sandboxes, sandbox: &str, script: &str, stdin: &[u8]) -> String {
     let out = sandboxes
         .exec(api::ExecRequest {
             sandbox_id: sandbox.into(),
@@ -56,7 +57,7 @@ async fn exec(sandboxes: &mut Sandboxes, sandbox: &str, script: &str, stdin: &[u
 /// from reading the environment of the run's processes (another domain),
 /// so a search from there would find nothing whether the key is there or
 /// not.
-fn as_run_user_beside_the_agent(container: &str, script: &str) -> String {
+pub(crate) fn as_run_user_beside_the_agent(container: &str, script: &str) -> String {
     let out = std::process::Command::new("docker")
         .args(["exec", "--user", "sandhold", container, "sh", "-c", script])
         .output()
@@ -64,7 +65,26 @@ fn as_run_user_beside_the_agent(container: &str, script: &str) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-fn customs(seen: &Seen, name: &str) -> Vec<serde_json::Value> {
+/// `secret` is in no process's environment or argv and no file the run
+/// user can read, while `placeholder` (what processes have instead) is in
+/// a process's environment or argv.
+pub(crate) async fn assert_nowhere_in_the_sandbox(
+    sandboxes: &mut Sandboxes,
+    container: &api::Sandbox,
+    secret: &str,
+    placeholder: &str,
+) {
+    let dump = "for f in /proc/[0-9]*/environ /proc/[0-9]*/cmdline; do tr '\\0' '\\n' < $f 2>/dev/null; done";
+    let seen_by_processes = as_run_user_beside_the_agent(&container.provider_sandbox_id, dump);
+    assert!(!seen_by_processes.contains(secret), "the secret is in a process's environment or argv");
+    assert!(seen_by_processes.contains(placeholder), "processes have the placeholder: {seen_by_processes}");
+    let files = "grep -rlsF -f /dev/stdin / --exclude-dir=proc --exclude-dir=sys --exclude-dir=dev \
+                 --exclude-dir=toolchains --exclude-dir=usr; echo scanned";
+    let holding = exec(sandboxes, &container.sandbox_id, files, secret.as_bytes()).await;
+    assert_eq!(holding.trim(), "scanned", "files the run user can read hold the secret: {holding}");
+}
+
+pub(crate) fn customs(seen: &Seen, name: &str) -> Vec<serde_json::Value> {
     seen.chunks
         .iter()
         .filter(|(_, c)| c.r#type() == api::ChunkType::Custom && c.name == name)
@@ -100,17 +120,7 @@ async fn brokered_run_in_docker(cli: BrokeredCli, runtime: Runtime) {
     wait_for_a_request(&model).await;
     let container = of_thread(&mut sandboxes, "t").await;
     let sandbox = container.sandbox_id.clone();
-    let dump = "for f in /proc/[0-9]*/environ /proc/[0-9]*/cmdline; do tr '\\0' '\\n' < $f 2>/dev/null; done";
-    let seen_by_processes = as_run_user_beside_the_agent(&container.provider_sandbox_id, dump);
-    assert!(!seen_by_processes.contains(&key), "the key is in a process's environment or argv");
-    assert!(
-        seen_by_processes.contains("sandhold-placeholder-"),
-        "the CLI has the placeholder: {seen_by_processes}"
-    );
-    let files = "grep -rlsF -f /dev/stdin / --exclude-dir=proc --exclude-dir=sys --exclude-dir=dev \
-                 --exclude-dir=toolchains --exclude-dir=usr; echo scanned";
-    let holding = exec(&mut sandboxes, &sandbox, files, key.as_bytes()).await;
-    assert_eq!(holding.trim(), "scanned", "files the run user can read hold the key: {holding}");
+    assert_nowhere_in_the_sandbox(&mut sandboxes, &container, &key, "sandhold-placeholder-").await;
 
     std::fs::remove_file(&stall).unwrap();
     let mut seen = Seen::default();
@@ -160,41 +170,6 @@ async fn codex_in_docker_without_network_reaches_the_model_through_the_broker() 
 #[tokio::test]
 async fn opencode_in_docker_without_network_reaches_the_model_through_the_broker() {
     brokered_run_in_docker(OPENCODE, Runtime::Runc).await;
-}
-
-/// A plain HTTP server on the host's `addr` serving `body` at `/`.
-struct HostServer {
-    child: std::process::Child,
-    port: u16,
-}
-
-impl HostServer {
-    fn start(dir: &Path, addr: &str, body: &str) -> Self {
-        let root = dir.join(format!("www-{addr}"));
-        std::fs::create_dir_all(&root).unwrap();
-        std::fs::write(root.join("index.html"), body).unwrap();
-        let port = std::net::TcpListener::bind(format!("{addr}:0")).unwrap().local_addr().unwrap().port();
-        let child = std::process::Command::new("python3")
-            .args(["-m", "http.server", "--bind", addr, &port.to_string(), "--directory"])
-            .arg(&root)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect((addr, port)).is_err() {
-            assert!(std::time::Instant::now() < deadline, "the host's HTTP server did not start");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Self { child, port }
-    }
-}
-
-impl Drop for HostServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 #[tokio::test]

@@ -8,6 +8,7 @@ mod broker;
 mod cli;
 mod config_cli;
 mod conversations;
+mod credentials;
 mod daemon;
 mod event_log_fault;
 mod fairness;

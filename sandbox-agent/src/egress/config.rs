@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use shared::error::Error;
 use shared::proto::agent::v1::{ConfigureEgressRequest, EgressRoute};
 
+use super::credential::{self, Credential};
 use super::ledger::Budget;
 
 /// Routes kept at most; the oldest go first.
@@ -52,6 +53,31 @@ pub struct EgressConfig {
     /// Oldest first.
     pub routes: Vec<Route>,
     pub extra_roots_pem: String,
+    /// The brokered credentials, each with its placeholder.
+    #[serde(default)]
+    pub credentials: Vec<Credential>,
+    /// Host patterns whose https connections are intercepted so each
+    /// request is judged by its method and path.
+    #[serde(default)]
+    pub intercept_hosts: Vec<String>,
+}
+
+impl EgressConfig {
+    /// Whether connections to `host:port` are intercepted: a credential
+    /// is bound there, or rules judge its requests.
+    pub fn intercepts(&self, host: &str, port: u16) -> bool {
+        self.credentials.iter().any(|c| c.bound_to(host, port))
+            || self
+                .intercept_hosts
+                .iter()
+                .filter_map(|h| shared::hosts::HostPattern::parse(h).ok())
+                .any(|p| p.matches(host, port))
+    }
+
+    /// Whether the interception CA is needed.
+    pub fn intercepting(&self) -> bool {
+        !self.credentials.is_empty() || !self.intercept_hosts.is_empty()
+    }
 }
 
 /// Validate one route from the wire; the field path names what is wrong.
@@ -113,7 +139,8 @@ pub fn route(index: usize, r: &EgressRoute) -> Result<Route, Error> {
 
 /// The configuration `current` becomes with `req`: routes added or
 /// replaced by placeholder (a replaced one counts as new), at most
-/// [`MAX_ROUTES`]; the extra roots replaced.
+/// [`MAX_ROUTES`]; the extra roots and the credentials replaced (a
+/// secret keeps the placeholder it had).
 pub fn apply(current: &EgressConfig, req: &ConfigureEgressRequest) -> Result<EgressConfig, Error> {
     let routes = req.routes.iter().enumerate().map(|(i, r)| route(i, r)).collect::<Result<Vec<_>, _>>()?;
     super::tls::extra_roots(&req.extra_roots_pem)
@@ -125,7 +152,26 @@ pub fn apply(current: &EgressConfig, req: &ConfigureEgressRequest) -> Result<Egr
     }
     let excess = next.len().saturating_sub(MAX_ROUTES);
     next.drain(..excess);
-    Ok(EgressConfig { routes: next, extra_roots_pem: req.extra_roots_pem.clone() })
+    let credentials = req
+        .credentials
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let kept = current.credentials.iter().find(|old| old.secret_name == c.secret_name);
+            let placeholder = kept.map_or_else(credential::placeholder, |old| old.placeholder.clone());
+            credential::credential(i, c, placeholder)
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    for (i, h) in req.intercept_hosts.iter().enumerate() {
+        shared::hosts::HostPattern::parse(h)
+            .map_err(|why| Error::invalid_field(format!("intercept_hosts[{i}]"), why))?;
+    }
+    Ok(EgressConfig {
+        routes: next,
+        extra_roots_pem: req.extra_roots_pem.clone(),
+        credentials,
+        intercept_hosts: req.intercept_hosts.clone(),
+    })
 }
 
 /// What the journal dir keeps.

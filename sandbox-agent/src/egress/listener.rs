@@ -17,8 +17,10 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use super::ca::InterceptCa;
 use super::carrier::{DialError, Pool};
 use super::config::{EgressConfig, Route};
+use super::credential::{self, BindError, Credential, Misplaced, Scanned};
 use super::ledger::Ledger;
 use super::metered::Metered;
 use super::tls::{Hello, client_hello, fits};
@@ -35,6 +37,8 @@ type Body = BoxBody<Bytes, BoxError>;
 pub struct Table {
     pub config: EgressConfig,
     pub tls: Arc<rustls::ClientConfig>,
+    /// The interception CA, when there are credentials.
+    pub ca: Option<Arc<InterceptCa>>,
 }
 
 /// The listener's state. Shared by every connection.
@@ -84,7 +88,7 @@ impl Broker {
         self.table.read().expect("egress table poisoned").clone()
     }
 
-    async fn handle(&self, req: Request<Incoming>) -> Response<Body> {
+    async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Response<Body> {
         if req.method() == Method::CONNECT {
             self.tunnel(req).await
         } else if req.uri().scheme().is_some() {
@@ -124,6 +128,24 @@ impl Broker {
                 );
             }
         };
+        // A credential's placeholder goes to a model upstream only where it
+        // is bound to it.
+        for c in &table.config.credentials {
+            if !c.bound_to(&route.host, route.port)
+                && (credential::find_in(req.uri().to_string().as_bytes(), std::slice::from_ref(c)).is_some()
+                    || req
+                        .headers()
+                        .values()
+                        .any(|v| credential::find_in(v.as_bytes(), std::slice::from_ref(c)).is_some()))
+            {
+                let place = format!("a request to the model route {:?}", route.label);
+                return self.refuse(
+                    &route.host,
+                    route.port,
+                    &Misplaced { secret_name: c.secret_name.clone(), place },
+                );
+            }
+        }
         let api = Api::of(&route.label, req.headers());
         // The run's count is its routes', whatever process sends with its
         // placeholder: past its budget, nothing more goes upstream.
@@ -164,6 +186,7 @@ impl Broker {
             port: u32::from(route.port),
             purpose: CarryPurpose::Model.into(),
             route: route.label.clone(),
+            ..Default::default()
         };
         let stream = match self.pool.dial(dial).await {
             Ok(stream) => stream,
@@ -195,14 +218,21 @@ impl Broker {
         }
     }
 
-    /// The proxy's `CONNECT host:port`: a tunnel to an allowed host.
-    async fn tunnel(&self, mut req: Request<Incoming>) -> Response<Body> {
+    /// The proxy's `CONNECT host:port`: a tunnel to an allowed host, or,
+    /// to a credential's host, TLS terminated here and each request sent
+    /// on with the credential put in.
+    async fn tunnel(self: Arc<Self>, mut req: Request<Incoming>) -> Response<Body> {
         let Some((host, port)) =
             req.uri().authority().and_then(|a| Some((a.host().to_string(), a.port_u16()?)))
         else {
             return error(StatusCode::BAD_REQUEST, "invalid_request_error", "CONNECT needs host:port");
         };
-        let stream = match self.proxy_dial(&host, port).await {
+        let host = host.trim_start_matches('[').trim_end_matches(']').to_string();
+        let table = self.table();
+        if table.config.intercepts(&host, port) {
+            return self.intercept(req, &table, host, port);
+        }
+        let stream = match self.proxy_dial(&host, port, None).await {
             Ok(stream) => stream,
             Err(resp) => return resp,
         };
@@ -218,6 +248,171 @@ impl Broker {
             }
         });
         Response::new(empty())
+    }
+
+    /// Terminate the tunnel's TLS with a certificate for `host` from the
+    /// sandbox's CA and serve its requests ([`Broker::intercepted`]).
+    fn intercept(
+        self: Arc<Self>,
+        mut req: Request<Incoming>,
+        table: &Table,
+        host: String,
+        port: u16,
+    ) -> Response<Body> {
+        let config = match table.ca.as_ref().map(|ca| ca.server_config(&host)) {
+            Some(Ok(config)) => config,
+            Some(Err(e)) => {
+                return error(
+                    StatusCode::BAD_GATEWAY,
+                    "api_error",
+                    &format!("intercepting {host}:{port}: {e}"),
+                );
+            }
+            None => {
+                return error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "api_error",
+                    &format!("intercepting {host}:{port}: the sandbox's interception CA is not loaded"),
+                );
+            }
+        };
+        let upgrade = hyper::upgrade::on(&mut req);
+        tokio::spawn(async move {
+            let upgraded = match upgrade.await {
+                Ok(upgraded) => upgraded,
+                Err(e) => {
+                    return tracing::debug!(host, port, error = %e, "egress tunnel: the client never upgraded");
+                }
+            };
+            let tls = match tokio_rustls::TlsAcceptor::from(config).accept(TokioIo::new(upgraded)).await {
+                Ok(tls) => tls,
+                Err(e) => {
+                    // A client that does not trust the sandbox's CA (or pins).
+                    return tracing::info!(host, port, error = %e, "egress: an intercepted TLS handshake failed");
+                }
+            };
+            let service = hyper::service::service_fn(move |req| {
+                let (broker, host) = (self.clone(), host.clone());
+                async move { Ok::<_, Infallible>(broker.intercepted(req, &host, port).await) }
+            });
+            if let Err(e) =
+                hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(tls), service).await
+            {
+                tracing::debug!(error = %e, "egress: an intercepted connection ended with an error");
+            }
+        });
+        Response::new(empty())
+    }
+
+    /// One request of an intercepted tunnel to `host:port`: its target
+    /// checked, the credentials bound to it put in (a placeholder anywhere
+    /// else refuses it), sent over a new connection with the agent's own
+    /// TLS, which verifies the upstream.
+    async fn intercepted(&self, req: Request<Incoming>, host: &str, port: u16) -> Response<Body> {
+        if let Some(named) = req.headers().get(header::HOST)
+            && !same_authority(named.as_bytes(), host, port, 443)
+        {
+            let named = String::from_utf8_lossy(named.as_bytes());
+            tracing::warn!(host, port, named = %named, "egress: refused a Host header that is not the tunnel's target");
+            return error(
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                &format!("the Host header {named:?} is not the tunnel's target {host}:{port}"),
+            );
+        }
+        let table = self.table();
+        let target = match request_target(&req) {
+            Ok(target) => target,
+            Err(resp) => return resp,
+        };
+        let req = match self.bound(req, &table.config.credentials, host, port) {
+            Ok(req) => req,
+            Err(resp) => return resp,
+        };
+        let stream = match self.proxy_dial(host, port, Some(target)).await {
+            Ok(stream) => stream,
+            Err(resp) => return resp,
+        };
+        let tls = match super::tls::connect(table.tls.clone(), host, stream).await {
+            Ok(tls) => tls,
+            Err(e) => {
+                return error(
+                    StatusCode::BAD_GATEWAY,
+                    "api_error",
+                    &format!("{host}:{port}: TLS failed: {e}"),
+                );
+            }
+        };
+        match exchange(tls, req).await {
+            Ok(resp) => response(resp),
+            Err(e) => error(StatusCode::BAD_GATEWAY, "api_error", &format!("{host}:{port}: {e}")),
+        }
+    }
+
+    /// `req` for `host:port` with the credentials bound there put in, its
+    /// body scanned for placeholders, in the form sent upstream; or the
+    /// refusal (recorded).
+    fn bound(
+        &self,
+        req: Request<Incoming>,
+        credentials: &[Credential],
+        host: &str,
+        port: u16,
+    ) -> Result<Request<Body>, Response<Body>> {
+        let (mut parts, body) = req.into_parts();
+        parts.headers.remove("proxy-authorization");
+        strip_hop_by_hop(&mut parts.headers);
+        let value = |name: &str| self.vault.latest(name);
+        match credential::bind(&mut parts.headers, &parts.uri, (host, port), credentials, value) {
+            Ok(()) => {}
+            Err(BindError::Misplaced(m)) => return Err(self.refuse(host, port, &m)),
+            Err(BindError::Missing(name)) => {
+                return Err(error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "secret_missing",
+                    &format!(
+                        "this sandbox's agent holds no value of the secret {name} (it restarted since it was handed \
+                         over); the control plane hands it over again when it next ensures the sandbox"
+                    ),
+                ));
+            }
+            Err(BindError::Unusable(name)) => {
+                return Err(error(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_request_error",
+                    &format!("the value of the secret {name} cannot stand in a header"),
+                ));
+            }
+        }
+        if !parts.headers.contains_key(header::HOST)
+            && let Ok(authority) = HeaderValue::from_str(&authority(host, port, 443))
+        {
+            parts.headers.insert(header::HOST, authority);
+        }
+        parts.uri = origin_form(&parts.uri);
+        parts.version = http::Version::HTTP_11;
+        let body = if credentials.is_empty() {
+            body.map_err(BoxError::from).boxed()
+        } else {
+            let (pool, host) = (self.pool.clone(), host.to_string());
+            Scanned::new(body, credentials, move |m| report(&pool, &host, port, &m)).boxed()
+        };
+        Ok(Request::from_parts(parts, body))
+    }
+
+    /// The answer to a request that carried a placeholder where it may not
+    /// go; the refusal is recorded by the control plane.
+    fn refuse(&self, host: &str, port: u16, misplaced: &Misplaced) -> Response<Body> {
+        tracing::warn!(host, port, secret = %misplaced.secret_name, place = %misplaced.place, "egress: refused a misplaced credential placeholder");
+        report(&self.pool, host, port, misplaced);
+        error(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            &format!(
+                "refused: {misplaced}; the sandbox's agent puts the credential only into its own header of \
+                 requests to its hosts"
+            ),
+        )
     }
 
     /// The proxy's absolute-form `http://host[:port]/path`.
@@ -236,7 +431,7 @@ impl Broker {
         // The allowlist judges the URI's host; a different `Host` would have
         // a shared front serve another name than the one allowed.
         if let Some(named) = req.headers().get(header::HOST)
-            && !same_authority(named.as_bytes(), &host, port)
+            && !same_authority(named.as_bytes(), &host, port, 80)
         {
             let named = String::from_utf8_lossy(named.as_bytes());
             tracing::warn!(host, port, named = %named, "egress proxy: refused a Host header that is not the target");
@@ -246,21 +441,21 @@ impl Broker {
                 &format!("the Host header {named:?} is not the request's target {host}:{port}"),
             );
         }
-        let stream = match self.proxy_dial(&host, port).await {
+        let host = host.trim_start_matches('[').trim_end_matches(']').to_string();
+        let table = self.table();
+        let target = match request_target(&req) {
+            Ok(target) => target,
+            Err(resp) => return resp,
+        };
+        let req = match self.bound(req, &table.config.credentials, &host, port) {
+            Ok(req) => req,
+            Err(resp) => return resp,
+        };
+        let stream = match self.proxy_dial(&host, port, Some(target)).await {
             Ok(stream) => stream,
             Err(resp) => return resp,
         };
-        let (mut parts, body) = req.into_parts();
-        parts.headers.remove("proxy-authorization");
-        strip_hop_by_hop(&mut parts.headers);
-        if !parts.headers.contains_key(header::HOST)
-            && let Ok(host) = HeaderValue::from_str(authority.as_str())
-        {
-            parts.headers.insert(header::HOST, host);
-        }
-        parts.uri = origin_form(&parts.uri);
-        parts.version = http::Version::HTTP_11;
-        match exchange(stream, Request::from_parts(parts, body)).await {
+        match exchange(stream, req).await {
             Ok(resp) => response(resp),
             Err(e) => error(StatusCode::BAD_GATEWAY, "api_error", &format!("{host}:{port}: {e}")),
         }
@@ -270,7 +465,14 @@ impl Broker {
     /// why not. Every attempt is dialed: the control plane alone decides
     /// (nothing in the sandbox is trusted) and records each one, refused
     /// ones included.
-    async fn proxy_dial(&self, host: &str, port: u16) -> Result<tokio::io::DuplexStream, Response<Body>> {
+    /// `request`: the method and target of the one request the connection
+    /// carries, for the rules by method and path.
+    async fn proxy_dial(
+        &self,
+        host: &str,
+        port: u16,
+        request: Option<(String, String)>,
+    ) -> Result<tokio::io::DuplexStream, Response<Body>> {
         // A made-up name of kilobytes would travel to the control plane and
         // into the run's log with each attempt.
         if host.len() > MAX_HOST {
@@ -285,6 +487,9 @@ impl Broker {
             port: u32::from(port),
             purpose: CarryPurpose::Proxy.into(),
             route: String::new(),
+            blocked: String::new(),
+            method: request.as_ref().map(|r| r.0.clone()).unwrap_or_default(),
+            path: request.map(|r| r.1).unwrap_or_default(),
         };
         self.pool.dial(dial).await.map_err(|e| dial_error(&e, &format!("{host}:{port}")))
     }
@@ -356,14 +561,56 @@ where
     Ok(())
 }
 
+/// The method and target (path and query) of `req`, for the rules; a
+/// target too long to be judged whole is refused.
+fn request_target<B>(req: &Request<B>) -> Result<(String, String), Response<Body>> {
+    const MAX_TARGET: usize = 8 * 1024;
+    let target = req.uri().path_and_query().map(|pq| pq.as_str()).unwrap_or("/");
+    if target.len() > MAX_TARGET {
+        return Err(error(
+            StatusCode::URI_TOO_LONG,
+            "invalid_request_error",
+            &format!("a request target through the sandbox's proxy is {MAX_TARGET} bytes at most"),
+        ));
+    }
+    Ok((req.method().as_str().to_string(), target.to_string()))
+}
+
+/// Ask the control plane, on a carrier, to record a misplaced placeholder
+/// (it connects nothing); in the background, as the client is answered.
+fn report(pool: &Pool, host: &str, port: u16, misplaced: &Misplaced) {
+    let dial = CarryDial {
+        host: host.chars().take(MAX_HOST).collect(),
+        port: u32::from(port),
+        purpose: CarryPurpose::Proxy.into(),
+        route: String::new(),
+        blocked: misplaced.to_string(),
+        ..Default::default()
+    };
+    let pool = pool.clone();
+    tokio::spawn(async move {
+        if let Err(e) = pool.dial(dial).await
+            && !matches!(e, DialError::Refused(_))
+        {
+            tracing::warn!(error = %e, "egress: the refusal could not be recorded by the control plane");
+        }
+    });
+}
+
+/// `host` or `host:port` (the port when it is not `default`).
+fn authority(host: &str, port: u16, default: u16) -> String {
+    let host = if host.contains(':') { format!("[{host}]") } else { host.to_string() };
+    if port == default { host } else { format!("{host}:{port}") }
+}
+
 /// Whether a `Host` header value names `host:port` (the port may be left
-/// out when it is 80; case and a trailing dot aside).
-fn same_authority(named: &[u8], host: &str, port: u16) -> bool {
+/// out when it is `default`; case and a trailing dot aside).
+fn same_authority(named: &[u8], host: &str, port: u16, default: u16) -> bool {
     let Ok(named) = std::str::from_utf8(named) else { return false };
     let Ok(named) = named.trim().parse::<http::uri::Authority>() else { return false };
     let bare =
         |h: &str| h.trim_start_matches('[').trim_end_matches(']').trim_end_matches('.').to_ascii_lowercase();
-    bare(named.host()) == bare(host) && named.port_u16().unwrap_or(80) == port
+    bare(named.host()) == bare(host) && named.port_u16().unwrap_or(default) == port
 }
 
 /// "the model route L (https://host:port)", for errors.
@@ -372,20 +619,21 @@ fn describe(route: &Route) -> String {
     format!("the model route {:?} ({scheme}://{}:{})", route.label, route.host, route.port)
 }
 
-/// The headers a harness authenticates with, and the prefix its value
-/// carries before the key: Anthropic's, OpenAI's, and Gemini's.
+/// The headers a harness authenticates with, and the shape of their value
+/// (`{}` for the key): Anthropic's, OpenAI's, and Gemini's. A model route is
+/// a credential sent in one of these, as [`credential::fill`] fills them.
 const AUTH_HEADERS: [(HeaderName, &str); 3] = [
-    (HeaderName::from_static("x-api-key"), ""),
-    (header::AUTHORIZATION, "Bearer "),
-    (HeaderName::from_static("x-goog-api-key"), ""),
+    (HeaderName::from_static("x-api-key"), "{}"),
+    (header::AUTHORIZATION, "Bearer {}"),
+    (HeaderName::from_static("x-goog-api-key"), "{}"),
 ];
 
 /// Whether `name: value` is a harness's auth header whose whole value is
-/// `placeholder` (after its prefix).
+/// `placeholder` (in its shape).
 fn is_auth(name: &HeaderName, value: &[u8], placeholder: &str) -> bool {
-    AUTH_HEADERS.iter().any(|(auth, prefix)| {
-        auth == name && value.strip_prefix(prefix.as_bytes()) == Some(placeholder.as_bytes())
-    })
+    AUTH_HEADERS
+        .iter()
+        .any(|(auth, format)| auth == name && credential::is_filled(format, value, placeholder))
 }
 
 /// The route whose placeholder the request authenticates with (`None`: no
@@ -416,14 +664,14 @@ fn authenticating_route<'a>(headers: &HeaderMap, routes: &'a [Route]) -> Result<
 /// The key in place of `placeholder` in the auth headers that carry it
 /// as their whole value; the new values are marked sensitive.
 fn authenticate(headers: &mut HeaderMap, placeholder: &str, key: &str) -> Result<(), String> {
-    for (auth, prefix) in &AUTH_HEADERS {
+    for (auth, format) in &AUTH_HEADERS {
         if let header::Entry::Occupied(mut entry) = headers.entry(auth) {
             for v in entry.iter_mut() {
                 if !is_auth(auth, v.as_bytes(), placeholder) {
                     continue;
                 }
                 // Never the value in the error: it names the header only.
-                let mut keyed = HeaderValue::from_str(&format!("{prefix}{key}"))
+                let mut keyed = HeaderValue::from_str(&credential::fill(format, key))
                     .map_err(|_| format!("the secret's value cannot stand in the header {auth}"))?;
                 keyed.set_sensitive(true);
                 *v = keyed;
@@ -467,9 +715,11 @@ fn origin_form(uri: &Uri) -> Uri {
 
 /// Send `req` on a new HTTP/1.1 connection over `io`; the response's body
 /// streams as it arrives (the connection lives until it is read).
-async fn exchange<IO>(io: IO, req: Request<Incoming>) -> Result<Response<Incoming>, hyper::Error>
+async fn exchange<IO, B>(io: IO, req: Request<B>) -> Result<Response<Incoming>, hyper::Error>
 where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
 {
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io)).await?;
     tokio::spawn(async move {

@@ -19,8 +19,10 @@
 //! run's usage reaches its budget, the broker answers the route's requests
 //! itself, in the API's own error shape.
 
+mod ca;
 mod carrier;
 mod config;
+mod credential;
 mod ledger;
 mod listener;
 mod metered;

@@ -16,6 +16,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
+use super::ca::{InterceptCa, TrustFiles};
 use super::carrier::Pool;
 use super::config::{self, EgressConfig, Saved};
 use super::ledger::Ledger;
@@ -52,6 +53,9 @@ pub struct Egress {
 
 struct Inner {
     journal_dir: PathBuf,
+    /// The agent is root beside a run user: the trust files go where the
+    /// run user cannot change them.
+    as_root: bool,
     broker: Arc<Broker>,
     /// The listener's port once it listens; held across a `Configure`, so
     /// two never interleave.
@@ -73,8 +77,16 @@ impl Egress {
             tracing::warn!(error = %e, "the saved egress extra roots do not load; using the webpki roots only");
             super::tls::client_config("").expect("the webpki roots load")
         });
+        let ca = if !config.intercepting() {
+            None
+        } else {
+            InterceptCa::load_or_make(&ctx.journal_dir)
+                .inspect_err(|e| tracing::warn!(error = %e, "egress: the interception CA does not load"))
+                .ok()
+                .map(Arc::new)
+        };
         let broker = Arc::new(Broker {
-            table: RwLock::new(Arc::new(Table { config, tls })),
+            table: RwLock::new(Arc::new(Table { config, tls, ca })),
             pool: Pool::new(settings.carrier_wait, settings.dial_timeout),
             vault: ctx.vault.clone(),
             ledger: Arc::new(Ledger::new(&ctx.journal_dir)),
@@ -82,6 +94,7 @@ impl Egress {
         let egress = Self {
             inner: Arc::new(Inner {
                 journal_dir: ctx.journal_dir.clone(),
+                as_root: ctx.run_user.is_some(),
                 broker,
                 port: tokio::sync::Mutex::new(None),
                 stop: CancellationToken::new(),
@@ -133,13 +146,31 @@ impl Egress {
         }
     }
 
-    /// Apply a configuration; returns the listener's port.
-    pub async fn configure(&self, req: &ConfigureEgressRequest) -> Result<u16, Error> {
+    /// Apply a configuration; returns the listener's port, and with
+    /// credentials their placeholders and the trust files.
+    pub async fn configure(&self, req: &ConfigureEgressRequest) -> Result<ConfigureEgressResponse, Error> {
         let mut port = self.inner.port.lock().await;
-        let current = self.inner.broker.table.read().expect("egress table poisoned").config.clone();
+        let (current, ca) = {
+            let table = self.inner.broker.table.read().expect("egress table poisoned");
+            (table.config.clone(), table.ca.clone())
+        };
         let next: EgressConfig = config::apply(&current, req)?;
         let tls = super::tls::client_config(&next.extra_roots_pem)
             .map_err(|why| Error::invalid_field("extra_roots_pem", why))?;
+        let (ca, trust) = match (ca, !next.intercepting()) {
+            (_, true) => (None, TrustFiles::default()),
+            (kept, false) => {
+                let ca = match kept {
+                    Some(ca) => ca,
+                    None => {
+                        Arc::new(InterceptCa::load_or_make(&self.inner.journal_dir).map_err(Error::internal)?)
+                    }
+                };
+                let trust =
+                    ca.publish(&self.inner.journal_dir, self.inner.as_root).map_err(Error::internal)?;
+                (Some(ca), trust)
+            }
+        };
         let listening = match *port {
             Some(p) if p != 0 => p,
             _ => match self.listen(0) {
@@ -149,10 +180,22 @@ impl Egress {
         };
         config::save(&self.inner.journal_dir, &Saved { port: listening, config: next.clone() })?;
         *port = Some(listening);
-        tracing::info!(port = listening, routes = next.routes.len(), "egress configured");
+        tracing::info!(
+            port = listening,
+            routes = next.routes.len(),
+            credentials = next.credentials.len(),
+            "egress configured"
+        );
+        let placeholders =
+            next.credentials.iter().map(|c| (c.secret_name.clone(), c.placeholder.clone())).collect();
         *self.inner.broker.table.write().expect("egress table poisoned") =
-            Arc::new(Table { config: next, tls });
-        Ok(listening)
+            Arc::new(Table { config: next, tls, ca });
+        Ok(ConfigureEgressResponse {
+            port: u32::from(listening),
+            placeholders,
+            ca_cert_path: trust.cert.display().to_string(),
+            ca_bundle_path: trust.bundle.display().to_string(),
+        })
     }
 
     /// The usage records of a run after `after_seq`, at most `max`.
@@ -194,8 +237,7 @@ impl EgressService for Egress {
         &self,
         req: Request<ConfigureEgressRequest>,
     ) -> Result<Response<ConfigureEgressResponse>, Status> {
-        let port = Egress::configure(self, req.get_ref()).await?;
-        Ok(Response::new(ConfigureEgressResponse { port: u32::from(port) }))
+        Ok(Response::new(Egress::configure(self, req.get_ref()).await?))
     }
 
     async fn carry(
@@ -261,9 +303,9 @@ mod tests {
                 label: "codex".to_string(),
                 ..Default::default()
             }],
-            extra_roots_pem: String::new(),
+            ..Default::default()
         };
-        let port = egress.configure(&req).await.unwrap();
+        let port = egress.configure(&req).await.unwrap().port as u16;
         for request in [
             "POST /v1/responses HTTP/1.1\r\nhost: x\r\nauthorization: Bearer placeholder-0123456789\r\n\
              content-length: 0\r\nconnection: close\r\n\r\n",

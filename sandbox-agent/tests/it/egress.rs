@@ -572,6 +572,7 @@ async fn an_https_route_trusts_the_extra_roots_and_only_them() {
     let with_root = ConfigureEgressRequest {
         routes: vec![route(upstream.port, "https", "localhost", "ANTHROPIC_API_KEY")],
         extra_roots_pem: ca.pem().to_string(),
+        ..Default::default()
     };
     let port = configure(&agent, with_root).await;
     let _carrier = TestCarrier::start(&agent, &[]).await;

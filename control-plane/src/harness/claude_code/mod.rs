@@ -30,7 +30,7 @@ fn tools_of(action: Action) -> &'static [&'static str] {
     match action {
         Action::Command => &["Bash"],
         Action::FileWrite => &["Edit", "Write", "MultiEdit", "NotebookEdit"],
-        Action::Network => &["WebFetch"],
+        Action::Network | Action::Request => &["WebFetch"],
     }
 }
 

@@ -33,7 +33,7 @@ fn tools_of(action: Action) -> &'static str {
     match action {
         Action::Command => "commands (run_shell_command)",
         Action::FileWrite => "file writes (write_file, replace)",
-        Action::Network => "fetches (web_fetch)",
+        Action::Network | Action::Request => "fetches (web_fetch)",
     }
 }
 

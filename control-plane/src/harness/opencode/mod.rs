@@ -28,7 +28,7 @@ fn permission_of(action: Action) -> &'static str {
     match action {
         Action::Command => "bash",
         Action::FileWrite => "edit",
-        Action::Network => "webfetch",
+        Action::Network | Action::Request => "webfetch",
     }
 }
 

@@ -49,6 +49,10 @@ pub(super) struct Pump {
     pub(super) metered: bool,
     /// Out-of-band chunks appended since the last translated one.
     pub(super) out_of_band_run: usize,
+    /// Out-of-band chunks that arrived before the aligner caught up (a
+    /// sandbox's connections before the run's first line): appended once
+    /// it has.
+    pub(super) held_out_of_band: Vec<Chunk>,
     pub(super) dropped_file_events: u64,
     pub(super) redactor: Masks,
 }
@@ -106,6 +110,10 @@ impl Runs {
         if !batch.is_empty() {
             self.append(ctx, &batch).await?;
         }
+        if pump.aligner.caught_up() && !pump.held_out_of_band.is_empty() {
+            let held = std::mem::take(&mut pump.held_out_of_band);
+            self.append(ctx, &held).await?;
+        }
         Ok(())
     }
 
@@ -152,7 +160,12 @@ impl Runs {
         pump.out_of_band_run += batch.len();
         // Out of band: never offered to the aligner (a replay does not
         // produce them; the aligner skips the stored ones).
-        if pump.aligner.caught_up() { self.append(ctx, &batch).await } else { Ok(()) }
+        if pump.aligner.caught_up() {
+            self.append(ctx, &batch).await
+        } else {
+            pump.held_out_of_band.extend(batch);
+            Ok(())
+        }
     }
 
     /// Deliver the usage records the broker kept since the last one
@@ -290,7 +303,11 @@ impl Runs {
         if let Err(e) = pump.aligner.finish().await {
             return Ending::Failed(e);
         }
-        if let Err(ending) = self.append(ctx, &batch).await {
+        // Out-of-band chunks still held (the run printed nothing) go before
+        // the end: they happened before it.
+        let mut all = std::mem::take(&mut pump.held_out_of_band);
+        all.extend(batch);
+        if let Err(ending) = self.append(ctx, &all).await {
             return ending;
         }
         Ending::Exited { terminal }

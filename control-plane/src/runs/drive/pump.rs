@@ -61,6 +61,7 @@ impl Runs {
             usage,
             metered: false,
             out_of_band_run: 0,
+            held_out_of_band: Vec::new(),
             dropped_file_events: 0,
             redactor,
         };
@@ -196,6 +197,19 @@ impl Runs {
                             }
                         }
                         Some(Ok(agent::FollowResponse { event: Some(agent::follow_response::Event::Exit(exit)) })) => {
+                            // The connections the run made before it ended are its record too.
+                            let upstream = egress.as_ref().and_then(|e| e.upstream.as_ref());
+                            while let Ok(connection) = net_rx.try_recv() {
+                                let chunks = health.observe(&connection, upstream, &pump.factory);
+                                if let Err(ending) = self.out_of_band(ctx, &mut pump, chunks).await {
+                                    break 'follow ending;
+                                }
+                            }
+                            if let Some(blocked) = health.take_blocked(&pump.factory)
+                                && let Err(ending) = self.out_of_band(ctx, &mut pump, vec![blocked]).await
+                            {
+                                break 'follow ending;
+                            }
                             let stderr = String::from_utf8_lossy(&exit.stderr_tail).into_owned();
                             break 'follow self.exited(ctx, &mut pump, &agent, exit.exit_code, &stderr).await;
                         }
@@ -222,6 +236,15 @@ impl Runs {
                 Err(ending) => break ending,
             }
         };
+        // What was refused, in one record before the run's end (an exit
+        // wrote it before its terminal chunk; a successor's drive says its
+        // own).
+        if !matches!(ending, Ending::Detach | Ending::Superseded(_))
+            && let Some(blocked) = health.take_blocked(&pump.factory)
+            && let Err(e) = self.out_of_band(ctx, &mut pump, vec![blocked]).await
+        {
+            debug!(run_id = %ctx.key.run, ending = ending_name(&e), "recording what the run's egress refused failed");
+        }
         watcher.abort();
         if matches!(ending, Ending::Stopped(StopReason::Cancel)) {
             self.deny_pending(ctx, &mut pump, &agent).await;

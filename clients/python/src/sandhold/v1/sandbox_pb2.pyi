@@ -236,14 +236,48 @@ class ModelAccess(_message.Message):
     def __init__(self, harness: _Optional[str] = ..., upstream: _Optional[str] = ..., key_secret: _Optional[str] = ...) -> None: ...
 
 class Network(_message.Message):
-    __slots__ = ("allow_hosts", "model_unreachable_ms", "extra_roots_pem")
+    __slots__ = ("allow_hosts", "model_unreachable_ms", "extra_roots_pem", "credentials", "allow", "ask", "deny")
     ALLOW_HOSTS_FIELD_NUMBER: _ClassVar[int]
     MODEL_UNREACHABLE_MS_FIELD_NUMBER: _ClassVar[int]
     EXTRA_ROOTS_PEM_FIELD_NUMBER: _ClassVar[int]
+    CREDENTIALS_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_FIELD_NUMBER: _ClassVar[int]
+    ASK_FIELD_NUMBER: _ClassVar[int]
+    DENY_FIELD_NUMBER: _ClassVar[int]
     allow_hosts: _containers.RepeatedScalarFieldContainer[str]
     model_unreachable_ms: int
     extra_roots_pem: str
-    def __init__(self, allow_hosts: _Optional[_Iterable[str]] = ..., model_unreachable_ms: _Optional[int] = ..., extra_roots_pem: _Optional[str] = ...) -> None: ...
+    credentials: _containers.RepeatedCompositeFieldContainer[NetworkCredential]
+    allow: _containers.RepeatedCompositeFieldContainer[NetworkRule]
+    ask: _containers.RepeatedCompositeFieldContainer[NetworkRule]
+    deny: _containers.RepeatedCompositeFieldContainer[NetworkRule]
+    def __init__(self, allow_hosts: _Optional[_Iterable[str]] = ..., model_unreachable_ms: _Optional[int] = ..., extra_roots_pem: _Optional[str] = ..., credentials: _Optional[_Iterable[_Union[NetworkCredential, _Mapping]]] = ..., allow: _Optional[_Iterable[_Union[NetworkRule, _Mapping]]] = ..., ask: _Optional[_Iterable[_Union[NetworkRule, _Mapping]]] = ..., deny: _Optional[_Iterable[_Union[NetworkRule, _Mapping]]] = ...) -> None: ...
+
+class NetworkRule(_message.Message):
+    __slots__ = ("host", "methods", "path")
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    METHODS_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    host: str
+    methods: _containers.RepeatedScalarFieldContainer[str]
+    path: str
+    def __init__(self, host: _Optional[str] = ..., methods: _Optional[_Iterable[str]] = ..., path: _Optional[str] = ...) -> None: ...
+
+class NetworkCredential(_message.Message):
+    __slots__ = ("secret", "hosts", "header", "format", "basic", "username")
+    SECRET_FIELD_NUMBER: _ClassVar[int]
+    HOSTS_FIELD_NUMBER: _ClassVar[int]
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    BASIC_FIELD_NUMBER: _ClassVar[int]
+    USERNAME_FIELD_NUMBER: _ClassVar[int]
+    secret: str
+    hosts: _containers.RepeatedScalarFieldContainer[str]
+    header: str
+    format: str
+    basic: bool
+    username: str
+    def __init__(self, secret: _Optional[str] = ..., hosts: _Optional[_Iterable[str]] = ..., header: _Optional[str] = ..., format: _Optional[str] = ..., basic: _Optional[bool] = ..., username: _Optional[str] = ...) -> None: ...
 
 class ProviderSpec(_message.Message):
     __slots__ = ("local", "docker")
