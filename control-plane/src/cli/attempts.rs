@@ -45,6 +45,7 @@ pub enum AttemptsCommand {
     #[command(after_help = "Examples:\n  sandhold attempts promote att-3f2a9c1d0b7e att-3f2a9c1d0b7e-1\n  \
                             sandhold attempts promote att-3f2a9c1d0b7e att-3f2a9c1d0b7e-1 --push fix/login")]
     Promote {
+        /// The set's id (`sandhold run --attempts` prints it).
         set: String,
         /// The attempt's run id.
         run_id: String,
