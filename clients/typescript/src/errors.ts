@@ -36,6 +36,7 @@ export const ERROR_REASONS = [
   "STORAGE_FULL",
   "MODEL_UNREACHABLE",
   "BUDGET_EXCEEDED",
+  "SANDBOX_LOST",
 ] as const;
 
 /** A stable error reason of the Sandhold API. */
