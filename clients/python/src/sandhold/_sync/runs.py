@@ -95,24 +95,12 @@ class Runs:
         connection. ``request`` is a whole StartRunRequest instead (the
         other arguments but the callbacks are then ignored)."""
         if request is None:
-            opts = run_pb2.HarnessOptions()
-            if options is not None:
-                opts.CopyFrom(options)
-            if command is not None:
-                opts.command[:] = list(command)
-            request = run_pb2.StartRunRequest(
-                thread_id=thread_id,
-                run_id=run_id,
-                definition_id=definition_id,
-                harness=harness or ("command" if command is not None else ""),
-                options=opts,
-                prompt=prompt,
-                durable=durable,
-                secrets=dict(secrets or {}),
-                cwd=cwd,
-                new_session=new_session,
-                client_tools=list(client_tools),
-            )
+            request = _run_request(thread_id, harness, definition_id, command, prompt, options, secrets)
+            request.run_id = run_id
+            request.durable = durable
+            request.cwd = cwd
+            request.new_session = new_session
+            request.client_tools.extend(client_tools)
             if policy is not None:
                 request.policy.CopyFrom(policy.to_proto() if isinstance(policy, Policy) else policy)
         if request.durable and not request.run_id:
@@ -277,20 +265,8 @@ class Runs:
         ``attempts``, each empty part the run's), each attempt a durable run
         in a fork of the thread's latest checkpoint; follow each with
         ``stream(attempt.run_id)``. The set, as started."""
-        opts = run_pb2.HarnessOptions()
-        if options is not None:
-            opts.CopyFrom(options)
-        if command is not None:
-            opts.command[:] = list(command)
-        run = run_pb2.StartRunRequest(
-            thread_id=thread_id,
-            definition_id=definition_id,
-            harness=harness or ("command" if command is not None else ""),
-            options=opts,
-            prompt=prompt,
-            durable=True,
-            secrets=dict(secrets or {}),
-        )
+        run = _run_request(thread_id, harness, definition_id, command, prompt, options, secrets)
+        run.durable = True
         request = run_pb2.StartAttemptsRequest(
             run=run,
             count=count,
@@ -318,6 +294,32 @@ class Runs:
         conversation are what the thread's next run continues from."""
         request = run_pb2.PromoteAttemptRequest(attempt_set_id=attempt_set_id, run_id=run_id)
         return self._rpc.unary(self._rpc.runs.PromoteAttempt, request, run_pb2.PromoteAttemptResponse)
+
+
+def _run_request(
+    thread_id: str,
+    harness: str | None,
+    definition_id: str,
+    command: Sequence[str] | None,
+    prompt: str,
+    options: run_pb2.HarnessOptions | None,
+    secrets: Mapping[str, str] | None,
+) -> run_pb2.StartRunRequest:
+    """The StartRunRequest of a run (or of every attempt of a set): its
+    harness ("command" when ``command``, its argv, is given) and options."""
+    opts = run_pb2.HarnessOptions()
+    if options is not None:
+        opts.CopyFrom(options)
+    if command is not None:
+        opts.command[:] = list(command)
+    return run_pb2.StartRunRequest(
+        thread_id=thread_id,
+        definition_id=definition_id,
+        harness=harness or ("command" if command is not None else ""),
+        options=opts,
+        prompt=prompt,
+        secrets=dict(secrets or {}),
+    )
 
 
 class Requests:
