@@ -5,6 +5,7 @@
 //! under a lease per attempt, so a replica that dies mid-evaluation leaves
 //! it to the next pass of any other.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use shared::proto::agent::v1 as agent;
@@ -52,6 +53,7 @@ impl Runs {
                 return;
             }
         };
+        let mut sets: HashMap<String, AttemptSetRecord> = HashMap::new();
         for (tenant, attempt) in pending {
             let Ok(run_id) = super::super::run_id_field("run_id", &attempt.run_id) else { continue };
             let run = match cx.stores.runs.get(&RunKey::new(tenant.clone(), run_id)).await {
@@ -64,8 +66,17 @@ impl Runs {
             };
             let name = format!("attempt:{}:{}", attempt.set_id, attempt.attempt);
             let Ok(Some(lease)) = cx.leases.try_acquire(&name).await else { continue };
-            let set = match cx.stores.attempts.get(&tenant, &attempt.set_id).await {
-                Ok((set, _)) => set,
+            // A set's attempts end together: its record is read once a pass.
+            let known = sets.get(&attempt.set_id).cloned();
+            let read = match known {
+                Some(set) => Ok(set),
+                None => cx.stores.attempts.get(&tenant, &attempt.set_id).await.map(|(set, _)| set),
+            };
+            let set = match read {
+                Ok(set) => {
+                    sets.insert(set.set_id.clone(), set.clone());
+                    set
+                }
                 Err(e) => {
                     debug!(attempt_set = %attempt.set_id, error = %e, "an attempt's set is unreadable");
                     let _ = lease.release().await;
