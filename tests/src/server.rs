@@ -118,19 +118,7 @@ impl TenantServer {
     /// Waits for the checkpoint of `thread` saved after `run` (once the run
     /// is terminal).
     pub async fn wait_checkpoint(&self, thread: &str, run: &str) {
-        use shared::proto::v1::snapshot_service_client::SnapshotServiceClient;
-        let snapshots =
-            SnapshotServiceClient::with_interceptor(self.server.channel().await, bearer(&self.token));
-        let saved = crate::wait::eventually(crate::wait::PATIENCE, || {
-            let mut snapshots = snapshots.clone();
-            let request = api::ListSnapshotsRequest { thread_id: thread.into() };
-            async move {
-                let listed = snapshots.list_snapshots(request).await;
-                listed.is_ok_and(|l| l.into_inner().checkpoints.iter().any(|c| c.run_id == run))
-            }
-        })
-        .await;
-        assert!(saved, "no checkpoint after {run}:\n{}", self.server.log_text());
+        self.server.wait_checkpoint(&self.token, thread, run).await;
     }
 }
 
@@ -146,6 +134,23 @@ pub struct ServerProcess {
 }
 
 impl ServerProcess {
+    /// Waits for the checkpoint of `thread` saved after `run` (once the run
+    /// is terminal), as the tenant of `token` sees it.
+    pub async fn wait_checkpoint(&self, token: &str, thread: &str, run: &str) {
+        use shared::proto::v1::snapshot_service_client::SnapshotServiceClient;
+        let snapshots = SnapshotServiceClient::with_interceptor(self.channel().await, bearer(token));
+        let saved = crate::wait::eventually(crate::wait::PATIENCE, || {
+            let mut snapshots = snapshots.clone();
+            let request = api::ListSnapshotsRequest { thread_id: thread.into() };
+            async move {
+                let listed = snapshots.list_snapshots(request).await;
+                listed.is_ok_and(|l| l.into_inner().checkpoints.iter().any(|c| c.run_id == run))
+            }
+        })
+        .await;
+        assert!(saved, "no checkpoint after {run}:\n{}", self.log_text());
+    }
+
     pub async fn start(opts: &ServerOptions) -> Self {
         let mut server = Self::spawn(opts);
         if let Some(status) = server.ready_or_exit().await {

@@ -66,8 +66,13 @@ pub struct NodeView {
     pub state: NodeState,
     pub labels: BTreeMap<String, String>,
     pub providers: Vec<wire::ProviderCapabilities>,
-    /// Sandboxes the control plane placed there (its instances).
+    /// Sandboxes the control plane placed there: its instances and its
+    /// unclaimed warm sandboxes.
     pub placed: u32,
+    /// Sandboxes this replica chose it for and is still making (not yet
+    /// recorded): what keeps a burst of placements from all choosing the
+    /// node that looked emptiest before the first of them was recorded.
+    pub pending: u32,
 }
 
 /// The nodes of this control plane. Cheap to clone.
@@ -81,11 +86,56 @@ struct Inner {
     options: FleetOptions,
     /// Dialled nodes: the address dialled and the channel.
     channels: Mutex<HashMap<String, (String, Channel)>>,
+    /// Sandboxes being made on each node by this replica ([`Reservation`]s).
+    pending: Mutex<HashMap<String, u32>>,
+    /// Held from listing the nodes to reserving the chosen one, so that two
+    /// placements of this replica never both choose from the same count.
+    placing: tokio::sync::Mutex<()>,
+}
+
+/// A new sandbox being made on a node: counted by [`Fleet::list`] as
+/// [`NodeView::pending`] until dropped (once the sandbox is recorded, or
+/// its making failed).
+pub struct Reservation {
+    inner: Arc<Inner>,
+    node: String,
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        let mut pending = self.inner.pending.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = pending.get_mut(&self.node) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                pending.remove(&self.node);
+            }
+        }
+    }
 }
 
 impl Fleet {
     pub fn new(stores: Stores, options: FleetOptions) -> Self {
-        Self { inner: Arc::new(Inner { stores, options, channels: Mutex::default() }) }
+        Self {
+            inner: Arc::new(Inner {
+                stores,
+                options,
+                channels: Mutex::default(),
+                pending: Mutex::default(),
+                placing: tokio::sync::Mutex::default(),
+            }),
+        }
+    }
+
+    /// Hold while listing the nodes, choosing one and reserving it.
+    pub async fn placing(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.inner.placing.lock().await
+    }
+
+    /// Count a new sandbox on `node` as pending until the reservation drops.
+    pub fn reserve(&self, node: &str) -> Reservation {
+        *self.inner.pending.lock().unwrap_or_else(|e| e.into_inner()).entry(node.to_string()).or_default() +=
+            1;
+        Reservation { inner: self.inner.clone(), node: node.to_string() }
     }
 
     /// How long a node may be silent before it is lost.
@@ -185,6 +235,13 @@ impl Fleet {
                 *placed.entry(instance.node).or_default() += 1;
             }
         }
+        // A claimed warm sandbox is an instance already (counted above).
+        for warm in self.inner.stores.warm.list(None).await? {
+            if !warm.node.is_empty() && warm.claimed_key.is_none() {
+                *placed.entry(warm.node).or_default() += 1;
+            }
+        }
+        let pending = self.inner.pending.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let now = Timestamp::now();
         Ok(records
             .into_iter()
@@ -193,7 +250,8 @@ impl Fleet {
                 let labels = serde_json::from_str(&record.node.labels).unwrap_or_default();
                 let providers = providers_of(&record);
                 let placed = placed.get(&record.node.name).copied().unwrap_or_default();
-                NodeView { record, state, labels, providers, placed }
+                let pending = pending.get(&record.node.name).copied().unwrap_or_default();
+                NodeView { record, state, labels, providers, placed, pending }
             })
             .collect())
     }

@@ -381,7 +381,8 @@ impl Lifecycle {
         };
         let existing_key = existing.is_some();
         let placed = self.place(existing.as_ref(), kind, &input.definition).await?;
-        let (node, provider_arc) = (placed.node, placed.provider);
+        // The reservation counts the new sandbox on its node until recorded.
+        let (node, provider_arc, _reserved) = (placed.node, placed.provider, placed.reservation);
         let provider = provider_arc.as_ref();
         provider.supports(spec).await?;
         let located = |sandbox, outcome, instance, held| Located {

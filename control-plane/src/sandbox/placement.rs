@@ -2,8 +2,14 @@
 //! a node of the fleet. A sandbox stays where it is while its node lives; a
 //! new one goes to a ready node whose labels satisfy the definition's
 //! `[placement] require`, that offers its provider and has a free slot,
-//! most free memory first (fewest sandboxes on a tie). With no node
-//! registered, every sandbox stays on the server's own providers.
+//! most unreserved memory first: a node's memory less one slot's share
+//! (memory / slots) for each sandbox on it or being made there by this
+//! replica. Reserving by slot share, not by the free memory a heartbeat
+//! reports, is what spreads a burst (an attempt set's N sandboxes, a warm
+//! pool's refill): an idle sandbox barely moves a host's free memory, and
+//! a heartbeat is seconds old. Ties go to the node reporting the most
+//! free memory, then the fewest sandboxes. With no node registered, every
+//! sandbox stays on the server's own providers.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -13,6 +19,7 @@ use shared::proto::v1 as api;
 use tracing::warn;
 
 use super::{Error, Lifecycle};
+use crate::node::fleet::Reservation;
 use crate::node::{self, NodeState, NodeView};
 use crate::provider::{Provider, ProviderKind};
 use crate::store::Instance;
@@ -21,6 +28,16 @@ use crate::store::Instance;
 pub(super) struct Placed {
     pub node: String,
     pub provider: Arc<dyn Provider>,
+    /// For a new sandbox on a node: held until it is recorded (or its
+    /// making failed), so that placements meanwhile count it.
+    pub reservation: Option<Reservation>,
+}
+
+impl Placed {
+    /// On this server's own `provider`.
+    fn here(provider: Arc<dyn Provider>) -> Self {
+        Self { node: String::new(), provider, reservation: None }
+    }
 }
 
 impl Lifecycle {
@@ -35,10 +52,12 @@ impl Lifecycle {
     ) -> Result<Placed, Error> {
         if let Some(instance) = existing {
             if instance.node.is_empty() {
-                return Ok(Placed { node: String::new(), provider: self.providers.get(kind)?.clone() });
+                return Ok(Placed::here(self.providers.get(kind)?.clone()));
             }
             match self.provider_on(&instance.node, kind).await {
-                Ok(provider) => return Ok(Placed { node: instance.node.clone(), provider }),
+                Ok(provider) => {
+                    return Ok(Placed { node: instance.node.clone(), provider, reservation: None });
+                }
                 Err(Error::Fleet(
                     e @ (node::Error::Removed(_) | node::Error::Lost(_) | node::Error::NotFound(_)),
                 )) => {
@@ -48,18 +67,25 @@ impl Lifecycle {
             }
         }
         let Some(fleet) = &self.fleet else {
-            return Ok(Placed { node: String::new(), provider: self.providers.get(kind)?.clone() });
+            return Ok(Placed::here(self.providers.get(kind)?.clone()));
         };
+        let placing = fleet.placing().await;
         let nodes = fleet.list().await?;
         if nodes.is_empty() {
-            return Ok(Placed { node: String::new(), provider: self.providers.get(kind)?.clone() });
+            return Ok(Placed::here(self.providers.get(kind)?.clone()));
         }
         let require = requirements(definition);
         let chosen = choose(&nodes, kind, &require).map_err(|(reason, why)| {
             crate::metrics::sandboxes().placement_failed(reason);
             Error::Unplaceable(why)
         })?;
-        Ok(Placed { provider: fleet.provider(&chosen, kind).await?, node: chosen })
+        let reservation = fleet.reserve(&chosen);
+        drop(placing);
+        Ok(Placed {
+            provider: fleet.provider(&chosen, kind).await?,
+            reservation: Some(reservation),
+            node: chosen,
+        })
     }
 
     /// A sandbox whose node is gone (removed, lost, unknown) is lost: the
@@ -171,18 +197,27 @@ pub(super) fn choose(
             format!("none of the {} {wanted} is ready ({})", offering.len(), states.join(", ")),
         ));
     }
+    let used = |n: &NodeView| n.placed + n.pending;
     let free: Vec<&NodeView> =
-        ready.iter().copied().filter(|n| n.placed < n.record.node.sandbox_slots).collect();
+        ready.iter().copied().filter(|n| used(n) < n.record.node.sandbox_slots).collect();
     let Some(best) = free.into_iter().max_by(|a, b| {
-        a.record
-            .free_memory_bytes
-            .cmp(&b.record.free_memory_bytes)
-            .then(b.placed.cmp(&a.placed))
+        unreserved(a)
+            .cmp(&unreserved(b))
+            .then(a.record.free_memory_bytes.cmp(&b.record.free_memory_bytes))
+            .then(used(b).cmp(&used(a)))
             .then(b.record.node.name.cmp(&a.record.node.name))
     }) else {
         return Err(("full", format!("all {} ready {wanted} are full", ready.len())));
     };
     Ok(best.record.node.name.clone())
+}
+
+/// A node's memory not yet reserved: its memory less one slot's share for
+/// each sandbox on it or being made there.
+fn unreserved(n: &NodeView) -> u128 {
+    let slots = u128::from(n.record.node.sandbox_slots.max(1));
+    let free_slots = slots.saturating_sub(u128::from(n.placed + n.pending));
+    u128::from(n.record.node.memory_bytes) * free_slots / slots
 }
 
 #[cfg(test)]
@@ -223,7 +258,48 @@ mod tests {
             labels: labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
             providers: vec![ProviderCapabilities { provider: "local".into(), ..Default::default() }],
             placed,
+            pending: 0,
         }
+    }
+
+    /// A ready node of `memory` bytes and `slots` slots reporting `free`.
+    fn sized(name: &str, memory: u64, slots: u32, free: u64) -> NodeView {
+        let mut n = node(name, &[], slots, 0, free, NodeState::Ready);
+        n.record.node.memory_bytes = memory;
+        n
+    }
+
+    /// Place `count` sandboxes one after another, each pending on its node
+    /// when the next is placed (a burst: none recorded yet).
+    fn burst(nodes: &mut [NodeView], count: usize) -> Vec<String> {
+        (0..count)
+            .map(|_| {
+                let chosen = choose(nodes, local(), &req(&[])).unwrap();
+                nodes.iter_mut().find(|n| n.record.node.name == chosen).unwrap().pending += 1;
+                chosen
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_burst_spreads_over_like_nodes_whatever_megabytes_their_heartbeats_differ_by() {
+        const GIB: u64 = 1 << 30;
+        const MIB: u64 = 1 << 20;
+        // Three like nodes on one host: their heartbeats report a few MiB
+        // apart, which must not send a whole burst to the first.
+        let mut nodes = [
+            sized("a", 24 * GIB, 10, 20 * GIB + 5 * MIB),
+            sized("b", 24 * GIB, 10, 20 * GIB),
+            sized("c", 24 * GIB, 10, 20 * GIB + MIB),
+        ];
+        assert_eq!(burst(&mut nodes, 6), ["a", "c", "b", "a", "c", "b"]);
+        // What is recorded counts as what is pending does.
+        nodes[0].placed = 4;
+        assert_eq!(burst(&mut nodes, 2), ["c", "b"]);
+        // A bigger node takes sandboxes until it has no more memory
+        // unreserved than the smaller one, then they alternate.
+        let mut unlike = [sized("big", 32 * GIB, 8, 20 * GIB), sized("small", 16 * GIB, 8, 20 * GIB)];
+        assert_eq!(burst(&mut unlike, 6), ["big", "big", "big", "big", "small", "big"]);
     }
 
     fn local() -> ProviderKind {

@@ -274,6 +274,8 @@ impl Lifecycle {
             claimed_at: None,
         };
         stores.warm.add(&row).await?;
+        // The row counts the sandbox on its node from here.
+        drop(placed.reservation);
         let made = async {
             let sandbox = provider.create(&spec).await?;
             let input = EnsureInput {

@@ -58,14 +58,14 @@ async fn wait_evaluated(server: &ServerProcess, runs: &mut Runs, set: &str) -> a
 
 /// A thread's run writes `base.txt` (and the checkpoint after it is the
 /// set's base).
-async fn thread_with_a_checkpoint(s: &TenantServer, runs: &mut Runs, thread: &str) {
+async fn thread_with_a_checkpoint(server: &ServerProcess, token: &str, runs: &mut Runs, thread: &str) {
     let mut stream = runs
         .start_run(command_run("base-run", thread, "def", "printf 'x\\ny\\nz\\n' > base.txt"))
         .await
         .unwrap()
         .into_inner();
     read_until(&mut stream, &mut Seen::default(), |_| false).await.unwrap();
-    s.wait_checkpoint(thread, "base-run").await;
+    server.wait_checkpoint(token, thread, "base-run").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -73,7 +73,7 @@ async fn three_attempts_are_compared_and_the_passing_one_becomes_the_threads() {
     let s = TenantServer::start("attempts", &[]).await;
     put_definition(&mut s.server.sandboxes(&s.token).await, comparable("def")).await;
     let mut runs = s.server.runs(&s.token).await;
-    thread_with_a_checkpoint(&s, &mut runs, "task").await;
+    thread_with_a_checkpoint(&s.server, &s.token, &mut runs, "task").await;
 
     let started = runs.start_attempts(attempts_request("task", 3)).await.unwrap().into_inner().set.unwrap();
     assert_eq!(started.attempts.len(), 3);
@@ -343,4 +343,45 @@ async fn every_attempt_completes_once_when_its_replica_is_killed() {
     }
     drop((a, b));
     cluster.tear_down().await;
+}
+
+/// A set started on a fleet spreads its attempts over the nodes: three
+/// attempts on three like nodes (each in its own network namespace) land
+/// one on each. Placement counts the sandboxes it is still making, so the
+/// burst does not all go to the node whose heartbeat reported a few MiB
+/// more free memory (which is what it did before).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_set_on_a_fleet_spreads_its_attempts_over_the_nodes() {
+    use sandhold_tests::fleet::{Fleet, NodeSpec};
+    let Some(mut fleet) = Fleet::start("fleet-attempts", &[]).await else { return };
+    let names = ["node-a", "node-b", "node-c"];
+    for name in names {
+        fleet.add_node(NodeSpec { name: name.into(), slots: Some(10), ..Default::default() });
+    }
+    fleet.wait_state(&names, "ready").await;
+    let mut sandboxes = fleet.server.sandboxes(&fleet.token).await;
+    put_definition(&mut sandboxes, comparable("def")).await;
+    let mut runs = fleet.server.runs(&fleet.token).await;
+    thread_with_a_checkpoint(&fleet.server, &fleet.token, &mut runs, "task").await;
+    // The set starts from the checkpoint on an empty fleet: the thread's
+    // own sandbox is destroyed first.
+    let listed = |mut sandboxes: Sandboxes| async move {
+        sandboxes.list_sandboxes(api::ListSandboxesRequest::default()).await.unwrap().into_inner().sandboxes
+    };
+    for sandbox in listed(sandboxes.clone()).await {
+        let request = api::DestroySandboxRequest { sandbox_id: sandbox.sandbox_id };
+        sandboxes.destroy_sandbox(request).await.unwrap();
+    }
+
+    let set = runs.start_attempts(attempts_request("task", 3)).await.unwrap().into_inner().set.unwrap();
+    let set = wait_evaluated(&fleet.server, &mut runs, &set.attempt_set_id).await;
+    assert!(set.attempts.iter().all(|a| a.status() == api::RunStatus::Completed), "{set:?}");
+    let on: std::collections::BTreeMap<String, String> = listed(sandboxes.clone())
+        .await
+        .into_iter()
+        .filter(|s| s.thread_id.starts_with(&set.attempt_set_id))
+        .map(|s| (s.thread_id, s.node))
+        .collect();
+    let nodes: std::collections::BTreeSet<&str> = on.values().map(String::as_str).collect();
+    assert_eq!((on.len(), nodes), (3, names.into_iter().collect()), "{on:?}\n{}", fleet.logs());
 }
