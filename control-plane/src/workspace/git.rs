@@ -158,6 +158,34 @@ pub(crate) fn environment(url: &str) -> HashMap<String, String> {
 
 /// Make the clone; a failure names the URL (without credentials) and
 /// git's error.
+/// Keep `patterns` (gitignore lines) out of the workspace repository's
+/// untracked files, in `.git/info/exclude` (the clone's own, never a
+/// tracked `.gitignore`): what Sandhold writes into a workspace (the
+/// instructions file and its aliases, projected skills) is not the
+/// user's change, and `git add --all` (a commit, an attempt's push) must
+/// not take it. Nothing when the workspace is no repository.
+pub(crate) async fn exclude(remote: &Remote<'_>, patterns: &[String]) -> Result<(), Error> {
+    const FILE: &str = ".git/info/exclude";
+    if patterns.is_empty() || !remote.exists(".git/HEAD").await? {
+        return Ok(());
+    }
+    let mut text =
+        remote.read(FILE).await?.map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default();
+    let missing: Vec<&String> = patterns.iter().filter(|p| !text.lines().any(|l| l == p.as_str())).collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    if !text.is_empty() && !text.ends_with('\n') {
+        text.push('\n');
+    }
+    text.push_str("# written by Sandhold: what it projects into the workspace\n");
+    for p in missing {
+        text.push_str(p);
+        text.push('\n');
+    }
+    remote.write(FILE, text.as_bytes(), None).await
+}
+
 pub(crate) async fn clone(remote: &Remote<'_>, c: &Clone<'_>, timeout: Duration) -> Result<(), Error> {
     if let Some(token) = c.token.filter(|_| is_http(c.url)) {
         return clone_with_token(remote, c, token, timeout).await;

@@ -81,6 +81,16 @@ impl Provisioner for WorkspaceProvisioner {
             return Ok(());
         }
         ctx.progress.phase(EnsurePhase::Projecting, "writing instructions and skills");
+        let mut projected: Vec<String> = Vec::new();
+        if text.is_some() {
+            projected.extend(
+                std::iter::once(instructions::FILE).chain(instructions::ALIASES).map(|f| format!("/{f}")),
+            );
+        }
+        if skills::any(w) {
+            projected.extend(shared::snapshot::PROJECTED_SKILL_FOLDERS.iter().map(|f| format!("/{f}/")));
+        }
+        git::exclude(&remote, &projected).await?;
         if let Some(text) = text {
             let linked = instructions::write(&remote, &text).await?;
             if !linked {
