@@ -185,6 +185,19 @@ impl Drop for ChildGuard {
     }
 }
 
+/// A bare repository `origin.git` in `dir` with one commit of app.txt on
+/// main.
+pub fn bare_origin(dir: &Path) -> std::path::PathBuf {
+    let work = dir.join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    git(&work, &["init", "-q"]);
+    std::fs::write(work.join("app.txt"), "one\n").unwrap();
+    git(&work, &["add", "."]);
+    git(&work, &["commit", "-q", "-m", "first"]);
+    git(dir, &["clone", "-q", "--bare", "work", "origin.git"]);
+    dir.join("origin.git")
+}
+
 /// `git -C dir ARGS` with the host's git, as a fixed identity on branch
 /// `main` by default; its trimmed stdout. Panics (with git's message) when
 /// git fails.

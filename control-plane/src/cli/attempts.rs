@@ -49,10 +49,16 @@ pub enum AttemptsCommand {
         set: String,
         /// The attempt's run id.
         run_id: String,
-        /// Then push the winner's workspace to this branch (git push from
-        /// its sandbox, as `sandhold git push` does).
+        /// Then push the winner's workspace to this branch of the workspace's
+        /// origin: its changes are committed (as --author) on a new branch of
+        /// that name and pushed from its sandbox, as `sandhold git push` does.
         #[arg(long, value_name = "BRANCH")]
         push: Option<String>,
+        /// With --push: author and committer of the winner's commit,
+        /// "Name <email>" (default: $SANDHOLD_GIT_AUTHOR, else git's
+        /// user.name/user.email here).
+        #[arg(long, value_name = "NAME <EMAIL>", requires = "push")]
+        author: Option<String>,
         /// A secret for the push, NAME=ENV_VAR (e.g. the workspace
         /// source's auth secret). Repeatable.
         #[arg(long = "secret", value_name = "NAME=ENV_VAR")]
@@ -73,7 +79,7 @@ pub async fn attempts(command: AttemptsCommand) -> ExitCode {
             })
             .await
         }
-        AttemptsCommand::Promote { set, run_id, push, secrets, client } => {
+        AttemptsCommand::Promote { set, run_id, push, author, secrets, client } => {
             let format = client.output;
             with_connection(&client, async move |conn| {
                 let request = api::PromoteAttemptRequest { attempt_set_id: set.clone(), run_id: run_id.clone() };
@@ -90,21 +96,8 @@ pub async fn attempts(command: AttemptsCommand) -> ExitCode {
                     ),
                 }
                 if let Some(branch) = push {
-                    let run = conn
-                        .runs()
-                        .get_run(api::GetRunRequest { run_id: run_id.clone() })
-                        .await
-                        .map_err(status_error)?
-                        .into_inner()
-                        .run
-                        .unwrap_or_default();
-                    let request = api::GitPushRequest {
-                        sandbox_id: run.sandbox_id,
-                        branch: branch.clone(),
-                        secrets: secret_values(&secrets)?,
-                        ..Default::default()
-                    };
-                    let pushed = conn.sandboxes().git_push(request).await.map_err(status_error)?.into_inner();
+                    let secrets = secret_values(&secrets)?;
+                    let pushed = push_winner(conn, &set, &run_id, &branch, author, secrets).await?;
                     match format {
                         OutputFormat::Json => json_line(&json!({
                             "run_id": run_id, "pushed": pushed.branch, "remote": pushed.remote, "commit": pushed.commit,
@@ -117,6 +110,45 @@ pub async fn attempts(command: AttemptsCommand) -> ExitCode {
             .await
         }
     }
+}
+
+/// The promoted attempt's workspace, pushed to `branch` of its origin: its
+/// changes (if any) committed on a new branch of that name, then pushed.
+async fn push_winner(
+    conn: &Connection,
+    set: &str,
+    run_id: &str,
+    branch: &str,
+    author: Option<String>,
+    secrets: std::collections::HashMap<String, String>,
+) -> anyhow::Result<api::GitPushResponse> {
+    let run =
+        conn.runs().get_run(api::GetRunRequest { run_id: run_id.to_string() }).await.map_err(status_error)?;
+    let sandbox_id = run.into_inner().run.unwrap_or_default().sandbox_id;
+    let mut sandboxes = conn.sandboxes();
+    let status = api::GitStatusRequest { sandbox_id: sandbox_id.clone(), path: String::new() };
+    let status = sandboxes.git_status(status).await.map_err(status_error)?.into_inner();
+    if status.branch != branch {
+        let create = api::GitBranchRequest {
+            sandbox_id: sandbox_id.clone(),
+            name: branch.to_string(),
+            create: true,
+            ..Default::default()
+        };
+        sandboxes.git_branch(create).await.map_err(status_error)?;
+    }
+    if !status.files.is_empty() {
+        let commit = api::GitCommitRequest {
+            sandbox_id: sandbox_id.clone(),
+            message: format!("{run_id}: the promoted attempt of {set}"),
+            author: Some(super::git::author(author)?),
+            all: true,
+            ..Default::default()
+        };
+        sandboxes.git_commit(commit).await.map_err(status_error)?;
+    }
+    let push = api::GitPushRequest { sandbox_id, branch: branch.to_string(), secrets, ..Default::default() };
+    Ok(sandboxes.git_push(push).await.map_err(status_error)?.into_inner())
 }
 
 /// `sandhold run --attempts N` / `--attempt HARNESS[:MODEL]`...

@@ -117,7 +117,7 @@ fn parse_author(s: &str) -> anyhow::Result<api::GitAuthor> {
 
 /// The author of a commit: the flag, `$SANDHOLD_GIT_AUTHOR`, or this
 /// machine's git identity.
-fn author(flag: Option<String>) -> anyhow::Result<api::GitAuthor> {
+pub(super) fn author(flag: Option<String>) -> anyhow::Result<api::GitAuthor> {
     if let Some(a) = flag.or_else(|| std::env::var("SANDHOLD_GIT_AUTHOR").ok()) {
         return parse_author(&a);
     }

@@ -385,3 +385,49 @@ async fn a_set_on_a_fleet_spreads_its_attempts_over_the_nodes() {
     let nodes: std::collections::BTreeSet<&str> = on.values().map(String::as_str).collect();
     assert_eq!((on.len(), nodes), (3, names.into_iter().collect()), "{on:?}\n{}", fleet.logs());
 }
+
+/// `attempts promote SET RUN --push BRANCH` (the CLI): the winner's
+/// changes are committed, as the author given, on BRANCH, which is pushed
+/// to the workspace's origin; the branch there has the winner's file and
+/// none of the other attempts'.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn promote_push_commits_the_winners_changes_on_its_branch_at_the_origin() {
+    use sandhold_tests::local::{TestDir, bare_origin, git};
+    let s = TenantServer::start("attempts-push", &[]).await;
+    let dir = TestDir::new("attempts-origin");
+    let bare = bare_origin(dir.path());
+    let mut def = comparable("def");
+    let source = api::GitSource {
+        url: bare.display().to_string(),
+        history: Some(api::git_source::History::Full(true)),
+        ..Default::default()
+    };
+    def.workspace.as_mut().unwrap().source =
+        Some(api::Source { source: Some(api::source::Source::Git(source)) });
+    put_definition(&mut s.server.sandboxes(&s.token).await, def).await;
+    let mut runs = s.server.runs(&s.token).await;
+    thread_with_a_checkpoint(&s.server, &s.token, &mut runs, "task").await;
+    let set = runs.start_attempts(attempts_request("task", 3)).await.unwrap().into_inner().set.unwrap();
+    let set = wait_evaluated(&s.server, &mut runs, &set.attempt_set_id).await;
+    let winner = set.attempts.iter().find(|a| a.test_exit_code == Some(0)).expect("a passing attempt");
+
+    let data = TestDir::new("attempts-push-cli");
+    let out = sandhold_tests::cli::sandhold(data.path())
+        .args(["attempts", "promote", &set.attempt_set_id, &winner.run_id, "--push", "fix/winner"])
+        .args(["--author", "Ada Lovelace <ada@example.com>", "--output", "json"])
+        .env("SANDHOLD_SERVER", &s.server.addr)
+        .env("SANDHOLD_TOKEN", &s.token)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}{}\n{}", String::from_utf8_lossy(&out.stderr), s.server.log_text());
+    let pushed: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    assert_eq!(pushed["pushed"], "fix/winner", "{text}");
+
+    let head = git(&bare, &["log", "-1", "--format=%H|%an|%ae", "fix/winner"]);
+    assert_eq!(head, format!("{}|Ada Lovelace|ada@example.com", pushed["commit"].as_str().unwrap()));
+    let files = git(&bare, &["ls-tree", "-r", "--name-only", "fix/winner"]);
+    let files: Vec<&str> = files.lines().collect();
+    assert_eq!(files, ["app.txt", "base.txt", "pass.txt"], "{files:?}");
+    assert_eq!(git(&bare, &["branch", "--list", "main", "fix/winner"]).lines().count(), 2);
+}

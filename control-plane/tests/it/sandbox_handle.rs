@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use sandhold_tests::docker::{DEBIAN_IMAGE, DockerCleanup, ensure_debian_image};
 use sandhold_tests::fleet::{Place, Served, served};
-use sandhold_tests::local::{TestDir, git};
+use sandhold_tests::local::{TestDir, bare_origin as origin, git};
 use sandhold_tests::provider::Kind;
 use sandhold_tests::run::{definition, put_definition};
 use sandhold_tests::sandbox::{ensure, sh};
@@ -327,19 +327,6 @@ async fn a_local_sandbox_has_no_ports_of_its_own() {
     let wire = shared::error::Error::from_status(&err);
     assert_eq!(wire.code, shared::error::ErrorCode::Unsupported);
     assert_eq!(wire.metadata.get("capability").map(String::as_str), Some("ports"));
-}
-
-/// A bare repository `origin.git` in `dir` with one commit of app.txt on
-/// main.
-fn origin(dir: &Path) -> std::path::PathBuf {
-    let work = dir.join("work");
-    std::fs::create_dir_all(&work).unwrap();
-    git(&work, &["init", "-q"]);
-    std::fs::write(work.join("app.txt"), "one\n").unwrap();
-    git(&work, &["add", "."]);
-    git(&work, &["commit", "-q", "-m", "first"]);
-    git(dir, &["clone", "-q", "--bare", "work", "origin.git"]);
-    dir.join("origin.git")
 }
 
 fn with_source(mut def: api::SandboxDefinition, url: &str) -> api::SandboxDefinition {
