@@ -1,17 +1,21 @@
-//! Scale: N concurrent durable runs at a model's pace and M more attached
-//! streams on one `sandhold serve` process, on SQLite and on PostgreSQL.
+//! Scale, as users load a control plane: N durable runs, each in a sandbox
+//! of its own (a thread each), at a model's pace, and M more attached
+//! streams, on one `sandhold serve` process, on SQLite and on PostgreSQL.
 //!
 //! Each run is a light writer (one `perl` printing a line every 100 ms,
-//! `SANDHOLD_BENCH_SCALE_LINES` lines, default 100) in one warm local
-//! sandbox, so what grows with N is the control plane's work, not sandbox
-//! start-up. Runs are started 32 at a time; `StartRun` latency is from the
-//! call to its answer (the run recorded and accepted), and to the run's
-//! first chunk on its stream (after its sandbox's ensure: runs of a thread
-//! take turns on the sandbox's lease). Once all are started, M
-//! `AttachRun` streams from the start are spread over the runs. Every
-//! stream must end with the run's terminal chunk and every line. Per
+//! `SANDHOLD_BENCH_SCALE_LINES` lines, default 600: a minute), each line
+//! carrying the wall time it was written. Half the runs (even ones) use a
+//! definition with a warm pool of N/2 sandboxes, filled before the runs
+//! start; the other half a definition without one, so their sandboxes are
+//! made cold (local provider). Runs are started 32 at a time; `StartRun`
+//! latency is from the call to its answer (the run recorded and accepted),
+//! first-chunk latency to the run's first chunk on its stream (after its
+//! sandbox's ensure), per half; chunk latency from a line's write in the
+//! sandbox to its receipt on the starting client's stream. Once all are
+//! started, M `AttachRun` streams from the start are spread over the runs.
+//! Every stream must end with the run's terminal chunk and every line. Per
 //! configuration, a fresh server: its peak RSS (`VmHWM`), its CPU seconds
-//! (user + system) per 1,000 stored chunks, `StartRun` p50/p99.
+//! (user + system) per 1,000 stored chunks.
 //!
 //! `cargo bench -p control-plane --bench scale`. The PostgreSQL rows need
 //! SANDHOLD_TEST_DATABASE_URL (scripts/bench sets it);
@@ -29,7 +33,7 @@ use shared::proto::v1 as api;
 use tokio::sync::Semaphore;
 
 /// (runs, attached streams) per configuration.
-const CONFIGS: [(usize, usize); 4] = [(10, 0), (100, 0), (500, 1_000), (500, 5_000)];
+const CONFIGS: [(usize, usize); 4] = [(100, 1_000), (250, 1_000), (500, 1_000), (500, 5_000)];
 const STARTS_IN_FLIGHT: usize = 32;
 /// Streams per client connection (the server allows 1,024).
 const STREAMS_PER_CONNECTION: usize = 500;
@@ -42,20 +46,41 @@ struct Outcome {
     peak_rss_mb: f64,
     cpu_s: f64,
     start: Row,
-    first_chunk: Row,
+    first_warm: Row,
+    first_cold: Row,
+    /// A line's write in the sandbox to its receipt by the starting client.
+    chunk: Row,
     wall: Duration,
 }
 
+/// Each line's latency from its write (the wall time it carries) to now.
+fn line_latencies(delta: &str, into: &mut Vec<Duration>) {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
+    for line in delta.lines() {
+        if let Some(written) = line.split(' ').nth(2).and_then(|t| t.parse::<f64>().ok()) {
+            into.push(Duration::from_secs_f64((now - written).max(0.0)));
+        }
+    }
+}
+
 /// What one stream saw: chunks, lines, and whether it ended with a
-/// terminal chunk.
-async fn drain(mut stream: tonic::Streaming<api::RunEvent>) -> (usize, usize, bool) {
+/// terminal chunk; with `latencies`, each line's from its write.
+async fn drain(
+    mut stream: tonic::Streaming<api::RunEvent>,
+    mut latencies: Option<&mut Vec<Duration>>,
+) -> (usize, usize, bool) {
     let (mut chunks, mut lines, mut terminal) = (0, 0, false);
     while let Some(event) = stream.message().await.expect("run stream") {
         let Some(api::run_event::Event::Chunk(c)) = event.event else { continue };
         let chunk = c.chunk.expect("a chunk");
         chunks += 1;
         match chunk.r#type() {
-            api::ChunkType::TextMessageContent => lines += chunk.delta.matches("line ").count(),
+            api::ChunkType::TextMessageContent => {
+                lines += chunk.delta.matches("line ").count();
+                if let Some(into) = latencies.as_deref_mut() {
+                    line_latencies(&chunk.delta, into);
+                }
+            }
             api::ChunkType::RunFinished => terminal = true,
             api::ChunkType::RunError => panic!("run failed: {chunk:?}"),
             _ => {}
@@ -93,6 +118,8 @@ async fn configuration(
     streams: usize,
     lines: usize,
 ) -> Outcome {
+    // The even runs' sandboxes come from the pool.
+    let pool = runs.div_ceil(2);
     let dir = sandhold_tests::local::TestDir::new("shsc");
     let nonce = sandhold_tests::nonce();
     let token = format!("tok-{nonce}");
@@ -100,19 +127,35 @@ async fn configuration(
         data_dir: dir.path().join("data"),
         database_url,
         tokens: vec![format!("t{nonce}={token}")],
-        extra_args: ["--max-running-runs-per-tenant", "0", "--log-filter", "info"].map(String::from).to_vec(),
+        extra_args: vec![
+            "--max-running-runs-per-tenant".into(),
+            "0".into(),
+            "--max-sandboxes-per-tenant".into(),
+            "0".into(),
+            "--max-warm-per-definition".into(),
+            pool.max(1).to_string(),
+            "--log-filter".into(),
+            "info".into(),
+        ],
         ..Default::default()
     };
     let server = ServerProcess::start(&options).await;
     let mut sandboxes = server.sandboxes(&token).await;
-    put_definition(&mut sandboxes, definition("def", Kind::Local)).await;
-    let warm = api::EnsureSandboxRequest {
-        definition_id: "def".into(),
-        thread_id: "scale".into(),
-        ..Default::default()
-    };
-    let mut ensure = sandboxes.ensure_sandbox(warm).await.unwrap().into_inner();
-    while ensure.message().await.unwrap().is_some() {}
+    put_definition(&mut sandboxes, definition("cold", Kind::Local)).await;
+    let mut warm = definition("warm", Kind::Local);
+    warm.lifecycle = Some(api::Lifecycle { warm: pool as u32, ..Default::default() });
+    put_definition(&mut sandboxes, warm).await;
+    let filling = Instant::now();
+    loop {
+        let pools = sandboxes.list_warm_pools(api::ListWarmPoolsRequest {}).await.unwrap().into_inner().pools;
+        let ready = pools.iter().find(|p| p.definition_id == "warm").map_or(0, |p| p.ready as usize);
+        if ready >= pool {
+            break;
+        }
+        assert!(filling.elapsed() < Duration::from_secs(900), "the warm pool reached {ready} of {pool}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    eprintln!("scale: {runs} runs, warm pool of {pool} filled in {:.1} s", filling.elapsed().as_secs_f64());
 
     let connections = (runs + streams).div_ceil(STREAMS_PER_CONNECTION);
     let mut clients: Vec<Runs> = Vec::with_capacity(connections);
@@ -120,7 +163,8 @@ async fn configuration(
         clients.push(server.runs(&token).await);
     }
     let script = format!(
-        "$| = 1; for my $i (1..{lines}) {{ print \"line $i\\n\"; select(undef, undef, undef, 0.1) }}"
+        "use Time::HiRes qw(time); $| = 1; \
+         for my $i (1..{lines}) {{ printf \"line %d %.6f\\n\", $i, time; select(undef, undef, undef, 0.1) }}"
     );
     let began = Instant::now();
     let gate = Arc::new(Semaphore::new(STARTS_IN_FLIGHT));
@@ -130,10 +174,11 @@ async fn configuration(
         let mut client = clients[i % connections].clone();
         let gate = gate.clone();
         let live = live.clone();
+        let warm = i % 2 == 0;
         let request = api::StartRunRequest {
-            thread_id: "scale".into(),
+            thread_id: format!("scale-{i}"),
             run_id: format!("sc{i}-{nonce}"),
-            definition_id: "def".into(),
+            definition_id: if warm { "warm" } else { "cold" }.into(),
             harness: "command".into(),
             options: Some(api::HarnessOptions {
                 command: vec!["perl".into(), "-e".into(), script.clone()],
@@ -157,9 +202,11 @@ async fn configuration(
             let latency = t.elapsed();
             drop(permit);
             let _ = live.send(());
-            let (chunks, lines, terminal) = drain(stream).await;
+            let mut latencies = Vec::new();
+            line_latencies(&first.delta, &mut latencies);
+            let (chunks, lines, terminal) = drain(stream, Some(&mut latencies)).await;
             let first_lines = first.delta.matches("line ").count();
-            (accepted, latency, chunks + 1, lines + first_lines, terminal)
+            (warm, accepted, latency, latencies, chunks + 1, lines + first_lines, terminal)
         }));
     }
     // Every run has its first chunk before the attaches begin.
@@ -172,20 +219,22 @@ async fn configuration(
         let request =
             api::AttachRunRequest { run_id: format!("sc{}-{nonce}", j % runs), ..Default::default() };
         attached.push(tokio::spawn(async move {
-            drain(client.attach_run(request).await.expect("attach").into_inner()).await
+            drain(client.attach_run(request).await.expect("attach").into_inner(), None).await
         }));
     }
     let mut start = Vec::with_capacity(runs);
-    let mut first_chunk = Vec::with_capacity(runs);
+    let (mut first_warm, mut first_cold) = (Vec::new(), Vec::new());
+    let mut chunk = Vec::with_capacity(runs * lines);
     let mut chunks = 0;
     for task in started {
-        let (accepted, latency, n, seen_lines, terminal) = task.await.unwrap();
+        let (warm, accepted, latency, latencies, n, seen_lines, terminal) = task.await.unwrap();
         assert!(
             terminal && seen_lines == lines,
             "a run's stream ended with {seen_lines} lines, terminal {terminal}"
         );
         start.push(accepted);
-        first_chunk.push(latency);
+        if warm { &mut first_warm } else { &mut first_cold }.push(latency);
+        chunk.extend(latencies);
         chunks += n;
     }
     for task in attached {
@@ -204,7 +253,9 @@ async fn configuration(
         peak_rss_mb,
         cpu_s,
         start: Row { name: "", samples: start },
-        first_chunk: Row { name: "", samples: first_chunk },
+        first_warm: Row { name: "", samples: first_warm },
+        first_cold: Row { name: "", samples: first_cold },
+        chunk: Row { name: "", samples: chunk },
         wall,
     }
 }
@@ -212,7 +263,7 @@ async fn configuration(
 #[tokio::main]
 async fn main() {
     let lines: usize =
-        std::env::var("SANDHOLD_BENCH_SCALE_LINES").ok().and_then(|v| v.parse().ok()).unwrap_or(100);
+        std::env::var("SANDHOLD_BENCH_SCALE_LINES").ok().and_then(|v| v.parse().ok()).unwrap_or(600);
     let mut databases: Vec<(&'static str, Option<String>)> = vec![("SQLite", None)];
     match std::env::var("SANDHOLD_TEST_DATABASE_URL") {
         Ok(url) => databases.push(("PostgreSQL", Some(url))),
@@ -239,50 +290,62 @@ async fn main() {
             outcomes.push(configuration(database, url.clone(), runs, streams, lines).await);
         }
     }
-    println!("durable runs at a model's pace ({lines} lines, one every 100 ms) on one server, local sandbox");
     println!(
-        "{:<11} {:>5} {:>9} {:>7} {:>8} {:>10} {:>11} {:>11} {:>13} {:>13} {:>7}",
+        "durable runs at a model's pace ({lines} lines, one every 100 ms) on one server, each in its own local \
+         sandbox: half from a warm pool, half made cold"
+    );
+    println!(
+        "{:<11} {:>5} {:>9} {:>7} {:>7} {:>9} {:>15} {:>19} {:>19} {:>17} {:>7}",
         "database",
         "runs",
         "attached",
         "chunks",
         "RSS MB",
         "CPU s/1k",
-        "start p50",
-        "start p99",
-        "1st chunk p50",
-        "1st chunk p99",
+        "start p50/p99",
+        "1st chunk warm p50/99",
+        "1st chunk cold p50/99",
+        "chunk lat p50/99",
         "wall s"
     );
+    let pair = |row: &Row| match row.samples.is_empty() {
+        true => "—".to_string(),
+        false => format!("{:.0} / {:.0} ms", ms(row.quantile(0.5)), ms(row.quantile(0.99))),
+    };
     for o in &outcomes {
+        let cpu = o.cpu_s / (o.chunks as f64 / 1000.0);
         println!(
-            "{:<11} {:>5} {:>9} {:>7} {:>8.0} {:>10.3} {:>8.1} ms {:>8.1} ms {:>10.0} ms {:>10.0} ms {:>7.1}",
+            "{:<11} {:>5} {:>9} {:>7} {:>7.0} {:>9.3} {:>15} {:>19} {:>19} {:>17} {:>7.1}",
             o.database,
             o.runs,
             o.streams,
             o.chunks,
             o.peak_rss_mb,
-            o.cpu_s / (o.chunks as f64 / 1000.0),
-            ms(o.start.quantile(0.5)),
-            ms(o.start.quantile(0.99)),
-            ms(o.first_chunk.quantile(0.5)),
-            ms(o.first_chunk.quantile(0.99)),
+            cpu,
+            pair(&o.start),
+            pair(&o.first_warm),
+            pair(&o.first_cold),
+            pair(&o.chunk),
             o.wall.as_secs_f64()
         );
         summary(
             100 + o.runs as u32 / 10 + o.streams as u32 / 100 + u32::from(o.database == "PostgreSQL") * 1000,
-            &format!("scale, {}: {} runs + {} attached streams", o.database, o.runs, o.streams),
             &format!(
-                "RSS {:.0} MB, {:.2} CPU s/1k chunks, StartRun p50 {:.1} / p99 {:.1} ms (first chunk p99 {:.0} ms), all streams complete",
+                "scale, {}: {} runs (own sandboxes) + {} attached streams",
+                o.database, o.runs, o.streams
+            ),
+            &format!(
+                "RSS {:.0} MB, {cpu:.2} CPU s/1k chunks, StartRun {}, first chunk warm {} / cold {}, chunk latency {}, \
+                 all streams complete",
                 o.peak_rss_mb,
-                o.cpu_s / (o.chunks as f64 / 1000.0),
-                ms(o.start.quantile(0.5)),
-                ms(o.start.quantile(0.99)),
-                ms(o.first_chunk.quantile(0.99))
+                pair(&o.start),
+                pair(&o.first_warm),
+                pair(&o.first_cold),
+                pair(&o.chunk)
             ),
             "",
             None,
-            "RSS ≤ 150 MB at 500 + 5,000; StartRun p99 ≤ 100 ms at 500",
+            "first chunk p99 ≤ 1 s (warm pool), chunk latency p99 ≤ 250 ms, RSS ≤ 150 MB, ≤ 0.1 CPU s per 1,000 chunks",
         );
     }
 }
