@@ -170,14 +170,24 @@ impl Runs {
             return Err(InvalidField::new("request_id", "1-64 characters of [A-Za-z0-9_-]").into());
         }
         let record = self.record(&key).await?;
+        super::log::backfill_requests(self.inner.ctx.stores.events.as_ref(), &key).await?;
+        let logged = self.logged_request(&key, request_id).await?;
+        let answered = |done: &api::RequestAnswer| {
+            Error::RequestClosed(format!(
+                "request {request_id} was answered already (by {})",
+                done.answered_by
+            ))
+        };
         if record.status.is_terminal() {
+            // An answer given before the run ended is still the answer.
+            if let Some(done) = logged.as_ref().and_then(|r| r.answer.as_ref()) {
+                return Err(answered(done));
+            }
             return Err(Error::RequestClosed(format!(
                 "run {run_id} has ended ({}): its requests were denied with it",
                 record.status.as_str()
             )));
         }
-        super::log::backfill_requests(self.inner.ctx.stores.events.as_ref(), &key).await?;
-        let logged = self.logged_request(&key, request_id).await?;
         let answer = match (answer, logged.as_ref().map(|r| r.kind.as_str())) {
             (api::respond_to_request_request::Answer::Permission(p), None | Some("permission")) => Answer {
                 request_id: request_id.into(),
@@ -210,10 +220,7 @@ impl Runs {
             return Err(InvalidField::new("answer", format!("at most {MAX_ANSWER} bytes")).into());
         }
         if let Some(done) = logged.as_ref().and_then(|r| r.answer.as_ref()) {
-            return Err(Error::RequestClosed(format!(
-                "request {request_id} was answered already (by {})",
-                done.answered_by
-            )));
+            return Err(answered(done));
         }
         let Some(sandbox) = record.sandbox_key.clone() else {
             return Err(Error::RequestNotFound { run: key.run.clone(), request: request_id.into() });

@@ -63,9 +63,6 @@ fn requests_lists_what_a_run_waits_on_and_respond_answers_it_once() {
     let id = r["request_id"].as_str().unwrap().to_string();
 
     ok(&server.cli().args(["respond", &run, &id, "allow"]).output().unwrap());
-    let again = server.cli().args(["respond", &run, &id, "deny", "--message", "too late"]).output().unwrap();
-    assert_ne!(again.status.code(), Some(0));
-    assert!(stderr(&again).contains("answered already"), "{}", stderr(&again));
 
     let out = server.cli().args(["attach", &run, "--output", "json"]).output().unwrap();
     let chunks = json_lines(ok(&out));
@@ -82,6 +79,11 @@ fn requests_lists_what_a_run_waits_on_and_respond_answers_it_once() {
     assert_eq!(all[0]["answer"]["allowed"], true, "{all:?}");
     let out = server.cli().args(["requests", &run, "--output", "json"]).output().unwrap();
     assert!(json_lines(ok(&out)).is_empty(), "nothing waits any more");
+    // A second answer, once the run has ended too, is refused as a second
+    // answer (the request was allowed, not denied with the run).
+    let again = server.cli().args(["respond", &run, &id, "deny", "--message", "too late"]).output().unwrap();
+    assert_ne!(again.status.code(), Some(0));
+    assert!(stderr(&again).contains("answered already (by client)"), "{}", stderr(&again));
 }
 
 /// The pane of `session` once it shows `text` (or the time is up).
