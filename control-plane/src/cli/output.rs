@@ -97,11 +97,42 @@ pub fn each_enum(
     }
 }
 
-/// One line of JSON on stdout.
+/// Stdout for JSON lines, one buffer for the process, so lines written
+/// deferred and flushed stay in order.
+static JSON_OUT: LazyLock<std::sync::Mutex<std::io::BufWriter<std::io::Stdout>>> =
+    LazyLock::new(|| std::sync::Mutex::new(std::io::BufWriter::with_capacity(64 << 10, std::io::stdout())));
+
+fn json_out() -> std::sync::MutexGuard<'static, std::io::BufWriter<std::io::Stdout>> {
+    JSON_OUT.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// One line of JSON on stdout, now.
 pub fn json_line(value: &Value) {
-    let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "{value}");
-    let _ = out.flush();
+    json_line_deferred(value);
+    json_flush();
+}
+
+/// One line of JSON on stdout at the next [`json_flush`] (or [`json_line`]):
+/// a burst of a run's chunks goes out in one `write`, not one per line.
+pub fn json_line_deferred(value: &Value) {
+    let mut out = json_out();
+    let _ = serde_json::to_writer(&mut *out, value);
+    let _ = out.write_all(b"\n");
+}
+
+/// Write what [`json_line_deferred`] left in the buffer.
+pub fn json_flush() {
+    let _ = json_out().flush();
+}
+
+/// Calls [`json_flush`] when dropped: deferred lines are written on every
+/// way out of a loop that defers them.
+pub struct FlushJsonOnDrop;
+
+impl Drop for FlushJsonOnDrop {
+    fn drop(&mut self) {
+        json_flush();
+    }
 }
 
 /// A failure, as the user sees it: `error: ...` (with the reason) on

@@ -30,6 +30,9 @@ use crate::harness::Harness;
 
 /// A second Ctrl-C within this window cancels instead of detaching.
 const CANCEL_WINDOW: Duration = Duration::from_secs(2);
+/// Events `follow` handles in a row without waiting, before it listens for
+/// Ctrl-C and the prompt again.
+const READY_BURST: usize = 256;
 
 /// Exit code when the command itself failed (not the run).
 pub const EXIT_USAGE: u8 = 2;
@@ -907,13 +910,33 @@ impl<'a> Session<'a> {
     async fn follow(&mut self, mut stream: tonic::Streaming<api::RunEvent>) -> anyhow::Result<u8> {
         let mut first_interrupt: Option<Instant> = None;
         let mut cancelling = false;
+        // JSON chunks are written deferred: an event already received is
+        // handled without waiting (up to READY_BURST in a row, so Ctrl-C and
+        // the prompt are still heard), and the buffer is flushed before
+        // waiting for more, and on every way out.
+        let _flush = output::FlushJsonOnDrop;
+        let mut burst = 0;
         loop {
-            let detach_at = first_interrupt.filter(|_| !cancelling).map(|t| t + CANCEL_WINDOW);
-            let step = tokio::select! {
-                event = stream.next() => Step::Event(event),
-                _ = recv(&mut self.interrupt) => Step::Interrupt,
-                _ = sleep_until(detach_at) => Step::DetachNow,
-                line = typed(&mut self.prompt.lines) => Step::Typed(line),
+            let ready = match burst < READY_BURST {
+                true => futures::FutureExt::now_or_never(stream.next()),
+                false => None,
+            };
+            let step = match ready {
+                Some(event) => {
+                    burst += 1;
+                    Step::Event(event)
+                }
+                None => {
+                    burst = 0;
+                    output::json_flush();
+                    let detach_at = first_interrupt.filter(|_| !cancelling).map(|t| t + CANCEL_WINDOW);
+                    tokio::select! {
+                        event = stream.next() => Step::Event(event),
+                        _ = recv(&mut self.interrupt) => Step::Interrupt,
+                        _ = sleep_until(detach_at) => Step::DetachNow,
+                        line = typed(&mut self.prompt.lines) => Step::Typed(line),
+                    }
+                }
             };
             match step {
                 Step::Event(Some(Ok(event))) => {
@@ -1073,7 +1096,7 @@ impl<'a> Session<'a> {
                     self.end_display(Some("sandbox ready"));
                 }
                 match self.format {
-                    OutputFormat::Json => json_line(&chunk_json(&rc.offset, &chunk)),
+                    OutputFormat::Json => output::json_line_deferred(&chunk_json(&rc.offset, &chunk)),
                     OutputFormat::Human => self.renderer.chunk(&chunk),
                 }
                 if self.prompt.enabled {
