@@ -386,6 +386,12 @@ pub trait Served: Send + Sync {
     fn token_of(&self, other: &str) -> String;
     /// What to print when the test fails.
     fn logs(&self) -> String;
+    /// The network namespace its sandboxes live in; `None`: this host's.
+    /// A server a sandbox dials directly (the fake model as a CLI's own
+    /// base URL) must listen there.
+    fn sandbox_netns(&self) -> Option<&str> {
+        None
+    }
 }
 
 impl Served for crate::server::TenantServer {
@@ -422,6 +428,9 @@ impl Served for Fleet {
     fn logs(&self) -> String {
         Fleet::logs(self)
     }
+    fn sandbox_netns(&self) -> Option<&str> {
+        self.nodes.first().map(|n| n.ns.name.as_str())
+    }
 }
 
 /// Where a test's sandboxes live.
@@ -436,10 +445,22 @@ pub enum Place {
 /// A control plane (tenants `others` besides the test's) whose sandboxes
 /// live at `place`; `None`: the test skips (see [`Fleet::start`]).
 pub async fn served(place: Place, prefix: &str, others: &[&str]) -> Option<Box<dyn Served>> {
+    served_with(place, prefix, others, &[]).await
+}
+
+/// As [`served`], the control plane started with `extra` more flags.
+pub async fn served_with(
+    place: Place,
+    prefix: &str,
+    others: &[&str],
+    extra: &[&str],
+) -> Option<Box<dyn Served>> {
     match place {
-        Place::SingleHost => Some(Box::new(crate::server::TenantServer::start(prefix, others).await)),
+        Place::SingleHost => {
+            Some(Box::new(crate::server::TenantServer::start_full(prefix, others, None, None, extra).await))
+        }
         Place::OnANode => {
-            let mut fleet = Fleet::start_with_others(prefix, others).await?;
+            let mut fleet = Fleet::start_with(prefix, extra, false, others).await?;
             fleet.add_node(NodeSpec { name: "node-1".into(), docker: true, ..Default::default() });
             fleet.wait_state(&["node-1"], "ready").await;
             Some(Box::new(fleet))

@@ -53,6 +53,9 @@ pub struct FakeOptions {
     pub hold: Option<PathBuf>,
     /// The shell command the `tool` scenario has the CLI run.
     pub tool_command: Option<String>,
+    /// Listen on the loopback of this network namespace (where a fleet
+    /// node's sandboxes live), not this host's.
+    pub netns: Option<String>,
 }
 
 /// What each of the fake model's answers reports (Anthropic's shape:
@@ -86,9 +89,17 @@ impl FakeModel {
 
     /// The fake model of `scenario` with `options`.
     pub fn with(scenario: &str, options: FakeOptions) -> Self {
-        let FakeOptions { log, stall_file, hold, tool_command } = options;
+        let FakeOptions { log, stall_file, hold, tool_command, netns } = options;
         let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fake-model/fake_model.py");
-        let mut cmd = Command::new("python3");
+        // `ip netns exec` execs python3 in the namespace: the child is it.
+        let mut cmd = match &netns {
+            Some(ns) => {
+                let mut cmd = Command::new("ip");
+                cmd.args(["netns", "exec", ns, "python3"]);
+                cmd
+            }
+            None => Command::new("python3"),
+        };
         cmd.arg(script).args(["--scenario", scenario, "--port", "0"]);
         if let Some(log) = &log {
             cmd.arg("--log").arg(log);

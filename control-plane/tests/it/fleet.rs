@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use sandhold_tests::fleet::{Fleet, NodeSpec};
+use sandhold_tests::fleet::{Fleet, NodeSpec, Place, served};
 use sandhold_tests::provider::Kind;
 use sandhold_tests::run::*;
 use sandhold_tests::sandbox::{ensure, sh};
@@ -144,22 +144,33 @@ fn walk_has(dir: &std::path::Path, name: &str) -> bool {
 
 /// A durable command run in a sandbox on a node in another namespace
 /// streams every line once, in order, through the node's tunnel; files
-/// written and read there arrive intact.
+/// written and read there (exec, a 3 MiB file) arrive intact.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_run_on_a_node_streams_every_chunk_once() {
-    let Some(mut fleet) = Fleet::start("fleet-run", &[]).await else { return };
-    fleet.add_node(node("node-1", &[], 8));
-    fleet.wait_state(&["node-1"], "ready").await;
-    let mut sandboxes = fleet.server.sandboxes(&fleet.token).await;
+    run_and_files(Place::OnANode).await;
+}
+
+/// The same body on a single host (the sandbox on the server's own
+/// provider).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_run_on_a_single_host_streams_every_chunk_once() {
+    run_and_files(Place::SingleHost).await;
+}
+
+async fn run_and_files(place: Place) {
+    let Some(fleet) = served(place, "fleet-run", &[]).await else { return };
+    let fleet = fleet.as_ref();
+    let mut sandboxes = fleet.server().sandboxes(fleet.token()).await;
     put_definition(&mut sandboxes, definition("def", Kind::Local)).await;
-    let mut runs = fleet.server.runs(&fleet.token).await;
-    let run_id = format!("run-{}", fleet.nonce);
+    let mut runs = fleet.server().runs(fleet.token()).await;
+    let run_id = format!("run-{}", fleet.tenant());
     let seen = run_to_end(&mut runs, &run_id, "thread", "def", &numbered_lines(500, 50, "0.05")).await;
     assert_eq!(seen.line_numbers(), (1..=500).collect::<Vec<_>>(), "{}", fleet.logs());
     let record = wait_terminal(&mut runs, &run_id).await;
     assert_eq!(record.status, api::RunStatus::Completed as i32, "{record:?}");
     let sandbox = sandhold_tests::sandbox::of_thread(&mut sandboxes, "thread").await;
-    assert_eq!(sandbox.node, "node-1");
+    let expected = if place == Place::OnANode { "node-1" } else { "" };
+    assert_eq!(sandbox.node, expected);
 
     // Files go through the node too: 3 MiB written, read back, byte for byte.
     let data: Vec<u8> = (0..3usize << 20).map(|i| (i % 253) as u8).collect();
