@@ -726,6 +726,10 @@ impl Lifecycle {
         let result = async {
             // Re-read under the lease: an ensure may have replaced it.
             let instance = self.instance(stores, tenant, key).await?;
+            // Its node is gone: nothing to ask it, the record goes.
+            if self.node_gone(&instance.node, &instance.provider).await {
+                return self.forget_gone(stores, &instance).await;
+            }
             let provider = self.provider_on(&instance.node, kind_named(&instance.provider)?).await?;
             provider.destroy(&instance.provider_sandbox_id).await?;
             if let Some(snap) = instance.native_snapshot.as_deref().and_then(NativeSnapshot::parse)

@@ -486,3 +486,85 @@ async fn a_partition_past_the_grace_loses_the_sandbox_and_the_thread_moves() {
     assert_eq!(sandhold_tests::sandbox::of_thread(&mut sandboxes, "t").await.node, "node-m");
     fleet.nodes[0].ns.heal();
 }
+
+/// The reaper forgets the sandboxes of a node that is gone: one node
+/// removed (`nodes rm`), another cut off past the grace; a sweep removes
+/// the instance records of the sandboxes on both and the warm pool row on
+/// the removed one, so they are listed no more and count against no quota;
+/// the sandbox on the third node, which lives, stays. A sandbox of the lost
+/// node destroyed by its owner is forgotten at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_reaper_forgets_the_sandboxes_of_a_removed_or_lost_node() {
+    let Some(mut fleet) = Fleet::start("fleet-forget", &["--node-grace-ms", "4000"]).await else { return };
+    fleet.add_node(node("node-r", &["zone=r"], 8));
+    fleet.add_node(node("node-l", &["zone=l"], 8));
+    fleet.add_node(node("node-k", &["zone=k"], 8));
+    fleet.wait_state(&["node-r", "node-l", "node-k"], "ready").await;
+    let mut sandboxes = fleet.server.sandboxes(&fleet.token).await;
+    for zone in ["r", "l", "k"] {
+        put_definition(&mut sandboxes, placed(&format!("on-{zone}"), &[&format!("zone={zone}")])).await;
+        let (_, ready) =
+            ensure(&mut sandboxes, ensure_request(&format!("on-{zone}"), &format!("t{zone}"))).await;
+        let ready = ready.unwrap_or_else(|e| panic!("{e}\n{}", fleet.logs()));
+        assert_eq!(ready.sandbox.unwrap().node, format!("node-{zone}"));
+    }
+    let (_, doomed) = ensure(&mut sandboxes, ensure_request("on-l", "tl-destroyed")).await;
+    let doomed = doomed.unwrap().sandbox_id;
+    let mut pooled = placed("pool-r", &["zone=r"]);
+    pooled.lifecycle = Some(api::Lifecycle { warm: 1, ..Default::default() });
+    put_definition(&mut sandboxes, pooled).await;
+    let pool = |sandboxes: &sandhold_tests::server::Sandboxes| {
+        let mut sandboxes = sandboxes.clone();
+        async move {
+            let pools =
+                sandboxes.list_warm_pools(api::ListWarmPoolsRequest {}).await.unwrap().into_inner().pools;
+            pools.into_iter().find(|p| p.definition_id == "pool-r").unwrap_or_default()
+        }
+    };
+    let filled = sandhold_tests::wait::eventually(PATIENCE, || {
+        let pool = pool(&sandboxes);
+        async move { pool.await.ready == 1 }
+    })
+    .await;
+    assert!(filled, "the pool never filled: {:?}\n{}", pool(&sandboxes).await, fleet.logs());
+
+    let mut admin = fleet.server.admin(&fleet.token).await;
+    admin.remove_node(api::RemoveNodeRequest { name: "node-r".into() }).await.unwrap();
+    fleet.nodes[1].ns.cut();
+    fleet.wait_state(&["node-l"], "lost").await;
+    let listed = |sandboxes: &sandhold_tests::server::Sandboxes| {
+        let mut sandboxes = sandboxes.clone();
+        async move {
+            let all =
+                sandboxes.list_sandboxes(api::ListSandboxesRequest::default()).await.unwrap().into_inner();
+            let mut nodes: Vec<String> = all.sandboxes.into_iter().map(|s| s.node).collect();
+            nodes.sort();
+            nodes
+        }
+    };
+    // Destroying a sandbox of the lost node forgets it (the node cannot be asked).
+    sandboxes
+        .destroy_sandbox(api::DestroySandboxRequest { sandbox_id: doomed })
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", fleet.logs()));
+    assert_eq!(
+        listed(&sandboxes).await,
+        ["node-k", "node-l", "node-r"],
+        "nothing is forgotten before a sweep"
+    );
+
+    admin.sweep(api::SweepRequest {}).await.unwrap_or_else(|e| panic!("{e}\n{}", fleet.logs()));
+    assert_eq!(listed(&sandboxes).await, ["node-k"], "{}", fleet.logs());
+    let log = fleet.server.log_text();
+    let forgotten =
+        |what: &str| log.lines().filter(|l| l.contains(&format!(": {what}: its node is gone"))).count();
+    assert_eq!(forgotten("sandbox forgotten"), 3, "{log}");
+    assert_eq!(forgotten("pooled sandbox forgotten"), 1, "{log}");
+    // The pool's row on the removed node went: nothing ready (no other
+    // node has zone=r to refill it on).
+    assert_eq!(pool(&sandboxes).await.ready, 0);
+    // The sandbox on the node that lives answers as before.
+    let tk = sandhold_tests::sandbox::of_thread(&mut sandboxes, "tk").await;
+    assert_eq!(sh(&mut sandboxes, &tk.sandbox_id, "echo still").await, (0, "still\n".to_string()));
+    fleet.nodes[1].ns.heal();
+}
