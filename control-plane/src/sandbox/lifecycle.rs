@@ -480,7 +480,18 @@ impl Lifecycle {
             progress.warning(EnsurePhase::Creating, crate::provider::NO_ISOLATION);
         }
         let created = tracing::info_span!("provider.create", provider = %provider.kind());
-        let sandbox = provider.create(spec).instrument(created).await?;
+        // A node that stops answering meanwhile is the cause, and said so;
+        // what it may have kept of the sandbox is unrecorded, and removed by
+        // the key's next ensure there (above).
+        let node_failed =
+            |why: &dyn std::fmt::Display| Error::NodeFailed { node: node.clone(), why: why.to_string() };
+        let sandbox = match provider.create(spec).instrument(created).await {
+            Ok(sandbox) => sandbox,
+            Err(e) if !node.is_empty() && provider.list(&labels).await.is_err() => {
+                return Err(node_failed(&e));
+            }
+            Err(e) => return Err(e.into()),
+        };
         match self.provision(input, provider, &sandbox, workspace, lifecycle, progress).await {
             Ok(native) => {
                 let instance =
@@ -489,10 +500,13 @@ impl Lifecycle {
             }
             Err(e) => {
                 // Nothing half-made survives a failed ensure.
-                if let Err(d) = provider.destroy(&sandbox.provider_id).await {
-                    warn!(sandbox_key = %key, error = %d, "destroying a half-made sandbox failed");
+                match provider.destroy(&sandbox.provider_id).await {
+                    Ok(()) => Err(e),
+                    Err(d) => {
+                        warn!(sandbox_key = %key, error = %d, "destroying a half-made sandbox failed");
+                        Err(if node.is_empty() { e } else { node_failed(&e) })
+                    }
                 }
-                Err(e)
             }
         }
     }

@@ -568,3 +568,77 @@ async fn the_reaper_forgets_the_sandboxes_of_a_removed_or_lost_node() {
     assert_eq!(sh(&mut sandboxes, &tk.sandbox_id, "echo still").await, (0, "still\n".to_string()));
     fleet.nodes[1].ns.heal();
 }
+
+/// The node daemon is SIGKILLed while it makes a sandbox (its setup waits
+/// on a file): the EnsureSandbox fails at once saying so, nothing is
+/// recorded (no sandbox listed, the tenant's one-sandbox quota free again),
+/// and once the node is back the thread's next ensure makes its sandbox,
+/// removing the half-made one the node kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_killed_during_create_fails_the_ensure_and_leaves_nothing_half_made() {
+    let Some(mut fleet) = Fleet::start("fleet-halfmade", &["--max-sandboxes-per-tenant", "1"]).await else {
+        return;
+    };
+    fleet.add_node(node("node-h", &[], 8));
+    fleet.wait_state(&["node-h"], "ready").await;
+    let hold = fleet.data_dir().join("hold");
+    std::fs::write(&hold, b"").unwrap();
+    let mut def = definition("slow", Kind::Local);
+    def.workspace = Some(api::WorkspaceDefinition {
+        setup: vec![api::SetupStep {
+            step: Some(api::setup_step::Step::Serial(format!(
+                "echo setting-up; while [ -e {} ]; do sleep 0.1; done; echo set-up",
+                hold.display()
+            ))),
+        }],
+        ..Default::default()
+    });
+    let mut sandboxes = fleet.server.sandboxes(&fleet.token).await;
+    put_definition(&mut sandboxes, def).await;
+    let mut stream = sandboxes.ensure_sandbox(ensure_request("slow", "t")).await.unwrap().into_inner();
+    loop {
+        let message = tokio::time::timeout(PATIENCE, stream.message()).await.expect("ensure stalled");
+        let event = message.unwrap_or_else(|e| panic!("{e}\n{}", fleet.logs())).unwrap().event.unwrap();
+        match event {
+            api::ensure_sandbox_response::Event::Progress(p) if p.output_line == "setting-up" => break,
+            api::ensure_sandbox_response::Event::Ready(r) => panic!("ready while its setup waits: {r:?}"),
+            _ => {}
+        }
+    }
+    fleet.nodes[0].kill9().await;
+    let failed = loop {
+        let message = tokio::time::timeout(PATIENCE, stream.message()).await.expect("the ensure hung");
+        match message {
+            Ok(Some(m)) => assert!(
+                !matches!(m.event, Some(api::ensure_sandbox_response::Event::Ready(_))),
+                "ready with its node dead"
+            ),
+            Ok(None) => panic!("the ensure ended without ready or error"),
+            Err(status) => break status,
+        }
+    };
+    assert_eq!(failed.code(), tonic::Code::Unavailable, "{failed:?}\n{}", fleet.logs());
+    assert!(failed.message().contains("node-h"), "the error names the node: {failed:?}");
+    let listed = sandboxes.list_sandboxes(api::ListSandboxesRequest::default()).await.unwrap().into_inner();
+    assert!(listed.sandboxes.is_empty(), "a record of a half-made sandbox: {listed:?}");
+
+    fleet.nodes[0].restart();
+    // Registered again (its last heartbeat before the kill may still read ready).
+    let back = sandhold_tests::wait::eventually(PATIENCE, || {
+        let registered = fleet.nodes[0].log_text().matches("registered with the control plane").count();
+        async move { registered >= 2 }
+    })
+    .await;
+    assert!(back, "{}", fleet.logs());
+    std::fs::remove_file(&hold).unwrap();
+    let (_, ready) = ensure(&mut sandboxes, ensure_request("slow", "t")).await;
+    let ready = ready.unwrap_or_else(|e| panic!("the quota is free again: {e}\n{}", fleet.logs()));
+    assert_eq!(ready.outcome, api::EnsureOutcome::Created as i32);
+    assert!(
+        fleet.server.log_text().contains("removing an unrecorded sandbox of this key"),
+        "{}",
+        fleet.logs()
+    );
+    let (code, out) = sh(&mut sandboxes, &ready.sandbox_id, "echo ok").await;
+    assert_eq!((code, out.as_str()), (0, "ok\n"));
+}
