@@ -466,7 +466,7 @@ impl Lifecycle {
         }
         // A new sandbox of the tenant (not the key's own, replaced) counts
         // against its quota from here until recorded.
-        let _slot = if existing_key { None } else { self.quota.admit(stores, &input.tenant).await? };
+        let slot = if existing_key { None } else { self.quota.admit(stores, &input.tenant).await? };
         // A sandbox of this key the store does not point at was never
         // finished (a replica died between create and record): remove it
         // rather than leave an orphan next to the new one.
@@ -494,8 +494,8 @@ impl Lifecycle {
         };
         match self.provision(input, provider, &sandbox, workspace, lifecycle, progress).await {
             Ok(native) => {
-                let instance =
-                    self.record(stores, key, input, (&node, provider), &sandbox, native, lease).await?;
+                let recorded = self.record(stores, key, input, (&node, provider), &sandbox, native, lease);
+                let instance = self.quota.settle(slot, recorded).await?;
                 Ok(located(sandbox, EnsureOutcome::Created, instance, None))
             }
             Err(e) => {
