@@ -199,10 +199,22 @@ type Readers = Vec<(String, tokio::task::JoinHandle<Seen>)>;
 /// read each stream to its end (the control plane is not restarted: a
 /// stream that breaks is a failure), once every run has streamed a line.
 async fn start_runs(fleet: &Fleet, prefix: &str, n: usize, lines: u32, definition: &str) -> Readers {
+    start_runs_on(fleet, &fleet.server, prefix, n, lines, definition).await
+}
+
+/// As [`start_runs`], through the control-plane replica `server`.
+async fn start_runs_on(
+    fleet: &Fleet,
+    server: &sandhold_tests::server::ServerProcess,
+    prefix: &str,
+    n: usize,
+    lines: u32,
+    definition: &str,
+) -> Readers {
     let (streaming, mut started) = tokio::sync::mpsc::channel::<()>(n.max(1));
     let mut out = Vec::new();
     for i in 0..n {
-        let mut runs = fleet.server.runs(&fleet.token).await;
+        let mut runs = server.runs(&fleet.token).await;
         let run_id = format!("{prefix}{i}-{}", fleet.nonce);
         let request = command_run(
             &run_id,
@@ -266,10 +278,23 @@ async fn assert_all_complete(fleet: &Fleet, runs: Readers, lines: u32) {
 /// line delivered once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_node_daemon_killed_during_runs_adopts_its_sandboxes_and_every_run_completes() {
+    let Some(fleet) = Fleet::start("fleet-kill", &[]).await else { return };
+    node_killed_during_runs(fleet).await;
+}
+
+/// The same under two control-plane replicas on PostgreSQL + Redis: the
+/// Docker runs are started through the second replica, which reaches the
+/// node (registered through the first) on its own channel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_two_replicas_a_node_daemon_killed_during_runs_adopts_its_sandboxes() {
+    let Some(fleet) = Fleet::start_replicated("fleet-kill2").await else { return };
+    node_killed_during_runs(fleet).await;
+}
+
+async fn node_killed_during_runs(mut fleet: Fleet) {
     const LINES: u32 = 400;
     let docker = sandhold_tests::runtime::Runtime::Runc.available();
-    let Some(mut fleet) = Fleet::start("fleet-kill", &[]).await else { return };
-    let _cleanup = sandhold_tests::docker::DockerCleanup { tenant: fleet.tenant.clone() };
+    let cleanup = sandhold_tests::docker::DockerCleanup { tenant: fleet.tenant.clone() };
     fleet.add_node(NodeSpec { docker, ..node("node-k", &[], 8) });
     fleet.wait_state(&["node-k"], "ready").await;
     let mut sandboxes = fleet.server.sandboxes(&fleet.token).await;
@@ -278,7 +303,8 @@ async fn a_node_daemon_killed_during_runs_adopts_its_sandboxes_and_every_run_com
     if docker {
         sandhold_tests::docker::ensure_test_image();
         put_definition(&mut sandboxes, definition("docker", Kind::Docker)).await;
-        runs.extend(start_runs(&fleet, "kd", 3, LINES, "docker").await);
+        let second = fleet.replicas.first().unwrap_or(&fleet.server);
+        runs.extend(start_runs_on(&fleet, second, "kd", 3, LINES, "docker").await);
     }
     // Mid-stream: every run has printed, and goes on for 4 s in all.
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -291,6 +317,8 @@ async fn a_node_daemon_killed_during_runs_adopts_its_sandboxes_and_every_run_com
         let sandbox = sandhold_tests::sandbox::of_thread(&mut sandboxes, "kd-thread-0").await;
         assert_eq!((sandbox.provider.as_str(), sandbox.node.as_str()), ("docker", "node-k"));
     }
+    drop(cleanup);
+    fleet.tear_down().await;
 }
 
 /// A drained node gets no new sandbox, and the run already on it finishes.
