@@ -56,6 +56,9 @@ pub struct FakeOptions {
     /// Listen on the loopback of this network namespace (where a fleet
     /// node's sandboxes live), not this host's.
     pub netns: Option<String>,
+    /// Listen on this address instead of 127.0.0.1 (a fleet's veth
+    /// address, which every node's namespace reaches).
+    pub host: Option<std::net::IpAddr>,
 }
 
 /// What each of the fake model's answers reports (Anthropic's shape:
@@ -89,7 +92,7 @@ impl FakeModel {
 
     /// The fake model of `scenario` with `options`.
     pub fn with(scenario: &str, options: FakeOptions) -> Self {
-        let FakeOptions { log, stall_file, hold, tool_command, netns } = options;
+        let FakeOptions { log, stall_file, hold, tool_command, netns, host } = options;
         let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fake-model/fake_model.py");
         // `ip netns exec` execs python3 in the namespace: the child is it.
         let mut cmd = match &netns {
@@ -112,6 +115,9 @@ impl FakeModel {
         }
         if let Some(command) = &tool_command {
             cmd.arg("--tool-command").arg(command);
+        }
+        if let Some(host) = host {
+            cmd.arg("--host").arg(host.to_string());
         }
         let mut child =
             cmd.stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().expect("python3 runs the fake model");

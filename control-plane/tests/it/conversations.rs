@@ -45,7 +45,7 @@ async fn turn(
 }
 
 /// The requests the model received that carry `needle`.
-fn sent_with<'a>(requests: &'a [String], needle: &str) -> Vec<&'a String> {
+pub(crate) fn sent_with<'a>(requests: &'a [String], needle: &str) -> Vec<&'a String> {
     requests.iter().filter(|r| r.contains(needle)).collect()
 }
 

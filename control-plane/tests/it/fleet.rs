@@ -670,3 +670,121 @@ async fn a_node_killed_during_create_fails_the_ensure_and_leaves_nothing_half_ma
     let (code, out) = sh(&mut sandboxes, &ready.sandbox_id, "echo ok").await;
     assert_eq!((code, out.as_str()), (0, "ok\n"));
 }
+
+/// The past-grace partition with a real Claude Code conversation: run 1
+/// tells the model a fact on a node, run 2 waits on the model when that
+/// node is cut off past the grace and ends `SANDBOX_LOST`, and run 3 of the
+/// thread, on the other node in a sandbox restored from the checkpoint
+/// (and a CLI home that never held the session), sends the model the fact
+/// with its question: the conversation carried over. The fake model listens
+/// on the control plane's veth address, which both nodes reach.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn past_the_grace_a_claude_code_conversation_continues_on_another_node() {
+    let Some(bin) = sandhold_tests::model::cli("claude") else { return };
+    let Some(mut fleet) = Fleet::start("fleet-conv", &["--node-grace-ms", "8000"]).await else { return };
+    fleet.add_node(node("node-l", &[], 8));
+    fleet.wait_state(&["node-l"], "ready").await;
+    let mut sandboxes = fleet.server.sandboxes(&fleet.token).await;
+    put_definition(&mut sandboxes, portable("def")).await;
+    let dir = fleet.data_dir().to_path_buf();
+    let stall = dir.join("stall");
+    let hub = fleet.hub().host_ip;
+    let model = sandhold_tests::model::FakeModel::with(
+        "plain",
+        sandhold_tests::model::FakeOptions {
+            log: Some(dir.join("model.log")),
+            stall_file: Some(stall.clone()),
+            host: Some(std::net::IpAddr::V4(hub)),
+            ..Default::default()
+        },
+    );
+    let options = |home: &str| {
+        let home = dir.join(home);
+        std::fs::create_dir_all(&home).unwrap();
+        let mut options = crate::conversations::claude_options(&bin, &home, model.port);
+        let url = format!("http://{hub}:{}", model.port);
+        options.env.insert("ANTHROPIC_BASE_URL".into(), url);
+        options
+    };
+    let claude = |run_id: String, prompt: &str, options: api::HarnessOptions| api::StartRunRequest {
+        thread_id: "chat".into(),
+        run_id,
+        definition_id: "def".into(),
+        harness: "claude-code".into(),
+        options: Some(options),
+        prompt: prompt.into(),
+        durable: true,
+        ..Default::default()
+    };
+    let nonce = fleet.nonce.clone();
+    let (fact, question) =
+        (format!("The code word is damson-{nonce}."), format!("Which code word did I give, {nonce}?"));
+    let mut runs = fleet.server.runs(&fleet.token).await;
+
+    let run1 = format!("c1-{nonce}");
+    let mut stream =
+        runs.start_run(claude(run1.clone(), &fact, options("home1"))).await.unwrap().into_inner();
+    let mut seen = Seen::default();
+    read_until(&mut stream, &mut seen, |_| false).await.unwrap_or_else(|e| panic!("{e}\n{}", fleet.logs()));
+    let record = wait_terminal(&mut runs, &run1).await;
+    assert_eq!(record.status, api::RunStatus::Completed as i32, "{record:?}\n{:?}", seen.chunks);
+    let snapshots = shared::proto::v1::snapshot_service_client::SnapshotServiceClient::with_interceptor(
+        fleet.server.channel().await,
+        sandhold_tests::auth::bearer(&fleet.token),
+    );
+    let saved = sandhold_tests::wait::eventually(PATIENCE, || {
+        let mut snapshots = snapshots.clone();
+        let run1 = run1.clone();
+        async move {
+            let listed =
+                snapshots.list_snapshots(api::ListSnapshotsRequest { thread_id: "chat".into() }).await;
+            listed.is_ok_and(|l| l.into_inner().checkpoints.iter().any(|c| c.run_id == run1))
+        }
+    })
+    .await;
+    assert!(saved, "no checkpoint after run 1\n{}", fleet.logs());
+
+    fleet.add_node(node("node-m", &[], 8));
+    fleet.wait_state(&["node-m"], "ready").await;
+    std::fs::write(&stall, b"").unwrap();
+    let run2 = format!("c2-{nonce}");
+    let mut stream =
+        runs.start_run(claude(run2.clone(), "Are you there?", options("home1"))).await.unwrap().into_inner();
+    let mut seen = Seen::default();
+    // The CLI has asked the model (which waits) when the node is cut off.
+    let asked = sandhold_tests::wait::eventually(PATIENCE, || {
+        let asked = model.requests().iter().any(|r| r.contains("Are you there?"));
+        async move { asked }
+    })
+    .await;
+    assert!(asked, "run 2 never reached the model\n{}", fleet.logs());
+    fleet.nodes[0].ns.cut();
+    read_until(&mut stream, &mut seen, |_| false).await.unwrap_or_else(|e| panic!("{e}\n{}", fleet.logs()));
+    let terminal = seen.terminal().expect("a terminal chunk");
+    assert_eq!(terminal.error_code, "SANDBOX_LOST", "{terminal:?}\n{}", fleet.logs());
+    std::fs::remove_file(&stall).unwrap();
+
+    let run3 = format!("c3-{nonce}");
+    let mut stream =
+        runs.start_run(claude(run3.clone(), &question, options("home2"))).await.unwrap().into_inner();
+    let mut seen = Seen::default();
+    read_until(&mut stream, &mut seen, |_| false).await.unwrap_or_else(|e| panic!("{e}\n{}", fleet.logs()));
+    let record = wait_terminal(&mut runs, &run3).await;
+    assert_eq!(record.status, api::RunStatus::Completed as i32, "{record:?}\n{:?}", seen.chunks);
+    assert_eq!(sandhold_tests::sandbox::of_thread(&mut sandboxes, "chat").await.node, "node-m");
+    let lost: Vec<_> = seen
+        .chunks
+        .iter()
+        .filter(|(_, c)| c.name == "harness.warning" && c.value_json.contains("session"))
+        .collect();
+    assert!(lost.is_empty(), "the session was carried, yet: {lost:?}");
+    let requests = model.requests();
+    let sent = crate::conversations::sent_with(&requests, &question);
+    assert!(!sent.is_empty(), "the question reached the model");
+    assert!(
+        sent.iter().any(|r| r.contains(&fact)),
+        "run 3 was sent without run 1's turn: {sent:?}\n{}",
+        fleet.logs()
+    );
+    fleet.nodes[0].ns.heal();
+}
