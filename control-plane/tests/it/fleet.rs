@@ -772,19 +772,6 @@ async fn past_the_grace_a_claude_code_conversation_continues_on_another_node() {
     let record = wait_terminal(&mut runs, &run3).await;
     assert_eq!(record.status, api::RunStatus::Completed as i32, "{record:?}\n{:?}", seen.chunks);
     assert_eq!(sandhold_tests::sandbox::of_thread(&mut sandboxes, "chat").await.node, "node-m");
-    let lost: Vec<_> = seen
-        .chunks
-        .iter()
-        .filter(|(_, c)| c.name == "harness.warning" && c.value_json.contains("session"))
-        .collect();
-    assert!(lost.is_empty(), "the session was carried, yet: {lost:?}");
-    let requests = model.requests();
-    let sent = crate::conversations::sent_with(&requests, &question);
-    assert!(!sent.is_empty(), "the question reached the model");
-    assert!(
-        sent.iter().any(|r| r.contains(&fact)),
-        "run 3 was sent without run 1's turn: {sent:?}\n{}",
-        fleet.logs()
-    );
+    crate::conversations::assert_carried(&fleet.logs(), &seen, &model, &fact, &question);
     fleet.nodes[0].ns.heal();
 }
