@@ -218,15 +218,17 @@ impl Fleet {
         Self::start_with(prefix, extra, false, &[]).await
     }
 
-    /// Two control-plane replicas (`server`, and `replicas[0]`) on a scratch
-    /// PostgreSQL database and Redis, both on the veth address; nodes
+    /// Two control-plane replicas (`server`, and `replicas[0]`; `extra` more
+    /// flags of both) on a scratch PostgreSQL database and Redis, both on
+    /// the veth address; nodes
     /// register through the first, and either dials any node. `None` (the
     /// test skips) as [`Fleet::start`], or without PostgreSQL and Redis.
     /// End it with [`Fleet::tear_down`].
-    pub async fn start_replicated(prefix: &str) -> Option<Self> {
+    pub async fn start_replicated(prefix: &str, extra: &[&str]) -> Option<Self> {
         let (admin_url, redis_url) = (crate::services::postgres_url()?, crate::services::redis_url()?);
         let db = crate::database::ScratchDatabase::create(&admin_url).await.unwrap();
-        let mut fleet = Self::start_deployment(prefix, &[], false, &[], Some((db.url(), &redis_url))).await?;
+        let mut fleet =
+            Self::start_deployment(prefix, extra, false, &[], Some((db.url(), &redis_url))).await?;
         let mut options = fleet.options.clone();
         options.replica_id = Some(format!("b-{}", fleet.nonce));
         fleet.replicas.push(ServerProcess::start(&options).await);

@@ -5,8 +5,11 @@
 //! An instance on a gone node with no unfinished run in it loses its record
 //! (under its sandbox lease, rechecked there: an ensure placing the thread's
 //! next sandbox meanwhile keeps it), which frees the tenant's quota; a run
-//! still in it is left to its drive, which ends it `SANDBOX_LOST`, and the
-//! next sweep forgets the sandbox. A warm pool row on a gone node is
+//! still in it is left to its drive, which ends it `SANDBOX_LOST` (a run
+//! with no driver left is taken over by the sweep for that: [`detached`]),
+//! and the next sweep forgets the sandbox.
+//!
+//! [`detached`]: super::detached A warm pool row on a gone node is
 //! removed, so the keeper refills the pool elsewhere. The sandboxes
 //! themselves are not touched: the node cannot be asked, and if it comes
 //! back they are its orphans.

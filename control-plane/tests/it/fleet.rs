@@ -287,7 +287,7 @@ async fn a_node_daemon_killed_during_runs_adopts_its_sandboxes_and_every_run_com
 /// node (registered through the first) on its own channel.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn with_two_replicas_a_node_daemon_killed_during_runs_adopts_its_sandboxes() {
-    let Some(fleet) = Fleet::start_replicated("fleet-kill2").await else { return };
+    let Some(fleet) = Fleet::start_replicated("fleet-kill2", &[]).await else { return };
     node_killed_during_runs(fleet).await;
 }
 
@@ -774,4 +774,69 @@ async fn past_the_grace_a_claude_code_conversation_continues_on_another_node() {
     assert_eq!(sandhold_tests::sandbox::of_thread(&mut sandboxes, "chat").await.node, "node-m");
     crate::conversations::assert_carried(&fleet.logs(), &seen, &model, &fact, &question);
     fleet.nodes[0].ns.heal();
+}
+
+/// A run left with neither driver nor client on a node that is then lost:
+/// its client went, the replica driving it is SIGKILLed, and the node is
+/// cut off past the grace. The other replica's sweep does not call it
+/// `unknown` sweep after sweep: the drive it takes over ends it
+/// `SANDBOX_LOST` with what it delivered kept once each, and the sandbox is
+/// forgotten.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_sweep_ends_a_driverless_run_on_a_lost_node_and_forgets_its_sandbox() {
+    // Short leases: the dead driver's run lease runs out soon.
+    let flags = ["--node-grace-ms", "4000", "--lease-ttl-ms", "2000", "--lease-renew-ms", "500"];
+    let Some(mut fleet) = Fleet::start_replicated("fleet-orphan", &flags).await else { return };
+    fleet.add_node(node("node-o", &[], 8));
+    fleet.wait_state(&["node-o"], "ready").await;
+    let mut sandboxes = fleet.server.sandboxes(&fleet.token).await;
+    put_definition(&mut sandboxes, definition("def", Kind::Local)).await;
+    let run_id = format!("o1-{}", fleet.nonce);
+    let mut runs = fleet.server.runs(&fleet.token).await;
+    let mut stream = runs
+        .start_run(command_run(&run_id, "t", "def", &numbered_lines(1000, 10, "0.5")))
+        .await
+        .unwrap()
+        .into_inner();
+    read_until(&mut stream, &mut Seen::default(), |s| s.line_numbers().len() >= 10).await.unwrap();
+    drop(stream);
+    fleet.server.kill9().await;
+    fleet.nodes[0].ns.cut();
+    let other = &fleet.replicas[0];
+    let mut admin = other.admin(&fleet.token).await;
+    let lost = sandhold_tests::wait::eventually(PATIENCE, || {
+        let mut admin = admin.clone();
+        async move {
+            let nodes = admin.list_nodes(api::ListNodesRequest {}).await.unwrap().into_inner().nodes;
+            nodes.iter().any(|n| n.name == "node-o" && n.state == "lost")
+        }
+    })
+    .await;
+    assert!(lost, "{}", fleet.logs());
+
+    // The first sweep may find the run's lease still held (until its TTL).
+    let mut report = None;
+    let until = std::time::Instant::now() + PATIENCE;
+    while report.is_none() && std::time::Instant::now() < until {
+        let swept =
+            admin.sweep(api::SweepRequest {}).await.unwrap_or_else(|e| panic!("{e}\n{}", fleet.logs()));
+        report = swept.into_inner().runs.into_iter().find(|r| r.run_id == run_id);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let report = report.unwrap_or_else(|| panic!("no sweep took the run\n{}", fleet.logs()));
+    assert_eq!(report.outcome, "finalized", "{report:?}\n{}", fleet.logs());
+    let mut runs = other.runs(&fleet.token).await;
+    let mut attached = attach_after(&mut runs, &run_id, &Seen::default()).await.unwrap();
+    let mut seen = Seen::default();
+    read_until(&mut attached, &mut seen, |_| false).await.unwrap();
+    let terminal = seen.terminal().expect("a terminal chunk");
+    assert_eq!(terminal.error_code, "SANDBOX_LOST", "{terminal:?}");
+    let lines = seen.line_numbers();
+    assert!(lines.len() >= 10, "{} lines", lines.len());
+    assert_eq!(lines, (1..=lines.len() as u32).collect::<Vec<_>>(), "what was delivered stays, once each");
+    let mut sandboxes = other.sandboxes(&fleet.token).await;
+    let listed = sandboxes.list_sandboxes(api::ListSandboxesRequest::default()).await.unwrap().into_inner();
+    assert!(listed.sandboxes.is_empty(), "{listed:?}");
+    fleet.nodes[0].ns.heal();
+    fleet.tear_down().await;
 }
