@@ -386,6 +386,7 @@ def main():
     global ARGS
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--port", type=int, default=0)
+    p.add_argument("--host", default="127.0.0.1", help="the address to listen on")
     p.add_argument("--scenario", choices=["plain", "tool", "client-tool"], default="plain")
     p.add_argument("--log")
     p.add_argument("--verbose", action="store_true")
@@ -393,7 +394,7 @@ def main():
     p.add_argument("--hold-tool-results", help="while this file exists, answers to a tool's result wait")
     p.add_argument("--tool-command", default=TOOL_COMMAND, help="the shell command the tool scenario runs")
     ARGS = p.parse_args()
-    server = ThreadingHTTPServer(("127.0.0.1", ARGS.port), Handler)
+    server = ThreadingHTTPServer((ARGS.host, ARGS.port), Handler)
     print(f"PORT={server.server_address[1]}", flush=True)
     server.serve_forever()
 

@@ -190,6 +190,11 @@ pub struct Fleet {
     // Killed before anything else goes.
     pub nodes: Vec<Node>,
     pub server: ServerProcess,
+    /// More replicas of the control plane ([`Fleet::start_replicated`]), on
+    /// the same PostgreSQL database and Redis as `server`.
+    pub replicas: Vec<ServerProcess>,
+    /// Their database, dropped by [`Fleet::tear_down`].
+    db: Option<crate::database::ScratchDatabase>,
     pub token: String,
     pub tenant: String,
     pub nonce: String,
@@ -200,6 +205,8 @@ pub struct Fleet {
     /// The control plane's client files towards nodes.
     pub cp_files: crate::tls::ServerFiles,
     hub: Netns,
+    /// What the control plane was started with (more replicas start so).
+    options: ServerOptions,
     // Last: kills the local sandboxes under it, then goes.
     dir: TestDir,
 }
@@ -209,6 +216,33 @@ impl Fleet {
     /// required. `extra` more `sandhold serve` flags.
     pub async fn start(prefix: &str, extra: &[&str]) -> Option<Self> {
         Self::start_with(prefix, extra, false, &[]).await
+    }
+
+    /// Two control-plane replicas (`server`, and `replicas[0]`; `extra` more
+    /// flags of both) on a scratch PostgreSQL database and Redis, both on
+    /// the veth address; nodes
+    /// register through the first, and either dials any node. `None` (the
+    /// test skips) as [`Fleet::start`], or without PostgreSQL and Redis.
+    /// End it with [`Fleet::tear_down`].
+    pub async fn start_replicated(prefix: &str, extra: &[&str]) -> Option<Self> {
+        let (admin_url, redis_url) = (crate::services::postgres_url()?, crate::services::redis_url()?);
+        let db = crate::database::ScratchDatabase::create(&admin_url).await.unwrap();
+        let mut fleet =
+            Self::start_deployment(prefix, extra, false, &[], Some((db.url(), &redis_url))).await?;
+        let mut options = fleet.options.clone();
+        options.replica_id = Some(format!("b-{}", fleet.nonce));
+        fleet.replicas.push(ServerProcess::start(&options).await);
+        fleet.db = Some(db);
+        Some(fleet)
+    }
+
+    /// Drop the replicas' scratch database (after everything else stopped).
+    pub async fn tear_down(mut self) {
+        let db = self.db.take();
+        drop(self);
+        if let Some(db) = db {
+            let _ = db.drop_database().await;
+        }
     }
 
     /// As [`Fleet::start`], with `others` more tenants (`<name><nonce>`,
@@ -224,6 +258,18 @@ impl Fleet {
     }
 
     async fn start_with(prefix: &str, extra: &[&str], cp_other_ca: bool, others: &[&str]) -> Option<Self> {
+        Self::start_deployment(prefix, extra, cp_other_ca, others, None).await
+    }
+
+    /// `shared`: the replicas' database and Redis URLs (else the embedded
+    /// stores).
+    async fn start_deployment(
+        prefix: &str,
+        extra: &[&str],
+        cp_other_ca: bool,
+        others: &[&str],
+        shared: Option<(&str, &str)>,
+    ) -> Option<Self> {
         if !Netns::available() {
             assert!(!crate::services::required(), "fleet tests need root and `ip netns`");
             eprintln!("skipping: fleet tests need root and `ip netns`");
@@ -251,6 +297,9 @@ impl Fleet {
                 .chain(others.iter().map(|o| format!("{o}{nonce}={o}-{nonce}")))
                 .collect(),
             listen_ip: Some(IpAddr::V4(hub.host_ip)),
+            database_url: shared.map(|(db, _)| db.to_string()),
+            redis_url: shared.map(|(_, redis)| redis.to_string()),
+            replica_id: shared.map(|_| format!("a-{nonce}")),
             ..Default::default()
         };
         let path = |p: &Path| p.display().to_string();
@@ -275,6 +324,9 @@ impl Fleet {
         Some(Self {
             nodes: Vec::new(),
             server,
+            replicas: Vec::new(),
+            db: None,
+            options,
             token,
             tenant,
             nonce,
@@ -354,6 +406,9 @@ impl Fleet {
     /// The server's and every node's log, for a failure.
     pub fn logs(&self) -> String {
         let mut out = format!("--- control plane\n{}", tail(&self.server.log_text(), 60));
+        for replica in &self.replicas {
+            out.push_str(&format!("\n--- another replica\n{}", tail(&replica.log_text(), 40)));
+        }
         for node in &self.nodes {
             out.push_str(&format!("\n--- {}\n{}", node.spec.name, tail(&node.log_text(), 40)));
         }
@@ -386,6 +441,12 @@ pub trait Served: Send + Sync {
     fn token_of(&self, other: &str) -> String;
     /// What to print when the test fails.
     fn logs(&self) -> String;
+    /// The network namespace its sandboxes live in; `None`: this host's.
+    /// A server a sandbox dials directly (the fake model as a CLI's own
+    /// base URL) must listen there.
+    fn sandbox_netns(&self) -> Option<&str> {
+        None
+    }
 }
 
 impl Served for crate::server::TenantServer {
@@ -422,6 +483,9 @@ impl Served for Fleet {
     fn logs(&self) -> String {
         Fleet::logs(self)
     }
+    fn sandbox_netns(&self) -> Option<&str> {
+        self.nodes.first().map(|n| n.ns.name.as_str())
+    }
 }
 
 /// Where a test's sandboxes live.
@@ -436,10 +500,22 @@ pub enum Place {
 /// A control plane (tenants `others` besides the test's) whose sandboxes
 /// live at `place`; `None`: the test skips (see [`Fleet::start`]).
 pub async fn served(place: Place, prefix: &str, others: &[&str]) -> Option<Box<dyn Served>> {
+    served_with(place, prefix, others, &[]).await
+}
+
+/// As [`served`], the control plane started with `extra` more flags.
+pub async fn served_with(
+    place: Place,
+    prefix: &str,
+    others: &[&str],
+    extra: &[&str],
+) -> Option<Box<dyn Served>> {
     match place {
-        Place::SingleHost => Some(Box::new(crate::server::TenantServer::start(prefix, others).await)),
+        Place::SingleHost => {
+            Some(Box::new(crate::server::TenantServer::start_full(prefix, others, None, None, extra).await))
+        }
         Place::OnANode => {
-            let mut fleet = Fleet::start_with_others(prefix, others).await?;
+            let mut fleet = Fleet::start_with(prefix, extra, false, others).await?;
             fleet.add_node(NodeSpec { name: "node-1".into(), docker: true, ..Default::default() });
             fleet.wait_state(&["node-1"], "ready").await;
             Some(Box::new(fleet))

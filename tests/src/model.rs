@@ -53,6 +53,12 @@ pub struct FakeOptions {
     pub hold: Option<PathBuf>,
     /// The shell command the `tool` scenario has the CLI run.
     pub tool_command: Option<String>,
+    /// Listen on the loopback of this network namespace (where a fleet
+    /// node's sandboxes live), not this host's.
+    pub netns: Option<String>,
+    /// Listen on this address instead of 127.0.0.1 (a fleet's veth
+    /// address, which every node's namespace reaches).
+    pub host: Option<std::net::IpAddr>,
 }
 
 /// What each of the fake model's answers reports (Anthropic's shape:
@@ -86,9 +92,17 @@ impl FakeModel {
 
     /// The fake model of `scenario` with `options`.
     pub fn with(scenario: &str, options: FakeOptions) -> Self {
-        let FakeOptions { log, stall_file, hold, tool_command } = options;
+        let FakeOptions { log, stall_file, hold, tool_command, netns, host } = options;
         let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fake-model/fake_model.py");
-        let mut cmd = Command::new("python3");
+        // `ip netns exec` execs python3 in the namespace: the child is it.
+        let mut cmd = match &netns {
+            Some(ns) => {
+                let mut cmd = Command::new("ip");
+                cmd.args(["netns", "exec", ns, "python3"]);
+                cmd
+            }
+            None => Command::new("python3"),
+        };
         cmd.arg(script).args(["--scenario", scenario, "--port", "0"]);
         if let Some(log) = &log {
             cmd.arg("--log").arg(log);
@@ -101,6 +115,9 @@ impl FakeModel {
         }
         if let Some(command) = &tool_command {
             cmd.arg("--tool-command").arg(command);
+        }
+        if let Some(host) = host {
+            cmd.arg("--host").arg(host.to_string());
         }
         let mut child =
             cmd.stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().expect("python3 runs the fake model");

@@ -85,7 +85,8 @@ impl TenantServer {
         Self::start_full(prefix, others, database_url, redis_url, &[]).await
     }
 
-    async fn start_full(
+    /// On the given stores, with more `sandhold serve` flags.
+    pub async fn start_full(
         prefix: &str,
         others: &[&str],
         database_url: Option<String>,

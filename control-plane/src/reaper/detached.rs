@@ -12,6 +12,7 @@
 //! | finished, drive overran the budget | stop the drive as a cancel (record `aborted`, sandbox destroyed) | `budget_exceeded` |
 //! | running, detached for less than the TTL | nothing | `producing` |
 //! | running, detached for the TTL or longer | record a cancel, drive it (the driver destroys the sandbox, writes `aborted`) | `expired` |
+//! | its sandbox's node is gone (removed, lost past the grace) | drive it (it ends `SANDBOX_LOST`), forget the sandbox | `finalized` |
 //! | unknown, agent unreachable, no sandbox | nothing | `unknown` |
 //! | another replica holds the run's lease, took it over during the sweep, or it ended (or a client came back) meanwhile | nothing (an expired run's cancel is recorded for its holder) | `not_claimed` |
 //! | anything else failed | nothing more | `failed` |
@@ -143,6 +144,10 @@ impl Reaper {
         };
         let state = match self.probe(&record, &key).await {
             Ok(state) => state,
+            // Its sandbox's node is gone for good: nothing will ever answer
+            // the probe, so the drive ends the run `SANDBOX_LOST` (what it
+            // delivered stays) and the sandbox is forgotten.
+            Err(Error::Sandbox(e)) if e.is_lost() => return self.finalize(cx, &record, &key).await,
             Err(e) => return RunReport::new(&run, SweepOutcome::Unknown, told(e)),
         };
         match state {

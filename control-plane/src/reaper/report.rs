@@ -61,6 +61,9 @@ pub struct Tally {
     pub journals_pruned: u64,
     pub journals_kept: u64,
     pub sandboxes_reclaimed: u64,
+    /// Instance records and warm pool rows of sandboxes on a node that is
+    /// gone (removed, lost), forgotten.
+    pub sandboxes_forgotten: u64,
     /// Ended runs removed by the retention (`--retain-runs`).
     pub runs_removed: u64,
     /// Unused definitions made from flags removed

@@ -148,6 +148,9 @@ impl Reaper {
             self.reclaim_orphans(cx, scope, &mut tally).await;
         }
         if !bounds.exhausted() {
+            self.forget_gone_nodes_sandboxes(cx, scope, bounds, &mut tally).await;
+        }
+        if !bounds.exhausted() {
             self.remove_expired_runs(cx, scope, &mut tally).await;
         }
         if !bounds.exhausted() {
@@ -177,6 +180,7 @@ impl Reaper {
             journals_pruned = tally.journals_pruned,
             journals_kept = tally.journals_kept,
             sandboxes_reclaimed = tally.sandboxes_reclaimed,
+            sandboxes_forgotten = tally.sandboxes_forgotten,
             runs_removed = tally.runs_removed,
             definitions_removed = tally.definitions_removed,
             truncated = tally.truncated,

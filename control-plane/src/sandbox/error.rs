@@ -90,6 +90,13 @@ pub enum Error {
     /// grace period): the sandbox is given up.
     #[error("sandbox {key} is lost: {why}")]
     SandboxLost { key: String, node: String, why: String },
+    /// The node stopped answering while it made the sandbox (its daemon
+    /// died, a partition): nothing of it was recorded.
+    #[error(
+        "node {node} stopped answering while it made this sandbox; nothing of it was kept, retry (a new one \
+         is placed, there once the node is back): {why}"
+    )]
+    NodeFailed { node: String, why: String },
     /// The fleet (the node the sandbox is on) refused.
     #[error(transparent)]
     Fleet(#[from] crate::node::Error),
@@ -156,6 +163,9 @@ impl From<Error> for WireError {
             Error::Unplaceable(_) => precondition(),
             Error::SandboxLost { node, .. } => {
                 WireError::new(ErrorCode::SandboxLost, message).with_meta("node", node)
+            }
+            Error::NodeFailed { node, .. } => {
+                WireError::new(ErrorCode::Unavailable, message).with_meta("node", node)
             }
             Error::Fleet(e) => e.into(),
         }

@@ -467,7 +467,7 @@ impl Lifecycle {
         }
         // A new sandbox of the tenant (not the key's own, replaced) counts
         // against its quota from here until recorded.
-        let _slot = if existing_key { None } else { self.quota.admit(stores, &input.tenant).await? };
+        let slot = if existing_key { None } else { self.quota.admit(stores, &input.tenant).await? };
         // A sandbox of this key the store does not point at was never
         // finished (a replica died between create and record): remove it
         // rather than leave an orphan next to the new one.
@@ -481,19 +481,33 @@ impl Lifecycle {
             progress.warning(EnsurePhase::Creating, crate::provider::NO_ISOLATION);
         }
         let created = tracing::info_span!("provider.create", provider = %provider.kind());
-        let sandbox = provider.create(spec).instrument(created).await?;
+        // A node that stops answering meanwhile is the cause, and said so;
+        // what it may have kept of the sandbox is unrecorded, and removed by
+        // the key's next ensure there (above).
+        let node_failed =
+            |why: &dyn std::fmt::Display| Error::NodeFailed { node: node.clone(), why: why.to_string() };
+        let sandbox = match provider.create(spec).instrument(created).await {
+            Ok(sandbox) => sandbox,
+            Err(e) if !node.is_empty() && provider.list(&labels).await.is_err() => {
+                return Err(node_failed(&e));
+            }
+            Err(e) => return Err(e.into()),
+        };
         match self.provision(input, provider, &sandbox, workspace, lifecycle, progress).await {
             Ok(native) => {
-                let instance =
-                    self.record(stores, key, input, (&node, provider), &sandbox, native, lease).await?;
+                let recorded = self.record(stores, key, input, (&node, provider), &sandbox, native, lease);
+                let instance = self.quota.settle(slot, recorded).await?;
                 Ok(located(sandbox, EnsureOutcome::Created, instance, None))
             }
             Err(e) => {
                 // Nothing half-made survives a failed ensure.
-                if let Err(d) = provider.destroy(&sandbox.provider_id).await {
-                    warn!(sandbox_key = %key, error = %d, "destroying a half-made sandbox failed");
+                match provider.destroy(&sandbox.provider_id).await {
+                    Ok(()) => Err(e),
+                    Err(d) => {
+                        warn!(sandbox_key = %key, error = %d, "destroying a half-made sandbox failed");
+                        Err(if node.is_empty() { e } else { node_failed(&e) })
+                    }
                 }
-                Err(e)
             }
         }
     }
@@ -727,6 +741,10 @@ impl Lifecycle {
         let result = async {
             // Re-read under the lease: an ensure may have replaced it.
             let instance = self.instance(stores, tenant, key).await?;
+            // Its node is gone: nothing to ask it, the record goes.
+            if self.node_gone(&instance.node, &instance.provider).await {
+                return self.forget_gone(stores, &instance).await;
+            }
             let provider = self.provider_on(&instance.node, kind_named(&instance.provider)?).await?;
             provider.destroy(&instance.provider_sandbox_id).await?;
             if let Some(snap) = instance.native_snapshot.as_deref().and_then(NativeSnapshot::parse)

@@ -88,6 +88,23 @@ impl SandboxQuota {
         Ok(Some(Slot { inner: self.inner.clone(), tenant: tenant.clone() }))
     }
 
+    /// Write the record of a sandbox admitted with `slot` (its instance,
+    /// or its warm pool row) and release the slot in one admission turn:
+    /// an admission in between would count the sandbox twice, once in
+    /// flight and once recorded, and refuse a sandbox the quota has room
+    /// for (a pooled sandbox's row is written before its long creation).
+    pub(super) async fn settle<T, E>(
+        &self,
+        slot: Option<Slot>,
+        record: impl std::future::Future<Output = Result<T, E>>,
+    ) -> Result<T, E> {
+        let Some(slot) = slot else { return record.await };
+        let _turn = self.inner.admission.lock().await;
+        let recorded = record.await;
+        drop(slot);
+        recorded
+    }
+
     fn in_flight(&self, tenant: &Tenant) -> u64 {
         self.inner.creating.lock().expect("sandbox quota poisoned").get(tenant).copied().unwrap_or_default()
     }

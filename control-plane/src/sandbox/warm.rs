@@ -259,7 +259,7 @@ impl Lifecycle {
         let spec = spec_for(definition, &pool_key, tenant, &self.policy);
         provider.supports(&spec).await?;
         // Counted against the tenant's quota from here, as a row once added.
-        let _slot = self.quota.admit(stores, tenant).await?;
+        let slot = self.quota.admit(stores, tenant).await?;
         let row = WarmSandbox {
             pool_key: pool_key.clone(),
             tenant: tenant.clone(),
@@ -273,7 +273,7 @@ impl Lifecycle {
             created_at: Timestamp::now(),
             claimed_at: None,
         };
-        stores.warm.add(&row).await?;
+        self.quota.settle(slot, stores.warm.add(&row)).await?;
         // The row counts the sandbox on its node from here.
         drop(placed.reservation);
         let made = async {

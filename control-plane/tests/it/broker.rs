@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use sandhold_tests::cli::toolchains;
 use sandhold_tests::docker::{DEBIAN_IMAGE, DockerCleanup, ensure_debian_image};
+use sandhold_tests::fleet::{Place, served_with};
 use sandhold_tests::git_remote::HostServer;
 use sandhold_tests::local::TestDir;
 use sandhold_tests::model::{
@@ -174,12 +175,26 @@ async fn opencode_in_docker_without_network_reaches_the_model_through_the_broker
 
 #[tokio::test]
 async fn setup_reaches_an_allowed_host_through_the_proxy_and_nothing_else() {
+    setup_through_the_proxy(Place::SingleHost).await;
+}
+
+/// The same with the sandbox on a node in another network namespace: its
+/// proxy's carriers reach the control plane through the node's tunnel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn setup_on_a_node_reaches_an_allowed_host_through_the_proxy_and_nothing_else() {
+    setup_through_the_proxy(Place::OnANode).await;
+}
+
+async fn setup_through_the_proxy(place: Place) {
     if !sandhold_tests::services::docker() {
         return;
     }
     ensure_debian_image();
-    let s = broker_server("broker-setup").await;
-    let _cleanup = DockerCleanup { tenant: s.tenant.clone() };
+    let args = broker_server_args();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let Some(s) = served_with(place, "broker-setup", &[], &args).await else { return };
+    let s = s.as_ref();
+    let _cleanup = DockerCleanup { tenant: s.tenant().to_string() };
     let dir = TestDir::new("broker-setup-www");
     // Two servers on this machine; only the first is on the list.
     let allowed = HostServer::start(dir.path(), "127.0.0.2", "served-to-the-sandbox");
@@ -213,7 +228,7 @@ async fn setup_reaches_an_allowed_host_through_the_proxy_and_nothing_else() {
         }),
         ..Default::default()
     };
-    let mut sandboxes = s.server.sandboxes(&s.token).await;
+    let mut sandboxes = s.server().sandboxes(s.token()).await;
     put_definition(&mut sandboxes, definition).await;
     let mut stream = sandboxes
         .ensure_sandbox(api::EnsureSandboxRequest {
@@ -227,9 +242,7 @@ async fn setup_reaches_an_allowed_host_through_the_proxy_and_nothing_else() {
     let mut lines = Vec::new();
     let mut network = Vec::new();
     let mut ready = false;
-    while let Some(message) =
-        stream.message().await.unwrap_or_else(|e| panic!("{e:?}\n{}", s.server.log_text()))
-    {
+    while let Some(message) = stream.message().await.unwrap_or_else(|e| panic!("{e:?}\n{}", s.logs())) {
         match message.event {
             Some(api::ensure_sandbox_response::Event::Progress(p)) => {
                 lines.push(p.output_line.clone());
@@ -241,7 +254,10 @@ async fn setup_reaches_an_allowed_host_through_the_proxy_and_nothing_else() {
             _ => {}
         }
     }
-    assert!(ready, "{lines:?}\n{}", s.server.log_text());
+    assert!(ready, "{lines:?}\n{}", s.logs());
+    if place == Place::OnANode {
+        assert_eq!(of_thread(&mut sandboxes, "t").await.node, "node-1");
+    }
     assert!(lines.iter().any(|l| l.contains("served-to-the-sandbox")), "{lines:?}");
     assert!(!lines.iter().any(|l| l.contains("never-served")), "{lines:?}");
     assert!(lines.iter().any(|l| l.contains("refused-as-expected")), "{lines:?}");

@@ -138,12 +138,13 @@ async fn a_session_survives_its_sandbox(harness: &str, options: impl Fn(&Path, u
     let (second, seen) =
         turn(&mut runs, &run2, "chat", harness, &options(&home2, model.port), &question, false).await;
     assert!(!second.session_id.is_empty());
-    assert_carried(&s, &seen, &model, &fact, &question);
+    assert_carried(&s.server.log_text(), &seen, &model, &fact, &question);
 }
 
 /// The run `seen` continued the session: no warning of a lost one, and the
 /// model was sent the earlier `fact` with the `question`.
-fn assert_carried(s: &TenantServer, seen: &Seen, model: &FakeModel, fact: &str, question: &str) {
+/// `logs`: what to print when it was not.
+pub(crate) fn assert_carried(logs: &str, seen: &Seen, model: &FakeModel, fact: &str, question: &str) {
     let lost: Vec<_> = seen
         .chunks
         .iter()
@@ -155,8 +156,7 @@ fn assert_carried(s: &TenantServer, seen: &Seen, model: &FakeModel, fact: &str, 
     assert!(!asked.is_empty(), "the question reached the model");
     assert!(
         asked.iter().any(|r| r.contains(fact)),
-        "the run in the new sandbox was sent without the earlier turn: {asked:?}\n{}",
-        s.server.log_text()
+        "the run in the new sandbox was sent without the earlier turn: {asked:?}\n{logs}"
     );
 }
 
@@ -253,7 +253,7 @@ async fn a_session_moves_from_docker_to_local(
     let (second, seen) =
         turn(&mut runs, &run2, "chat", harness, &local(&home, model.port), &question, false).await;
     assert_ne!(second.sandbox_id, first.sandbox_id, "a new sandbox of the local provider");
-    assert_carried(&s, &seen, &model, &fact, &question);
+    assert_carried(&s.server.log_text(), &seen, &model, &fact, &question);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use sandhold_tests::fleet::{Fleet, NodeSpec};
+use sandhold_tests::fleet::{Fleet, NodeSpec, Place, served};
 use sandhold_tests::provider::Kind;
 use sandhold_tests::run::*;
 use sandhold_tests::sandbox::{ensure, sh};
@@ -144,22 +144,33 @@ fn walk_has(dir: &std::path::Path, name: &str) -> bool {
 
 /// A durable command run in a sandbox on a node in another namespace
 /// streams every line once, in order, through the node's tunnel; files
-/// written and read there arrive intact.
+/// written and read there (exec, a 3 MiB file) arrive intact.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_run_on_a_node_streams_every_chunk_once() {
-    let Some(mut fleet) = Fleet::start("fleet-run", &[]).await else { return };
-    fleet.add_node(node("node-1", &[], 8));
-    fleet.wait_state(&["node-1"], "ready").await;
-    let mut sandboxes = fleet.server.sandboxes(&fleet.token).await;
+    run_and_files(Place::OnANode).await;
+}
+
+/// The same body on a single host (the sandbox on the server's own
+/// provider).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_run_on_a_single_host_streams_every_chunk_once() {
+    run_and_files(Place::SingleHost).await;
+}
+
+async fn run_and_files(place: Place) {
+    let Some(fleet) = served(place, "fleet-run", &[]).await else { return };
+    let fleet = fleet.as_ref();
+    let mut sandboxes = fleet.server().sandboxes(fleet.token()).await;
     put_definition(&mut sandboxes, definition("def", Kind::Local)).await;
-    let mut runs = fleet.server.runs(&fleet.token).await;
-    let run_id = format!("run-{}", fleet.nonce);
+    let mut runs = fleet.server().runs(fleet.token()).await;
+    let run_id = format!("run-{}", fleet.tenant());
     let seen = run_to_end(&mut runs, &run_id, "thread", "def", &numbered_lines(500, 50, "0.05")).await;
     assert_eq!(seen.line_numbers(), (1..=500).collect::<Vec<_>>(), "{}", fleet.logs());
     let record = wait_terminal(&mut runs, &run_id).await;
     assert_eq!(record.status, api::RunStatus::Completed as i32, "{record:?}");
     let sandbox = sandhold_tests::sandbox::of_thread(&mut sandboxes, "thread").await;
-    assert_eq!(sandbox.node, "node-1");
+    let expected = if place == Place::OnANode { "node-1" } else { "" };
+    assert_eq!(sandbox.node, expected);
 
     // Files go through the node too: 3 MiB written, read back, byte for byte.
     let data: Vec<u8> = (0..3usize << 20).map(|i| (i % 253) as u8).collect();
@@ -188,10 +199,22 @@ type Readers = Vec<(String, tokio::task::JoinHandle<Seen>)>;
 /// read each stream to its end (the control plane is not restarted: a
 /// stream that breaks is a failure), once every run has streamed a line.
 async fn start_runs(fleet: &Fleet, prefix: &str, n: usize, lines: u32, definition: &str) -> Readers {
+    start_runs_on(fleet, &fleet.server, prefix, n, lines, definition).await
+}
+
+/// As [`start_runs`], through the control-plane replica `server`.
+async fn start_runs_on(
+    fleet: &Fleet,
+    server: &sandhold_tests::server::ServerProcess,
+    prefix: &str,
+    n: usize,
+    lines: u32,
+    definition: &str,
+) -> Readers {
     let (streaming, mut started) = tokio::sync::mpsc::channel::<()>(n.max(1));
     let mut out = Vec::new();
     for i in 0..n {
-        let mut runs = fleet.server.runs(&fleet.token).await;
+        let mut runs = server.runs(&fleet.token).await;
         let run_id = format!("{prefix}{i}-{}", fleet.nonce);
         let request = command_run(
             &run_id,
@@ -255,10 +278,23 @@ async fn assert_all_complete(fleet: &Fleet, runs: Readers, lines: u32) {
 /// line delivered once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_node_daemon_killed_during_runs_adopts_its_sandboxes_and_every_run_completes() {
+    let Some(fleet) = Fleet::start("fleet-kill", &[]).await else { return };
+    node_killed_during_runs(fleet).await;
+}
+
+/// The same under two control-plane replicas on PostgreSQL + Redis: the
+/// Docker runs are started through the second replica, which reaches the
+/// node (registered through the first) on its own channel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_two_replicas_a_node_daemon_killed_during_runs_adopts_its_sandboxes() {
+    let Some(fleet) = Fleet::start_replicated("fleet-kill2", &[]).await else { return };
+    node_killed_during_runs(fleet).await;
+}
+
+async fn node_killed_during_runs(mut fleet: Fleet) {
     const LINES: u32 = 400;
     let docker = sandhold_tests::runtime::Runtime::Runc.available();
-    let Some(mut fleet) = Fleet::start("fleet-kill", &[]).await else { return };
-    let _cleanup = sandhold_tests::docker::DockerCleanup { tenant: fleet.tenant.clone() };
+    let cleanup = sandhold_tests::docker::DockerCleanup { tenant: fleet.tenant.clone() };
     fleet.add_node(NodeSpec { docker, ..node("node-k", &[], 8) });
     fleet.wait_state(&["node-k"], "ready").await;
     let mut sandboxes = fleet.server.sandboxes(&fleet.token).await;
@@ -267,7 +303,8 @@ async fn a_node_daemon_killed_during_runs_adopts_its_sandboxes_and_every_run_com
     if docker {
         sandhold_tests::docker::ensure_test_image();
         put_definition(&mut sandboxes, definition("docker", Kind::Docker)).await;
-        runs.extend(start_runs(&fleet, "kd", 3, LINES, "docker").await);
+        let second = fleet.replicas.first().unwrap_or(&fleet.server);
+        runs.extend(start_runs_on(&fleet, second, "kd", 3, LINES, "docker").await);
     }
     // Mid-stream: every run has printed, and goes on for 4 s in all.
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -280,6 +317,8 @@ async fn a_node_daemon_killed_during_runs_adopts_its_sandboxes_and_every_run_com
         let sandbox = sandhold_tests::sandbox::of_thread(&mut sandboxes, "kd-thread-0").await;
         assert_eq!((sandbox.provider.as_str(), sandbox.node.as_str()), ("docker", "node-k"));
     }
+    drop(cleanup);
+    fleet.tear_down().await;
 }
 
 /// A drained node gets no new sandbox, and the run already on it finishes.
@@ -474,4 +513,330 @@ async fn a_partition_past_the_grace_loses_the_sandbox_and_the_thread_moves() {
     assert!(next.has_text("kept"), "the checkpoint was restored: {:?}\n{}", next.chunks, fleet.logs());
     assert_eq!(sandhold_tests::sandbox::of_thread(&mut sandboxes, "t").await.node, "node-m");
     fleet.nodes[0].ns.heal();
+}
+
+/// The reaper forgets the sandboxes of a node that is gone: one node
+/// removed (`nodes rm`), another cut off past the grace; a sweep removes
+/// the instance records of the sandboxes on both and the warm pool row on
+/// the removed one, so they are listed no more and count against no quota;
+/// the sandbox on the third node, which lives, stays. A sandbox of the lost
+/// node destroyed by its owner is forgotten at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_reaper_forgets_the_sandboxes_of_a_removed_or_lost_node() {
+    let Some(mut fleet) = Fleet::start("fleet-forget", &["--node-grace-ms", "4000"]).await else { return };
+    fleet.add_node(node("node-r", &["zone=r"], 8));
+    fleet.add_node(node("node-l", &["zone=l"], 8));
+    fleet.add_node(node("node-k", &["zone=k"], 8));
+    fleet.wait_state(&["node-r", "node-l", "node-k"], "ready").await;
+    let mut sandboxes = fleet.server.sandboxes(&fleet.token).await;
+    for zone in ["r", "l", "k"] {
+        put_definition(&mut sandboxes, placed(&format!("on-{zone}"), &[&format!("zone={zone}")])).await;
+        let (_, ready) =
+            ensure(&mut sandboxes, ensure_request(&format!("on-{zone}"), &format!("t{zone}"))).await;
+        let ready = ready.unwrap_or_else(|e| panic!("{e}\n{}", fleet.logs()));
+        assert_eq!(ready.sandbox.unwrap().node, format!("node-{zone}"));
+    }
+    let (_, doomed) = ensure(&mut sandboxes, ensure_request("on-l", "tl-destroyed")).await;
+    let doomed = doomed.unwrap().sandbox_id;
+    let mut pooled = placed("pool-r", &["zone=r"]);
+    pooled.lifecycle = Some(api::Lifecycle { warm: 1, ..Default::default() });
+    put_definition(&mut sandboxes, pooled).await;
+    let pool = |sandboxes: &sandhold_tests::server::Sandboxes| {
+        let mut sandboxes = sandboxes.clone();
+        async move {
+            let pools =
+                sandboxes.list_warm_pools(api::ListWarmPoolsRequest {}).await.unwrap().into_inner().pools;
+            pools.into_iter().find(|p| p.definition_id == "pool-r").unwrap_or_default()
+        }
+    };
+    let filled = sandhold_tests::wait::eventually(PATIENCE, || {
+        let pool = pool(&sandboxes);
+        async move { pool.await.ready == 1 }
+    })
+    .await;
+    assert!(filled, "the pool never filled: {:?}\n{}", pool(&sandboxes).await, fleet.logs());
+
+    let mut admin = fleet.server.admin(&fleet.token).await;
+    admin.remove_node(api::RemoveNodeRequest { name: "node-r".into() }).await.unwrap();
+    fleet.nodes[1].ns.cut();
+    fleet.wait_state(&["node-l"], "lost").await;
+    let listed = |sandboxes: &sandhold_tests::server::Sandboxes| {
+        let mut sandboxes = sandboxes.clone();
+        async move {
+            let all =
+                sandboxes.list_sandboxes(api::ListSandboxesRequest::default()).await.unwrap().into_inner();
+            let mut nodes: Vec<String> = all.sandboxes.into_iter().map(|s| s.node).collect();
+            nodes.sort();
+            nodes
+        }
+    };
+    // Destroying a sandbox of the lost node forgets it (the node cannot be asked).
+    sandboxes
+        .destroy_sandbox(api::DestroySandboxRequest { sandbox_id: doomed })
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", fleet.logs()));
+    assert_eq!(
+        listed(&sandboxes).await,
+        ["node-k", "node-l", "node-r"],
+        "nothing is forgotten before a sweep"
+    );
+
+    admin.sweep(api::SweepRequest {}).await.unwrap_or_else(|e| panic!("{e}\n{}", fleet.logs()));
+    assert_eq!(listed(&sandboxes).await, ["node-k"], "{}", fleet.logs());
+    let log = fleet.server.log_text();
+    let forgotten =
+        |what: &str| log.lines().filter(|l| l.contains(&format!(": {what}: its node is gone"))).count();
+    assert_eq!(forgotten("sandbox forgotten"), 3, "{log}");
+    assert_eq!(forgotten("pooled sandbox forgotten"), 1, "{log}");
+    // The pool's row on the removed node went: nothing ready (no other
+    // node has zone=r to refill it on).
+    assert_eq!(pool(&sandboxes).await.ready, 0);
+    // The sandbox on the node that lives answers as before.
+    let tk = sandhold_tests::sandbox::of_thread(&mut sandboxes, "tk").await;
+    assert_eq!(sh(&mut sandboxes, &tk.sandbox_id, "echo still").await, (0, "still\n".to_string()));
+    fleet.nodes[1].ns.heal();
+}
+
+/// The node daemon is SIGKILLed while it makes a sandbox (its setup waits
+/// on a file): the EnsureSandbox fails at once saying so, nothing is
+/// recorded (no sandbox listed, the tenant's one-sandbox quota free again),
+/// and once the node is back the thread's next ensure makes its sandbox,
+/// removing the half-made one the node kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_killed_during_create_fails_the_ensure_and_leaves_nothing_half_made() {
+    let Some(mut fleet) = Fleet::start("fleet-halfmade", &["--max-sandboxes-per-tenant", "1"]).await else {
+        return;
+    };
+    fleet.add_node(node("node-h", &[], 8));
+    fleet.wait_state(&["node-h"], "ready").await;
+    let hold = fleet.data_dir().join("hold");
+    std::fs::write(&hold, b"").unwrap();
+    let mut def = definition("slow", Kind::Local);
+    def.workspace = Some(api::WorkspaceDefinition {
+        setup: vec![api::SetupStep {
+            step: Some(api::setup_step::Step::Serial(format!(
+                "echo setting-up; while [ -e {} ]; do sleep 0.1; done; echo set-up",
+                hold.display()
+            ))),
+        }],
+        ..Default::default()
+    });
+    let mut sandboxes = fleet.server.sandboxes(&fleet.token).await;
+    put_definition(&mut sandboxes, def).await;
+    let mut stream = sandboxes.ensure_sandbox(ensure_request("slow", "t")).await.unwrap().into_inner();
+    loop {
+        let message = tokio::time::timeout(PATIENCE, stream.message()).await.expect("ensure stalled");
+        let event = message.unwrap_or_else(|e| panic!("{e}\n{}", fleet.logs())).unwrap().event.unwrap();
+        match event {
+            api::ensure_sandbox_response::Event::Progress(p) if p.output_line == "setting-up" => break,
+            api::ensure_sandbox_response::Event::Ready(r) => panic!("ready while its setup waits: {r:?}"),
+            _ => {}
+        }
+    }
+    fleet.nodes[0].kill9().await;
+    let failed = loop {
+        let message = tokio::time::timeout(PATIENCE, stream.message()).await.expect("the ensure hung");
+        match message {
+            Ok(Some(m)) => assert!(
+                !matches!(m.event, Some(api::ensure_sandbox_response::Event::Ready(_))),
+                "ready with its node dead"
+            ),
+            Ok(None) => panic!("the ensure ended without ready or error"),
+            Err(status) => break status,
+        }
+    };
+    assert_eq!(failed.code(), tonic::Code::Unavailable, "{failed:?}\n{}", fleet.logs());
+    assert!(failed.message().contains("node-h"), "the error names the node: {failed:?}");
+    let listed = sandboxes.list_sandboxes(api::ListSandboxesRequest::default()).await.unwrap().into_inner();
+    assert!(listed.sandboxes.is_empty(), "a record of a half-made sandbox: {listed:?}");
+
+    fleet.nodes[0].restart();
+    // Registered again (its last heartbeat before the kill may still read ready).
+    let back = sandhold_tests::wait::eventually(PATIENCE, || {
+        let registered = fleet.nodes[0].log_text().matches("registered with the control plane").count();
+        async move { registered >= 2 }
+    })
+    .await;
+    assert!(back, "{}", fleet.logs());
+    std::fs::remove_file(&hold).unwrap();
+    let (_, ready) = ensure(&mut sandboxes, ensure_request("slow", "t")).await;
+    let ready = ready.unwrap_or_else(|e| panic!("the quota is free again: {e}\n{}", fleet.logs()));
+    assert_eq!(ready.outcome, api::EnsureOutcome::Created as i32);
+    assert!(
+        fleet.server.log_text().contains("removing an unrecorded sandbox of this key"),
+        "{}",
+        fleet.logs()
+    );
+    let (code, out) = sh(&mut sandboxes, &ready.sandbox_id, "echo ok").await;
+    assert_eq!((code, out.as_str()), (0, "ok\n"));
+}
+
+/// The past-grace partition with a real Claude Code conversation: run 1
+/// tells the model a fact on a node, run 2 waits on the model when that
+/// node is cut off past the grace and ends `SANDBOX_LOST`, and run 3 of the
+/// thread, on the other node in a sandbox restored from the checkpoint
+/// (and a CLI home that never held the session), sends the model the fact
+/// with its question: the conversation carried over. The fake model listens
+/// on the control plane's veth address, which both nodes reach.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn past_the_grace_a_claude_code_conversation_continues_on_another_node() {
+    let Some(bin) = sandhold_tests::model::cli("claude") else { return };
+    let Some(mut fleet) = Fleet::start("fleet-conv", &["--node-grace-ms", "8000"]).await else { return };
+    fleet.add_node(node("node-l", &[], 8));
+    fleet.wait_state(&["node-l"], "ready").await;
+    let mut sandboxes = fleet.server.sandboxes(&fleet.token).await;
+    put_definition(&mut sandboxes, portable("def")).await;
+    let dir = fleet.data_dir().to_path_buf();
+    let stall = dir.join("stall");
+    let hub = fleet.hub().host_ip;
+    let model = sandhold_tests::model::FakeModel::with(
+        "plain",
+        sandhold_tests::model::FakeOptions {
+            log: Some(dir.join("model.log")),
+            stall_file: Some(stall.clone()),
+            host: Some(std::net::IpAddr::V4(hub)),
+            ..Default::default()
+        },
+    );
+    let options = |home: &str| {
+        let home = dir.join(home);
+        std::fs::create_dir_all(&home).unwrap();
+        let mut options = crate::conversations::claude_options(&bin, &home, model.port);
+        let url = format!("http://{hub}:{}", model.port);
+        options.env.insert("ANTHROPIC_BASE_URL".into(), url);
+        options
+    };
+    let claude = |run_id: String, prompt: &str, options: api::HarnessOptions| api::StartRunRequest {
+        thread_id: "chat".into(),
+        run_id,
+        definition_id: "def".into(),
+        harness: "claude-code".into(),
+        options: Some(options),
+        prompt: prompt.into(),
+        durable: true,
+        ..Default::default()
+    };
+    let nonce = fleet.nonce.clone();
+    let (fact, question) =
+        (format!("The code word is damson-{nonce}."), format!("Which code word did I give, {nonce}?"));
+    let mut runs = fleet.server.runs(&fleet.token).await;
+
+    let run1 = format!("c1-{nonce}");
+    let mut stream =
+        runs.start_run(claude(run1.clone(), &fact, options("home1"))).await.unwrap().into_inner();
+    let mut seen = Seen::default();
+    read_until(&mut stream, &mut seen, |_| false).await.unwrap_or_else(|e| panic!("{e}\n{}", fleet.logs()));
+    let record = wait_terminal(&mut runs, &run1).await;
+    assert_eq!(record.status, api::RunStatus::Completed as i32, "{record:?}\n{:?}", seen.chunks);
+    let snapshots = shared::proto::v1::snapshot_service_client::SnapshotServiceClient::with_interceptor(
+        fleet.server.channel().await,
+        sandhold_tests::auth::bearer(&fleet.token),
+    );
+    let saved = sandhold_tests::wait::eventually(PATIENCE, || {
+        let mut snapshots = snapshots.clone();
+        let run1 = run1.clone();
+        async move {
+            let listed =
+                snapshots.list_snapshots(api::ListSnapshotsRequest { thread_id: "chat".into() }).await;
+            listed.is_ok_and(|l| l.into_inner().checkpoints.iter().any(|c| c.run_id == run1))
+        }
+    })
+    .await;
+    assert!(saved, "no checkpoint after run 1\n{}", fleet.logs());
+
+    fleet.add_node(node("node-m", &[], 8));
+    fleet.wait_state(&["node-m"], "ready").await;
+    std::fs::write(&stall, b"").unwrap();
+    let run2 = format!("c2-{nonce}");
+    let mut stream =
+        runs.start_run(claude(run2.clone(), "Are you there?", options("home1"))).await.unwrap().into_inner();
+    let mut seen = Seen::default();
+    // The CLI has asked the model (which waits) when the node is cut off.
+    let asked = sandhold_tests::wait::eventually(PATIENCE, || {
+        let asked = model.requests().iter().any(|r| r.contains("Are you there?"));
+        async move { asked }
+    })
+    .await;
+    assert!(asked, "run 2 never reached the model\n{}", fleet.logs());
+    fleet.nodes[0].ns.cut();
+    read_until(&mut stream, &mut seen, |_| false).await.unwrap_or_else(|e| panic!("{e}\n{}", fleet.logs()));
+    let terminal = seen.terminal().expect("a terminal chunk");
+    assert_eq!(terminal.error_code, "SANDBOX_LOST", "{terminal:?}\n{}", fleet.logs());
+    std::fs::remove_file(&stall).unwrap();
+
+    let run3 = format!("c3-{nonce}");
+    let mut stream =
+        runs.start_run(claude(run3.clone(), &question, options("home2"))).await.unwrap().into_inner();
+    let mut seen = Seen::default();
+    read_until(&mut stream, &mut seen, |_| false).await.unwrap_or_else(|e| panic!("{e}\n{}", fleet.logs()));
+    let record = wait_terminal(&mut runs, &run3).await;
+    assert_eq!(record.status, api::RunStatus::Completed as i32, "{record:?}\n{:?}", seen.chunks);
+    assert_eq!(sandhold_tests::sandbox::of_thread(&mut sandboxes, "chat").await.node, "node-m");
+    crate::conversations::assert_carried(&fleet.logs(), &seen, &model, &fact, &question);
+    fleet.nodes[0].ns.heal();
+}
+
+/// A run left with neither driver nor client on a node that is then lost:
+/// its client went, the replica driving it is SIGKILLed, and the node is
+/// cut off past the grace. The other replica's sweep does not call it
+/// `unknown` sweep after sweep: the drive it takes over ends it
+/// `SANDBOX_LOST` with what it delivered kept once each, and the sandbox is
+/// forgotten.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_sweep_ends_a_driverless_run_on_a_lost_node_and_forgets_its_sandbox() {
+    // Short leases: the dead driver's run lease runs out soon.
+    let flags = ["--node-grace-ms", "4000", "--lease-ttl-ms", "2000", "--lease-renew-ms", "500"];
+    let Some(mut fleet) = Fleet::start_replicated("fleet-orphan", &flags).await else { return };
+    fleet.add_node(node("node-o", &[], 8));
+    fleet.wait_state(&["node-o"], "ready").await;
+    let mut sandboxes = fleet.server.sandboxes(&fleet.token).await;
+    put_definition(&mut sandboxes, definition("def", Kind::Local)).await;
+    let run_id = format!("o1-{}", fleet.nonce);
+    let mut runs = fleet.server.runs(&fleet.token).await;
+    let mut stream = runs
+        .start_run(command_run(&run_id, "t", "def", &numbered_lines(1000, 10, "0.5")))
+        .await
+        .unwrap()
+        .into_inner();
+    read_until(&mut stream, &mut Seen::default(), |s| s.line_numbers().len() >= 10).await.unwrap();
+    drop(stream);
+    fleet.server.kill9().await;
+    fleet.nodes[0].ns.cut();
+    let other = &fleet.replicas[0];
+    let mut admin = other.admin(&fleet.token).await;
+    let lost = sandhold_tests::wait::eventually(PATIENCE, || {
+        let mut admin = admin.clone();
+        async move {
+            let nodes = admin.list_nodes(api::ListNodesRequest {}).await.unwrap().into_inner().nodes;
+            nodes.iter().any(|n| n.name == "node-o" && n.state == "lost")
+        }
+    })
+    .await;
+    assert!(lost, "{}", fleet.logs());
+
+    // The first sweep may find the run's lease still held (until its TTL).
+    let mut report = None;
+    let until = std::time::Instant::now() + PATIENCE;
+    while report.is_none() && std::time::Instant::now() < until {
+        let swept =
+            admin.sweep(api::SweepRequest {}).await.unwrap_or_else(|e| panic!("{e}\n{}", fleet.logs()));
+        report = swept.into_inner().runs.into_iter().find(|r| r.run_id == run_id);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let report = report.unwrap_or_else(|| panic!("no sweep took the run\n{}", fleet.logs()));
+    assert_eq!(report.outcome, "finalized", "{report:?}\n{}", fleet.logs());
+    let mut runs = other.runs(&fleet.token).await;
+    let mut attached = attach_after(&mut runs, &run_id, &Seen::default()).await.unwrap();
+    let mut seen = Seen::default();
+    read_until(&mut attached, &mut seen, |_| false).await.unwrap();
+    let terminal = seen.terminal().expect("a terminal chunk");
+    assert_eq!(terminal.error_code, "SANDBOX_LOST", "{terminal:?}");
+    let lines = seen.line_numbers();
+    assert!(lines.len() >= 10, "{} lines", lines.len());
+    assert_eq!(lines, (1..=lines.len() as u32).collect::<Vec<_>>(), "what was delivered stays, once each");
+    let mut sandboxes = other.sandboxes(&fleet.token).await;
+    let listed = sandboxes.list_sandboxes(api::ListSandboxesRequest::default()).await.unwrap().into_inner();
+    assert!(listed.sandboxes.is_empty(), "{listed:?}");
+    fleet.nodes[0].ns.heal();
+    fleet.tear_down().await;
 }

@@ -4,12 +4,14 @@
 //! CLI's shell tool (which writes hello.txt) or a client tool, the policy
 //! decides, a request waits in the run's log until a client answers it on
 //! any replica, and the answer is what happens: an allowed command ran, a
-//! denied one did not.
+//! denied one did not. The asked-and-allowed body runs once more with its
+//! sandbox on a fleet node in another network namespace.
 
 use std::path::Path;
 
 use sandhold_tests::cluster::Cluster;
-use sandhold_tests::model::{FakeModel, cli};
+use sandhold_tests::fleet::{Place, Served, served};
+use sandhold_tests::model::{FakeModel, FakeOptions, cli};
 use sandhold_tests::provider::Kind;
 use sandhold_tests::run::*;
 use sandhold_tests::sandbox::sh;
@@ -104,19 +106,30 @@ fn ask_commands() -> api::SandboxPolicy {
 }
 
 struct Setup {
-    s: TenantServer,
+    s: Box<dyn Served>,
     home: std::path::PathBuf,
     model: FakeModel,
     bin: std::path::PathBuf,
 }
 
 async fn setup(prefix: &str, scenario: &str) -> Option<Setup> {
+    setup_at(Place::SingleHost, prefix, scenario).await
+}
+
+/// A server whose sandboxes live at `place`, the local definition `def`,
+/// and the fake model where those sandboxes reach it on their loopback.
+async fn setup_at(place: Place, prefix: &str, scenario: &str) -> Option<Setup> {
     let bin = cli("claude")?;
-    let s = TenantServer::start(prefix, &[]).await;
-    put_definition(&mut s.server.sandboxes(&s.token).await, definition("def", Kind::Local)).await;
-    let home = s.server.log.with_file_name("home");
+    let s = served(place, prefix, &[]).await?;
+    put_definition(&mut s.server().sandboxes(s.token()).await, definition("def", Kind::Local)).await;
+    let home = s.server().log.with_file_name("home");
     std::fs::create_dir_all(&home).unwrap();
-    let model = FakeModel::logging(scenario, s.server.log.with_file_name("model.log"));
+    let options = FakeOptions {
+        log: Some(s.server().log.with_file_name("model.log")),
+        netns: s.sandbox_netns().map(str::to_string),
+        ..Default::default()
+    };
+    let model = FakeModel::with(scenario, options);
     Some(Setup { s, home, model, bin })
 }
 
@@ -177,17 +190,19 @@ async fn respond(
     Ok(runs.respond_to_request(request).await?.into_inner().request.unwrap_or_default())
 }
 
-async fn hello_exists(s: &TenantServer, run: &api::Run) -> bool {
-    let mut sandboxes = s.server.sandboxes(&s.token).await;
+async fn hello_exists(s: &dyn Served, run: &api::Run) -> bool {
+    let mut sandboxes = s.server().sandboxes(s.token()).await;
     let (_, out) = sh(&mut sandboxes, &run.sandbox_id, "test -e hello.txt && echo yes || echo no").await;
     out.trim() == "yes"
 }
 
-/// Ask, answer with `allow`, and read the run to its end.
-async fn asked_and_answered(cli: Cli, allow: bool) {
-    let Some(t) = setup(if allow { "req-allow" } else { "req-deny" }, "tool").await else { return };
+/// Ask, answer with `allow`, and read the run to its end, the sandbox at
+/// `place`.
+async fn asked_and_answered(cli: Cli, allow: bool, place: Place) {
+    let prefix = if allow { "req-allow" } else { "req-deny" };
+    let Some(t) = setup_at(place, prefix, "tool").await else { return };
     let Some(options) = cli.options(&t.home, t.model.port) else { return };
-    let mut runs = t.s.server.runs(&t.s.token).await;
+    let mut runs = t.s.server().runs(t.s.token()).await;
     let run_id = if allow { "ask-allow" } else { "ask-deny" };
     let mut stream = runs
         .start_run(start_request_of(cli, run_id, options, Some(ask_commands()), vec![]))
@@ -196,7 +211,7 @@ async fn asked_and_answered(cli: Cli, allow: bool) {
         .into_inner();
     let mut seen = Seen::default();
     let ended = read_until(&mut stream, &mut seen, requested).await.unwrap();
-    assert!(!ended, "the run ended without asking: {:?}\n{}", seen.chunks, t.s.server.log_text());
+    assert!(!ended, "the run ended without asking: {:?}\n{}", seen.chunks, t.s.logs());
     let asked = chunks_of(&seen, api::ChunkType::PermissionRequested)[0].clone();
     let request = asked.request.clone().unwrap();
     assert!(!asked.tool_name.is_empty(), "{asked:?}");
@@ -206,7 +221,12 @@ async fn asked_and_answered(cli: Cli, allow: bool) {
     // While it waits, the command has not run, and the request is listed.
     let record =
         runs.get_run(api::GetRunRequest { run_id: run_id.into() }).await.unwrap().into_inner().run.unwrap();
-    assert!(!hello_exists(&t.s, &record).await, "the command ran before it was allowed");
+    assert!(!hello_exists(t.s.as_ref(), &record).await, "the command ran before it was allowed");
+    if place == Place::OnANode {
+        let mut sandboxes = t.s.server().sandboxes(t.s.token()).await;
+        let sandbox = sandhold_tests::sandbox::of_thread(&mut sandboxes, &format!("th-{run_id}")).await;
+        assert_eq!(sandbox.node, "node-1", "{sandbox:?}");
+    }
     let listed = runs
         .list_requests(api::ListRequestsRequest { run_id: run_id.into(), include_answered: false })
         .await
@@ -236,7 +256,7 @@ async fn asked_and_answered(cli: Cli, allow: bool) {
         (request.request_id.as_str(), allow, "client")
     );
     assert_eq!(chunks_of(&seen, api::ChunkType::PermissionRequested).len(), 1);
-    assert_eq!(hello_exists(&t.s, &record).await, allow, "{:?}", seen.chunks);
+    assert_eq!(hello_exists(t.s.as_ref(), &record).await, allow, "{:?}", seen.chunks);
     if !allow && matches!(cli, Cli::ClaudeCode) {
         // The CLI was told: its tool call failed with the client's message.
         let results = chunks_of(&seen, api::ChunkType::ToolCallResult);
@@ -252,32 +272,39 @@ async fn asked_and_answered(cli: Cli, allow: bool) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claude_code_asks_and_an_allowed_command_runs() {
-    asked_and_answered(Cli::ClaudeCode, true).await;
+    asked_and_answered(Cli::ClaudeCode, true, Place::SingleHost).await;
+}
+
+/// The same with the sandbox on a node in another network namespace: the
+/// CLI's permission hook reaches the control plane through the node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_code_on_a_node_asks_and_an_allowed_command_runs() {
+    asked_and_answered(Cli::ClaudeCode, true, Place::OnANode).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claude_code_asks_and_a_denied_command_never_runs() {
-    asked_and_answered(Cli::ClaudeCode, false).await;
+    asked_and_answered(Cli::ClaudeCode, false, Place::SingleHost).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn codex_asks_and_an_allowed_command_runs() {
-    asked_and_answered(Cli::Codex, true).await;
+    asked_and_answered(Cli::Codex, true, Place::SingleHost).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn codex_asks_and_a_denied_command_never_runs() {
-    asked_and_answered(Cli::Codex, false).await;
+    asked_and_answered(Cli::Codex, false, Place::SingleHost).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn opencode_asks_and_an_allowed_command_runs() {
-    asked_and_answered(Cli::OpenCode, true).await;
+    asked_and_answered(Cli::OpenCode, true, Place::SingleHost).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn opencode_asks_and_a_denied_command_never_runs() {
-    asked_and_answered(Cli::OpenCode, false).await;
+    asked_and_answered(Cli::OpenCode, false, Place::SingleHost).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -299,7 +326,7 @@ async fn opencode_denies_by_rule_without_asking() {
 async fn denied_by_rule(cli: Cli) {
     let Some(t) = setup("req-rule", "tool").await else { return };
     let Some(options) = cli.options(&t.home, t.model.port) else { return };
-    let mut runs = t.s.server.runs(&t.s.token).await;
+    let mut runs = t.s.server().runs(t.s.token()).await;
     let policy = api::SandboxPolicy {
         default: api::PolicyEffect::Ask as i32,
         rules: vec![rule(api::PolicyAction::Command, "*hello.txt*", api::PolicyEffect::Deny)],
@@ -315,7 +342,7 @@ async fn denied_by_rule(cli: Cli) {
     let record = wait_terminal(&mut runs, "deny-rule").await;
     assert!(seen.terminal().is_some(), "{record:?}\n{:?}", seen.chunks);
     assert!(!requested(&seen), "a denied command asked: {:?}", seen.chunks);
-    assert!(!hello_exists(&t.s, &record).await, "a denied command ran: {:?}", seen.chunks);
+    assert!(!hello_exists(t.s.as_ref(), &record).await, "a denied command ran: {:?}", seen.chunks);
     if !matches!(cli, Cli::ClaudeCode) {
         return;
     }
@@ -327,7 +354,7 @@ async fn denied_by_rule(cli: Cli) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_answers_at_once_one_wins() {
     let Some(t) = setup("req-race", "tool").await else { return };
-    let mut runs = t.s.server.runs(&t.s.token).await;
+    let mut runs = t.s.server().runs(t.s.token()).await;
     let options = claude_options(&t.bin, &t.home, t.model.port);
     let mut stream = runs
         .start_run(start_request("race", options, Some(ask_commands()), vec![]))
@@ -337,7 +364,7 @@ async fn two_answers_at_once_one_wins() {
     let mut seen = Seen::default();
     assert!(!read_until(&mut stream, &mut seen, requested).await.unwrap());
     let id = chunks_of(&seen, api::ChunkType::PermissionRequested)[0].request.clone().unwrap().request_id;
-    let (mut a, mut b) = (t.s.server.runs(&t.s.token).await, t.s.server.runs(&t.s.token).await);
+    let (mut a, mut b) = (t.s.server().runs(t.s.token()).await, t.s.server().runs(t.s.token()).await);
     let (ra, rb) = tokio::join!(
         respond(&mut a, "race", &id, permission(true, "")),
         respond(&mut b, "race", &id, permission(false, "no"))
@@ -353,13 +380,13 @@ async fn two_answers_at_once_one_wins() {
     assert_eq!(resolved.len(), 1);
     assert_eq!(resolved[0].request.as_ref().unwrap().allowed, won, "the log records the winner");
     let record = wait_terminal(&mut runs, "race").await;
-    assert_eq!(hello_exists(&t.s, &record).await, won);
+    assert_eq!(hello_exists(t.s.as_ref(), &record).await, won);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unanswered_request_is_denied_at_its_deadline() {
     let Some(t) = setup("req-deadline", "tool").await else { return };
-    let mut runs = t.s.server.runs(&t.s.token).await;
+    let mut runs = t.s.server().runs(t.s.token()).await;
     let mut policy = ask_commands();
     policy.request_timeout_ms = 1500;
     let options = claude_options(&t.bin, &t.home, t.model.port);
@@ -372,13 +399,13 @@ async fn an_unanswered_request_is_denied_at_its_deadline() {
     let r = resolved[0].request.as_ref().unwrap();
     assert_eq!((r.allowed, r.answered_by.as_str()), (false, "deadline"));
     let record = wait_terminal(&mut runs, "deadline").await;
-    assert!(!hello_exists(&t.s, &record).await);
+    assert!(!hello_exists(t.s.as_ref(), &record).await);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancel_denies_what_waits_and_records_it() {
     let Some(t) = setup("req-cancel", "tool").await else { return };
-    let mut runs = t.s.server.runs(&t.s.token).await;
+    let mut runs = t.s.server().runs(t.s.token()).await;
     let options = claude_options(&t.bin, &t.home, t.model.port);
     let mut stream = runs
         .start_run(start_request("cancel", options, Some(ask_commands()), vec![]))
@@ -403,7 +430,7 @@ async fn a_cancel_denies_what_waits_and_records_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_tool_is_called_by_claude_code_and_its_result_reaches_the_model() {
     let Some(t) = setup("req-tool", "client-tool").await else { return };
-    let mut runs = t.s.server.runs(&t.s.token).await;
+    let mut runs = t.s.server().runs(t.s.token()).await;
     let tool = api::ClientTool {
         name: "lookup".into(),
         description: "Looks the answer up in the client's own records".into(),

@@ -1,12 +1,14 @@
 //! `SandboxService` over a real server socket: one lifecycle suite run for
 //! the local provider and for Docker (on the real engine, under runc and
 //! under gVisor), plus failed ensures and where secrets must never end up.
+//! Its files, watch and exec part runs again on sandboxes on a fleet node.
 
 use sandhold_tests::docker::{self, DockerCleanup, TEST_IMAGE};
+use sandhold_tests::fleet::{Place, served};
 use sandhold_tests::provider::Kind;
 use sandhold_tests::runtime::Runtime;
 use sandhold_tests::sandbox::*;
-use sandhold_tests::server::{Harness, captured_logs};
+use sandhold_tests::server::{Harness, Sandboxes, captured_logs};
 use sandhold_tests::under_each_runtime;
 use sandhold_tests::wait::{PATIENCE, eventually};
 use shared::proto::v1 as api;
@@ -122,142 +124,7 @@ async fn lifecycle_suite(kind: Kind, runtime: Runtime) {
     changed.id = "dev2".into();
     h.acme.put_definition(api::PutDefinitionRequest { definition: Some(changed) }).await.unwrap();
 
-    // files
-    let header = api::WriteFileRequest {
-        request: Some(api::write_file_request::Request::Header(api::WriteFileHeader {
-            sandbox_id: sandbox.clone(),
-            path: "up/x.txt".into(),
-            make_parents: true,
-            ..Default::default()
-        })),
-    };
-    let data = |d: &[u8]| api::WriteFileRequest {
-        request: Some(api::write_file_request::Request::Data(d.to_vec())),
-    };
-    let written = h
-        .acme
-        .write_file(futures::stream::iter(vec![header, data(b"hello "), data(b"world")]))
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(written.bytes_written, 11);
-    let mut read = h
-        .acme
-        .read_file(api::ReadFileRequest {
-            sandbox_id: sandbox.clone(),
-            path: "up/x.txt".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let mut content = Vec::new();
-    while let Some(chunk) = read.message().await.unwrap() {
-        content.extend(chunk.data);
-    }
-    assert_eq!(content, b"hello world");
-    let stat = h
-        .acme
-        .stat_file(api::StatFileRequest {
-            sandbox_id: sandbox.clone(),
-            path: "up/x.txt".into(),
-            no_follow: false,
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .info
-        .unwrap();
-    assert_eq!((stat.size, stat.r#type), (11, api::FileType::File as i32));
-    h.acme
-        .rename_file(api::RenameFileRequest {
-            sandbox_id: sandbox.clone(),
-            from: "up/x.txt".into(),
-            to: "up/y.txt".into(),
-        })
-        .await
-        .unwrap();
-    h.acme
-        .make_dir(api::MakeDirRequest { sandbox_id: sandbox.clone(), path: "up/sub".into(), parents: false })
-        .await
-        .unwrap();
-    let names: Vec<String> = h
-        .acme
-        .list_files(api::ListFilesRequest { sandbox_id: sandbox.clone(), path: "up".into(), depth: 1 })
-        .await
-        .unwrap()
-        .into_inner()
-        .entries
-        .into_iter()
-        .map(|e| e.name)
-        .collect();
-    assert!(names.contains(&"y.txt".to_string()) && names.contains(&"sub".to_string()), "{names:?}");
-    assert!(!names.contains(&"x.txt".to_string()), "{names:?}");
-    h.acme
-        .remove_file(api::RemoveFileRequest {
-            sandbox_id: sandbox.clone(),
-            path: "up".into(),
-            recursive: true,
-        })
-        .await
-        .unwrap();
-    assert_eq!(sh(&mut h.acme, &sandbox, "test -e up; echo $?").await.1, "1\n");
-
-    // watch
-    let mut watch = h
-        .acme
-        .watch_files(api::WatchFilesRequest {
-            sandbox_id: sandbox.clone(),
-            recursive: true,
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let first = tokio::time::timeout(PATIENCE, watch.message()).await.unwrap().unwrap().unwrap();
-    assert!(matches!(first.kind, Some(api::watch_files_response::Kind::Started(_))));
-    sh(&mut h.acme, &sandbox, "echo w > watched.txt").await;
-    let seen = tokio::time::timeout(PATIENCE, async {
-        loop {
-            let m = watch.message().await.unwrap().unwrap();
-            if let Some(api::watch_files_response::Kind::Event(e)) = m.kind
-                && e.path.ends_with("watched.txt")
-            {
-                return e;
-            }
-        }
-    })
-    .await
-    .expect("a watch event for watched.txt");
-    assert_ne!(seen.r#type, api::FileEventType::Unspecified as i32);
-    drop(watch);
-
-    // exec stream: stdin in, output out, exit code
-    let (tx, rx) = tokio::sync::mpsc::channel(4);
-    tx.send(api::ExecStreamRequest {
-        request: Some(api::exec_stream_request::Request::Start(api::ExecStreamStart {
-            sandbox_id: sandbox.clone(),
-            command: Some(api::Command { kind: Some(api::command::Kind::Shell("cat; exit 3".into())) }),
-            ..Default::default()
-        })),
-    })
-    .await
-    .unwrap();
-    let mut out =
-        h.acme.exec_stream(tokio_stream::wrappers::ReceiverStream::new(rx)).await.unwrap().into_inner();
-    tx.send(api::ExecStreamRequest {
-        request: Some(api::exec_stream_request::Request::Stdin(b"ping".to_vec())),
-    })
-    .await
-    .unwrap();
-    tx.send(api::ExecStreamRequest {
-        request: Some(api::exec_stream_request::Request::CloseStdin(api::CloseStdin {})),
-    })
-    .await
-    .unwrap();
-    let (stdout, exit) = sandhold_tests::sandbox::exec_stream_output(&mut out).await;
-    assert_eq!(stdout, b"ping");
-    assert_eq!(exit, Some(api::exit_status::Status::Code(3)));
+    files_watch_and_exec(&mut h.acme, &sandbox).await;
 
     // tenant isolation: the other tenant sees nothing of it
     let nf = |r: Result<(), tonic::Status>| assert_eq!(r.unwrap_err().code(), tonic::Code::NotFound);
@@ -422,6 +289,170 @@ async fn failed_setup_suite(kind: Kind) {
         "{fields:?}"
     );
     h.stop().await;
+}
+
+/// Files written, read, stated, renamed, listed and removed; a watch that
+/// sees a write; an exec stream with stdin and an exit code: on the
+/// sandbox `sandbox`, wherever it lives.
+async fn files_watch_and_exec(sandboxes: &mut Sandboxes, sandbox: &str) {
+    // files
+    let header = api::WriteFileRequest {
+        request: Some(api::write_file_request::Request::Header(api::WriteFileHeader {
+            sandbox_id: sandbox.into(),
+            path: "up/x.txt".into(),
+            make_parents: true,
+            ..Default::default()
+        })),
+    };
+    let data = |d: &[u8]| api::WriteFileRequest {
+        request: Some(api::write_file_request::Request::Data(d.to_vec())),
+    };
+    let written = sandboxes
+        .write_file(futures::stream::iter(vec![header, data(b"hello "), data(b"world")]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(written.bytes_written, 11);
+    let mut read = sandboxes
+        .read_file(api::ReadFileRequest {
+            sandbox_id: sandbox.into(),
+            path: "up/x.txt".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut content = Vec::new();
+    while let Some(chunk) = read.message().await.unwrap() {
+        content.extend(chunk.data);
+    }
+    assert_eq!(content, b"hello world");
+    let stat = sandboxes
+        .stat_file(api::StatFileRequest {
+            sandbox_id: sandbox.into(),
+            path: "up/x.txt".into(),
+            no_follow: false,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .info
+        .unwrap();
+    assert_eq!((stat.size, stat.r#type), (11, api::FileType::File as i32));
+    sandboxes
+        .rename_file(api::RenameFileRequest {
+            sandbox_id: sandbox.into(),
+            from: "up/x.txt".into(),
+            to: "up/y.txt".into(),
+        })
+        .await
+        .unwrap();
+    sandboxes
+        .make_dir(api::MakeDirRequest { sandbox_id: sandbox.into(), path: "up/sub".into(), parents: false })
+        .await
+        .unwrap();
+    let names: Vec<String> = sandboxes
+        .list_files(api::ListFilesRequest { sandbox_id: sandbox.into(), path: "up".into(), depth: 1 })
+        .await
+        .unwrap()
+        .into_inner()
+        .entries
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    assert!(names.contains(&"y.txt".to_string()) && names.contains(&"sub".to_string()), "{names:?}");
+    assert!(!names.contains(&"x.txt".to_string()), "{names:?}");
+    sandboxes
+        .remove_file(api::RemoveFileRequest {
+            sandbox_id: sandbox.into(),
+            path: "up".into(),
+            recursive: true,
+        })
+        .await
+        .unwrap();
+    assert_eq!(sh(sandboxes, sandbox, "test -e up; echo $?").await.1, "1\n");
+
+    // watch
+    let mut watch = sandboxes
+        .watch_files(api::WatchFilesRequest {
+            sandbox_id: sandbox.into(),
+            recursive: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let first = tokio::time::timeout(PATIENCE, watch.message()).await.unwrap().unwrap().unwrap();
+    assert!(matches!(first.kind, Some(api::watch_files_response::Kind::Started(_))));
+    sh(sandboxes, sandbox, "echo w > watched.txt").await;
+    let seen = tokio::time::timeout(PATIENCE, async {
+        loop {
+            let m = watch.message().await.unwrap().unwrap();
+            if let Some(api::watch_files_response::Kind::Event(e)) = m.kind
+                && e.path.ends_with("watched.txt")
+            {
+                return e;
+            }
+        }
+    })
+    .await
+    .expect("a watch event for watched.txt");
+    assert_ne!(seen.r#type, api::FileEventType::Unspecified as i32);
+    drop(watch);
+
+    // exec stream: stdin in, output out, exit code
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tx.send(api::ExecStreamRequest {
+        request: Some(api::exec_stream_request::Request::Start(api::ExecStreamStart {
+            sandbox_id: sandbox.into(),
+            command: Some(api::Command { kind: Some(api::command::Kind::Shell("cat; exit 3".into())) }),
+            ..Default::default()
+        })),
+    })
+    .await
+    .unwrap();
+    let mut out =
+        sandboxes.exec_stream(tokio_stream::wrappers::ReceiverStream::new(rx)).await.unwrap().into_inner();
+    tx.send(api::ExecStreamRequest {
+        request: Some(api::exec_stream_request::Request::Stdin(b"ping".to_vec())),
+    })
+    .await
+    .unwrap();
+    tx.send(api::ExecStreamRequest {
+        request: Some(api::exec_stream_request::Request::CloseStdin(api::CloseStdin {})),
+    })
+    .await
+    .unwrap();
+    let (stdout, exit) = sandhold_tests::sandbox::exec_stream_output(&mut out).await;
+    assert_eq!(stdout, b"ping");
+    assert_eq!(exit, Some(api::exit_status::Status::Code(3)));
+}
+
+/// Files, watch and exec in sandboxes on a node in another network
+/// namespace (a local one and, with Docker, a container): every call goes
+/// through the node's tunnel, as on a single host.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn files_watch_and_exec_in_sandboxes_on_a_node() {
+    let Some(s) = served(Place::OnANode, "lifecycle-node", &[]).await else { return };
+    let s = s.as_ref();
+    let _cleanup = DockerCleanup { tenant: s.tenant().to_string() };
+    let mut sandboxes = s.server().sandboxes(s.token()).await;
+    let mut kinds = vec![Kind::Local];
+    if Runtime::Runc.available() {
+        docker::ensure_test_image();
+        kinds.push(Kind::Docker);
+    }
+    for kind in kinds {
+        let id = format!("on-node-{kind:?}").to_lowercase();
+        let mut def = definition(&id, kind, vec![]);
+        def.secret_names.clear();
+        sandhold_tests::run::put_definition(&mut sandboxes, def).await;
+        let req =
+            api::EnsureSandboxRequest { definition_id: id, thread_id: "t".into(), ..Default::default() };
+        let ready = ensure(&mut sandboxes, req).await.1.unwrap_or_else(|e| panic!("{e}\n{}", s.logs()));
+        assert_eq!(ready.sandbox.as_ref().unwrap().node, "node-1", "{ready:?}");
+        files_watch_and_exec(&mut sandboxes, &ready.sandbox_id).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -20,8 +20,9 @@ use control_plane::store::{self, BlobKey, Stores, Tenant};
 
 use sandhold_tests::auth::{Bearer, bearer};
 use sandhold_tests::docker::{DockerCleanup, TEST_IMAGE, ensure_test_image};
-use sandhold_tests::run::{command_run, wait_terminal};
-use sandhold_tests::server::Runs;
+use sandhold_tests::fleet::{Place, served};
+use sandhold_tests::run::{command_run, put_definition, wait_terminal};
+use sandhold_tests::server::{Runs, Sandboxes};
 use sandhold_tests::under_each_runtime;
 use sandhold_tests::wait::PATIENCE;
 use shared::error::{Error, ErrorCode};
@@ -544,36 +545,75 @@ async fn two_saves_racing_on_one_thread_one_wins_the_other_is_fenced() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_restore_removes_what_the_checkpoint_lacks_and_keeps_excluded_paths() {
-    let mut h = Harness::start().await;
+    restore_removes_what_the_checkpoint_lacks(Place::SingleHost).await;
+}
+
+/// The same with the sandboxes on a node in another network namespace: the
+/// capture and the restore go through the node's tunnel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_restore_on_a_node_removes_what_the_checkpoint_lacks_and_keeps_excluded_paths() {
+    restore_removes_what_the_checkpoint_lacks(Place::OnANode).await;
+}
+
+async fn restore_removes_what_the_checkpoint_lacks(place: Place) {
+    let Some(s) = served(place, "snap-restore", &[]).await else { return };
+    let s = s.as_ref();
+    let mut sandboxes = s.server().sandboxes(s.token()).await;
+    let mut snapshots =
+        SnapshotServiceClient::with_interceptor(s.server().channel().await, bearer(s.token()));
+    let ensure = |sandboxes: &Sandboxes| {
+        let mut sandboxes = sandboxes.clone();
+        async move {
+            let req = api::EnsureSandboxRequest {
+                definition_id: "local".into(),
+                thread_id: "t".into(),
+                secrets: [("API_TOKEN".to_string(), SECRET.to_string())].into(),
+                run_id: String::new(),
+            };
+            sandhold_tests::sandbox::ensure(&mut sandboxes, req).await.1.unwrap_or_else(|e| panic!("{e}"))
+        }
+    };
+    let sh = |sandboxes: &Sandboxes, sandbox: &str, script: &str| {
+        let (mut sandboxes, sandbox, script) = (sandboxes.clone(), sandbox.to_string(), script.to_string());
+        async move {
+            let (code, out) = sandhold_tests::sandbox::sh(&mut sandboxes, &sandbox, &script).await;
+            assert_eq!(code, 0, "{script}: {out}");
+            out
+        }
+    };
     // Provisioning makes these in every new sandbox of the thread, before
     // the restore (as a git clone would bring back a deleted file).
     let setup = "printf base > tracked.txt && printf old > gone.txt && mkdir -p stale/deep node_modules/pkg .git && \
                  printf s > stale/deep/s.txt && printf dep > node_modules/pkg/i.js && printf E=1 > .env && \
                  printf ref > .git/HEAD";
     let local = api::provider_spec::Provider::Local(api::LocalProvider {});
-    h.define_with_setup("local", local, Some(setup)).await;
-    let first = h.ensure("local", "t").await;
-    h.sh(
+    put_definition(&mut sandboxes, snapshot_definition("local", local, Some(setup))).await;
+    let first = ensure(&sandboxes).await;
+    if place == Place::OnANode {
+        assert_eq!(first.sandbox.as_ref().unwrap().node, "node-1", "{first:?}");
+    }
+    sh(
+        &sandboxes,
         &first.sandbox_id,
         "rm gone.txt && rm -r stale && echo changed > tracked.txt && echo mine > node_modules/pkg/i.js && \
          echo E=2 > .env",
     )
     .await;
-    let saved = h.save("t", "after edits").await.unwrap();
-    h.inner
-        .acme
+    let saved =
+        save(&mut snapshots, "t", "after edits").await.unwrap_or_else(|e| panic!("{e}\n{}", s.logs()));
+    sandboxes
         .destroy_sandbox(api::DestroySandboxRequest { sandbox_id: first.sandbox_id.clone() })
         .await
         .unwrap();
 
-    let second = h.ensure("local", "t").await;
+    let second = ensure(&sandboxes).await;
     assert_eq!(second.outcome, api::EnsureOutcome::Created as i32);
     assert_eq!(second.restored_checkpoint_id, saved.checkpoint_id);
     let probe = "for f in tracked.txt gone.txt stale node_modules/pkg/i.js .env .git/HEAD; do \
                  if [ -f \"$f\" ]; then echo \"$f=$(cat \"$f\")\"; elif [ -e \"$f\" ]; then echo \"$f is there\"; \
                  else echo \"$f absent\"; fi; done";
     assert_eq!(
-        h.sh(&second.sandbox_id, probe).await,
+        sh(&sandboxes, &second.sandbox_id, probe).await,
         "tracked.txt=changed\n\
          gone.txt absent\n\
          stale absent\n\
@@ -582,7 +622,6 @@ async fn a_restore_removes_what_the_checkpoint_lacks_and_keeps_excluded_paths() 
          .git/HEAD=ref\n",
         "the checkpoint's files, nothing it lacks, and the excluded paths as provisioning made them"
     );
-    h.stop().await;
 }
 
 /// The blob de-dup oracle over the real server: the other tenant saving the

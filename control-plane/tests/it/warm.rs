@@ -162,6 +162,40 @@ async fn pooled_sandboxes_count_against_the_tenants_quota() {
     assert_eq!(agent_daemons(&data).len(), 2, "a sandbox past the quota is running");
 }
 
+/// A pooled sandbox being made counts once, not twice (its row and its
+/// admission): under a quota of 2, while the pool's one sandbox is still in
+/// its setup, a thread gets a sandbox of its own; a third is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_pooled_sandbox_being_made_counts_once_against_the_quota() {
+    let s = TenantServer::start_with_args("warm-once", &[], &["--max-sandboxes-per-tenant", "2"]).await;
+    let mut client = s.server.sandboxes(&s.token).await;
+    let hold = s.server.data_dir().with_file_name("hold");
+    std::fs::write(&hold, b"").unwrap();
+    let mut slow = pooled("slow", 1, "s");
+    slow.workspace.as_mut().unwrap().setup.push(api::SetupStep {
+        step: Some(api::setup_step::Step::Serial(format!(
+            "while [ -e {} ]; do sleep 0.1; done",
+            hold.display()
+        ))),
+    });
+    put_definition(&mut client, slow).await;
+    put_definition(&mut client, pooled("plain", 0, "p")).await;
+    let making = eventually(PATIENCE, || {
+        let mut client = client.clone();
+        async move { pool_of(&mut client, "slow").await.is_some_and(|p| p.refilling == 1) }
+    })
+    .await;
+    assert!(making, "{:?}\n{}", pool_of(&mut client, "slow").await, s.server.log_text());
+
+    let (_, mine) = ensure(&mut client, request("plain", "thread-1", "value-once")).await;
+    let mine = mine.unwrap_or_else(|e| panic!("one pooled in the making and none else is 1 of 2: {e}"));
+    assert_eq!(mine.outcome(), api::EnsureOutcome::Created);
+    let (_, third) = ensure(&mut client, request("plain", "thread-2", "value-once")).await;
+    assert_eq!(third.unwrap_err().code(), tonic::Code::ResourceExhausted);
+    std::fs::remove_file(&hold).unwrap();
+    wait_ready(&s, &mut client, "slow", 1).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_definition_asking_for_more_than_the_operator_allows_or_a_secret_clone_is_refused() {
     let s = TenantServer::start_with_args("warm-refused", &[], &["--max-warm-per-definition", "3"]).await;
