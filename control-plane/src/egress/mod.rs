@@ -25,6 +25,7 @@ mod hosts;
 mod limits;
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::time::Duration;
 
 use shared::policy::{Action, Effect, Policy, Rule};
@@ -244,8 +245,44 @@ pub fn unreachable_after(definition: &SandboxDefinition) -> Duration {
     }
 }
 
+/// A sandbox's live host rules (`UpdateNetworkPolicy`), read at each
+/// connection so a change reaches every replica's carriers at once.
+#[async_trait::async_trait]
+pub trait LiveRules: Send + Sync {
+    /// The rules now; `Err` says why they could not be read (the
+    /// connection is then refused: a deny must not be missed).
+    async fn now(&self) -> Result<LiveHosts, String>;
+}
+
+/// Host patterns allowed and denied on top of a definition's rules.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LiveHosts {
+    pub allow: Vec<String>,
+    pub deny: Vec<String>,
+}
+
+impl LiveHosts {
+    /// The rules they add: a host rule each (any method, any path).
+    fn rules(&self) -> Vec<Rule> {
+        let each = |hosts: &[String], effect: Effect| {
+            hosts
+                .iter()
+                .filter_map(|h| HostPattern::parse(h).ok())
+                .map(|host| Rule {
+                    action: Action::Request,
+                    pattern: shared::hosts::request_pattern(&host, &[], None),
+                    effect,
+                })
+                .collect::<Vec<_>>()
+        };
+        let mut rules = each(&self.allow, Effect::Allow);
+        rules.extend(each(&self.deny, Effect::Deny));
+        rules
+    }
+}
+
 /// Where one sandbox's egress may go.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Plan {
     /// `network.allow_hosts`, the credentials' hosts, and `network.allow`,
     /// `ask` and `deny`, as `shared::policy` request rules (default deny).
@@ -256,6 +293,20 @@ pub struct Plan {
     models: Vec<Upstream>,
     private_ok: bool,
     limits: Limits,
+    /// The sandbox's live rules, when it has a record to keep them in.
+    live: Option<Arc<dyn LiveRules>>,
+}
+
+impl std::fmt::Debug for Plan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Plan")
+            .field("rules", &self.rules)
+            .field("judged", &self.judged)
+            .field("models", &self.models)
+            .field("private_ok", &self.private_ok)
+            .field("live", &self.live.is_some())
+            .finish()
+    }
 }
 
 /// Why a connection was not made.
@@ -281,12 +332,26 @@ impl Plan {
                 Upstream::parse(Harness::parse(&m.harness).ok()?, &m.upstream, &m.key_secret).ok()
             })
             .collect();
-        Self { rules, judged, models, private_ok, limits }
+        Self { rules, judged, models, private_ok, limits, live: None }
     }
 
-    /// Whether the plan lets the sandbox's proxy reach `host:port` with
-    /// `request` (method and target; `None`: a tunnel); `Err` says why not.
-    fn judge(&self, host: &str, port: u16, request: Option<(&str, &str)>) -> Result<(), String> {
+    /// The same plan, each proxy connection also judged by the sandbox's
+    /// live rules as `live` reads them then.
+    pub fn with_live(mut self, live: Arc<dyn LiveRules>) -> Self {
+        self.live = Some(live);
+        self
+    }
+
+    /// Whether the plan, with `live` rules on top of the definition's, lets
+    /// the sandbox's proxy reach `host:port` with `request` (method and
+    /// target; `None`: a tunnel); `Err` says why not.
+    fn judge(
+        &self,
+        host: &str,
+        port: u16,
+        request: Option<(&str, &str)>,
+        live: &LiveHosts,
+    ) -> Result<(), String> {
         let subject = match request {
             None if self.judged.iter().any(|p| p.matches(host, port)) => {
                 return Err(format!(
@@ -301,7 +366,14 @@ impl Plan {
                 shared::hosts::request_subject(method, host, port, &path)
             }
         };
-        let decision = self.rules.decide(Action::Request, &subject);
+        let live_rules = live.rules();
+        let decision = if live_rules.is_empty() {
+            self.rules.decide(Action::Request, &subject)
+        } else {
+            let mut rules = self.rules.clone();
+            rules.rules.extend(live_rules.iter().cloned());
+            rules.decide(Action::Request, &subject)
+        };
         let what = match request {
             Some((method, target)) => format!("{method} {host}:{port}{target}"),
             None => format!("{host}:{port}"),
@@ -310,6 +382,14 @@ impl Plan {
             Effect::Allow => Ok(()),
             Effect::Deny if decision.rule == "default" => {
                 Err(format!("{what} is not on the sandbox's allowlist"))
+            }
+            Effect::Deny
+                if live_rules.iter().any(|r| r.effect == Effect::Deny && r.to_string() == decision.rule) =>
+            {
+                Err(format!(
+                    "{what} is refused by the sandbox's live rule `{}` (UpdateNetworkPolicy)",
+                    decision.rule
+                ))
             }
             Effect::Deny => Err(format!("{what} is refused by the rule `{}`", decision.rule)),
             Effect::Ask => Err(format!("{what} falls under an ask rule, and network asks are not built yet")),
@@ -344,7 +424,15 @@ impl Plan {
             }),
             Purpose::Proxy => {
                 let request = (!dial.method.is_empty()).then_some((dial.method.as_str(), dial.path.as_str()));
-                self.judge(host, port, request).map_err(refuse)?;
+                let live = match &self.live {
+                    Some(live) => live.now().await.map_err(|why| {
+                        refuse(format!(
+                            "{host}:{port}: the sandbox's live network rules could not be read: {why}"
+                        ))
+                    })?,
+                    None => LiveHosts::default(),
+                };
+                self.judge(host, port, request, &live).map_err(refuse)?;
                 true
             }
         };
@@ -653,7 +741,9 @@ mod tests {
             ..Default::default()
         };
         let plan = Plan::of(&definition, false, EgressLimits::new(0, 0).sandbox("t"));
-        let judge = |host: &str, port: u16, request: Option<(&str, &str)>| plan.judge(host, port, request);
+        let none = LiveHosts::default();
+        let judge =
+            |host: &str, port: u16, request: Option<(&str, &str)>| plan.judge(host, port, request, &none);
         judge("api.github.com", 443, Some(("GET", "/repos/acme/x"))).unwrap();
         judge("api.github.com", 443, Some(("GET", "/repos/acme/x/pulls?state=open"))).unwrap();
         for (method, target) in [

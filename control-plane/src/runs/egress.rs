@@ -37,24 +37,24 @@ pub(super) struct RunEgress {
 }
 
 impl RunEgress {
-    /// The egress of `tenant`'s run of `harness` under `definition`, if it
-    /// has any, within the operator's bounds as the sandbox port tells them.
+    /// The egress of `tenant`'s run of `harness` in sandbox `key` under
+    /// `definition`, if it has any, within the operator's bounds as the
+    /// sandbox port tells them, and the sandbox's live rules.
     pub fn of(
         definition: &SandboxDefinition,
         harness: Harness,
         sandbox: &RunSandbox,
-        tenant: &str,
+        (tenant, key): (&str, &str),
     ) -> Result<Option<Self>, Error> {
         if !egress::wanted(definition) {
             return Ok(None);
         }
         let upstream = egress::upstream_for(definition, harness).map_err(Error::Egress)?;
         Ok(Some(Self {
-            plan: Arc::new(Plan::of(
-                definition,
-                sandbox.egress_private_addresses(),
-                sandbox.egress_limits(tenant),
-            )),
+            plan: Arc::new(
+                Plan::of(definition, sandbox.egress_private_addresses(), sandbox.egress_limits(tenant))
+                    .with_live(sandbox.live_rules(key)),
+            ),
             upstream,
             unreachable_after: egress::unreachable_after(definition),
             log_budget: sandbox.journal_cap(definition),

@@ -25,6 +25,7 @@ mod checkpoint;
 mod error;
 mod files;
 mod git;
+mod network;
 mod observe;
 mod placement;
 mod ports;
