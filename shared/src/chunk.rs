@@ -359,6 +359,7 @@ pub fn request_to_json(r: &ChunkRequest) -> Value {
     put("kind", &r.kind);
     put("rule", &r.rule);
     put("answered_by", &r.answered_by);
+    put("scope", &r.scope);
     if !r.input_json.is_empty() {
         let input = serde_json::from_str(&r.input_json).unwrap_or(Value::String(r.input_json.clone()));
         m.insert("input".into(), input);
@@ -387,6 +388,7 @@ fn request_from_json(value: &Value) -> Option<ChunkRequest> {
         allowed: o.get("allowed").and_then(Value::as_bool).unwrap_or(false),
         answered_by: s("answered_by"),
         awaiting_client: o.get("awaiting_client").and_then(Value::as_bool).unwrap_or(false),
+        scope: s("scope"),
     })
 }
 
@@ -645,6 +647,7 @@ mod tests {
                 allowed: true,
                 answered_by: "client".into(),
                 awaiting_client: true,
+                scope: "run".into(),
             }),
         }
     }

@@ -45,9 +45,14 @@ pub struct RespondArgs {
     #[arg(long, value_name = "TEXT")]
     pub message: Option<String>,
     /// With allow: allow this tool for the rest of the run (where the
-    /// harness supports it).
+    /// harness supports it); for a network request, `--scope run`.
     #[arg(long)]
     pub always: bool,
+    /// With allow, for a network request: what it covers, `once` (this
+    /// connection), `run` (the same host and port for the rest of the run)
+    /// or `thread` (for every run of the thread in this sandbox).
+    #[arg(long, value_name = "SCOPE", value_parser = ["once", "run", "thread"])]
+    pub scope: Option<String>,
     #[command(flatten)]
     pub client: ClientArgs,
 }
@@ -72,6 +77,9 @@ pub fn request_json(r: &api::RunRequest) -> Value {
             "is_error": a.is_error,
             "answered_by": a.answered_by,
         });
+        if !a.scope.is_empty() {
+            v["answer"]["scope"] = a.scope.clone().into();
+        }
     }
     v
 }
@@ -135,9 +143,15 @@ pub async fn requests(args: RequestsArgs) -> ExitCode {
 pub async fn respond(args: RespondArgs) -> ExitCode {
     let client = args.client.clone();
     with_connection(&client, async move |conn| {
-        let answered =
-            answer(conn, &args.run_id, &args.request_id, args.decision, args.message.clone(), args.always)
-                .await?;
+        let answered = answer(
+            conn,
+            &args.run_id,
+            &args.request_id,
+            args.decision,
+            args.message.clone(),
+            (args.always, args.scope.clone()),
+        )
+        .await?;
         match args.client.output {
             OutputFormat::Json => json_line(&request_json(&answered)),
             OutputFormat::Human => {
@@ -157,7 +171,7 @@ pub async fn answer(
     request_id: &str,
     decision: Decision,
     message: Option<String>,
-    always: bool,
+    (always, scope): (bool, Option<String>),
 ) -> anyhow::Result<api::RunRequest> {
     let known = conn
         .runs()
@@ -175,10 +189,18 @@ pub async fn answer(
                 .unwrap_or_else(|| if allow { String::new() } else { "denied by the client".into() }),
             is_error: !allow,
         }),
+        // A network request's `always` is its scope `run`.
+        Some("network") => api::respond_to_request_request::Answer::Permission(api::PermissionAnswer {
+            allow,
+            message: message.unwrap_or_default(),
+            always: false,
+            scope: scope.or_else(|| always.then(|| "run".to_string())).unwrap_or_default(),
+        }),
         _ => api::respond_to_request_request::Answer::Permission(api::PermissionAnswer {
             allow,
             message: message.unwrap_or_default(),
             always,
+            scope: scope.unwrap_or_default(),
         }),
     };
     let request = api::RespondToRequestRequest {

@@ -999,7 +999,7 @@ impl<'a> Session<'a> {
     /// Answer a request from this terminal; a failure (answered elsewhere
     /// first) is a note, not the end of the session.
     async fn answer(&mut self, id: &str, decision: requests::Decision, always: bool) {
-        if let Err(e) = requests::answer(self.conn, &self.run_id, id, decision, None, always).await {
+        if let Err(e) = requests::answer(self.conn, &self.run_id, id, decision, None, (always, None)).await {
             self.note(&format!("request {id}: {e:#}"));
         }
     }

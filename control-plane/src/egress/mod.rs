@@ -281,6 +281,27 @@ impl LiveHosts {
     }
 }
 
+/// The network requests of the run a plan serves (`network.ask`): a
+/// destination under an ask rule is asked in this run, and a dial that
+/// says its request was answered is checked here before it connects.
+#[async_trait::async_trait]
+pub trait RunAsks: Send + Sync {
+    /// The run whose request dir an ask goes to.
+    fn run_id(&self) -> String;
+    /// Whether request `request_id` of run `run_id` was answered allow for
+    /// `dial`'s destination, and its scope covers a connection carried for
+    /// this run; `Err` says why not.
+    async fn check(&self, run_id: &str, request_id: &str, dial: &agent::CarryDial) -> Result<(), String>;
+}
+
+/// What the rules make of a destination they do not refuse.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Verdict {
+    Allow,
+    /// An ask rule matched (its text).
+    Ask(String),
+}
+
 /// Where one sandbox's egress may go.
 #[derive(Clone)]
 pub struct Plan {
@@ -295,6 +316,9 @@ pub struct Plan {
     limits: Limits,
     /// The sandbox's live rules, when it has a record to keep them in.
     live: Option<Arc<dyn LiveRules>>,
+    /// The run that asks, for a run's plan (setup's has none: an ask
+    /// refuses there).
+    asks: Option<Arc<dyn RunAsks>>,
 }
 
 impl std::fmt::Debug for Plan {
@@ -305,6 +329,7 @@ impl std::fmt::Debug for Plan {
             .field("models", &self.models)
             .field("private_ok", &self.private_ok)
             .field("live", &self.live.is_some())
+            .field("asks", &self.asks.is_some())
             .finish()
     }
 }
@@ -315,6 +340,8 @@ pub struct Refusal {
     pub reason: String,
     /// The plan refused it (as opposed to a failed connection).
     pub refused: bool,
+    /// Not refused but asked: the agent asks in this run and dials again.
+    pub ask: Option<agent::CarryAsk>,
 }
 
 impl Plan {
@@ -332,7 +359,13 @@ impl Plan {
                 Upstream::parse(Harness::parse(&m.harness).ok()?, &m.upstream, &m.key_secret).ok()
             })
             .collect();
-        Self { rules, judged, models, private_ok, limits, live: None }
+        Self { rules, judged, models, private_ok, limits, live: None, asks: None }
+    }
+
+    /// The same plan, its asks made in (and checked against) a run.
+    pub fn with_asks(mut self, asks: Arc<dyn RunAsks>) -> Self {
+        self.asks = Some(asks);
+        self
     }
 
     /// The same plan, each proxy connection also judged by the sandbox's
@@ -351,7 +384,7 @@ impl Plan {
         port: u16,
         request: Option<(&str, &str)>,
         live: &LiveHosts,
-    ) -> Result<(), String> {
+    ) -> Result<Verdict, String> {
         let subject = match request {
             None if self.judged.iter().any(|p| p.matches(host, port)) => {
                 return Err(format!(
@@ -379,7 +412,7 @@ impl Plan {
             None => format!("{host}:{port}"),
         };
         match decision.effect {
-            Effect::Allow => Ok(()),
+            Effect::Allow => Ok(Verdict::Allow),
             Effect::Deny if decision.rule == "default" => {
                 Err(format!("{what} is not on the sandbox's allowlist"))
             }
@@ -392,19 +425,19 @@ impl Plan {
                 ))
             }
             Effect::Deny => Err(format!("{what} is refused by the rule `{}`", decision.rule)),
-            Effect::Ask => Err(format!("{what} falls under an ask rule, and network asks are not built yet")),
+            Effect::Ask => Ok(Verdict::Ask(decision.rule)),
         }
     }
 
     /// A place for one more open connection under the sandbox's and the
     /// tenant's limits.
     fn admit(&self) -> Result<Slot, Refusal> {
-        self.limits.admit().map_err(|reason| Refusal { reason, refused: true })
+        self.limits.admit().map_err(|reason| Refusal { reason, refused: true, ask: None })
     }
 
     /// Check `dial` and connect to it.
     async fn connect(&self, dial: &agent::CarryDial, timeout: Duration) -> Result<TcpStream, Refusal> {
-        let refuse = |reason: String| Refusal { reason, refused: true };
+        let refuse = |reason: String| Refusal { reason, refused: true, ask: None };
         let port =
             u16::try_from(dial.port).ok().filter(|p| *p > 0).ok_or_else(|| refuse("no port".into()))?;
         let host = dial.host.as_str();
@@ -432,7 +465,24 @@ impl Plan {
                     })?,
                     None => LiveHosts::default(),
                 };
-                self.judge(host, port, request, &live).map_err(refuse)?;
+                if let Verdict::Ask(rule) = self.judge(host, port, request, &live).map_err(refuse)? {
+                    let what = format!("{host}:{port}: under the ask rule `{rule}`");
+                    match &self.asks {
+                        None => return Err(refuse(format!("{what}, and only a run's connections can ask"))),
+                        Some(asks) if dial.request_id.is_empty() => {
+                            let ask = agent::CarryAsk { run_id: asks.run_id(), rule };
+                            return Err(Refusal {
+                                reason: format!("{what}: asked"),
+                                refused: true,
+                                ask: Some(ask),
+                            });
+                        }
+                        Some(asks) => asks
+                            .check(&dial.request_run_id, &dial.request_id, dial)
+                            .await
+                            .map_err(|why| refuse(format!("{what}: {why}")))?,
+                    }
+                }
                 true
             }
         };
@@ -440,7 +490,7 @@ impl Plan {
             return Err(refuse(format!("{host}:{port} is not on the sandbox's allowlist")));
         }
         let addrs = resolve(host, port, self.private_ok).await.map_err(refuse)?;
-        let failed = |reason: String| Refusal { reason, refused: false };
+        let failed = |reason: String| Refusal { reason, refused: false, ask: None };
         let mut last = String::new();
         for addr in addrs {
             match tokio::time::timeout(timeout, TcpStream::connect(addr)).await {
@@ -744,7 +794,7 @@ mod tests {
         let none = LiveHosts::default();
         let judge =
             |host: &str, port: u16, request: Option<(&str, &str)>| plan.judge(host, port, request, &none);
-        judge("api.github.com", 443, Some(("GET", "/repos/acme/x"))).unwrap();
+        assert_eq!(judge("api.github.com", 443, Some(("GET", "/repos/acme/x"))), Ok(Verdict::Allow));
         judge("api.github.com", 443, Some(("GET", "/repos/acme/x/pulls?state=open"))).unwrap();
         for (method, target) in [
             ("POST", "/repos/acme/x"),

@@ -62,6 +62,82 @@ impl RunEgress {
     }
 }
 
+impl RunEgress {
+    /// The same egress, its asks made in `asks`'s run.
+    pub fn asking(mut self, asks: Arc<dyn egress::RunAsks>) -> Self {
+        self.plan = Arc::new((*self.plan).clone().with_asks(asks));
+        self
+    }
+}
+
+/// How long a dial after an answer waits for the answer to reach the
+/// run's log (the driver records it as it follows the journal).
+const ANSWER_INDEXED_WITHIN: Duration = Duration::from_secs(15);
+
+/// A run's network asks, checked against its stored log's request index.
+pub(crate) struct StoredAsks {
+    pub events: Arc<dyn crate::store::EventLog>,
+    pub runs: Arc<dyn crate::store::RunStore>,
+    /// The run the plan serves, and its thread.
+    pub key: crate::store::RunKey,
+    pub thread: String,
+}
+
+#[async_trait::async_trait]
+impl egress::RunAsks for StoredAsks {
+    fn run_id(&self) -> String {
+        self.key.run.to_string()
+    }
+
+    async fn check(
+        &self,
+        run_id: &str,
+        request_id: &str,
+        dial: &shared::proto::agent::v1::CarryDial,
+    ) -> Result<(), String> {
+        let run = shared::ids::RunId::parse(run_id).map_err(|e| format!("request {request_id}: {e}"))?;
+        let key = crate::store::RunKey::new(self.key.tenant.clone(), run);
+        let same_run = key == self.key;
+        if !same_run {
+            let record = self.runs.get(&key).await.map_err(|e| format!("request {request_id}: {e}"))?;
+            if record.thread_id != self.thread {
+                return Err(format!("request {request_id} was asked in another thread"));
+            }
+        }
+        let waited = Instant::now();
+        let (asked, answered) = loop {
+            let indexed = self.events.request(&key, request_id).await.map_err(|e| e.to_string())?;
+            match indexed {
+                Some(i) if i.answered.is_some() => break (i.asked, i.answered.expect("answered")),
+                Some(_) | None if waited.elapsed() < ANSWER_INDEXED_WITHIN => {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                _ => return Err(format!("request {request_id} has no recorded answer")),
+            }
+        };
+        let decode = |c| super::log::decode_chunk(c).map_err(|e| e.to_string());
+        let (asked, answered) = (decode(&asked)?, decode(&answered)?);
+        let (Some(q), Some(a)) = (asked.request, answered.request) else {
+            return Err(format!("request {request_id} is not a request"));
+        };
+        if q.kind != "network" || !a.allowed {
+            return Err(format!("request {request_id} is no allowed network request"));
+        }
+        let input: serde_json::Value = serde_json::from_str(&q.input_json).unwrap_or_default();
+        let same_place = input["host"] == dial.host.as_str() && input["port"] == dial.port;
+        let same_request = input["method"] == dial.method.as_str() && input["path"] == dial.path.as_str();
+        let covered = match a.scope.as_str() {
+            "thread" => same_place,
+            "run" => same_place && same_run,
+            _ => same_place && same_run && same_request,
+        };
+        if !covered {
+            return Err(format!("the answer of request {request_id} does not cover this connection"));
+        }
+        Ok(())
+    }
+}
+
 /// Configure the sandbox's listener with this run's route and point
 /// `command` at it: the broker's URL and a placeholder key for the CLI,
 /// the proxy's variables when the definition allows hosts. The route

@@ -72,6 +72,11 @@ impl<'a> Client<'a> {
         let i = self.step;
         self.step += 1;
         std::fs::write(self.dir.join(format!("go{i}")), b"").unwrap();
+        self.answered(i).await
+    }
+
+    /// What try `i` (already started) got.
+    async fn answered(&mut self, i: usize) -> String {
         let prefix = format!("TRY {i} ");
         read_until(&mut self.stream, &mut self.seen, |s| s.has_text(&prefix)).await.unwrap();
         let line = self.seen.chunks.iter().find(|(_, c)| c.delta.contains(&prefix)).unwrap().1.delta.clone();
@@ -250,4 +255,152 @@ async fn live_changes_outside_the_bounds_or_from_another_tenant_are_refused() {
     assert_eq!(run.try_next().await, "200 ours", "{}", s.server.log_text());
     assert_eq!(run.recorded(1).await.len(), 1);
     run.end().await;
+}
+
+/// The one request `run_id` waits on, once there is one.
+async fn waiting(runs: &mut Runs, run_id: &str) -> api::RunRequest {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let request = api::ListRequestsRequest { run_id: run_id.into(), include_answered: false };
+        let pending = runs.list_requests(request).await.unwrap().into_inner().requests;
+        if let [one] = pending.as_slice() {
+            return one.clone();
+        }
+        assert!(pending.is_empty(), "{pending:?}");
+        assert!(std::time::Instant::now() < deadline, "no request of {run_id} came");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
+/// Answer a network request.
+async fn answer(runs: &mut Runs, run_id: &str, request_id: &str, allow: bool, scope: &str) {
+    let permission = api::PermissionAnswer { allow, scope: scope.into(), ..Default::default() };
+    let request = api::RespondToRequestRequest {
+        run_id: run_id.into(),
+        request_id: request_id.into(),
+        answer: Some(api::respond_to_request_request::Answer::Permission(permission)),
+    };
+    runs.respond_to_request(request).await.unwrap();
+}
+
+/// A local definition whose proxy asks before it connects to `asked`, its
+/// requests denied `timeout_ms` after they are asked.
+fn asking(asked: &str, timeout_ms: u64) -> api::SandboxDefinition {
+    let mut def = proxied("127.0.0.5");
+    let network = def.network.as_mut().unwrap();
+    network.ask = vec![api::NetworkRule { host: asked.into(), ..Default::default() }];
+    def.policy = Some(api::SandboxPolicy { request_timeout_ms: timeout_ms, ..Default::default() });
+    def
+}
+
+/// A connection under an ask rule waits on a request of kind `network`:
+/// an allow lets it through, a deny and the deadline refuse it (nothing
+/// reaches the server), and an allow of scope `run` lets the next one
+/// through with no second request.
+#[tokio::test]
+async fn a_network_ask_is_a_request_allow_lets_it_through_and_deny_or_the_deadline_refuse_it() {
+    let s = sandhold_tests::server::TenantServer::start_with_args(
+        "net-ask",
+        &[],
+        &["--egress-private-addresses"],
+    )
+    .await;
+    let dir = TestDir::new("net-ask-client");
+    let web = HostServer::start(dir.path(), "127.0.0.1", "asked for\n");
+    let target = format!("127.0.0.1:{}", web.port);
+    put_definition(&mut s.server.sandboxes(&s.token).await, asking(&target, 3_000)).await;
+    let mut runs = s.server.runs(&s.token).await;
+    let mut run = Client::start(&mut runs, "ask", dir.path(), &vec![target.clone(); 5]).await;
+
+    // Allowed once.
+    std::fs::write(dir.path().join("go0"), b"").unwrap();
+    let request = waiting(&mut runs, "ask").await;
+    assert_eq!(request.kind, "network", "{request:?}");
+    let input: serde_json::Value = serde_json::from_str(&request.input_json).unwrap();
+    assert_eq!((input["host"].as_str(), input["port"].as_u64()), (Some("127.0.0.1"), Some(web.port.into())));
+    assert!(request.rule.contains("ask"), "{request:?}");
+    answer(&mut runs, "ask", &request.request_id, true, "once").await;
+    run.step = 1;
+    let through = run.answered(0).await;
+    assert_eq!(through, "200 asked for", "{}", s.server.log_text());
+
+    // Denied.
+    std::fs::write(dir.path().join("go1"), b"").unwrap();
+    let request = waiting(&mut runs, "ask").await;
+    answer(&mut runs, "ask", &request.request_id, false, "").await;
+    run.step = 2;
+    assert!(run.answered(1).await.starts_with("403"), "a deny refuses");
+
+    // Unanswered past the deadline.
+    std::fs::write(dir.path().join("go2"), b"").unwrap();
+    let unanswered = waiting(&mut runs, "ask").await;
+    run.step = 3;
+    assert!(run.answered(2).await.starts_with("403"), "the deadline refuses");
+
+    // Allowed for the run: the next connection asks nothing.
+    std::fs::write(dir.path().join("go3"), b"").unwrap();
+    let request = waiting(&mut runs, "ask").await;
+    answer(&mut runs, "ask", &request.request_id, true, "run").await;
+    run.step = 4;
+    assert_eq!(run.answered(3).await, "200 asked for");
+    assert_eq!(run.try_next().await, "200 asked for", "scope run: no second request");
+
+    let all = runs
+        .list_requests(api::ListRequestsRequest { run_id: "ask".into(), include_answered: true })
+        .await
+        .unwrap()
+        .into_inner()
+        .requests;
+    let answers: Vec<(bool, String, String)> = all
+        .iter()
+        .map(|r| r.answer.as_ref().map(|a| (a.allowed, a.answered_by.clone(), a.scope.clone())).unwrap())
+        .collect();
+    let want = |allowed: bool, by: &str, scope: &str| (allowed, by.to_string(), scope.to_string());
+    assert_eq!(
+        answers,
+        [
+            want(true, "client", "once"),
+            want(false, "client", ""),
+            want(false, "deadline", ""),
+            want(true, "client", "run")
+        ],
+        "{all:?}"
+    );
+    assert_eq!(all[2].request_id, unanswered.request_id);
+    run.end().await;
+}
+
+/// A connection waiting on its network request outlives the replica that
+/// drove the run: that replica is killed (SIGKILL), the run is taken over
+/// by a second one, the request is answered there, and the connection
+/// goes through.
+#[tokio::test]
+async fn a_network_ask_is_answered_from_a_second_replica_after_the_driver_is_killed() {
+    let Some(cluster) = sandhold_tests::cluster::Cluster::create("net-ask-kill").await else { return };
+    let dir = TestDir::new("net-ask-kill-client");
+    let web = HostServer::start(dir.path(), "127.0.0.1", "after the takeover\n");
+    let target = format!("127.0.0.1:{}", web.port);
+    let token = format!("tok-{}", cluster.nonce);
+    let tokens = vec![format!("t{}={token}", cluster.nonce)];
+    let flags: Vec<String> =
+        ["--egress-private-addresses", "--sweep-interval-ms", "1000"].iter().map(|f| f.to_string()).collect();
+    let mut a = cluster.replica("a", tokens.clone(), (2000, 500), flags.clone()).await;
+    let b = cluster.replica("b", tokens, (2000, 500), flags).await;
+    put_definition(&mut a.sandboxes(&token).await, asking(&target, 120_000)).await;
+    let mut runs_a = a.runs(&token).await;
+    let mut run = Client::start(&mut runs_a, "ask-kill", dir.path(), std::slice::from_ref(&target)).await;
+    std::fs::write(dir.path().join("go0"), b"").unwrap();
+    let asked = waiting(&mut runs_a, "ask-kill").await;
+
+    a.kill9().await;
+    let mut runs_b = b.runs(&token).await;
+    run.stream = sandhold_tests::run::attach_after(&mut runs_b, "ask-kill", &run.seen).await.unwrap();
+    let still = waiting(&mut runs_b, "ask-kill").await;
+    assert_eq!(still.request_id, asked.request_id, "the same request waits");
+    answer(&mut runs_b, "ask-kill", &asked.request_id, true, "once").await;
+    run.step = 1;
+    assert_eq!(run.answered(0).await, "200 after the takeover", "{}", b.log_text());
+    run.end().await;
+    drop((a, b));
+    cluster.tear_down().await;
 }

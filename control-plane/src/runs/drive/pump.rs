@@ -2,6 +2,7 @@
 //! when a follow breaks), feed what it reads, watch the run's liveness and
 //! its egress, and end on an interrupt.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use backon::ExponentialBuilder;
@@ -352,7 +353,16 @@ impl Runs {
 
     fn run_egress(&self, ctx: &DriveCtx, key: &str) -> Result<Option<RunEgress>, Error> {
         let Some(definition) = ctx.definition.get() else { return Ok(None) };
-        RunEgress::of(definition, ctx.harness, &self.inner.sandbox, (ctx.key.tenant.as_str(), key))
+        let egress =
+            RunEgress::of(definition, ctx.harness, &self.inner.sandbox, (ctx.key.tenant.as_str(), key))?;
+        let stores = &self.inner.ctx.stores;
+        let asks = crate::runs::egress::StoredAsks {
+            events: stores.events.clone(),
+            runs: stores.runs.clone(),
+            key: ctx.key.clone(),
+            thread: ctx.thread_id.clone(),
+        };
+        Ok(egress.map(|e| e.asking(Arc::new(asks))))
     }
 }
 

@@ -341,8 +341,12 @@ export type Network = Message<"sandhold.v1.Network"> & {
    * intercepted with the sandbox's CA, never tunnelled blind). Of the
    * rules that match the strongest wins: deny > ask > allow; with none, a
    * destination is refused unless `allow_hosts` or a credential allows its
-   * host. `allow` hosts sit within the operator's egress hosts. `ask` is
-   * not built yet: a definition with it is refused (UNIMPLEMENTED).
+   * host. `allow` hosts sit within the operator's egress hosts. A
+   * connection (a request, where the rule has methods or a path) under
+   * `ask` waits on a durable request of kind `network` of the run whose
+   * driver carries it (RunService.RespondToRequest, a PermissionAnswer
+   * with its scope), refused on a deny or at the request's deadline (the
+   * policy's request_timeout_ms); outside a run (setup steps) it is refused.
    *
    * @generated from field: repeated sandhold.v1.NetworkRule allow = 5;
    */
