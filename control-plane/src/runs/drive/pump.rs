@@ -361,6 +361,7 @@ impl Runs {
             runs: stores.runs.clone(),
             key: ctx.key.clone(),
             thread: ctx.thread_id.clone(),
+            wait: crate::runs::egress::ANSWER_INDEXED_WITHIN,
         };
         Ok(egress.map(|e| e.asking(Arc::new(asks))))
     }
