@@ -91,6 +91,13 @@ pub fn request_line(run_id: &str, r: &api::RunRequest) -> String {
     let (tool, id) = (visible_line(&r.tool), visible_line(&r.request_id));
     let what = match r.kind.as_str() {
         "client_tool" => format!("client tool {tool} {}", visible_line(&r.input_json)),
+        "network" => {
+            let v: Value = serde_json::from_str(&r.input_json).unwrap_or(Value::Null);
+            let s = |k: &str| v.get(k).and_then(Value::as_str).unwrap_or_default().to_owned();
+            let method = if s("method").is_empty() { "CONNECT".to_string() } else { s("method") };
+            let target = format!("{method} {}:{}{}", s("host"), v["port"], s("path"));
+            format!("network {}", visible_line(&target))
+        }
         _ => format!("{tool} {}", visible_line(&summary(&r.input_json))),
     };
     let rule = if r.rule.is_empty() { String::new() } else { format!(" ({})", visible_line(&r.rule)) };
@@ -249,6 +256,23 @@ mod tests {
         assert_eq!(parse_prompt("always"), Some(Prompted::Always));
         assert_eq!(parse_prompt(""), None);
         assert_eq!(parse_prompt("maybe"), None);
+    }
+
+    #[test]
+    fn a_network_request_prints_its_destination() {
+        let r = api::RunRequest {
+            request_id: "req_1".into(),
+            kind: "network".into(),
+            tool: "network".into(),
+            input_json: r#"{"host":"pypi.org","port":443,"method":"GET","path":"/simple/"}"#.into(),
+            rule: "ask request:* pypi.org:443{,/**}".into(),
+            ..Default::default()
+        };
+        let line = request_line("run-1", &r);
+        assert!(line.starts_with("req_1 network GET pypi.org:443/simple/ (ask "), "{line}");
+        let tunnel =
+            api::RunRequest { input_json: r#"{"host":"h","port":443,"method":"","path":""}"#.into(), ..r };
+        assert!(request_line("run-1", &tunnel).contains("network CONNECT h:443 ("));
     }
 
     #[test]
