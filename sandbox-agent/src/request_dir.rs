@@ -580,6 +580,7 @@ pub fn denial(id: &str, by: AnsweredBy, message: &str) -> Answer {
         message: message.to_string(),
         is_error: false,
         always: false,
+        scope: String::new(),
         by,
     }
 }

@@ -25,6 +25,12 @@ pub const SANDBOX_NETWORK: &str = "sandbox.network";
 /// anything was): `{blocked: [{host, port, count}], other}` (`other`:
 /// refusals past the destinations listed).
 pub const NETWORK_BLOCKED: &str = "network.blocked";
+/// One change of the sandbox's live network rules (`UpdateNetworkPolicy`)
+/// during the run, or before it (at the driver's first look): `{version,
+/// changed_by, changed_at_ms, change: {allow_hosts, deny_hosts, reset},
+/// allow_hosts?, deny_hosts?, missed?}`; the live lists it left on the
+/// latest change recorded at once; `missed`: older changes no longer kept.
+pub const NETWORK_POLICY: &str = "network.policy";
 /// The run's model upstream could not be reached: `{upstream, error,
 /// unreachable_ms}`.
 pub const MODEL_UNAVAILABLE: &str = "model.unavailable";
@@ -62,6 +68,7 @@ pub const SYSTEM_NAMES: &[&str] = &[
     HARNESS_WARNING,
     SANDBOX_NETWORK,
     NETWORK_BLOCKED,
+    NETWORK_POLICY,
     MODEL_UNAVAILABLE,
     ACP_PLAN,
     ACP_PERMISSION,
@@ -352,6 +359,7 @@ pub fn request_to_json(r: &ChunkRequest) -> Value {
     put("kind", &r.kind);
     put("rule", &r.rule);
     put("answered_by", &r.answered_by);
+    put("scope", &r.scope);
     if !r.input_json.is_empty() {
         let input = serde_json::from_str(&r.input_json).unwrap_or(Value::String(r.input_json.clone()));
         m.insert("input".into(), input);
@@ -380,6 +388,7 @@ fn request_from_json(value: &Value) -> Option<ChunkRequest> {
         allowed: o.get("allowed").and_then(Value::as_bool).unwrap_or(false),
         answered_by: s("answered_by"),
         awaiting_client: o.get("awaiting_client").and_then(Value::as_bool).unwrap_or(false),
+        scope: s("scope"),
     })
 }
 
@@ -638,6 +647,7 @@ mod tests {
                 allowed: true,
                 answered_by: "client".into(),
                 awaiting_client: true,
+                scope: "run".into(),
             }),
         }
     }

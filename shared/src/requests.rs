@@ -31,6 +31,9 @@ pub enum RequestKind {
     Permission,
     /// A call of a tool the client declared: the client runs it.
     ClientTool,
+    /// May a process of the sandbox open this connection (a `network.ask`
+    /// rule)? The input is `{host, port, method, path}`.
+    Network,
 }
 
 impl RequestKind {
@@ -38,6 +41,7 @@ impl RequestKind {
         match self {
             RequestKind::Permission => "permission",
             RequestKind::ClientTool => "client_tool",
+            RequestKind::Network => "network",
         }
     }
 }
@@ -103,6 +107,9 @@ pub struct Answer {
     /// Permission: allow this tool for the rest of the run.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub always: bool,
+    /// Network: what an allow covers, `once` (empty), `run` or `thread`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub scope: String,
     pub by: AnsweredBy,
 }
 
@@ -231,6 +238,7 @@ mod tests {
             message: "no".into(),
             is_error: false,
             always: false,
+            scope: String::new(),
             by: AnsweredBy::Deadline,
         });
         let line = seal(b"k", &run(), &answer);

@@ -13,6 +13,7 @@ import {
   type Run,
   type RunEvent,
   type StartRunRequest,
+  type RunRequest,
 } from "./gen/sandhold/v1/run_pb.js";
 import type { EnsureProgress } from "./gen/sandhold/v1/sandbox_pb.js";
 import { SandboxService } from "./gen/sandhold/v1/sandbox_pb.js";
@@ -228,6 +229,24 @@ export class SandholdClient {
   /** Cancel a run: its CLI is killed, its sandbox destroyed, its record `aborted`. */
   async cancelRun(runId: string): Promise<Run | undefined> {
     return wrap(async () => (await this.runs.cancelRun({ runId })).run);
+  }
+
+  /**
+   * Answer a permission or network request of a run (the first answer, from
+   * any client, wins). `scope`, for a network request's allow: "once" (this
+   * connection), "run" (the same host and port for the rest of the run) or
+   * "thread" (every run of the thread in this sandbox).
+   */
+  async respondToRequest(
+    runId: string,
+    requestId: string,
+    answer: { allow: boolean; message?: string; scope?: "once" | "run" | "thread" },
+  ): Promise<RunRequest | undefined> {
+    const permission = { allow: answer.allow, message: answer.message ?? "", always: false, scope: answer.scope ?? "" };
+    return wrap(
+      async () =>
+        (await this.runs.respondToRequest({ runId, requestId, answer: { case: "permission", value: permission } })).request,
+    );
   }
 
   /** Remove an ended run with its log and requests (a run still going is refused: cancel it first). */

@@ -3,7 +3,8 @@
 // a token, watches a run started by the test stream in on /runs/<id> (its
 // command and prompt, timed events, a timeline, Markdown that stays text),
 // cancels it behind a confirmation; lists, searches and pages runs; shows
-// sandboxes with their state and resource use; says how to start when
+// sandboxes with their state and resource use; answers a network request
+// with Allow and sees the connection through; says how to start when
 // there is nothing. Each page is audited with axe-core and checked at
 // 1280×900 and 390×844 (no horizontal overflow, the page the one scroll
 // container); the screenshots go to test/artifacts/ (not committed).
@@ -564,5 +565,69 @@ test("the console shows a set of attempts side by side and promotes one", { skip
   await page.waitForFunction(() => document.querySelector('tr[data-attempt="1"] .tag')?.textContent === "promoted", { timeout: 30_000 });
   assert.equal((await client.getAttemptSet(set.attemptSetId)).promotedRunId, winner);
   assert.equal(await page.$$eval("button.promote", (bs) => bs.every((b) => b.disabled)), true, "a set promotes one attempt");
+  assert.deepEqual(pageErrors, []);
+});
+
+test("the console answers a network request: Allow lets the waiting connection through", { skip, timeout: 120_000 }, async (t) => {
+  assert.ok(chromium, "Chromium is required here (SANDHOLD_REQUIRE_SERVICES=1): apt-get install chromium");
+  const { createServer } = await import("node:http");
+  const web = createServer((_req, res) => res.end("reached\n"));
+  await new Promise((resolve) => web.listen(0, "127.0.0.1", resolve));
+  t.after(() => web.close());
+  const target = `127.0.0.1:${web.address().port}`;
+  const server = await startServer(t, { extraArgs: ["--egress-private-addresses"] });
+  const client = server.client();
+  await client.sandboxes.putDefinition({
+    definition: {
+      id: "console-ask",
+      provider: { provider: { case: "local", value: {} } },
+      workspace: { source: { source: { case: "none", value: {} } } },
+      // The proxy allows only a port nothing listens on, and asks for the test's server.
+      network: { allowHosts: ["127.0.0.2:9"], ask: [{ host: target }] },
+    },
+  });
+  // One request through the sandbox's proxy (never around it: NO_PROXY names 127.0.0.1).
+  const script = [
+    "import os, socket",
+    'p = int(os.environ["HTTP_PROXY"].rstrip("/").rsplit(":", 1)[1])',
+    `t = "${target}"`,
+    's = socket.create_connection(("127.0.0.1", p))',
+    's.sendall(("GET http://%s/ HTTP/1.1\\r\\nHost: %s\\r\\nConnection: close\\r\\n\\r\\n" % (t, t)).encode())',
+    'a = b""',
+    "while True:",
+    "    d = s.recv(65536)",
+    "    if not d: break",
+    "    a += d",
+    "l = a.decode().strip().splitlines()",
+    'print("TRY", l[0].split(" ")[1], l[-1], flush=True)',
+  ].join("\n");
+  const stream = client.startRun({
+    threadId: "ask-thread",
+    definitionId: "console-ask",
+    harness: "command",
+    durable: true,
+    options: { command: ["python3", "-c", script] },
+  });
+  for await (const item of stream) if (item.kind === "chunk") break;
+  const runId = stream.runId;
+
+  const { page, pageErrors } = await openPage(t);
+  await page.goto(server.url + "/", { waitUntil: "load" });
+  await page.evaluate((token) => sessionStorage.setItem("sandhold.token", token), server.token);
+  await page.goto(`${server.url}/runs/${runId}`, { waitUntil: "load" });
+  await page.waitForSelector("section.request button.allow");
+  const shown = await page.$eval("section.request h3", (el) => el.textContent);
+  assert.equal(shown, `Network request GET ${target}/`);
+  await checkLayouts(page, "run-network-request");
+  await page.click("section.request button.allow");
+  await page.waitForSelector("section.request.allowed");
+  assert.equal(await page.$eval("section.request .request-outcome", (el) => el.textContent), "Allowed (once) by client");
+  await page.waitForFunction(() => document.querySelector("#conversation")?.textContent.includes("TRY 200 reached"), { timeout: 30_000 });
+  await page.waitForSelector('#run-status [data-status="completed"]');
+  const answered = await client.runs.listRequests({ runId, includeAnswered: true });
+  assert.deepEqual(
+    answered.requests.map((r) => [r.kind, r.answer?.allowed, r.answer?.scope]),
+    [["network", true, "once"]],
+  );
   assert.deepEqual(pageErrors, []);
 });

@@ -2,9 +2,12 @@
 // its chunks as a conversation with their times and a timeline, followed
 // from the log (the client resumes after the last offset received when the
 // connection drops), its status, its failure in words, and Cancel (behind
-// a confirmation) while it runs.
+// a confirmation) while it runs. A request the run waits on (a permission,
+// a connection under a network ask rule) shows Allow and Deny (a network
+// one also Allow for the run) until it is answered, here or anywhere.
 
 import {
+  ChunkType,
   isFileChanged,
   isHarnessWarning,
   isSandboxFile,
@@ -111,7 +114,7 @@ export function renderRun(main: HTMLElement, runId: string, signal: AbortSignal)
     }
   });
 
-  const view = new Conversation(log, timeline, timelineCount);
+  const view = new Conversation(log, timeline, timelineCount, runId);
   void poll();
   void (async () => {
     try {
@@ -212,6 +215,8 @@ type Marked = "message" | "reasoning" | "tool" | "diff" | "warning" | "end" | "s
 class Conversation {
   readonly #texts = new Map<string, { body: HTMLElement; text: string; kind: "message" | "reasoning"; pending: boolean }>();
   readonly #tools = new Map<string, { args: string; argsEl: HTMLElement; el: HTMLElement }>();
+  /** Requests shown, by id: where their answer goes. */
+  readonly #requests = new Map<string, HTMLElement>();
   #events = 0;
   #marks = 0;
   started: number | undefined;
@@ -220,6 +225,7 @@ class Conversation {
     readonly root: HTMLElement,
     readonly timeline: HTMLElement,
     readonly timelineCount: HTMLElement,
+    readonly runId: string,
   ) {}
 
   add(c: TypedChunk): void {
@@ -339,9 +345,70 @@ class Conversation {
       case "CUSTOM":
         this.#custom(c);
         return;
-      default:
-        this.#note(`(an event this console does not know: ${c.type})`);
+      case "UNKNOWN":
+        if (c.raw.type === ChunkType.PERMISSION_REQUESTED) return this.#asked(c.raw);
+        if (c.raw.type === ChunkType.PERMISSION_RESOLVED) return this.#answered(c.raw);
+        this.#note(`(an event this console does not know: ${ChunkType[c.raw.type] ?? c.raw.type})`);
+        return;
     }
+  }
+
+  /** A request the run waits on, with its answers as buttons. */
+  #asked(c: { toolName: string; request?: { requestId: string; kind: string; rule: string; inputJson: string } }): void {
+    const r = c.request;
+    if (!r || this.#requests.has(r.requestId)) return;
+    let input: Record<string, unknown> = {};
+    try {
+      input = JSON.parse(r.inputJson) as Record<string, unknown>;
+    } catch {
+      // shown as it came
+    }
+    const network = r.kind === "network";
+    const what = network
+      ? `${String(input.method || "CONNECT")} ${String(input.host)}:${String(input.port)}${String(input.path || "")}`
+      : c.toolName;
+    const title = network ? "Network request" : "Permission request";
+    const outcome = h("p", { class: "request-outcome", "aria-live": "polite" });
+    const answer = async (allow: boolean, scope?: "once" | "run") => {
+      for (const b of buttons.querySelectorAll("button")) (b as HTMLButtonElement).disabled = true;
+      try {
+        await client.respondToRequest(this.runId, r.requestId, { allow, ...(scope ? { scope } : {}) });
+      } catch (e) {
+        outcome.replaceChildren(problem(`Answer failed: ${(e as Error).message}`));
+        for (const b of buttons.querySelectorAll("button")) (b as HTMLButtonElement).disabled = false;
+      }
+    };
+    const buttons = h(
+      "div",
+      { class: "request-answers" },
+      h("button", { type: "button", class: "allow", onclick: () => void answer(true, network ? "once" : undefined) }, "Allow"),
+      ...(network ? [h("button", { type: "button", class: "allow-run", onclick: () => void answer(true, "run") }, "Allow for the run")] : []),
+      h("button", { type: "button", class: "danger deny", onclick: () => void answer(false) }, "Deny"),
+    );
+    const el = this.#block(
+      h(
+        "section",
+        { class: "request", "data-request": r.requestId, "aria-label": `${title}: ${what}` },
+        h("h3", {}, title, " ", h("code", {}, what)),
+        r.rule ? h("p", { class: "muted" }, "Rule ", h("code", {}, r.rule)) : "",
+        network ? "" : h("pre", { class: "args" }, JSON.stringify(input, null, 2)),
+        buttons,
+        outcome,
+      ),
+      { kind: "warning", label: `${title} ${what}` },
+    );
+    this.#requests.set(r.requestId, el);
+  }
+
+  /** A request's answer: its buttons give way to what was decided. */
+  #answered(c: { request?: { requestId: string; allowed: boolean; answeredBy: string; scope: string } }): void {
+    const r = c.request;
+    const el = r && this.#requests.get(r.requestId);
+    if (!r || !el) return;
+    el.querySelector(".request-answers")?.remove();
+    const scope = r.allowed && r.scope ? ` (${r.scope})` : "";
+    el.querySelector(".request-outcome")?.replaceChildren(`${r.allowed ? "Allowed" : "Denied"}${scope} by ${r.answeredBy}`);
+    el.classList.add(r.allowed ? "allowed" : "denied");
   }
 
   #custom(c: TypedChunk & { type: "CUSTOM" }): void {

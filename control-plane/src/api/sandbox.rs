@@ -129,6 +129,15 @@ impl SandboxService for SandboxApi {
         Ok(Response::new(api::SetEnvResponse { sandbox: Some(sandbox) }))
     }
 
+    async fn update_network_policy(
+        &self,
+        request: Request<api::UpdateNetworkPolicyRequest>,
+    ) -> Result<Response<api::UpdateNetworkPolicyResponse>, Status> {
+        let tenant = tenant_of(&request)?;
+        let policy = self.sandboxes.update_network(&tenant, request.into_inner()).await?;
+        Ok(Response::new(api::UpdateNetworkPolicyResponse { policy: Some(policy) }))
+    }
+
     async fn list_sandboxes(
         &self,
         request: Request<api::ListSandboxesRequest>,

@@ -194,6 +194,23 @@ impl Renderer {
                     .collect();
                 self.note(&format!("network blocked: {}", listed.join(", ")), false);
             }
+            chunk::NETWORK_POLICY => {
+                let change = value.get("change").cloned().unwrap_or_default();
+                let hosts = |k: &str| -> Vec<String> {
+                    let list = change.get(k).and_then(Value::as_array).into_iter().flatten();
+                    list.filter_map(Value::as_str).map(str::to_string).collect()
+                };
+                let mut what = Vec::new();
+                if change.get("reset").and_then(Value::as_bool).unwrap_or(false) {
+                    what.push("reset".to_string());
+                }
+                what.extend(hosts("allow_hosts").into_iter().map(|h| format!("allow {h}")));
+                what.extend(hosts("deny_hosts").into_iter().map(|h| format!("deny {h}")));
+                self.note(
+                    &format!("network policy changed by {}: {}", s("changed_by"), what.join(", ")),
+                    false,
+                );
+            }
             "sandbox.network" => {
                 let allowed = value.get("allowed").and_then(Value::as_bool).unwrap_or(false);
                 let port = value.get("port").and_then(Value::as_u64).unwrap_or(0);

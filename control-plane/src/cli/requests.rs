@@ -45,9 +45,14 @@ pub struct RespondArgs {
     #[arg(long, value_name = "TEXT")]
     pub message: Option<String>,
     /// With allow: allow this tool for the rest of the run (where the
-    /// harness supports it).
+    /// harness supports it); for a network request, `--scope run`.
     #[arg(long)]
     pub always: bool,
+    /// With allow, for a network request: what it covers, `once` (this
+    /// connection), `run` (the same host and port for the rest of the run)
+    /// or `thread` (for every run of the thread in this sandbox).
+    #[arg(long, value_name = "SCOPE", value_parser = ["once", "run", "thread"])]
+    pub scope: Option<String>,
     #[command(flatten)]
     pub client: ClientArgs,
 }
@@ -72,6 +77,9 @@ pub fn request_json(r: &api::RunRequest) -> Value {
             "is_error": a.is_error,
             "answered_by": a.answered_by,
         });
+        if !a.scope.is_empty() {
+            v["answer"]["scope"] = a.scope.clone().into();
+        }
     }
     v
 }
@@ -83,6 +91,13 @@ pub fn request_line(run_id: &str, r: &api::RunRequest) -> String {
     let (tool, id) = (visible_line(&r.tool), visible_line(&r.request_id));
     let what = match r.kind.as_str() {
         "client_tool" => format!("client tool {tool} {}", visible_line(&r.input_json)),
+        "network" => {
+            let v: Value = serde_json::from_str(&r.input_json).unwrap_or(Value::Null);
+            let s = |k: &str| v.get(k).and_then(Value::as_str).unwrap_or_default().to_owned();
+            let method = if s("method").is_empty() { "CONNECT".to_string() } else { s("method") };
+            let target = format!("{method} {}:{}{}", s("host"), v["port"], s("path"));
+            format!("network {}", visible_line(&target))
+        }
         _ => format!("{tool} {}", visible_line(&summary(&r.input_json))),
     };
     let rule = if r.rule.is_empty() { String::new() } else { format!(" ({})", visible_line(&r.rule)) };
@@ -135,9 +150,15 @@ pub async fn requests(args: RequestsArgs) -> ExitCode {
 pub async fn respond(args: RespondArgs) -> ExitCode {
     let client = args.client.clone();
     with_connection(&client, async move |conn| {
-        let answered =
-            answer(conn, &args.run_id, &args.request_id, args.decision, args.message.clone(), args.always)
-                .await?;
+        let answered = answer(
+            conn,
+            &args.run_id,
+            &args.request_id,
+            args.decision,
+            args.message.clone(),
+            (args.always, args.scope.clone()),
+        )
+        .await?;
         match args.client.output {
             OutputFormat::Json => json_line(&request_json(&answered)),
             OutputFormat::Human => {
@@ -157,7 +178,7 @@ pub async fn answer(
     request_id: &str,
     decision: Decision,
     message: Option<String>,
-    always: bool,
+    (always, scope): (bool, Option<String>),
 ) -> anyhow::Result<api::RunRequest> {
     let known = conn
         .runs()
@@ -175,10 +196,18 @@ pub async fn answer(
                 .unwrap_or_else(|| if allow { String::new() } else { "denied by the client".into() }),
             is_error: !allow,
         }),
+        // A network request's `always` is its scope `run`.
+        Some("network") => api::respond_to_request_request::Answer::Permission(api::PermissionAnswer {
+            allow,
+            message: message.unwrap_or_default(),
+            always: false,
+            scope: scope.or_else(|| always.then(|| "run".to_string())).unwrap_or_default(),
+        }),
         _ => api::respond_to_request_request::Answer::Permission(api::PermissionAnswer {
             allow,
             message: message.unwrap_or_default(),
             always,
+            scope: scope.unwrap_or_default(),
         }),
     };
     let request = api::RespondToRequestRequest {
@@ -227,6 +256,23 @@ mod tests {
         assert_eq!(parse_prompt("always"), Some(Prompted::Always));
         assert_eq!(parse_prompt(""), None);
         assert_eq!(parse_prompt("maybe"), None);
+    }
+
+    #[test]
+    fn a_network_request_prints_its_destination() {
+        let r = api::RunRequest {
+            request_id: "req_1".into(),
+            kind: "network".into(),
+            tool: "network".into(),
+            input_json: r#"{"host":"pypi.org","port":443,"method":"GET","path":"/simple/"}"#.into(),
+            rule: "ask request:* pypi.org:443{,/**}".into(),
+            ..Default::default()
+        };
+        let line = request_line("run-1", &r);
+        assert!(line.starts_with("req_1 network GET pypi.org:443/simple/ (ask "), "{line}");
+        let tunnel =
+            api::RunRequest { input_json: r#"{"host":"h","port":443,"method":"","path":""}"#.into(), ..r };
+        assert!(request_line("run-1", &tunnel).contains("network CONNECT h:443 ("));
     }
 
     #[test]

@@ -1022,7 +1022,7 @@ impl<'a> Session<'a> {
     /// Answer a request from this terminal; a failure (answered elsewhere
     /// first) is a note, not the end of the session.
     async fn answer(&mut self, id: &str, decision: requests::Decision, always: bool) {
-        if let Err(e) = requests::answer(self.conn, &self.run_id, id, decision, None, always).await {
+        if let Err(e) = requests::answer(self.conn, &self.run_id, id, decision, None, (always, None)).await {
             self.note(&format!("request {id}: {e:#}"));
         }
     }
@@ -1047,7 +1047,17 @@ impl<'a> Session<'a> {
         let Some(r) = &chunk.request else { return };
         match chunk.r#type() {
             ChunkType::PermissionRequested => {
-                if self.prompt.always.contains(&chunk.tool_name) {
+                // What `always` remembers: the tool, or a network request's
+                // destination (its allow covers that host and port only).
+                let tool = match r.kind.as_str() {
+                    "network" => {
+                        let input: serde_json::Value =
+                            serde_json::from_str(&r.input_json).unwrap_or_default();
+                        format!("network {}:{}", input["host"].as_str().unwrap_or_default(), input["port"])
+                    }
+                    _ => chunk.tool_name.clone(),
+                };
+                if self.prompt.always.contains(&tool) {
                     self.prompt.auto.push(r.request_id.clone());
                     return;
                 }
@@ -1060,7 +1070,7 @@ impl<'a> Session<'a> {
                     ..Default::default()
                 };
                 let line = requests::request_line(&self.run_id, &request);
-                self.prompt.queue.push_back((r.request_id.clone(), chunk.tool_name.clone(), line));
+                self.prompt.queue.push_back((r.request_id.clone(), tool, line));
             }
             ChunkType::PermissionResolved => {
                 self.prompt.queue.retain(|(id, _, _)| *id != r.request_id);

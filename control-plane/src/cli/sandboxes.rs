@@ -41,6 +41,30 @@ pub enum SandboxesCommand {
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// Change (or show) a running sandbox's network rules: hosts allowed
+    /// or denied on top of its definition's, for every new connection at
+    /// once. Without flags it shows them.
+    #[command(after_help = "Examples:
+  sandhold sandboxes network 3f2a9c --allow-host registry.npmjs.org
+                              sandhold sandboxes network 3f2a9c --deny-host '*.example.com'
+                              sandhold sandboxes network 3f2a9c --reset
+  sandhold sandboxes network 3f2a9c")]
+    Network {
+        /// The sandbox: its id from `sandhold sandboxes ls`, or a unique prefix of it.
+        sandbox_id: String,
+        /// A host to allow (`host`, `host:port`, `*.domain`), within the
+        /// operator's egress hosts and not denied by the definition. Repeatable.
+        #[arg(long = "allow-host", value_name = "HOST")]
+        allow_hosts: Vec<String>,
+        /// A host to deny (wins over every allow). Repeatable.
+        #[arg(long = "deny-host", value_name = "HOST")]
+        deny_hosts: Vec<String>,
+        /// Drop the live rules first: back to the definition's rules alone.
+        #[arg(long)]
+        reset: bool,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
 }
 
 /// Which sandbox a process runs in, where, and with which secrets: the
@@ -216,6 +240,52 @@ pub async fn sandboxes(command: SandboxesCommand) -> ExitCode {
             })
             .await
         }
+        SandboxesCommand::Network { sandbox_id, allow_hosts, deny_hosts, reset, client } => {
+            let format = client.output;
+            with_connection(&client, async move |conn| {
+                let sandbox_id = super::ids::sandbox_id(conn, &sandbox_id).await?;
+                let request = api::UpdateNetworkPolicyRequest { sandbox_id, allow_hosts, deny_hosts, reset };
+                let policy = conn
+                    .sandboxes()
+                    .update_network_policy(request)
+                    .await
+                    .map_err(status_error)?
+                    .into_inner()
+                    .policy
+                    .unwrap_or_default();
+                match format {
+                    OutputFormat::Json => json_line(&message_json(&policy, "LiveNetworkPolicy")),
+                    OutputFormat::Human => print_network(&policy),
+                }
+                Ok(0)
+            })
+            .await
+        }
+    }
+}
+
+/// The live rules, then the definition's, one rule a line.
+fn print_network(policy: &api::LiveNetworkPolicy) {
+    let lines = [
+        ("live", "allow", &policy.allow_hosts),
+        ("live", "deny", &policy.deny_hosts),
+        ("definition", "allow", &policy.definition_allow),
+        ("definition", "ask", &policy.definition_ask),
+        ("definition", "deny", &policy.definition_deny),
+    ];
+    println!("{:<10} {:<5} HOST", "FROM", "RULE");
+    for (from, rule, hosts) in lines {
+        for host in hosts {
+            println!("{from:<10} {rule:<5} {host}");
+        }
+    }
+    if policy.version > 0 {
+        println!(
+            "changed {} times, last by {} {}",
+            policy.version,
+            policy.changed_by,
+            age(policy.changed_at_ms)
+        );
     }
 }
 

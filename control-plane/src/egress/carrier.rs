@@ -210,10 +210,16 @@ async fn carry(
         Err(refusal) => {
             connection.allowed = !refusal.refused;
             connection.error = Some(refusal.reason.clone());
-            let dialed = agent::CarryDialed { error: refusal.reason, refused: refusal.refused };
+            let asked = refusal.ask.is_some();
+            let dialed =
+                agent::CarryDialed { error: refusal.reason, refused: refusal.refused, ask: refusal.ask };
             let _ = tx.send(message(agent::carry_request::Message::Dialed(dialed))).await;
             connection.duration_ms = started.elapsed().as_millis() as u64;
-            let _ = events.send(connection);
+            // An ask is no refusal: its request is the record, and the dial
+            // after the answer is recorded as any other.
+            if !asked {
+                let _ = events.send(connection);
+            }
             // Until the agent ends the carrier: dropping the stream now
             // could reset it before the answer reaches the agent, which
             // would then try the next carrier, and the next.

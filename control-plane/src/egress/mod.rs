@@ -25,6 +25,7 @@ mod hosts;
 mod limits;
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::time::Duration;
 
 use shared::policy::{Action, Effect, Policy, Rule};
@@ -244,8 +245,65 @@ pub fn unreachable_after(definition: &SandboxDefinition) -> Duration {
     }
 }
 
+/// A sandbox's live host rules (`UpdateNetworkPolicy`), read at each
+/// connection so a change reaches every replica's carriers at once.
+#[async_trait::async_trait]
+pub trait LiveRules: Send + Sync {
+    /// The rules now; `Err` says why they could not be read (the
+    /// connection is then refused: a deny must not be missed).
+    async fn now(&self) -> Result<LiveHosts, String>;
+}
+
+/// Host patterns allowed and denied on top of a definition's rules.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LiveHosts {
+    pub allow: Vec<String>,
+    pub deny: Vec<String>,
+}
+
+impl LiveHosts {
+    /// The rules they add: a host rule each (any method, any path).
+    fn rules(&self) -> Vec<Rule> {
+        let each = |hosts: &[String], effect: Effect| {
+            hosts
+                .iter()
+                .filter_map(|h| HostPattern::parse(h).ok())
+                .map(|host| Rule {
+                    action: Action::Request,
+                    pattern: shared::hosts::request_pattern(&host, &[], None),
+                    effect,
+                })
+                .collect::<Vec<_>>()
+        };
+        let mut rules = each(&self.allow, Effect::Allow);
+        rules.extend(each(&self.deny, Effect::Deny));
+        rules
+    }
+}
+
+/// The network requests of the run a plan serves (`network.ask`): a
+/// destination under an ask rule is asked in this run, and a dial that
+/// says its request was answered is checked here before it connects.
+#[async_trait::async_trait]
+pub trait RunAsks: Send + Sync {
+    /// The run whose request dir an ask goes to.
+    fn run_id(&self) -> String;
+    /// Whether request `request_id` of run `run_id` was answered allow for
+    /// `dial`'s destination, and its scope covers a connection carried for
+    /// this run; `Err` says why not.
+    async fn check(&self, run_id: &str, request_id: &str, dial: &agent::CarryDial) -> Result<(), String>;
+}
+
+/// What the rules make of a destination they do not refuse.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Verdict {
+    Allow,
+    /// An ask rule matched (its text).
+    Ask(String),
+}
+
 /// Where one sandbox's egress may go.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Plan {
     /// `network.allow_hosts`, the credentials' hosts, and `network.allow`,
     /// `ask` and `deny`, as `shared::policy` request rules (default deny).
@@ -256,6 +314,24 @@ pub struct Plan {
     models: Vec<Upstream>,
     private_ok: bool,
     limits: Limits,
+    /// The sandbox's live rules, when it has a record to keep them in.
+    live: Option<Arc<dyn LiveRules>>,
+    /// The run that asks, for a run's plan (setup's has none: an ask
+    /// refuses there).
+    asks: Option<Arc<dyn RunAsks>>,
+}
+
+impl std::fmt::Debug for Plan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Plan")
+            .field("rules", &self.rules)
+            .field("judged", &self.judged)
+            .field("models", &self.models)
+            .field("private_ok", &self.private_ok)
+            .field("live", &self.live.is_some())
+            .field("asks", &self.asks.is_some())
+            .finish()
+    }
 }
 
 /// Why a connection was not made.
@@ -264,6 +340,8 @@ pub struct Refusal {
     pub reason: String,
     /// The plan refused it (as opposed to a failed connection).
     pub refused: bool,
+    /// Not refused but asked: the agent asks in this run and dials again.
+    pub ask: Option<agent::CarryAsk>,
 }
 
 impl Plan {
@@ -281,12 +359,32 @@ impl Plan {
                 Upstream::parse(Harness::parse(&m.harness).ok()?, &m.upstream, &m.key_secret).ok()
             })
             .collect();
-        Self { rules, judged, models, private_ok, limits }
+        Self { rules, judged, models, private_ok, limits, live: None, asks: None }
     }
 
-    /// Whether the plan lets the sandbox's proxy reach `host:port` with
-    /// `request` (method and target; `None`: a tunnel); `Err` says why not.
-    fn judge(&self, host: &str, port: u16, request: Option<(&str, &str)>) -> Result<(), String> {
+    /// The same plan, its asks made in (and checked against) a run.
+    pub fn with_asks(mut self, asks: Arc<dyn RunAsks>) -> Self {
+        self.asks = Some(asks);
+        self
+    }
+
+    /// The same plan, each proxy connection also judged by the sandbox's
+    /// live rules as `live` reads them then.
+    pub fn with_live(mut self, live: Arc<dyn LiveRules>) -> Self {
+        self.live = Some(live);
+        self
+    }
+
+    /// Whether the plan, with `live` rules on top of the definition's, lets
+    /// the sandbox's proxy reach `host:port` with `request` (method and
+    /// target; `None`: a tunnel); `Err` says why not.
+    fn judge(
+        &self,
+        host: &str,
+        port: u16,
+        request: Option<(&str, &str)>,
+        live: &LiveHosts,
+    ) -> Result<Verdict, String> {
         let subject = match request {
             None if self.judged.iter().any(|p| p.matches(host, port)) => {
                 return Err(format!(
@@ -301,30 +399,45 @@ impl Plan {
                 shared::hosts::request_subject(method, host, port, &path)
             }
         };
-        let decision = self.rules.decide(Action::Request, &subject);
+        let live_rules = live.rules();
+        let decision = if live_rules.is_empty() {
+            self.rules.decide(Action::Request, &subject)
+        } else {
+            let mut rules = self.rules.clone();
+            rules.rules.extend(live_rules.iter().cloned());
+            rules.decide(Action::Request, &subject)
+        };
         let what = match request {
             Some((method, target)) => format!("{method} {host}:{port}{target}"),
             None => format!("{host}:{port}"),
         };
         match decision.effect {
-            Effect::Allow => Ok(()),
+            Effect::Allow => Ok(Verdict::Allow),
             Effect::Deny if decision.rule == "default" => {
                 Err(format!("{what} is not on the sandbox's allowlist"))
             }
+            Effect::Deny
+                if live_rules.iter().any(|r| r.effect == Effect::Deny && r.to_string() == decision.rule) =>
+            {
+                Err(format!(
+                    "{what} is refused by the sandbox's live rule `{}` (UpdateNetworkPolicy)",
+                    decision.rule
+                ))
+            }
             Effect::Deny => Err(format!("{what} is refused by the rule `{}`", decision.rule)),
-            Effect::Ask => Err(format!("{what} falls under an ask rule, and network asks are not built yet")),
+            Effect::Ask => Ok(Verdict::Ask(decision.rule)),
         }
     }
 
     /// A place for one more open connection under the sandbox's and the
     /// tenant's limits.
     fn admit(&self) -> Result<Slot, Refusal> {
-        self.limits.admit().map_err(|reason| Refusal { reason, refused: true })
+        self.limits.admit().map_err(|reason| Refusal { reason, refused: true, ask: None })
     }
 
     /// Check `dial` and connect to it.
     async fn connect(&self, dial: &agent::CarryDial, timeout: Duration) -> Result<TcpStream, Refusal> {
-        let refuse = |reason: String| Refusal { reason, refused: true };
+        let refuse = |reason: String| Refusal { reason, refused: true, ask: None };
         let port =
             u16::try_from(dial.port).ok().filter(|p| *p > 0).ok_or_else(|| refuse("no port".into()))?;
         let host = dial.host.as_str();
@@ -344,7 +457,32 @@ impl Plan {
             }),
             Purpose::Proxy => {
                 let request = (!dial.method.is_empty()).then_some((dial.method.as_str(), dial.path.as_str()));
-                self.judge(host, port, request).map_err(refuse)?;
+                let live = match &self.live {
+                    Some(live) => live.now().await.map_err(|why| {
+                        refuse(format!(
+                            "{host}:{port}: the sandbox's live network rules could not be read: {why}"
+                        ))
+                    })?,
+                    None => LiveHosts::default(),
+                };
+                if let Verdict::Ask(rule) = self.judge(host, port, request, &live).map_err(refuse)? {
+                    let what = format!("{host}:{port}: under the ask rule `{rule}`");
+                    match &self.asks {
+                        None => return Err(refuse(format!("{what}, and only a run's connections can ask"))),
+                        Some(asks) if dial.request_id.is_empty() => {
+                            let ask = agent::CarryAsk { run_id: asks.run_id(), rule };
+                            return Err(Refusal {
+                                reason: format!("{what}: asked"),
+                                refused: true,
+                                ask: Some(ask),
+                            });
+                        }
+                        Some(asks) => asks
+                            .check(&dial.request_run_id, &dial.request_id, dial)
+                            .await
+                            .map_err(|why| refuse(format!("{what}: {why}")))?,
+                    }
+                }
                 true
             }
         };
@@ -352,7 +490,7 @@ impl Plan {
             return Err(refuse(format!("{host}:{port} is not on the sandbox's allowlist")));
         }
         let addrs = resolve(host, port, self.private_ok).await.map_err(refuse)?;
-        let failed = |reason: String| Refusal { reason, refused: false };
+        let failed = |reason: String| Refusal { reason, refused: false, ask: None };
         let mut last = String::new();
         for addr in addrs {
             match tokio::time::timeout(timeout, TcpStream::connect(addr)).await {
@@ -653,8 +791,10 @@ mod tests {
             ..Default::default()
         };
         let plan = Plan::of(&definition, false, EgressLimits::new(0, 0).sandbox("t"));
-        let judge = |host: &str, port: u16, request: Option<(&str, &str)>| plan.judge(host, port, request);
-        judge("api.github.com", 443, Some(("GET", "/repos/acme/x"))).unwrap();
+        let none = LiveHosts::default();
+        let judge =
+            |host: &str, port: u16, request: Option<(&str, &str)>| plan.judge(host, port, request, &none);
+        assert_eq!(judge("api.github.com", 443, Some(("GET", "/repos/acme/x"))), Ok(Verdict::Allow));
         judge("api.github.com", 443, Some(("GET", "/repos/acme/x/pulls?state=open"))).unwrap();
         for (method, target) in [
             ("POST", "/repos/acme/x"),

@@ -45,7 +45,7 @@ impl Requests {
             ..Default::default()
         };
         match r.kind {
-            RequestKind::Permission => {
+            RequestKind::Permission | RequestKind::Network => {
                 // The CLI's id of the call, as this run's chunks name it.
                 let call = match r.tool_call_id.as_str() {
                     "" => String::new(),
@@ -84,10 +84,11 @@ impl Requests {
             kind: kind.as_str().into(),
             allowed: a.allowed,
             answered_by: a.by.as_str().into(),
+            scope: a.scope.clone(),
             ..Default::default()
         };
         match kind {
-            RequestKind::Permission => em.push(Chunk {
+            RequestKind::Permission | RequestKind::Network => em.push(Chunk {
                 tool_name: tool,
                 tool_call_id: call,
                 content: a.message,
@@ -134,6 +135,7 @@ mod tests {
             message: message.into(),
             is_error: false,
             always: false,
+            scope: String::new(),
             by: AnsweredBy::Client,
         })
     }

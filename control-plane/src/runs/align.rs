@@ -23,8 +23,8 @@ use std::sync::Arc;
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use shared::chunk::{
-    BUDGET_EXCEEDED, FILE_CHANGED, HARNESS_WARNING, MODEL_UNAVAILABLE, NETWORK_BLOCKED, RUN_ACCEPTED,
-    SANDBOX_FILE, SANDBOX_NETWORK, fingerprint, fingerprint_hex, stderr_offset, usage_seq,
+    BUDGET_EXCEEDED, FILE_CHANGED, HARNESS_WARNING, MODEL_UNAVAILABLE, NETWORK_BLOCKED, NETWORK_POLICY,
+    RUN_ACCEPTED, SANDBOX_FILE, SANDBOX_NETWORK, fingerprint, fingerprint_hex, stderr_offset, usage_seq,
 };
 use shared::proto::v1::{Chunk, ChunkType};
 
@@ -46,6 +46,7 @@ pub fn is_out_of_band(chunk: &Chunk) -> bool {
                 | SANDBOX_FILE
                 | SANDBOX_NETWORK
                 | NETWORK_BLOCKED
+                | NETWORK_POLICY
                 | MODEL_UNAVAILABLE
                 | FILE_CHANGED
                 | HARNESS_WARNING
@@ -60,22 +61,28 @@ fn is_sidecar(stored: &Chunk) -> bool {
 }
 
 /// Where the run's stderr sidecar was delivered up to (the offset the last
-/// stored `run.stderr` chunk ends at, 0 when there is none), and its model
-/// usage (the stored `model.usage` chunks summed, the last `seq`). Appends
+/// stored `run.stderr` chunk ends at, 0 when there is none), its model
+/// usage (the stored `model.usage` chunks summed, the last `seq`), and the
+/// version of the sandbox's live network rules last recorded on it (the
+/// latest `network.policy`, 0 when none is). Appends
 /// are fenced, so no earlier driver adds one after the caller's claim:
 /// reading on from here delivers each stderr line and usage record exactly
 /// once.
-pub async fn checkpoints(events: Arc<dyn EventLog>, run: RunKey) -> Result<(u64, Tally), Error> {
+pub async fn checkpoints(events: Arc<dyn EventLog>, run: RunKey) -> Result<(u64, Tally, u64), Error> {
     let mut stored = crate::store::stored_after(events, run, Offset::start());
-    let (mut offset, mut tally) = (0, Tally::default());
+    let (mut offset, mut tally, mut policy) = (0, Tally::default(), 0);
     while let Some(chunk) = stored.next().await {
         let chunk = decode_chunk(&chunk.map_err(Error::Store)?)?;
         if let Some(end) = stderr_offset(&chunk) {
             offset = offset.max(end);
         }
+        if chunk.r#type() == ChunkType::Custom && chunk.name == NETWORK_POLICY {
+            let value: serde_json::Value = serde_json::from_str(&chunk.value_json).unwrap_or_default();
+            policy = value["version"].as_u64().unwrap_or(0).max(policy);
+        }
         tally.observe(&chunk);
     }
-    Ok((offset, tally))
+    Ok((offset, tally, policy))
 }
 
 /// The stored log, in order, as the aligner reads it.

@@ -37,28 +37,106 @@ pub(super) struct RunEgress {
 }
 
 impl RunEgress {
-    /// The egress of `tenant`'s run of `harness` under `definition`, if it
-    /// has any, within the operator's bounds as the sandbox port tells them.
+    /// The egress of `tenant`'s run of `harness` in sandbox `key` under
+    /// `definition`, if it has any, within the operator's bounds as the
+    /// sandbox port tells them, and the sandbox's live rules.
     pub fn of(
         definition: &SandboxDefinition,
         harness: Harness,
         sandbox: &RunSandbox,
-        tenant: &str,
+        (tenant, key): (&str, &str),
     ) -> Result<Option<Self>, Error> {
         if !egress::wanted(definition) {
             return Ok(None);
         }
         let upstream = egress::upstream_for(definition, harness).map_err(Error::Egress)?;
         Ok(Some(Self {
-            plan: Arc::new(Plan::of(
-                definition,
-                sandbox.egress_private_addresses(),
-                sandbox.egress_limits(tenant),
-            )),
+            plan: Arc::new(
+                Plan::of(definition, sandbox.egress_private_addresses(), sandbox.egress_limits(tenant))
+                    .with_live(sandbox.live_rules(key)),
+            ),
             upstream,
             unreachable_after: egress::unreachable_after(definition),
             log_budget: sandbox.journal_cap(definition),
         }))
+    }
+}
+
+impl RunEgress {
+    /// The same egress, its asks made in `asks`'s run.
+    pub fn asking(mut self, asks: Arc<dyn egress::RunAsks>) -> Self {
+        self.plan = Arc::new((*self.plan).clone().with_asks(asks));
+        self
+    }
+}
+
+/// How long a dial after an answer waits for the answer to reach the
+/// run's log (the driver records it as it follows the journal).
+pub(crate) const ANSWER_INDEXED_WITHIN: Duration = Duration::from_secs(15);
+
+/// A run's network asks, checked against its stored log's request index.
+pub(crate) struct StoredAsks {
+    pub events: Arc<dyn crate::store::EventLog>,
+    pub runs: Arc<dyn crate::store::RunStore>,
+    /// The run the plan serves, and its thread.
+    pub key: crate::store::RunKey,
+    pub thread: String,
+    /// How long an answer may take to be indexed ([`ANSWER_INDEXED_WITHIN`]).
+    pub wait: Duration,
+}
+
+#[async_trait::async_trait]
+impl egress::RunAsks for StoredAsks {
+    fn run_id(&self) -> String {
+        self.key.run.to_string()
+    }
+
+    async fn check(
+        &self,
+        run_id: &str,
+        request_id: &str,
+        dial: &shared::proto::agent::v1::CarryDial,
+    ) -> Result<(), String> {
+        let run = shared::ids::RunId::parse(run_id).map_err(|e| format!("request {request_id}: {e}"))?;
+        let key = crate::store::RunKey::new(self.key.tenant.clone(), run);
+        let same_run = key == self.key;
+        if !same_run {
+            let record = self.runs.get(&key).await.map_err(|e| format!("request {request_id}: {e}"))?;
+            if record.thread_id != self.thread {
+                return Err(format!("request {request_id} was asked in another thread"));
+            }
+        }
+        let waited = Instant::now();
+        let (asked, answered) = loop {
+            let indexed = self.events.request(&key, request_id).await.map_err(|e| e.to_string())?;
+            match indexed {
+                Some(i) if i.answered.is_some() => break (i.asked, i.answered.expect("answered")),
+                Some(_) | None if waited.elapsed() < self.wait => {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                _ => return Err(format!("request {request_id} has no recorded answer")),
+            }
+        };
+        let decode = |c| super::log::decode_chunk(c).map_err(|e| e.to_string());
+        let (asked, answered) = (decode(&asked)?, decode(&answered)?);
+        let (Some(q), Some(a)) = (asked.request, answered.request) else {
+            return Err(format!("request {request_id} is not a request"));
+        };
+        if q.kind != "network" || !a.allowed {
+            return Err(format!("request {request_id} is no allowed network request"));
+        }
+        let input: serde_json::Value = serde_json::from_str(&q.input_json).unwrap_or_default();
+        let same_place = input["host"] == dial.host.as_str() && input["port"] == dial.port;
+        let same_request = input["method"] == dial.method.as_str() && input["path"] == dial.path.as_str();
+        let covered = match a.scope.as_str() {
+            "thread" => same_place,
+            "run" => same_place && same_run,
+            _ => same_place && same_run && same_request,
+        };
+        if !covered {
+            return Err(format!("the answer of request {request_id} does not cover this connection"));
+        }
+        Ok(())
     }
 }
 
@@ -241,6 +319,95 @@ impl ModelHealth {
 mod tests {
     use super::*;
     use shared::ids::RunId;
+
+    /// The control plane's check of a dial that names an answered network
+    /// request: only an allow whose scope covers the connection lets it
+    /// through (the agent, not the control plane, is what a hostile tenant
+    /// could drive; it would name any request it likes).
+    #[tokio::test]
+    async fn a_dial_naming_a_request_connects_only_under_an_allow_that_covers_it() {
+        use egress::RunAsks;
+        use serde_json::json;
+        use shared::chunk::{ChunkRequest, ChunkType};
+        use shared::proto::agent::v1::CarryDial;
+
+        use crate::store::{FIRST_EPOCH, NewRun, RunKey, Stores, Tenant};
+
+        let dir = tempfile::tempdir().unwrap();
+        let stores = Stores::open(&crate::store::default_database_url(dir.path())).await.unwrap();
+        let key = |id: &str| RunKey::new(Tenant::new("t"), RunId::parse(id).unwrap());
+        for (id, thread) in [("r1", "th"), ("r2", "th"), ("r3", "other")] {
+            stores.runs.create_or_resume(NewRun::bare(RunId::parse(id).unwrap(), "t", thread)).await.unwrap();
+        }
+        let f = ChunkFactory::new(&RunId::parse("r1").unwrap(), "th", || 0);
+        let asked = |id: &str, path: &str| Chunk {
+            tool_name: "network".into(),
+            request: Some(ChunkRequest {
+                request_id: id.into(),
+                kind: "network".into(),
+                input_json: json!({"host": "h.example", "port": 80, "method": "GET", "path": path})
+                    .to_string(),
+                ..Default::default()
+            }),
+            ..f.chunk(ChunkType::PermissionRequested)
+        };
+        let answered = |id: &str, allowed: bool, scope: &str| Chunk {
+            request: Some(ChunkRequest {
+                request_id: id.into(),
+                kind: "network".into(),
+                allowed,
+                answered_by: "client".into(),
+                scope: scope.into(),
+                ..Default::default()
+            }),
+            ..f.chunk(ChunkType::PermissionResolved)
+        };
+        let log = [
+            asked("once", "/a"),
+            answered("once", true, "once"),
+            asked("run", "/a"),
+            answered("run", true, "run"),
+            asked("thread", "/a"),
+            answered("thread", true, "thread"),
+            asked("denied", "/a"),
+            answered("denied", false, ""),
+            asked("pending", "/a"),
+        ];
+        let encoded: Vec<_> = log.iter().map(super::super::log::encode_chunk).collect();
+        stores.events.append(&key("r1"), FIRST_EPOCH, &encoded).await.unwrap();
+        let asks = |run: &str, thread: &str| StoredAsks {
+            events: stores.events.clone(),
+            runs: stores.runs.clone(),
+            key: key(run),
+            thread: thread.into(),
+            wait: Duration::from_millis(300),
+        };
+        let dial = |host: &str, path: &str| CarryDial {
+            host: host.into(),
+            port: 80,
+            method: "GET".into(),
+            path: path.into(),
+            ..Default::default()
+        };
+        let (r1, r2, r3) = (asks("r1", "th"), asks("r2", "th"), asks("r3", "other"));
+        let check = async |asks: &StoredAsks, id: &str, dial: CarryDial| asks.check("r1", id, &dial).await;
+        check(&r1, "once", dial("h.example", "/a")).await.unwrap();
+        for (asks, id, dial, why) in [
+            (&r1, "once", dial("h.example", "/b"), "another request"),
+            (&r1, "once", dial("other.example", "/a"), "another host"),
+            (&r2, "once", dial("h.example", "/a"), "another run"),
+            (&r2, "run", dial("h.example", "/a"), "another run"),
+            (&r3, "thread", dial("h.example", "/a"), "another thread"),
+            (&r1, "denied", dial("h.example", "/a"), "denied"),
+            (&r1, "pending", dial("h.example", "/a"), "not answered"),
+            (&r1, "never", dial("h.example", "/a"), "never asked"),
+        ] {
+            let refused = check(asks, id, dial).await;
+            assert!(refused.is_err(), "{id} {why}: {refused:?}");
+        }
+        check(&r1, "run", dial("h.example", "/b")).await.unwrap();
+        check(&r2, "thread", dial("h.example", "/c")).await.unwrap();
+    }
 
     fn connection(purpose: Purpose, error: Option<&str>, ended: bool) -> Connection {
         Connection {

@@ -125,6 +125,7 @@ pub(crate) fn requests_of<'a>(chunks: impl IntoIterator<Item = (String, &'a Chun
                 message: c.content.clone(),
                 is_error: c.is_error,
                 answered_by: r.answered_by.clone(),
+                scope: r.scope.clone(),
             });
         }
     }
@@ -189,20 +190,41 @@ impl Runs {
             )));
         }
         let answer = match (answer, logged.as_ref().map(|r| r.kind.as_str())) {
-            (api::respond_to_request_request::Answer::Permission(p), None | Some("permission")) => Answer {
-                request_id: request_id.into(),
-                allowed: p.allow,
-                message: p.message,
-                is_error: false,
-                always: p.always,
-                by: AnsweredBy::Client,
-            },
+            (api::respond_to_request_request::Answer::Permission(p), Some("network")) => {
+                if !matches!(p.scope.as_str(), "" | "once" | "run" | "thread") {
+                    return Err(InvalidField::new("permission.scope", "once, run or thread").into());
+                }
+                Answer {
+                    request_id: request_id.into(),
+                    allowed: p.allow,
+                    message: p.message,
+                    is_error: false,
+                    always: false,
+                    scope: if p.allow && !p.scope.is_empty() { p.scope } else { String::new() },
+                    by: AnsweredBy::Client,
+                }
+            }
+            (api::respond_to_request_request::Answer::Permission(p), None | Some("permission")) => {
+                if !p.scope.is_empty() {
+                    return Err(InvalidField::new("permission.scope", "only for a network request").into());
+                }
+                Answer {
+                    request_id: request_id.into(),
+                    allowed: p.allow,
+                    message: p.message,
+                    is_error: false,
+                    always: p.always,
+                    scope: String::new(),
+                    by: AnsweredBy::Client,
+                }
+            }
             (api::respond_to_request_request::Answer::ToolResult(t), None | Some("client_tool")) => Answer {
                 request_id: request_id.into(),
                 allowed: !t.is_error,
                 message: t.content,
                 is_error: t.is_error,
                 always: false,
+                scope: String::new(),
                 by: AnsweredBy::Client,
             },
             (_, Some(kind)) => {
@@ -253,6 +275,7 @@ impl Runs {
             message: answer.message,
             is_error: answer.is_error,
             answered_by: AnsweredBy::Client.as_str().into(),
+            scope: answer.scope,
         });
         Ok(answered)
     }

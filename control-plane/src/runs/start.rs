@@ -167,8 +167,16 @@ impl Runs {
         }
         let mut notes = Vec::new();
         let mut unless_resumed = None;
+        // Network asks are requests of the run: it needs a request dir
+        // even when its policy asks nothing.
+        let network_asks = input.definition.network.as_ref().is_some_and(|n| !n.ask.is_empty());
         let build = |options: &HarnessOptions| {
-            harness.command(options, &req.prompt).map_err(|e| Error::InvalidCommand(e.to_string()))
+            let mut command =
+                harness.command(options, &req.prompt).map_err(|e| Error::InvalidCommand(e.to_string()))?;
+            if network_asks && command.requests.is_none() {
+                command.requests = Some(crate::harness::policy::request_setup(options));
+            }
+            Ok::<_, Error>(command)
         };
         if options.resume_session_id.is_none() && !req.new_session && harness.has_sessions() {
             match self.thread_session(&tenant, &req.thread_id, &definition_id, harness).await? {

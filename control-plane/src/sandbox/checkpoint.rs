@@ -91,6 +91,7 @@ mod tests {
             updated_at: Timestamp::now(),
             env: Default::default(),
             node: String::new(),
+            network: Default::default(),
         }
     }
 

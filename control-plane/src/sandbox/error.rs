@@ -97,6 +97,16 @@ pub enum Error {
          is placed, there once the node is back): {why}"
     )]
     NodeFailed { node: String, why: String },
+    /// A live network rule outside the definition's or the operator's
+    /// bounds, and which.
+    #[error("{0}")]
+    OutsideBounds(String),
+    /// Live network rules for a sandbox whose definition gives it no proxy.
+    #[error(
+        "sandbox {0}: its definition gives it no proxy (no network.allow_hosts, rules or credentials), so live \
+         network rules would change nothing"
+    )]
+    NoProxy(String),
     /// The fleet (the node the sandbox is on) refused.
     #[error(transparent)]
     Fleet(#[from] crate::node::Error),
@@ -134,10 +144,13 @@ impl From<Error> for WireError {
             Error::InvalidField(e) => e.into(),
             Error::Invalid(e) => e.into(),
             Error::Unimplemented(_) => WireError::new(ErrorCode::Unimplemented, message),
+            Error::OutsideBounds(_) => WireError::new(ErrorCode::PermissionDenied, message),
             Error::DefinitionNotFound(_) | Error::NotFound(_) => WireError::not_found(message),
-            Error::NoSandboxToSave(_) | Error::PerRunSandbox | Error::NotRunning(_) | Error::Git(_) => {
-                precondition()
-            }
+            Error::NoSandboxToSave(_)
+            | Error::PerRunSandbox
+            | Error::NotRunning(_)
+            | Error::Git(_)
+            | Error::NoProxy(_) => precondition(),
             Error::SecretNotKnown(name) => precondition().with_meta("secret", name),
             Error::ProviderOff { kind, .. } => precondition().with_meta("provider", kind.as_str()),
             Error::CorruptDefinition(_) | Error::UnknownProvider(_) | Error::Closed(_) => {

@@ -26,6 +26,7 @@ mod error;
 mod files;
 mod git;
 mod gone;
+mod network;
 mod observe;
 mod placement;
 mod ports;

@@ -85,6 +85,22 @@ impl RunSandbox {
         self.lifecycle.egress_limits(tenant)
     }
 
+    /// The live network rules of sandbox `key`, read at each connection
+    /// of its proxy (every replica reads the same record).
+    pub fn live_rules(&self, key: &str) -> Arc<dyn crate::egress::LiveRules> {
+        let operator = self.lifecycle.policy.settings().egress_hosts.iter();
+        Arc::new(super::network::StoredLiveRules {
+            instances: self.stores.instances.clone(),
+            key: key.to_string(),
+            operator: operator.filter_map(|p| crate::egress::HostPattern::parse(p).ok()).collect(),
+        })
+    }
+
+    /// Sandbox `key`'s live network rules as its record holds them now.
+    pub async fn live_network(&self, key: &str) -> Result<crate::store::LiveNetwork, Error> {
+        Ok(self.stores.instances.get(key).await?.network)
+    }
+
     /// The operator's maxima of portable snapshots.
     pub fn snapshot_limits(&self) -> crate::config::SnapshotLimits {
         self.lifecycle.snapshot_limits()

@@ -130,13 +130,6 @@ impl Sandboxes {
             definition.ok_or_else(|| Error::from(InvalidField::new("definition", "required")))?;
         definition::settle(&mut definition)?;
         definition::validate(&definition)?;
-        if definition.network.as_ref().is_some_and(|n| !n.ask.is_empty()) {
-            return Err(Error::Unimplemented(
-                "definition.network.ask: network asks (a durable request per connection) are not built yet; \
-                 use allow or deny"
-                    .into(),
-            ));
-        }
         self.lifecycle.policy.check(&definition, tenant.as_str())?;
         let warm = super::warm::check(&definition, self.lifecycle.policy.settings().max_warm_per_definition)?;
         // What the host cannot make (gVisor where the engine has no runsc) is

@@ -1298,6 +1298,49 @@ async fn instances_put_get_list_and_delete(b: &Backend) {
     assert!(matches!(instances.set_native_snapshot("k1", None).await, Err(Error::NotFound(_))));
 }
 
+/// Live network rules: a change lands only on the version it was made
+/// from (two changes never lose one), a replace keeps them, a missing
+/// sandbox is NOT_FOUND.
+async fn instances_keep_live_network_rules(b: &Backend) {
+    let instances = &b.stores.instances;
+    let new = NewInstance {
+        sandbox_key: "kw".into(),
+        tenant: tenant("acme"),
+        provider: "local".into(),
+        provider_sandbox_id: "p".into(),
+        native_snapshot: None,
+        definition_id: "d".into(),
+        thread_id: "t".into(),
+        node: String::new(),
+    };
+    assert_eq!(instances.put(new.clone()).await.unwrap().network, LiveNetwork::default());
+    let rules = LiveNetwork {
+        allow_hosts: vec!["a.example".into()],
+        deny_hosts: vec!["*.b.example".into()],
+        changed_by: "acme".into(),
+        changed_at_ms: 7,
+        history: vec![LiveChange {
+            version: 1,
+            changed_by: "acme".into(),
+            changed_at_ms: 7,
+            change: NetworkChange { allow_hosts: vec!["a.example".into()], ..Default::default() },
+        }],
+        ..Default::default()
+    };
+    let changed = instances.set_network("kw", 0, &rules).await.unwrap().expect("at version 0");
+    assert_eq!(changed.network, LiveNetwork { version: 1, ..rules.clone() });
+    assert_eq!(
+        instances.set_network("kw", 0, &LiveNetwork::default()).await.unwrap(),
+        None,
+        "a stale version"
+    );
+    assert_eq!(instances.get("kw").await.unwrap().network.allow_hosts, ["a.example"]);
+    assert_eq!(instances.put(new).await.unwrap().network.version, 1, "a replace keeps them");
+    let again = instances.set_network("kw", 1, &LiveNetwork::default()).await.unwrap().unwrap();
+    assert_eq!((again.network.version, again.network.allow_hosts.len()), (2, 0));
+    assert!(matches!(instances.set_network("nope", 0, &rules).await, Err(Error::NotFound(_))));
+}
+
 /// A sandbox on a node says so; a replace may move it to another.
 async fn instances_carry_their_node(b: &Backend) {
     let instances = &b.stores.instances;
@@ -1893,6 +1936,7 @@ conformance_suite!(
     instances_put_get_list_and_delete,
     instances_count_per_tenant,
     instances_carry_their_node,
+    instances_keep_live_network_rules,
     nodes_register_heartbeat_drain_and_remove,
     definitions_round_trip_per_tenant,
     definitions_unused_derived_are_removed,

@@ -27,6 +27,57 @@ pub struct Instance {
     pub env: BTreeMap<String, String>,
     /// The fleet node it lives on; empty: the server's own providers.
     pub node: String,
+    /// Its live network rules (`UpdateNetworkPolicy`). Kept when the
+    /// instance is replaced; gone with it.
+    pub network: LiveNetwork,
+}
+
+/// A sandbox's live network rules: host patterns allowed and denied on top
+/// of its definition's rules, and the last change.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct LiveNetwork {
+    /// Changes so far (0: never changed); each change counts it up.
+    #[serde(skip)]
+    pub version: u64,
+    #[serde(default)]
+    pub allow_hosts: Vec<String>,
+    #[serde(default)]
+    pub deny_hosts: Vec<String>,
+    /// Who made the last change (the caller's tenant).
+    #[serde(default)]
+    pub changed_by: String,
+    /// When (milliseconds since the epoch).
+    #[serde(default)]
+    pub changed_at_ms: i64,
+    /// The latest changes, oldest first (at most [`LIVE_HISTORY`]): what
+    /// each run's driver records on it, each change once.
+    #[serde(default)]
+    pub history: Vec<LiveChange>,
+}
+
+/// Changes a sandbox's live rules keep, for drivers that look less often
+/// than changes come.
+pub const LIVE_HISTORY: usize = 16;
+
+/// One change of a sandbox's live rules.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct LiveChange {
+    /// The rules' version it made.
+    pub version: u64,
+    pub changed_by: String,
+    pub changed_at_ms: i64,
+    pub change: NetworkChange,
+}
+
+/// One `UpdateNetworkPolicy` as asked.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct NetworkChange {
+    #[serde(default)]
+    pub allow_hosts: Vec<String>,
+    #[serde(default)]
+    pub deny_hosts: Vec<String>,
+    #[serde(default)]
+    pub reset: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,6 +106,16 @@ pub trait InstanceStore: Send + Sync {
 
     /// Replace the sandbox's variables.
     async fn set_env(&self, sandbox_key: &str, env: &BTreeMap<String, String>) -> Result<Instance>;
+
+    /// Replace the sandbox's live network rules if they are still at
+    /// `version` (their version then becomes `version + 1`); `None` when
+    /// another change came first.
+    async fn set_network(
+        &self,
+        sandbox_key: &str,
+        version: u64,
+        network: &LiveNetwork,
+    ) -> Result<Option<Instance>>;
 
     /// All instances, or one tenant's, by sandbox key.
     async fn list(&self, tenant: Option<&Tenant>) -> Result<Vec<Instance>>;

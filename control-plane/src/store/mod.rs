@@ -58,7 +58,9 @@ pub use event_log::{
     ChunkStream, EventLog, LogSnapshot, NewChunk, Offset, PAGE_CHUNKS, StoredChunk, stored_after,
 };
 pub use group::GroupCommit;
-pub use instances::{Instance, InstanceStore, NewInstance};
+pub use instances::{
+    Instance, InstanceStore, LIVE_HISTORY, LiveChange, LiveNetwork, NetworkChange, NewInstance,
+};
 pub use nodes::{NewNode, NodeRecord, NodeStore};
 pub use presence::Presence;
 pub use primitives::{Epoch, FIRST_EPOCH, FIRST_OFFSET, TAIL_POLL_INTERVAL, Tenant, Timestamp};

@@ -4,8 +4,8 @@
 //! in each backend.
 
 use super::{
-    Definition, Epoch, Error, Instance, NewNode, NodeRecord, Offset, Result, RunError, RunId, RunKey,
-    RunRecord, RunStatus, SentinelKey, StoredChunk, Tenant, Timestamp,
+    Definition, Epoch, Error, Instance, LiveNetwork, NewNode, NodeRecord, Offset, Result, RunError, RunId,
+    RunKey, RunRecord, RunStatus, SentinelKey, StoredChunk, Tenant, Timestamp,
 };
 
 /// Columns of `runs`, in [`RunRow`] order.
@@ -37,7 +37,7 @@ pub(super) use terminal;
 macro_rules! instance_columns {
     () => {
         "sandbox_key, tenant, provider, provider_sandbox_id, native_snapshot, definition_id, thread_id, \
-         created_at, updated_at, env, node"
+         created_at, updated_at, env, node, network, network_version"
     };
 }
 pub(super) use instance_columns;
@@ -165,6 +165,8 @@ pub(super) struct InstanceRow {
     updated_at: i64,
     env: Option<String>,
     node: String,
+    network: Option<String>,
+    network_version: i64,
 }
 
 impl From<InstanceRow> for Instance {
@@ -182,6 +184,11 @@ impl From<InstanceRow> for Instance {
             // Written only by `set_env`, from a map: always an object.
             env: row.env.and_then(|e| serde_json::from_str(&e).ok()).unwrap_or_default(),
             node: row.node,
+            // Written only by `set_network`, from a `LiveNetwork`.
+            network: LiveNetwork {
+                version: u64::try_from(row.network_version).unwrap_or_default(),
+                ..row.network.and_then(|n| serde_json::from_str(&n).ok()).unwrap_or_default()
+            },
         }
     }
 }
@@ -718,7 +725,7 @@ macro_rules! impl_shared_stores {
                 let row = super::sql::written(sqlx::query_as::<_, InstanceRow>(concat!(
                     "INSERT INTO instances (",
                     instance_columns!(),
-                    ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $8, NULL, $9) ON CONFLICT (sandbox_key) DO UPDATE SET \
+                    ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $8, NULL, $9, NULL, 0) ON CONFLICT (sandbox_key) DO UPDATE SET \
                      tenant = excluded.tenant, provider = excluded.provider, node = excluded.node, \
                      provider_sandbox_id = excluded.provider_sandbox_id, \
                      native_snapshot = excluded.native_snapshot, definition_id = excluded.definition_id, \
@@ -782,6 +789,26 @@ macro_rules! impl_shared_stores {
                 .await?
                 .map(Instance::from)
                 .ok_or_else(|| Error::NotFound(format!("sandbox {sandbox_key}")))
+            }
+
+            async fn set_network(&self, sandbox_key: &str, version: u64, network: &crate::store::LiveNetwork) -> Result<Option<Instance>> {
+                let json = serde_json::to_string(network).expect("live rules serialize");
+                let version = i64::try_from(version).map_err(|_| Error::invalid("version", "out of range"))?;
+                let row = super::sql::written(sqlx::query_as::<_, InstanceRow>(concat!(
+                    "UPDATE instances SET network = $2, network_version = network_version + 1, updated_at = $3 \
+                     WHERE sandbox_key = $1 AND network_version = $4 RETURNING ",
+                    instance_columns!()
+                ))
+                .bind(sandbox_key)
+                .bind(json)
+                .bind(Timestamp::now().as_millis())
+                .bind(version)
+                , &self.pool)
+                .await?;
+                match row {
+                    Some(row) => Ok(Some(row.into())),
+                    None => InstanceStore::get(self, sandbox_key).await.map(|_| None),
+                }
             }
 
             async fn list(&self, tenant: Option<&Tenant>) -> Result<Vec<Instance>> {

@@ -52,7 +52,7 @@ async fn allow(runs: &mut Runs, run_id: &str, request_id: &str) -> Result<api::R
     let answer = api::respond_to_request_request::Answer::Permission(api::PermissionAnswer {
         allow: true,
         message: String::new(),
-        always: false,
+        ..Default::default()
     });
     let request = api::RespondToRequestRequest {
         run_id: run_id.into(),

@@ -25,6 +25,7 @@ mod hostile_run_ids;
 mod hostile_run_user;
 mod hostile_sandbox_paths;
 mod metrics;
+mod network_policy;
 mod provider;
 mod readme;
 mod reaper;

@@ -175,7 +175,7 @@ fn permission(allow: bool, message: &str) -> Option<api::respond_to_request_requ
     Some(api::respond_to_request_request::Answer::Permission(api::PermissionAnswer {
         allow,
         message: message.into(),
-        always: false,
+        ..Default::default()
     }))
 }
 

@@ -8,8 +8,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use shared::proto::agent::v1::{
-    CarryClose, CarryDial, CarryRequest, CarryResponse, carry_request, carry_response,
+    CarryAsk, CarryClose, CarryDial, CarryRequest, CarryResponse, carry_request, carry_response,
 };
+
+use super::ask::Asks;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
 use tokio::sync::{Notify, mpsc};
 use tokio::time::Instant;
@@ -34,6 +36,8 @@ pub enum DialError {
     Refused(String),
     /// The control plane could not connect, or did not answer in time.
     Failed(String),
+    /// The destination falls under an ask rule (handled by the pool).
+    Ask(CarryAsk),
 }
 
 impl std::fmt::Display for DialError {
@@ -46,6 +50,7 @@ impl std::fmt::Display for DialError {
             ),
             Self::Refused(why) => write!(f, "refused by the sandbox's egress allowlist: {why}"),
             Self::Failed(why) => write!(f, "{why}"),
+            Self::Ask(ask) => write!(f, "asks ({})", ask.rule),
         }
     }
 }
@@ -70,12 +75,22 @@ struct PoolInner {
     wait: Duration,
     /// How long a dial waits for `dialed`.
     dial_timeout: Duration,
+    asks: Asks,
 }
 
 impl Pool {
-    pub fn new(wait: Duration, dial_timeout: Duration) -> Self {
+    /// A pool whose network asks go to the request dirs of the runs in
+    /// `journal_dir`.
+    pub fn new(wait: Duration, dial_timeout: Duration, journal_dir: std::path::PathBuf) -> Self {
+        let asks = Asks::new(journal_dir);
         Self {
-            inner: Arc::new(PoolInner { idle: Mutex::default(), arrived: Notify::new(), wait, dial_timeout }),
+            inner: Arc::new(PoolInner {
+                idle: Mutex::default(),
+                arrived: Notify::new(),
+                wait,
+                dial_timeout,
+                asks,
+            }),
         }
     }
 
@@ -125,9 +140,11 @@ impl Pool {
     }
 
     /// A connection to `dial`'s destination through a carrier. A carrier
-    /// that ends before answering is dropped and the next one tried.
-    pub async fn dial(&self, dial: CarryDial) -> Result<DuplexStream, DialError> {
-        let deadline = Instant::now() + self.inner.wait;
+    /// that ends before answering is dropped and the next one tried. A
+    /// destination under an ask rule waits for the request's answer and,
+    /// allowed, is dialed again with it.
+    pub async fn dial(&self, mut dial: CarryDial) -> Result<DuplexStream, DialError> {
+        let mut deadline = Instant::now() + self.inner.wait;
         loop {
             // Carriers that keep vanishing before they answer must not
             // keep this request busy past the wait.
@@ -138,6 +155,17 @@ impl Pool {
             match carrier.dial(dial.clone(), self.inner.dial_timeout).await {
                 Ok(stream) => return Ok(stream),
                 Err(None) => tracing::debug!("a carrier ended before answering its dial, trying another"),
+                Err(Some(DialError::Ask(ask))) if dial.request_id.is_empty() => {
+                    let (run, id) = self.inner.asks.ask(&ask, &dial).await.map_err(DialError::Refused)?;
+                    (dial.request_run_id, dial.request_id) = (run, id);
+                    deadline = Instant::now() + self.inner.wait;
+                }
+                Err(Some(DialError::Ask(ask))) => {
+                    return Err(DialError::Refused(format!(
+                        "the control plane did not take the answer of request {} (rule {})",
+                        dial.request_id, ask.rule
+                    )));
+                }
                 Err(Some(e)) => return Err(e),
             }
         }
@@ -158,7 +186,9 @@ impl Carrier {
         })?;
         match answer {
             Ok(Some(CarryRequest { message: Some(carry_request::Message::Dialed(dialed)) })) => {
-                if dialed.error.is_empty() {
+                if let Some(ask) = dialed.ask {
+                    Err(Some(DialError::Ask(ask)))
+                } else if dialed.error.is_empty() {
                     Ok(splice(self.tx, self.inbound))
                 } else if dialed.refused {
                     Err(Some(DialError::Refused(dialed.error)))

@@ -490,6 +490,7 @@ impl Broker {
             blocked: String::new(),
             method: request.as_ref().map(|r| r.0.clone()).unwrap_or_default(),
             path: request.map(|r| r.1).unwrap_or_default(),
+            ..Default::default()
         };
         self.pool.dial(dial).await.map_err(|e| dial_error(&e, &format!("{host}:{port}")))
     }
@@ -740,7 +741,7 @@ fn response(resp: Response<Incoming>) -> Response<Body> {
 fn dial_error(e: &DialError, what: &str) -> Response<Body> {
     let (status, kind) = match e {
         DialError::NoCarrier(_) => (StatusCode::SERVICE_UNAVAILABLE, "overloaded_error"),
-        DialError::Refused(_) => (StatusCode::FORBIDDEN, "forbidden"),
+        DialError::Refused(_) | DialError::Ask(_) => (StatusCode::FORBIDDEN, "forbidden"),
         DialError::Failed(_) => (StatusCode::BAD_GATEWAY, "api_error"),
     };
     error(status, kind, &format!("{what}: {e}"))

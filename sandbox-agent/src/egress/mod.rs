@@ -19,6 +19,7 @@
 //! run's usage reaches its budget, the broker answers the route's requests
 //! itself, in the API's own error shape.
 
+mod ask;
 mod ca;
 mod carrier;
 mod config;

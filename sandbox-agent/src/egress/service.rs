@@ -87,7 +87,7 @@ impl Egress {
         };
         let broker = Arc::new(Broker {
             table: RwLock::new(Arc::new(Table { config, tls, ca })),
-            pool: Pool::new(settings.carrier_wait, settings.dial_timeout),
+            pool: Pool::new(settings.carrier_wait, settings.dial_timeout, ctx.journal_dir.clone()),
             vault: ctx.vault.clone(),
             ledger: Arc::new(Ledger::new(&ctx.journal_dir)),
         });

@@ -103,7 +103,8 @@ async fn carry_one(mut ctx: CarrierCtx) {
     spawn_carrier(ctx.clone());
     ctx.dials.lock().unwrap().push(dial.clone());
     if ctx.refuse.contains(&dial.host) {
-        let refused = CarryDialed { error: format!("{} is not on the allowlist", dial.host), refused: true };
+        let refused =
+            CarryDialed { error: format!("{} is not on the allowlist", dial.host), refused: true, ask: None };
         send(&tx, carry_request::Message::Dialed(refused));
         while let Ok(Some(_)) = responses.message().await {}
         return;
@@ -111,7 +112,14 @@ async fn carry_one(mut ctx: CarrierCtx) {
     let tcp = match TcpStream::connect(("127.0.0.1", dial.port as u16)).await {
         Ok(tcp) => tcp,
         Err(e) => {
-            send(&tx, carry_request::Message::Dialed(CarryDialed { error: e.to_string(), refused: false }));
+            send(
+                &tx,
+                carry_request::Message::Dialed(CarryDialed {
+                    error: e.to_string(),
+                    refused: false,
+                    ask: None,
+                }),
+            );
             // Until the agent ends the stream: dropping the response
             // stream now could reset it before the answer is sent.
             while let Ok(Some(_)) = responses.message().await {}

@@ -177,6 +177,7 @@ fn allow(id: &str) -> Answer {
         message: String::new(),
         is_error: false,
         always: false,
+        scope: String::new(),
         by: AnsweredBy::Client,
     }
 }

@@ -74,7 +74,7 @@ class ChunkRequest:
     ``deny`` or ``tool_result``."""
 
     request_id: str
-    #: "permission" or "client_tool".
+    #: "permission", "client_tool" or "network" (a connection under a network.ask rule).
     kind: str
     #: The policy rule that asked ("ask command:git *", "default").
     rule: str

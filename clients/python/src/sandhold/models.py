@@ -94,7 +94,7 @@ class RunRequest:
     """A request of a run as its log records it (RequestsApi.list)."""
 
     request_id: str
-    #: "permission" or "client_tool".
+    #: "permission", "client_tool" or "network" (a connection under a network.ask rule).
     kind: str
     tool: str
     input: Any

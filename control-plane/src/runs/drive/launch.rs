@@ -195,7 +195,7 @@ impl Runs {
         // The model broker's URL and placeholder key, and the proxy.
         let tenant = ctx.key.tenant.as_str();
         if let Some(egress) =
-            RunEgress::of(&definition, ctx.harness, sandbox, tenant).map_err(Ending::Failed)?
+            RunEgress::of(&definition, ctx.harness, sandbox, (tenant, &key)).map_err(Ending::Failed)?
         {
             let run = (ctx.harness, ctx.key.run.as_str(), ctx.spec.budget);
             crate::runs::egress::point(&egress, &definition, run, &live.agent, &mut command)

@@ -88,11 +88,12 @@ impl Runs {
             Ok(aligner) => aligner,
             Err(e) => return Ending::Failed(e),
         };
-        let (stderr_from, usage) = match checkpoints(cx.stores.events.clone(), ctx.key.clone()).await {
+        let (stderr_from, usage, policy) = match checkpoints(cx.stores.events.clone(), ctx.key.clone()).await
+        {
             Ok(checkpoints) => checkpoints,
             Err(e) => return Ending::Failed(e),
         };
         *ctx.usage.lock().unwrap_or_else(|e| e.into_inner()) = Some(usage);
-        self.pump(ctx, &key, agent, &secrets, aligner, (stderr_from, usage)).await
+        self.pump(ctx, &key, agent, &secrets, aligner, (stderr_from, usage, policy)).await
     }
 }

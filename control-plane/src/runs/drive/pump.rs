@@ -2,6 +2,7 @@
 //! when a follow breaks), feed what it reads, watch the run's liveness and
 //! its egress, and end on an interrupt.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use backon::ExponentialBuilder;
@@ -45,7 +46,7 @@ impl Runs {
         mut agent: AgentClient,
         secrets: &Secrets,
         aligner: Aligner,
-        (stderr_from, usage): (u64, Tally),
+        (stderr_from, usage, mut policy_seen): (u64, Tally, u64),
     ) -> Ending {
         let redactor = match crate::provision::redactor(secrets) {
             Ok(r) => r,
@@ -69,10 +70,12 @@ impl Runs {
         let watcher = tokio::spawn(watch_files(agent.clone(), ctx.spec.cwd.clone(), file_tx));
         // The sandbox's egress rides carriers this driver keeps open; a
         // successor opens its own.
-        let egress = match self.run_egress(ctx) {
+        let egress = match self.run_egress(ctx, key) {
             Ok(egress) => egress,
             Err(e) => return Ending::Failed(e),
         };
+        // Only a proxied sandbox has live network rules to record.
+        let proxied = ctx.definition.get().is_some_and(crate::egress::proxied);
         // Only a route to a model upstream is metered.
         pump.metered = egress.as_ref().is_some_and(|e| e.upstream.is_some());
         let (net_tx, mut net_rx) = mpsc::unbounded_channel::<Connection>();
@@ -161,6 +164,11 @@ impl Runs {
                             break 'follow Ending::Failed(e);
                         }
                         if let Err(ending) = self.meter(ctx, &mut pump, &agent).await {
+                            break 'follow ending;
+                        }
+                        if proxied
+                            && let Err(ending) = self.record_policy(ctx, &mut pump, key, &mut policy_seen).await
+                        {
                             break 'follow ending;
                         }
                         if last_activity.elapsed() >= self.inner.options.liveness_probe {
@@ -298,9 +306,64 @@ impl Runs {
     /// The run's egress, from its definition as the launch read it (a
     /// successor reads it too); `None` when the definition has none or was
     /// deleted since.
-    fn run_egress(&self, ctx: &DriveCtx) -> Result<Option<RunEgress>, Error> {
+    /// Record each change of the sandbox's live network rules since the
+    /// version last recorded on the run (`network.policy`, one per change
+    /// it still keeps; the latest with the rules it made); rules that
+    /// cannot be read now are read at the next call.
+    async fn record_policy(
+        &self,
+        ctx: &DriveCtx,
+        pump: &mut Pump,
+        key: &str,
+        seen: &mut u64,
+    ) -> Result<(), Ending> {
+        let network = match self.inner.sandbox.live_network(key).await {
+            Ok(network) if network.version > *seen => network,
+            Ok(_) => return Ok(()),
+            Err(e) => {
+                debug!(run_id = %ctx.key.run, error = %e, "reading the sandbox's live network rules failed");
+                return Ok(());
+            }
+        };
+        let fresh: Vec<_> = network.history.iter().filter(|c| c.version > *seen).collect();
+        // Changes older than the ones kept are counted, not listed.
+        let missed = fresh.first().map_or(0, |c| c.version.saturating_sub(*seen + 1));
+        let chunks = fresh
+            .iter()
+            .map(|c| {
+                let mut value = serde_json::json!({
+                    "version": c.version,
+                    "changed_by": c.changed_by,
+                    "changed_at_ms": c.changed_at_ms,
+                    "change": c.change,
+                });
+                if c.version == network.version {
+                    value["allow_hosts"] = serde_json::json!(network.allow_hosts);
+                    value["deny_hosts"] = serde_json::json!(network.deny_hosts);
+                }
+                if missed > 0 && c.version == fresh[0].version {
+                    value["missed"] = missed.into();
+                }
+                pump.factory.custom(shared::chunk::NETWORK_POLICY, &value)
+            })
+            .collect();
+        *seen = network.version;
+        self.out_of_band(ctx, pump, chunks).await
+    }
+
+    fn run_egress(&self, ctx: &DriveCtx, key: &str) -> Result<Option<RunEgress>, Error> {
         let Some(definition) = ctx.definition.get() else { return Ok(None) };
-        RunEgress::of(definition, ctx.harness, &self.inner.sandbox, ctx.key.tenant.as_str())
+        let egress =
+            RunEgress::of(definition, ctx.harness, &self.inner.sandbox, (ctx.key.tenant.as_str(), key))?;
+        let stores = &self.inner.ctx.stores;
+        let asks = crate::runs::egress::StoredAsks {
+            events: stores.events.clone(),
+            runs: stores.runs.clone(),
+            key: ctx.key.clone(),
+            thread: ctx.thread_id.clone(),
+            wait: crate::runs::egress::ANSWER_INDEXED_WITHIN,
+        };
+        Ok(egress.map(|e| e.asking(Arc::new(asks))))
     }
 }
 

@@ -44,7 +44,7 @@ CHUNK_TYPE_PERMISSION_REQUESTED: ChunkType
 CHUNK_TYPE_PERMISSION_RESOLVED: ChunkType
 
 class ChunkRequest(_message.Message):
-    __slots__ = ("request_id", "kind", "rule", "deadline_ms", "input_json", "allowed", "answered_by", "awaiting_client")
+    __slots__ = ("request_id", "kind", "rule", "deadline_ms", "input_json", "allowed", "answered_by", "awaiting_client", "scope")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     RULE_FIELD_NUMBER: _ClassVar[int]
@@ -53,6 +53,7 @@ class ChunkRequest(_message.Message):
     ALLOWED_FIELD_NUMBER: _ClassVar[int]
     ANSWERED_BY_FIELD_NUMBER: _ClassVar[int]
     AWAITING_CLIENT_FIELD_NUMBER: _ClassVar[int]
+    SCOPE_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     kind: str
     rule: str
@@ -61,7 +62,8 @@ class ChunkRequest(_message.Message):
     allowed: bool
     answered_by: str
     awaiting_client: bool
-    def __init__(self, request_id: _Optional[str] = ..., kind: _Optional[str] = ..., rule: _Optional[str] = ..., deadline_ms: _Optional[int] = ..., input_json: _Optional[str] = ..., allowed: _Optional[bool] = ..., answered_by: _Optional[str] = ..., awaiting_client: _Optional[bool] = ...) -> None: ...
+    scope: str
+    def __init__(self, request_id: _Optional[str] = ..., kind: _Optional[str] = ..., rule: _Optional[str] = ..., deadline_ms: _Optional[int] = ..., input_json: _Optional[str] = ..., allowed: _Optional[bool] = ..., answered_by: _Optional[str] = ..., awaiting_client: _Optional[bool] = ..., scope: _Optional[str] = ...) -> None: ...
 
 class Usage(_message.Message):
     __slots__ = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens", "reasoning_tokens", "cost_usd")

@@ -275,14 +275,16 @@ class RespondToRequestRequest(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., request_id: _Optional[str] = ..., permission: _Optional[_Union[PermissionAnswer, _Mapping]] = ..., tool_result: _Optional[_Union[ToolResult, _Mapping]] = ...) -> None: ...
 
 class PermissionAnswer(_message.Message):
-    __slots__ = ("allow", "message", "always")
+    __slots__ = ("allow", "message", "always", "scope")
     ALLOW_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     ALWAYS_FIELD_NUMBER: _ClassVar[int]
+    SCOPE_FIELD_NUMBER: _ClassVar[int]
     allow: bool
     message: str
     always: bool
-    def __init__(self, allow: _Optional[bool] = ..., message: _Optional[str] = ..., always: _Optional[bool] = ...) -> None: ...
+    scope: str
+    def __init__(self, allow: _Optional[bool] = ..., message: _Optional[str] = ..., always: _Optional[bool] = ..., scope: _Optional[str] = ...) -> None: ...
 
 class ToolResult(_message.Message):
     __slots__ = ("content", "is_error")
@@ -335,16 +337,18 @@ class RunRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., kind: _Optional[str] = ..., tool: _Optional[str] = ..., input_json: _Optional[str] = ..., rule: _Optional[str] = ..., tool_call_id: _Optional[str] = ..., deadline_ms: _Optional[int] = ..., offset: _Optional[str] = ..., answer: _Optional[_Union[RequestAnswer, _Mapping]] = ...) -> None: ...
 
 class RequestAnswer(_message.Message):
-    __slots__ = ("allowed", "message", "is_error", "answered_by")
+    __slots__ = ("allowed", "message", "is_error", "answered_by", "scope")
     ALLOWED_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     IS_ERROR_FIELD_NUMBER: _ClassVar[int]
     ANSWERED_BY_FIELD_NUMBER: _ClassVar[int]
+    SCOPE_FIELD_NUMBER: _ClassVar[int]
     allowed: bool
     message: str
     is_error: bool
     answered_by: str
-    def __init__(self, allowed: _Optional[bool] = ..., message: _Optional[str] = ..., is_error: _Optional[bool] = ..., answered_by: _Optional[str] = ...) -> None: ...
+    scope: str
+    def __init__(self, allowed: _Optional[bool] = ..., message: _Optional[str] = ..., is_error: _Optional[bool] = ..., answered_by: _Optional[str] = ..., scope: _Optional[str] = ...) -> None: ...
 
 class AttachRunRequest(_message.Message):
     __slots__ = ("run_id", "after_offset", "thread_id", "stored_only")

@@ -696,6 +696,44 @@ class SetEnvResponse(_message.Message):
     sandbox: Sandbox
     def __init__(self, sandbox: _Optional[_Union[Sandbox, _Mapping]] = ...) -> None: ...
 
+class UpdateNetworkPolicyRequest(_message.Message):
+    __slots__ = ("sandbox_id", "allow_hosts", "deny_hosts", "reset")
+    SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_HOSTS_FIELD_NUMBER: _ClassVar[int]
+    DENY_HOSTS_FIELD_NUMBER: _ClassVar[int]
+    RESET_FIELD_NUMBER: _ClassVar[int]
+    sandbox_id: str
+    allow_hosts: _containers.RepeatedScalarFieldContainer[str]
+    deny_hosts: _containers.RepeatedScalarFieldContainer[str]
+    reset: bool
+    def __init__(self, sandbox_id: _Optional[str] = ..., allow_hosts: _Optional[_Iterable[str]] = ..., deny_hosts: _Optional[_Iterable[str]] = ..., reset: _Optional[bool] = ...) -> None: ...
+
+class UpdateNetworkPolicyResponse(_message.Message):
+    __slots__ = ("policy",)
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    policy: LiveNetworkPolicy
+    def __init__(self, policy: _Optional[_Union[LiveNetworkPolicy, _Mapping]] = ...) -> None: ...
+
+class LiveNetworkPolicy(_message.Message):
+    __slots__ = ("allow_hosts", "deny_hosts", "version", "changed_by", "changed_at_ms", "definition_allow", "definition_ask", "definition_deny")
+    ALLOW_HOSTS_FIELD_NUMBER: _ClassVar[int]
+    DENY_HOSTS_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_BY_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    DEFINITION_ALLOW_FIELD_NUMBER: _ClassVar[int]
+    DEFINITION_ASK_FIELD_NUMBER: _ClassVar[int]
+    DEFINITION_DENY_FIELD_NUMBER: _ClassVar[int]
+    allow_hosts: _containers.RepeatedScalarFieldContainer[str]
+    deny_hosts: _containers.RepeatedScalarFieldContainer[str]
+    version: int
+    changed_by: str
+    changed_at_ms: int
+    definition_allow: _containers.RepeatedScalarFieldContainer[str]
+    definition_ask: _containers.RepeatedScalarFieldContainer[str]
+    definition_deny: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, allow_hosts: _Optional[_Iterable[str]] = ..., deny_hosts: _Optional[_Iterable[str]] = ..., version: _Optional[int] = ..., changed_by: _Optional[str] = ..., changed_at_ms: _Optional[int] = ..., definition_allow: _Optional[_Iterable[str]] = ..., definition_ask: _Optional[_Iterable[str]] = ..., definition_deny: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class GetSandboxRequest(_message.Message):
     __slots__ = ("sandbox_id",)
     SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]

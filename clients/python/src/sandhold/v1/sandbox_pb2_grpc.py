@@ -88,6 +88,11 @@ class SandboxServiceStub:
                 request_serializer=sandhold_dot_v1_dot_sandbox__pb2.SetEnvRequest.SerializeToString,
                 response_deserializer=sandhold_dot_v1_dot_sandbox__pb2.SetEnvResponse.FromString,
                 _registered_method=True)
+        self.UpdateNetworkPolicy = channel.unary_unary(
+                '/sandhold.v1.SandboxService/UpdateNetworkPolicy',
+                request_serializer=sandhold_dot_v1_dot_sandbox__pb2.UpdateNetworkPolicyRequest.SerializeToString,
+                response_deserializer=sandhold_dot_v1_dot_sandbox__pb2.UpdateNetworkPolicyResponse.FromString,
+                _registered_method=True)
         self.Exec = channel.unary_unary(
                 '/sandhold.v1.SandboxService/Exec',
                 request_serializer=sandhold_dot_v1_dot_sandbox__pb2.ExecRequest.SerializeToString,
@@ -260,6 +265,22 @@ class SandboxServiceServicer:
         """Set (or unset) environment variables of a sandbox for its later execs
         and runs. Stored with the sandbox, so every replica applies them; never
         a secret (a name the definition declares as a secret is refused).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UpdateNetworkPolicy(self, request, context):
+        """Change the network rules of a running sandbox: host patterns allowed
+        or denied on top of its definition's rules (live rules, kept with the
+        sandbox until it is destroyed). Every replica's proxy judges each new
+        connection by them at once; each change is recorded on the sandbox's
+        active runs (`network.policy`). A change may narrow freely (deny any
+        host); it may allow only a host within the operator's egress hosts
+        that no host-wide deny rule of the definition covers, else
+        PERMISSION_DENIED. A sandbox whose definition gives it no proxy
+        (no allow_hosts, rules or credentials) is FAILED_PRECONDITION. With
+        nothing to change it only answers the live rules.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -454,6 +475,11 @@ def add_SandboxServiceServicer_to_server(servicer, server):
                     servicer.SetEnv,
                     request_deserializer=sandhold_dot_v1_dot_sandbox__pb2.SetEnvRequest.FromString,
                     response_serializer=sandhold_dot_v1_dot_sandbox__pb2.SetEnvResponse.SerializeToString,
+            ),
+            'UpdateNetworkPolicy': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateNetworkPolicy,
+                    request_deserializer=sandhold_dot_v1_dot_sandbox__pb2.UpdateNetworkPolicyRequest.FromString,
+                    response_serializer=sandhold_dot_v1_dot_sandbox__pb2.UpdateNetworkPolicyResponse.SerializeToString,
             ),
             'Exec': grpc.unary_unary_rpc_method_handler(
                     servicer.Exec,
@@ -825,6 +851,33 @@ class SandboxService:
             '/sandhold.v1.SandboxService/SetEnv',
             sandhold_dot_v1_dot_sandbox__pb2.SetEnvRequest.SerializeToString,
             sandhold_dot_v1_dot_sandbox__pb2.SetEnvResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateNetworkPolicy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sandhold.v1.SandboxService/UpdateNetworkPolicy',
+            sandhold_dot_v1_dot_sandbox__pb2.UpdateNetworkPolicyRequest.SerializeToString,
+            sandhold_dot_v1_dot_sandbox__pb2.UpdateNetworkPolicyResponse.FromString,
             options,
             channel_credentials,
             insecure,
