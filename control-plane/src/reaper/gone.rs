@@ -12,7 +12,8 @@
 //! [`detached`]: super::detached A warm pool row on a gone node is
 //! removed, so the keeper refills the pool elsewhere. The sandboxes
 //! themselves are not touched: the node cannot be asked, and if it comes
-//! back they are its orphans.
+//! back they are its orphans, which the orphan sweep destroys
+//! ([`super::orphans`]).
 
 use std::collections::HashMap;
 

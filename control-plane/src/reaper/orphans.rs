@@ -6,7 +6,10 @@
 //! of a tenant this deployment knows, that no instance record points at and
 //! no unfinished run lives in, older than
 //! [`ReaperOptions::orphan_sandbox_grace`](crate::config::ReaperOptions::orphan_sandbox_grace),
-//! is destroyed (under its sandbox lease, so never during an ensure).
+//! is destroyed (under its sandbox lease, so never during an ensure). The
+//! server's own providers are swept and those of every fleet node that
+//! answers: a node lost past its grace whose sandboxes were forgotten
+//! (`gone`) and that came back has them as orphans.
 
 use std::collections::HashSet;
 
@@ -17,6 +20,14 @@ use crate::provider::{LABEL_SANDBOX_KEY, LABEL_TENANT};
 use crate::store::{self, Tenant, Timestamp, WarmState};
 
 use super::{Reaper, Scope, Tally};
+
+/// Where a listed sandbox is: its node (`""`: this server), provider and id.
+#[derive(Clone, Copy)]
+struct At<'a> {
+    node: &'a str,
+    provider: &'a str,
+    provider_id: &'a str,
+}
 
 impl Reaper {
     /// Tenants this deployment knows: an orphan of an unknown tenant may
@@ -39,11 +50,13 @@ impl Reaper {
         };
         let grace = self.inner.options.orphan_sandbox_grace.as_millis() as i64;
         let now = Timestamp::now().as_millis();
-        for provider in self.inner.sandbox.providers() {
+        let own = self.inner.sandbox.providers().map(|p| (String::new(), p.clone()));
+        let providers: Vec<_> = own.chain(self.inner.sandbox.node_providers().await).collect();
+        for (node, provider) in providers {
             let listed = match provider.list(&Self::scope_labels(scope)).await {
                 Ok(l) => l,
                 Err(e) => {
-                    warn!(provider = %provider.kind(), error = %e, "listing sandboxes failed");
+                    warn!(provider = %provider.kind(), node = %node, error = %e, "listing sandboxes failed");
                     continue;
                 }
             };
@@ -66,20 +79,21 @@ impl Reaper {
                 if now.saturating_sub(created.as_millis()) < grace {
                     continue;
                 }
-                match self.orphan(cx, provider.kind().as_str(), key, &sandbox.provider_id).await {
+                let at =
+                    At { node: &node, provider: provider.kind().as_str(), provider_id: &sandbox.provider_id };
+                match self.orphan(cx, key, &at).await {
                     Ok(false) => {}
                     Ok(true) => {
                         // Under the sandbox's lease: never during an ensure or destroy.
                         let Ok(Some(lease)) = cx.leases.try_acquire(&format!("sandbox:{key}")).await else {
                             continue;
                         };
-                        let still =
-                            self.orphan(cx, provider.kind().as_str(), key, &sandbox.provider_id).await;
+                        let still = self.orphan(cx, key, &at).await;
                         if matches!(still, Ok(true)) {
                             match provider.destroy(&sandbox.provider_id).await {
                                 Ok(()) => {
                                     info!(sandbox_key = %key, tenant = %tenant, provider_id = %sandbox.provider_id,
-                                        "orphaned sandbox destroyed");
+                                        node = %node, "orphaned sandbox destroyed");
                                     tally.sandboxes_reclaimed += 1;
                                 }
                                 Err(e) => warn!(sandbox_key = %key, error = %e,
@@ -97,15 +111,12 @@ impl Reaper {
     /// No instance record points at this sandbox, no warm pool keeps it,
     /// and no unfinished run lives in its key when no record points
     /// anywhere.
-    async fn orphan(
-        &self,
-        cx: &Context,
-        provider: &str,
-        key: &str,
-        provider_id: &str,
-    ) -> Result<bool, store::Error> {
+    async fn orphan(&self, cx: &Context, key: &str, at: &At<'_>) -> Result<bool, store::Error> {
+        let At { node, provider, provider_id } = *at;
         match cx.stores.instances.get(key).await {
-            Ok(i) if i.provider == provider && i.provider_sandbox_id == provider_id => Ok(false),
+            Ok(i) if i.node == node && i.provider == provider && i.provider_sandbox_id == provider_id => {
+                Ok(false)
+            }
             // The key's record points at another sandbox: this one was replaced.
             Ok(_) => Ok(true),
             Err(store::Error::NotFound(_)) => {
@@ -115,7 +126,9 @@ impl Reaper {
                 match cx.stores.warm.get(key).await? {
                     Some(pooled) if pooled.state == WarmState::Creating => return Ok(false),
                     Some(pooled)
-                        if pooled.state == WarmState::Ready && pooled.provider_sandbox_id == provider_id =>
+                        if pooled.state == WarmState::Ready
+                            && pooled.node == node
+                            && pooled.provider_sandbox_id == provider_id =>
                     {
                         return Ok(false);
                     }

@@ -124,4 +124,33 @@ impl RunSandbox {
     pub fn providers(&self) -> impl Iterator<Item = &Arc<dyn Provider>> {
         self.lifecycle.providers.all()
     }
+
+    /// The providers of every node of the fleet that answers (ready or
+    /// draining), each with its node's name; none without a fleet. For the
+    /// reaper's orphan sweep: a node that was lost and came back still
+    /// holds the sandboxes forgotten meanwhile.
+    pub async fn node_providers(&self) -> Vec<(String, Arc<dyn Provider>)> {
+        use crate::node::NodeState;
+        let Some(fleet) = &self.lifecycle.fleet else { return Vec::new() };
+        let nodes = match fleet.list().await {
+            Ok(nodes) => nodes,
+            Err(e) => {
+                tracing::warn!(error = %e, "listing the fleet's nodes failed");
+                return Vec::new();
+            }
+        };
+        let mut out = Vec::new();
+        for node in nodes.into_iter().filter(|n| matches!(n.state, NodeState::Ready | NodeState::Draining)) {
+            let name = node.record.node.name.clone();
+            for kind in
+                node.providers.iter().filter_map(|p| crate::provider::ProviderKind::named(&p.provider))
+            {
+                match fleet.provider(&name, kind).await {
+                    Ok(provider) => out.push((name.clone(), provider)),
+                    Err(e) => tracing::debug!(node = %name, error = %e, "a node's provider is not reachable"),
+                }
+            }
+        }
+        out
+    }
 }

@@ -520,24 +520,33 @@ async fn a_partition_past_the_grace_loses_the_sandbox_and_the_thread_moves() {
 /// the instance records of the sandboxes on both and the warm pool row on
 /// the removed one, so they are listed no more and count against no quota;
 /// the sandbox on the third node, which lives, stays. A sandbox of the lost
-/// node destroyed by its owner is forgotten at once.
+/// node destroyed by its owner is forgotten at once. When the lost node
+/// comes back, the next sweep destroys the sandboxes it still holds (its
+/// orphans now).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_reaper_forgets_the_sandboxes_of_a_removed_or_lost_node() {
-    let Some(mut fleet) = Fleet::start("fleet-forget", &["--node-grace-ms", "4000"]).await else { return };
+    let args = ["--node-grace-ms", "4000", "--orphan-sandbox-grace-ms", "0"];
+    let Some(mut fleet) = Fleet::start("fleet-forget", &args).await else { return };
     fleet.add_node(node("node-r", &["zone=r"], 8));
     fleet.add_node(node("node-l", &["zone=l"], 8));
     fleet.add_node(node("node-k", &["zone=k"], 8));
     fleet.wait_state(&["node-r", "node-l", "node-k"], "ready").await;
     let mut sandboxes = fleet.server.sandboxes(&fleet.token).await;
+    let mut on_l = Vec::new();
     for zone in ["r", "l", "k"] {
         put_definition(&mut sandboxes, placed(&format!("on-{zone}"), &[&format!("zone={zone}")])).await;
         let (_, ready) =
             ensure(&mut sandboxes, ensure_request(&format!("on-{zone}"), &format!("t{zone}"))).await;
-        let ready = ready.unwrap_or_else(|e| panic!("{e}\n{}", fleet.logs()));
-        assert_eq!(ready.sandbox.unwrap().node, format!("node-{zone}"));
+        let sandbox = ready.unwrap_or_else(|e| panic!("{e}\n{}", fleet.logs())).sandbox.unwrap();
+        assert_eq!(sandbox.node, format!("node-{zone}"));
+        if zone == "l" {
+            on_l.push(sandbox.provider_sandbox_id);
+        }
     }
     let (_, doomed) = ensure(&mut sandboxes, ensure_request("on-l", "tl-destroyed")).await;
-    let doomed = doomed.unwrap().sandbox_id;
+    let doomed = doomed.unwrap();
+    on_l.push(doomed.sandbox.unwrap().provider_sandbox_id);
+    let doomed = doomed.sandbox_id;
     let mut pooled = placed("pool-r", &["zone=r"]);
     pooled.lifecycle = Some(api::Lifecycle { warm: 1, ..Default::default() });
     put_definition(&mut sandboxes, pooled).await;
@@ -594,7 +603,21 @@ async fn the_reaper_forgets_the_sandboxes_of_a_removed_or_lost_node() {
     // The sandbox on the node that lives answers as before.
     let tk = sandhold_tests::sandbox::of_thread(&mut sandboxes, "tk").await;
     assert_eq!(sh(&mut sandboxes, &tk.sandbox_id, "echo still").await, (0, "still\n".to_string()));
+
+    // The lost node comes back holding both of its sandboxes: orphans, which
+    // the next sweep destroys; the sandbox on node-k stays.
     fleet.nodes[1].ns.heal();
+    fleet.wait_state(&["node-l"], "ready").await;
+    let data_l = fleet.nodes[1].data_dir.clone();
+    assert!(on_l.iter().all(|id| walk_has(&data_l, id)), "node-l kept its sandboxes while cut off");
+    admin.sweep(api::SweepRequest {}).await.unwrap_or_else(|e| panic!("{e}\n{}", fleet.logs()));
+    for id in &on_l {
+        assert!(!walk_has(&data_l, id), "{id} is still on node-l after the sweep\n{}", fleet.logs());
+    }
+    let destroyed =
+        fleet.server.log_text().lines().filter(|l| l.contains("orphaned sandbox destroyed")).count();
+    assert_eq!(destroyed, 2, "{}", fleet.logs());
+    assert_eq!(sh(&mut sandboxes, &tk.sandbox_id, "echo still").await, (0, "still\n".to_string()));
 }
 
 /// The node daemon is SIGKILLed while it makes a sandbox (its setup waits
