@@ -60,7 +60,18 @@ struct Client<'a> {
 impl<'a> Client<'a> {
     /// Run `run_id` on thread `t` of definition `net`, until it is ready.
     async fn start(runs: &mut Runs, run_id: &str, dir: &'a Path, targets: &[String]) -> Self {
-        let request = command_run(run_id, "t", "net", &client(dir, targets));
+        Self::start_on(runs, run_id, "t", dir, targets).await
+    }
+
+    /// Run `run_id` on `thread` of definition `net`, until it is ready.
+    async fn start_on(
+        runs: &mut Runs,
+        run_id: &str,
+        thread: &str,
+        dir: &'a Path,
+        targets: &[String],
+    ) -> Self {
+        let request = command_run(run_id, thread, "net", &client(dir, targets));
         let stream = runs.start_run(request).await.unwrap().into_inner();
         let mut run = Client { stream, seen: Seen::default(), dir, step: 0 };
         read_until(&mut run.stream, &mut run.seen, |s| s.has_text("ready")).await.unwrap();
@@ -293,22 +304,34 @@ fn asking(asked: &str, timeout_ms: u64) -> api::SandboxDefinition {
     def
 }
 
+/// A server whose definition `net` asks before connecting to `target`, a
+/// web server on 127.0.0.1 answering "asked for".
+struct Asking {
+    s: sandhold_tests::server::TenantServer,
+    dir: TestDir,
+    web: HostServer,
+    target: String,
+}
+
+impl Asking {
+    async fn start(prefix: &str, timeout_ms: u64) -> Self {
+        let args = ["--egress-private-addresses"];
+        let s = sandhold_tests::server::TenantServer::start_with_args(prefix, &[], &args).await;
+        let dir = TestDir::new(&format!("{prefix}-client"));
+        let web = HostServer::start(dir.path(), "127.0.0.1", "asked for\n");
+        let target = format!("127.0.0.1:{}", web.port);
+        put_definition(&mut s.server.sandboxes(&s.token).await, asking(&target, timeout_ms)).await;
+        Self { s, dir, web, target }
+    }
+}
+
 /// A connection under an ask rule waits on a request of kind `network`:
 /// an allow lets it through, a deny and the deadline refuse it (nothing
 /// reaches the server), and an allow of scope `run` lets the next one
 /// through with no second request.
 #[tokio::test]
 async fn a_network_ask_is_a_request_allow_lets_it_through_and_deny_or_the_deadline_refuse_it() {
-    let s = sandhold_tests::server::TenantServer::start_with_args(
-        "net-ask",
-        &[],
-        &["--egress-private-addresses"],
-    )
-    .await;
-    let dir = TestDir::new("net-ask-client");
-    let web = HostServer::start(dir.path(), "127.0.0.1", "asked for\n");
-    let target = format!("127.0.0.1:{}", web.port);
-    put_definition(&mut s.server.sandboxes(&s.token).await, asking(&target, 3_000)).await;
+    let Asking { s, dir, web, target } = Asking::start("net-ask", 3_000).await;
     let mut runs = s.server.runs(&s.token).await;
     let mut run = Client::start(&mut runs, "ask", dir.path(), &vec![target.clone(); 5]).await;
 
@@ -368,6 +391,52 @@ async fn a_network_ask_is_a_request_allow_lets_it_through_and_deny_or_the_deadli
     );
     assert_eq!(all[2].request_id, unanswered.request_id);
     run.end().await;
+}
+
+/// Scopes across runs: an allow for the run does not outlive it, an allow
+/// for the thread lets that thread's later runs through with no request,
+/// and another thread still asks (and is refused on a deny).
+#[tokio::test]
+async fn a_network_allow_for_the_thread_covers_its_later_runs_and_no_other_thread() {
+    let Asking { s, dir, web: _web, target } = Asking::start("net-ask-thread", 30_000).await;
+    let mut runs = s.server.runs(&s.token).await;
+    // Run `run_id` on `thread` for one connection (in a directory of its
+    // own); with `answer`, the request it makes is answered so.
+    async fn one_connection(
+        runs: &mut Runs,
+        dir: &Path,
+        (run_id, thread): (&str, &str),
+        target: &str,
+        answer_with: Option<(bool, &str)>,
+    ) -> (String, Vec<api::RunRequest>) {
+        let dir = dir.join(run_id);
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut run = Client::start_on(runs, run_id, thread, &dir, &[target.to_string()]).await;
+        std::fs::write(dir.join("go0"), b"").unwrap();
+        if let Some((allow, scope)) = answer_with {
+            let asked = waiting(runs, run_id).await;
+            answer(runs, run_id, &asked.request_id, allow, scope).await;
+        }
+        run.step = 1;
+        let got = run.answered(0).await;
+        run.end().await;
+        let request = api::ListRequestsRequest { run_id: run_id.into(), include_answered: true };
+        (got, runs.list_requests(request).await.unwrap().into_inner().requests)
+    }
+    let log = || s.server.log_text();
+
+    // Allowed for its run only: the thread's next run asks again.
+    let (got, _) = one_connection(&mut runs, dir.path(), ("r1", "t"), &target, Some((true, "run"))).await;
+    assert_eq!(got, "200 asked for", "{}", log());
+    // Allowed for the thread.
+    let (got, _) = one_connection(&mut runs, dir.path(), ("r2", "t"), &target, Some((true, "thread"))).await;
+    assert_eq!(got, "200 asked for", "{}", log());
+    // The thread's next run goes through and asks nothing.
+    let (got, asked) = one_connection(&mut runs, dir.path(), ("r3", "t"), &target, None).await;
+    assert_eq!((got.as_str(), asked.len()), ("200 asked for", 0), "{asked:?}\n{}", log());
+    // Another thread asks for itself, and its deny refuses.
+    let (got, asked) = one_connection(&mut runs, dir.path(), ("u1", "u"), &target, Some((false, ""))).await;
+    assert!(got.starts_with("403") && asked.len() == 1, "{got} {asked:?}");
 }
 
 /// A connection waiting on its network request outlives the replica that
