@@ -321,11 +321,13 @@ async fn node_killed_during_runs(mut fleet: Fleet) {
     fleet.tear_down().await;
 }
 
-/// A drained node gets no new sandbox, and the run already on it finishes.
+/// A drained node gets no new sandbox, and the run already on it finishes;
+/// drained through one replica, the other (PostgreSQL and Redis) places no
+/// new sandbox there either.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_drained_node_gets_no_new_sandbox_and_its_run_finishes() {
     const LINES: u32 = 200;
-    let Some(mut fleet) = Fleet::start("fleet-drain", &[]).await else { return };
+    let Some(mut fleet) = Fleet::start_replicated("fleet-drain", &[]).await else { return };
     fleet.add_node(node("node-d", &[], 8));
     fleet.wait_state(&["node-d"], "ready").await;
     let mut sandboxes = fleet.server.sandboxes(&fleet.token).await;
@@ -340,13 +342,17 @@ async fn a_drained_node_gets_no_new_sandbox_and_its_run_finishes() {
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     fleet.wait_state(&["node-d"], "draining").await;
+    // The drain was asked of one replica; the other places no sandbox there.
+    let mut other = fleet.replicas[0].sandboxes(&fleet.token).await;
     for i in 0..4 {
-        let (_, ready) = ensure(&mut sandboxes, ensure_request("def", &format!("new-{i}"))).await;
+        let (_, ready) = ensure(&mut other, ensure_request("def", &format!("new-{i}"))).await;
         assert_eq!(ready.unwrap().sandbox.unwrap().node, "node-e", "a new sandbox on the drained node");
     }
     assert_all_complete(&fleet, running, LINES).await;
     let sandbox = sandhold_tests::sandbox::of_thread(&mut sandboxes, "d-thread-0").await;
     assert_eq!(sandbox.node, "node-d", "the running run's sandbox stays where it is");
+    drop((sandboxes, other));
+    fleet.tear_down().await;
 }
 
 /// A node whose certificate comes from another CA is refused: the control
@@ -445,20 +451,23 @@ async fn a_removed_nodes_runs_end_sandbox_lost_and_the_thread_continues_on_anoth
 }
 
 /// A partition shorter than the grace period: the node's veth is down for
-/// 20 s while its runs go on; once it heals, the drives catch up from their
-/// journal offsets and every run completes with every line once.
+/// 20 s while its runs go on (driven by two replicas on PostgreSQL and
+/// Redis); once it heals, the drives catch up from their journal offsets
+/// and every run completes with every line once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_partition_shorter_than_the_grace_loses_and_doubles_nothing() {
     const LINES: u32 = 300;
-    let Some(mut fleet) = Fleet::start("fleet-cut", &[]).await else { return };
+    let Some(mut fleet) = Fleet::start_replicated("fleet-cut", &[]).await else { return };
     fleet.add_node(node("node-p", &[], 8));
     fleet.wait_state(&["node-p"], "ready").await;
     let mut sandboxes = fleet.server.sandboxes(&fleet.token).await;
     put_definition(&mut sandboxes, definition("def", Kind::Local)).await;
-    // 300 lines over 30 s: they straddle the partition.
+    // 300 lines over 30 s: they straddle the partition. Started through
+    // either replica, so both drive runs on the node.
     let mut runs = Vec::new();
     for i in 0..3 {
-        let mut client = fleet.server.runs(&fleet.token).await;
+        let replica = if i % 2 == 0 { &fleet.server } else { &fleet.replicas[0] };
+        let mut client = replica.runs(&fleet.token).await;
         let run_id = format!("p{i}-{}", fleet.nonce);
         let request = command_run(&run_id, &format!("p-thread-{i}"), "def", &numbered_lines(LINES, 10, "1"));
         let mut stream = client.start_run(request).await.unwrap().into_inner();
@@ -478,6 +487,8 @@ async fn a_partition_shorter_than_the_grace_loses_and_doubles_nothing() {
     assert_eq!(during[0].state, "unreachable", "{during:?}");
     fleet.nodes[0].ns.heal();
     assert_all_complete(&fleet, runs, LINES).await;
+    drop(sandboxes);
+    fleet.tear_down().await;
 }
 
 /// A partition past the grace period: the node is lost, its runs end
