@@ -78,33 +78,16 @@ pub fn spec_from_wire(spec: wire::SandboxSpec) -> Result<SandboxSpec, Error> {
 }
 
 pub fn capabilities_to_wire(kind: ProviderKind, c: Capabilities) -> wire::ProviderCapabilities {
-    wire::ProviderCapabilities {
+    crate::provider::with_capability_flags!(
+        wire::ProviderCapabilities,
+        c,
         provider: kind.as_str().to_string(),
-        snapshots: c.snapshots,
-        fork: c.fork,
-        background_processes: c.background_processes,
-        killable_processes: c.killable_processes,
-        writable_stdin: c.writable_stdin,
-        durable_filesystem: c.durable_filesystem,
-        network_policy: c.network_policy,
-        ports: c.ports,
-        terminal: c.terminal,
         isolated: kind.kind().isolated(),
-    }
+    )
 }
 
 pub fn capabilities_from_wire(c: &wire::ProviderCapabilities) -> Capabilities {
-    Capabilities {
-        snapshots: c.snapshots,
-        fork: c.fork,
-        background_processes: c.background_processes,
-        killable_processes: c.killable_processes,
-        writable_stdin: c.writable_stdin,
-        durable_filesystem: c.durable_filesystem,
-        network_policy: c.network_policy,
-        ports: c.ports,
-        terminal: c.terminal,
-    }
+    crate::provider::with_capability_flags!(Capabilities, c)
 }
 
 pub fn listed_to_wire(l: ListedSandbox) -> wire::ListedSandbox {

@@ -43,6 +43,29 @@ pub struct Capabilities {
     pub terminal: bool,
 }
 
+/// A struct literal of `$ty` with the nine [`Capabilities`] flags taken
+/// from `$c` (anything with those fields: [`Capabilities`], the node
+/// protocol's and the API's messages) and `$extra` fields after them: the
+/// one place the flags are listed for a conversion.
+macro_rules! with_capability_flags {
+    ($ty:path, $c:expr $(, $($extra:tt)*)?) => {{
+        let c = $c;
+        $ty {
+            snapshots: c.snapshots,
+            fork: c.fork,
+            background_processes: c.background_processes,
+            killable_processes: c.killable_processes,
+            writable_stdin: c.writable_stdin,
+            durable_filesystem: c.durable_filesystem,
+            network_policy: c.network_policy,
+            ports: c.ports,
+            terminal: c.terminal,
+            $($($extra)*)?
+        }
+    }};
+}
+pub(crate) use with_capability_flags;
+
 /// A place sandboxes live. Object-safe: held as `Arc<dyn Provider>`.
 #[async_trait]
 pub trait Provider: Send + Sync + std::fmt::Debug {

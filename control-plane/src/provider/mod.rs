@@ -34,6 +34,7 @@ pub(crate) use host::{
     write_private_file,
 };
 pub use host::{default_agent_binary, default_static_agent_binary, is_static_executable};
+pub(crate) use interface::with_capability_flags;
 pub use interface::{Capabilities, Provider, Result};
 pub use kind::{Built, Kind, NO_ISOLATION, ProviderKind, Violation, describe};
 pub use local::{LocalProvider, LocalProviderOptions};

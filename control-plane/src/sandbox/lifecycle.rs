@@ -640,19 +640,14 @@ impl Lifecycle {
             None if instance.node.is_empty() => own(),
             None => None,
         };
-        let capabilities = known.map(|c| api::Capabilities {
-            snapshots: c.snapshots,
-            fork: c.fork,
-            background_processes: c.background_processes,
-            killable_processes: c.killable_processes,
-            writable_stdin: c.writable_stdin,
-            durable_filesystem: c.durable_filesystem,
-            network_policy: c.network_policy,
-            ports: c.ports,
-            terminal: c.terminal,
-            landlock: confined.is_some_and(|a| a.landlock),
-            seccomp: confined.is_some_and(|a| a.seccomp),
-            runtime: live.as_ref().map(|l| l.sandbox.runtime.clone()).unwrap_or_default(),
+        let capabilities = known.map(|c| {
+            crate::provider::with_capability_flags!(
+                api::Capabilities,
+                c,
+                landlock: confined.is_some_and(|a| a.landlock),
+                seccomp: confined.is_some_and(|a| a.seccomp),
+                runtime: live.as_ref().map(|l| l.sandbox.runtime.clone()).unwrap_or_default(),
+            )
         });
         api::Sandbox {
             sandbox_id: instance.sandbox_key.clone(),
