@@ -157,6 +157,48 @@ async fn three_attempts_are_compared_and_the_passing_one_becomes_the_threads() {
     }
 }
 
+/// An attempt is evaluated with the checkpoint its run's end saved (which
+/// carries the harness session), not with one the keeper takes: the run
+/// is terminal before its driver has exported the session and saved that
+/// checkpoint, and the keeper waits for the driver to let go of the run.
+/// Many files make that checkpoint outlast the keeper's 2 s pass; before,
+/// the keeper took a second checkpoint of its own meanwhile (without the
+/// session: a promoted winner whose conversation did not continue).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_attempt_is_evaluated_with_the_checkpoint_its_runs_end_saved() {
+    let s = TenantServer::start("attempts-concluded", &[]).await;
+    put_definition(&mut s.server.sandboxes(&s.token).await, comparable("def")).await;
+    let mut runs = s.server.runs(&s.token).await;
+    let mut run = command_run(
+        "ignored",
+        "task",
+        "def",
+        "mkdir many && cd many && for i in $(seq 1 3000); do echo $i > $i; done",
+    );
+    run.durable = true;
+    let request = api::StartAttemptsRequest { run: Some(run), count: 2, attempts: Vec::new() };
+    let set = runs.start_attempts(request).await.unwrap().into_inner().set.unwrap();
+    let set = wait_evaluated(&s.server, &mut runs, &set.attempt_set_id).await;
+    let mut snapshots =
+        shared::sized!(shared::proto::v1::snapshot_service_client::SnapshotServiceClient::with_interceptor(
+            s.server.channel().await,
+            sandhold_tests::auth::bearer(&s.token)
+        ));
+    for a in &set.attempts {
+        assert_eq!(a.status(), api::RunStatus::Completed, "{a:?}");
+        let listed = snapshots
+            .list_snapshots(api::ListSnapshotsRequest { thread_id: a.thread_id.clone() })
+            .await
+            .unwrap()
+            .into_inner()
+            .checkpoints;
+        let own: Vec<_> = listed.iter().filter(|c| c.forked_from.is_empty()).collect();
+        assert_eq!(own.len(), 1, "attempt {}: not one checkpoint of its own: {own:?}", a.attempt);
+        assert_eq!(own[0].label, "after run", "{own:?}");
+        assert_eq!(a.checkpoint_id, own[0].checkpoint_id, "attempt {}: {a:?}", a.attempt);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_set_past_a_limit_is_refused_whole_and_starts_nothing() {
     let s =

@@ -1,5 +1,6 @@
-//! Evaluating attempts whose runs have ended: their checkpoint (the one the
-//! run's end saved, else one taken now from the attempt's sandbox), the
+//! Evaluating attempts whose runs have ended and been concluded (their
+//! driver let go of the run's lease): their checkpoint (the one the run's
+//! end saved, else one taken now from the attempt's sandbox), the
 //! diff against the set's base, the workspace's `scripts.test` in the
 //! sandbox, and the run's duration. A keeper on every replica does it
 //! under a lease per attempt, so a replica that dies mid-evaluation leaves
@@ -56,7 +57,8 @@ impl Runs {
         let mut sets: HashMap<String, AttemptSetRecord> = HashMap::new();
         for (tenant, attempt) in pending {
             let Ok(run_id) = super::super::run_id_field("run_id", &attempt.run_id) else { continue };
-            let run = match cx.stores.runs.get(&RunKey::new(tenant.clone(), run_id)).await {
+            let key = RunKey::new(tenant.clone(), run_id);
+            let run = match cx.stores.runs.get(&key).await {
                 Ok(run) if run.status.is_terminal() => run,
                 Ok(_) => continue,
                 Err(e) => {
@@ -64,6 +66,25 @@ impl Runs {
                     continue;
                 }
             };
+            // A run is terminal before its driver's conclusion is done: the
+            // session's export and the checkpoint after the run come after
+            // the terminal write, under the run's lease. Evaluated before
+            // them, the attempt would get a checkpoint of its own, without
+            // the session (a promoted winner whose conversation does not
+            // continue). A driver that died meanwhile lets its lease lapse.
+            match cx.leases.try_acquire(&super::super::lease_name(&key)).await {
+                Ok(Some(driver)) => {
+                    let _ = driver.release().await;
+                }
+                Ok(None) => {
+                    debug!(run_id = %attempt.run_id, "an attempt's run is still concluding");
+                    continue;
+                }
+                Err(e) => {
+                    debug!(run_id = %attempt.run_id, error = %e, "an attempt's run lease is unreadable");
+                    continue;
+                }
+            }
             let name = format!("attempt:{}:{}", attempt.set_id, attempt.attempt);
             let Ok(Some(lease)) = cx.leases.try_acquire(&name).await else { continue };
             // A set's attempts end together: its record is read once a pass.
