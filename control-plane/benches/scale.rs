@@ -13,7 +13,10 @@
 //! sandbox's ensure), per half; chunk latency from a line's write in the
 //! sandbox to its receipt on the starting client's stream. Once all are
 //! started, M `AttachRun` streams from the start are spread over the runs.
-//! Every stream must end with the run's terminal chunk and every line. Per
+//! Every stream must end with the run's terminal chunk and every line,
+//! each once; one the server ends UNAVAILABLE (a store request queued past
+//! the pool's 30 s under load) is attached again after its last offset, as
+//! the CLI and the clients do, and the table counts those. Per
 //! configuration, a fresh server: its peak RSS (`VmHWM`), its CPU seconds
 //! (user + system) per 1,000 stored chunks.
 //!
@@ -50,6 +53,8 @@ struct Outcome {
     first_cold: Row,
     /// A line's write in the sandbox to its receipt by the starting client.
     chunk: Row,
+    /// Streams attached again after an UNAVAILABLE, in all.
+    reattached: usize,
     wall: Duration,
 }
 
@@ -63,30 +68,71 @@ fn line_latencies(delta: &str, into: &mut Vec<Duration>) {
     }
 }
 
-/// What one stream saw: chunks, lines, and whether it ended with a
-/// terminal chunk; with `latencies`, each line's from its write.
+/// What one stream saw.
+#[derive(Default)]
+struct Seen {
+    chunks: usize,
+    lines: usize,
+    /// It ended with a terminal chunk.
+    terminal: bool,
+    /// Times it was attached again after the server ended it UNAVAILABLE.
+    reattached: usize,
+}
+
+/// Re-attaches of one stream, at most: past them the row fails.
+const REATTACHES: usize = 50;
+
+/// Read `stream` (of run `run_id`, after `offset`) to its end; with `latencies`, each
+/// line's from its write. A stream the server ends with UNAVAILABLE (a
+/// store request queued past the pool's timeout under load) is attached
+/// again after the last offset seen, as the CLI and the clients do, and
+/// counted.
 async fn drain(
+    mut client: Runs,
+    run_id: String,
+    mut offset: String,
     mut stream: tonic::Streaming<api::RunEvent>,
     mut latencies: Option<&mut Vec<Duration>>,
-) -> (usize, usize, bool) {
-    let (mut chunks, mut lines, mut terminal) = (0, 0, false);
-    while let Some(event) = stream.message().await.expect("run stream") {
+) -> Seen {
+    let mut seen = Seen::default();
+    loop {
+        let event = match stream.message().await {
+            Ok(Some(event)) => event,
+            Ok(None) => break,
+            Err(status) if status.code() == tonic::Code::Unavailable && seen.reattached < REATTACHES => {
+                seen.reattached += 1;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                let again = api::AttachRunRequest {
+                    run_id: run_id.clone(),
+                    after_offset: offset.clone(),
+                    ..Default::default()
+                };
+                match client.attach_run(again).await {
+                    Ok(attached) => stream = attached.into_inner(),
+                    Err(status) if status.code() == tonic::Code::Unavailable => {}
+                    Err(status) => panic!("attaching {run_id} again: {status:?}"),
+                }
+                continue;
+            }
+            Err(status) => panic!("run stream of {run_id}: {status:?}"),
+        };
         let Some(api::run_event::Event::Chunk(c)) = event.event else { continue };
+        offset = c.offset;
         let chunk = c.chunk.expect("a chunk");
-        chunks += 1;
+        seen.chunks += 1;
         match chunk.r#type() {
             api::ChunkType::TextMessageContent => {
-                lines += chunk.delta.matches("line ").count();
+                seen.lines += chunk.delta.matches("line ").count();
                 if let Some(into) = latencies.as_deref_mut() {
                     line_latencies(&chunk.delta, into);
                 }
             }
-            api::ChunkType::RunFinished => terminal = true,
+            api::ChunkType::RunFinished => seen.terminal = true,
             api::ChunkType::RunError => panic!("run failed: {chunk:?}"),
             _ => {}
         }
     }
-    (chunks, lines, terminal)
+    seen
 }
 
 /// `(VmHWM in MB, user + system CPU seconds)` of a process.
@@ -175,9 +221,10 @@ async fn configuration(
         let gate = gate.clone();
         let live = live.clone();
         let warm = i % 2 == 0;
+        let run_id = format!("sc{i}-{nonce}");
         let request = api::StartRunRequest {
             thread_id: format!("scale-{i}"),
-            run_id: format!("sc{i}-{nonce}"),
+            run_id: run_id.clone(),
             definition_id: if warm { "warm" } else { "cold" }.into(),
             harness: "command".into(),
             options: Some(api::HarnessOptions {
@@ -193,10 +240,10 @@ async fn configuration(
             let mut stream = client.start_run(request).await.expect("start run").into_inner();
             let accepted = t.elapsed();
             // The first chunk: the run is recorded and its stream is live.
-            let first = loop {
+            let (first, offset) = loop {
                 let event = stream.message().await.expect("run stream").expect("a first chunk");
                 if let Some(api::run_event::Event::Chunk(c)) = event.event {
-                    break c.chunk.expect("a chunk");
+                    break (c.chunk.expect("a chunk"), c.offset);
                 }
             };
             let latency = t.elapsed();
@@ -204,9 +251,9 @@ async fn configuration(
             let _ = live.send(());
             let mut latencies = Vec::new();
             line_latencies(&first.delta, &mut latencies);
-            let (chunks, lines, terminal) = drain(stream, Some(&mut latencies)).await;
+            let seen = drain(client, run_id, offset, stream, Some(&mut latencies)).await;
             let first_lines = first.delta.matches("line ").count();
-            (warm, accepted, latency, latencies, chunks + 1, lines + first_lines, terminal)
+            (warm, accepted, latency, latencies, seen.chunks + 1, seen.lines + first_lines, seen)
         }));
     }
     // Every run has its first chunk before the attaches begin.
@@ -216,30 +263,34 @@ async fn configuration(
     let mut attached = Vec::with_capacity(streams);
     for j in 0..streams {
         let mut client = clients[(runs + j) % connections].clone();
-        let request =
-            api::AttachRunRequest { run_id: format!("sc{}-{nonce}", j % runs), ..Default::default() };
+        let run_id = format!("sc{}-{nonce}", j % runs);
+        let request = api::AttachRunRequest { run_id: run_id.clone(), ..Default::default() };
         attached.push(tokio::spawn(async move {
-            drain(client.attach_run(request).await.expect("attach").into_inner(), None).await
+            let stream = client.attach_run(request).await.expect("attach").into_inner();
+            drain(client, run_id, String::new(), stream, None).await
         }));
     }
     let mut start = Vec::with_capacity(runs);
     let (mut first_warm, mut first_cold) = (Vec::new(), Vec::new());
     let mut chunk = Vec::with_capacity(runs * lines);
-    let mut chunks = 0;
+    let (mut chunks, mut reattached) = (0, 0);
     for task in started {
-        let (warm, accepted, latency, latencies, n, seen_lines, terminal) = task.await.unwrap();
+        let (warm, accepted, latency, latencies, n, seen_lines, seen) = task.await.unwrap();
         assert!(
-            terminal && seen_lines == lines,
-            "a run's stream ended with {seen_lines} lines, terminal {terminal}"
+            seen.terminal && seen_lines == lines,
+            "a run's stream ended with {seen_lines} lines, terminal {}",
+            seen.terminal
         );
+        reattached += seen.reattached;
         start.push(accepted);
         if warm { &mut first_warm } else { &mut first_cold }.push(latency);
         chunk.extend(latencies);
         chunks += n;
     }
     for task in attached {
-        let (_, seen_lines, terminal) = task.await.unwrap();
-        assert!(terminal && seen_lines == lines, "an attached stream ended with {seen_lines} lines");
+        let seen = task.await.unwrap();
+        assert!(seen.terminal && seen.lines == lines, "an attached stream ended with {} lines", seen.lines);
+        reattached += seen.reattached;
     }
     let wall = began.elapsed();
     let (peak_rss_mb, cpu_s) = usage(server.pid());
@@ -256,6 +307,7 @@ async fn configuration(
         first_warm: Row { name: "", samples: first_warm },
         first_cold: Row { name: "", samples: first_cold },
         chunk: Row { name: "", samples: chunk },
+        reattached,
         wall,
     }
 }
@@ -295,7 +347,7 @@ async fn main() {
          sandbox: half from a warm pool, half made cold"
     );
     println!(
-        "{:<11} {:>5} {:>9} {:>7} {:>7} {:>9} {:>15} {:>19} {:>19} {:>17} {:>7}",
+        "{:<11} {:>5} {:>9} {:>7} {:>7} {:>9} {:>15} {:>19} {:>19} {:>17} {:>9} {:>7}",
         "database",
         "runs",
         "attached",
@@ -306,6 +358,7 @@ async fn main() {
         "1st chunk warm p50/99",
         "1st chunk cold p50/99",
         "chunk lat p50/99",
+        "re-attach",
         "wall s"
     );
     let pair = |row: &Row| match row.samples.is_empty() {
@@ -315,7 +368,7 @@ async fn main() {
     for o in &outcomes {
         let cpu = o.cpu_s / (o.chunks as f64 / 1000.0);
         println!(
-            "{:<11} {:>5} {:>9} {:>7} {:>7.0} {:>9.3} {:>15} {:>19} {:>19} {:>17} {:>7.1}",
+            "{:<11} {:>5} {:>9} {:>7} {:>7.0} {:>9.3} {:>15} {:>19} {:>19} {:>17} {:>9} {:>7.1}",
             o.database,
             o.runs,
             o.streams,
@@ -326,6 +379,7 @@ async fn main() {
             pair(&o.first_warm),
             pair(&o.first_cold),
             pair(&o.chunk),
+            o.reattached,
             o.wall.as_secs_f64()
         );
         summary(
@@ -336,12 +390,13 @@ async fn main() {
             ),
             &format!(
                 "RSS {:.0} MB, {cpu:.2} CPU s/1k chunks, StartRun {}, first chunk warm {} / cold {}, chunk latency {}, \
-                 all streams complete",
+                 every stream complete ({} re-attached after UNAVAILABLE)",
                 o.peak_rss_mb,
                 pair(&o.start),
                 pair(&o.first_warm),
                 pair(&o.first_cold),
-                pair(&o.chunk)
+                pair(&o.chunk),
+                o.reattached
             ),
             "",
             None,
