@@ -266,8 +266,20 @@ async fn configuration(
         let run_id = format!("sc{}-{nonce}", j % runs);
         let request = api::AttachRunRequest { run_id: run_id.clone(), ..Default::default() };
         attached.push(tokio::spawn(async move {
-            let stream = client.attach_run(request).await.expect("attach").into_inner();
-            drain(client, run_id, String::new(), stream, None).await
+            let mut refused = 0;
+            let stream = loop {
+                match client.attach_run(request.clone()).await {
+                    Ok(stream) => break stream.into_inner(),
+                    Err(status) if status.code() == tonic::Code::Unavailable && refused < REATTACHES => {
+                        refused += 1;
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                    Err(status) => panic!("attaching {run_id}: {status:?}"),
+                }
+            };
+            let mut seen = drain(client, run_id, String::new(), stream, None).await;
+            seen.reattached += refused;
+            seen
         }));
     }
     let mut start = Vec::with_capacity(runs);
@@ -336,10 +348,28 @@ async fn main() {
             .collect(),
         Err(_) => CONFIGS.to_vec(),
     };
+    // A configuration that fails (a run's error, a stream past its
+    // re-attaches) is a row saying so; the next one still runs.
     let mut outcomes = Vec::new();
+    let mut failed = Vec::new();
     for (database, url) in &databases {
         for &(runs, streams) in &configs {
-            outcomes.push(configuration(database, url.clone(), runs, streams, lines).await);
+            match tokio::spawn(configuration(database, url.clone(), runs, streams, lines)).await {
+                Ok(outcome) => outcomes.push(outcome),
+                Err(e) => {
+                    let why = match e.try_into_panic() {
+                        Ok(panic) => panic
+                            .downcast_ref::<String>()
+                            .cloned()
+                            .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                            .unwrap_or_default(),
+                        Err(e) => e.to_string(),
+                    };
+                    let why: String = why.replace(['\n', '\t'], " ").chars().take(300).collect();
+                    eprintln!("scale: {database}, {runs} runs + {streams} streams failed: {why}");
+                    failed.push((*database, runs, streams, why));
+                }
+            }
         }
     }
     println!(
@@ -398,6 +428,17 @@ async fn main() {
                 pair(&o.chunk),
                 o.reattached
             ),
+            "",
+            None,
+            "first chunk p99 ≤ 1 s (warm pool), chunk latency p99 ≤ 250 ms, RSS ≤ 150 MB, ≤ 0.1 CPU s per 1,000 chunks",
+        );
+    }
+    for (database, runs, streams, why) in &failed {
+        println!("{database:<11} {runs:>5} {streams:>9} failed: {why}");
+        summary(
+            100 + *runs as u32 / 10 + *streams as u32 / 100 + u32::from(*database == "PostgreSQL") * 1000,
+            &format!("scale, {database}: {runs} runs (own sandboxes) + {streams} attached streams"),
+            &format!("failed: {why}"),
             "",
             None,
             "first chunk p99 ≤ 1 s (warm pool), chunk latency p99 ≤ 250 ms, RSS ≤ 150 MB, ≤ 0.1 CPU s per 1,000 chunks",
