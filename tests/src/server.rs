@@ -26,6 +26,8 @@ use crate::wait::PATIENCE;
 pub type Runs = RunServiceClient<InterceptedService<Channel, Bearer>>;
 pub type Sandboxes = SandboxServiceClient<InterceptedService<Channel, Bearer>>;
 pub type Admin = AdminServiceClient<InterceptedService<Channel, Bearer>>;
+pub type Snapshots =
+    shared::proto::v1::snapshot_service_client::SnapshotServiceClient<InterceptedService<Channel, Bearer>>;
 
 /// Options of one server process.
 #[derive(Clone, Debug, Default)]
@@ -138,8 +140,7 @@ impl ServerProcess {
     /// Waits for the checkpoint of `thread` saved after `run` (once the run
     /// is terminal), as the tenant of `token` sees it.
     pub async fn wait_checkpoint(&self, token: &str, thread: &str, run: &str) {
-        use shared::proto::v1::snapshot_service_client::SnapshotServiceClient;
-        let snapshots = SnapshotServiceClient::with_interceptor(self.channel().await, bearer(token));
+        let snapshots = self.snapshots(token).await;
         let saved = crate::wait::eventually(crate::wait::PATIENCE, || {
             let mut snapshots = snapshots.clone();
             let request = api::ListSnapshotsRequest { thread_id: thread.into() };
@@ -272,6 +273,11 @@ impl ServerProcess {
 
     pub async fn sandboxes(&self, token: &str) -> Sandboxes {
         shared::sized!(SandboxServiceClient::with_interceptor(self.channel().await, bearer(token)))
+    }
+
+    pub async fn snapshots(&self, token: &str) -> Snapshots {
+        use shared::proto::v1::snapshot_service_client::SnapshotServiceClient;
+        shared::sized!(SnapshotServiceClient::with_interceptor(self.channel().await, bearer(token)))
     }
 
     pub async fn admin(&self, token: &str) -> Admin {

@@ -179,11 +179,7 @@ async fn an_attempt_is_evaluated_with_the_checkpoint_its_runs_end_saved() {
     let request = api::StartAttemptsRequest { run: Some(run), count: 2, attempts: Vec::new() };
     let set = runs.start_attempts(request).await.unwrap().into_inner().set.unwrap();
     let set = wait_evaluated(&s.server, &mut runs, &set.attempt_set_id).await;
-    let mut snapshots =
-        shared::sized!(shared::proto::v1::snapshot_service_client::SnapshotServiceClient::with_interceptor(
-            s.server.channel().await,
-            sandhold_tests::auth::bearer(&s.token)
-        ));
+    let mut snapshots = s.server.snapshots(&s.token).await;
     for a in &set.attempts {
         assert_eq!(a.status(), api::RunStatus::Completed, "{a:?}");
         let listed = snapshots

@@ -762,21 +762,7 @@ async fn past_the_grace_a_claude_code_conversation_continues_on_another_node() {
     read_until(&mut stream, &mut seen, |_| false).await.unwrap_or_else(|e| panic!("{e}\n{}", fleet.logs()));
     let record = wait_terminal(&mut runs, &run1).await;
     assert_eq!(record.status, api::RunStatus::Completed as i32, "{record:?}\n{:?}", seen.chunks);
-    let snapshots = shared::proto::v1::snapshot_service_client::SnapshotServiceClient::with_interceptor(
-        fleet.server.channel().await,
-        sandhold_tests::auth::bearer(&fleet.token),
-    );
-    let saved = sandhold_tests::wait::eventually(PATIENCE, || {
-        let mut snapshots = snapshots.clone();
-        let run1 = run1.clone();
-        async move {
-            let listed =
-                snapshots.list_snapshots(api::ListSnapshotsRequest { thread_id: "chat".into() }).await;
-            listed.is_ok_and(|l| l.into_inner().checkpoints.iter().any(|c| c.run_id == run1))
-        }
-    })
-    .await;
-    assert!(saved, "no checkpoint after run 1\n{}", fleet.logs());
+    fleet.server.wait_checkpoint(&fleet.token, "chat", &run1).await;
 
     fleet.add_node(node("node-m", &[], 8));
     fleet.wait_state(&["node-m"], "ready").await;
