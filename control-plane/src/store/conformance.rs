@@ -1107,6 +1107,80 @@ async fn log_tail_sees_appends_through_another_store_instance(b: &Backend) {
     replica.close().await;
 }
 
+/// A thousand streams' catch-up pages can take every connection of the
+/// store's pool; a run's appends must still land (they have connections of
+/// their own), and not end the run on the pool's acquire timeout.
+async fn log_appends_land_while_readers_hold_every_pooled_connection(b: &Backend) {
+    let record = create(&b.stores, "r1").await;
+    let writer = LogWriter::new(b.stores.events.clone(), acme("r1"), record.driver_epoch);
+    let held = match &b.stores.pool {
+        Pool::Sqlite(pool) => (hold_every_connection(pool).await, Vec::new()),
+        Pool::Postgres(pool) => (Vec::new(), hold_every_connection(pool).await),
+    };
+    let appended = writer.append(&chunks("busy", 3)).await;
+    drop(held);
+    appended.expect("the append lands while readers hold the pool");
+    let snapshot = b.stores.events.snapshot(&acme("r1")).await.unwrap();
+    assert_eq!(payloads(&snapshot.chunks), ["busy-0", "busy-1", "busy-2"]);
+}
+
+/// Many streams over many runs, attached at different offsets, each get
+/// every chunk of their run once and in order, and end at the close.
+async fn log_many_streams_of_many_runs_each_get_their_whole_log(b: &Backend) {
+    const RUNS: usize = 8;
+    const STREAMS: usize = 25;
+    const ROUNDS: usize = 10;
+    let mut writers = Vec::new();
+    for i in 0..RUNS {
+        let id = format!("s{i}");
+        let record = create(&b.stores, &id).await;
+        let writer = LogWriter::new(b.stores.events.clone(), acme(&id), record.driver_epoch);
+        writer.append(&chunks("early", 3)).await.unwrap();
+        writers.push((id, writer));
+    }
+    let mut streams = Vec::new();
+    for (id, _) in &writers {
+        for s in 0..STREAMS {
+            // From the start, after the first chunk, and at the end.
+            let after = Offset::from_seq((s % 4) as i64).unwrap();
+            let skipped = (s % 4).min(3);
+            streams.push((id.clone(), skipped, b.stores.events.read(&acme(id), &after).await.unwrap()));
+        }
+    }
+    for round in 0..ROUNDS {
+        for (_, writer) in &writers {
+            writer.append(&chunks(&format!("round{round}"), 2)).await.unwrap();
+        }
+    }
+    for (id, _) in &writers {
+        b.stores.events.close(&acme(id)).await.unwrap();
+    }
+    let mut expected_all: Vec<String> = payloads_of(&chunks("early", 3));
+    for round in 0..ROUNDS {
+        expected_all.extend(payloads_of(&chunks(&format!("round{round}"), 2)));
+    }
+    let reads = streams
+        .into_iter()
+        .map(|(id, skipped, stream)| async move { (id, skipped, collect_until_end(stream).await) });
+    for (id, skipped, got) in futures::future::join_all(reads).await {
+        assert_eq!(payloads(&got), expected_all[skipped..], "stream of run {id} after {skipped}");
+    }
+}
+
+async fn hold_every_connection<DB: sqlx::Database>(
+    pool: &sqlx::Pool<DB>,
+) -> Vec<sqlx::pool::PoolConnection<DB>> {
+    let mut held = Vec::new();
+    for _ in 0..pool.options().get_max_connections() {
+        held.push(pool.acquire().await.unwrap());
+    }
+    held
+}
+
+fn payloads_of(chunks: &[NewChunk]) -> Vec<String> {
+    chunks.iter().map(|c| String::from_utf8(c.payload.clone()).unwrap()).collect()
+}
+
 // ---------------------------------------------------------------- group commit
 
 async fn log_many_runs_appending_at_once_keep_their_own_order(b: &Backend) {
@@ -1930,6 +2004,8 @@ conformance_suite!(
     log_snapshot_never_blocks,
     log_tail_sees_later_appends_and_ends_at_close,
     log_tail_sees_appends_through_another_store_instance,
+    log_appends_land_while_readers_hold_every_pooled_connection,
+    log_many_streams_of_many_runs_each_get_their_whole_log,
     log_many_runs_appending_at_once_keep_their_own_order,
     log_group_refuses_a_fenced_or_closed_member_alone,
     log_group_keeps_the_request_index_of_each_member,

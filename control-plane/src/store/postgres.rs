@@ -41,7 +41,7 @@ use super::sql::{
     DefinitionRow, EventRow, InstanceRow, NodeRow, RunRow, epoch_to_db, explain_refusal, impl_shared_stores,
     instance_columns, json_to_db, node_columns, not_terminal, run_columns, run_not_found, terminal,
 };
-use super::tail::{self, LogPages, Wake, Wakes};
+use super::tail::{self, LogPages, Tails, Wake, Wakes};
 use super::{
     Admitted, CreatedRun, Definition, DefinitionStore, Epoch, Error, EventLog, FIRST_EPOCH, IndexedRequest,
     Instance, InstanceStore, LogSnapshot, NewChunk, NewInstance, NewNode, NewRun, NodeRecord, NodeStore,
@@ -60,10 +60,18 @@ const SEQ_CONFLICT_RETRIES: usize = 8;
 pub(super) struct PgStore {
     pool: PgPool,
     wakes: Wakes,
+    tails: Tails,
     appends: Committer<PgAppends>,
     /// Stops the notification relay when the last clone goes away.
     _relay: Arc<DropGuard>,
 }
+
+/// Connections of the store's pool, and of the appends' own: readers (a
+/// thousand streams' catch-up pages) cannot take the ones runs' appends
+/// need. The committer writes one group at a time; the rest serve appends
+/// of [`GroupCommit::Off`] beside it.
+const POOL_CONNECTIONS: u32 = 10;
+const APPEND_CONNECTIONS: u32 = 4;
 
 /// How long the first connection of [`open`] may take before the server
 /// says the database does not answer (and tries again).
@@ -83,19 +91,24 @@ pub(super) async fn open(database_url: &str, grouping: GroupCommit) -> Result<St
             ))
         })??;
     let _ = probe.close().await;
-    let pool = PgPoolOptions::new()
-        .max_connections(10)
-        .acquire_timeout(Duration::from_secs(30))
-        .connect(database_url)
-        .await?;
+    let connect = |connections| {
+        PgPoolOptions::new()
+            .max_connections(connections)
+            .acquire_timeout(Duration::from_secs(30))
+            .connect(database_url)
+    };
+    let pool = connect(POOL_CONNECTIONS).await?;
     // sqlx takes an advisory lock, so replicas starting together migrate once.
     sqlx::migrate!("./migrations/postgres").run(&pool).await?;
     let wakes = tail::wakes();
     let stop = CancellationToken::new();
     tokio::spawn(relay_notifications(database_url.to_owned(), wakes.clone(), stop.clone()));
     let blobs: Arc<dyn super::BlobStore> = Arc::new(super::PgBlobStore::new(pool.clone()));
-    let appends = Committer::start(PgAppends { pool: pool.clone() }, wakes.clone(), grouping);
-    let store = Arc::new(PgStore { pool: pool.clone(), wakes, appends, _relay: Arc::new(stop.drop_guard()) });
+    let tails = Tails::new(&wakes, TAIL_POLL_INTERVAL);
+    let append_pool = connect(APPEND_CONNECTIONS).await?;
+    let appends = Committer::start(PgAppends { pool: append_pool.clone() }, wakes.clone(), grouping);
+    let store =
+        Arc::new(PgStore { pool: pool.clone(), wakes, tails, appends, _relay: Arc::new(stop.drop_guard()) });
     Ok(Stores {
         runs: store.clone(),
         events: store.clone(),
@@ -108,6 +121,7 @@ pub(super) async fn open(database_url: &str, grouping: GroupCommit) -> Result<St
         checkpoints: store,
         blobs,
         pool: Pool::Postgres(pool),
+        append_pool: Pool::Postgres(append_pool),
     })
 }
 
@@ -340,13 +354,7 @@ impl EventLog for PgStore {
 
     async fn read(&self, run: &RunKey, after: &Offset) -> Result<super::ChunkStream> {
         self.log_closed_flag(run).await?;
-        Ok(tail::follow(
-            Arc::new(self.clone()) as Arc<dyn LogPages>,
-            &self.wakes,
-            run.clone(),
-            after.clone(),
-            TAIL_POLL_INTERVAL,
-        ))
+        Ok(self.tails.follow(Arc::new(self.clone()) as Arc<dyn LogPages>, run.clone(), after.clone()))
     }
 
     async fn snapshot(&self, run: &RunKey) -> Result<LogSnapshot> {

@@ -716,6 +716,17 @@ macro_rules! impl_shared_stores {
                 .map(EventRow::into_chunk)
                 .collect()
             }
+
+            async fn last_seq(&self, run: &RunKey) -> Result<i64> {
+                let (last,): (Option<i64>,) = sqlx::query_as(
+                    "SELECT MAX(seq) FROM run_events WHERE run_id = $1 AND tenant = $2",
+                )
+                .bind(run.run.as_str())
+                .bind(run.tenant.as_str())
+                .fetch_one(&self.pool)
+                .await?;
+                Ok(last.unwrap_or(0))
+            }
         }
 
         #[async_trait]

@@ -24,7 +24,7 @@ use super::sql::{
     DefinitionRow, EventRow, InstanceRow, NodeRow, RunRow, epoch_to_db, explain_refusal, impl_shared_stores,
     instance_columns, json_to_db, node_columns, not_terminal, run_columns, run_not_found, terminal,
 };
-use super::tail::{self, LogPages, Wakes};
+use super::tail::{self, LogPages, Tails, Wakes};
 use super::{
     Admitted, CreatedRun, Definition, DefinitionStore, Epoch, Error, EventLog, FIRST_EPOCH, IndexedRequest,
     Instance, InstanceStore, LogSnapshot, NewChunk, NewInstance, NewNode, NewRun, NodeRecord, NodeStore,
@@ -37,8 +37,16 @@ pub(super) struct SqliteStore {
     pool: SqlitePool,
     /// In-process wake-ups; other processes' appends are seen by the poll.
     wakes: Wakes,
+    tails: Tails,
     appends: Committer<SqliteAppends>,
 }
+
+/// Connections of the store's pool, and of the appends' own: readers (a
+/// thousand streams' catch-up pages) cannot take the one a run's appends
+/// need. SQLite writes one transaction at a time, so the committer needs
+/// one; the second serves an append of [`GroupCommit::Off`] beside it.
+const POOL_CONNECTIONS: u32 = 8;
+const APPEND_CONNECTIONS: u32 = 2;
 
 pub(super) async fn open(database_url: &str, grouping: GroupCommit) -> Result<Stores> {
     let options = SqliteConnectOptions::from_str(database_url)
@@ -60,15 +68,19 @@ pub(super) async fn open(database_url: &str, grouping: GroupCommit) -> Result<St
         std::fs::create_dir_all(parent)
             .map_err(|e| Error::Unavailable(format!("creating {}: {e}", parent.display())))?;
     }
-    let pool = SqlitePoolOptions::new()
-        .max_connections(8)
-        .acquire_timeout(Duration::from_secs(30))
-        .connect_with(options)
-        .await?;
+    let connect = |connections| {
+        SqlitePoolOptions::new()
+            .max_connections(connections)
+            .acquire_timeout(Duration::from_secs(30))
+            .connect_with(options.clone())
+    };
+    let pool = connect(POOL_CONNECTIONS).await?;
     sqlx::migrate!("./migrations/sqlite").run(&pool).await?;
+    let append_pool = connect(APPEND_CONNECTIONS).await?;
     let wakes = tail::wakes();
-    let appends = Committer::start(SqliteAppends { pool: pool.clone() }, wakes.clone(), grouping);
-    let store = Arc::new(SqliteStore { pool: pool.clone(), wakes, appends });
+    let tails = Tails::new(&wakes, TAIL_POLL_INTERVAL);
+    let appends = Committer::start(SqliteAppends { pool: append_pool.clone() }, wakes.clone(), grouping);
+    let store = Arc::new(SqliteStore { pool: pool.clone(), wakes, tails, appends });
     // Blobs live beside the database file, under the data dir.
     let blob_dir = if path.to_string_lossy().contains(":memory:") || path.as_os_str().is_empty() {
         std::env::temp_dir().join(format!("sandhold-snapshot-blobs-{}", uuid::Uuid::new_v4().simple()))
@@ -92,6 +104,7 @@ pub(super) async fn open(database_url: &str, grouping: GroupCommit) -> Result<St
         checkpoints: store,
         blobs,
         pool: Pool::Sqlite(pool),
+        append_pool: Pool::Sqlite(append_pool),
     })
 }
 
@@ -189,13 +202,7 @@ impl EventLog for SqliteStore {
     async fn read(&self, run: &RunKey, after: &Offset) -> Result<super::ChunkStream> {
         // Unknown runs fail here rather than inside the stream.
         self.log_closed_flag(run).await?;
-        Ok(tail::follow(
-            Arc::new(self.clone()) as Arc<dyn LogPages>,
-            &self.wakes,
-            run.clone(),
-            after.clone(),
-            TAIL_POLL_INTERVAL,
-        ))
+        Ok(self.tails.follow(Arc::new(self.clone()) as Arc<dyn LogPages>, run.clone(), after.clone()))
     }
 
     async fn snapshot(&self, run: &RunKey) -> Result<LogSnapshot> {

@@ -27,6 +27,8 @@ pub struct Stores {
     /// table of the PostgreSQL database.
     pub blobs: Arc<dyn BlobStore>,
     pub(super) pool: Pool,
+    /// The event log's appends' own connections.
+    pub(super) append_pool: Pool,
 }
 
 #[derive(Clone)]
@@ -96,9 +98,11 @@ impl Stores {
     /// Close the connections (graceful shutdown). Tailing reads end with an
     /// error afterwards.
     pub async fn close(&self) {
-        match &self.pool {
-            Pool::Sqlite(pool) => pool.close().await,
-            Pool::Postgres(pool) => pool.close().await,
+        for pool in [&self.append_pool, &self.pool] {
+            match pool {
+                Pool::Sqlite(pool) => pool.close().await,
+                Pool::Postgres(pool) => pool.close().await,
+            }
         }
     }
 }

@@ -1,20 +1,45 @@
-//! Tailing reads: page through a run's log and wait for wake-ups between
-//! pages. Both backends share this; they differ in where wake-ups come from
+//! Tailing reads: one tail per followed run per store, shared by every
+//! stream of that run in this process.
+//!
+//! A run's tail is a task that starts at the log's end and reads what is
+//! appended after it (two queries per wake-up: closed?, next page) into a
+//! window of the latest chunks; its followers take their chunks from that
+//! window. A follower behind the window (attached at an older offset, or
+//! too slow to keep up) pages through the table on its own until it reaches
+//! the window, so a slow reader neither holds the others back nor makes the
+//! tail keep more. N streams of one run cost one tail's queries, not N, and
+//! one subscriber to the store's wake-ups, not N: with a thousand streams
+//! over a hundred runs, per-stream tails read every chunk once per stream
+//! and starved the appends of the pool's connections.
+//!
+//! Both backends share this; they differ in where wake-ups come from
 //! (in-process sends; PostgreSQL adds LISTEN/NOTIFY from other processes).
 //! Data always comes from the table, a wake-up only says "look again".
 
-use std::sync::Arc;
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tokio::sync::broadcast;
+use tokio::sync::{Notify, broadcast, oneshot, watch};
 
-use super::{ChunkStream, Offset, Result, RunKey, StoredChunk};
+use super::{ChunkStream, Error, Offset, Result, RunKey, StoredChunk};
 
-/// Rows fetched per query; a tailer far behind catches up page by page.
+/// Rows fetched per query; a follower far behind catches up page by page.
 /// A reader that reads nothing holds one page: with 200 such attaches on a
 /// log of 4 KB chunks, 512 rows held 2 MiB each (over 500 MiB in all).
 const PAGE_SIZE: i64 = 64;
+
+/// The most chunks, and bytes of payload, a run's window keeps: a burst of
+/// this much between a follower's reads costs it nothing extra. The oldest
+/// go first; at least the newest chunk stays, whatever its size.
+const WINDOW_ROWS: usize = 4 * PAGE_SIZE as usize;
+const WINDOW_BYTES: usize = 1 << 20;
+
+/// Consecutive failed reads of the database (unavailable: a pool timeout,
+/// a dropped connection) a tail retries, one poll interval apart, before
+/// its followers get the error.
+const TAIL_RETRIES: u32 = 10;
 
 #[derive(Debug, Clone)]
 pub(super) enum Wake {
@@ -28,7 +53,8 @@ pub(super) enum Wake {
 pub(super) type Wakes = broadcast::Sender<Wake>;
 
 pub(super) fn wakes() -> Wakes {
-    // A slow tailer that falls behind gets `Lagged`, which wakes it anyway.
+    // The tails' one dispatcher reads these; if it falls behind it gets
+    // `Lagged`, which wakes every tail.
     broadcast::channel(1024).0
 }
 
@@ -37,7 +63,7 @@ pub(super) fn wake_run(wakes: &Wakes, run: &RunKey) {
     let _ = wakes.send(Wake::Run(Arc::from(run.encode())));
 }
 
-/// The two queries a tail needs.
+/// The queries a tail needs.
 #[async_trait]
 pub(super) trait LogPages: Send + Sync + 'static {
     /// [`super::Error::NotFound`] for an unknown run.
@@ -45,59 +71,522 @@ pub(super) trait LogPages: Send + Sync + 'static {
 
     /// Chunks with `seq > after_seq`, in order, at most `limit`.
     async fn page_after(&self, run: &RunKey, after_seq: i64, limit: i64) -> Result<Vec<StoredChunk>>;
+
+    /// The sequence number of the log's last chunk (0 for an empty log).
+    async fn last_seq(&self, run: &RunKey) -> Result<i64>;
 }
 
-/// Stream the log after `after`, then follow it until it is closed.
-pub(super) fn follow(
-    pages: Arc<dyn LogPages>,
-    wakes: &Wakes,
-    run: RunKey,
-    after: Offset,
+/// The tails of one store.
+#[derive(Clone)]
+pub(super) struct Tails {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    runs: Mutex<HashMap<Arc<str>, Entry>>,
     poll_interval: Duration,
-) -> ChunkStream {
-    // Subscribe before the first query: an append that commits after the
-    // query has a wake-up waiting for us.
-    let mut wake_rx = wakes.subscribe();
-    let woken_by = run.encode();
-    Box::pin(async_stream::try_stream! {
-        let mut cursor = after.seq();
-        loop {
-            // Closed first, rows second: appends after close are refused, so
-            // rows read after seeing `closed` are the whole log.
-            let closed = pages.log_closed(&run).await?;
-            let page = pages.page_after(&run, cursor, PAGE_SIZE).await?;
-            let full_page = page.len() as i64 == PAGE_SIZE;
-            for chunk in page {
-                cursor = chunk.offset.seq();
-                yield chunk;
-            }
-            if full_page {
-                continue;
-            }
-            if closed {
-                break;
-            }
-            wait_for_wake(&mut wake_rx, &woken_by, poll_interval).await;
-        }
-    })
 }
 
-async fn wait_for_wake(wake_rx: &mut broadcast::Receiver<Wake>, run: &str, poll_interval: Duration) {
+struct Entry {
+    tail: Weak<RunTail>,
+    woken: Arc<Notify>,
+}
+
+/// What the followers of one run hold; when the last lets go, the tail
+/// task stops and the entry goes.
+struct RunTail {
+    key: Arc<str>,
+    window: watch::Receiver<Window>,
+    shared: Weak<Shared>,
+    /// Dropped with this: the tail task's signal to stop.
+    _stop: oneshot::Sender<()>,
+}
+
+impl Drop for RunTail {
+    fn drop(&mut self) {
+        let Some(shared) = self.shared.upgrade() else { return };
+        let mut runs = shared.runs.lock().unwrap_or_else(|e| e.into_inner());
+        // A follower may have replaced this entry with a new tail already.
+        if runs.get(&self.key).is_some_and(|entry| entry.tail.strong_count() == 0) {
+            runs.remove(&self.key);
+        }
+    }
+}
+
+/// The latest chunks of a run as its tail has read them.
+#[derive(Default)]
+struct Window {
+    /// Set once the tail has read where the log ends: the sequence number
+    /// `chunks` follows. A follower at or past it reads from the window.
+    base: Option<i64>,
+    /// Contiguous, in order: every chunk after `base` the tail has read.
+    chunks: VecDeque<StoredChunk>,
+    bytes: usize,
+    /// The log is closed and `chunks` reaches its end.
+    closed: bool,
+    /// The tail gave up: what its followers get.
+    failed: Option<Failure>,
+}
+
+#[derive(Clone)]
+enum Failure {
+    NotFound(String),
+    Unavailable(String),
+}
+
+impl Failure {
+    fn of(error: &Error) -> Self {
+        match error {
+            Error::NotFound(what) => Self::NotFound(what.clone()),
+            other => Self::Unavailable(format!("following the log: {other}")),
+        }
+    }
+
+    fn error(&self) -> Error {
+        match self {
+            Self::NotFound(what) => Error::NotFound(what.clone()),
+            Self::Unavailable(message) => Error::Unavailable(message.clone()),
+        }
+    }
+}
+
+/// What a follower at some position does next.
+enum Next {
+    /// These chunks, the next ones after its position.
+    Chunks(Vec<StoredChunk>),
+    /// Its position is before the window: it pages on its own.
+    Behind,
+    /// Nothing after its position yet.
+    Wait,
+    /// The log is closed and it has read to the end.
+    End,
+    Failed(Error),
+}
+
+impl Window {
+    fn next(&self, cursor: i64) -> Next {
+        if let Some(failure) = &self.failed {
+            return Next::Failed(failure.error());
+        }
+        let Some(base) = self.base else { return Next::Wait };
+        if cursor < base {
+            return Next::Behind;
+        }
+        let start = self.chunks.partition_point(|chunk| chunk.offset.seq() <= cursor);
+        let chunks: Vec<StoredChunk> = self.chunks.range(start..).take(PAGE_SIZE as usize).cloned().collect();
+        match (chunks.is_empty(), self.closed) {
+            (false, _) => Next::Chunks(chunks),
+            (true, true) => Next::End,
+            (true, false) => Next::Wait,
+        }
+    }
+
+    fn push(&mut self, page: Vec<StoredChunk>) {
+        for chunk in page {
+            self.bytes += chunk.payload.len();
+            self.chunks.push_back(chunk);
+        }
+        while self.chunks.len() > 1 && (self.chunks.len() > WINDOW_ROWS || self.bytes > WINDOW_BYTES) {
+            let oldest = self.chunks.pop_front().expect("more than one chunk");
+            self.bytes -= oldest.payload.len();
+            self.base = Some(oldest.offset.seq());
+        }
+    }
+}
+
+impl Tails {
+    /// Tails woken by `wakes`, each also looking every `poll_interval`
+    /// (appends of other processes a wake-up does not reach).
+    pub(super) fn new(wakes: &Wakes, poll_interval: Duration) -> Self {
+        let shared = Arc::new(Shared { runs: Mutex::new(HashMap::new()), poll_interval });
+        tokio::spawn(dispatch(wakes.subscribe(), Arc::downgrade(&shared)));
+        Self { shared }
+    }
+
+    /// Stream the log after `after`, then follow it until it is closed.
+    pub(super) fn follow(&self, pages: Arc<dyn LogPages>, run: RunKey, after: Offset) -> ChunkStream {
+        let tail = self.attach(&pages, &run);
+        Box::pin(async_stream::try_stream! {
+            let mut window = tail.window.clone();
+            let mut cursor = after.seq();
+            loop {
+                let next = window.borrow_and_update().next(cursor);
+                match next {
+                    Next::Chunks(chunks) => {
+                        for chunk in chunks {
+                            cursor = chunk.offset.seq();
+                            yield chunk;
+                        }
+                    }
+                    Next::Behind => {
+                        let page = pages.page_after(&run, cursor, PAGE_SIZE).await?;
+                        if page.is_empty() {
+                            // Rows the tail read after this position are gone.
+                            pages.log_closed(&run).await?;
+                            Err(Error::Corrupt(format!(
+                                "the log of run {} has no chunks after {cursor} though its tail read some",
+                                run.run
+                            )))?;
+                        }
+                        for chunk in page {
+                            cursor = chunk.offset.seq();
+                            yield chunk;
+                        }
+                    }
+                    Next::Wait => {
+                        if window.changed().await.is_err()
+                            && matches!(window.borrow().next(cursor), Next::Wait)
+                        {
+                            Err(Error::Unavailable(format!("the tail of run {} stopped", run.run)))?;
+                        }
+                    }
+                    Next::End => break,
+                    Next::Failed(error) => Err(error)?,
+                }
+            }
+            drop(tail);
+        })
+    }
+
+    /// The run's tail, started if it has none (or its last one failed).
+    fn attach(&self, pages: &Arc<dyn LogPages>, run: &RunKey) -> Arc<RunTail> {
+        let key: Arc<str> = Arc::from(run.encode());
+        // Declared before the lock: a tail upgraded here and then dropped
+        // (its last follower left meanwhile) runs its `Drop`, which takes
+        // the lock, only after the guard is gone.
+        let current: Option<Arc<RunTail>>;
+        let mut runs = self.shared.runs.lock().unwrap_or_else(|e| e.into_inner());
+        current = runs.get(&key).and_then(|entry| entry.tail.upgrade());
+        if let Some(tail) = &current
+            && tail.window.borrow().failed.is_none()
+        {
+            return tail.clone();
+        }
+        let woken = Arc::new(Notify::new());
+        let (window_tx, window_rx) = watch::channel(Window::default());
+        let (stop_tx, stop_rx) = oneshot::channel();
+        let tail = Arc::new(RunTail {
+            key: key.clone(),
+            window: window_rx,
+            shared: Arc::downgrade(&self.shared),
+            _stop: stop_tx,
+        });
+        runs.insert(key, Entry { tail: Arc::downgrade(&tail), woken: woken.clone() });
+        drop(runs);
+        tokio::spawn(run_tail(
+            pages.clone(),
+            run.clone(),
+            window_tx,
+            woken,
+            stop_rx,
+            self.shared.poll_interval,
+        ));
+        tail
+    }
+
+    #[cfg(test)]
+    fn tailed_runs(&self) -> usize {
+        self.shared.runs.lock().unwrap().len()
+    }
+}
+
+impl Shared {
+    /// Wake the tail of `run`, or every tail.
+    fn wake(&self, run: Option<&str>) {
+        let runs = self.runs.lock().unwrap_or_else(|e| e.into_inner());
+        match run {
+            Some(run) => {
+                if let Some(entry) = runs.get(run) {
+                    entry.woken.notify_one();
+                }
+            }
+            None => runs.values().for_each(|entry| entry.woken.notify_one()),
+        }
+    }
+}
+
+/// The store's wake-ups, routed to the tails they concern.
+async fn dispatch(mut wakes: broadcast::Receiver<Wake>, shared: Weak<Shared>) {
     use broadcast::error::RecvError;
-    let poll = tokio::time::sleep(poll_interval);
-    tokio::pin!(poll);
     loop {
-        tokio::select! {
-            () = &mut poll => return,
-            wake = wake_rx.recv() => match wake {
-                Ok(Wake::Run(woken)) if &*woken == run => return,
-                Ok(Wake::Run(_)) => {}
-                Ok(Wake::All) | Err(RecvError::Lagged(_)) => return,
-                Err(RecvError::Closed) => {
-                    poll.as_mut().await;
+        let wake = wakes.recv().await;
+        let Some(shared) = shared.upgrade() else { return };
+        match wake {
+            Ok(Wake::Run(run)) => shared.wake(Some(&run)),
+            Ok(Wake::All) | Err(RecvError::Lagged(_)) => shared.wake(None),
+            Err(RecvError::Closed) => return,
+        }
+    }
+}
+
+/// One read of a tail.
+enum Read {
+    /// Where the log ends: the tail's first read.
+    End(i64),
+    /// The chunks after the tail's position.
+    Page(Vec<StoredChunk>),
+}
+
+/// One run's tail: from the log's end, read what is appended into the
+/// window, until the log is closed or nobody follows it.
+async fn run_tail(
+    pages: Arc<dyn LogPages>,
+    run: RunKey,
+    window: watch::Sender<Window>,
+    woken: Arc<Notify>,
+    mut stop: oneshot::Receiver<()>,
+    poll_interval: Duration,
+) {
+    let mut cursor: Option<i64> = None;
+    let mut failures = 0;
+    loop {
+        let read = async {
+            // Closed first, rows second: appends after close are refused,
+            // so rows read after seeing `closed` are the whole log.
+            let closed = pages.log_closed(&run).await?;
+            let read = match cursor {
+                None => Read::End(pages.last_seq(&run).await?),
+                Some(after) => Read::Page(pages.page_after(&run, after, PAGE_SIZE).await?),
+            };
+            Ok::<_, Error>((closed, read))
+        };
+        let read = tokio::select! {
+            _ = &mut stop => return,
+            read = read => read,
+        };
+        let full = match read {
+            Ok((closed, read)) => {
+                failures = 0;
+                let full = matches!(&read, Read::Page(page) if page.len() as i64 == PAGE_SIZE);
+                let done = closed && !full;
+                window.send_if_modified(|window| {
+                    let grew = match read {
+                        Read::End(end) => {
+                            window.base = Some(end);
+                            cursor = Some(end);
+                            true
+                        }
+                        Read::Page(page) => match page.last() {
+                            Some(last) => {
+                                cursor = Some(last.offset.seq());
+                                window.push(page);
+                                true
+                            }
+                            None => false,
+                        },
+                    };
+                    window.closed = done;
+                    grew || done
+                });
+                if done {
                     return;
                 }
-            },
+                full
+            }
+            Err(error @ Error::Unavailable(_)) if failures < TAIL_RETRIES => {
+                failures += 1;
+                tracing::warn!(run_id = %run.run, %error, failures, "reading the log failed; the tail tries again");
+                false
+            }
+            Err(error) => {
+                window.send_modify(|window| window.failed = Some(Failure::of(&error)));
+                return;
+            }
+        };
+        if full {
+            continue;
         }
+        tokio::select! {
+            _ = &mut stop => return,
+            () = woken.notified() => {}
+            () = tokio::time::sleep(poll_interval) => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use futures::StreamExt;
+
+    use super::*;
+    use crate::store::{FIRST_EPOCH, Tenant, Timestamp};
+    use shared::ids::RunId;
+
+    /// A log in memory that counts the tails' queries and can fail them.
+    #[derive(Default)]
+    struct Log {
+        chunks: Mutex<Vec<StoredChunk>>,
+        closed: Mutex<bool>,
+        queries: AtomicUsize,
+        /// The next this many queries fail as unavailable.
+        failing: AtomicUsize,
+    }
+
+    impl Log {
+        fn append(&self, wakes: &Wakes, run: &RunKey, n: usize) {
+            let mut chunks = self.chunks.lock().unwrap();
+            for _ in 0..n {
+                let seq = chunks.len() as i64 + 1;
+                chunks.push(StoredChunk {
+                    offset: Offset::from_seq(seq).unwrap(),
+                    epoch: FIRST_EPOCH,
+                    kind: "line".into(),
+                    payload: format!("chunk {seq}").into_bytes(),
+                    appended_at: Timestamp::now(),
+                });
+            }
+            drop(chunks);
+            wake_run(wakes, run);
+        }
+
+        fn close(&self, wakes: &Wakes, run: &RunKey) {
+            *self.closed.lock().unwrap() = true;
+            wake_run(wakes, run);
+        }
+
+        fn query(&self) -> Result<()> {
+            self.queries.fetch_add(1, Ordering::SeqCst);
+            let failing = self.failing.load(Ordering::SeqCst);
+            if failing > 0 {
+                self.failing.store(failing - 1, Ordering::SeqCst);
+                return Err(Error::Unavailable("pool timed out while waiting for an open connection".into()));
+            }
+            Ok(())
+        }
+    }
+
+    #[async_trait]
+    impl LogPages for Log {
+        async fn log_closed(&self, _run: &RunKey) -> Result<bool> {
+            self.query()?;
+            Ok(*self.closed.lock().unwrap())
+        }
+
+        async fn page_after(&self, _run: &RunKey, after_seq: i64, limit: i64) -> Result<Vec<StoredChunk>> {
+            self.query()?;
+            let chunks = self.chunks.lock().unwrap();
+            Ok(chunks.iter().filter(|c| c.offset.seq() > after_seq).take(limit as usize).cloned().collect())
+        }
+
+        async fn last_seq(&self, _run: &RunKey) -> Result<i64> {
+            self.query()?;
+            Ok(self.chunks.lock().unwrap().len() as i64)
+        }
+    }
+
+    fn run() -> RunKey {
+        RunKey::new(Tenant::new("t"), RunId::parse("r1").unwrap())
+    }
+
+    fn seqs(chunks: &[StoredChunk]) -> Vec<i64> {
+        chunks.iter().map(|c| c.offset.seq()).collect()
+    }
+
+    async fn take(stream: &mut ChunkStream, n: usize) -> Vec<StoredChunk> {
+        let mut got = Vec::new();
+        while got.len() < n {
+            let next = tokio::time::timeout(Duration::from_secs(10), stream.next()).await;
+            got.push(next.expect("a chunk within 10 s").expect("not the end").expect("no error"));
+        }
+        got
+    }
+
+    #[tokio::test]
+    async fn a_hundred_followers_of_a_run_cost_one_tails_queries() {
+        let wakes = wakes();
+        let tails = Tails::new(&wakes, Duration::from_secs(60));
+        let log = Arc::new(Log::default());
+        let run = run();
+        log.append(&wakes, &run, 10);
+        let pages: Arc<dyn LogPages> = log.clone();
+        let mut streams: Vec<_> =
+            (0..100).map(|_| tails.follow(pages.clone(), run.clone(), Offset::start())).collect();
+        // Each catches up on the ten chunks before the tail's start.
+        for stream in &mut streams {
+            assert_eq!(seqs(&take(stream, 10).await), (1..=10).collect::<Vec<_>>());
+        }
+        let before = log.queries.load(Ordering::SeqCst);
+        for round in 0..20 {
+            log.append(&wakes, &run, 1);
+            for stream in &mut streams {
+                assert_eq!(seqs(&take(stream, 1).await), vec![11 + round]);
+            }
+        }
+        let live = log.queries.load(Ordering::SeqCst) - before;
+        // Two queries per wake-up for the one tail; per-stream tails made
+        // 100 times that.
+        assert!(live <= 2 * 20 + 2, "{live} queries for 20 appends followed by 100 streams");
+        assert_eq!(tails.tailed_runs(), 1);
+        drop(streams);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(tails.tailed_runs(), 0, "the last follower gone, the tail goes");
+    }
+
+    #[tokio::test]
+    async fn a_follower_behind_the_window_pages_on_its_own_and_misses_nothing() {
+        let wakes = wakes();
+        let tails = Tails::new(&wakes, Duration::from_secs(60));
+        let log = Arc::new(Log::default());
+        let run = run();
+        let pages: Arc<dyn LogPages> = log.clone();
+        let mut fast = tails.follow(pages.clone(), run.clone(), Offset::start());
+        let mut slow = tails.follow(pages.clone(), run.clone(), Offset::start());
+        log.append(&wakes, &run, 1);
+        assert_eq!(seqs(&take(&mut fast, 1).await), vec![1]);
+        assert_eq!(seqs(&take(&mut slow, 1).await), vec![1]);
+        // Far more than the window keeps, while `slow` reads nothing.
+        let burst = 3 * WINDOW_ROWS;
+        for _ in 0..burst {
+            log.append(&wakes, &run, 1);
+        }
+        assert_eq!(seqs(&take(&mut fast, burst).await), (2..=burst as i64 + 1).collect::<Vec<_>>());
+        log.close(&wakes, &run);
+        let mut rest = take(&mut slow, burst).await;
+        assert_eq!(seqs(&rest), (2..=burst as i64 + 1).collect::<Vec<_>>());
+        assert!(slow.next().await.is_none(), "the closed log ends the stream");
+        assert!(fast.next().await.is_none());
+        rest.clear();
+    }
+
+    #[tokio::test]
+    async fn a_followers_offset_inside_the_window_resumes_after_it() {
+        let wakes = wakes();
+        let tails = Tails::new(&wakes, Duration::from_secs(60));
+        let log = Arc::new(Log::default());
+        let run = run();
+        let pages: Arc<dyn LogPages> = log.clone();
+        let mut first = tails.follow(pages.clone(), run.clone(), Offset::start());
+        log.append(&wakes, &run, 5);
+        assert_eq!(seqs(&take(&mut first, 5).await), vec![1, 2, 3, 4, 5]);
+        let mut resumed = tails.follow(pages.clone(), run.clone(), Offset::from_seq(3).unwrap());
+        assert_eq!(seqs(&take(&mut resumed, 2).await), vec![4, 5]);
+        log.close(&wakes, &run);
+        assert!(resumed.next().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn an_unavailable_database_is_retried_not_passed_to_the_followers() {
+        let wakes = wakes();
+        let tails = Tails::new(&wakes, Duration::from_millis(10));
+        let log = Arc::new(Log::default());
+        let run = run();
+        let pages: Arc<dyn LogPages> = log.clone();
+        let mut stream = tails.follow(pages.clone(), run.clone(), Offset::start());
+        log.append(&wakes, &run, 1);
+        assert_eq!(seqs(&take(&mut stream, 1).await), vec![1]);
+        log.failing.store(TAIL_RETRIES as usize - 1, Ordering::SeqCst);
+        log.append(&wakes, &run, 2);
+        assert_eq!(seqs(&take(&mut stream, 2).await), vec![2, 3]);
+        // Past the retries the followers get the error.
+        log.failing.store(usize::MAX, Ordering::SeqCst);
+        log.append(&wakes, &run, 1);
+        let error = tokio::time::timeout(Duration::from_secs(10), stream.next()).await.unwrap();
+        assert!(matches!(error, Some(Err(Error::Unavailable(_)))), "{error:?}");
+        // A new follower starts a new tail once the database answers.
+        log.failing.store(0, Ordering::SeqCst);
+        let mut again = tails.follow(pages, run.clone(), Offset::from_seq(3).unwrap());
+        assert_eq!(seqs(&take(&mut again, 1).await), vec![4]);
     }
 }
