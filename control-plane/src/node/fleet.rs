@@ -229,18 +229,7 @@ impl Fleet {
         if records.is_empty() {
             return Ok(Vec::new());
         }
-        let mut placed: HashMap<String, u32> = HashMap::new();
-        for instance in self.inner.stores.instances.list(None).await? {
-            if !instance.node.is_empty() {
-                *placed.entry(instance.node).or_default() += 1;
-            }
-        }
-        // A claimed warm sandbox is an instance already (counted above).
-        for warm in self.inner.stores.warm.list(None).await? {
-            if !warm.node.is_empty() && warm.claimed_key.is_none() {
-                *placed.entry(warm.node).or_default() += 1;
-            }
-        }
+        let placed: HashMap<String, u32> = self.inner.stores.nodes.placed().await?.into_iter().collect();
         let pending = self.inner.pending.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let now = Timestamp::now();
         Ok(records

@@ -1433,6 +1433,52 @@ async fn instances_carry_their_node(b: &Backend) {
     assert_eq!(instances.put(new("")).await.unwrap().node, "", "back on the server's own providers");
 }
 
+/// What is placed on each node: its instances and its unclaimed warm
+/// sandboxes (a claimed one is counted as the instance it became).
+async fn nodes_count_what_is_placed_on_each(b: &Backend) {
+    let s = &b.stores;
+    let instance = |key: &str, node: &str| NewInstance {
+        sandbox_key: key.into(),
+        tenant: tenant("acme"),
+        provider: "docker".into(),
+        provider_sandbox_id: format!("c-{key}"),
+        native_snapshot: None,
+        definition_id: "d".into(),
+        thread_id: key.into(),
+        node: node.into(),
+    };
+    for (key, node) in [("i1", "node-a"), ("i2", "node-a"), ("i3", "node-b"), ("i4", "")] {
+        s.instances.put(instance(key, node)).await.unwrap();
+    }
+    for (key, node) in [("w1", "node-b"), ("w2", "node-c"), ("w3", "")] {
+        s.warm.add(&WarmSandbox { node: node.into(), ..warm(key, "acme", "d1", 1) }).await.unwrap();
+        assert!(s.warm.ready(key, &format!("p-{key}")).await.unwrap());
+    }
+    s.warm.set_pool(&Tenant::new("acme"), "def", 3).await.unwrap();
+    let claimed = s.warm.claim(&Tenant::new("acme"), "def", "d1", "thread-x").await.unwrap().unwrap();
+    let placed = |rows: Vec<(String, u32)>| rows.into_iter().collect::<std::collections::BTreeMap<_, _>>();
+    let expected = |claimed_node: &str| {
+        let mut counts = std::collections::BTreeMap::from([
+            ("node-a".to_string(), 2),
+            ("node-b".to_string(), 2),
+            ("node-c".to_string(), 1),
+        ]);
+        if let Some(n) = counts.get_mut(claimed_node) {
+            *n -= 1;
+            if *n == 0 {
+                counts.remove(claimed_node);
+            }
+        }
+        counts
+    };
+    assert_eq!(
+        placed(s.nodes.placed().await.unwrap()),
+        expected(&claimed.node),
+        "claimed {}",
+        claimed.pool_key
+    );
+}
+
 // ---------------------------------------------------------------- NodeStore
 
 /// Register, heartbeat, drain and remove; a removed name cannot come back.
@@ -2014,6 +2060,7 @@ conformance_suite!(
     instances_carry_their_node,
     instances_keep_live_network_rules,
     nodes_register_heartbeat_drain_and_remove,
+    nodes_count_what_is_placed_on_each,
     definitions_round_trip_per_tenant,
     definitions_unused_derived_are_removed,
     tokens_map_to_tenants_and_are_stored_hashed,

@@ -59,4 +59,9 @@ pub trait NodeStore: Send + Sync {
 
     /// Mark it removed. True if it was there and not removed yet.
     async fn remove(&self, name: &str) -> Result<bool>;
+
+    /// How many sandboxes are placed on each node that has any: recorded
+    /// instances, and pooled (warm) sandboxes not claimed yet (a claimed
+    /// one is an instance already). One aggregate, not every row.
+    async fn placed(&self) -> Result<Vec<(String, u32)>>;
 }

@@ -1049,6 +1049,19 @@ macro_rules! impl_shared_stores {
                     .rows_affected();
                 Ok(n > 0)
             }
+
+            async fn placed(&self) -> Result<Vec<(String, u32)>> {
+                let rows: Vec<(String, i64)> = sqlx::query_as(
+                    "SELECT node, COUNT(*) FROM ( \
+                       SELECT node FROM instances WHERE node <> '' \
+                       UNION ALL \
+                       SELECT node FROM warm_sandboxes WHERE node <> '' AND claimed_key IS NULL \
+                     ) placed GROUP BY node",
+                )
+                .fetch_all(&self.pool)
+                .await?;
+                Ok(rows.into_iter().map(|(node, n)| (node, u32::try_from(n).unwrap_or(u32::MAX))).collect())
+            }
         }
 
         #[async_trait]
