@@ -365,6 +365,43 @@ macro_rules! insert_events {
 }
 pub(super) use insert_events;
 
+/// [`insert_events`] on PostgreSQL: the rows as one array per column, so
+/// the statement's text is the same for every group and PostgreSQL plans
+/// it once per connection (a multi-row VALUES is a new statement to parse
+/// and plan for every group size).
+macro_rules! insert_events_unnest {
+    ($db:ty, $conn:expr, $rows:expr, $now:expr) => {{
+        let rows = $rows;
+        let (mut tenants, mut runs, mut seqs, mut epochs, mut kinds, mut payloads) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for (run, seq, held, chunk) in rows {
+            let (run, chunk): (&RunKey, &NewChunk) = (run, chunk);
+            tenants.push(run.tenant.as_str());
+            runs.push(run.run.as_str());
+            seqs.push(seq);
+            epochs.push(held);
+            kinds.push(chunk.kind.as_str());
+            payloads.push(chunk.payload.as_slice());
+        }
+        sqlx::query(
+            "INSERT INTO run_events (tenant, run_id, seq, epoch, kind, payload, appended_at) \
+             SELECT tenant, run_id, seq, epoch, kind, payload, $7 FROM UNNEST( \
+                 $1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::text[], $6::bytea[] \
+             ) AS x(tenant, run_id, seq, epoch, kind, payload)",
+        )
+        .bind(tenants)
+        .bind(runs)
+        .bind(seqs)
+        .bind(epochs)
+        .bind(kinds)
+        .bind(payloads)
+        .bind($now)
+        .execute($conn)
+        .await?;
+    }};
+}
+pub(super) use insert_events_unnest;
+
 /// Rows per INSERT statement: SQLite caps bound parameters per statement
 /// (32,766), PostgreSQL at 65,535; seven a row.
 pub(super) const ROWS_PER_INSERT: usize = 1000;
@@ -394,12 +431,11 @@ pub(super) fn rows<'a>(
 /// wait for each other in a circle.
 macro_rules! read_fences {
     ($db:ty, $conn:expr, $runs:expr, $fences:expr, lock: $lock:literal) => {{
-        let mut query = sqlx::QueryBuilder::<$db>::new(
-            "SELECT r.tenant, r.run_id, r.driver_epoch, r.log_closed, \
-             (SELECT COALESCE(MAX(e.seq), 0) FROM run_events e \
-              WHERE e.tenant = r.tenant AND e.run_id = r.run_id) \
-             FROM (",
-        );
+        let mut query = sqlx::QueryBuilder::<$db>::new(concat!(
+            "SELECT ",
+            $crate::store::group::fence_columns!(),
+            " FROM ("
+        ));
         query.push_values($runs.iter(), |mut row, run: &&RunKey| {
             row.push_bind(run.tenant.as_str()).push_bind(run.run.as_str());
         });
@@ -408,35 +444,76 @@ macro_rules! read_fences {
              ORDER BY r.tenant, r.run_id",
         );
         query.push($lock);
-        let found: Vec<(String, String, i64, bool, i64)> = query.build_query_as().fetch_all($conn).await?;
-        for (tenant, run, epoch, closed, last) in found {
-            let run = $crate::store::RunId::parse(&run)
-                .map_err(|e| $crate::store::Error::Corrupt(format!("run id {run:?}: {e}")))?;
-            $fences.insert(
-                RunKey::new($crate::store::Tenant::new(tenant), run),
-                $crate::store::group::Fence { epoch, closed, last },
-            );
-        }
+        $crate::store::group::add_fences(&mut $fences, query.build_query_as().fetch_all($conn).await?)?;
     }};
 }
 pub(super) use read_fences;
+
+/// [`read_fences`] on PostgreSQL: the runs as two arrays, one statement
+/// text for every group (see [`insert_events_unnest`]).
+macro_rules! read_fences_unnest {
+    ($db:ty, $conn:expr, $runs:expr, $fences:expr, lock: $lock:literal) => {{
+        let runs: &[&RunKey] = $runs;
+        let tenants: Vec<&str> = runs.iter().map(|run| run.tenant.as_str()).collect();
+        let ids: Vec<&str> = runs.iter().map(|run| run.run.as_str()).collect();
+        let found = sqlx::query_as(concat!(
+            "SELECT ",
+            $crate::store::group::fence_columns!(),
+            " FROM UNNEST($1::text[], $2::text[]) AS m(tenant, run_id) \
+             JOIN runs r ON r.tenant = m.tenant AND r.run_id = m.run_id \
+             ORDER BY r.tenant, r.run_id",
+            $lock
+        ))
+        .bind(tenants)
+        .bind(ids)
+        .fetch_all($conn)
+        .await?;
+        $crate::store::group::add_fences(&mut $fences, found)?;
+    }};
+}
+pub(super) use read_fences_unnest;
+
+/// What a fence query selects of a run `r`: tenant, run id, epoch, closed,
+/// last sequence number.
+macro_rules! fence_columns {
+    () => {
+        "r.tenant, r.run_id, r.driver_epoch, r.log_closed, \
+         (SELECT COALESCE(MAX(e.seq), 0) FROM run_events e WHERE e.tenant = r.tenant AND e.run_id = r.run_id)"
+    };
+}
+pub(super) use fence_columns;
+
+/// The rows of a fence query into `fences`.
+pub(super) fn add_fences(
+    fences: &mut HashMap<RunKey, Fence>,
+    found: Vec<(String, String, i64, bool, i64)>,
+) -> Result<()> {
+    for (tenant, run, epoch, closed, last) in found {
+        let run = super::RunId::parse(&run).map_err(|e| Error::Corrupt(format!("run id {run:?}: {e}")))?;
+        fences.insert(RunKey::new(super::Tenant::new(tenant), run), Fence { epoch, closed, last });
+    }
+    Ok(())
+}
 
 /// The body of [`GroupLog::write`] on `$conn` (`&mut` a transaction that
 /// derefs twice to the connection): the members' fences (`$lock` as in
 /// [`read_fences`]), the [`plan`], its rows, the request index of each
 /// stored member. Evaluates to what each member came to.
 macro_rules! write_group {
-    ($db:ty, $conn:ident, $members:expr, lock: $lock:literal) => {{
+    ($db:ty, $conn:ident, $members:expr, lock: $lock:literal) => {
+        $crate::store::group::write_group!($db, $conn, $members, lock: $lock, with: read_fences, insert_events)
+    };
+    ($db:ty, $conn:ident, $members:expr, lock: $lock:literal, with: $fences:ident, $insert:ident) => {{
         let members: &[$crate::store::group::Member<'_>] = $members;
         let mut fences = std::collections::HashMap::new();
         for runs in $crate::store::group::runs_of(members).chunks($crate::store::group::RUNS_PER_QUERY) {
-            $crate::store::group::read_fences!($db, &mut **$conn, runs, fences, lock: $lock);
+            $crate::store::group::$fences!($db, &mut **$conn, runs, fences, lock: $lock);
         }
         let written = $crate::store::group::plan(members, &fences);
         let now = $crate::store::Timestamp::now().as_millis();
         let rows: Vec<_> = $crate::store::group::rows(members, &written).collect();
         for rows in rows.chunks($crate::store::group::ROWS_PER_INSERT) {
-            $crate::store::group::insert_events!($db, &mut **$conn, rows.iter().copied(), now);
+            $crate::store::group::$insert!($db, &mut **$conn, rows.iter().copied(), now);
         }
         for (member, written) in members.iter().zip(&written) {
             if let $crate::store::group::Written::Stored(seqs) = written {
