@@ -717,15 +717,51 @@ macro_rules! impl_shared_stores {
                 .collect()
             }
 
-            async fn last_seq(&self, run: &RunKey) -> Result<i64> {
-                let (last,): (Option<i64>,) = sqlx::query_as(
-                    "SELECT MAX(seq) FROM run_events WHERE run_id = $1 AND tenant = $2",
+            async fn log_end(&self, run: &RunKey) -> Result<(bool, i64)> {
+                sqlx::query_as::<_, (bool, i64)>(
+                    "SELECT r.log_closed, (SELECT COALESCE(MAX(e.seq), 0) FROM run_events e \
+                       WHERE e.tenant = r.tenant AND e.run_id = r.run_id) \
+                     FROM runs r WHERE r.tenant = $1 AND r.run_id = $2",
                 )
-                .bind(run.run.as_str())
                 .bind(run.tenant.as_str())
-                .fetch_one(&self.pool)
+                .bind(run.run.as_str())
+                .fetch_optional(&self.pool)
+                .await?
+                .ok_or_else(|| run_not_found(run))
+            }
+
+            async fn closed_and_page_after(
+                &self,
+                run: &RunKey,
+                after_seq: i64,
+                limit: i64,
+            ) -> Result<(bool, Vec<StoredChunk>)> {
+                type Row = (bool, Option<i64>, Option<i64>, Option<String>, Option<Vec<u8>>, Option<i64>);
+                let rows = sqlx::query_as::<_, Row>(
+                    "SELECT r.log_closed, e.seq, e.epoch, e.kind, e.payload, e.appended_at \
+                     FROM runs r LEFT JOIN ( \
+                         SELECT seq, epoch, kind, payload, appended_at FROM run_events \
+                         WHERE tenant = $1 AND run_id = $2 AND seq > $3 ORDER BY seq LIMIT $4 \
+                     ) e ON 1 = 1 \
+                     WHERE r.tenant = $1 AND r.run_id = $2 ORDER BY e.seq",
+                )
+                .bind(run.tenant.as_str())
+                .bind(run.run.as_str())
+                .bind(after_seq)
+                .bind(limit)
+                .fetch_all(&self.pool)
                 .await?;
-                Ok(last.unwrap_or(0))
+                let closed = rows.first().ok_or_else(|| run_not_found(run))?.0;
+                let chunks = rows
+                    .into_iter()
+                    .filter_map(|(_, seq, epoch, kind, payload, at)| match (seq, epoch, kind, payload, at) {
+                        (Some(seq), Some(epoch), Some(kind), Some(payload), Some(at)) => {
+                            Some(EventRow::new(seq, epoch, kind, payload, at).into_chunk())
+                        }
+                        _ => None,
+                    })
+                    .collect::<Result<_>>()?;
+                Ok((closed, chunks))
             }
         }
 

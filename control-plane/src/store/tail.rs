@@ -2,12 +2,12 @@
 //! stream of that run in this process.
 //!
 //! A run's tail is a task that starts at the log's end and reads what is
-//! appended after it (two queries per wake-up: closed?, next page) into a
+//! appended after it (one query per wake-up: closed? and the next page) into a
 //! window of the latest chunks; its followers take their chunks from that
 //! window. A follower behind the window (attached at an older offset, or
 //! too slow to keep up) pages through the table on its own until it reaches
 //! the window, so a slow reader neither holds the others back nor makes the
-//! tail keep more. N streams of one run cost one tail's queries, not N, and
+//! tail keep more. N streams of one run cost one tail's query, not 2N, and
 //! one subscriber to the store's wake-ups, not N: with a thousand streams
 //! over a hundred runs, per-stream tails read every chunk once per stream
 //! and starved the appends of the pool's connections.
@@ -72,8 +72,19 @@ pub(super) trait LogPages: Send + Sync + 'static {
     /// Chunks with `seq > after_seq`, in order, at most `limit`.
     async fn page_after(&self, run: &RunKey, after_seq: i64, limit: i64) -> Result<Vec<StoredChunk>>;
 
-    /// The sequence number of the log's last chunk (0 for an empty log).
-    async fn last_seq(&self, run: &RunKey) -> Result<i64>;
+    /// Whether the log is closed, and the sequence number of its last
+    /// chunk (0 for an empty log), read together.
+    async fn log_end(&self, run: &RunKey) -> Result<(bool, i64)>;
+
+    /// Whether the log is closed, and [`LogPages::page_after`], read in one
+    /// statement (one snapshot): when it says closed, the page reaches the
+    /// log's end or is full.
+    async fn closed_and_page_after(
+        &self,
+        run: &RunKey,
+        after_seq: i64,
+        limit: i64,
+    ) -> Result<(bool, Vec<StoredChunk>)>;
 }
 
 /// The tails of one store.
@@ -340,15 +351,19 @@ async fn run_tail(
     let mut cursor: Option<i64> = None;
     let mut failures = 0;
     loop {
+        // One statement: when it says closed, no append can follow the rows
+        // it returned.
         let read = async {
-            // Closed first, rows second: appends after close are refused,
-            // so rows read after seeing `closed` are the whole log.
-            let closed = pages.log_closed(&run).await?;
-            let read = match cursor {
-                None => Read::End(pages.last_seq(&run).await?),
-                Some(after) => Read::Page(pages.page_after(&run, after, PAGE_SIZE).await?),
-            };
-            Ok::<_, Error>((closed, read))
+            Ok::<_, Error>(match cursor {
+                None => {
+                    let (closed, end) = pages.log_end(&run).await?;
+                    (closed, Read::End(end))
+                }
+                Some(after) => {
+                    let (closed, page) = pages.closed_and_page_after(&run, after, PAGE_SIZE).await?;
+                    (closed, Read::Page(page))
+                }
+            })
         };
         let read = tokio::select! {
             _ = &mut stop => return,
@@ -470,9 +485,21 @@ mod tests {
             Ok(chunks.iter().filter(|c| c.offset.seq() > after_seq).take(limit as usize).cloned().collect())
         }
 
-        async fn last_seq(&self, _run: &RunKey) -> Result<i64> {
+        async fn log_end(&self, _run: &RunKey) -> Result<(bool, i64)> {
             self.query()?;
-            Ok(self.chunks.lock().unwrap().len() as i64)
+            Ok((*self.closed.lock().unwrap(), self.chunks.lock().unwrap().len() as i64))
+        }
+
+        async fn closed_and_page_after(
+            &self,
+            run: &RunKey,
+            after_seq: i64,
+            limit: i64,
+        ) -> Result<(bool, Vec<StoredChunk>)> {
+            // One query, as a store answers it (closed read first).
+            let closed = *self.closed.lock().unwrap();
+            let page = self.page_after(run, after_seq, limit).await?;
+            Ok((closed, page))
         }
     }
 
@@ -515,9 +542,9 @@ mod tests {
             }
         }
         let live = log.queries.load(Ordering::SeqCst) - before;
-        // Two queries per wake-up for the one tail; per-stream tails made
-        // 100 times that.
-        assert!(live <= 2 * 20 + 2, "{live} queries for 20 appends followed by 100 streams");
+        // A query per wake-up for the one tail; per-stream tails made 200
+        // times that (two each).
+        assert!(live <= 20 + 1, "{live} queries for 20 appends followed by 100 streams");
         assert_eq!(tails.tailed_runs(), 1);
         drop(streams);
         tokio::time::sleep(Duration::from_millis(50)).await;
