@@ -216,15 +216,21 @@ impl Runs {
         }
     }
 
-    /// Keep trying to drive `run` until it is driven here, it ended, or
-    /// `until` fires (the attached client left).
+    /// Keep `run` driven while its client is attached: try to drive it
+    /// whenever nobody does, until it ended or `until` fires (the client
+    /// left).
     ///
     /// A client that leaves after the terminal chunk (`log_ended`) while
     /// the run is not terminal yet saw a driver die between its terminal
     /// chunk and its terminal status: then the attempts go on without the
     /// client (for [`FINISH_ORPHANED_FOR`] at most) until a takeover can
     /// replay the log to its end and write the status.
-    fn keep_taking_over(&self, run: RunKey, until: CancellationToken, log_ended: CancellationToken) {
+    pub(super) fn keep_taking_over(
+        &self,
+        run: RunKey,
+        until: CancellationToken,
+        log_ended: CancellationToken,
+    ) {
         let runs = self.clone();
         // Tracked with the drives: shutdown waits for it (it stops on the
         // shutdown token) before the stores close. In the attach's span, so
@@ -234,19 +240,35 @@ impl Runs {
             async move {
             let mut give_up_at: Option<tokio::time::Instant> = None;
             loop {
-                match runs.try_take_over(&run).await {
-                    Ok(Takeover::HeldElsewhere) => {}
-                    Ok(Takeover::Driving { .. }) if !until.is_cancelled() => {
-                        // Its client is here: whoever marked it detached
-                        // while it had no driver (the reaper) was wrong now.
-                        let cx = &runs.inner.ctx;
-                        if let Ok(record) = cx.stores.runs.get(&run).await {
-                            runs.mark_attached(&record).await;
+                // Driven here (by this attempt or before it): keep watching
+                // while the client stays. A drive that loses its lease with
+                // nobody else taking it (its replica stalled past the TTL)
+                // stops writing, and the run would have no driver while its
+                // client waits; the next attempt takes it over again.
+                let here = match runs.try_take_over(&run).await {
+                    Ok(Takeover::HeldElsewhere) => false,
+                    Ok(Takeover::Driving { .. }) => {
+                        if !until.is_cancelled() {
+                            // Its client is here: whoever marked it detached
+                            // while it had no driver (the reaper) was wrong now.
+                            let cx = &runs.inner.ctx;
+                            if let Ok(record) = cx.stores.runs.get(&run).await {
+                                runs.mark_attached(&record).await;
+                            }
                         }
-                        return;
+                        true
                     }
-                    Ok(_) => return,
-                    Err(e) => debug!(run_id = %run.run, error = %e, "takeover attempt failed"),
+                    Ok(Takeover::AlreadyHere) => true,
+                    Ok(Takeover::Ended) => return,
+                    Err(e) => {
+                        debug!(run_id = %run.run, error = %e, "takeover attempt failed");
+                        false
+                    }
+                };
+                // The client left at the run's end and the drive here
+                // writes the status.
+                if here && until.is_cancelled() {
+                    return;
                 }
                 if give_up_at.is_some_and(|at| tokio::time::Instant::now() >= at) {
                     warn!(run_id = %run.run, "the run's log ended but its status was never written; left to the reaper");
@@ -254,7 +276,7 @@ impl Runs {
                 }
                 tokio::select! {
                     _ = until.cancelled(), if give_up_at.is_none() => {
-                        if !log_ended.is_cancelled() {
+                        if !log_ended.is_cancelled() || here {
                             return;
                         }
                         debug!(run_id = %run.run, "the client left at the run's end; finishing its record");

@@ -302,7 +302,8 @@ impl Runs {
         info!(run_id = %run, harness = harness.name(), durable = ctx.spec.durable, "run accepted");
         crate::metrics::runs().started();
         let fresh = FreshStart { input, command, progress, notes, unless_resumed };
-        let log = self.log_stream(key.clone(), Offset::start(), CancellationToken::new());
+        let log_ended = CancellationToken::new();
+        let log = self.log_stream(key.clone(), Offset::start(), log_ended.clone());
         self.inner.drives.spawn(self.clone().drive(ctx, Some(fresh)));
         let progress = ReceiverStream::new(progress_rx).filter_map(|item| async move {
             match item {
@@ -313,7 +314,10 @@ impl Runs {
                 Err(e) => Some(Err(e)),
             }
         });
-        let (stream, _gone) = self.client_stream(key, Box::pin(progress.chain(log)));
+        let (stream, gone) = self.client_stream(key.clone(), Box::pin(progress.chain(log)));
+        // As for an attach: should this drive lose its lease with nobody
+        // else taking the run, its client is not left waiting.
+        self.keep_taking_over(key, gone, log_ended);
         Ok(stream)
     }
 }

@@ -743,3 +743,49 @@ async fn a_killed_driver_is_replaced_without_waiting_out_its_lease() {
     let record = wait_terminal(&mut successor, &run_id).await;
     assert_eq!(record.status, api::RunStatus::Completed as i32);
 }
+
+/// A driver whose lease lapses with nobody else taking it (its replica
+/// stalled past the TTL under load, say) stops writing, as it must. Its
+/// clients must not be left waiting on a run that nobody drives: the
+/// replica they are attached to takes the run over again and it completes,
+/// every line once. Both the starting client's stream and an attached
+/// one's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_driver_whose_lease_lapsed_to_nobody_is_replaced_for_its_clients() {
+    // No scheduled sweep: the clients' replica must drive it again by itself.
+    let Some(cluster) = Cluster::start_with(1, &["--sweep-interval-ms", "0"]).await else { return };
+    let run_id = format!("lapsed-{}", cluster.nonce);
+    let mut runs = cluster.replicas[0].runs(&cluster.token).await;
+    const LINES: u32 = 300;
+    let script = numbered_lines(LINES, 5, "0.1");
+    let (mut started, mut seen) = start_and_read(&mut runs, &run_id, "thread", &script, 10).await;
+    let mut attached = attach_after(&mut runs, &run_id, &seen).await.unwrap();
+    let mut seen_attached = seen.clone();
+
+    let leases = lease_holder(&cluster.redis_url, LEASE_TTL_MS, LEASE_RENEW_MS).await;
+    let key = leases.key(&run_lease(&format!("t{}", cluster.nonce), &run_id));
+    let client = redis::Client::open(cluster.redis_url.as_str()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let deleted: i64 = redis::cmd("DEL").arg(&key).query_async(&mut conn).await.unwrap();
+    assert_eq!(deleted, 1, "the run's lease {key} was not held");
+    let replica = &cluster.replicas[0];
+    eventually(PATIENCE, || std::future::ready(replica.log_text().contains("writing nothing"))).await;
+
+    for (stream, seen, what) in [
+        (&mut started, &mut seen, "the starting client"),
+        (&mut attached, &mut seen_attached, "an attached client"),
+    ] {
+        let ended = read_until(stream, seen, |_| false).await;
+        assert!(matches!(ended, Ok(true)), "{what}: {ended:?}\n{}", cluster.logs());
+        assert_every_line_once(seen, LINES, what);
+    }
+    let record = wait_terminal(&mut runs, &run_id).await;
+    assert_eq!(record.status, api::RunStatus::Completed as i32, "{record:?}");
+    let pool = sqlx::PgPool::connect(&cluster.database_url).await.unwrap();
+    let epoch: i64 = sqlx::query_scalar("SELECT driver_epoch FROM runs WHERE run_id = $1")
+        .bind(&run_id)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert!(epoch >= 2, "the run was not taken over (epoch {epoch})");
+}
