@@ -4,8 +4,10 @@
 //! other `SANDHOLD_AGENT_*` variable never reach a child), and the run
 //! user's confinement ([`Isolation`]).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::{CString, OsStr, OsString};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::Path;
 use std::time::Duration;
 
@@ -18,23 +20,184 @@ use tokio_util::sync::CancellationToken;
 
 use crate::isolation::Isolation;
 use crate::run_user::RunUser;
+use crate::spawner::{self, Kind, Plan, Spawner};
 
 /// Prefix of the agent's own environment variables; all are removed from
 /// children.
 pub const AGENT_ENV_PREFIX: &str = "SANDHOLD_AGENT_";
 
+/// Whether `key` is one of the agent's own variables.
+fn is_agent_var(key: &OsStr) -> bool {
+    key.to_string_lossy().starts_with(AGENT_ENV_PREFIX)
+}
+
 /// Remove the agent's own variables from `cmd`'s inherited environment, then
 /// apply `env`. Call for every child the agent starts.
 pub fn scrub_env(cmd: &mut std::process::Command, env: &HashMap<String, String>) {
     for (key, _) in std::env::vars_os() {
-        if key.to_string_lossy().starts_with(AGENT_ENV_PREFIX) {
+        if is_agent_var(&key) {
             cmd.env_remove(&key);
         }
     }
     for (k, v) in env {
-        if !k.starts_with(AGENT_ENV_PREFIX) {
+        if !is_agent_var(k.as_ref()) {
             cmd.env(k, v);
         }
+    }
+}
+
+/// The whole environment [`command`] gives a child: the agent's own minus
+/// its variables, the run user's HOME, USER and LOGNAME, then `env`.
+fn environment(env: &HashMap<String, String>, user: Option<&RunUser>) -> BTreeMap<OsString, OsString> {
+    let mut all: BTreeMap<OsString, OsString> =
+        std::env::vars_os().filter(|(k, _)| !is_agent_var(k)).collect();
+    if let Some(user) = user {
+        all.extend(user.env().into_iter().map(|(k, v)| (OsString::from(k), v.to_os_string())));
+    }
+    all.extend(
+        env.iter()
+            .filter(|(k, _)| !is_agent_var(k.as_ref()))
+            .map(|(k, v)| (OsString::from(k), OsString::from(v))),
+    );
+    all
+}
+
+/// What a child is and how it runs: the inputs of [`command`] and
+/// [`start`].
+#[derive(Debug, Clone, Copy)]
+pub struct Launch<'a> {
+    pub program: &'a str,
+    pub args: &'a [String],
+    pub cwd: &'a Path,
+    pub env: &'a HashMap<String, String>,
+    pub user: Option<&'a RunUser>,
+    pub isolation: &'a Isolation,
+}
+
+/// How [`start`] starts a child.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Start {
+    /// From a spawner thread (`crate::spawner`), without copying the agent;
+    /// by `fork` where there is none.
+    Spawner,
+    /// By `std::process::Command` (`fork`, the confinement in its hook).
+    Fork,
+}
+
+/// A started child's stdin.
+pub type Stdin = Box<dyn tokio::io::AsyncWrite + Send + Unpin>;
+
+/// Start `launch` as [`command`] describes it, with stdout and stderr read
+/// by the returned [`RunningChild`] and stdin a pipe (returned) when
+/// `piped_stdin`, else `/dev/null`.
+pub fn start(
+    launch: &Launch<'_>,
+    piped_stdin: bool,
+    kill_on_drop: bool,
+    how: Start,
+) -> std::io::Result<(RunningChild, Option<Stdin>)> {
+    if how == Start::Spawner
+        && let Some(spawner) = Spawner::get(Kind::of(launch.isolation))
+    {
+        return start_spawned(spawner, launch, piped_stdin, kill_on_drop);
+    }
+    let mut cmd =
+        command(launch.program, launch.args, launch.cwd, launch.env, launch.user, launch.isolation)?;
+    let stdin = if piped_stdin { std::process::Stdio::piped() } else { std::process::Stdio::null() };
+    cmd.stdin(stdin).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+    let mut child = tokio::process::Command::from(cmd).spawn()?;
+    let stdin = child.stdin.take().map(|s| Box::new(s) as Stdin);
+    Ok((RunningChild::new(child, kill_on_drop)?, stdin))
+}
+
+/// [`start`] through `spawner`: everything the child needs is prepared
+/// here, the child only makes system calls.
+fn start_spawned(
+    spawner: &Spawner,
+    launch: &Launch<'_>,
+    piped_stdin: bool,
+    kill_on_drop: bool,
+) -> std::io::Result<(RunningChild, Option<Stdin>)> {
+    let c_string = |bytes: Vec<u8>| {
+        CString::new(bytes).map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "a NUL byte"))
+    };
+    let env = environment(launch.env, launch.user);
+    let candidates = search_path(launch.program, env.get(OsStr::new("PATH")).map(OsString::as_os_str))
+        .into_iter()
+        .map(c_string)
+        .collect::<Result<_, _>>()?;
+    let argv = std::iter::once(launch.program)
+        .chain(launch.args.iter().map(String::as_str))
+        .map(|a| c_string(a.as_bytes().to_vec()))
+        .collect::<Result<_, _>>()?;
+    let envp = env
+        .into_iter()
+        .map(|(k, v)| {
+            let mut entry = k.into_vec();
+            entry.push(b'=');
+            entry.extend(v.into_vec());
+            c_string(entry)
+        })
+        .collect::<Result<_, _>>()?;
+    let (stdin_read, stdin_write) = match piped_stdin {
+        true => {
+            let (read, write) = pipe()?;
+            (read, Some(write))
+        }
+        false => (OwnedFd::from(std::fs::File::open("/dev/null")?), None),
+    };
+    let (stdout_read, stdout_write) = pipe()?;
+    let (stderr_read, stderr_write) = pipe()?;
+    let stdio = [above_stdio(stdin_read)?, above_stdio(stdout_write)?, above_stdio(stderr_write)?];
+    let plan = Plan {
+        candidates,
+        argv,
+        envp,
+        cwd: c_string(launch.cwd.as_os_str().as_bytes().to_vec())?,
+        ids: launch.user.map(|u| (u.uid, u.gid)),
+        ruleset: launch.isolation.ruleset()?,
+        stdio: [stdio[0].as_raw_fd(), stdio[1].as_raw_fd(), stdio[2].as_raw_fd()],
+        process_group: true,
+    };
+    let child = spawner.spawn(&plan)?;
+    // The child's ends are its own now.
+    drop((plan, stdio));
+    let stdin = match stdin_write {
+        Some(fd) => Some(Box::new(tokio::net::unix::pipe::Sender::from_owned_fd(fd)?) as Stdin),
+        None => None,
+    };
+    let stdout = tokio::net::unix::pipe::Receiver::from_owned_fd(stdout_read)?;
+    let stderr = tokio::net::unix::pipe::Receiver::from_owned_fd(stderr_read)?;
+    Ok((RunningChild::spawned(child, stdout, stderr, kill_on_drop), stdin))
+}
+
+/// The paths `execvp` would try for `program` with `path` as `PATH`
+/// (glibc's default without one).
+fn search_path(program: &str, path: Option<&OsStr>) -> Vec<Vec<u8>> {
+    if program.contains('/') {
+        return vec![program.as_bytes().to_vec()];
+    }
+    let path = path.map(OsStr::as_bytes).unwrap_or(b"/bin:/usr/bin");
+    path.split(|b| *b == b':')
+        .map(|dir| match dir {
+            // An empty entry is the working directory.
+            b"" => program.as_bytes().to_vec(),
+            dir => [dir, b"/", program.as_bytes()].concat(),
+        })
+        .collect()
+}
+
+/// A close-on-exec pipe: (read end, write end).
+fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
+    nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(std::io::Error::from)
+}
+
+/// `fd`, or a duplicate above 2 when it is one of 0..2 (the agent started
+/// with some of its stdio closed): the child moves it onto 0..2.
+fn above_stdio(fd: OwnedFd) -> std::io::Result<OwnedFd> {
+    match fd.as_raw_fd() {
+        0..=2 => fd_above_stdio(&fd),
+        _ => Ok(fd),
     }
 }
 
@@ -354,7 +517,7 @@ pub enum ChildEvent {
 /// and kills its group when the caller goes away.
 #[derive(Debug)]
 pub struct RunningChild {
-    child: tokio::process::Child,
+    child: Process,
     pid: u32,
     output: mpsc::Receiver<(proto::OutputStream, Bytes)>,
     output_done: bool,
@@ -371,6 +534,21 @@ impl RunningChild {
     /// whole group.
     pub fn new(child: tokio::process::Child, kill_on_drop: bool) -> std::io::Result<Self> {
         Self::reading(child, None, kill_on_drop)
+    }
+
+    /// As [`RunningChild::new`] for a child a spawner thread started
+    /// ([`start`]), with its stdout and stderr pipes.
+    fn spawned(
+        child: spawner::Child,
+        stdout: tokio::net::unix::pipe::Receiver,
+        stderr: tokio::net::unix::pipe::Receiver,
+        kill_on_drop: bool,
+    ) -> Self {
+        let pid = child.id();
+        let (running, tx) = Self::around(Process::Spawned(child), pid, kill_on_drop);
+        tokio::spawn(pump(stdout, proto::OutputStream::Stdout, tx.clone(), running.stop_readers.clone()));
+        tokio::spawn(pump(stderr, proto::OutputStream::Stderr, tx, running.stop_readers.clone()));
+        running
     }
 
     /// As [`RunningChild::new`] for a child on a terminal
@@ -390,27 +568,39 @@ impl RunningChild {
         kill_on_drop: bool,
     ) -> std::io::Result<Self> {
         let pid = child.id().ok_or_else(|| std::io::Error::other("child already reaped"))?;
-        let (tx, rx) = mpsc::channel(16);
-        let stop_readers = CancellationToken::new();
-        if let Some(out) = child.stdout.take() {
+        let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
+        let (running, tx) = Self::around(Process::Std(child), pid, kill_on_drop);
+        let stop_readers = &running.stop_readers;
+        if let Some(out) = stdout {
             tokio::spawn(pump(out, proto::OutputStream::Stdout, tx.clone(), stop_readers.clone()));
         }
         if let Some(terminal) = terminal {
             tokio::spawn(pump(terminal, proto::OutputStream::Stdout, tx.clone(), stop_readers.clone()));
         }
-        if let Some(err) = child.stderr.take() {
+        if let Some(err) = stderr {
             tokio::spawn(pump(err, proto::OutputStream::Stderr, tx, stop_readers.clone()));
         }
-        Ok(Self {
+        Ok(running)
+    }
+
+    /// A running child with no reader yet: the sender is for its readers.
+    fn around(
+        child: Process,
+        pid: u32,
+        kill_on_drop: bool,
+    ) -> (Self, mpsc::Sender<(proto::OutputStream, Bytes)>) {
+        let (tx, rx) = mpsc::channel(16);
+        let running = Self {
             child,
             pid,
             output: rx,
             output_done: false,
-            stop_readers,
+            stop_readers: CancellationToken::new(),
             status: None,
             drain_until: None,
             kill_on_drop,
-        })
+        };
+        (running, tx)
     }
 
     /// Process id, which is also the process group id.
@@ -462,6 +652,23 @@ impl Drop for RunningChild {
         self.stop_readers.cancel();
         if self.kill_on_drop && self.status.is_none() {
             self.kill_group();
+        }
+    }
+}
+
+/// A child as std started it, or as a spawner thread did.
+#[derive(Debug)]
+enum Process {
+    Std(tokio::process::Child),
+    Spawned(spawner::Child),
+}
+
+impl Process {
+    /// Cancel-safe, as both waits are.
+    async fn wait(&mut self) -> std::io::Result<std::process::ExitStatus> {
+        match self {
+            Process::Std(child) => child.wait().await,
+            Process::Spawned(child) => child.wait().await,
         }
     }
 }

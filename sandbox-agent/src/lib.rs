@@ -19,6 +19,7 @@ pub mod options;
 pub mod request_dir;
 pub mod run_user;
 pub mod shim;
+pub mod spawner;
 pub mod vault;
 // What the services share:
 pub mod context;

@@ -20,7 +20,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 pub use crate::child::spawn_error;
-use crate::child::{self, ChildEvent, Pty, RunningChild};
+use crate::child::{self, ChildEvent, Launch, Pty, RunningChild, Start};
 use crate::confine::Root;
 pub use crate::confine::resolve_cwd;
 use crate::context::AgentContext;
@@ -161,6 +161,8 @@ pub struct Processes {
     isolation: Isolation,
     vault: Vault,
     git: Transfers,
+    /// How `Exec` and `Spawn` (without a terminal) start children.
+    start: Start,
 }
 
 impl Processes {
@@ -174,6 +176,29 @@ impl Processes {
             isolation: ctx.isolation.clone(),
             vault: ctx.vault.clone(),
             git: Transfers::new(ctx.root.clone(), ctx.journal_dir.clone(), ctx.run_user.clone()),
+            start: Start::Spawner,
+        }
+    }
+
+    /// As [`Processes::new`], starting children as `start` says (tests
+    /// attack both ways).
+    pub fn starting(ctx: &AgentContext, start: Start) -> Self {
+        Self { start, ..Self::new(ctx) }
+    }
+
+    fn launch<'a>(
+        &'a self,
+        program: &'a Program,
+        cwd: &'a std::path::Path,
+        env: &'a std::collections::HashMap<String, String>,
+    ) -> Launch<'a> {
+        Launch {
+            program: &program.program,
+            args: &program.args,
+            cwd,
+            env,
+            user: self.run_user.as_ref(),
+            isolation: &self.isolation,
         }
     }
 
@@ -185,26 +210,12 @@ impl Processes {
         let program = Program::from_command(req.command)?;
         child::validate_env(&req.env)?;
         let cwd = resolve_cwd(&self.root, &req.cwd)?;
-        let mut cmd = child::command(
-            &program.program,
-            &program.args,
-            &cwd,
-            &req.env,
-            self.run_user.as_ref(),
-            &self.isolation,
-        )
-        .map_err(|e| spawn_error(&program.program, e))?;
-        cmd.stdin(if req.stdin.is_empty() {
-            std::process::Stdio::null()
-        } else {
-            std::process::Stdio::piped()
-        })
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped());
+        let launch = self.launch(&program, &cwd, &req.env);
         let started = Instant::now();
-        let mut spawned =
-            tokio::process::Command::from(cmd).spawn().map_err(|e| spawn_error(&program.program, e))?;
-        if let Some(mut stdin) = spawned.stdin.take() {
+        // Dropping `running` (the client cancelled the call) kills the group.
+        let (mut running, stdin) = child::start(&launch, !req.stdin.is_empty(), true, self.start)
+            .map_err(|e| spawn_error(&program.program, e))?;
+        if let Some(mut stdin) = stdin {
             let data = req.stdin;
             // A child that never reads its stdin must not stall the call:
             // the write runs beside it and ends with EPIPE when it exits.
@@ -212,8 +223,6 @@ impl Processes {
                 let _ = stdin.write_all(&data).await;
             });
         }
-        // Dropping `running` (the client cancelled the call) kills the group.
-        let mut running = RunningChild::new(spawned, true).map_err(|e| Error::internal(e.to_string()))?;
         let pid = running.pid();
         self.table.insert(pid, program.display, false);
         tracing::debug!(pid, program = %program.program, "exec started");
@@ -310,18 +319,10 @@ impl Processes {
                 (running, Some(Input::Terminal(Box::new(writer), pty)))
             }
             None => {
-                let mut cmd =
-                    child::command(&program.program, &program.args, &cwd, &start.env, user, &self.isolation)
-                        .map_err(|e| spawn_error(&program.program, e))?;
-                cmd.stdin(std::process::Stdio::piped())
-                    .stdout(std::process::Stdio::piped())
-                    .stderr(std::process::Stdio::piped());
-                let mut spawned = tokio::process::Command::from(cmd)
-                    .spawn()
+                let launch = self.launch(&program, &cwd, &start.env);
+                let (running, stdin) = child::start(&launch, true, !start.detached, self.start)
                     .map_err(|e| spawn_error(&program.program, e))?;
-                let stdin = spawned.stdin.take();
-                let running = RunningChild::new(spawned, !start.detached).map_err(internal)?;
-                (running, stdin.map(|s| Input::Pipe(Box::new(s))))
+                (running, stdin.map(Input::Pipe))
             }
         };
         let pid = running.pid();
@@ -654,6 +655,62 @@ mod tests {
         tx.send(SpawnRequest { request: Some(spawn_request::Request::Start(start)) }).await.unwrap();
         let err = client.spawn(ReceiverStream::new(rx)).await.unwrap_err();
         assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+    }
+
+    /// Both ways of starting a child confine it the same: the denied
+    /// calls fail, a write outside the writable dirs is refused, and (as
+    /// root) it runs as the run user with no supplementary group. Each
+    /// would fail if that way skipped the layer.
+    #[tokio::test]
+    async fn an_exec_is_confined_the_same_whichever_way_it_starts() {
+        if crate::isolation::landlock::abi_version().is_none() {
+            return;
+        }
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let mut ctx = testing::context(dir.path());
+        std::fs::set_permissions(ctx.root.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+        // SAFETY: a plain syscall.
+        let root = unsafe { libc::geteuid() } == 0;
+        if root {
+            ctx.run_user = Some(RunUser {
+                uid: 65534,
+                gid: 65534,
+                name: "nobody".into(),
+                home: dir.path().join("home"),
+            });
+        }
+        // Outside the root, HOME and the scratch dirs: beside this test
+        // binary.
+        let exe = std::env::current_exe().unwrap();
+        let away = tempfile::tempdir_in(exe.parent().unwrap()).unwrap();
+        std::fs::set_permissions(away.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+        let helper = sandhold_tests::attack::install_syscalls(ctx.root.path(), "syscalls");
+        let script = format!(
+            "echo ids=$(id -u):$(id -g):$(id -G); (echo x > {}/escaped) 2>/dev/null || echo write-refused; {}",
+            away.path().display(),
+            helper.display()
+        );
+        for start in [Start::Spawner, Start::Fork] {
+            let spawned = crate::spawner::started();
+            let processes = Processes::starting(&ctx, start);
+            let req = ExecRequest {
+                command: Some(Command { kind: Some(proto::command::Kind::Shell(script.clone())) }),
+                ..Default::default()
+            };
+            let out = processes.exec_inner(req).await.unwrap();
+            let text = String::from_utf8_lossy(&out.stdout);
+            if start == Start::Spawner {
+                assert!(crate::spawner::started() > spawned, "{start:?} did not use the spawner thread");
+            }
+            assert!(text.contains("write-refused\n"), "{start:?}: {text}");
+            assert!(!away.path().join("escaped").exists(), "{start:?}");
+            sandhold_tests::attack::assert_denied(&out.stdout);
+            if root {
+                assert!(text.contains("ids=65534:65534:65534\n"), "{start:?}: {text}");
+            }
+        }
     }
 
     #[test]

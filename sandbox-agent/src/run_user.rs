@@ -109,7 +109,12 @@ impl RunUser {
     /// Only the environment of [`RunUser::apply`]: for a supervisor that
     /// stays root and drops to the user for the command it starts.
     pub fn apply_env(&self, cmd: &mut std::process::Command) {
-        cmd.env("HOME", &self.home).env("USER", &self.name).env("LOGNAME", &self.name);
+        cmd.envs(self.env());
+    }
+
+    /// The user's HOME, USER and LOGNAME.
+    pub fn env(&self) -> [(&'static str, &std::ffi::OsStr); 3] {
+        [("HOME", self.home.as_os_str()), ("USER", self.name.as_ref()), ("LOGNAME", self.name.as_ref())]
     }
 
     /// `uid:gid`, as `sandhold-agent shim --run-as` takes it.

@@ -120,17 +120,8 @@ impl Isolation {
     /// compiled here, so the child only makes system calls.
     pub fn apply(&self, cmd: &mut std::process::Command) -> std::io::Result<()> {
         use std::os::unix::process::CommandExt;
-        let ruleset = match self.landlock {
-            true => landlock::ruleset(&self.writable, &self.files, &self.denied)
-                .map_err(|e| std::io::Error::other(format!("building the Landlock ruleset: {e}")))?,
-            false => None,
-        };
-        let filters = match self.seccomp {
-            true => {
-                programs().ok_or_else(|| std::io::Error::other("no seccomp filter for this architecture"))?
-            }
-            false => Arc::new(Vec::new()),
-        };
+        let ruleset = self.ruleset()?;
+        let filters = filters(self.seccomp)?;
         if ruleset.is_none() && filters.is_empty() {
             return Ok(());
         }
@@ -141,6 +132,32 @@ impl Isolation {
             cmd.pre_exec(move || enter(ruleset.as_ref(), &filters));
         }
         Ok(())
+    }
+
+    /// The Landlock ruleset of this confinement, for the child to restrict
+    /// itself with; `None` without Landlock.
+    pub fn ruleset(&self) -> std::io::Result<Option<OwnedFd>> {
+        match self.landlock {
+            true => landlock::ruleset(&self.writable, &self.files, &self.denied)
+                .map_err(|e| std::io::Error::other(format!("building the Landlock ruleset: {e}"))),
+            false => Ok(None),
+        }
+    }
+}
+
+/// Set `no_new_privs` on the calling thread only, and with `seccomp` the
+/// seccomp filters too: for a thread whose children inherit both
+/// (`crate::spawner`), as [`Isolation::apply`]'s hook would install them
+/// in each child.
+pub fn confine_thread(seccomp: bool) -> std::io::Result<()> {
+    enter(None, &filters(seccomp)?)
+}
+
+/// The filters to install: all of them with `seccomp`, else none.
+fn filters(seccomp: bool) -> std::io::Result<Arc<Vec<BpfProgram>>> {
+    match seccomp {
+        true => programs().ok_or_else(|| std::io::Error::other("no seccomp filter for this architecture")),
+        false => Ok(Arc::new(Vec::new())),
     }
 }
 

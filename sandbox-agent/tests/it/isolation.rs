@@ -180,3 +180,37 @@ async fn a_run_cannot_write_where_its_policy_denies_nor_make_denied_calls() {
     assert_eq!(std::fs::read_to_string(agent.root.join("src/ok.txt")).unwrap(), "fine\n");
     agent.stop().await;
 }
+
+/// An exec started by the spawner thread (clone with CLONE_VM, the seccomp
+/// filters and no_new_privs inherited from that thread, Landlock applied
+/// in the child) holds every layer a forked one does: the kernel reports
+/// no_new_privs and a filter, the denied calls fail, writes outside are
+/// refused, and it leads its own process group. Would fail if the thread
+/// did not carry the filters or the child skipped its ruleset.
+#[tokio::test]
+async fn an_exec_started_without_copying_the_agent_is_confined_like_a_forked_one() {
+    if !kernel_confines() {
+        return;
+    }
+    let agent = TestAgent::start().await;
+    let away = outside();
+    let helper = attack::install_syscalls(&agent.root, "syscalls");
+    let before = sandbox_agent::spawner::started();
+    let script = format!(
+        "grep -E '^(NoNewPrivs|Seccomp):' /proc/self/status; read -r _ _ _ _ group _ < /proc/$$/stat; echo pid=$$ group=$group; \
+         (echo x > {away}/escaped) 2>/dev/null || echo write-refused; {helper}",
+        away = away.path().display(),
+        helper = helper.display(),
+    );
+    let (code, out, err) = exec(&agent, &script).await;
+    assert!(sandbox_agent::spawner::started() > before, "the exec did not go through the spawner thread");
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("NoNewPrivs:\t1\n") && out.contains("Seccomp:\t2\n"), "{out}");
+    let ids = out.lines().find_map(|l| l.strip_prefix("pid=")).unwrap();
+    let (pid, group) = ids.split_once(" group=").unwrap();
+    assert_eq!(pid, group, "the exec leads its own process group: {out}");
+    assert!(out.contains("write-refused\n"), "{out}");
+    assert!(!away.path().join("escaped").exists());
+    attack::assert_denied(out.as_bytes());
+    agent.stop().await;
+}
