@@ -521,6 +521,10 @@ pub struct RunningChild {
     pid: u32,
     output: mpsc::Receiver<(proto::OutputStream, Bytes)>,
     output_done: bool,
+    /// Stdout and stderr read here rather than by pump tasks (a child a
+    /// spawner thread started): no task or channel between a pipe and the
+    /// caller; `None` once at its end.
+    pipes: [Option<tokio::net::unix::pipe::Receiver>; 2],
     stop_readers: CancellationToken,
     status: Option<std::process::ExitStatus>,
     drain_until: Option<tokio::time::Instant>,
@@ -545,9 +549,8 @@ impl RunningChild {
         kill_on_drop: bool,
     ) -> Self {
         let pid = child.id();
-        let (running, tx) = Self::around(Process::Spawned(child), pid, kill_on_drop);
-        tokio::spawn(pump(stdout, proto::OutputStream::Stdout, tx.clone(), running.stop_readers.clone()));
-        tokio::spawn(pump(stderr, proto::OutputStream::Stderr, tx, running.stop_readers.clone()));
+        let (mut running, _) = Self::around(Process::Spawned(child), pid, kill_on_drop);
+        running.pipes = [Some(stdout), Some(stderr)];
         running
     }
 
@@ -595,6 +598,7 @@ impl RunningChild {
             pid,
             output: rx,
             output_done: false,
+            pipes: [None, None],
             stop_readers: CancellationToken::new(),
             status: None,
             drain_until: None,
@@ -623,27 +627,51 @@ impl RunningChild {
     /// may be used as a `tokio::select!` branch.
     pub async fn next_event(&mut self) -> std::io::Result<ChildEvent> {
         loop {
-            if let (Some(status), true) = (self.status, self.output_done) {
+            let done = self.output_done && self.pipes.iter().all(Option::is_none);
+            if let (Some(status), true) = (self.status, done) {
                 return Ok(ChildEvent::Finished(status));
             }
             let drain_until = self.drain_until;
+            let [stdout, stderr] = &mut self.pipes;
             tokio::select! {
                 chunk = self.output.recv(), if !self.output_done => match chunk {
                     Some((stream, data)) => return Ok(ChildEvent::Output(stream, data)),
                     None => self.output_done = true,
                 },
+                data = read_chunk(stdout), if stdout.is_some() => match data {
+                    Some(data) => return Ok(ChildEvent::Output(proto::OutputStream::Stdout, data)),
+                    None => self.pipes[0] = None,
+                },
+                data = read_chunk(stderr), if stderr.is_some() => match data {
+                    Some(data) => return Ok(ChildEvent::Output(proto::OutputStream::Stderr, data)),
+                    None => self.pipes[1] = None,
+                },
                 status = self.child.wait(), if self.status.is_none() => {
                     self.status = Some(status?);
                     self.drain_until = Some(tokio::time::Instant::now() + OUTPUT_DRAIN_GRACE);
                 }
-                _ = sleep_until(drain_until), if drain_until.is_some() && !self.output_done => {
+                _ = sleep_until(drain_until), if drain_until.is_some() && !done => {
                     // The readers stop and drop their senders; what they
-                    // already read is still delivered before `None`.
+                    // already read is still delivered before `None`. Pipes
+                    // read here are closed.
                     self.stop_readers.cancel();
+                    self.pipes = [None, None];
                     self.drain_until = None;
                 }
             }
         }
+    }
+}
+
+/// The next chunk of `pipe` (which is `Some`); `None` at its end or on an
+/// error. Cancel-safe: nothing is read unless it completes.
+async fn read_chunk(pipe: &mut Option<tokio::net::unix::pipe::Receiver>) -> Option<Bytes> {
+    use tokio::io::AsyncReadExt;
+    let reader = pipe.as_mut()?;
+    let mut buf = BytesMut::with_capacity(READ_CHUNK);
+    match reader.read_buf(&mut buf).await {
+        Ok(0) | Err(_) => None,
+        Ok(_) => Some(buf.freeze()),
     }
 }
 

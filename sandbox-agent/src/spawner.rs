@@ -20,8 +20,9 @@
 //!
 //! A spawner thread serves one kind of confinement ([`Kind`]); each is
 //! started at its first use. Where one cannot start (no pidfd to wait on,
-//! a thread that cannot confine itself) [`Spawner::get`] says so, once in
-//! the log, and the caller falls back to `std::process::Command`.
+//! as under gVisor 20221219; a thread that cannot confine itself)
+//! [`Spawner::get`] says so, once in the log, and the caller falls back to
+//! `std::process::Command`.
 
 use std::ffi::{CStr, CString};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -270,7 +271,7 @@ impl Spawner {
             .get_or_init(|| match Self::start(kind) {
                 Ok(spawner) => Some(spawner),
                 Err(e) => {
-                    tracing::warn!(
+                    tracing::info!(
                         ?kind,
                         error = %e,
                         "no spawner thread: children are started by fork (slower, same confinement)"
