@@ -99,19 +99,27 @@ async fn drain(
         let event = match stream.message().await {
             Ok(Some(event)) => event,
             Ok(None) => break,
-            Err(status) if status.code() == tonic::Code::Unavailable && seen.reattached < REATTACHES => {
-                seen.reattached += 1;
-                tokio::time::sleep(Duration::from_millis(200)).await;
+            Err(status) if status.code() == tonic::Code::Unavailable => {
+                // A stream that ended with an error only says `None` after
+                // it: keep attaching until a new stream is there.
                 let again = api::AttachRunRequest {
                     run_id: run_id.clone(),
                     after_offset: offset.clone(),
                     ..Default::default()
                 };
-                match client.attach_run(again).await {
-                    Ok(attached) => stream = attached.into_inner(),
-                    Err(status) if status.code() == tonic::Code::Unavailable => {}
-                    Err(status) => panic!("attaching {run_id} again: {status:?}"),
-                }
+                stream = loop {
+                    seen.reattached += 1;
+                    assert!(
+                        seen.reattached <= REATTACHES,
+                        "{run_id}: UNAVAILABLE past {REATTACHES} re-attaches: {status:?}"
+                    );
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    match client.attach_run(again.clone()).await {
+                        Ok(attached) => break attached.into_inner(),
+                        Err(status) if status.code() == tonic::Code::Unavailable => {}
+                        Err(status) => panic!("attaching {run_id} again: {status:?}"),
+                    }
+                };
                 continue;
             }
             Err(status) => panic!("run stream of {run_id}: {status:?}"),
@@ -256,9 +264,20 @@ async fn configuration(
             (warm, accepted, latency, latencies, seen.chunks + 1, seen.lines + first_lines, seen)
         }));
     }
-    // Every run has its first chunk before the attaches begin.
+    // Every run has its first chunk before the attaches begin. A start
+    // that failed ends its task without reporting: once every task has
+    // reported or ended the channel closes, and that start's own panic is
+    // what the configuration fails with.
+    drop(live);
     for _ in 0..runs {
-        lives.recv().await.expect("a start reports");
+        if lives.recv().await.is_none() {
+            for task in started {
+                if let Err(e) = task.await {
+                    std::panic::resume_unwind(e.into_panic());
+                }
+            }
+            panic!("a run's start ended without its first chunk");
+        }
     }
     let mut attached = Vec::with_capacity(streams);
     for j in 0..streams {
@@ -301,7 +320,13 @@ async fn configuration(
     }
     for task in attached {
         let seen = task.await.unwrap();
-        assert!(seen.terminal && seen.lines == lines, "an attached stream ended with {} lines", seen.lines);
+        assert!(
+            seen.terminal && seen.lines == lines,
+            "an attached stream ended with {} lines, terminal {}, after {} re-attaches",
+            seen.lines,
+            seen.terminal,
+            seen.reattached
+        );
         reattached += seen.reattached;
     }
     let wall = began.elapsed();
