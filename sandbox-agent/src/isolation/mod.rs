@@ -147,7 +147,7 @@ impl Isolation {
 
 /// Set `no_new_privs` on the calling thread only, and with `seccomp` the
 /// seccomp filters too: for a thread whose children inherit both
-/// (`crate::spawner`), as [`Isolation::apply`]'s hook would install them
+/// (a spawner thread), as [`Isolation::apply`]'s hook would install them
 /// in each child.
 pub fn confine_thread(seccomp: bool) -> std::io::Result<()> {
     enter(None, &filters(seccomp)?)
