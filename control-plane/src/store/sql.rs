@@ -697,10 +697,6 @@ macro_rules! impl_shared_stores {
 
         #[async_trait]
         impl LogPages for $store {
-            async fn log_closed(&self, run: &RunKey) -> Result<bool> {
-                self.log_closed_flag(run).await
-            }
-
             async fn page_after(&self, run: &RunKey, after_seq: i64, limit: i64) -> Result<Vec<StoredChunk>> {
                 sqlx::query_as::<_, EventRow>(
                     "SELECT seq, epoch, kind, payload, appended_at FROM run_events \

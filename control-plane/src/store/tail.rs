@@ -66,10 +66,8 @@ pub(super) fn wake_run(wakes: &Wakes, run: &RunKey) {
 /// The queries a tail needs.
 #[async_trait]
 pub(super) trait LogPages: Send + Sync + 'static {
-    /// [`super::Error::NotFound`] for an unknown run.
-    async fn log_closed(&self, run: &RunKey) -> Result<bool>;
-
-    /// Chunks with `seq > after_seq`, in order, at most `limit`.
+    /// Chunks with `seq > after_seq`, in order, at most `limit` (none for an
+    /// unknown run).
     async fn page_after(&self, run: &RunKey, after_seq: i64, limit: i64) -> Result<Vec<StoredChunk>>;
 
     /// Whether the log is closed, and the sequence number of its last
@@ -78,7 +76,7 @@ pub(super) trait LogPages: Send + Sync + 'static {
 
     /// Whether the log is closed, and [`LogPages::page_after`], read in one
     /// statement (one snapshot): when it says closed, the page reaches the
-    /// log's end or is full.
+    /// log's end or is full; [`super::Error::NotFound`] for an unknown run.
     async fn closed_and_page_after(
         &self,
         run: &RunKey,
@@ -230,10 +228,9 @@ impl Tails {
                         }
                     }
                     Next::Behind => {
-                        let page = pages.page_after(&run, cursor, PAGE_SIZE).await?;
+                        let (_, page) = pages.closed_and_page_after(&run, cursor, PAGE_SIZE).await?;
                         if page.is_empty() {
                             // Rows the tail read after this position are gone.
-                            pages.log_closed(&run).await?;
                             Err(Error::Corrupt(format!(
                                 "the log of run {} has no chunks after {cursor} though its tail read some",
                                 run.run
@@ -474,11 +471,6 @@ mod tests {
 
     #[async_trait]
     impl LogPages for Log {
-        async fn log_closed(&self, _run: &RunKey) -> Result<bool> {
-            self.query()?;
-            Ok(*self.closed.lock().unwrap())
-        }
-
         async fn page_after(&self, _run: &RunKey, after_seq: i64, limit: i64) -> Result<Vec<StoredChunk>> {
             self.query()?;
             let chunks = self.chunks.lock().unwrap();
@@ -503,6 +495,16 @@ mod tests {
         }
     }
 
+    /// A log in memory, its pages, one run of it, and tails polling every
+    /// `poll_interval`.
+    fn fixture(poll_interval: Duration) -> (Wakes, Tails, Arc<Log>, Arc<dyn LogPages>, RunKey) {
+        let wakes = wakes();
+        let tails = Tails::new(&wakes, poll_interval);
+        let log = Arc::new(Log::default());
+        let pages: Arc<dyn LogPages> = log.clone();
+        (wakes, tails, log, pages, run())
+    }
+
     fn run() -> RunKey {
         RunKey::new(Tenant::new("t"), RunId::parse("r1").unwrap())
     }
@@ -522,12 +524,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_hundred_followers_of_a_run_cost_one_tails_queries() {
-        let wakes = wakes();
-        let tails = Tails::new(&wakes, Duration::from_secs(60));
-        let log = Arc::new(Log::default());
-        let run = run();
+        let (wakes, tails, log, pages, run) = fixture(Duration::from_secs(60));
         log.append(&wakes, &run, 10);
-        let pages: Arc<dyn LogPages> = log.clone();
         let mut streams: Vec<_> =
             (0..100).map(|_| tails.follow(pages.clone(), run.clone(), Offset::start())).collect();
         // Each catches up on the ten chunks before the tail's start.
@@ -553,11 +551,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_follower_behind_the_window_pages_on_its_own_and_misses_nothing() {
-        let wakes = wakes();
-        let tails = Tails::new(&wakes, Duration::from_secs(60));
-        let log = Arc::new(Log::default());
-        let run = run();
-        let pages: Arc<dyn LogPages> = log.clone();
+        let (wakes, tails, log, pages, run) = fixture(Duration::from_secs(60));
         let mut fast = tails.follow(pages.clone(), run.clone(), Offset::start());
         let mut slow = tails.follow(pages.clone(), run.clone(), Offset::start());
         log.append(&wakes, &run, 1);
@@ -579,11 +573,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_followers_offset_inside_the_window_resumes_after_it() {
-        let wakes = wakes();
-        let tails = Tails::new(&wakes, Duration::from_secs(60));
-        let log = Arc::new(Log::default());
-        let run = run();
-        let pages: Arc<dyn LogPages> = log.clone();
+        let (wakes, tails, log, pages, run) = fixture(Duration::from_secs(60));
         let mut first = tails.follow(pages.clone(), run.clone(), Offset::start());
         log.append(&wakes, &run, 5);
         assert_eq!(seqs(&take(&mut first, 5).await), vec![1, 2, 3, 4, 5]);
@@ -595,11 +585,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_unavailable_database_is_retried_not_passed_to_the_followers() {
-        let wakes = wakes();
-        let tails = Tails::new(&wakes, Duration::from_millis(10));
-        let log = Arc::new(Log::default());
-        let run = run();
-        let pages: Arc<dyn LogPages> = log.clone();
+        let (wakes, tails, log, pages, run) = fixture(Duration::from_millis(10));
         let mut stream = tails.follow(pages.clone(), run.clone(), Offset::start());
         log.append(&wakes, &run, 1);
         assert_eq!(seqs(&take(&mut stream, 1).await), vec![1]);
