@@ -27,6 +27,26 @@ impl ScratchDatabase {
         &self.url
     }
 
+    /// Make the database unavailable for `lasting`, as a restart or a
+    /// failover would: new connections are refused and open ones are
+    /// terminated; then it takes connections again.
+    pub async fn outage(&self, lasting: std::time::Duration) -> anyhow::Result<()> {
+        let mut admin = sqlx::PgConnection::connect(&self.admin_url).await?;
+        sqlx::query(&format!("ALTER DATABASE {} ALLOW_CONNECTIONS false", self.name))
+            .execute(&mut admin)
+            .await?;
+        sqlx::query("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1")
+            .bind(&self.name)
+            .execute(&mut admin)
+            .await?;
+        tokio::time::sleep(lasting).await;
+        sqlx::query(&format!("ALTER DATABASE {} ALLOW_CONNECTIONS true", self.name))
+            .execute(&mut admin)
+            .await?;
+        admin.close().await?;
+        Ok(())
+    }
+
     /// Drop the database, disconnecting whoever is still connected.
     pub async fn drop_database(self) -> anyhow::Result<()> {
         let mut admin = sqlx::PgConnection::connect(&self.admin_url).await?;

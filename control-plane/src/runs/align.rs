@@ -18,8 +18,6 @@
 //! broker's usage records (`model.usage`): a successor reads them after the
 //! last stored `seq`.
 
-use std::sync::Arc;
-
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use shared::chunk::{
@@ -31,7 +29,7 @@ use shared::proto::v1::{Chunk, ChunkType};
 use super::Error;
 use super::log::decode_chunk;
 use super::usage::Tally;
-use crate::store::{EventLog, Offset, RunKey};
+use crate::store::ChunkStream;
 
 /// Out-of-band chunks the stored log may skip in a row. Writers keep runs of
 /// them shorter (see the driver's file event budget).
@@ -68,8 +66,7 @@ fn is_sidecar(stored: &Chunk) -> bool {
 /// are fenced, so no earlier driver adds one after the caller's claim:
 /// reading on from here delivers each stderr line and usage record exactly
 /// once.
-pub async fn checkpoints(events: Arc<dyn EventLog>, run: RunKey) -> Result<(u64, Tally, u64), Error> {
-    let mut stored = crate::store::stored_after(events, run, Offset::start());
+pub async fn checkpoints(mut stored: ChunkStream) -> Result<(u64, Tally, u64), Error> {
     let (mut offset, mut tally, mut policy) = (0, Tally::default(), 0);
     while let Some(chunk) = stored.next().await {
         let chunk = decode_chunk(&chunk.map_err(Error::Store)?)?;
@@ -107,10 +104,9 @@ impl Aligner {
         Ok(aligner)
     }
 
-    /// The log of `run` as stored now.
-    pub async fn of_log(events: Arc<dyn EventLog>, run: RunKey) -> Result<Self, Error> {
-        let stored = crate::store::stored_after(events, run, Offset::start())
-            .map(|c| c.map_err(Error::Store).and_then(|c| decode_chunk(&c)));
+    /// A run's log as stored now, `stored` from its start.
+    pub async fn of_stored(stored: ChunkStream) -> Result<Self, Error> {
+        let stored = stored.map(|c| c.map_err(Error::Store).and_then(|c| decode_chunk(&c)));
         Self::new(Box::pin(stored)).await
     }
 

@@ -1,6 +1,7 @@
 //! Per-run event logs ([`EventLog`]): offsets, chunks, appends fenced by the writer's epoch, tailing reads.
 
 use std::fmt;
+use std::future::Future;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -101,10 +102,23 @@ pub const PAGE_CHUNKS: usize = 64;
 /// The log after `after` as stored now, page by page: ends at the last
 /// chunk stored when the read gets there, never waits for more.
 pub fn stored_after(events: Arc<dyn EventLog>, run: RunKey, after: Offset) -> ChunkStream {
+    paged(after, move |cursor| {
+        let (events, run) = (events.clone(), run.clone());
+        async move { events.page(&run, &cursor, PAGE_CHUNKS).await }
+    })
+}
+
+/// As [`stored_after`], with each page read by `page` (the
+/// [`PAGE_CHUNKS`] after its cursor): a caller may retry a page's read.
+pub fn paged<F, Fut>(after: Offset, mut page: F) -> ChunkStream
+where
+    F: FnMut(Offset) -> Fut + Send + 'static,
+    Fut: Future<Output = Result<Vec<StoredChunk>>> + Send,
+{
     Box::pin(async_stream::try_stream! {
         let mut cursor = after;
         loop {
-            let page = events.page(&run, &cursor, PAGE_CHUNKS).await?;
+            let page = page(cursor.clone()).await?;
             let full = page.len() == PAGE_CHUNKS;
             for chunk in page {
                 cursor = chunk.offset.clone();

@@ -55,7 +55,7 @@ pub use checkpoint::{Adopted, Checkpoint, CheckpointStore, DeleteBlobs, Fork, Ne
 pub use definitions::{DERIVED_PREFIX, Definition, DefinitionStore};
 pub use error::{Error, Result};
 pub use event_log::{
-    ChunkStream, EventLog, LogSnapshot, NewChunk, Offset, PAGE_CHUNKS, StoredChunk, stored_after,
+    ChunkStream, EventLog, LogSnapshot, NewChunk, Offset, PAGE_CHUNKS, StoredChunk, paged, stored_after,
 };
 pub use group::GroupCommit;
 pub use instances::{

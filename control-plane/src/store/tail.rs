@@ -37,8 +37,8 @@ const WINDOW_ROWS: usize = 4 * PAGE_SIZE as usize;
 const WINDOW_BYTES: usize = 1 << 20;
 
 /// Consecutive failed reads of the database (unavailable: a pool timeout,
-/// a dropped connection) a tail retries, one poll interval apart, before
-/// its followers get the error.
+/// a dropped connection, a connection refused while it restarts) a tail
+/// retries, one poll interval apart, before its followers get the error.
 const TAIL_RETRIES: u32 = 10;
 
 #[derive(Debug, Clone)]
@@ -215,6 +215,7 @@ impl Tails {
     /// Stream the log after `after`, then follow it until it is closed.
     pub(super) fn follow(&self, pages: Arc<dyn LogPages>, run: RunKey, after: Offset) -> ChunkStream {
         let tail = self.attach(&pages, &run);
+        let poll_interval = self.shared.poll_interval;
         Box::pin(async_stream::try_stream! {
             let mut window = tail.window.clone();
             let mut cursor = after.seq();
@@ -228,7 +229,7 @@ impl Tails {
                         }
                     }
                     Next::Behind => {
-                        let (_, page) = pages.closed_and_page_after(&run, cursor, PAGE_SIZE).await?;
+                        let page = page_behind(pages.as_ref(), &run, cursor, poll_interval).await?;
                         if page.is_empty() {
                             // Rows the tail read after this position are gone.
                             Err(Error::Corrupt(format!(
@@ -395,7 +396,7 @@ async fn run_tail(
                 }
                 full
             }
-            Err(error @ Error::Unavailable(_)) if failures < TAIL_RETRIES => {
+            Err(error) if transient(&error) && failures < TAIL_RETRIES => {
                 failures += 1;
                 tracing::warn!(run_id = %run.run, %error, failures, "reading the log failed; the tail tries again");
                 false
@@ -416,6 +417,33 @@ async fn run_tail(
     }
 }
 
+/// A follower's own page after `after`, behind the shared window: retried
+/// as the tail's reads are.
+async fn page_behind(
+    pages: &dyn LogPages,
+    run: &RunKey,
+    after: i64,
+    poll_interval: Duration,
+) -> Result<Vec<StoredChunk>> {
+    let mut failures = 0;
+    loop {
+        match pages.closed_and_page_after(run, after, PAGE_SIZE).await {
+            Ok((_, page)) => return Ok(page),
+            Err(error) if transient(&error) && failures < TAIL_RETRIES => {
+                failures += 1;
+                tracing::warn!(run_id = %run.run, %error, failures, "reading the log failed; the follower tries again");
+                tokio::time::sleep(poll_interval).await;
+            }
+            Err(error) => return Err(error),
+        }
+    }
+}
+
+/// A failed read that a later one may not meet.
+fn transient(error: &Error) -> bool {
+    matches!(error, Error::Unavailable(_) | Error::Database(_))
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
@@ -434,6 +462,10 @@ mod tests {
         queries: AtomicUsize,
         /// The next this many queries fail as unavailable.
         failing: AtomicUsize,
+        /// The next this many pages from the log's start are refused, as
+        /// by a database that takes no connections (only a follower far
+        /// behind asks for them: the tail reads on from the log's end).
+        refusing_from_the_start: AtomicUsize,
     }
 
     impl Log {
@@ -488,6 +520,15 @@ mod tests {
             after_seq: i64,
             limit: i64,
         ) -> Result<(bool, Vec<StoredChunk>)> {
+            if after_seq == 0
+                && self
+                    .refusing_from_the_start
+                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                    .is_ok()
+            {
+                let refused = "database \"x\" is not currently accepting connections";
+                return Err(Error::Database(sqlx::Error::Protocol(refused.into())));
+            }
             // One query, as a store answers it (closed read first).
             let closed = *self.closed.lock().unwrap();
             let page = self.page_after(run, after_seq, limit).await?;
@@ -569,6 +610,18 @@ mod tests {
         assert!(slow.next().await.is_none(), "the closed log ends the stream");
         assert!(fast.next().await.is_none());
         rest.clear();
+    }
+
+    #[tokio::test]
+    async fn a_follower_behind_the_window_retries_a_database_that_refuses_it() {
+        let (wakes, tails, log, pages, run) = fixture(Duration::from_millis(10));
+        log.append(&wakes, &run, 10);
+        // The tail starts at the log's end: this follower pages on its own.
+        log.refusing_from_the_start.store(TAIL_RETRIES as usize, Ordering::SeqCst);
+        let mut behind = tails.follow(pages.clone(), run.clone(), Offset::start());
+        assert_eq!(seqs(&take(&mut behind, 10).await), (1..=10).collect::<Vec<_>>());
+        log.close(&wakes, &run);
+        assert!(behind.next().await.is_none());
     }
 
     #[tokio::test]

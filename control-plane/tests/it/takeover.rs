@@ -25,7 +25,7 @@ struct Cluster {
     data_dir: PathBuf,
     /// A database of its own: a replica's start keeps only the tokens of
     /// its configuration, so deployments do not share one.
-    _db: sandhold_tests::database::ScratchDatabase,
+    db: sandhold_tests::database::ScratchDatabase,
     database_url: String,
     redis_url: String,
     token: String,
@@ -61,7 +61,7 @@ impl Cluster {
         }
         let mut sandboxes = replicas[0].sandboxes(&token).await;
         put_definition(&mut sandboxes, definition("def", Kind::Local)).await;
-        Some(Self { replicas, _dir: dir, data_dir, _db: db, database_url, redis_url, token, nonce })
+        Some(Self { replicas, _dir: dir, data_dir, db, database_url, redis_url, token, nonce })
     }
 
     fn options(data_dir: &Path, database_url: &str, redis_url: &str, nonce: &str, i: usize) -> ServerOptions {
@@ -308,6 +308,25 @@ async fn paused_driver_is_fenced_after_it_resumes() {
     );
 }
 
+/// Lines of the run [`kill_the_driver_mid_run`] starts.
+const KILLED_RUN_LINES: u32 = 150;
+
+/// A run of [`KILLED_RUN_LINES`] lines started on replica 0, read for 20 lines, and
+/// replica 0 SIGKILLed: the run's id, a client of replica 1, what was
+/// seen, and when the kill was.
+async fn kill_the_driver_mid_run(cluster: &mut Cluster, name: &str) -> (String, Runs, Seen, Instant) {
+    let run_id = format!("{name}-{}", cluster.nonce);
+    let mut driver = cluster.replicas[0].runs(&cluster.token).await;
+    let successor = cluster.replicas[1].runs(&cluster.token).await;
+    let (stream, seen) =
+        start_and_read(&mut driver, &run_id, "thread", &numbered_lines(KILLED_RUN_LINES, 10, "0.1"), 20)
+            .await;
+    drop(stream);
+    let killed_at = Instant::now();
+    cluster.replicas[0].kill9().await;
+    (run_id, successor, seen, killed_at)
+}
+
 /// With a quiet window configured (`--takeover-quiet-ms`), a successor
 /// waits it out after its claim before it reads the stored log and drives
 /// on: its first new chunk comes no sooner than the window after the kill
@@ -318,16 +337,7 @@ async fn a_quiet_window_holds_the_successor_back_for_the_window() {
     const QUIET_MS: u64 = 5_000;
     let flags = ["--takeover-quiet-ms", "5000", "--takeover-quiet-max-ms", "20000"];
     let Some(mut cluster) = Cluster::start_with(2, &flags).await else { return };
-    let run_id = format!("quiet-{}", cluster.nonce);
-    let mut driver = cluster.replicas[0].runs(&cluster.token).await;
-    let mut successor = cluster.replicas[1].runs(&cluster.token).await;
-    const LINES: u32 = 150;
-    let (stream, mut seen) =
-        start_and_read(&mut driver, &run_id, "thread", &numbered_lines(LINES, 10, "0.1"), 20).await;
-    drop(stream);
-
-    let killed_at = Instant::now();
-    cluster.replicas[0].kill9().await;
+    let (run_id, mut successor, mut seen, killed_at) = kill_the_driver_mid_run(&mut cluster, "quiet").await;
     let pool = sqlx::PgPool::connect(&cluster.database_url).await.unwrap();
     let stored_at_kill: i64 = sqlx::query_scalar("SELECT MAX(seq) FROM run_events WHERE run_id = $1")
         .bind(&run_id)
@@ -344,9 +354,47 @@ async fn a_quiet_window_holds_the_successor_back_for_the_window() {
         "the successor drove on {first_new_after:?} after the kill, inside its {QUIET_MS} ms quiet window"
     );
     assert!(read_until(&mut attached, &mut seen, |_| false).await.unwrap());
-    assert_every_line_once(&seen, LINES, "quiet window");
+    assert_every_line_once(&seen, KILLED_RUN_LINES, "quiet window");
     let record = wait_terminal(&mut successor, &run_id).await;
     assert_eq!(record.status, api::RunStatus::Completed as i32, "{record:?}\n{}", cluster.logs());
+}
+
+/// The database goes away for seconds right after a successor claimed a
+/// run whose driver was killed (new connections refused, open ones
+/// terminated), while the successor reads what its predecessor left: those
+/// reads are retried as appends are, so the outage delays the takeover
+/// instead of failing the run, its client's stream waits it out, and
+/// nothing is lost or doubled. (The quiet window holds the successor's
+/// reads until the outage has begun.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_database_outage_during_a_takeover_delays_the_run_without_failing_it() {
+    const OUTAGE: Duration = Duration::from_secs(4);
+    let flags = ["--takeover-quiet-ms", "1500", "--takeover-quiet-max-ms", "20000"];
+    let Some(mut cluster) = Cluster::start_with(2, &flags).await else { return };
+    let (run_id, mut successor, mut seen, _) = kill_the_driver_mid_run(&mut cluster, "outage").await;
+
+    let pool = sqlx::PgPool::connect(&cluster.database_url).await.unwrap();
+    let epoch = || {
+        sqlx::query_scalar::<_, i64>("SELECT driver_epoch FROM runs WHERE run_id = $1")
+            .bind(&run_id)
+            .fetch_one(&pool)
+    };
+    let first_epoch = epoch().await.unwrap();
+    let mut attached = attach_after(&mut successor, &run_id, &seen).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while epoch().await.unwrap() == first_epoch {
+        assert!(Instant::now() < deadline, "the successor never claimed the run:\n{}", cluster.logs());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    pool.close().await;
+    cluster.db.outage(OUTAGE).await.unwrap();
+
+    // The client attached to the successor sees the outage as a pause.
+    let ended = read_until(&mut attached, &mut seen, |_| false).await;
+    assert!(matches!(ended, Ok(true)), "{ended:?}\n{}", cluster.logs());
+    let record = wait_terminal(&mut successor, &run_id).await;
+    assert_eq!(record.status, api::RunStatus::Completed as i32, "{record:?}\n{}", cluster.logs());
+    assert_every_line_once(&seen, KILLED_RUN_LINES, "database outage");
 }
 
 /// The sandbox agent and the driving replica die together; the agent's

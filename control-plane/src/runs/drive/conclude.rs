@@ -12,6 +12,7 @@ use tracing::{Instrument as _, debug, info, warn};
 use super::ctx::DriveCtx;
 use super::ending::{Ending, ending_name};
 use super::retry::GaveUp;
+use super::store_calls::stored_log;
 use crate::harness::session::Carry;
 use crate::runs::align::checkpoints;
 use crate::runs::daily;
@@ -160,7 +161,7 @@ impl Runs {
         let known = *ctx.usage.lock().unwrap_or_else(|e| e.into_inner());
         let tally = match known {
             Some(tally) => tally,
-            None => checkpoints(self.inner.ctx.stores.events.clone(), ctx.key.clone()).await.ok()?.1,
+            None => checkpoints(stored_log(ctx, self.inner.ctx.stores.events.clone())).await.ok()?.1,
         };
         tally.metered().then(|| tally.usage(None))
     }

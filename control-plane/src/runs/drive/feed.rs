@@ -95,7 +95,7 @@ impl Runs {
                 }
                 if chunk::is_terminal(&c) {
                     pump.held_terminal = Some(c);
-                } else if pump.aligner.offer(&c).await.map_err(Ending::Failed)? {
+                } else if pump.aligner.offer(&c).await.map_err(|e| ctx.interrupts.failed(e))? {
                     translated = true;
                     batch.push(c);
                 }
@@ -274,7 +274,7 @@ impl Runs {
                 match pump.aligner.offer(&c).await {
                     Ok(true) => batch.push(c),
                     Ok(false) => {}
-                    Err(e) => return Ending::Failed(e),
+                    Err(e) => return ctx.interrupts.failed(e),
                 }
             }
         }
@@ -282,7 +282,7 @@ impl Runs {
             match pump.aligner.offer(&c).await {
                 Ok(true) => batch.push(c),
                 Ok(false) => {}
-                Err(e) => return Ending::Failed(e),
+                Err(e) => return ctx.interrupts.failed(e),
             }
         }
         let mut terminal = pump.held_terminal.take().unwrap_or_else(|| {
@@ -298,10 +298,10 @@ impl Runs {
         match pump.aligner.offer(&terminal).await {
             Ok(true) => batch.push(terminal.clone()),
             Ok(false) => {}
-            Err(e) => return Ending::Failed(e),
+            Err(e) => return ctx.interrupts.failed(e),
         }
         if let Err(e) = pump.aligner.finish().await {
-            return Ending::Failed(e);
+            return ctx.interrupts.failed(e);
         }
         // Out-of-band chunks still held (the run printed nothing) go before
         // the end: they happened before it.

@@ -14,6 +14,7 @@ use tracing::{debug, info, warn};
 use super::ctx::DriveCtx;
 use super::ending::Ending;
 use super::retry::{GaveUp, retry};
+use super::store_calls::{gave_up, is_transient, persistently, retry_store};
 use crate::agent::AgentClient;
 use crate::harness::CommandSpec;
 use crate::harness::session::Carry;
@@ -59,23 +60,18 @@ impl Runs {
         ctx: &DriveCtx,
     ) -> Result<(String, AgentClient, Arc<Secrets>), Ending> {
         let cx = &self.inner.ctx;
-        let record = match cx.stores.runs.get(&ctx.key).await {
-            Ok(r) => r,
-            Err(e) => return Err(Ending::Failed(e.into())),
-        };
-        match self.inner.options.quiet.wait(cx.stores.events.as_ref(), &ctx.key).await {
-            Ok(0) => {}
-            Ok(grew) => info!(run_id = %ctx.key.run, grew, "the stored log grew after the claim"),
-            Err(e) => return Err(Ending::Failed(e)),
+        let (runs, events) = (&cx.stores.runs, &cx.stores.events);
+        let record = persistently(ctx, "reading the run", || runs.get(&ctx.key)).await?;
+        let quiet = &self.inner.options.quiet;
+        match persistently(ctx, "waiting for quiet", || quiet.wait(events.as_ref(), &ctx.key)).await? {
+            0 => {}
+            grew => info!(run_id = %ctx.key.run, grew, "the stored log grew after the claim"),
         }
-        let last = match cx.stores.events.last(&ctx.key).await {
-            Ok(last) => last.as_ref().map(decode_chunk).transpose(),
-            Err(e) => Err(e.into()),
-        };
+        let last = persistently(ctx, "reading the log's last chunk", || events.last(&ctx.key)).await?;
         // Its driver died between the terminal chunk and the status:
         // the run is over, whatever its journal or sandbox became,
         // and only the record is left to finish.
-        match last {
+        match last.as_ref().map(decode_chunk).transpose() {
             Ok(Some(terminal)) if chunk::is_terminal(&terminal) => {
                 info!(run_id = %ctx.key.run, "the stored log is complete; finishing the record");
                 return Err(Ending::Exited { terminal });
@@ -86,16 +82,21 @@ impl Runs {
         if record.cancel_requested {
             return Err(Ending::Stopped(StopReason::Cancel));
         }
-        match self.inner.sandbox.definition(&ctx.key.tenant, &ctx.spec.definition_id).await {
+        let sandbox = &self.inner.sandbox;
+        let definition =
+            retry_store(ctx, ctx.interrupts.clone(), "reading the definition", is_transient, || {
+                sandbox.definition(&ctx.key.tenant, &ctx.spec.definition_id)
+            });
+        match definition.await {
             Ok(definition) => {
                 let _ = ctx.definition.set(definition);
             }
             // Deleted since: the run goes on without egress.
-            Err(e) if e.is_not_found() => {}
-            Err(e @ crate::sandbox::Error::CorruptDefinition(_)) => {
+            Err(GaveUp::Failed(e)) if e.is_not_found() => {}
+            Err(GaveUp::Failed(e @ crate::sandbox::Error::CorruptDefinition(_))) => {
                 return Err(Ending::Failed(Error::Egress(e.to_string())));
             }
-            Err(e) => return Err(Ending::Failed(e.into())),
+            Err(other) => return Err(gave_up(other)),
         }
         let Some(key) = record.sandbox_key else {
             return Err(Ending::Failed(Error::SandboxNeverReady));
@@ -132,7 +133,8 @@ impl Runs {
             unless_resumed.filter(|_| ensured.outcome() != shared::proto::v1::EnsureOutcome::Resumed);
         let key = ensured.sandbox_id;
         let update = RunUpdate { sandbox_key: Some(Some(key.clone())), ..Default::default() };
-        cx.stores.runs.update(&ctx.key, update).await.map_err(|e| Ending::Failed(e.into()))?;
+        persistently(ctx, "recording the run's sandbox", || cx.stores.runs.update(&ctx.key, update.clone()))
+            .await?;
         let live = sandbox.agent(&ctx.key.tenant, &key).await.map_err(|e| Ending::Failed(e.into()))?;
         if let Some(stopped) = ctx.interrupts.stopped() {
             // Stopped while the sandbox was being made: nothing to start,

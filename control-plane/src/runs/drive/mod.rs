@@ -3,7 +3,9 @@
 //! [`feed`] translating, aligning and appending what it reads), [`files`]
 //! (the workspace's changes) and [`conclude`] (stop, terminal write,
 //! checkpoint, session export). A drive ends in exactly one way
-//! ([`Ending`]); what ends its pauses early is [`retry::Interrupts`].
+//! ([`Ending`]); what ends its pauses early is [`retry::Interrupts`]; its
+//! calls to the store are retried through the store's hiccups
+//! ([`store_calls`]).
 
 mod append;
 mod conclude;
@@ -14,6 +16,7 @@ mod files;
 mod launch;
 mod pump;
 mod retry;
+mod store_calls;
 
 use std::panic::AssertUnwindSafe;
 use std::time::Instant;
@@ -26,6 +29,7 @@ pub(crate) use ending::Ending;
 use ending::ending_name;
 pub(crate) use launch::{FreshStart, Unresumed};
 pub(super) use retry::Interrupts;
+use store_calls::stored_log;
 
 use crate::runs::align::{Aligner, checkpoints};
 use crate::runs::{Error, Runs};
@@ -84,14 +88,14 @@ impl Runs {
         };
         // The stored log is read after the start (a fresh run's accepted
         // and warning chunks are in it), page by page as the replay goes.
-        let aligner = match Aligner::of_log(cx.stores.events.clone(), ctx.key.clone()).await {
+        let aligner = match Aligner::of_stored(stored_log(ctx, cx.stores.events.clone())).await {
             Ok(aligner) => aligner,
-            Err(e) => return Ending::Failed(e),
+            Err(e) => return ctx.interrupts.failed(e),
         };
-        let (stderr_from, usage, policy) = match checkpoints(cx.stores.events.clone(), ctx.key.clone()).await
+        let (stderr_from, usage, policy) = match checkpoints(stored_log(ctx, cx.stores.events.clone())).await
         {
             Ok(checkpoints) => checkpoints,
-            Err(e) => return Ending::Failed(e),
+            Err(e) => return ctx.interrupts.failed(e),
         };
         *ctx.usage.lock().unwrap_or_else(|e| e.into_inner()) = Some(usage);
         self.pump(ctx, &key, agent, &secrets, aligner, (stderr_from, usage, policy)).await
