@@ -99,6 +99,9 @@ impl Live {
     }
 }
 
+/// Times an ensure starts again after its sandbox lease lapsed.
+const LEASE_LAPSES: u32 = 3;
+
 /// What an ensure was asked for, validated.
 pub struct EnsureInput {
     pub tenant: Tenant,
@@ -271,15 +274,34 @@ impl Lifecycle {
         let spec = spec_for(definition, &key, &input.tenant, &self.policy);
 
         // One ensure per key at a time: concurrent callers wait here and then
-        // find the sandbox the first one made.
+        // find the sandbox the first one made. A lease that lapses while the
+        // sandbox is made (its renewals starved on an overloaded host) makes
+        // the record refuse, so nothing another holder made is overwritten;
+        // what this one made is removed, and the ensure starts again under
+        // a new lease.
         let cancel = CancellationToken::new();
-        let lease = leases
-            .acquire(&format!("sandbox:{key}"), &cancel)
-            .await?
-            .ok_or(Error::Cancelled("ensure cancelled while waiting for the sandbox lease"))?;
-        let result = self
-            .ensure_locked(stores, &input, &key, &spec, kind, &workspace, &lifecycle, progress, &lease)
-            .await;
+        let mut lapses = 0;
+        let (lease, result) = loop {
+            let lease = leases
+                .acquire(&format!("sandbox:{key}"), &cancel)
+                .await?
+                .ok_or(Error::Cancelled("ensure cancelled while waiting for the sandbox lease"))?;
+            let result = self
+                .ensure_locked(stores, &input, &key, &spec, kind, &workspace, &lifecycle, progress, &lease)
+                .await;
+            match result {
+                Err(Error::LeaseLost(_)) if lapses < LEASE_LAPSES => {
+                    lapses += 1;
+                    let _ = lease.release().await;
+                    warn!(sandbox_key = %key, lapses, "the sandbox lease lapsed while ensuring it; starting again");
+                    progress.phase(
+                        EnsurePhase::Resolving,
+                        "the sandbox lease lapsed while ensuring it; starting again",
+                    );
+                }
+                result => break (lease, result),
+            }
+        };
         // A new sandbox (not a resumed one: that is never overwritten) of a
         // thread with portable snapshots starts from its latest checkpoint.
         let result = match result {
@@ -493,21 +515,24 @@ impl Lifecycle {
             }
             Err(e) => return Err(e.into()),
         };
-        match self.provision(input, provider, &sandbox, workspace, lifecycle, progress).await {
+        let failed = match self.provision(input, provider, &sandbox, workspace, lifecycle, progress).await {
             Ok(native) => {
                 let recorded = self.record(stores, key, input, (&node, provider), &sandbox, native, lease);
-                let instance = self.quota.settle(slot, recorded).await?;
-                Ok(located(sandbox, EnsureOutcome::Created, instance, None))
-            }
-            Err(e) => {
-                // Nothing half-made survives a failed ensure.
-                match provider.destroy(&sandbox.provider_id).await {
-                    Ok(()) => Err(e),
-                    Err(d) => {
-                        warn!(sandbox_key = %key, error = %d, "destroying a half-made sandbox failed");
-                        Err(if node.is_empty() { e } else { node_failed(&e) })
-                    }
+                match self.quota.settle(slot, recorded).await {
+                    Ok(instance) => return Ok(located(sandbox, EnsureOutcome::Created, instance, None)),
+                    // Not recorded: another holder may own the key now.
+                    Err(e @ Error::LeaseLost(_)) => e,
+                    Err(e) => return Err(e),
                 }
+            }
+            Err(e) => e,
+        };
+        // Nothing half-made survives a failed ensure.
+        match provider.destroy(&sandbox.provider_id).await {
+            Ok(()) => Err(failed),
+            Err(d) => {
+                warn!(sandbox_key = %key, error = %d, "destroying a half-made sandbox failed");
+                Err(if node.is_empty() { failed } else { node_failed(&failed) })
             }
         }
     }

@@ -837,3 +837,47 @@ async fn a_driver_whose_lease_lapsed_to_nobody_is_replaced_for_its_clients() {
         .unwrap();
     assert!(epoch >= 2, "the run was not taken over (epoch {epoch})");
 }
+
+/// The sandbox's ensure lease lapses while a run's sandbox is being set up
+/// (its renewals starved on an overloaded host, here: its Redis key
+/// deleted): the record is refused, so nothing another holder made could be
+/// overwritten, what was made is removed, and the ensure starts again under
+/// a new lease. The run completes instead of failing with `LEASE_LOST`, and
+/// one sandbox of the key is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_sandbox_lease_lapsing_mid_ensure_starts_the_ensure_again() {
+    let Some(cluster) = Cluster::start(1).await else { return };
+    let tenant = format!("t{}", cluster.nonce);
+    let mut sandboxes = cluster.replicas[0].sandboxes(&cluster.token).await;
+    let mut slow = definition("slow", Kind::Local);
+    let setup = api::SetupStep { step: Some(api::setup_step::Step::Serial("sleep 2".into())) };
+    slow.workspace = Some(api::WorkspaceDefinition { setup: vec![setup], ..Default::default() });
+    put_definition(&mut sandboxes, slow.clone()).await;
+    let key = control_plane::sandbox::key::sandbox_key(
+        &slow,
+        control_plane::sandbox::key::KeyInput { tenant: &tenant, thread_id: "thread", run_id: None },
+    );
+    let lease = format!("sandbox:{key}");
+    let run_id = format!("lapse-{}", cluster.nonce);
+    let mut runs = cluster.replicas[0].runs(&cluster.token).await;
+    let start = command_run(&run_id, "thread", "slow", "echo line 1");
+    let mut stream = runs.start_run(start).await.unwrap().into_inner();
+
+    eventually(PATIENCE, || lease_held(&cluster.redis_url, &lease)).await;
+    let client = redis::Client::open(cluster.redis_url.as_str()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let redis_key = format!("{}{lease}", control_plane::lease::DEFAULT_NAMESPACE);
+    let deleted: i64 = redis::cmd("DEL").arg(&redis_key).query_async(&mut conn).await.unwrap();
+    assert_eq!(deleted, 1, "the sandbox lease {redis_key} was not held");
+
+    let mut seen = Seen::default();
+    let ended = read_until(&mut stream, &mut seen, |_| false).await;
+    assert!(matches!(ended, Ok(true)), "{ended:?}\n{}", cluster.logs());
+    assert_eq!(seen.line_numbers(), vec![1]);
+    let record = wait_terminal(&mut runs, &run_id).await;
+    assert_eq!(record.status, api::RunStatus::Completed as i32, "{record:?}\n{}", cluster.logs());
+    let log = cluster.replicas[0].log_text();
+    assert!(log.contains("the sandbox lease lapsed while ensuring it; starting again"), "{}", cluster.logs());
+    let left = std::fs::read_dir(cluster.data_dir.join("sandboxes")).unwrap().count();
+    assert_eq!(left, 1, "the sandbox made under the lapsed lease is removed");
+}
