@@ -365,43 +365,6 @@ macro_rules! insert_events {
 }
 pub(super) use insert_events;
 
-/// [`insert_events`] on PostgreSQL: the rows as one array per column, so
-/// the statement's text is the same for every group and PostgreSQL plans
-/// it once per connection (a multi-row VALUES is a new statement to parse
-/// and plan for every group size).
-macro_rules! insert_events_unnest {
-    ($db:ty, $conn:expr, $rows:expr, $now:expr) => {{
-        let rows = $rows;
-        let (mut tenants, mut runs, mut seqs, mut epochs, mut kinds, mut payloads) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        for (run, seq, held, chunk) in rows {
-            let (run, chunk): (&RunKey, &NewChunk) = (run, chunk);
-            tenants.push(run.tenant.as_str());
-            runs.push(run.run.as_str());
-            seqs.push(seq);
-            epochs.push(held);
-            kinds.push(chunk.kind.as_str());
-            payloads.push(chunk.payload.as_slice());
-        }
-        sqlx::query(
-            "INSERT INTO run_events (tenant, run_id, seq, epoch, kind, payload, appended_at) \
-             SELECT tenant, run_id, seq, epoch, kind, payload, $7 FROM UNNEST( \
-                 $1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::text[], $6::bytea[] \
-             ) AS x(tenant, run_id, seq, epoch, kind, payload)",
-        )
-        .bind(tenants)
-        .bind(runs)
-        .bind(seqs)
-        .bind(epochs)
-        .bind(kinds)
-        .bind(payloads)
-        .bind($now)
-        .execute($conn)
-        .await?;
-    }};
-}
-pub(super) use insert_events_unnest;
-
 /// Rows per INSERT statement: SQLite caps bound parameters per statement
 /// (32,766), PostgreSQL at 65,535; seven a row.
 pub(super) const ROWS_PER_INSERT: usize = 1000;
@@ -449,30 +412,6 @@ macro_rules! read_fences {
 }
 pub(super) use read_fences;
 
-/// [`read_fences`] on PostgreSQL: the runs as two arrays, one statement
-/// text for every group (see [`insert_events_unnest`]).
-macro_rules! read_fences_unnest {
-    ($db:ty, $conn:expr, $runs:expr, $fences:expr, lock: $lock:literal) => {{
-        let runs: &[&RunKey] = $runs;
-        let tenants: Vec<&str> = runs.iter().map(|run| run.tenant.as_str()).collect();
-        let ids: Vec<&str> = runs.iter().map(|run| run.run.as_str()).collect();
-        let found = sqlx::query_as(concat!(
-            "SELECT ",
-            $crate::store::group::fence_columns!(),
-            " FROM UNNEST($1::text[], $2::text[]) AS m(tenant, run_id) \
-             JOIN runs r ON r.tenant = m.tenant AND r.run_id = m.run_id \
-             ORDER BY r.tenant, r.run_id",
-            $lock
-        ))
-        .bind(tenants)
-        .bind(ids)
-        .fetch_all($conn)
-        .await?;
-        $crate::store::group::add_fences(&mut $fences, found)?;
-    }};
-}
-pub(super) use read_fences_unnest;
-
 /// What a fence query selects of a run `r`: tenant, run id, epoch, closed,
 /// last sequence number.
 macro_rules! fence_columns {
@@ -500,20 +439,17 @@ pub(super) fn add_fences(
 /// [`read_fences`]), the [`plan`], its rows, the request index of each
 /// stored member. Evaluates to what each member came to.
 macro_rules! write_group {
-    ($db:ty, $conn:ident, $members:expr, lock: $lock:literal) => {
-        $crate::store::group::write_group!($db, $conn, $members, lock: $lock, with: read_fences, insert_events)
-    };
-    ($db:ty, $conn:ident, $members:expr, lock: $lock:literal, with: $fences:ident, $insert:ident) => {{
+    ($db:ty, $conn:ident, $members:expr, lock: $lock:literal) => {{
         let members: &[$crate::store::group::Member<'_>] = $members;
         let mut fences = std::collections::HashMap::new();
         for runs in $crate::store::group::runs_of(members).chunks($crate::store::group::RUNS_PER_QUERY) {
-            $crate::store::group::$fences!($db, &mut **$conn, runs, fences, lock: $lock);
+            $crate::store::group::read_fences!($db, &mut **$conn, runs, fences, lock: $lock);
         }
         let written = $crate::store::group::plan(members, &fences);
         let now = $crate::store::Timestamp::now().as_millis();
         let rows: Vec<_> = $crate::store::group::rows(members, &written).collect();
         for rows in rows.chunks($crate::store::group::ROWS_PER_INSERT) {
-            $crate::store::group::$insert!($db, &mut **$conn, rows.iter().copied(), now);
+            $crate::store::group::insert_events!($db, &mut **$conn, rows.iter().copied(), now);
         }
         for (member, written) in members.iter().zip(&written) {
             if let $crate::store::group::Written::Stored(seqs) = written {

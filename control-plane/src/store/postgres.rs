@@ -297,8 +297,7 @@ impl GroupLog for PgAppends {
     }
 
     async fn write(&self, tx: &mut Self::Tx, members: &[Member<'_>]) -> Result<Vec<Written>> {
-        Ok(write_group!(sqlx::Postgres, tx, members, lock: " FOR SHARE OF r",
-            with: read_fences_unnest, insert_events_unnest))
+        Ok(write_group!(sqlx::Postgres, tx, members, lock: " FOR SHARE OF r"))
     }
 
     async fn commit(&self, tx: Self::Tx) -> Result<()> {
