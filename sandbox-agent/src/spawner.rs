@@ -28,9 +28,9 @@ use std::ffi::{CStr, CString};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::process::ExitStatusExt;
 use std::process::ExitStatus;
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::mpsc;
+use std::sync::{Arc, OnceLock};
 
 use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
@@ -78,8 +78,8 @@ pub struct Plan {
     pub cwd: CString,
     /// The run user's uid and gid; `None` keeps the agent's.
     pub ids: Option<(u32, u32)>,
-    /// The Landlock ruleset of this start.
-    pub ruleset: Option<OwnedFd>,
+    /// The Landlock ruleset of this start (possibly shared with others).
+    pub ruleset: Option<Arc<OwnedFd>>,
     /// What becomes the child's stdin, stdout and stderr (each above 2).
     pub stdio: [RawFd; 3],
     /// Lead a new process group (its pid).

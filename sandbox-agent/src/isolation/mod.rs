@@ -129,19 +129,22 @@ impl Isolation {
         // landlock_restrict_self, seccomp) on memory prepared before the
         // fork; it allocates nothing and takes no lock.
         unsafe {
-            cmd.pre_exec(move || enter(ruleset.as_ref(), &filters));
+            cmd.pre_exec(move || enter(ruleset.as_deref(), &filters));
         }
         Ok(())
     }
 
     /// The Landlock ruleset of this confinement, for the child to restrict
-    /// itself with; `None` without Landlock.
-    pub fn ruleset(&self) -> std::io::Result<Option<OwnedFd>> {
-        match self.landlock {
-            true => landlock::ruleset(&self.writable, &self.files, &self.denied)
-                .map_err(|e| std::io::Error::other(format!("building the Landlock ruleset: {e}"))),
-            false => Ok(None),
-        }
+    /// itself with; `None` without Landlock. The agent's own confinement
+    /// (no run's files or denied dirs) shares one ruleset between starts.
+    pub fn ruleset(&self) -> std::io::Result<Option<Arc<OwnedFd>>> {
+        let built = match (self.landlock, self.files.is_empty() && self.denied.is_empty()) {
+            (false, _) => return Ok(None),
+            (true, true) => landlock::shared_ruleset(&self.writable),
+            (true, false) => landlock::ruleset(&self.writable, &self.files, &self.denied)
+                .map(|ruleset| ruleset.map(Arc::new)),
+        };
+        built.map_err(|e| std::io::Error::other(format!("building the Landlock ruleset: {e}")))
     }
 }
 
