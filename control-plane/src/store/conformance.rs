@@ -573,6 +573,15 @@ async fn runs_delete_ended_before_takes_the_oldest_ends_first(b: &Backend) {
         runs.finish(&run, FIRST_EPOCH, finish).await.unwrap();
     }
     create(&b.stores, "running").await;
+    runs.create_or_resume(new_run("e0", "acme", "t1", 1_000)).await.unwrap();
+    b.stores.events.append(&acme("e0"), FIRST_EPOCH, &chunks("e0", 3)).await.unwrap();
+    let finish = RunFinish { finished_at: Timestamp::from_millis(4_000), ..finish_completed() };
+    runs.finish(&acme("e0"), FIRST_EPOCH, finish).await.unwrap();
+    assert_eq!(runs.delete_ended_before(Timestamp::from_millis(4_500), 10).await.unwrap(), vec![acme("e0")]);
+    // Its log went with it: a run made later under the same id starts empty.
+    runs.create_or_resume(new_run("e0", "acme", "t1", 1_000)).await.unwrap();
+    let left = b.stores.events.page(&acme("e0"), &Offset::start(), 100).await.unwrap();
+    assert!(left.is_empty(), "the log went with the run: {left:?}");
 
     let first = runs.delete_ended_before(Timestamp::from_millis(8_000), 2).await.unwrap();
     assert_eq!(first, vec![acme("e1"), key("other", "e2")], "oldest first, every tenant, at most the limit");

@@ -34,6 +34,21 @@ macro_rules! terminal {
 }
 pub(super) use terminal;
 
+/// Delete run `$run`'s events on transaction `$tx`, with the run: no
+/// foreign key cascades them on PostgreSQL (an append is fenced by the
+/// run's row instead, migration 0028).
+macro_rules! delete_events {
+    ($tx:ident, $run:expr) => {{
+        let run: &RunKey = $run;
+        sqlx::query("DELETE FROM run_events WHERE tenant = $1 AND run_id = $2")
+            .bind(run.tenant.as_str())
+            .bind(run.run.as_str())
+            .execute(&mut *$tx)
+            .await?;
+    }};
+}
+pub(super) use delete_events;
+
 macro_rules! instance_columns {
     () => {
         "sandbox_key, tenant, provider, provider_sandbox_id, native_snapshot, definition_id, thread_id, \
@@ -659,16 +674,20 @@ macro_rules! impl_shared_stores {
             async fn delete_ended(&self, run: &RunKey) -> Result<()> {
                 // The terminal test sits in the DELETE: a run that ends
                 // between a look and the delete is never half removed.
+                let mut tx = self.pool.begin().await?;
                 let deleted =
                     sqlx::query(concat!("DELETE FROM runs WHERE tenant = $1 AND run_id = $2 AND ", terminal!()))
                         .bind(run.tenant.as_str())
                         .bind(run.run.as_str())
-                        .execute(&self.pool)
+                        .execute(&mut *tx)
                         .await?
                         .rows_affected();
                 if deleted == 1 {
+                    $crate::store::sql::delete_events!(tx, run);
+                    tx.commit().await?;
                     return Ok(());
                 }
+                drop(tx);
                 match self.fetch_run(run).await? {
                     None => Err(run_not_found(run)),
                     Some(record) => Err(Error::RunNotEnded { run: run.run.to_string(), status: record.status }),
@@ -676,6 +695,7 @@ macro_rules! impl_shared_stores {
             }
 
             async fn delete_ended_before(&self, cutoff: Timestamp, limit: u32) -> Result<Vec<RunKey>> {
+                let mut tx = self.pool.begin().await?;
                 let rows: Vec<(String, String)> = sqlx::query_as(concat!(
                     "DELETE FROM runs WHERE (tenant, run_id) IN (SELECT tenant, run_id FROM runs WHERE ",
                     terminal!(),
@@ -683,15 +703,21 @@ macro_rules! impl_shared_stores {
                 ))
                 .bind(cutoff.as_millis())
                 .bind(i64::from(limit))
-                .fetch_all(&self.pool)
+                .fetch_all(&mut *tx)
                 .await?;
-                rows.into_iter()
+                let deleted = rows
+                    .into_iter()
                     .map(|(tenant, run)| {
                         let run = crate::store::RunId::parse(&run)
                             .map_err(|e| Error::Corrupt(format!("run id {run:?}: {e}")))?;
                         Ok(RunKey::new(Tenant::new(tenant), run))
                     })
-                    .collect()
+                    .collect::<Result<Vec<_>>>()?;
+                for run in &deleted {
+                    $crate::store::sql::delete_events!(tx, run);
+                }
+                tx.commit().await?;
+                Ok(deleted)
             }
         }
 
