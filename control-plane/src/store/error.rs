@@ -74,6 +74,13 @@ pub enum Error {
 }
 
 impl Error {
+    /// A failure of the database that a later attempt may not meet (it was
+    /// unavailable, or refused or dropped the connection): what readers and
+    /// writers retry.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Self::Unavailable(_) | Self::Database(_))
+    }
+
     pub(crate) fn invalid(field: &'static str, reason: impl Into<String>) -> Self {
         Self::Invalid { field, reason: reason.into() }
     }

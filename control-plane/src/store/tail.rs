@@ -396,7 +396,7 @@ async fn run_tail(
                 }
                 full
             }
-            Err(error) if transient(&error) && failures < TAIL_RETRIES => {
+            Err(error) if error.is_transient() && failures < TAIL_RETRIES => {
                 failures += 1;
                 tracing::warn!(run_id = %run.run, %error, failures, "reading the log failed; the tail tries again");
                 false
@@ -429,7 +429,7 @@ async fn page_behind(
     loop {
         match pages.closed_and_page_after(run, after, PAGE_SIZE).await {
             Ok((_, page)) => return Ok(page),
-            Err(error) if transient(&error) && failures < TAIL_RETRIES => {
+            Err(error) if error.is_transient() && failures < TAIL_RETRIES => {
                 failures += 1;
                 tracing::warn!(run_id = %run.run, %error, failures, "reading the log failed; the follower tries again");
                 tokio::time::sleep(poll_interval).await;
@@ -437,11 +437,6 @@ async fn page_behind(
             Err(error) => return Err(error),
         }
     }
-}
-
-/// A failed read that a later one may not meet.
-fn transient(error: &Error) -> bool {
-    matches!(error, Error::Unavailable(_) | Error::Database(_))
 }
 
 #[cfg(test)]

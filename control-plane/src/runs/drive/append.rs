@@ -6,7 +6,7 @@ use shared::proto::v1::Chunk;
 use super::ctx::DriveCtx;
 use super::ending::Ending;
 use super::retry::{GaveUp, Interrupts};
-use super::store_calls::{is_transient, is_transient_at_the_end, retry_store};
+use super::store_calls::{is_transient_at_the_end, retry_store};
 use crate::runs::Runs;
 use crate::runs::log::encode_chunk;
 use crate::store::{self, NewChunk, RunFinish, RunRecord};
@@ -14,7 +14,7 @@ use crate::store::{self, NewChunk, RunFinish, RunRecord};
 impl Runs {
     /// Append chunks under this drive's epoch, retrying store hiccups.
     pub(super) async fn append(&self, ctx: &DriveCtx, chunks: &[Chunk]) -> Result<(), Ending> {
-        self.append_retrying(ctx, chunks, ctx.interrupts.clone(), is_transient).await
+        self.append_retrying(ctx, chunks, ctx.interrupts.clone(), store::Error::is_transient).await
     }
 
     /// Append the run's terminal chunk once its command is stopped or has

@@ -14,7 +14,7 @@ use tracing::{debug, info, warn};
 use super::ctx::DriveCtx;
 use super::ending::Ending;
 use super::retry::{GaveUp, retry};
-use super::store_calls::{gave_up, is_transient, persistently, retry_store};
+use super::store_calls::{gave_up, persistently, retry_store};
 use crate::agent::AgentClient;
 use crate::harness::CommandSpec;
 use crate::harness::session::Carry;
@@ -83,10 +83,13 @@ impl Runs {
             return Err(Ending::Stopped(StopReason::Cancel));
         }
         let sandbox = &self.inner.sandbox;
-        let definition =
-            retry_store(ctx, ctx.interrupts.clone(), "reading the definition", is_transient, || {
-                sandbox.definition(&ctx.key.tenant, &ctx.spec.definition_id)
-            });
+        let definition = retry_store(
+            ctx,
+            ctx.interrupts.clone(),
+            "reading the definition",
+            crate::store::Error::is_transient,
+            || sandbox.definition(&ctx.key.tenant, &ctx.spec.definition_id),
+        );
         match definition.await {
             Ok(definition) => {
                 let _ = ctx.definition.set(definition);

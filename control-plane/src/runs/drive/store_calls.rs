@@ -20,7 +20,7 @@ use super::ctx::DriveCtx;
 use super::ending::Ending;
 use super::retry::{GaveUp, Interrupts, retry};
 use crate::runs::Error;
-use crate::store::{self, ChunkStream, EventLog, Offset, PAGE_CHUNKS};
+use crate::store::{self, ChunkStream, EventLog, Offset, PAGE_CHUNKS, RunId};
 
 /// Store calls that fail are retried this many times before the run fails.
 const STORE_ATTEMPTS: usize = 5;
@@ -69,6 +69,22 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, E>>,
 {
+    retry_for(&ctx.key.run, interrupts, what, transient, call).await
+}
+
+/// [`retry_store`] for run `run`, without its drive's context.
+async fn retry_for<T, E, F, Fut>(
+    run: &RunId,
+    interrupts: Interrupts,
+    what: &str,
+    transient: fn(&store::Error) -> bool,
+    call: F,
+) -> Result<T, GaveUp<E>>
+where
+    E: StoreFailure,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+{
     let mut attempt = 0;
     retry(
         interrupts,
@@ -77,7 +93,7 @@ where
         |e: &E| e.store_error().is_some_and(transient),
         |e, _| {
             attempt += 1;
-            warn!(run_id = %ctx.key.run, attempt, error = %e, "{what} failed; retrying");
+            warn!(run_id = %run, attempt, error = %e, "{what} failed; retrying");
         },
     )
     .await
@@ -91,7 +107,7 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, E>>,
 {
-    retry_store(ctx, ctx.interrupts.clone(), what, is_transient, call).await.map_err(gave_up)
+    retry_store(ctx, ctx.interrupts.clone(), what, store::Error::is_transient, call).await.map_err(gave_up)
 }
 
 /// How a drive whose store call gave up ends.
@@ -112,18 +128,11 @@ pub(super) fn stored_log(ctx: &DriveCtx, events: Arc<dyn EventLog>) -> ChunkStre
     store::paged(Offset::start(), move |cursor| {
         let (events, run, interrupts) = (events.clone(), run.clone(), interrupts.clone());
         async move {
-            let mut attempt = 0;
-            let page = retry(
-                interrupts,
-                backoff(),
-                || events.page(&run, &cursor, PAGE_CHUNKS),
-                is_transient,
-                |e, _| {
-                    attempt += 1;
-                    warn!(run_id = %run.run, attempt, error = %e, "reading the stored log failed; retrying");
-                },
-            )
-            .await;
+            let page =
+                retry_for(&run.run, interrupts, "reading the stored log", store::Error::is_transient, || {
+                    events.page(&run, &cursor, PAGE_CHUNKS)
+                })
+                .await;
             page.map_err(|g| match g {
                 GaveUp::Failed(e) => e,
                 GaveUp::Interrupted(_) => {
@@ -159,15 +168,10 @@ fn backoff() -> ExponentialBuilder {
         .with_max_times(STORE_ATTEMPTS - 1)
 }
 
-/// A failure of the database that a later attempt may not meet.
-pub(super) fn is_transient(e: &store::Error) -> bool {
-    matches!(e, store::Error::Unavailable(_) | store::Error::Database(_))
-}
-
-/// [`is_transient`], or a full disk: once the run's command is stopped or
+/// [`store::Error::is_transient`], or a full disk: once the run's command is stopped or
 /// has exited nothing of the run fills the disk any more, and what its
 /// stopped sandbox held there is being freed. (While the command runs a
 /// full disk ends the run instead: it would only fill again.)
 pub(super) fn is_transient_at_the_end(e: &store::Error) -> bool {
-    is_transient(e) || matches!(e, store::Error::StorageFull(_))
+    e.is_transient() || matches!(e, store::Error::StorageFull(_))
 }
