@@ -1051,6 +1051,41 @@ async fn log_stale_append_is_refused_after_a_claim_and_stays_refused(b: &Backend
     assert!(matches!(unknown, Err(Error::NotFound(_))), "{unknown:?}");
 }
 
+/// What another replica commits to a run (an append, a claim, a close, the
+/// run deleted and made again) is what this store's next append is checked
+/// against, however many appends it made before (SQLite's committer keeps
+/// the fences it read between groups; they must not outlive such a write).
+async fn log_fences_follow_what_another_replica_commits(b: &Backend) {
+    let replica = b.reopen().await;
+    let (ours, theirs) = (&b.stores.events, &replica.events);
+    create(&b.stores, "r1").await;
+    ours.append(&acme("r1"), FIRST_EPOCH, &chunks("ours", 2)).await.unwrap();
+    theirs.append(&acme("r1"), FIRST_EPOCH, &chunks("theirs", 1)).await.unwrap();
+    let next = ours.append(&acme("r1"), FIRST_EPOCH, &chunks("ours-again", 1)).await.unwrap();
+    assert_eq!(next[0].to_string(), "4", "after the replica's append");
+
+    let successor = replica.runs.claim(&acme("r1")).await.unwrap().driver_epoch;
+    let stale = ours.append(&acme("r1"), FIRST_EPOCH, &chunks("stale", 1)).await;
+    assert!(
+        matches!(stale, Err(Error::Fenced { held, current, .. }) if held == FIRST_EPOCH && current == successor),
+        "{stale:?}"
+    );
+    ours.append(&acme("r1"), successor, &chunks("successor", 1)).await.unwrap();
+    theirs.close(&acme("r1")).await.unwrap();
+    let late = ours.append(&acme("r1"), successor, &chunks("late", 1)).await;
+    assert!(matches!(late, Err(Error::LogClosed(_))), "{late:?}");
+    let log = ours.snapshot(&acme("r1")).await.unwrap();
+    assert_eq!(payloads(&log.chunks), ["ours-0", "ours-1", "theirs-0", "ours-again-0", "successor-0"]);
+
+    // Deleted and made again under the same id: a new log from 1.
+    replica.runs.finish(&acme("r1"), successor, finish_completed()).await.unwrap();
+    replica.runs.delete_ended(&acme("r1")).await.unwrap();
+    replica.runs.create_or_resume(new_run("r1", "acme", "thread-1", 1_000)).await.unwrap();
+    let first = ours.append(&acme("r1"), FIRST_EPOCH, &chunks("new", 1)).await.unwrap();
+    assert_eq!(first[0].to_string(), "1", "the new run's log starts over");
+    replica.close().await;
+}
+
 async fn log_snapshot_never_blocks(b: &Backend) {
     let record = create(&b.stores, "r1").await;
     let events = &b.stores.events;
@@ -2056,6 +2091,7 @@ conformance_suite!(
     log_requests_are_indexed_by_the_append,
     log_requests_older_than_the_index_are_built_from_the_log_once,
     log_stale_append_is_refused_after_a_claim_and_stays_refused,
+    log_fences_follow_what_another_replica_commits,
     log_snapshot_never_blocks,
     log_tail_sees_later_appends_and_ends_at_close,
     log_tail_sees_appends_through_another_store_instance,

@@ -436,8 +436,8 @@ pub(super) fn add_fences(
 
 /// The body of [`GroupLog::write`] on `$conn` (`&mut` a transaction that
 /// derefs twice to the connection): the members' fences (`$lock` as in
-/// [`read_fences`]), the [`plan`], its rows, the request index of each
-/// stored member. Evaluates to what each member came to.
+/// [`read_fences`]), then [`write_planned`]. Evaluates to what each member
+/// came to.
 macro_rules! write_group {
     ($db:ty, $conn:ident, $members:expr, lock: $lock:literal) => {{
         let members: &[$crate::store::group::Member<'_>] = $members;
@@ -445,7 +445,18 @@ macro_rules! write_group {
         for runs in $crate::store::group::runs_of(members).chunks($crate::store::group::RUNS_PER_QUERY) {
             $crate::store::group::read_fences!($db, &mut **$conn, runs, fences, lock: $lock);
         }
-        let written = $crate::store::group::plan(members, &fences);
+        $crate::store::group::write_planned!($db, $conn, members, &fences)
+    }};
+}
+pub(super) use write_group;
+
+/// The rest of a group's write, given its runs' `$fences` as read inside
+/// the transaction: the [`plan`], its rows, the request index of each
+/// stored member. Evaluates to what each member came to.
+macro_rules! write_planned {
+    ($db:ty, $conn:ident, $members:expr, $fences:expr) => {{
+        let members: &[$crate::store::group::Member<'_>] = $members;
+        let written = $crate::store::group::plan(members, $fences);
         let now = $crate::store::Timestamp::now().as_millis();
         let rows: Vec<_> = $crate::store::group::rows(members, &written).collect();
         for rows in rows.chunks($crate::store::group::ROWS_PER_INSERT) {
@@ -459,4 +470,4 @@ macro_rules! write_group {
         written
     }};
 }
-pub(super) use write_group;
+pub(super) use write_planned;
