@@ -46,6 +46,7 @@ fn main() {
 
     for set in [public, agent, node] {
         tonic_prost_build::configure()
+            .codec_path("crate::codec::LeanCodec")
             .build_client(true)
             .build_server(true)
             .compile_fds(set)

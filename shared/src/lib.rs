@@ -4,6 +4,7 @@
 //! secret type and the redactor that keeps secret values out of output.
 
 pub mod chunk;
+pub mod codec;
 pub mod error;
 pub mod hosts;
 pub mod ids;
