@@ -11,7 +11,10 @@
 //!   group's transaction, after the write lock (SQLite's `BEGIN IMMEDIATE`)
 //!   or the runs' rows (`FOR SHARE` on PostgreSQL) are held, so a member of
 //!   a superseded writer, of a closed log or of an unknown run is refused
-//!   with its own error and writes nothing, and the others land;
+//!   with its own error and writes nothing, and the others land (SQLite's
+//!   committer reuses the fences of its last group instead of reading them
+//!   again while `PRAGMA data_version`, read under the write lock, says no
+//!   other connection committed since; see `sqlite.rs`);
 //! - its promise: a member is answered `Ok` (and tailers woken) only after
 //!   the group's COMMIT succeeded. A COMMIT that fails (a full disk) fails
 //!   every member. A statement that fails before the COMMIT (which may be
