@@ -33,7 +33,7 @@ impl Runs {
     ) -> Result<(), Ending> {
         let encoded: Vec<NewChunk> = chunks.iter().map(encode_chunk).collect();
         let appended =
-            retry_store(ctx, interrupts, "append", retryable, || ctx.writer.append(&encoded)).await;
+            retry_store(&ctx.key.run, interrupts, "append", retryable, || ctx.writer.append(&encoded)).await;
         match appended {
             Ok(_) => Ok(()),
             Err(GaveUp::Failed(e @ (store::Error::Fenced { .. } | store::Error::LogClosed(_)))) => {
@@ -53,7 +53,7 @@ impl Runs {
     ) -> Result<RunRecord, GaveUp<store::Error>> {
         let runs = &self.inner.ctx.stores.runs;
         retry_store(
-            ctx,
+            &ctx.key.run,
             ctx.interrupts.past_the_stop(),
             "writing the terminal status",
             is_transient_at_the_end,

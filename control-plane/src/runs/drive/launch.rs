@@ -84,7 +84,7 @@ impl Runs {
         }
         let sandbox = &self.inner.sandbox;
         let definition = retry_store(
-            ctx,
+            &ctx.key.run,
             ctx.interrupts.clone(),
             "reading the definition",
             crate::store::Error::is_transient,

@@ -55,25 +55,9 @@ impl StoreFailure for crate::sandbox::Error {
 }
 
 /// Call `call` until it succeeds, retrying while it fails with a store
-/// error `transient` accepts (each retry is a warning naming `what`),
-/// pausing as appends do; `interrupts` end a pause.
+/// error `transient` accepts (each retry is a warning naming `what` and
+/// run `run`), pausing as appends do; `interrupts` end a pause.
 pub(super) async fn retry_store<T, E, F, Fut>(
-    ctx: &DriveCtx,
-    interrupts: Interrupts,
-    what: &str,
-    transient: fn(&store::Error) -> bool,
-    call: F,
-) -> Result<T, GaveUp<E>>
-where
-    E: StoreFailure,
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T, E>>,
-{
-    retry_for(&ctx.key.run, interrupts, what, transient, call).await
-}
-
-/// [`retry_store`] for run `run`, without its drive's context.
-async fn retry_for<T, E, F, Fut>(
     run: &RunId,
     interrupts: Interrupts,
     what: &str,
@@ -107,7 +91,9 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, E>>,
 {
-    retry_store(ctx, ctx.interrupts.clone(), what, store::Error::is_transient, call).await.map_err(gave_up)
+    retry_store(&ctx.key.run, ctx.interrupts.clone(), what, store::Error::is_transient, call)
+        .await
+        .map_err(gave_up)
 }
 
 /// How a drive whose store call gave up ends.
@@ -128,11 +114,14 @@ pub(super) fn stored_log(ctx: &DriveCtx, events: Arc<dyn EventLog>) -> ChunkStre
     store::paged(Offset::start(), move |cursor| {
         let (events, run, interrupts) = (events.clone(), run.clone(), interrupts.clone());
         async move {
-            let page =
-                retry_for(&run.run, interrupts, "reading the stored log", store::Error::is_transient, || {
-                    events.page(&run, &cursor, PAGE_CHUNKS)
-                })
-                .await;
+            let page = retry_store(
+                &run.run,
+                interrupts,
+                "reading the stored log",
+                store::Error::is_transient,
+                || events.page(&run, &cursor, PAGE_CHUNKS),
+            )
+            .await;
             page.map_err(|g| match g {
                 GaveUp::Failed(e) => e,
                 GaveUp::Interrupted(_) => {
