@@ -36,7 +36,6 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures::stream::BoxStream;
 use sha2::{Digest, Sha256};
-use tokio::io::AsyncReadExt;
 
 use super::{Error, Result, Tenant, Timestamp};
 
@@ -199,6 +198,9 @@ const TENANT_FILE: &str = "tenant";
 #[derive(Debug, Clone)]
 pub struct DirBlobStore {
     dir: PathBuf,
+    /// Whether this file system makes unnamed files (`O_TMPFILE`) that
+    /// can be linked in (probed at open).
+    unnamed: bool,
 }
 
 /// A temp file not written for this long belongs to an upload that died
@@ -214,11 +216,25 @@ impl DirBlobStore {
         if removed > 0 {
             tracing::info!(removed, dir = %dir.display(), "removed temp files of abandoned blob uploads");
         }
-        Ok(Self { dir: dir.to_path_buf() })
+        let unnamed = unnamed_files_work(&dir.join("tmp"));
+        Ok(Self { dir: dir.to_path_buf(), unnamed })
+    }
+
+    /// A new temp file for a blob that will live in `parent` (created).
+    fn temp_in(&self, parent: &Path) -> Result<TempBlob> {
+        std::fs::create_dir_all(parent).map_err(|e| io(parent, e))?;
+        if self.unnamed { TempBlob::unnamed(parent) } else { TempBlob::named(&self.temp_dir()) }
     }
 
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// As on a file system without `O_TMPFILE` (tests of that path).
+    #[cfg(test)]
+    pub(crate) fn with_named_temp_files(mut self) -> Self {
+        self.unnamed = false;
+        self
     }
 
     fn tenant_dir(&self, tenant: &Tenant) -> PathBuf {
@@ -229,23 +245,18 @@ impl DirBlobStore {
         self.tenant_dir(tenant).join(&sha256[..2]).join(sha256)
     }
 
-    /// Write `data` to `target` through a temp file and a rename.
-    async fn write_atomically(&self, target: &Path, data: &[u8]) -> Result<()> {
-        let parent = target.parent().expect("blob paths have a parent");
-        tokio::fs::create_dir_all(parent).await.map_err(|e| io(parent, e))?;
-        let temp = self.dir.join("tmp").join(uuid::Uuid::new_v4().simple().to_string());
-        tokio::fs::write(&temp, data).await.map_err(|e| io(&temp, e))?;
-        let file = tokio::fs::File::open(&temp).await.map_err(|e| io(&temp, e))?;
-        file.sync_all().await.map_err(|e| io(&temp, e))?;
-        tokio::fs::rename(&temp, target).await.map_err(|e| io(target, e))
+    fn temp_dir(&self) -> PathBuf {
+        self.dir.join("tmp")
     }
 
     /// The tenant's directory, named before its first blob lands (so every
-    /// blob on disk can be listed with its tenant).
-    async fn ensure_tenant_dir(&self, tenant: &Tenant) -> Result<()> {
+    /// blob on disk can be listed with its tenant). Blocking.
+    fn ensure_tenant_dir(&self, tenant: &Tenant) -> Result<()> {
         let named = self.tenant_dir(tenant).join(TENANT_FILE);
-        if !tokio::fs::try_exists(&named).await.map_err(|e| io(&named, e))? {
-            self.write_atomically(&named, tenant.as_str().as_bytes()).await?;
+        if !named.try_exists().map_err(|e| io(&named, e))? {
+            let mut temp = self.temp_in(&self.tenant_dir(tenant))?;
+            temp.write(tenant.as_str().as_bytes())?;
+            temp.persist(&named)?;
         }
         Ok(())
     }
@@ -277,33 +288,56 @@ impl DirBlobStore {
     /// blobs no checkpoint references go (a sweep would have collected
     /// them). Safe to run again after a crash. Returns the blobs adopted.
     pub async fn adopt_legacy(&self, owners: &[BlobKey]) -> Result<u64> {
+        let (store, owners) = (self.clone(), owners.to_vec());
+        blocking(move || store.adopt_legacy_blocking(&owners)).await
+    }
+
+    fn adopt_legacy_blocking(&self, owners: &[BlobKey]) -> Result<u64> {
         let mut adopted = 0;
         for key in owners {
             check_name(&key.sha256)?;
             let old = self.dir.join(&key.sha256[..2]).join(&key.sha256);
-            if !tokio::fs::try_exists(&old).await.map_err(|e| io(&old, e))? {
+            if !old.try_exists().map_err(|e| io(&old, e))? {
                 continue;
             }
             let new = self.path(&key.tenant, &key.sha256);
-            if tokio::fs::try_exists(&new).await.map_err(|e| io(&new, e))? {
+            if new.try_exists().map_err(|e| io(&new, e))? {
                 continue;
             }
-            self.ensure_tenant_dir(&key.tenant).await?;
+            self.ensure_tenant_dir(&key.tenant)?;
             let parent = new.parent().expect("blob paths have a parent");
-            tokio::fs::create_dir_all(parent).await.map_err(|e| io(parent, e))?;
+            std::fs::create_dir_all(parent).map_err(|e| io(parent, e))?;
             // Blobs are immutable (replaced only by rename), so a shared
             // inode is safe; a copy where links are not possible.
-            if tokio::fs::hard_link(&old, &new).await.is_err() {
-                let data = tokio::fs::read(&old).await.map_err(|e| io(&old, e))?;
-                self.write_atomically(&new, &data).await?;
+            if std::fs::hard_link(&old, &new).is_err() {
+                let data = std::fs::read(&old).map_err(|e| io(&old, e))?;
+                let mut temp = self.temp_in(parent)?;
+                temp.write(&data)?;
+                temp.persist(&new)?;
             }
             adopted += 1;
         }
         for shard in self.legacy_shards()? {
-            tokio::fs::remove_dir_all(&shard).await.map_err(|e| io(&shard, e))?;
+            std::fs::remove_dir_all(&shard).map_err(|e| io(&shard, e))?;
         }
         Ok(adopted)
     }
+}
+
+/// Run blocking file work off the async workers, as one task.
+async fn blocking<T: Send + 'static>(work: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| Error::Unavailable(format!("blob store task failed: {e}")))?
+}
+
+/// The next chunk of a blob file: up to [`READ_CHUNK`] bytes, in a buffer
+/// sized for the `left` bytes its metadata promised.
+fn read_chunk(file: &mut std::fs::File, left: u64, path: &Path) -> Result<Bytes> {
+    use std::io::Read;
+    let mut buf = Vec::with_capacity((left as usize).min(READ_CHUNK));
+    file.take(READ_CHUNK as u64).read_to_end(&mut buf).map_err(|e| io(path, e))?;
+    Ok(Bytes::from(buf))
 }
 
 /// The blob files under one tenant's directory.
@@ -341,56 +375,161 @@ fn remove_abandoned_uploads(tmp: &Path, age: Duration) -> usize {
         .count()
 }
 
-/// A blob file being written under `<dir>/tmp`, removed unless renamed.
+/// Whether `O_TMPFILE` files can be made in `dir` and linked in by name
+/// (through `/proc/self/fd`).
+fn unnamed_files_work(dir: &Path) -> bool {
+    let probe = dir.join(format!("probe-{}", uuid::Uuid::new_v4().simple()));
+    let linked = TempBlob::unnamed(dir).and_then(|mut temp| temp.link(&probe)).is_ok();
+    let _ = std::fs::remove_file(&probe);
+    linked
+}
+
+/// A blob file being written: unnamed (`O_TMPFILE`) in the directory the
+/// blob will live in, so nothing is left of it if the process dies; or,
+/// where the file system has no unnamed files, named under `<dir>/tmp`
+/// and removed unless persisted. Unnamed files in the blob's own shard
+/// spread the creations over 256 directories: all in `tmp`, concurrent
+/// uploads queued on that one directory's lock.
 struct TempBlob {
-    path: PathBuf,
-    file: Option<tokio::fs::File>,
+    file: std::fs::File,
+    /// The temp file's name, when it has one.
+    name: Option<PathBuf>,
+}
+
+impl TempBlob {
+    fn unnamed(dir: &Path) -> Result<Self> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .mode(0o600)
+            .custom_flags(libc::O_TMPFILE)
+            .open(dir)
+            .map_err(|e| io(dir, e))?;
+        Ok(Self { file, name: None })
+    }
+
+    fn named(tmp: &Path) -> Result<Self> {
+        let path = tmp.join(uuid::Uuid::new_v4().simple().to_string());
+        let file = std::fs::File::create(&path).map_err(|e| io(&path, e))?;
+        Ok(Self { file, name: Some(path) })
+    }
+
+    fn write(&mut self, data: &[u8]) -> Result<()> {
+        use std::io::Write;
+        self.file.write_all(data).map_err(|e| io(self.name.as_deref().unwrap_or(Path::new("(unnamed)")), e))
+    }
+
+    /// Give the file the name `target`: false (and nothing named) when
+    /// `target` exists already.
+    fn link(&mut self, target: &Path) -> Result<bool> {
+        use std::os::fd::AsRawFd;
+        let Some(name) = &self.name else {
+            let fd = format!("/proc/self/fd/{}", self.file.as_raw_fd());
+            let at = nix::fcntl::AT_FDCWD;
+            return match nix::unistd::linkat(
+                at,
+                fd.as_str(),
+                at,
+                target,
+                nix::fcntl::AtFlags::AT_SYMLINK_FOLLOW,
+            ) {
+                Ok(()) => Ok(true),
+                Err(nix::errno::Errno::EEXIST) => Ok(false),
+                Err(e) => Err(io(target, e.into())),
+            };
+        };
+        if target.try_exists().map_err(|e| io(target, e))? {
+            return Ok(false);
+        }
+        std::fs::rename(name, target).map_err(|e| io(target, e))?;
+        self.name = None;
+        Ok(true)
+    }
+
+    /// Make the bytes durable, name them `target`, then make the name
+    /// durable: once this returns, a crash leaves the whole blob at
+    /// `target`. False (and nothing named) when `target` exists already
+    /// (another save of the tenant stored it meanwhile).
+    fn persist(mut self, target: &Path) -> Result<bool> {
+        self.file.sync_all().map_err(|e| io(target, e))?;
+        if !self.link(target)? {
+            return Ok(false);
+        }
+        let parent = target.parent().expect("blob paths have a parent");
+        if let Ok(dir) = std::fs::File::open(parent) {
+            let _ = dir.sync_all();
+        }
+        Ok(true)
+    }
 }
 
 impl Drop for TempBlob {
     fn drop(&mut self) {
-        drop(self.file.take());
-        let _ = std::fs::remove_file(&self.path);
+        if let Some(name) = &self.name {
+            let _ = std::fs::remove_file(name);
+        }
     }
 }
 
-/// The pieces of an upload to a [`DirBlobStore`]: a temp file, fsynced and
-/// renamed onto `target` at commit. `temp` is `None` when the tenant holds
-/// the blob already.
+/// A blob up to this size waits in memory until its commit (one blocking
+/// task writes, syncs and renames it); a larger one goes on to a temp file
+/// as its pieces come.
+const HELD_IN_MEMORY: usize = READ_CHUNK;
+
+/// The pieces of an upload to a [`DirBlobStore`]: held in memory, or in a
+/// temp file once larger than [`HELD_IN_MEMORY`]; fsynced and renamed onto
+/// the blob's path at commit, unless the tenant holds the blob already.
 struct DirSink {
-    temp: Option<TempBlob>,
+    store: DirBlobStore,
+    tenant: Tenant,
     target: PathBuf,
+    held: Vec<u8>,
+    temp: Option<TempBlob>,
 }
 
 #[async_trait]
 impl BlobSink for DirSink {
     async fn write(&mut self, piece: &[u8]) -> Result<()> {
-        use tokio::io::AsyncWriteExt;
-        let Some(temp) = &mut self.temp else { return Ok(()) };
-        let file = temp.file.as_mut().expect("open until commit");
-        file.write_all(piece).await.map_err(|e| io(&temp.path, e))
+        if self.temp.is_none() && self.held.len() + piece.len() <= HELD_IN_MEMORY {
+            self.held.extend_from_slice(piece);
+            return Ok(());
+        }
+        let (temp, held, piece) = (self.temp.take(), std::mem::take(&mut self.held), piece.to_vec());
+        let (store, target) = (self.store.clone(), self.target.clone());
+        self.temp = Some(
+            blocking(move || {
+                let mut temp = match temp {
+                    Some(temp) => temp,
+                    None => store.temp_in(target.parent().expect("blob paths have a parent"))?,
+                };
+                temp.write(&held)?;
+                temp.write(&piece)?;
+                Ok(temp)
+            })
+            .await?,
+        );
+        Ok(())
     }
 
-    async fn commit(mut self: Box<Self>) -> Result<bool> {
-        use tokio::io::AsyncWriteExt;
-        let Some(mut temp) = self.temp.take() else { return Ok(false) };
-        let mut file = temp.file.take().expect("open until commit");
-        file.flush().await.map_err(|e| io(&temp.path, e))?;
-        file.sync_all().await.map_err(|e| io(&temp.path, e))?;
-        drop(file);
-        let parent = self.target.parent().expect("blob paths have a parent");
-        tokio::fs::create_dir_all(parent).await.map_err(|e| io(parent, e))?;
-        if tokio::fs::try_exists(&self.target).await.map_err(|e| io(&self.target, e))? {
-            // Another save of the tenant stored it meanwhile.
-            return Ok(false);
-        }
-        tokio::fs::rename(&temp.path, &self.target).await.map_err(|e| io(&self.target, e))?;
-        // Renamed: nothing left for the drop to remove.
-        temp.path = PathBuf::new();
-        if let Ok(dir) = tokio::fs::File::open(parent).await {
-            let _ = dir.sync_all().await;
-        }
-        Ok(true)
+    async fn commit(self: Box<Self>) -> Result<bool> {
+        let DirSink { store, tenant, target, held, temp } = *self;
+        blocking(move || {
+            if target.try_exists().map_err(|e| io(&target, e))? {
+                // Stored already: the bytes were checked, and are dropped.
+                return Ok(false);
+            }
+            store.ensure_tenant_dir(&tenant)?;
+            let temp = match temp {
+                Some(temp) => temp,
+                None => {
+                    let mut temp = store.temp_in(target.parent().expect("blob paths have a parent"))?;
+                    temp.write(&held)?;
+                    temp
+                }
+            };
+            temp.persist(&target)
+        })
+        .await
     }
 }
 
@@ -402,28 +541,35 @@ impl BlobStore for DirBlobStore {
 
     async fn begin_put(&self, tenant: &Tenant, sha256: &str, size: u64) -> Result<BlobUpload> {
         check_name(sha256)?;
-        let target = self.path(tenant, sha256);
-        // Stored already: the bytes are still checked, then dropped.
-        let temp = if tokio::fs::try_exists(&target).await.map_err(|e| io(&target, e))? {
-            None
-        } else {
-            self.ensure_tenant_dir(tenant).await?;
-            let path = self.dir.join("tmp").join(uuid::Uuid::new_v4().simple().to_string());
-            let file = tokio::fs::File::create(&path).await.map_err(|e| io(&path, e))?;
-            Some(TempBlob { path, file: Some(file) })
+        // No file work until a piece outgrows memory or the commit: one
+        // blocking task per small blob.
+        let sink = DirSink {
+            store: self.clone(),
+            tenant: tenant.clone(),
+            target: self.path(tenant, sha256),
+            held: Vec::with_capacity((size as usize).min(HELD_IN_MEMORY)),
+            temp: None,
         };
-        Ok(BlobUpload::new(sha256, size, Box::new(DirSink { temp, target })))
+        Ok(BlobUpload::new(sha256, size, Box::new(sink)))
     }
 
     async fn missing(&self, tenant: &Tenant, hashes: &[String]) -> Result<Vec<String>> {
-        let mut out = Vec::new();
         for h in hashes {
             check_name(h)?;
-            if !tokio::fs::try_exists(self.path(tenant, h)).await.map_err(|e| io(&self.dir, e))? {
-                out.push(h.clone());
-            }
         }
-        Ok(out)
+        let (store, tenant, hashes) = (self.clone(), tenant.clone(), hashes.to_vec());
+        // One blocking task for the lot (a save asks for every file's).
+        blocking(move || {
+            let mut out = Vec::new();
+            for h in hashes {
+                let path = store.path(&tenant, &h);
+                if !path.try_exists().map_err(|e| io(&path, e))? {
+                    out.push(h);
+                }
+            }
+            Ok(out)
+        })
+        .await
     }
 
     async fn size(&self, tenant: &Tenant, sha256: &str) -> Result<u64> {
@@ -437,31 +583,38 @@ impl BlobStore for DirBlobStore {
 
     async fn read(&self, tenant: &Tenant, sha256: &str) -> Result<BlobStream> {
         check_name(sha256)?;
-        let path = self.path(tenant, sha256);
-        let mut file = match tokio::fs::File::open(&path).await {
-            Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(not_found(sha256)),
-            Err(e) => return Err(io(&path, e)),
-        };
+        let (path, name) = (self.path(tenant, sha256), sha256.to_string());
+        // Opened and its first chunk read in one blocking task (the whole of
+        // a small blob), each buffer no larger than what is left to read.
+        let (file, first, size) = blocking(move || {
+            let mut file = match std::fs::File::open(&path) {
+                Ok(f) => f,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(not_found(&name)),
+                Err(e) => return Err(io(&path, e)),
+            };
+            let size = file.metadata().map_err(|e| io(&path, e))?.len();
+            let first = read_chunk(&mut file, size, &path)?;
+            Ok(((file, path), first, size))
+        })
+        .await?;
         Ok(Box::pin(async_stream::try_stream! {
-            loop {
-                let mut buf = vec![0u8; READ_CHUNK];
-                let mut filled = 0;
-                while filled < READ_CHUNK {
-                    let n = file.read(&mut buf[filled..]).await.map_err(|e| io(&path, e))?;
-                    if n == 0 {
-                        break;
-                    }
-                    filled += n;
-                }
-                if filled == 0 {
+            let (mut file, mut read) = (Some(file), first.len() as u64);
+            let mut chunk = first;
+            while !chunk.is_empty() {
+                let full = chunk.len() == READ_CHUNK;
+                yield chunk;
+                if !full {
                     break;
                 }
-                buf.truncate(filled);
-                yield Bytes::from(buf);
-                if filled < READ_CHUNK {
-                    break;
-                }
+                let (mut f, path) = file.take().expect("kept between chunks");
+                let left = size.saturating_sub(read);
+                let (f, next) = blocking(move || {
+                    let next = read_chunk(&mut f, left, &path)?;
+                    Ok(((f, path), next))
+                })
+                .await?;
+                read += next.len() as u64;
+                (file, chunk) = (Some(f), next);
             }
         }))
     }
@@ -704,10 +857,14 @@ mod tests {
         out
     }
 
-    #[tokio::test]
-    async fn refused_and_abandoned_uploads_leave_no_temp_file() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = DirBlobStore::open(dir.path()).unwrap();
+    /// Every file under `dir`, but the tenants' name files.
+    fn files_under(dir: &Path) -> Vec<PathBuf> {
+        let files = walkdir::WalkDir::new(dir).into_iter().map(|e| e.unwrap());
+        let files = files.filter(|e| e.file_type().is_file() && e.file_name() != TENANT_FILE);
+        files.map(walkdir::DirEntry::into_path).collect()
+    }
+
+    async fn uploads_refused_or_abandoned_leave_no_file(store: DirBlobStore, dir: &Path) {
         let acme = Tenant::new("acme");
         let h = sha(b"0123456789");
         let mut up = store.begin_put(&acme, &h, 10).await.unwrap();
@@ -720,14 +877,44 @@ mod tests {
         let mut up = store.begin_put(&acme, &h, 10).await.unwrap();
         up.write(b"012").await.unwrap();
         drop(up);
-        let temps = std::fs::read_dir(dir.path().join("tmp")).unwrap().count();
-        assert_eq!(temps, 0, "no temp file is left behind");
+        // Past what is held in memory: on its way to a file when dropped.
+        let large = vec![7u8; HELD_IN_MEMORY * 2 + 10];
+        let mut up = store.begin_put(&acme, &sha(&large), large.len() as u64).await.unwrap();
+        up.write(&large[..HELD_IN_MEMORY + 1]).await.unwrap();
+        drop(up);
+        assert_eq!(files_under(dir), Vec::<PathBuf>::new(), "nothing is left behind");
         assert!(store.list().await.unwrap().is_empty());
         let mut up = store.begin_put(&acme, &h, 10).await.unwrap();
         up.write(b"0123456789").await.unwrap();
         assert!(up.finish().await.unwrap());
+        let mut up = store.begin_put(&acme, &sha(&large), large.len() as u64).await.unwrap();
+        for piece in large.chunks(HELD_IN_MEMORY / 2 + 3) {
+            up.write(piece).await.unwrap();
+        }
+        assert!(up.finish().await.unwrap());
         assert_eq!(read_all(&store, &acme, &h).await, b"0123456789");
-        assert_eq!(std::fs::read_dir(dir.path().join("tmp")).unwrap().count(), 0, "renamed, not copied");
+        assert_eq!(read_all(&store, &acme, &sha(&large)).await, large);
+        let blobs = [store.path(&acme, &h), store.path(&acme, &sha(&large))];
+        let mut files = files_under(dir);
+        files.sort();
+        let mut expected = blobs.to_vec();
+        expected.sort();
+        assert_eq!(files, expected, "the blobs, and no temp file beside them");
+    }
+
+    #[tokio::test]
+    async fn uploads_refused_or_abandoned_leave_no_file_with_unnamed_temp_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = DirBlobStore::open(dir.path()).unwrap();
+        assert!(store.unnamed, "this file system makes O_TMPFILE files");
+        uploads_refused_or_abandoned_leave_no_file(store, dir.path()).await;
+    }
+
+    #[tokio::test]
+    async fn uploads_refused_or_abandoned_leave_no_file_with_named_temp_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = DirBlobStore::open(dir.path()).unwrap().with_named_temp_files();
+        uploads_refused_or_abandoned_leave_no_file(store, dir.path()).await;
     }
 
     #[test]

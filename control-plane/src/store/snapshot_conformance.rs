@@ -23,19 +23,29 @@ fn sha(data: &[u8]) -> String {
 struct BlobBackend {
     blobs: Arc<dyn BlobStore>,
     backend: Backend,
+    _dir: Option<tempfile::TempDir>,
 }
 
 impl BlobBackend {
     async fn dir() -> Option<Self> {
         let backend = Backend::sqlite().await?;
         assert_eq!(backend.stores.blobs.backend_name(), "dir");
-        Some(Self { blobs: backend.stores.blobs.clone(), backend })
+        Some(Self { blobs: backend.stores.blobs.clone(), backend, _dir: None })
+    }
+
+    /// A directory store writing named temp files, as on a file system
+    /// without `O_TMPFILE`.
+    async fn dir_named() -> Option<Self> {
+        let backend = Backend::sqlite().await?;
+        let dir = tempfile::tempdir().unwrap();
+        let store = blob::DirBlobStore::open(dir.path()).unwrap().with_named_temp_files();
+        Some(Self { blobs: Arc::new(store), backend, _dir: Some(dir) })
     }
 
     async fn postgres() -> Option<Self> {
         let backend = Backend::postgres().await?;
         assert_eq!(backend.stores.blobs.backend_name(), "postgres");
-        Some(Self { blobs: backend.stores.blobs.clone(), backend })
+        Some(Self { blobs: backend.stores.blobs.clone(), backend, _dir: None })
     }
 
     async fn finish(self) {
@@ -210,23 +220,18 @@ async fn blobs_stream_in_pieces_and_refuse_what_was_not_declared(b: &BlobBackend
     assert_eq!(blobs.stats().await.unwrap(), BlobStats { count: 1, bytes: data.len() as u64 });
 }
 
+/// Every case, in a module per backend (named by its [`BlobBackend`]
+/// constructor).
 macro_rules! blob_suite {
-    ($($case:ident),* $(,)?) => {
-        mod blob_dir {
+    ($(($module:ident, $backend:ident)),+ ; $cases:tt) => {
+        $(blob_suite!(@one $module, $backend, $cases);)+
+    };
+    (@one $module:ident, $backend:ident, [$($case:ident),* $(,)?]) => {
+        mod $module {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $case() {
-                    let Some(b) = super::BlobBackend::dir().await else { return };
-                    super::$case(&b).await;
-                    b.finish().await;
-                }
-            )*
-        }
-        mod blob_postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    let Some(b) = super::BlobBackend::postgres().await else { return };
+                    let Some(b) = super::BlobBackend::$backend().await else { return };
                     super::$case(&b).await;
                     b.finish().await;
                 }
@@ -236,11 +241,14 @@ macro_rules! blob_suite {
 }
 
 blob_suite!(
-    blobs_round_trip_small_large_and_empty,
-    blobs_refuse_bytes_that_do_not_match_their_name,
-    blobs_list_and_delete,
-    blobs_are_per_tenant,
-    blobs_stream_in_pieces_and_refuse_what_was_not_declared,
+    (blob_dir, dir), (blob_dir_named, dir_named), (blob_postgres, postgres);
+    [
+        blobs_round_trip_small_large_and_empty,
+        blobs_refuse_bytes_that_do_not_match_their_name,
+        blobs_list_and_delete,
+        blobs_are_per_tenant,
+        blobs_stream_in_pieces_and_refuse_what_was_not_declared,
+    ]
 );
 
 // ---------------------------------------------------------------- checkpoints
