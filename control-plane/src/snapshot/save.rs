@@ -181,6 +181,11 @@ async fn upload(
     let mut uploaded = 0u64;
     let mut received = std::collections::HashSet::new();
     let mut current: Option<(String, crate::store::blob::BlobUpload)> = None;
+    // Blobs are verified and made durable (the directory store's fsync and
+    // link) concurrently, while the next ones stream in: one after another,
+    // a first save of many small files waited on each fsync; together, the
+    // file system commits their fsyncs in shared journal commits.
+    let (mut finishing, mut finishing_bytes) = (tokio::task::JoinSet::new(), 0u64);
     while let Some(msg) = stream.message().await.map_err(Error::agent("reading captured files"))? {
         let Some(&(size, path)) = sizes.get(msg.sha256.as_str()) else {
             return Err(Error::Corrupt(format!("the agent sent blob {} that was not asked for", msg.sha256)));
@@ -209,9 +214,16 @@ async fn upload(
         uploaded = total;
         if msg.last {
             let (hash, blob) = current.take().expect("set above");
-            blob.finish().await.map_err(changed)?;
             received.insert(hash);
+            while finishing.len() >= FINISHING_AT_ONCE || finishing_bytes >= FINISHING_BYTES {
+                finishing_bytes -= joined(finishing.join_next().await).map_err(changed)?;
+            }
+            finishing_bytes += size;
+            finishing.spawn(async move { blob.finish().await.map(|_| size) });
         }
+    }
+    while let Some(done) = finishing.join_next().await {
+        joined(Some(done)).map_err(changed)?;
     }
     if current.is_some() {
         return Err(Error::Corrupt("the agent ended a blob stream mid-blob".into()));
@@ -220,6 +232,22 @@ async fn upload(
         return Err(Error::Corrupt(format!("the agent did not send blob {unsent}")));
     }
     Ok(uploaded)
+}
+
+/// Blobs of one save being verified and stored at once, and their bytes
+/// (a blob's are in memory until stored, up to the store's 1 MiB).
+const FINISHING_AT_ONCE: usize = 128;
+const FINISHING_BYTES: u64 = 32 << 20;
+
+/// The bytes of a blob whose `finish` task ended, once it succeeded.
+fn joined(
+    done: Option<Result<crate::store::Result<u64>, tokio::task::JoinError>>,
+) -> crate::store::Result<u64> {
+    match done {
+        Some(Ok(stored)) => stored,
+        Some(Err(e)) => Err(crate::store::Error::Unavailable(format!("storing a blob: {e}"))),
+        None => Ok(0),
+    }
 }
 
 /// The run pump's hook: after a run of `thread_id` completed successfully,
