@@ -37,8 +37,13 @@ pub(super) fn zero_file(
     let mut zeroing = redactor.stream(all);
     let mut hasher = Sha256::new();
     let mut size = 0u64;
-    let mut buf = vec![0u8; CHUNK];
-    let mut out = Vec::with_capacity(CHUNK + redactor.hold());
+    // Sized for the file (one byte more, so the second read sees its end):
+    // a workspace is mostly small files, and a zeroed 1 MiB buffer per file
+    // cost more than reading it.
+    let len = file.metadata().map_or(CHUNK as u64, |m| m.len());
+    let chunk = usize::try_from(len).unwrap_or(CHUNK).saturating_add(1).min(CHUNK);
+    let mut buf = vec![0u8; chunk];
+    let mut out = Vec::with_capacity(chunk + redactor.hold());
     loop {
         let n = file.read(&mut buf).map_err(|e| io_error(e, path))?;
         if n == 0 {

@@ -109,7 +109,7 @@ impl SnapshotService for Snapshots {
         }
         let root = self.root.clone();
         let user = self.run_user.clone();
-        let (tx, rx) = mpsc::channel::<Result<ReadBlobsResponse, Status>>(4);
+        let (tx, rx) = mpsc::channel::<Result<ReadBlobsResponse, Status>>(16);
         tokio::task::spawn_blocking(move || {
             let _as = match FsAs::new(user.as_ref()) {
                 Ok(as_user) => as_user,
@@ -123,10 +123,17 @@ impl SnapshotService for Snapshots {
             };
             for blob in req.blobs {
                 let sha256 = blob.sha256.clone();
-                let result = read_blob(&root, &blob, &policy, &redactor, |data| {
-                    send(ReadBlobsResponse { sha256: sha256.clone(), data: data.to_vec(), last: false })
-                })
-                .and_then(|()| send(ReadBlobsResponse { sha256, data: Vec::new(), last: true }));
+                // One piece held back, so the last one carries `last`: a
+                // small file is one message.
+                let mut held: Option<Vec<u8>> = None;
+                let result =
+                    read_blob(&root, &blob, &policy, &redactor, |data| match held.replace(data.to_vec()) {
+                        Some(data) => send(ReadBlobsResponse { sha256: sha256.clone(), data, last: false }),
+                        None => Ok(()),
+                    })
+                    .and_then(|()| {
+                        send(ReadBlobsResponse { sha256, data: held.take().unwrap_or_default(), last: true })
+                    });
                 if let Err(e) = result {
                     let _ = tx.blocking_send(Err(e.into()));
                     return;
