@@ -9,15 +9,20 @@ use sha2::{Digest, Sha256};
 use shared::error::{Error, ErrorCode};
 use shared::proto::agent::v1::{EntryKind, ManifestEntry, RestoreBlob, RestoreHeader, RestoreResponse};
 use shared::snapshot::{ManifestSummary, check_manifest};
-use tokio::io::AsyncWriteExt;
 
 use super::policy::{Policy, excluded_at, self_and_ancestors};
 use crate::confine::{Root, io_error};
 use crate::run_user::{FsAs, RunUser};
 
-/// A staging directory outside the root, removed on drop.
+/// A staging directory outside the root, removed on drop. A large blob is
+/// a file of its own; small ones follow one another in one file, the pack
+/// (a workspace is mostly small files, and a file each cost a file
+/// creation each, twice over with the restore's own).
 pub(super) struct Staging {
     dir: PathBuf,
+    /// Where each small blob is in the pack: offset and length.
+    packed: HashMap<String, (u64, usize)>,
+    pack_len: u64,
 }
 
 impl Staging {
@@ -25,11 +30,71 @@ impl Staging {
         let dir = parent.join(format!(".sandhold-restore-{}", uuid::Uuid::new_v4().simple()));
         std::fs::create_dir_all(&dir)
             .map_err(|e| Error::internal(format!("creating the restore staging dir: {e}")))?;
-        Ok(Self { dir })
+        Ok(Self { dir, packed: HashMap::new(), pack_len: 0 })
     }
 
+    /// A large blob's own file.
     pub(super) fn blob(&self, sha256: &str) -> PathBuf {
         self.dir.join(sha256)
+    }
+
+    fn pack(&self) -> PathBuf {
+        self.dir.join("pack")
+    }
+
+    /// Note `len` bytes of `sha256` as the pack's next; where they go.
+    fn place(&mut self, sha256: String, len: usize) -> u64 {
+        let offset = self.pack_len;
+        self.packed.insert(sha256, (offset, len));
+        self.pack_len += len as u64;
+        offset
+    }
+
+    fn is_packed(&self, sha256: &str) -> bool {
+        self.packed.contains_key(sha256)
+    }
+
+    /// Where the staged bytes of `sha256` are: a blob's own file opened now,
+    /// as the agent (the staging dir is not the run user's).
+    fn source(&self, sha256: &str) -> std::io::Result<Source> {
+        match self.packed.get(sha256) {
+            Some(&(offset, len)) => Ok(Source::Packed(offset, len)),
+            None => std::fs::File::open(self.blob(sha256)).map(Source::Own),
+        }
+    }
+
+    /// The pack, open for reading (`None` when nothing is in it).
+    fn open_pack(&self) -> std::io::Result<Option<std::fs::File>> {
+        if self.packed.is_empty() { Ok(None) } else { std::fs::File::open(self.pack()).map(Some) }
+    }
+}
+
+/// The staged bytes of one blob.
+enum Source {
+    /// In the pack: offset and length.
+    Packed(u64, usize),
+    Own(std::fs::File),
+}
+
+impl Source {
+    /// Copy the bytes to `out`; `pack` is the staging pack, open.
+    fn copy_to(
+        self,
+        pack: Option<&std::fs::File>,
+        buf: &mut Vec<u8>,
+        out: &mut std::fs::File,
+    ) -> std::io::Result<()> {
+        use std::io::Write;
+        use std::os::unix::fs::FileExt;
+        match self {
+            Source::Packed(offset, len) => {
+                let pack = pack.ok_or_else(|| std::io::Error::other("the staging pack is not open"))?;
+                buf.resize(len, 0);
+                pack.read_exact_at(buf, offset)?;
+                out.write_all(buf)
+            }
+            Source::Own(mut file) => std::io::copy(&mut file, out).map(drop),
+        }
     }
 }
 
@@ -45,18 +110,72 @@ pub(super) fn refuse(what: impl Into<String>) -> Error {
         .with_violation("manifest", what)
 }
 
+/// A blob up to this size is held in memory until it is verified, then
+/// appended to the staging pack with others in one blocking task; a larger
+/// one goes on to a staging file of its own as it comes.
+const HELD_IN_MEMORY: usize = 1 << 20;
+
+/// Verified small blobs are appended to the pack once this many bytes wait.
+const STAGE_BATCH_BYTES: usize = 8 << 20;
+
+fn staging_error(e: impl std::fmt::Display) -> Error {
+    Error::internal(format!("staging a blob: {e}"))
+}
+
+/// Run blocking staging work off the async workers.
+async fn staged<T: Send + 'static>(
+    work: impl FnOnce() -> std::io::Result<T> + Send + 'static,
+) -> Result<T, Error> {
+    match tokio::task::spawn_blocking(work).await {
+        Ok(result) => result.map_err(staging_error),
+        Err(e) => Err(staging_error(e)),
+    }
+}
+
 /// The blob being received.
 struct Incoming {
     sha256: String,
-    file: tokio::fs::File,
+    /// The bytes not yet written to `file`.
+    held: Vec<u8>,
+    /// Its staging file, once it outgrew [`HELD_IN_MEMORY`].
+    file: Option<(PathBuf, std::fs::File)>,
     hasher: Sha256,
     size: u64,
     expected: u64,
 }
 
 impl Incoming {
-    async fn finish(mut self) -> Result<String, Error> {
-        self.file.flush().await.map_err(|e| Error::internal(format!("staging a blob: {e}")))?;
+    /// Hold `data`, moving what is held to the staging file once it is
+    /// more than [`HELD_IN_MEMORY`].
+    async fn push(&mut self, data: &[u8], staging: &Staging) -> Result<(), Error> {
+        self.hasher.update(data);
+        self.held.extend_from_slice(data);
+        if self.held.len() <= HELD_IN_MEMORY {
+            return Ok(());
+        }
+        let (file, held) = (self.file.take(), std::mem::take(&mut self.held));
+        let path = staging.blob(&self.sha256);
+        self.file = Some(
+            staged(move || {
+                use std::io::Write;
+                let (path, mut file) = match file {
+                    Some(open) => open,
+                    None => {
+                        let file = std::fs::File::create(&path)?;
+                        (path, file)
+                    }
+                };
+                file.write_all(&held)?;
+                Ok((path, file))
+            })
+            .await?,
+        );
+        Ok(())
+    }
+
+    /// Check the blob against the manifest; its bytes when it is still to
+    /// be staged whole.
+    async fn finish(self) -> Result<(String, Option<Vec<u8>>), Error> {
         if self.size != self.expected {
             return Err(refuse(format!(
                 "blob {} has {} bytes, the manifest says {}",
@@ -67,14 +186,26 @@ impl Incoming {
         if actual != self.sha256 {
             return Err(refuse(format!("blob {} hashes to {actual}", self.sha256)));
         }
-        Ok(self.sha256)
+        match self.file {
+            // Staged in part: the rest now.
+            Some((_, mut file)) => {
+                let held = self.held;
+                staged(move || {
+                    use std::io::Write;
+                    file.write_all(&held)
+                })
+                .await?;
+                Ok((self.sha256, None))
+            }
+            None => Ok((self.sha256, Some(self.held))),
+        }
     }
 }
 
 /// What a restore stream delivered so far: the manifest, then its blobs,
 /// each staged and checked as it arrives. Nothing under the root is touched.
 pub(super) struct Receiver<'a> {
-    staging: &'a Staging,
+    staging: &'a mut Staging,
     entry_count: u64,
     blob_count: u64,
     entries: Vec<ManifestEntry>,
@@ -82,10 +213,12 @@ pub(super) struct Receiver<'a> {
     summary: Option<ManifestSummary>,
     current: Option<Incoming>,
     received: HashSet<String>,
+    /// The bytes of verified small blobs not yet appended to the pack.
+    unpacked: Vec<u8>,
 }
 
 impl<'a> Receiver<'a> {
-    pub(super) fn new(header: &RestoreHeader, staging: &'a Staging) -> Self {
+    pub(super) fn new(header: &RestoreHeader, staging: &'a mut Staging) -> Self {
         Self {
             staging,
             entry_count: header.entry_count,
@@ -94,6 +227,7 @@ impl<'a> Receiver<'a> {
             summary: None,
             current: None,
             received: HashSet::new(),
+            unpacked: Vec::new(),
         }
     }
 
@@ -119,23 +253,21 @@ impl<'a> Receiver<'a> {
         if self.summary.is_none() {
             self.summary = Some(self.check_manifest()?);
         }
-        let known = self.summary.as_ref().expect("set above");
         if self.current.as_ref().is_none_or(|c| c.sha256 != blob.sha256) {
             if let Some(done) = self.current.take() {
-                self.received.insert(done.finish().await?);
+                self.complete(done).await?;
             }
+            let known = self.summary.as_ref().expect("set above");
             let Some(&expected) = known.blobs.get(&blob.sha256) else {
                 return Err(refuse(format!("blob {:?} is not in the manifest", blob.sha256)));
             };
             if self.received.contains(&blob.sha256) {
                 return Err(refuse(format!("blob {} sent twice", blob.sha256)));
             }
-            let file = tokio::fs::File::create(self.staging.blob(&blob.sha256))
-                .await
-                .map_err(|e| Error::internal(format!("staging a blob: {e}")))?;
             self.current = Some(Incoming {
                 sha256: blob.sha256.clone(),
-                file,
+                held: Vec::with_capacity((expected as usize).min(HELD_IN_MEMORY)),
+                file: None,
                 hasher: Sha256::new(),
                 size: 0,
                 expected,
@@ -149,16 +281,43 @@ impl<'a> Receiver<'a> {
                 incoming.sha256, incoming.expected
             )));
         }
-        incoming.hasher.update(&blob.data);
-        incoming.file.write_all(&blob.data).await.map_err(|e| Error::internal(format!("staging a blob: {e}")))
+        incoming.push(&blob.data, self.staging).await
+    }
+
+    /// A blob ended: checked, and staged (a small one in the pack).
+    async fn complete(&mut self, done: Incoming) -> Result<(), Error> {
+        let (sha256, whole) = done.finish().await?;
+        if let Some(bytes) = whole {
+            self.staging.place(sha256.clone(), bytes.len());
+            self.unpacked.extend_from_slice(&bytes);
+        }
+        self.received.insert(sha256);
+        if self.unpacked.len() >= STAGE_BATCH_BYTES {
+            self.pack_held().await?;
+        }
+        Ok(())
+    }
+
+    /// Append the verified small blobs waiting in memory to the pack.
+    async fn pack_held(&mut self) -> Result<(), Error> {
+        if self.unpacked.is_empty() {
+            return Ok(());
+        }
+        let (bytes, pack) = (std::mem::take(&mut self.unpacked), self.staging.pack());
+        staged(move || {
+            use std::io::Write;
+            std::fs::OpenOptions::new().create(true).append(true).open(pack)?.write_all(&bytes)
+        })
+        .await
     }
 
     /// The stream ended: the checked manifest, once every blob it
     /// references arrived whole and nothing else did.
     pub(super) async fn finish(mut self) -> Result<Vec<ManifestEntry>, Error> {
         if let Some(done) = self.current.take() {
-            self.received.insert(done.finish().await?);
+            self.complete(done).await?;
         }
+        self.pack_held().await?;
         let summary = match self.summary.take() {
             Some(s) => s,
             None => self.check_manifest()?,
@@ -345,8 +504,9 @@ fn plan(root: &Path, policy: &Policy, entries: Vec<ManifestEntry>) -> Result<Pla
         }
     }
     let gone = |path: &str| self_and_ancestors(path).any(|p| removed.contains_key(p));
+    let mut dirs_checked = HashSet::new();
     for entry in &write {
-        check_target(root, entry, &gone)?;
+        check_target(root, entry, &gone, &mut dirs_checked)?;
     }
     let mut remove: Vec<(String, Found)> = removed
         .iter()
@@ -359,10 +519,19 @@ fn plan(root: &Path, policy: &Policy, entries: Vec<ManifestEntry>) -> Result<Pla
 
 /// Check where `entry` would go in the planned tree (`gone` says what the
 /// plan removes): inside the root through directories only, and not onto
-/// an entry of another kind.
-fn check_target(root: &Path, entry: &ManifestEntry, gone: &dyn Fn(&str) -> bool) -> Result<(), Error> {
+/// an entry of another kind. `dirs_checked`: ancestors found fine already
+/// (each is looked at once).
+fn check_target<'p>(
+    root: &Path,
+    entry: &'p ManifestEntry,
+    gone: &dyn Fn(&str) -> bool,
+    dirs_checked: &mut HashSet<&'p str>,
+) -> Result<(), Error> {
     let path = entry.path.as_str();
     for ancestor in self_and_ancestors(path).skip(1).filter(|a| !gone(a)) {
+        if !dirs_checked.insert(ancestor) {
+            continue;
+        }
         match std::fs::symlink_metadata(root.join(ancestor)) {
             Ok(m) if !m.is_dir() => {
                 return Err(refuse(format!("{path:?}: {ancestor:?} exists and is not a directory")));
@@ -396,36 +565,138 @@ fn remove_paths(root: &Path, remove: &[(String, Found)]) -> Result<(), Error> {
     Ok(())
 }
 
+/// Threads writing a restore's files at most (the sandbox's CPUs
+/// allowing): a restore is file creations, one system call after another.
+const WRITERS: usize = 4;
+
+/// Files per writer below which one thread writes them all.
+const FILES_PER_WRITER: usize = 512;
+
 /// Write the verified entries from the staged blobs: each blob opened as
-/// the agent, everything in the workspace created as `user`.
+/// the agent, everything in the workspace created as `user`. Empty
+/// directories first, then the files, split between up to [`WRITERS`]
+/// threads (each creates the parents it needs).
 fn write_entries(
     root: &Root,
     staging: &Staging,
     entries: &[ManifestEntry],
     user: Option<&RunUser>,
 ) -> Result<RestoreResponse, Error> {
-    use std::os::unix::fs::OpenOptionsExt;
     let mut response = RestoreResponse::default();
-    for entry in entries {
-        let path = entry.path.as_str();
-        let target = root.path().join(path);
-        if entry.kind == EntryKind::Directory as i32 {
-            let _as_user = FsAs::new(user)?;
-            std::fs::create_dir_all(&target).map_err(|e| io_error(e, path))?;
-            response.dirs_created += 1;
-            continue;
-        }
-        let mut blob = std::fs::File::open(staging.blob(&entry.sha256)).map_err(|e| io_error(e, path))?;
+    let (dirs, files): (Vec<&ManifestEntry>, Vec<&ManifestEntry>) =
+        entries.iter().partition(|e| e.kind == EntryKind::Directory as i32);
+    for entry in dirs {
         let _as_user = FsAs::new(user)?;
-        if let Some(parent) = target.parent() {
-            std::fs::create_dir_all(parent).map_err(|e| io_error(e, path))?;
+        std::fs::create_dir_all(root.path().join(&entry.path)).map_err(|e| io_error(e, &entry.path))?;
+        response.dirs_created += 1;
+    }
+    // Opened as the agent: the staging dir is not the run user's.
+    let pack = staging.open_pack().map_err(staging_error)?;
+    let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+    let writers = cpus.min(WRITERS).min(files.len() / FILES_PER_WRITER).max(1);
+    let failed = std::sync::atomic::AtomicBool::new(false);
+    let write = |part: &[&ManifestEntry]| write_files(root, staging, pack.as_ref(), part, user, &failed);
+    let written: Vec<Result<(u64, u64), Error>> = if writers == 1 {
+        vec![write(&files)]
+    } else {
+        let write = &write;
+        std::thread::scope(|scope| {
+            let parts: Vec<_> = files
+                .chunks(files.len().div_ceil(writers))
+                .map(|part| scope.spawn(move || write(part)))
+                .collect();
+            let joined = parts.into_iter().map(|p| p.join());
+            joined.map(|r| r.unwrap_or_else(|_| Err(Error::internal("a restore writer panicked")))).collect()
+        })
+    };
+    for part in written {
+        let (files, bytes) = part?;
+        response.files_written += files;
+        response.bytes_written += bytes;
+    }
+    Ok(response)
+}
+
+/// Write `files` (one writer's part): how many and their bytes. Stops at
+/// the first error, and when another writer's `failed`.
+fn write_files(
+    root: &Root,
+    staging: &Staging,
+    pack: Option<&std::fs::File>,
+    files: &[&ManifestEntry],
+    user: Option<&RunUser>,
+    failed: &std::sync::atomic::AtomicBool,
+) -> Result<(u64, u64), Error> {
+    use std::sync::atomic::Ordering;
+    let mut writer = Writer {
+        root,
+        staging,
+        pack,
+        user,
+        as_user: None,
+        buf: Vec::new(),
+        parents: HashSet::new(),
+        temp_prefix: uuid::Uuid::new_v4().simple().to_string(),
+        temps: 0,
+    };
+    let (mut count, mut bytes) = (0, 0);
+    for entry in files {
+        if failed.load(Ordering::Relaxed) {
+            break;
         }
-        // Written beside the target and renamed into place: a reader never
-        // sees half a file.
+        if let Err(e) = writer.write(entry) {
+            failed.store(true, Ordering::Relaxed);
+            return Err(e);
+        }
+        count += 1;
+        bytes += entry.size;
+    }
+    Ok((count, bytes))
+}
+
+/// What one writer of a restore keeps between its files.
+struct Writer<'a> {
+    root: &'a Root,
+    staging: &'a Staging,
+    pack: Option<&'a std::fs::File>,
+    user: Option<&'a RunUser>,
+    /// Acting as `user` from one file to the next, but for opening a blob
+    /// staged in a file of its own (as the agent).
+    as_user: Option<FsAs>,
+    buf: Vec<u8>,
+    /// Directories this writer made or found.
+    parents: HashSet<PathBuf>,
+    /// Its temp files' names: `.<name>.restore-<prefix>-<n>`.
+    temp_prefix: String,
+    temps: u64,
+}
+
+impl Writer<'_> {
+    /// Write one file entry as the user, beside its target, and rename it
+    /// into place: a reader never sees half a file.
+    fn write(&mut self, entry: &ManifestEntry) -> Result<(), Error> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let path = entry.path.as_str();
+        if !self.staging.is_packed(&entry.sha256) {
+            self.as_user = None;
+        }
+        let source = self.staging.source(&entry.sha256).map_err(|e| io_error(e, path))?;
+        if self.as_user.is_none() {
+            self.as_user = Some(FsAs::new(self.user)?);
+        }
+        let target = self.root.path().join(path);
+        if let Some(parent) = target.parent()
+            && !self.parents.contains(parent)
+        {
+            std::fs::create_dir_all(parent).map_err(|e| io_error(e, path))?;
+            self.parents.insert(parent.to_path_buf());
+        }
+        self.temps += 1;
         let temp = target.with_file_name(format!(
-            ".{}.restore-{}",
+            ".{}.restore-{}-{}",
             target.file_name().and_then(|n| n.to_str()).unwrap_or("file"),
-            uuid::Uuid::new_v4().simple()
+            self.temp_prefix,
+            self.temps
         ));
         let written = std::fs::OpenOptions::new()
             .write(true)
@@ -434,7 +705,7 @@ fn write_entries(
             .custom_flags(libc::O_NOFOLLOW)
             .open(&temp)
             .and_then(|mut out| {
-                std::io::copy(&mut blob, &mut out)?;
+                source.copy_to(self.pack, &mut self.buf, &mut out)?;
                 out.set_permissions(std::fs::Permissions::from_mode(entry.mode))
             })
             .and_then(|()| std::fs::rename(&temp, &target));
@@ -442,10 +713,8 @@ fn write_entries(
             let _ = std::fs::remove_file(&temp);
             return Err(io_error(e, path));
         }
-        response.files_written += 1;
-        response.bytes_written += entry.size;
+        Ok(())
     }
-    Ok(response)
 }
 
 #[cfg(test)]
@@ -453,6 +722,95 @@ mod tests {
     use std::os::unix::fs::MetadataExt;
 
     use super::*;
+
+    /// A restore of many files, some sharing their bytes, one empty and one
+    /// over what is held in memory: staged (small ones in the pack), then
+    /// written by several writers, every file whole, with its mode.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_restore_of_many_files_is_written_whole_by_several_writers() {
+        let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+        assert!(cpus >= 2, "this test needs two CPUs to run more than one writer");
+        let base = tempfile::tempdir().unwrap();
+        let (root_dir, staging_parent) = (base.path().join("root"), base.path().join("staging"));
+        std::fs::create_dir(&root_dir).unwrap();
+        std::fs::create_dir(&staging_parent).unwrap();
+        let root = Root::new(&root_dir).unwrap();
+        let mut staging = Staging::new(&staging_parent).unwrap();
+
+        let count = FILES_PER_WRITER * 2 + 77;
+        let mut files: Vec<(String, Vec<u8>, u32)> = (0..count)
+            .map(|i| {
+                (
+                    format!("d{:02}/f{i:05}.txt", i % 13),
+                    format!("file {i}\n").repeat(i % 7 + 1).into_bytes(),
+                    0o644,
+                )
+            })
+            .collect();
+        files.push(("same/a".into(), b"shared bytes".to_vec(), 0o600));
+        files.push(("same/b".into(), b"shared bytes".to_vec(), 0o640));
+        files.push(("zero".into(), Vec::new(), 0o644));
+        files.push((
+            "big/blob.bin".into(),
+            (0..HELD_IN_MEMORY * 2 + 5).map(|i| (i % 251) as u8).collect(),
+            0o644,
+        ));
+        let mut entries: Vec<ManifestEntry> = files
+            .iter()
+            .map(|(path, data, mode)| ManifestEntry {
+                path: path.clone(),
+                kind: EntryKind::File as i32,
+                size: data.len() as u64,
+                mode: *mode,
+                sha256: hex::encode(Sha256::digest(data)),
+            })
+            .collect();
+        entries.push(ManifestEntry {
+            path: "empty/dir".into(),
+            kind: EntryKind::Directory as i32,
+            ..Default::default()
+        });
+        entries.sort_by(|a, b| a.path.cmp(&b.path));
+        let mut blobs: BTreeMap<String, &[u8]> = BTreeMap::new();
+        for (_, data, _) in &files {
+            blobs.insert(hex::encode(Sha256::digest(data)), data);
+        }
+
+        let header =
+            RestoreHeader { entry_count: entries.len() as u64, blob_count: blobs.len() as u64, policy: None };
+        let mut receiver = Receiver::new(&header, &mut staging);
+        receiver.entries(entries).unwrap();
+        for (sha256, data) in &blobs {
+            let mut pieces: Vec<&[u8]> = data.chunks(1 << 20).collect();
+            if pieces.is_empty() {
+                pieces.push(&[]);
+            }
+            for piece in pieces {
+                receiver.blob(RestoreBlob { sha256: sha256.clone(), data: piece.to_vec() }).await.unwrap();
+            }
+        }
+        let entries = receiver.finish().await.unwrap();
+        assert_eq!(staging.packed.len(), blobs.len() - 1, "every blob but the large one is in the pack");
+        let policy = Policy::compile(&Default::default()).unwrap();
+        let response = apply(&root, staging, &policy, entries, None).unwrap();
+
+        assert_eq!(response.files_written as usize, files.len());
+        assert_eq!(response.dirs_created, 1);
+        assert_eq!(response.bytes_written, files.iter().map(|(_, d, _)| d.len() as u64).sum::<u64>());
+        for (path, data, mode) in &files {
+            let target = root_dir.join(path);
+            assert_eq!(&std::fs::read(&target).unwrap(), data, "{path}");
+            assert_eq!(std::fs::metadata(&target).unwrap().mode() & 0o777, *mode, "{path}");
+        }
+        assert!(root_dir.join("empty/dir").is_dir());
+        let stray = walkdir::WalkDir::new(&root_dir)
+            .into_iter()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().contains(".restore-"))
+            .count();
+        assert_eq!(stray, 0, "no temp file is left in the workspace");
+        assert_eq!(std::fs::read_dir(&staging_parent).unwrap().count(), 0, "the staging dir is gone");
+    }
 
     /// The run user swapped a directory the plan checked for a link to a
     /// directory outside the root (here, after the plan): the restore

@@ -153,8 +153,8 @@ impl SnapshotService for Snapshots {
             _ => return Err(Error::invalid_field("header", "the first message must carry the header").into()),
         };
         let policy = Policy::compile(&header.policy.clone().unwrap_or_default())?;
-        let staging = Staging::new(&self.staging_parent)?;
-        let mut receiver = Receiver::new(&header, &staging);
+        let mut staging = Staging::new(&self.staging_parent)?;
+        let mut receiver = Receiver::new(&header, &mut staging);
         while let Some(msg) = inbound.message().await? {
             match msg.request {
                 Some(restore_request::Request::Entries(batch)) => receiver.entries(batch.entries)?,
