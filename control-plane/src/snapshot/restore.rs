@@ -15,6 +15,9 @@ use crate::store::{Stores, Tenant};
 /// Manifest entries per restore message.
 const ENTRIES_PER_MESSAGE: usize = 1000;
 
+/// Blobs opened ahead of the one being sent.
+const READ_AHEAD: usize = 8;
+
 /// Restore checkpoint `checkpoint_id` of the tenant's thread into the
 /// (new, private) sandbox behind `agent`, leaving its workspace equal to
 /// the checkpoint outside what `policy` excludes (which stays untouched):
@@ -78,9 +81,20 @@ fn restore_requests(
         for entries in batches {
             yield message(Request::Entries(agent::RestoreEntries { entries }));
         }
-        for sha256 in hashes {
+        // Opened (and their first piece read) a few ahead of the one being
+        // sent: one blocking read after another left the agent waiting.
+        let mut opened = futures::stream::iter(hashes)
+            .map(move |sha256| {
+                let (blobs, tenant) = (blobs.clone(), tenant.clone());
+                async move {
+                    let pieces = blobs.read(&tenant, &sha256).await;
+                    (sha256, pieces)
+                }
+            })
+            .buffered(READ_AHEAD);
+        while let Some((sha256, pieces)) = opened.next().await {
             let piece = |data| message(Request::Blob(agent::RestoreBlob { sha256: sha256.clone(), data }));
-            let mut pieces = match blobs.read(&tenant, &sha256).await {
+            let mut pieces = match pieces {
                 Ok(stream) => stream,
                 Err(error) => {
                     warn!(%sha256, %error, "a checkpoint blob cannot be read");
@@ -93,7 +107,7 @@ fn restore_requests(
                 match data {
                     Ok(data) => {
                         sent_any = true;
-                        yield piece(data.to_vec());
+                        yield piece(Vec::from(data));
                     }
                     Err(error) => {
                         warn!(%sha256, %error, "reading a checkpoint blob failed");

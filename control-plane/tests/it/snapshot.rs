@@ -258,7 +258,7 @@ fn tree_lines(listing: &str) -> BTreeMap<String, String> {
 /// file, and what the default policy leaves out.
 const WORKSPACE: &str = "mkdir -p src/deep/er empty/dir .git/objects node_modules/pkg web/.env.d && \
     printf 'fn main() {}\\n' > src/main.rs && \
-    head -c 300000 /dev/urandom > src/deep/er/blob.bin && \
+    head -c 2500000 /dev/urandom > src/deep/er/blob.bin && \
     printf same > a.txt && printf same > b.txt && : > zero.txt && \
     printf \"token=$API_TOKEN;again=$API_TOKEN\\n\" > config.ini && \
     printf x > .git/objects/1 && printf y > node_modules/pkg/i.js && printf z > .env && printf w > web/.env.d/k && \
