@@ -569,6 +569,7 @@ async fn runs_delete_ended_before_takes_the_oldest_ends_first(b: &Backend) {
             .await
             .unwrap();
         let run = key(if id == "e2" { "other" } else { "acme" }, id);
+        b.stores.events.append(&run, FIRST_EPOCH, &chunks(id, 3)).await.unwrap();
         let finish = RunFinish { finished_at: Timestamp::from_millis(ended), ..finish_completed() };
         runs.finish(&run, FIRST_EPOCH, finish).await.unwrap();
     }
@@ -585,6 +586,22 @@ async fn runs_delete_ended_before_takes_the_oldest_ends_first(b: &Backend) {
 
     let first = runs.delete_ended_before(Timestamp::from_millis(8_000), 2).await.unwrap();
     assert_eq!(first, vec![acme("e1"), key("other", "e2")], "oldest first, every tenant, at most the limit");
+    // The logs of a batch go with its runs (each tenant's), and only theirs.
+    for run in &first {
+        runs.create_or_resume(NewRun {
+            tenant: run.tenant.clone(),
+            ..new_run(run.run.as_str(), "acme", "t1", 1_000)
+        })
+        .await
+        .unwrap();
+        let left = b.stores.events.page(run, &Offset::start(), 100).await.unwrap();
+        assert!(left.is_empty(), "{run:?}'s log went with it: {left:?}");
+    }
+    assert_eq!(
+        b.stores.events.page(&acme("e3"), &Offset::start(), 100).await.unwrap().len(),
+        3,
+        "e3 keeps its log"
+    );
     let rest = runs.delete_ended_before(Timestamp::from_millis(8_000), 10).await.unwrap();
     assert_eq!(rest, vec![acme("e3")], "the cutoff is exclusive of later ends");
     assert!(
