@@ -184,8 +184,10 @@ async fn upload(
     // Blobs are verified and made durable (the directory store's fsync and
     // link) concurrently, while the next ones stream in: one after another,
     // a first save of many small files waited on each fsync; together, the
-    // file system commits their fsyncs in shared journal commits.
+    // file system commits their fsyncs in shared journal commits. As many
+    // as the store allows (PostgreSQL's each hold a pooled connection).
     let (mut finishing, mut finishing_bytes) = (tokio::task::JoinSet::new(), 0u64);
+    let at_once = stores.blobs.finishing_at_once().max(1);
     while let Some(msg) = stream.message().await.map_err(Error::agent("reading captured files"))? {
         let Some(&(size, path)) = sizes.get(msg.sha256.as_str()) else {
             return Err(Error::Corrupt(format!("the agent sent blob {} that was not asked for", msg.sha256)));
@@ -215,7 +217,7 @@ async fn upload(
         if msg.last {
             let (hash, blob) = current.take().expect("set above");
             received.insert(hash);
-            while finishing.len() >= FINISHING_AT_ONCE || finishing_bytes >= FINISHING_BYTES {
+            while finishing.len() >= at_once || finishing_bytes >= FINISHING_BYTES {
                 finishing_bytes -= joined(finishing.join_next().await).map_err(changed)?;
             }
             finishing_bytes += size;
@@ -234,9 +236,9 @@ async fn upload(
     Ok(uploaded)
 }
 
-/// Blobs of one save being verified and stored at once, and their bytes
-/// (a blob's are in memory until stored, up to the store's 1 MiB).
-const FINISHING_AT_ONCE: usize = 128;
+/// The bytes of the blobs of one save being verified and stored at once
+/// (a blob's are in memory until stored, up to the directory store's
+/// 1 MiB); how many, the blob store says.
 const FINISHING_BYTES: u64 = 32 << 20;
 
 /// The bytes of a blob whose `finish` task ended, once it succeeded.

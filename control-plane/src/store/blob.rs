@@ -137,6 +137,10 @@ pub trait BlobStore: Send + Sync {
     /// Begin storing the tenant's `sha256`, of `size` bytes, in pieces.
     async fn begin_put(&self, tenant: &Tenant, sha256: &str, size: u64) -> Result<BlobUpload>;
 
+    /// How many uploads one save may have finishing at once (each may hold
+    /// something shared until it is stored: a pooled connection).
+    fn finishing_at_once(&self) -> usize;
+
     /// Store `data` as the tenant's `sha256` (one upload of it, in pieces
     /// of [`READ_CHUNK`]). [`Error::Invalid`] when the bytes hash to
     /// something else (nothing is stored). Returns true when newly stored
@@ -539,6 +543,12 @@ impl BlobStore for DirBlobStore {
         "dir"
     }
 
+    /// Each finish is a blocking task and an fsync: many at once share the
+    /// file system's journal commits.
+    fn finishing_at_once(&self) -> usize {
+        128
+    }
+
     async fn begin_put(&self, tenant: &Tenant, sha256: &str, size: u64) -> Result<BlobUpload> {
         check_name(sha256)?;
         // No file work until a piece outgrows memory or the commit: one
@@ -729,6 +739,13 @@ impl BlobSink for PgSink {
 impl BlobStore for PgBlobStore {
     fn backend_name(&self) -> &'static str {
         "postgres"
+    }
+
+    /// Each upload holds a pooled connection (its transaction) until it
+    /// is stored: one finishing while the next streams in, so a save holds
+    /// two of the pool's connections at most, never the runs' share.
+    fn finishing_at_once(&self) -> usize {
+        1
     }
 
     async fn begin_put(&self, tenant: &Tenant, sha256: &str, size: u64) -> Result<BlobUpload> {
