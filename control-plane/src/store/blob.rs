@@ -224,6 +224,17 @@ impl DirBlobStore {
         Ok(Self { dir: dir.to_path_buf(), unnamed })
     }
 
+    /// The blob at `target`'s temp file (a new one if `temp` is none), with
+    /// `held` written on. Blocking.
+    fn temp_for(&self, target: &Path, temp: Option<TempBlob>, held: &[u8]) -> Result<TempBlob> {
+        let mut temp = match temp {
+            Some(temp) => temp,
+            None => self.temp_in(target.parent().expect("blob paths have a parent"))?,
+        };
+        temp.write(held)?;
+        Ok(temp)
+    }
+
     /// A new temp file for a blob that will live in `parent` (created).
     fn temp_in(&self, parent: &Path) -> Result<TempBlob> {
         std::fs::create_dir_all(parent).map_err(|e| io(parent, e))?;
@@ -502,11 +513,7 @@ impl BlobSink for DirSink {
         let (store, target) = (self.store.clone(), self.target.clone());
         self.temp = Some(
             blocking(move || {
-                let mut temp = match temp {
-                    Some(temp) => temp,
-                    None => store.temp_in(target.parent().expect("blob paths have a parent"))?,
-                };
-                temp.write(&held)?;
+                let mut temp = store.temp_for(&target, temp, &held)?;
                 temp.write(&piece)?;
                 Ok(temp)
             })
@@ -523,15 +530,7 @@ impl BlobSink for DirSink {
                 return Ok(false);
             }
             store.ensure_tenant_dir(&tenant)?;
-            let temp = match temp {
-                Some(temp) => temp,
-                None => {
-                    let mut temp = store.temp_in(target.parent().expect("blob paths have a parent"))?;
-                    temp.write(&held)?;
-                    temp
-                }
-            };
-            temp.persist(&target)
+            store.temp_for(&target, temp, &held)?.persist(&target)
         })
         .await
     }

@@ -42,12 +42,10 @@ impl Staging {
         self.dir.join("pack")
     }
 
-    /// Note `len` bytes of `sha256` as the pack's next; where they go.
-    fn place(&mut self, sha256: String, len: usize) -> u64 {
-        let offset = self.pack_len;
-        self.packed.insert(sha256, (offset, len));
+    /// Note `len` bytes of `sha256` as the pack's next.
+    fn place(&mut self, sha256: String, len: usize) {
+        self.packed.insert(sha256, (self.pack_len, len));
         self.pack_len += len as u64;
-        offset
     }
 
     fn is_packed(&self, sha256: &str) -> bool {
