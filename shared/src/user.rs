@@ -27,6 +27,16 @@ pub fn needs_group_file(user: &str) -> bool {
     user.split_once(':').is_some_and(|(_, g)| g.parse::<u32>().is_err())
 }
 
+/// Whether the ids of `user` need `/etc/passwd`: not when both are given
+/// as numbers (`uid:gid`); a name, or a uid alone (its group is the
+/// entry's), does. The entry's name and home still come from the file.
+pub fn needs_passwd_file(user: &str) -> bool {
+    match user.split_once(':') {
+        Some((u, g)) => u.parse::<u32>().is_err() || g.parse::<u32>().is_err(),
+        None => true,
+    }
+}
+
 /// `user` resolved against the texts of `/etc/passwd` and `/etc/group`.
 /// Docker's rule for the group: the one given, else the user's primary
 /// group, else group 0.
@@ -85,6 +95,12 @@ mod tests {
         assert_eq!(ids("agent:staff", GROUP), (1000, 50));
         assert!(!needs_group_file("agent") && !needs_group_file("agent:50"));
         assert!(needs_group_file("agent:staff"));
+        assert!(!needs_passwd_file("10001:10001"));
+        let without = resolve("1000:50", "", "").unwrap();
+        assert_eq!((without.uid, without.gid), ids("1000:50", ""), "numbers need no file");
+        for user in ["agent", "1000", "agent:50", "1000:staff"] {
+            assert!(needs_passwd_file(user), "{user}");
+        }
     }
 
     #[test]

@@ -27,8 +27,14 @@ impl DockerProvider {
     /// Check that `user` resolves in container `id` to a uid other than 0:
     /// root would be no run user at all (it could read the agent's token and
     /// trace the agent).
+    /// The image's files are read only when the string needs them (a copy
+    /// out of a created container is tens of milliseconds of the engine's);
+    /// the default `uid:gid` needs neither.
     pub(super) async fn check_run_user(&self, id: &str, user: &str) -> Result<(u32, u32)> {
-        let passwd = self.read_container_file(id, "/etc/passwd").await.unwrap_or_default();
+        let passwd = match shared::user::needs_passwd_file(user) {
+            true => self.read_container_file(id, "/etc/passwd").await.unwrap_or_default(),
+            false => String::new(),
+        };
         let groups = match shared::user::needs_group_file(user) {
             true => self.read_container_file(id, "/etc/group").await.unwrap_or_default(),
             false => String::new(),
