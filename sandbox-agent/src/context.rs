@@ -36,8 +36,11 @@ impl AgentContext {
     /// root. With a run user: give it its passwd entry and HOME, hand it the
     /// root, and close the journal dir to everyone but the agent.
     pub fn new(options: &AgentOptions) -> anyhow::Result<Self> {
-        std::fs::create_dir_all(&options.root)
-            .with_context(|| format!("creating the sandbox root {}", options.root.display()))?;
+        let made = match options.run_user {
+            Some(_) => crate::run_user::make_root(&options.root),
+            None => std::fs::create_dir_all(&options.root),
+        };
+        made.with_context(|| format!("creating the sandbox root {}", options.root.display()))?;
         if let Some(user) = &options.run_user {
             let exe = std::env::current_exe().context("finding the agent's own binary")?;
             crate::run_user::check_root(&options.root, &[&options.journal_dir, &exe])?;

@@ -90,7 +90,8 @@ impl RunUser {
         if std::fs::symlink_metadata(root)?.uid() == self.uid {
             return Ok(());
         }
-        let walk = walkdir::WalkDir::new(root).follow_links(false).same_file_system(true);
+        let walk =
+            walkdir::WalkDir::new(root).follow_links(false).follow_root_links(false).same_file_system(true);
         for entry in walk.into_iter().flatten() {
             let _ = std::os::unix::fs::lchown(entry.path(), Some(self.uid), Some(self.gid));
         }
@@ -121,6 +122,27 @@ impl RunUser {
     pub fn ids(&self) -> String {
         format!("{}:{}", self.uid, self.gid)
     }
+}
+
+/// Make the sandbox root a directory of its own before it is handed to the
+/// run user: whatever the image has at its path that is not a directory (a
+/// link to `/etc`, a file) is removed first, as a copy into the container
+/// would replace it. Handing over a link would hand over what it names.
+pub fn make_root(root: &Path) -> std::io::Result<()> {
+    match std::fs::symlink_metadata(root) {
+        Ok(meta) if meta.is_dir() => return Ok(()),
+        Ok(meta) => {
+            tracing::warn!(
+                root = %root.display(),
+                kind = if meta.is_symlink() { "a symbolic link" } else { "not a directory" },
+                "the image's sandbox root is replaced by a directory"
+            );
+            std::fs::remove_file(root)?;
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    std::fs::create_dir_all(root)
 }
 
 /// Refuse a root that is `/` or holds one of the agent's `own` paths (its
@@ -330,6 +352,60 @@ mod tests {
         let _ = std::process::Command::new("umount").arg(&inner).status();
         assert_eq!(owner, 0, "the walk crossed into a mount");
         assert_eq!(std::fs::metadata(root.path()).unwrap().uid(), 10001);
+    }
+
+    const PASSWD: &str = "root:x:0:0::/root:/bin/sh\n";
+
+    /// `<dir>/etc` holding a passwd, and `<dir>/workspace` a link to it.
+    fn workspace_linked_to_etc(dir: &Path) -> (PathBuf, PathBuf) {
+        let (etc, link) = (dir.join("etc"), dir.join("workspace"));
+        std::fs::create_dir(&etc).unwrap();
+        std::fs::write(etc.join("passwd"), PASSWD).unwrap();
+        std::os::unix::fs::symlink(&etc, &link).unwrap();
+        (etc, link)
+    }
+
+    /// An image whose workdir is a link to `/etc`, or a file: the root
+    /// becomes an empty directory of its own and what the link named is
+    /// untouched; a directory the image has keeps its content.
+    #[test]
+    fn a_root_that_is_a_link_or_a_file_becomes_a_directory_of_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let (etc, link) = workspace_linked_to_etc(dir.path());
+        make_root(&link).unwrap();
+        assert!(std::fs::symlink_metadata(&link).unwrap().is_dir(), "the link is a directory now");
+        assert_eq!(std::fs::read_dir(&link).unwrap().count(), 0);
+        assert_eq!(std::fs::read_to_string(etc.join("passwd")).unwrap(), PASSWD);
+
+        let file = dir.path().join("file");
+        std::fs::write(&file, "x").unwrap();
+        make_root(&file).unwrap();
+        assert!(std::fs::symlink_metadata(&file).unwrap().is_dir());
+
+        let kept = dir.path().join("repo");
+        std::fs::create_dir(&kept).unwrap();
+        std::fs::write(kept.join("README"), "hi").unwrap();
+        make_root(&kept).unwrap();
+        assert_eq!(std::fs::read_to_string(kept.join("README")).unwrap(), "hi");
+        make_root(&dir.path().join("new/deeper")).unwrap();
+        assert!(dir.path().join("new/deeper").is_dir());
+    }
+
+    /// Were a link ever handed over as the root, only the link would change
+    /// owner, never the tree it names.
+    #[test]
+    fn adopting_a_link_hands_over_the_link_not_what_it_names() {
+        // SAFETY: a plain syscall.
+        if unsafe { libc::geteuid() } != 0 {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let (etc, link) = workspace_linked_to_etc(dir.path());
+        let user = RunUser { uid: 10001, gid: 10001, name: "u".into(), home: DEFAULT_HOME.into() };
+        user.adopt(&link).unwrap();
+        assert_eq!(std::fs::metadata(&etc).unwrap().uid(), 0, "the link's target was handed over");
+        assert_eq!(std::fs::metadata(etc.join("passwd")).unwrap().uid(), 0);
+        assert_eq!(std::fs::symlink_metadata(&link).unwrap().uid(), 10001);
     }
 
     #[test]
