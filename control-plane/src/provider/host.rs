@@ -164,8 +164,30 @@ fn static_agent_near(exe: &Path) -> Option<PathBuf> {
 
 /// Whether the file at `path` is an executable that needs no dynamic
 /// loader ([`is_static_elf`]), so it runs in an image with no libc at all.
+/// Reads the ELF header and program headers only (the first 64 KiB, where
+/// linkers put them; the whole file when they lie beyond).
 pub fn is_static_executable(path: &Path) -> bool {
-    std::fs::read(path).is_ok_and(|bytes| is_static_elf(&bytes))
+    use std::io::Read;
+    let head = std::fs::File::open(path).and_then(|file| {
+        let mut head = Vec::with_capacity(64 << 10);
+        file.take(64 << 10).read_to_end(&mut head)?;
+        Ok(head)
+    });
+    match head {
+        Ok(head) if head.len() >= 64 && program_headers_end(&head) > head.len() as u64 => {
+            std::fs::read(path).is_ok_and(|bytes| is_static_elf(&bytes))
+        }
+        Ok(head) => is_static_elf(&head),
+        Err(_) => false,
+    }
+}
+
+/// Where the program header table of the ELF header `head` ends.
+fn program_headers_end(head: &[u8]) -> u64 {
+    let phoff = u64::from_le_bytes(head[32..40].try_into().unwrap_or_default());
+    let (phentsize, phnum) =
+        (u16::from_le_bytes([head[54], head[55]]), u16::from_le_bytes([head[56], head[57]]));
+    phoff.saturating_add(u64::from(phentsize) * u64::from(phnum))
 }
 
 /// Whether `bytes` are a 64-bit little-endian ELF with no `PT_INTERP`
@@ -214,6 +236,27 @@ mod tests {
         std::fs::copy(busybox, &agent).unwrap();
         assert_eq!(static_agent_near(&exe), Some(agent.clone()));
         assert_eq!(static_agent_near(&exe.parent().unwrap().join("deps/test-bin")), Some(agent));
+    }
+
+    /// Only the headers are read, but program headers past the first
+    /// 64 KiB are still seen: a loader named there makes it dynamic.
+    #[test]
+    fn program_headers_far_into_the_file_are_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let elf = |segment: u32| {
+            let mut bytes = vec![0u8; 70_000 + 56];
+            bytes[..6].copy_from_slice(b"\x7fELF\x02\x01");
+            bytes[32..40].copy_from_slice(&70_000u64.to_le_bytes());
+            bytes[54..56].copy_from_slice(&56u16.to_le_bytes());
+            bytes[56..58].copy_from_slice(&1u16.to_le_bytes());
+            bytes[70_000..70_004].copy_from_slice(&segment.to_le_bytes());
+            bytes
+        };
+        let (interp, load) = (dir.path().join("interp"), dir.path().join("load"));
+        std::fs::write(&interp, elf(3)).unwrap();
+        std::fs::write(&load, elf(1)).unwrap();
+        assert!(!is_static_executable(&interp), "a PT_INTERP past 64 KiB");
+        assert!(is_static_executable(&load));
     }
 
     #[test]

@@ -265,6 +265,49 @@ true"#;
     assert_eq!(mode.unwrap() & 0o7777, 0o555);
 }
 
+/// A tenant's image whose workdir is a link to `/etc`: the workspace the
+/// run user is handed is a directory of its own, never what the link names
+/// (owning `/etc` would let it write the passwd root logs in by). A
+/// workspace the image fills is the run user's, files and all.
+async fn an_image_whose_workspace_links_to_etc_hands_the_run_user_a_directory_not_etc(runtime) {
+    let s = setup(runtime).await;
+    let _cleanup = DockerCleanup { tenant: s.tenant.clone() };
+    let label = format!("{LABEL_TENANT}={}", s.tenant);
+    let (builder, image) = (format!("sandhold-build-{}", s.nonce), format!("sandhold-test-linked:{}", s.nonce));
+    let build = "rmdir /workspace && ln -s /etc /workspace && mkdir /repo && echo hi > /repo/README";
+    docker::cli(&["run", "--name", &builder, "--label", &label, "--network", "none", docker::TEST_IMAGE, "sh", "-c", build]);
+    docker::cli(&["commit", "--change", "WORKDIR /workspace", "--change", &format!("LABEL {label}"), &builder, &image]);
+    docker::cli(&["rm", &builder]);
+    let mut sandboxes = s.server.sandboxes(&s.token).await;
+    for (id, workdir) in [("linked", ""), ("repo", "/repo")] {
+        let mut def = definition(id, Kind::Docker);
+        runtime.apply(&mut def);
+        if let Some(api::provider_spec::Provider::Docker(d)) = def.provider.as_mut().and_then(|p| p.provider.as_mut()) {
+            d.image = image.clone();
+            d.workdir = workdir.into();
+        }
+        put_definition(&mut sandboxes, def).await;
+    }
+    let ensured = |definition: &str| api::EnsureSandboxRequest {
+        definition_id: definition.into(),
+        thread_id: format!("thread-{definition}"),
+        ..Default::default()
+    };
+    let (_, ready) = ensure(&mut sandboxes, ensured("linked")).await;
+    let id = ready.unwrap_or_else(|e| panic!("ensure failed: {e}\n{}", s.server.log_text())).sandbox_id;
+    let probe = "pwd; [ -L /workspace ] && echo HOLE still-a-link; stat -c '%u %n' /workspace /etc /etc/passwd; \
+                 touch /etc/x 2>/dev/null && echo HOLE etc-written; ls -A /workspace | wc -l";
+    let (code, out) = sh(&mut sandboxes, &id, probe).await;
+    assert_eq!(code, 0, "{out}");
+    assert!(!out.contains("HOLE"), "the run user got /etc:\n{out}");
+    assert_eq!(out, format!("/workspace\n{RUN_UID} /workspace\n0 /etc\n0 /etc/passwd\n0\n"));
+
+    let (_, ready) = ensure(&mut sandboxes, ensured("repo")).await;
+    let id = ready.unwrap_or_else(|e| panic!("ensure failed: {e}\n{}", s.server.log_text())).sandbox_id;
+    let (code, out) = sh(&mut sandboxes, &id, "stat -c '%u %n' . README; echo more >> README && cat README").await;
+    assert_eq!((code, out), (0, format!("{RUN_UID} .\n{RUN_UID} README\nhi\nmore\n")));
+}
+
 async fn the_sandbox_runs_under_the_runtime_it_asked_for_and_sees_its_kernel(runtime) {
     let s = setup(runtime).await;
     let _cleanup = DockerCleanup { tenant: s.tenant.clone() };

@@ -10,13 +10,12 @@ use std::time::{Duration, Instant};
 use bollard::Docker;
 use bollard::query_parameters::{
     CommitContainerOptions, CreateContainerOptionsBuilder, InspectContainerOptions, LogsOptions,
-    RemoveContainerOptions, RemoveImageOptions, StartContainerOptions, UploadToContainerOptions,
+    RemoveContainerOptions, RemoveImageOptions, StartContainerOptions,
 };
 use futures::StreamExt;
 use shared::transport::Address;
 
 use super::agent_file;
-use super::archive::workspace_archive;
 use super::container::{Origin, container_config, workdir};
 use super::user::run_user;
 use super::{DockerProviderOptions, LABEL_HOST_DIR};
@@ -57,33 +56,27 @@ impl DockerProvider {
             ))
         };
         let docker = Docker::connect_with_defaults().map_err(|e| unreachable(&e))?;
-        // The engine may be older than the API version bollard defaults to.
-        let docker = docker.negotiate_version().await.map_err(|e| unreachable(&e))?;
-        docker.ping().await.map_err(|e| unreachable(&e))?;
-
-        let agent = tokio::fs::read(&options.agent_binary).await.map_err(|e| {
-            Error::Refused(format!(
-                "reading the static agent {}: {e}; build it with scripts/build-agent-static",
-                options.agent_binary.display()
-            ))
-        })?;
-        if !crate::provider::host::is_static_elf(&agent) {
-            return Err(Error::Refused(format!(
-                "{} is not a statically linked executable, so it would not run in an arbitrary image; build it with \
-                 scripts/build-agent-static",
-                options.agent_binary.display()
-            )));
-        }
         std::fs::create_dir_all(&options.state_dir).map_err(Error::io(&options.state_dir, "creating"))?;
         let state_dir =
             options.state_dir.canonicalize().map_err(Error::io(&options.state_dir, "resolving"))?;
         check_socket_path(&state_dir.join(new_short_id()).join("agent.sock"), "the Docker state dir")?;
-        let agent = {
-            let state_dir = state_dir.clone();
-            tokio::task::spawn_blocking(move || agent_file::install(&state_dir, &agent))
-                .await
-                .map_err(|e| Error::Internal(format!("installing the agent binary: {e}")))??
+        // The engine's handshake and the agent's install overlap: both are
+        // on the path of a server's start (a cold `sandhold run` waits).
+        let handshake = async {
+            // The engine may be older than the API version bollard defaults to.
+            let docker = docker.negotiate_version().await.map_err(|e| unreachable(&e))?;
+            docker.ping().await.map_err(|e| unreachable(&e))?;
+            Ok::<_, Error>(docker)
         };
+        let install = {
+            let (state_dir, source) = (state_dir.clone(), options.agent_binary.clone());
+            async move {
+                tokio::task::spawn_blocking(move || agent_file::install(&state_dir, &source))
+                    .await
+                    .map_err(|e| Error::Internal(format!("installing the agent binary: {e}")))?
+            }
+        };
+        let (docker, agent) = tokio::try_join!(handshake, install)?;
         let toolchain_dir = match options.toolchain_dir {
             Some(dir) => {
                 std::fs::create_dir_all(&dir).map_err(Error::io(&dir, "creating"))?;
@@ -282,20 +275,9 @@ impl DockerProvider {
             )
             .into());
         }
-        // The workspace, the run user's, in the image's filesystem (with a
-        // read-only root it is a bind of the host dir's, handed over by the
-        // agent).
-        if !opts.read_only_root {
-            let archive = workspace_archive(workdir.trim_start_matches('/'), owner)?;
-            self.docker
-                .upload_to_container(
-                    &id,
-                    Some(UploadToContainerOptions { path: "/".to_string(), ..Default::default() }),
-                    bollard::body_full(archive),
-                )
-                .await
-                .map_err(|e| self.engine_error("making the workspace in the container", e))?;
-        }
+        // The workspace is the agent's to make and hand to the run user at
+        // start (`--root`, `--run-user`): a copy into the created container
+        // would be tens of milliseconds of the engine's on every create.
         self.docker
             .start_container(&id, None::<StartContainerOptions>)
             .await
@@ -314,9 +296,17 @@ impl DockerProvider {
     }
 
     /// Wait for the agent to answer, failing early (with the container's
-    /// last log lines) when the container stops.
+    /// last log lines) when the container stops. Looked for after 2 ms,
+    /// then twice as long each time up to 50 ms (an agent is usually up
+    /// within milliseconds of the container's start, and a fixed 50 ms
+    /// cost a cold create up to that much); whether the container still
+    /// runs is asked of the engine every 50 ms.
     pub(super) async fn wait_ready(&self, sandbox: &Sandbox) -> Result<AgentClient> {
+        const LONGEST_PAUSE: Duration = Duration::from_millis(50);
         let until = Instant::now() + self.ready_timeout;
+        let mut pause = Duration::from_millis(2);
+        // Started (or resumed) just now: asked first after 50 ms.
+        let mut inspected = Instant::now();
         loop {
             // The socket lives in a directory the sandbox can write: never
             // connect through a link it put there to a socket of this host.
@@ -338,19 +328,22 @@ impl DockerProvider {
                     Err(e) => e.message,
                 },
             };
-            let inspect = self
-                .docker
-                .inspect_container(&sandbox.provider_id, None::<InspectContainerOptions>)
-                .await
-                .map_err(|e| self.engine_error("inspecting the container", e))?;
-            let state = inspect.state.unwrap_or_default();
-            if !state.running.unwrap_or(false) {
-                let logs = self.log_tail(&sandbox.provider_id).await;
-                return Err(Error::Unavailable(format!(
-                    "the sandbox container stopped before its agent answered (exit code {}{}); container output:\n{logs}",
-                    state.exit_code.unwrap_or_default(),
-                    state.error.filter(|e| !e.is_empty()).map(|e| format!(", {e}")).unwrap_or_default(),
-                )));
+            if inspected.elapsed() >= LONGEST_PAUSE {
+                let inspect = self
+                    .docker
+                    .inspect_container(&sandbox.provider_id, None::<InspectContainerOptions>)
+                    .await
+                    .map_err(|e| self.engine_error("inspecting the container", e))?;
+                inspected = Instant::now();
+                let state = inspect.state.unwrap_or_default();
+                if !state.running.unwrap_or(false) {
+                    let logs = self.log_tail(&sandbox.provider_id).await;
+                    return Err(Error::Unavailable(format!(
+                        "the sandbox container stopped before its agent answered (exit code {}{}); container output:\n{logs}",
+                        state.exit_code.unwrap_or_default(),
+                        state.error.filter(|e| !e.is_empty()).map(|e| format!(", {e}")).unwrap_or_default(),
+                    )));
+                }
             }
             if Instant::now() >= until {
                 let logs = self.log_tail(&sandbox.provider_id).await;
@@ -359,7 +352,8 @@ impl DockerProvider {
                     self.ready_timeout
                 )));
             }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(LONGEST_PAUSE);
         }
     }
 

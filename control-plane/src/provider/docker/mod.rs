@@ -31,7 +31,6 @@
 //! workspace is a bind mount) refuses to snapshot.
 
 mod agent_file;
-mod archive;
 mod container;
 mod engine;
 mod kind;
