@@ -28,7 +28,7 @@ use crate::api::{AdminApi, NodeRegistryApi, RunApi, SandboxApi, SnapshotApi};
 use crate::auth::{self, Authenticator};
 use crate::config::{ServeConfig, redact_url};
 use crate::context::Context;
-use crate::lease::{self, CancelBus, LeaseError};
+use crate::lease::{self, CancelBus, LeaseError, Leases};
 use crate::reaper::Reaper;
 use crate::runs::{RunOptions, Runs};
 use crate::sandbox::{Lifecycle, SandboxQuota};
@@ -67,6 +67,43 @@ impl Readiness {
     /// Returns `Err` only for what retrying cannot fix.
     pub async fn run(self) -> anyhow::Result<()> {
         let config = &self.config;
+        // The providers are built while the stores open: both are on the
+        // path of a start (a cold `sandhold run` waits for its server).
+        let (opened, providers) = tokio::join!(self.open_stores(), super::providers_from_config(config));
+        let Some((stores, leases, presence)) = opened? else { return Ok(()) };
+        let providers = providers?;
+        let cancels = CancelBus::new(config.redis_url.as_deref(), "sandhold")
+            .context("the Redis URL for cancel notifications")?;
+        let lifecycle = Lifecycle::new(providers, Arc::new(crate::workspace::WorkspaceProvisioner))
+            .with_policy(super::providers::policy_from_config(config))
+            .with_quota(SandboxQuota::new(config.quotas.sandboxes()))
+            .with_snapshot_limits(config.snapshot_limits)
+            .with_fleet(crate::node::Fleet::new(stores.clone(), fleet_options(config)?));
+        let lifecycle = match &config.toolchain_dir {
+            Some(dir) => lifecycle.with_toolchains(crate::toolchain::Toolchains::new(dir)),
+            None => lifecycle,
+        };
+        let cx = Context {
+            replica_id: config.replica_id.clone(),
+            stores: stores.clone(),
+            leases,
+            presence,
+            lifecycle,
+            cancels,
+            // The server's own set: shutdown waits for it after the drives.
+            tasks: self.loops.clone(),
+            shutdown: self.shutdown.clone(),
+        };
+        self.build(cx);
+        self.keep_health(stores).await;
+        Ok(())
+    }
+
+    /// The stores and the leases open (retried while unreachable), the
+    /// configured tokens registered, this replica's presence joined;
+    /// `None` when shut down meanwhile.
+    async fn open_stores(&self) -> anyhow::Result<Option<(Stores, Leases, Option<Presence>)>> {
+        let config = &self.config;
         let database = redact_url(&config.database_url);
         let Some(stores) = retry("stores", &self.shutdown, || async {
             Stores::open(&config.database_url).await.map_err(|e| match e {
@@ -78,7 +115,7 @@ impl Readiness {
         })
         .await?
         else {
-            return Ok(());
+            return Ok(None);
         };
         let Some(leases) = retry("leases", &self.shutdown, || async {
             lease::open(
@@ -95,7 +132,7 @@ impl Readiness {
         })
         .await?
         else {
-            return Ok(());
+            return Ok(None);
         };
         for t in config.all_tokens() {
             stores
@@ -122,7 +159,7 @@ impl Readiness {
             })
             .await?
             else {
-                return Ok(());
+                return Ok(None);
             };
             self.auth.set_local_token(token);
         }
@@ -135,7 +172,7 @@ impl Readiness {
         })
         .await?
         else {
-            return Ok(());
+            return Ok(None);
         };
         let presence = joined.map(|(presence, keep)| {
             self.loops.spawn(keep);
@@ -147,34 +184,7 @@ impl Readiness {
             tenants = config.all_tokens().count(),
             "stores ready"
         );
-        let cancels = CancelBus::new(config.redis_url.as_deref(), "sandhold")
-            .context("the Redis URL for cancel notifications")?;
-        let lifecycle = Lifecycle::new(
-            super::providers_from_config(config).await?,
-            Arc::new(crate::workspace::WorkspaceProvisioner),
-        )
-        .with_policy(super::providers::policy_from_config(config))
-        .with_quota(SandboxQuota::new(config.quotas.sandboxes()))
-        .with_snapshot_limits(config.snapshot_limits)
-        .with_fleet(crate::node::Fleet::new(stores.clone(), fleet_options(config)?));
-        let lifecycle = match &config.toolchain_dir {
-            Some(dir) => lifecycle.with_toolchains(crate::toolchain::Toolchains::new(dir)),
-            None => lifecycle,
-        };
-        let cx = Context {
-            replica_id: config.replica_id.clone(),
-            stores: stores.clone(),
-            leases,
-            presence,
-            lifecycle,
-            cancels,
-            // The server's own set: shutdown waits for it after the drives.
-            tasks: self.loops.clone(),
-            shutdown: self.shutdown.clone(),
-        };
-        self.build(cx);
-        self.keep_health(stores).await;
-        Ok(())
+        Ok(Some((stores, leases, presence)))
     }
 
     /// The services from the context, the gates opened, the loops started.
