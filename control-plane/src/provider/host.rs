@@ -184,10 +184,16 @@ pub fn is_static_executable(path: &Path) -> bool {
 
 /// Where the program header table of the ELF header `head` ends.
 fn program_headers_end(head: &[u8]) -> u64 {
-    let phoff = u64::from_le_bytes(head[32..40].try_into().unwrap_or_default());
-    let (phentsize, phnum) =
-        (u16::from_le_bytes([head[54], head[55]]), u16::from_le_bytes([head[56], head[57]]));
-    phoff.saturating_add(u64::from(phentsize) * u64::from(phnum))
+    let (phoff, phentsize, phnum) = program_headers(head);
+    (phoff as u64).saturating_add((phentsize * phnum) as u64)
+}
+
+/// Where the program header table of the ELF header `head` (64 bytes at
+/// least) starts, the size of an entry and their number.
+fn program_headers(head: &[u8]) -> (usize, usize, usize) {
+    let u16_at = |o: usize| u16::from_le_bytes([head[o], head[o + 1]]) as usize;
+    let phoff = u64::from_le_bytes(head[32..40].try_into().unwrap_or_default()) as usize;
+    (phoff, u16_at(54), u16_at(56))
 }
 
 /// Whether `bytes` are a 64-bit little-endian ELF with no `PT_INTERP`
@@ -197,9 +203,7 @@ pub(crate) fn is_static_elf(bytes: &[u8]) -> bool {
     if bytes.len() < 64 || &bytes[..4] != b"\x7fELF" || bytes[4] != 2 || bytes[5] != 1 {
         return false; // only 64-bit little-endian is built here
     }
-    let u16_at = |o: usize| u16::from_le_bytes([bytes[o], bytes[o + 1]]) as usize;
-    let phoff = u64::from_le_bytes(bytes[32..40].try_into().unwrap_or_default()) as usize;
-    let (phentsize, phnum) = (u16_at(54), u16_at(56));
+    let (phoff, phentsize, phnum) = program_headers(bytes);
     (0..phnum).all(|i| {
         let at = phoff + i * phentsize;
         bytes

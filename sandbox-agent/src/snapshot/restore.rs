@@ -141,7 +141,7 @@ struct Incoming {
     /// The bytes not yet written to `file`.
     held: Vec<u8>,
     /// Its staging file, once it outgrew [`HELD_IN_MEMORY`].
-    file: Option<(PathBuf, std::fs::File)>,
+    file: Option<std::fs::File>,
     hasher: Sha256,
     size: u64,
     expected: u64,
@@ -156,23 +156,14 @@ impl Incoming {
         if self.held.len() <= HELD_IN_MEMORY {
             return Ok(());
         }
-        let (file, held) = (self.file.take(), std::mem::take(&mut self.held));
-        let path = staging.blob(&self.sha256);
-        self.file = Some(
-            staged(move || {
-                use std::io::Write;
-                let (path, mut file) = match file {
-                    Some(open) => open,
-                    None => {
-                        let file = std::fs::File::create(&path)?;
-                        (path, file)
-                    }
-                };
-                file.write_all(&held)?;
-                Ok((path, file))
-            })
-            .await?,
-        );
+        let open = match self.file.take() {
+            Some(open) => open,
+            None => {
+                let path = staging.blob(&self.sha256);
+                staged(move || std::fs::File::create(path)).await?
+            }
+        };
+        self.file = Some(write_held(open, std::mem::take(&mut self.held)).await?);
         Ok(())
     }
 
@@ -191,18 +182,23 @@ impl Incoming {
         }
         match self.file {
             // Staged in part: the rest now.
-            Some((_, mut file)) => {
-                let held = self.held;
-                staged(move || {
-                    use std::io::Write;
-                    file.write_all(&held)
-                })
-                .await?;
+            Some(open) => {
+                write_held(open, self.held).await?;
                 Ok((self.sha256, None))
             }
             None => Ok((self.sha256, Some(self.held))),
         }
     }
+}
+
+/// Append `held` to a blob's own staging file.
+async fn write_held(mut file: std::fs::File, held: Vec<u8>) -> Result<std::fs::File, Error> {
+    staged(move || {
+        use std::io::Write;
+        file.write_all(&held)?;
+        Ok(file)
+    })
+    .await
 }
 
 /// What a restore stream delivered so far: the manifest, then its blobs,
