@@ -15,8 +15,9 @@
 //!   committer reuses the fences of its last group instead of reading them
 //!   again while `PRAGMA data_version`, read under the write lock, says no
 //!   other connection committed since; see `sqlite.rs`);
-//! - its promise: a member is answered `Ok` (and tailers woken) only after
-//!   the group's COMMIT succeeded. A COMMIT that fails (a full disk) fails
+//! - its promise: a member is answered `Ok` (and its rows handed to this
+//!   process's tail of its run, [`Tails::feed`]) only after the group's
+//!   COMMIT succeeded. A COMMIT that fails (a full disk) fails
 //!   every member. A statement that fails before the COMMIT (which may be
 //!   one member's doing, such as a racing same-epoch append) rolls the
 //!   group back, and each member is then written again in a transaction of
@@ -30,8 +31,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use tokio::sync::{mpsc, oneshot};
 
-use super::tail::{self, Wakes};
-use super::{Epoch, Error, NewChunk, Offset, Result, RunKey};
+use super::tail::Tails;
+use super::{Epoch, Error, NewChunk, Offset, Result, RunKey, StoredChunk, Timestamp};
 
 /// How appends reach the database ([`Stores::open_with`](super::Stores::open_with)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,8 +76,9 @@ pub(super) struct Fence {
 
 /// What one member's write comes to.
 pub(super) enum Written {
-    /// Stored at these sequence numbers, in order.
-    Stored(Vec<i64>),
+    /// Stored at these sequence numbers, in order, appended at `at`
+    /// (milliseconds, as stored).
+    Stored { seqs: Vec<i64>, at: i64 },
     /// Refused before anything was written ([`Error::Fenced`],
     /// [`Error::LogClosed`], [`Error::NotFound`]): this member's answer;
     /// the group goes on.
@@ -100,8 +102,8 @@ pub(super) fn refusal(member: &Member<'_>, fence: Option<Fence>) -> Option<Error
 
 /// Which members land and where: each admitted member's chunks follow its
 /// run's last sequence number, and the members of one run follow each
-/// other in group order.
-pub(super) fn plan(members: &[Member<'_>], fences: &HashMap<RunKey, Fence>) -> Vec<Written> {
+/// other in group order; all appended `at`.
+pub(super) fn plan(members: &[Member<'_>], fences: &HashMap<RunKey, Fence>, at: i64) -> Vec<Written> {
     let mut last: HashMap<&RunKey, i64> = HashMap::new();
     members
         .iter()
@@ -113,7 +115,7 @@ pub(super) fn plan(members: &[Member<'_>], fences: &HashMap<RunKey, Fence>) -> V
             let last = last.entry(member.run).or_insert_with(|| fence.map_or(0, |f| f.last));
             let first = *last + 1;
             *last += member.chunks.len() as i64;
-            Written::Stored((first..=*last).collect())
+            Written::Stored { seqs: (first..=*last).collect(), at }
         })
         .collect()
 }
@@ -185,6 +187,12 @@ impl Queued {
         self.chunks.len().max(1)
     }
 
+    /// Reply with what `written` came to.
+    fn answer(self, tails: &Tails, written: Result<Written>) {
+        let Self { run, epoch, chunks, reply, .. } = self;
+        let _ = reply.send(answer(tails, &run, epoch, written, || chunks));
+    }
+
     fn bytes(&self) -> usize {
         self.chunks.iter().map(|c| c.payload.len() + c.kind.len()).sum()
     }
@@ -194,30 +202,30 @@ impl Queued {
 /// [`GroupCommit::Off`], on the backend directly).
 pub(super) struct Committer<L> {
     log: Arc<L>,
-    wakes: Wakes,
+    tails: Tails,
     queue: Option<mpsc::Sender<Queued>>,
 }
 
 impl<L> Clone for Committer<L> {
     fn clone(&self) -> Self {
-        Self { log: self.log.clone(), wakes: self.wakes.clone(), queue: self.queue.clone() }
+        Self { log: self.log.clone(), tails: self.tails.clone(), queue: self.queue.clone() }
     }
 }
 
 impl<L: GroupLog> Committer<L> {
     /// Start the committer task (on the current Tokio runtime); it ends
-    /// once every handle is dropped.
-    pub(super) fn start(log: L, wakes: Wakes, mode: GroupCommit) -> Self {
+    /// once every handle is dropped. What it commits goes to `tails`.
+    pub(super) fn start(log: L, tails: Tails, mode: GroupCommit) -> Self {
         let log = Arc::new(log);
         let queue = match mode {
             GroupCommit::Off => None,
             GroupCommit::Grouped { max_rows, max_bytes } => {
                 let (queue, waiting) = mpsc::channel(QUEUE);
-                tokio::spawn(commit_groups(log.clone(), wakes.clone(), waiting, max_rows, max_bytes));
+                tokio::spawn(commit_groups(log.clone(), tails.clone(), waiting, max_rows, max_bytes));
                 Some(queue)
             }
         };
-        Self { log, wakes, queue }
+        Self { log, tails, queue }
     }
 
     /// [`EventLog::append`](super::EventLog::append): answered once the
@@ -231,7 +239,7 @@ impl<L: GroupLog> Committer<L> {
         let held = super::sql::epoch_to_db(epoch)?;
         let Some(queue) = &self.queue else {
             let written = self.log.alone(&Member { run, epoch, held, chunks }).await;
-            return answer(&self.wakes, run, written);
+            return answer(&self.tails, run, epoch, written, || chunks.to_vec());
         };
         let (reply, answered) = oneshot::channel();
         let queued = Queued { run: run.clone(), epoch, held, chunks: chunks.to_vec(), reply };
@@ -244,23 +252,46 @@ fn stopped() -> Error {
     Error::Unavailable("the event log's committer stopped".into())
 }
 
-/// A member's answer: its offsets once stored (tailers woken), or why not.
-fn answer(wakes: &Wakes, run: &RunKey, written: Result<Written>) -> Result<Vec<Offset>> {
+/// A member's answer: its offsets once stored (its `chunks` handed to its
+/// run's tail as stored), or why not.
+fn answer(
+    tails: &Tails,
+    run: &RunKey,
+    epoch: Epoch,
+    written: Result<Written>,
+    chunks: impl FnOnce() -> Vec<NewChunk>,
+) -> Result<Vec<Offset>> {
     match written? {
-        Written::Stored(seqs) => {
-            if !seqs.is_empty() {
-                tail::wake_run(wakes, run);
+        Written::Stored { seqs, at } => {
+            let offsets = seqs.into_iter().map(Offset::from_seq).collect::<Result<Vec<_>>>()?;
+            if !offsets.is_empty() {
+                tails.feed(run, || stored(chunks(), &offsets, epoch, at));
             }
-            seqs.into_iter().map(Offset::from_seq).collect()
+            Ok(offsets)
         }
         Written::Refused(refused) => Err(refused),
     }
 }
 
+/// `chunks` as a read of the table gives them back.
+fn stored(chunks: Vec<NewChunk>, offsets: &[Offset], epoch: Epoch, at: i64) -> Vec<StoredChunk> {
+    chunks
+        .into_iter()
+        .zip(offsets)
+        .map(|(chunk, offset)| StoredChunk {
+            offset: offset.clone(),
+            epoch,
+            kind: chunk.kind,
+            payload: chunk.payload,
+            appended_at: Timestamp::from_millis(at),
+        })
+        .collect()
+}
+
 /// The committer task: one group after another until every handle is gone.
 async fn commit_groups<L: GroupLog>(
     log: Arc<L>,
-    wakes: Wakes,
+    tails: Tails,
     mut waiting: mpsc::Receiver<Queued>,
     max_rows: usize,
     max_bytes: usize,
@@ -287,15 +318,15 @@ async fn commit_groups<L: GroupLog>(
         }
         // A caller that gave up (its future dropped) is not written for.
         group.retain(|queued| !queued.reply.is_closed());
-        commit_group(log.as_ref(), &wakes, group).await;
+        commit_group(log.as_ref(), &tails, group).await;
     }
 }
 
-async fn commit_group<L: GroupLog>(log: &L, wakes: &Wakes, group: Vec<Queued>) {
+async fn commit_group<L: GroupLog>(log: &L, tails: &Tails, group: Vec<Queued>) {
     if group.len() <= 1 {
         for queued in group {
             let written = log.alone(&queued.member()).await;
-            let _ = queued.reply.send(answer(wakes, &queued.run, written));
+            queued.answer(tails, written);
         }
         return;
     }
@@ -315,7 +346,7 @@ async fn commit_group<L: GroupLog>(log: &L, wakes: &Wakes, group: Vec<Queued>) {
             drop(members);
             for queued in group {
                 let written = log.alone(&queued.member()).await;
-                let _ = queued.reply.send(answer(wakes, &queued.run, written));
+                queued.answer(tails, written);
             }
             return;
         }
@@ -325,7 +356,7 @@ async fn commit_group<L: GroupLog>(log: &L, wakes: &Wakes, group: Vec<Queued>) {
         return fail_all(group, &e);
     }
     for (queued, written) in group.into_iter().zip(written) {
-        let _ = queued.reply.send(answer(wakes, &queued.run, Ok(written)));
+        queued.answer(tails, Ok(written));
     }
 }
 
@@ -382,7 +413,7 @@ pub(super) fn rows<'a>(
 ) -> impl Iterator<Item = (&'a RunKey, i64, i64, &'a NewChunk)> {
     members.iter().zip(written).flat_map(|(member, written)| {
         let seqs: &[i64] = match written {
-            Written::Stored(seqs) => seqs,
+            Written::Stored { seqs, .. } => seqs,
             Written::Refused(_) => &[],
         };
         member.chunks.iter().zip(seqs).map(move |(chunk, seq)| (member.run, *seq, member.held, chunk))
@@ -459,14 +490,14 @@ pub(super) use write_group;
 macro_rules! write_planned {
     ($db:ty, $conn:ident, $members:expr, $fences:expr) => {{
         let members: &[$crate::store::group::Member<'_>] = $members;
-        let written = $crate::store::group::plan(members, $fences);
         let now = $crate::store::Timestamp::now().as_millis();
+        let written = $crate::store::group::plan(members, $fences, now);
         let rows: Vec<_> = $crate::store::group::rows(members, &written).collect();
         for rows in rows.chunks($crate::store::group::ROWS_PER_INSERT) {
             $crate::store::group::insert_events!($db, &mut **$conn, rows.iter().copied(), now);
         }
         for (member, written) in members.iter().zip(&written) {
-            if let $crate::store::group::Written::Stored(seqs) = written {
+            if let $crate::store::group::Written::Stored { seqs, .. } = written {
                 index_requests!((*$conn), member.run, member.chunks, seqs.iter().copied());
             }
         }

@@ -111,7 +111,7 @@ pub(super) async fn open(database_url: &str, grouping: GroupCommit) -> Result<St
         GroupCommit::Off => pool.clone(),
         GroupCommit::Grouped { .. } => connect(APPEND_CONNECTIONS).await?,
     };
-    let appends = Committer::start(PgAppends { pool: append_pool.clone() }, wakes.clone(), grouping);
+    let appends = Committer::start(PgAppends { pool: append_pool.clone() }, tails.clone(), grouping);
     let store =
         Arc::new(PgStore { pool: pool.clone(), wakes, tails, appends, _relay: Arc::new(stop.drop_guard()) });
     Ok(Stores {
@@ -231,6 +231,7 @@ impl PgAppends {
         run: &RunKey,
         held: i64,
         chunks: &[NewChunk],
+        at: i64,
     ) -> sqlx::Result<Vec<i64>> {
         let kinds: Vec<&str> = chunks.iter().map(|c| c.kind.as_str()).collect();
         let payloads: Vec<&[u8]> = chunks.iter().map(|c| c.payload.as_slice()).collect();
@@ -253,7 +254,7 @@ impl PgAppends {
         .bind(held)
         .bind(kinds)
         .bind(payloads)
-        .bind(Timestamp::now().as_millis())
+        .bind(at)
         .bind(run.tenant.as_str())
         .fetch_all(executor)
         .await
@@ -261,12 +262,18 @@ impl PgAppends {
 
     /// The fenced INSERT and, when the batch asks or answers requests, their
     /// index rows, in one transaction (the fence's row lock held to the end).
-    async fn insert_indexed(&self, run: &RunKey, held: i64, chunks: &[NewChunk]) -> sqlx::Result<Vec<i64>> {
+    async fn insert_indexed(
+        &self,
+        run: &RunKey,
+        held: i64,
+        chunks: &[NewChunk],
+        at: i64,
+    ) -> sqlx::Result<Vec<i64>> {
         if chunks.iter().all(|c| c.request.is_none()) {
-            return Self::insert_fenced(&self.pool, run, held, chunks).await;
+            return Self::insert_fenced(&self.pool, run, held, chunks, at).await;
         }
         let mut tx = self.pool.begin().await?;
-        let mut seqs = Self::insert_fenced(&mut *tx, run, held, chunks).await?;
+        let mut seqs = Self::insert_fenced(&mut *tx, run, held, chunks, at).await?;
         if seqs.len() == chunks.len() {
             seqs.sort_unstable();
             index_requests!(tx, run, chunks, seqs.iter().copied());
@@ -312,10 +319,11 @@ impl GroupLog for PgAppends {
     async fn alone(&self, member: &Member<'_>) -> Result<Written> {
         let Member { run, held, chunks, .. } = *member;
         let mut seqs = Vec::new();
+        let at = Timestamp::now().as_millis();
         if !chunks.is_empty() {
             let mut attempt = 0;
             seqs = loop {
-                match self.insert_indexed(run, held, chunks).await {
+                match self.insert_indexed(run, held, chunks, at).await {
                     // Two appends of one epoch raced for the same sequence
                     // numbers; the loser inserted nothing and tries again.
                     Err(error) if is_unique_violation(&error) && attempt < SEQ_CONFLICT_RETRIES => {
@@ -327,7 +335,7 @@ impl GroupLog for PgAppends {
         }
         if seqs.len() == chunks.len() && !chunks.is_empty() {
             seqs.sort_unstable();
-            return Ok(Written::Stored(seqs));
+            return Ok(Written::Stored { seqs, at });
         }
         // Refused (or an empty batch): say why, from the current row.
         let fence: Option<(i64, bool)> =
@@ -339,7 +347,7 @@ impl GroupLog for PgAppends {
         let fence = fence.map(|(epoch, closed)| Fence { epoch, closed, last: 0 });
         match refusal(member, fence) {
             Some(refused) => Ok(Written::Refused(refused)),
-            None if chunks.is_empty() => Ok(Written::Stored(Vec::new())),
+            None if chunks.is_empty() => Ok(Written::Stored { seqs: Vec::new(), at }),
             None => Err(Error::Corrupt(format!(
                 "run {}: append stored {} of {} chunks",
                 run.run,

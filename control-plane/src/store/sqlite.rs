@@ -112,7 +112,7 @@ pub(super) async fn open(database_url: &str, grouping: GroupCommit) -> Result<St
     let wakes = tail::wakes();
     let tails = Tails::new(&wakes, TAIL_POLL_INTERVAL);
     let appends =
-        Committer::start(SqliteAppends { pool: append_pool.clone(), cache }, wakes.clone(), grouping);
+        Committer::start(SqliteAppends { pool: append_pool.clone(), cache }, tails.clone(), grouping);
     let store = Arc::new(SqliteStore { pool: pool.clone(), wakes, tails, appends });
     // Blobs live beside the database file, under the data dir.
     let blob_dir = if path.to_string_lossy().contains(":memory:") || path.as_os_str().is_empty() {
@@ -264,7 +264,7 @@ impl GroupLog for SqliteAppends {
         }
         let written = write_planned!(sqlx::Sqlite, conn, members, &fences);
         for (member, written) in members.iter().zip(&written) {
-            if let (Written::Stored(seqs), Some(fence)) = (written, fences.get_mut(member.run))
+            if let (Written::Stored { seqs, .. }, Some(fence)) = (written, fences.get_mut(member.run))
                 && let Some(&last) = seqs.last()
             {
                 fence.last = last;

@@ -14,11 +14,20 @@
 //!
 //! Both backends share this; they differ in where wake-ups come from
 //! (in-process sends; PostgreSQL adds LISTEN/NOTIFY from other processes).
-//! Data always comes from the table, a wake-up only says "look again".
+//! A wake-up from the store only says "look again": the tail reads the
+//! table. What this process's own committer has just committed to a
+//! followed run reaches its tail with the rows themselves ([`Tails::feed`]),
+//! after the COMMIT, so the tail takes them as read instead of reading them
+//! back (a burst of 200,000 chunks was 3,125 queries of 64 rows). When they
+//! do not follow its last row (it fell behind a burst and only the newest
+//! were kept for it), the window starts over at them: followers before
+//! them page through the table, as followers behind the window always do.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
+
+use tokio::time::Instant;
 
 use async_trait::async_trait;
 use tokio::sync::{Notify, broadcast, oneshot, watch};
@@ -35,6 +44,17 @@ const PAGE_SIZE: i64 = 64;
 /// go first; at least the newest chunk stays, whatever its size.
 const WINDOW_ROWS: usize = 4 * PAGE_SIZE as usize;
 const WINDOW_BYTES: usize = 1 << 20;
+
+/// In a burst a window holds up to this many chunks (still at most
+/// [`WINDOW_BYTES`] of payload), and settles back to [`WINDOW_ROWS`] once
+/// it has held more for [`BURST_HOLD`]. One commit of the run's writer
+/// can be 4,096 chunks (`runs/coalesce.rs`): a window of 256 put every
+/// follower behind each such commit, paging 64 rows a query, and the
+/// follower, not the writer, set the durable stream's pace. A run at a
+/// model's pace never leaves the steady bound, so many runs' windows cost
+/// what they did.
+const BURST_ROWS: usize = 8192;
+const BURST_HOLD: Duration = Duration::from_secs(1);
 
 /// Consecutive failed reads of the database (unavailable: a pool timeout,
 /// a dropped connection, a connection refused while it restarts) a tail
@@ -98,7 +118,77 @@ struct Shared {
 
 struct Entry {
     tail: Weak<RunTail>,
-    woken: Arc<Notify>,
+    signal: Arc<Signal>,
+}
+
+/// How a run's tail is woken: to look at the log again, or with rows this
+/// process committed to it.
+#[derive(Default)]
+struct Signal {
+    notify: Notify,
+    news: Mutex<News>,
+}
+
+#[derive(Default)]
+struct News {
+    /// Committed by this process, in commit order, not yet taken: the
+    /// newest, at most what a window holds in a burst (older ones would
+    /// leave the window as soon as they entered it).
+    committed: VecDeque<StoredChunk>,
+    bytes: usize,
+    /// The log may hold what `committed` does not show: read the table.
+    look: bool,
+}
+
+impl Signal {
+    fn look(&self) {
+        self.news.lock().unwrap_or_else(|e| e.into_inner()).look = true;
+        self.notify.notify_one();
+    }
+
+    fn committed(&self, chunks: Vec<StoredChunk>) {
+        let mut news = self.news.lock().unwrap_or_else(|e| e.into_inner());
+        // Only the newest that fit a window are worth keeping.
+        let mut keep = 0;
+        let mut bytes = 0;
+        for chunk in chunks.iter().rev() {
+            if keep > 0 && (keep == BURST_ROWS || bytes + chunk.payload.len() > WINDOW_BYTES) {
+                break;
+            }
+            keep += 1;
+            bytes += chunk.payload.len();
+        }
+        let skip = chunks.len() - keep;
+        for chunk in chunks.into_iter().skip(skip) {
+            news.bytes += chunk.payload.len();
+            news.committed.push_back(chunk);
+        }
+        while news.committed.len() > 1 && (news.committed.len() > BURST_ROWS || news.bytes > WINDOW_BYTES) {
+            let oldest = news.committed.pop_front().expect("more than one chunk");
+            news.bytes -= oldest.payload.len();
+        }
+        drop(news);
+        self.notify.notify_one();
+    }
+
+    fn take(&self) -> News {
+        std::mem::take(&mut *self.news.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
+/// Of `committed`, the rows after `cursor` (the window's last row) that
+/// follow one another up to the newest, and whether they skip rows after
+/// `cursor` (which the table has). Rows at or before `cursor` were read
+/// already.
+fn news_after(cursor: i64, committed: VecDeque<StoredChunk>) -> (Vec<StoredChunk>, bool) {
+    let mut rows: Vec<StoredChunk> =
+        committed.into_iter().filter(|chunk| chunk.offset.seq() > cursor).collect();
+    let run_starts = rows.windows(2).rposition(|pair| pair[1].offset.seq() != pair[0].offset.seq() + 1);
+    if let Some(before) = run_starts {
+        rows.drain(..=before);
+    }
+    let skips = rows.first().is_some_and(|first| first.offset.seq() != cursor + 1);
+    (rows, skips)
 }
 
 /// What the followers of one run hold; when the last lets go, the tail
@@ -190,16 +280,39 @@ impl Window {
         }
     }
 
+    /// The window starts over after `base`: what it held is no longer the
+    /// chunks right before those that follow.
+    fn restart(&mut self, base: i64) {
+        self.chunks.clear();
+        self.bytes = 0;
+        self.base = Some(base);
+    }
+
     fn push(&mut self, page: Vec<StoredChunk>) {
         for chunk in page {
             self.bytes += chunk.payload.len();
             self.chunks.push_back(chunk);
         }
-        while self.chunks.len() > 1 && (self.chunks.len() > WINDOW_ROWS || self.bytes > WINDOW_BYTES) {
+        self.keep(BURST_ROWS);
+    }
+
+    /// Back to the steady bound after a burst.
+    fn settle(&mut self) {
+        self.keep(WINDOW_ROWS);
+    }
+
+    /// Drop the oldest chunks past `rows` or [`WINDOW_BYTES`].
+    fn keep(&mut self, rows: usize) {
+        while self.chunks.len() > 1 && (self.chunks.len() > rows || self.bytes > WINDOW_BYTES) {
             let oldest = self.chunks.pop_front().expect("more than one chunk");
             self.bytes -= oldest.payload.len();
             self.base = Some(oldest.offset.seq());
         }
+    }
+
+    /// More than the steady bound: a burst's, until the tail settles it.
+    fn bursting(&self) -> bool {
+        self.chunks.len() > WINDOW_ROWS
     }
 }
 
@@ -271,7 +384,7 @@ impl Tails {
         {
             return tail.clone();
         }
-        let woken = Arc::new(Notify::new());
+        let signal = Arc::new(Signal::default());
         let (window_tx, window_rx) = watch::channel(Window::default());
         let (stop_tx, stop_rx) = oneshot::channel();
         let tail = Arc::new(RunTail {
@@ -280,17 +393,41 @@ impl Tails {
             shared: Arc::downgrade(&self.shared),
             _stop: stop_tx,
         });
-        runs.insert(key, Entry { tail: Arc::downgrade(&tail), woken: woken.clone() });
+        runs.insert(key, Entry { tail: Arc::downgrade(&tail), signal: signal.clone() });
         drop(runs);
         tokio::spawn(run_tail(
             pages.clone(),
             run.clone(),
             window_tx,
-            woken,
+            signal,
             stop_rx,
             self.shared.poll_interval,
         ));
         tail
+    }
+
+    /// `run`'s rows this process just committed (after the COMMIT), in
+    /// order: given to its tail, if it has one (`chunks` is called only
+    /// then), as news it need not read back.
+    pub(super) fn feed(&self, run: &RunKey, chunks: impl FnOnce() -> Vec<StoredChunk>) {
+        let key = run.encode();
+        let signal = {
+            let runs = self.shared.runs.lock().unwrap_or_else(|e| e.into_inner());
+            match runs.get(key.as_str()) {
+                Some(entry) => entry.signal.clone(),
+                None => return,
+            }
+        };
+        signal.committed(chunks());
+    }
+
+    /// How many chunks `run`'s window holds now.
+    #[cfg(test)]
+    fn window_len(&self, run: &RunKey) -> Option<usize> {
+        let runs = self.shared.runs.lock().unwrap();
+        let tail = runs.get(run.encode().as_str())?.tail.upgrade()?;
+        let len = tail.window.borrow().chunks.len();
+        Some(len)
     }
 
     #[cfg(test)]
@@ -306,10 +443,10 @@ impl Shared {
         match run {
             Some(run) => {
                 if let Some(entry) = runs.get(run) {
-                    entry.woken.notify_one();
+                    entry.signal.look();
                 }
             }
-            None => runs.values().for_each(|entry| entry.woken.notify_one()),
+            None => runs.values().for_each(|entry| entry.signal.look()),
         }
     }
 }
@@ -337,82 +474,122 @@ enum Read {
 }
 
 /// One run's tail: from the log's end, read what is appended into the
-/// window, until the log is closed or nobody follows it.
+/// window, until the log is closed or nobody follows it. Rows this
+/// process committed arrive with their wake-up and go into the window as
+/// they are when they follow its last; anything else reads the table.
 async fn run_tail(
     pages: Arc<dyn LogPages>,
     run: RunKey,
     window: watch::Sender<Window>,
-    woken: Arc<Notify>,
+    signal: Arc<Signal>,
     mut stop: oneshot::Receiver<()>,
     poll_interval: Duration,
 ) {
     let mut cursor: Option<i64> = None;
     let mut failures = 0;
+    let mut look = true;
+    let mut settle_at: Option<Instant> = None;
     loop {
-        // One statement: when it says closed, no append can follow the rows
-        // it returned.
-        let read = async {
-            Ok::<_, Error>(match cursor {
-                None => {
-                    let (closed, end) = pages.log_end(&run).await?;
-                    (closed, Read::End(end))
-                }
-                Some(after) => {
-                    let (closed, page) = pages.closed_and_page_after(&run, after, PAGE_SIZE).await?;
-                    (closed, Read::Page(page))
-                }
-            })
-        };
-        let read = tokio::select! {
-            _ = &mut stop => return,
-            read = read => read,
-        };
-        let full = match read {
-            Ok((closed, read)) => {
-                failures = 0;
-                let full = matches!(&read, Read::Page(page) if page.len() as i64 == PAGE_SIZE);
-                let done = closed && !full;
-                window.send_if_modified(|window| {
-                    let grew = match read {
-                        Read::End(end) => {
-                            window.base = Some(end);
-                            cursor = Some(end);
-                            true
-                        }
-                        Read::Page(page) => match page.last() {
-                            Some(last) => {
-                                cursor = Some(last.offset.seq());
-                                window.push(page);
+        if look || cursor.is_none() {
+            // One statement: when it says closed, no append can follow the
+            // rows it returned.
+            let read = async {
+                Ok::<_, Error>(match cursor {
+                    None => {
+                        let (closed, end) = pages.log_end(&run).await?;
+                        (closed, Read::End(end))
+                    }
+                    Some(after) => {
+                        let (closed, page) = pages.closed_and_page_after(&run, after, PAGE_SIZE).await?;
+                        (closed, Read::Page(page))
+                    }
+                })
+            };
+            let read = tokio::select! {
+                _ = &mut stop => return,
+                read = read => read,
+            };
+            match read {
+                Ok((closed, read)) => {
+                    failures = 0;
+                    let full = matches!(&read, Read::Page(page) if page.len() as i64 == PAGE_SIZE);
+                    let done = closed && !full;
+                    window.send_if_modified(|window| {
+                        let grew = match read {
+                            Read::End(end) => {
+                                window.base = Some(end);
+                                cursor = Some(end);
                                 true
                             }
-                            None => false,
-                        },
-                    };
-                    window.closed = done;
-                    grew || done
-                });
-                if done {
+                            Read::Page(page) => match page.last() {
+                                Some(last) => {
+                                    cursor = Some(last.offset.seq());
+                                    window.push(page);
+                                    true
+                                }
+                                None => false,
+                            },
+                        };
+                        window.closed = done;
+                        grew || done
+                    });
+                    if done {
+                        return;
+                    }
+                    // A full page: there may be more; read on.
+                    look = full;
+                }
+                Err(error) if error.is_transient() && failures < TAIL_RETRIES => {
+                    failures += 1;
+                    tracing::warn!(run_id = %run.run, %error, failures, "reading the log failed; the tail tries again");
+                }
+                Err(error) => {
+                    window.send_modify(|window| window.failed = Some(Failure::of(&error)));
                     return;
                 }
-                full
             }
-            Err(error) if error.is_transient() && failures < TAIL_RETRIES => {
-                failures += 1;
-                tracing::warn!(run_id = %run.run, %error, failures, "reading the log failed; the tail tries again");
-                false
+            if look && failures == 0 {
+                continue;
             }
-            Err(error) => {
-                window.send_modify(|window| window.failed = Some(Failure::of(&error)));
-                return;
+        }
+        if settle_at.is_none() && window.borrow().bursting() {
+            settle_at = Some(Instant::now() + BURST_HOLD);
+        }
+        let settle = async {
+            match settle_at {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
             }
         };
-        if full {
-            continue;
-        }
         tokio::select! {
             _ = &mut stop => return,
-            () = woken.notified() => {}
-            () = tokio::time::sleep(poll_interval) => {}
+            () = signal.notify.notified() => {}
+            () = tokio::time::sleep(poll_interval) => look = true,
+            () = settle => {
+                settle_at = None;
+                // Nothing new to read: followers need not wake.
+                window.send_if_modified(|window| {
+                    window.settle();
+                    false
+                });
+                continue;
+            }
+        }
+        let news = signal.take();
+        look |= news.look;
+        // Before the log's end is known every row is read from the table.
+        if let Some(after) = cursor {
+            let (fresh, skips) = news_after(after, news.committed);
+            if let (Some(first), Some(last)) = (fresh.first(), fresh.last()) {
+                let restart = skips.then(|| first.offset.seq() - 1);
+                cursor = Some(last.offset.seq());
+                window.send_modify(|window| {
+                    if let Some(base) = restart {
+                        window.restart(base);
+                    }
+                    window.push(fresh);
+                });
+            }
         }
     }
 }
@@ -465,19 +642,34 @@ mod tests {
 
     impl Log {
         fn append(&self, wakes: &Wakes, run: &RunKey, n: usize) {
+            self.store(n);
+            wake_run(wakes, run);
+        }
+
+        /// Append `n` chunks as this process's committer does: no wake-up,
+        /// the rows handed to the tail.
+        fn commit(&self, tails: &Tails, run: &RunKey, n: usize) {
+            let stored = self.store(n);
+            tails.feed(run, || stored);
+        }
+
+        /// Append `n` chunks, told nobody; what was stored.
+        fn store(&self, n: usize) -> Vec<StoredChunk> {
             let mut chunks = self.chunks.lock().unwrap();
+            let mut stored = Vec::with_capacity(n);
             for _ in 0..n {
                 let seq = chunks.len() as i64 + 1;
-                chunks.push(StoredChunk {
+                let chunk = StoredChunk {
                     offset: Offset::from_seq(seq).unwrap(),
                     epoch: FIRST_EPOCH,
                     kind: "line".into(),
                     payload: format!("chunk {seq}").into_bytes(),
                     appended_at: Timestamp::now(),
-                });
+                };
+                chunks.push(chunk.clone());
+                stored.push(chunk);
             }
-            drop(chunks);
-            wake_run(wakes, run);
+            stored
         }
 
         fn close(&self, wakes: &Wakes, run: &RunKey) {
@@ -583,6 +775,91 @@ mod tests {
         drop(streams);
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert_eq!(tails.tailed_runs(), 0, "the last follower gone, the tail goes");
+    }
+
+    #[tokio::test]
+    async fn a_tail_takes_its_own_processs_commits_without_reading_them_back() {
+        let (wakes, tails, log, pages, run) = fixture(Duration::from_secs(60));
+        let mut streams: Vec<_> =
+            (0..3).map(|_| tails.follow(pages.clone(), run.clone(), Offset::start())).collect();
+        log.append(&wakes, &run, 1);
+        for stream in &mut streams {
+            assert_eq!(seqs(&take(stream, 1).await), vec![1]);
+        }
+        let before = log.queries.load(Ordering::SeqCst);
+        // A burst far past the steady window, in commits as large as the
+        // writer's, then single chunks.
+        for _ in 0..5 {
+            log.commit(&tails, &run, 1000);
+        }
+        for stream in &mut streams {
+            assert_eq!(seqs(&take(stream, 5000).await), (2..=5001).collect::<Vec<_>>());
+        }
+        for round in 0..20 {
+            log.commit(&tails, &run, 1);
+            for stream in &mut streams {
+                assert_eq!(seqs(&take(stream, 1).await), vec![5002 + round]);
+            }
+        }
+        let read_back = log.queries.load(Ordering::SeqCst) - before;
+        assert_eq!(read_back, 0, "5,020 committed chunks to 3 streams cost {read_back} queries");
+        log.close(&wakes, &run);
+        for stream in &mut streams {
+            assert!(stream.next().await.is_none(), "the closed log ends the stream");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_bursts_window_settles_back_and_a_late_follower_reads_the_rest_from_the_table() {
+        let (wakes, tails, log, pages, run) = fixture(Duration::from_secs(60));
+        let mut follower = tails.follow(pages.clone(), run.clone(), Offset::start());
+        log.append(&wakes, &run, 1);
+        assert_eq!(seqs(&take(&mut follower, 1).await), vec![1]);
+        log.commit(&tails, &run, 3000);
+        assert_eq!(seqs(&take(&mut follower, 3000).await), (2..=3001).collect::<Vec<_>>());
+        // (Row 1 too, unless the tail's first read already saw it.)
+        let held = tails.window_len(&run).unwrap();
+        assert!(held >= 3000, "the burst is held for its followers: {held} chunks");
+        tokio::time::sleep(BURST_HOLD + Duration::from_millis(300)).await;
+        assert_eq!(tails.window_len(&run), Some(WINDOW_ROWS), "settled back to the steady bound");
+        let mut late = tails.follow(pages.clone(), run.clone(), Offset::from_seq(10).unwrap());
+        assert_eq!(seqs(&take(&mut late, 2991).await), (11..=3001).collect::<Vec<_>>());
+        log.close(&wakes, &run);
+        assert!(late.next().await.is_none());
+        assert!(follower.next().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn committed_rows_after_a_gap_restart_the_window_and_nothing_in_the_gap_is_lost() {
+        let (wakes, tails, log, pages, run) = fixture(Duration::from_secs(60));
+        let mut follower = tails.follow(pages.clone(), run.clone(), Offset::start());
+        log.append(&wakes, &run, 10);
+        assert_eq!(seqs(&take(&mut follower, 10).await), (1..=10).collect::<Vec<_>>());
+        // Rows 11-100 are in the table (as if their news was dropped for
+        // newer news); only 101-110 reach the tail.
+        log.store(90);
+        log.commit(&tails, &run, 10);
+        assert_eq!(seqs(&take(&mut follower, 100).await), (11..=110).collect::<Vec<_>>());
+        log.close(&wakes, &run);
+        assert!(follower.next().await.is_none());
+    }
+
+    #[test]
+    fn news_after_the_cursor_keeps_the_newest_rows_that_follow_one_another() {
+        let chunk = |seq: i64| StoredChunk {
+            offset: Offset::from_seq(seq).unwrap(),
+            epoch: FIRST_EPOCH,
+            kind: "line".into(),
+            payload: Vec::new(),
+            appended_at: Timestamp::from_millis(0),
+        };
+        let news = |seqs: &[i64]| seqs.iter().copied().map(chunk).collect::<VecDeque<_>>();
+        let (rows, skips) = news_after(5, news(&[4, 5, 6, 7]));
+        assert_eq!((seqs(&rows), skips), (vec![6, 7], false));
+        let (rows, skips) = news_after(5, news(&[6, 7, 9, 10]));
+        assert_eq!((seqs(&rows), skips), (vec![9, 10], true));
+        let (rows, skips) = news_after(5, news(&[3, 4]));
+        assert_eq!((seqs(&rows), skips), (vec![], false));
     }
 
     #[tokio::test]
