@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use backon::{ConstantBuilder, Retryable};
+use backon::Retryable;
 use shared::error::{Error, ErrorCode};
 use shared::proto::agent::v1::egress_service_client::EgressServiceClient;
 use shared::proto::agent::v1::fs_service_client::FsServiceClient;
@@ -30,8 +30,17 @@ use crate::telemetry::calls::Traced;
 /// token.
 pub type AgentChannel = shared::transport::AuthedChannel<Traced<tonic::transport::Channel>>;
 
-/// Pause between attempts of [`AgentClient::connect_with_deadline`].
-const RETRY_INTERVAL: Duration = Duration::from_millis(50);
+/// How a starting agent is looked for ([`ready_pauses`]): first after
+/// 2 ms, the pause doubling to 50 ms. An agent answers within a few
+/// milliseconds of its process starting; a constant 50 ms made every cold
+/// sandbox wait up to that long for nothing.
+const FIRST_READY_PAUSE: Duration = Duration::from_millis(2);
+pub const LONGEST_READY_PAUSE: Duration = Duration::from_millis(50);
+
+/// The pauses between looks for a starting agent (endless).
+pub fn ready_pauses() -> impl Iterator<Item = Duration> + Send + Unpin {
+    std::iter::successors(Some(FIRST_READY_PAUSE), |pause| Some((*pause * 2).min(LONGEST_READY_PAUSE)))
+}
 /// Bound on one connection attempt and its `GetInfo`, so a socket that
 /// accepts but never answers cannot eat a whole deadline in one try.
 const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -118,9 +127,8 @@ impl AgentClient {
         deadline: Duration,
     ) -> Result<Self, Error> {
         let until = Instant::now() + deadline;
-        let pause = ConstantBuilder::default().with_delay(RETRY_INTERVAL).without_max_times();
         let connected = (|| Self::connect(address, token))
-            .retry(pause)
+            .retry(ready_pauses())
             .when(|e| retryable(e) && Instant::now() < until)
             .await;
         connected.map_err(|e| {
@@ -243,6 +251,12 @@ mod tests {
         let err = AgentClient::connect(&address, &Secret::new("t")).await.unwrap_err();
         assert_eq!(err.code, ErrorCode::Unavailable);
         assert!(err.message.contains("none.sock"), "{}", err.message);
+    }
+
+    #[test]
+    fn a_starting_agent_is_looked_for_soon_then_less_often() {
+        let pauses: Vec<u64> = ready_pauses().take(8).map(|p| p.as_millis() as u64).collect();
+        assert_eq!(pauses, [2, 4, 8, 16, 32, 50, 50, 50]);
     }
 
     #[tokio::test]

@@ -462,7 +462,7 @@ impl Lifecycle {
                 progress.phase(EnsurePhase::RestoringSnapshot, "restoring the sandbox from its snapshot");
                 match provider.restore(&Snapshot { id: snap.id.clone() }, spec).await {
                     Ok(sandbox) => {
-                        let instance = self
+                        let recorded = self
                             .record(
                                 stores,
                                 key,
@@ -472,8 +472,13 @@ impl Lifecycle {
                                 Some(snap.encode()),
                                 lease,
                             )
-                            .await?;
-                        return Ok(located(sandbox, EnsureOutcome::SnapshotRestored, instance, None));
+                            .await;
+                        return match recorded {
+                            Ok(instance) => {
+                                Ok(located(sandbox, EnsureOutcome::SnapshotRestored, instance, None))
+                            }
+                            Err(failed) => Err(discard(provider, &node, key, &sandbox, failed).await),
+                        };
                     }
                     Err(e) => {
                         warn!(sandbox_key = %key, error = %e, "restoring the native snapshot failed; creating anew")
@@ -527,14 +532,7 @@ impl Lifecycle {
             }
             Err(e) => e,
         };
-        // Nothing half-made survives a failed ensure.
-        match provider.destroy(&sandbox.provider_id).await {
-            Ok(()) => Err(failed),
-            Err(d) => {
-                warn!(sandbox_key = %key, error = %d, "destroying a half-made sandbox failed");
-                Err(if node.is_empty() { failed } else { node_failed(&failed) })
-            }
-        }
+        Err(discard(provider, &node, key, &sandbox, failed).await)
     }
 
     /// The egress of a definition that wants it, for its setup: the
@@ -863,6 +861,31 @@ pub(super) async fn connect(
     token: &shared::secret::Secret,
 ) -> Result<AgentClient, Error> {
     AgentClient::connect_with_deadline(address, token, AGENT_DEADLINE).await.map_err(Error::Agent)
+}
+
+/// A sandbox this ensure made (created, or restored from a snapshot) and
+/// could not finish (set up, recorded): removed, so nothing half-made
+/// survives a failed ensure, and `failed` returned. When even that fails on
+/// a node, the node is named as the cause (what it kept is unrecorded, and
+/// removed by the key's next ensure there).
+async fn discard(
+    provider: &dyn Provider,
+    node: &str,
+    key: &str,
+    sandbox: &crate::provider::Sandbox,
+    failed: Error,
+) -> Error {
+    match provider.destroy(&sandbox.provider_id).await {
+        Ok(()) => failed,
+        Err(d) => {
+            warn!(sandbox_key = %key, error = %d, "destroying a half-made sandbox failed");
+            if node.is_empty() {
+                failed
+            } else {
+                Error::NodeFailed { node: node.to_string(), why: failed.to_string() }
+            }
+        }
+    }
 }
 
 /// The provider an instance record names.

@@ -19,7 +19,7 @@ use super::agent_file;
 use super::container::{Origin, container_config, workdir};
 use super::user::run_user;
 use super::{DockerProviderOptions, LABEL_HOST_DIR};
-use crate::agent::AgentClient;
+use crate::agent::{self, AgentClient};
 use crate::config::Runtime;
 use crate::provider::{
     Error, LABEL_MANAGED, Result, Sandbox, SandboxSpec, check_socket_path, is_agent_socket, new_short_id,
@@ -302,10 +302,9 @@ impl DockerProvider {
     /// cost a cold create up to that much); whether the container still
     /// runs is asked of the engine every 50 ms.
     pub(super) async fn wait_ready(&self, sandbox: &Sandbox) -> Result<AgentClient> {
-        const LONGEST_PAUSE: Duration = Duration::from_millis(50);
         let until = Instant::now() + self.ready_timeout;
-        let mut pause = Duration::from_millis(2);
-        // Started (or resumed) just now: asked first after 50 ms.
+        let mut pauses = agent::ready_pauses();
+        // Started (or resumed) just now: asked first after the longest pause.
         let mut inspected = Instant::now();
         loop {
             // The socket lives in a directory the sandbox can write: never
@@ -328,7 +327,7 @@ impl DockerProvider {
                     Err(e) => e.message,
                 },
             };
-            if inspected.elapsed() >= LONGEST_PAUSE {
+            if inspected.elapsed() >= agent::LONGEST_READY_PAUSE {
                 let inspect = self
                     .docker
                     .inspect_container(&sandbox.provider_id, None::<InspectContainerOptions>)
@@ -352,8 +351,7 @@ impl DockerProvider {
                     self.ready_timeout
                 )));
             }
-            tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(LONGEST_PAUSE);
+            tokio::time::sleep(pauses.next().unwrap_or(agent::LONGEST_READY_PAUSE)).await;
         }
     }
 
