@@ -27,10 +27,9 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use tokio::time::Instant;
-
 use async_trait::async_trait;
 use tokio::sync::{Notify, broadcast, oneshot, watch};
+use tokio::time::Instant;
 
 use super::{ChunkStream, Error, Offset, Result, RunKey, StoredChunk};
 
