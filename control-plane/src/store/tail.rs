@@ -133,10 +133,37 @@ struct News {
     /// Committed by this process, in commit order, not yet taken: the
     /// newest, at most what a window holds in a burst (older ones would
     /// leave the window as soon as they entered it).
-    committed: VecDeque<StoredChunk>,
-    bytes: usize,
+    committed: Newest,
     /// The log may hold what `committed` does not show: read the table.
     look: bool,
+}
+
+/// The newest chunks of a run, oldest first, and their bytes of payload.
+#[derive(Default)]
+struct Newest {
+    chunks: VecDeque<StoredChunk>,
+    bytes: usize,
+}
+
+impl Newest {
+    fn push(&mut self, chunks: impl IntoIterator<Item = StoredChunk>) {
+        for chunk in chunks {
+            self.bytes += chunk.payload.len();
+            self.chunks.push_back(chunk);
+        }
+    }
+
+    /// Drop the oldest past `rows` or [`WINDOW_BYTES`] (the newest always
+    /// stays); the sequence number of the last dropped.
+    fn keep(&mut self, rows: usize) -> Option<i64> {
+        let mut dropped = None;
+        while self.chunks.len() > 1 && (self.chunks.len() > rows || self.bytes > WINDOW_BYTES) {
+            let oldest = self.chunks.pop_front().expect("more than one chunk");
+            self.bytes -= oldest.payload.len();
+            dropped = Some(oldest.offset.seq());
+        }
+        dropped
+    }
 }
 
 impl Signal {
@@ -147,25 +174,8 @@ impl Signal {
 
     fn committed(&self, chunks: Vec<StoredChunk>) {
         let mut news = self.news.lock().unwrap_or_else(|e| e.into_inner());
-        // Only the newest that fit a window are worth keeping.
-        let mut keep = 0;
-        let mut bytes = 0;
-        for chunk in chunks.iter().rev() {
-            if keep > 0 && (keep == BURST_ROWS || bytes + chunk.payload.len() > WINDOW_BYTES) {
-                break;
-            }
-            keep += 1;
-            bytes += chunk.payload.len();
-        }
-        let skip = chunks.len() - keep;
-        for chunk in chunks.into_iter().skip(skip) {
-            news.bytes += chunk.payload.len();
-            news.committed.push_back(chunk);
-        }
-        while news.committed.len() > 1 && (news.committed.len() > BURST_ROWS || news.bytes > WINDOW_BYTES) {
-            let oldest = news.committed.pop_front().expect("more than one chunk");
-            news.bytes -= oldest.payload.len();
-        }
+        news.committed.push(chunks);
+        news.committed.keep(BURST_ROWS);
         drop(news);
         self.notify.notify_one();
     }
@@ -215,12 +225,11 @@ impl Drop for RunTail {
 #[derive(Default)]
 struct Window {
     /// Set once the tail has read where the log ends: the sequence number
-    /// `chunks` follows. A follower at or past it reads from the window.
+    /// `newest` follows. A follower at or past it reads from the window.
     base: Option<i64>,
     /// Contiguous, in order: every chunk after `base` the tail has read.
-    chunks: VecDeque<StoredChunk>,
-    bytes: usize,
-    /// The log is closed and `chunks` reaches its end.
+    newest: Newest,
+    /// The log is closed and `newest` reaches its end.
     closed: bool,
     /// The tail gave up: what its followers get.
     failed: Option<Failure>,
@@ -270,8 +279,9 @@ impl Window {
         if cursor < base {
             return Next::Behind;
         }
-        let start = self.chunks.partition_point(|chunk| chunk.offset.seq() <= cursor);
-        let chunks: Vec<StoredChunk> = self.chunks.range(start..).take(PAGE_SIZE as usize).cloned().collect();
+        let newest = &self.newest.chunks;
+        let start = newest.partition_point(|chunk| chunk.offset.seq() <= cursor);
+        let chunks: Vec<StoredChunk> = newest.range(start..).take(PAGE_SIZE as usize).cloned().collect();
         match (chunks.is_empty(), self.closed) {
             (false, _) => Next::Chunks(chunks),
             (true, true) => Next::End,
@@ -282,16 +292,12 @@ impl Window {
     /// The window starts over after `base`: what it held is no longer the
     /// chunks right before those that follow.
     fn restart(&mut self, base: i64) {
-        self.chunks.clear();
-        self.bytes = 0;
+        self.newest = Newest::default();
         self.base = Some(base);
     }
 
     fn push(&mut self, page: Vec<StoredChunk>) {
-        for chunk in page {
-            self.bytes += chunk.payload.len();
-            self.chunks.push_back(chunk);
-        }
+        self.newest.push(page);
         self.keep(BURST_ROWS);
     }
 
@@ -300,18 +306,17 @@ impl Window {
         self.keep(WINDOW_ROWS);
     }
 
-    /// Drop the oldest chunks past `rows` or [`WINDOW_BYTES`].
+    /// Drop the oldest chunks past `rows` or [`WINDOW_BYTES`]; the window
+    /// then starts after the last dropped.
     fn keep(&mut self, rows: usize) {
-        while self.chunks.len() > 1 && (self.chunks.len() > rows || self.bytes > WINDOW_BYTES) {
-            let oldest = self.chunks.pop_front().expect("more than one chunk");
-            self.bytes -= oldest.payload.len();
-            self.base = Some(oldest.offset.seq());
+        if let Some(dropped) = self.newest.keep(rows) {
+            self.base = Some(dropped);
         }
     }
 
     /// More than the steady bound: a burst's, until the tail settles it.
     fn bursting(&self) -> bool {
-        self.chunks.len() > WINDOW_ROWS
+        self.newest.chunks.len() > WINDOW_ROWS
     }
 }
 
@@ -425,7 +430,7 @@ impl Tails {
     fn window_len(&self, run: &RunKey) -> Option<usize> {
         let runs = self.shared.runs.lock().unwrap();
         let tail = runs.get(run.encode().as_str())?.tail.upgrade()?;
-        let len = tail.window.borrow().chunks.len();
+        let len = tail.window.borrow().newest.chunks.len();
         Some(len)
     }
 
@@ -578,7 +583,7 @@ async fn run_tail(
         look |= news.look;
         // Before the log's end is known every row is read from the table.
         if let Some(after) = cursor {
-            let (fresh, skips) = news_after(after, news.committed);
+            let (fresh, skips) = news_after(after, news.committed.chunks);
             if let (Some(first), Some(last)) = (fresh.first(), fresh.last()) {
                 let restart = skips.then(|| first.offset.seq() - 1);
                 cursor = Some(last.offset.seq());
