@@ -138,6 +138,10 @@ impl Aligner {
     /// `Ok(false)` when the log already holds it, `REPLAY_DIVERGED` when the
     /// log holds something else.
     pub async fn offer(&mut self, chunk: &Chunk) -> Result<bool, Error> {
+        // Past the stored log (a fresh run's every chunk): nothing to compare.
+        if self.next.is_none() {
+            return Ok(true);
+        }
         let offered = fingerprint(chunk);
         loop {
             let Some((index, stored)) = &self.next else { return Ok(true) };

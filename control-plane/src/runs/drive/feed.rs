@@ -12,6 +12,7 @@ use tracing::debug;
 use super::ctx::DriveCtx;
 use super::ending::Ending;
 use super::files::changed_files;
+use super::outbox::Outbox;
 use crate::agent::AgentClient;
 use crate::harness::{Harness, Translator};
 use crate::provision::Masks;
@@ -32,7 +33,7 @@ const USAGE_PAGE: u32 = 500;
 const FILE_EVENT_BUDGET: usize = 48;
 
 /// The state of the pump between journal reads.
-pub(super) struct Pump {
+pub(super) struct Pump<'a> {
     pub(super) translator: Translator,
     pub(super) aligner: Aligner,
     pub(super) factory: ChunkFactory,
@@ -55,6 +56,8 @@ pub(super) struct Pump {
     pub(super) held_out_of_band: Vec<Chunk>,
     pub(super) dropped_file_events: u64,
     pub(super) redactor: Masks,
+    /// What was made and is not appended yet, and the append in flight.
+    pub(super) outbox: Outbox<'a>,
 }
 
 impl Runs {
@@ -62,13 +65,14 @@ impl Runs {
         ctx.harness.translator_for(ctx.spec.output, &ctx.key.run, &ctx.thread_id, chunk::now_ms)
     }
 
-    /// Translate, align and append one batch of journal lines; stderr lines
-    /// go in between as they came, past the aligner (a successor follows
-    /// stderr from the stored checkpoint, so every one read is new).
+    /// Translate and align one batch of journal lines into the outbox;
+    /// stderr lines go in between as they came, past the aligner (a
+    /// successor follows stderr from the stored checkpoint, so every one
+    /// read is new).
     pub(super) async fn lines(
         &self,
         ctx: &DriveCtx,
-        pump: &mut Pump,
+        pump: &mut Pump<'_>,
         lines: Vec<agent::JournalLine>,
     ) -> Result<(), Ending> {
         let mut batch = Vec::new();
@@ -107,65 +111,22 @@ impl Runs {
         if translated {
             pump.out_of_band_run = 0;
         }
-        if !batch.is_empty() {
-            self.append(ctx, &batch).await?;
-        }
-        if pump.aligner.caught_up() && !pump.held_out_of_band.is_empty() {
-            let held = std::mem::take(&mut pump.held_out_of_band);
-            self.append(ctx, &held).await?;
+        pump.outbox.push(batch);
+        if pump.aligner.caught_up() {
+            pump.outbox.push(std::mem::take(&mut pump.held_out_of_band));
         }
         Ok(())
     }
 
-    pub(super) async fn file_events(
-        &self,
-        ctx: &DriveCtx,
-        pump: &mut Pump,
-        events: Vec<agent::FileEvent>,
-    ) -> Result<(), Ending> {
-        let mut batch = Vec::new();
-        for e in events {
-            let kind = match agent::FileEventType::try_from(e.r#type) {
-                Ok(agent::FileEventType::Create) => "create",
-                Ok(agent::FileEventType::Change) => "change",
-                Ok(agent::FileEventType::Delete) => "delete",
-                Ok(agent::FileEventType::Rename) => "rename",
-                _ => continue,
-            };
-            if pump.out_of_band_run + batch.len() >= FILE_EVENT_BUDGET {
-                pump.dropped_file_events += 1;
-                continue;
-            }
-            let value = serde_json::json!({"type": kind, "path": e.path, "timestamp": e.timestamp_ms});
-            batch.push(pump.factory.custom(SANDBOX_FILE, &value));
-        }
-        self.out_of_band(ctx, pump, batch).await
-    }
-
-    /// Append chunks the server adds outside translation (file and network
-    /// events), within the per-gap budget.
-    pub(super) async fn out_of_band(
-        &self,
-        ctx: &DriveCtx,
-        pump: &mut Pump,
-        batch: Vec<Chunk>,
-    ) -> Result<(), Ending> {
-        if batch.is_empty() {
+    /// Everything made so far, appended: the append in flight landed, then
+    /// what waits.
+    pub(super) async fn flush(&self, ctx: &DriveCtx, pump: &mut Pump<'_>) -> Result<(), Ending> {
+        pump.outbox.settle().await?;
+        let rest = pump.outbox.take();
+        if rest.is_empty() {
             return Ok(());
         }
-        if pump.out_of_band_run + batch.len() > FILE_EVENT_BUDGET {
-            pump.dropped_file_events += batch.len() as u64;
-            return Ok(());
-        }
-        pump.out_of_band_run += batch.len();
-        // Out of band: never offered to the aligner (a replay does not
-        // produce them; the aligner skips the stored ones).
-        if pump.aligner.caught_up() {
-            self.append(ctx, &batch).await
-        } else {
-            pump.held_out_of_band.extend(batch);
-            Ok(())
-        }
+        self.append(ctx, &rest).await
     }
 
     /// Deliver the usage records the broker kept since the last one
@@ -177,7 +138,7 @@ impl Runs {
     pub(super) async fn meter(
         &self,
         ctx: &DriveCtx,
-        pump: &mut Pump,
+        pump: &mut Pump<'_>,
         agent: &AgentClient,
     ) -> Result<(), Ending> {
         if !pump.metered {
@@ -200,8 +161,7 @@ impl Runs {
             let page = records.len();
             let fresh: Vec<_> = records.into_iter().filter(|r| pump.usage.add(r)).collect();
             if !fresh.is_empty() {
-                let batch: Vec<Chunk> = fresh.iter().map(|r| usage_chunk(&pump.factory, r)).collect();
-                self.append(ctx, &batch).await?;
+                pump.outbox.push(fresh.iter().map(|r| usage_chunk(&pump.factory, r)));
                 for r in &fresh {
                     crate::metrics::model().metered(
                         ctx.key.tenant.as_str(),
@@ -220,8 +180,9 @@ impl Runs {
         }
         let mut reached = ctx.spec.budget.and_then(|b| b.reached(&pump.usage));
         if fresh_records {
-            // The record keeps the run's usage as it grows: the tenant's
-            // daily budget is summed from the records.
+            // The record keeps the run's usage as it grows, never ahead of
+            // its log: the tenant's daily budget is summed from the records.
+            self.flush(ctx, pump).await?;
             let usage = daily::marked(shared::chunk::usage_to_json(&pump.usage.usage(None)));
             let update = RunUpdate { usage: Some(usage), ..Default::default() };
             if let Err(e) = self.inner.ctx.stores.runs.update(&ctx.key, update).await {
@@ -244,7 +205,8 @@ impl Runs {
             return Ok(());
         };
         if !pump.usage.exceeded {
-            self.append(ctx, &[exceeded_chunk(&pump.factory, limit, max, used)]).await?;
+            pump.outbox.push([exceeded_chunk(&pump.factory, limit, max, used)]);
+            self.flush(ctx, pump).await?;
             pump.usage.exceeded = true;
             *ctx.usage.lock().unwrap_or_else(|e| e.into_inner()) = Some(pump.usage);
         }
@@ -258,7 +220,7 @@ impl Runs {
     pub(super) async fn exited(
         &self,
         ctx: &DriveCtx,
-        pump: &mut Pump,
+        pump: &mut Pump<'_>,
         agent: &AgentClient,
         exit_code: i32,
         stderr_tail: &str,
@@ -305,12 +267,55 @@ impl Runs {
         }
         // Out-of-band chunks still held (the run printed nothing) go before
         // the end: they happened before it.
-        let mut all = std::mem::take(&mut pump.held_out_of_band);
-        all.extend(batch);
-        if let Err(ending) = self.append(ctx, &all).await {
+        pump.outbox.push(std::mem::take(&mut pump.held_out_of_band));
+        pump.outbox.push(batch);
+        if let Err(ending) = self.flush(ctx, pump).await {
             return ending;
         }
         Ending::Exited { terminal }
+    }
+}
+
+impl Pump<'_> {
+    /// File events as `sandbox.file` chunks, within the per-gap budget.
+    pub(super) fn file_events(&mut self, events: Vec<agent::FileEvent>) {
+        let mut batch = Vec::new();
+        for e in events {
+            let kind = match agent::FileEventType::try_from(e.r#type) {
+                Ok(agent::FileEventType::Create) => "create",
+                Ok(agent::FileEventType::Change) => "change",
+                Ok(agent::FileEventType::Delete) => "delete",
+                Ok(agent::FileEventType::Rename) => "rename",
+                _ => continue,
+            };
+            if self.out_of_band_run + batch.len() >= FILE_EVENT_BUDGET {
+                self.dropped_file_events += 1;
+                continue;
+            }
+            let value = serde_json::json!({"type": kind, "path": e.path, "timestamp": e.timestamp_ms});
+            batch.push(self.factory.custom(SANDBOX_FILE, &value));
+        }
+        self.out_of_band(batch)
+    }
+
+    /// Chunks the server adds outside translation (file and network
+    /// events), into the outbox within the per-gap budget.
+    pub(super) fn out_of_band(&mut self, batch: Vec<Chunk>) {
+        if batch.is_empty() {
+            return;
+        }
+        if self.out_of_band_run + batch.len() > FILE_EVENT_BUDGET {
+            self.dropped_file_events += batch.len() as u64;
+            return;
+        }
+        self.out_of_band_run += batch.len();
+        // Out of band: never offered to the aligner (a replay does not
+        // produce them; the aligner skips the stored ones).
+        if self.aligner.caught_up() {
+            self.outbox.push(batch);
+        } else {
+            self.held_out_of_band.extend(batch);
+        }
     }
 }
 

@@ -1,6 +1,7 @@
 //! One run's drive, by phase: [`launch`] (a fresh run's sandbox and
 //! command, or a takeover's reconnect), [`pump`] (follow the journal, with
-//! [`feed`] translating, aligning and appending what it reads), [`files`]
+//! [`feed`] translating and aligning what it reads into the [`outbox`],
+//! which appends one batch at a time while the next is made), [`files`]
 //! (the workspace's changes) and [`conclude`] (stop, terminal write,
 //! checkpoint, session export). A drive ends in exactly one way
 //! ([`Ending`]); what ends its pauses early is [`retry::Interrupts`]; its
@@ -14,6 +15,7 @@ mod ending;
 mod feed;
 mod files;
 mod launch;
+mod outbox;
 mod pump;
 mod retry;
 mod store_calls;

@@ -17,6 +17,7 @@ use super::ctx::DriveCtx;
 use super::ending::{Ending, ending_name};
 use super::feed::Pump;
 use super::files::watch_files;
+use super::outbox::Outbox;
 use crate::agent::AgentClient;
 use crate::egress::{Carriers, Connection};
 use crate::provision::Secrets;
@@ -65,6 +66,7 @@ impl Runs {
             held_out_of_band: Vec::new(),
             dropped_file_events: 0,
             redactor,
+            outbox: Outbox::default(),
         };
         let (file_tx, mut file_rx) = mpsc::channel::<Vec<agent::FileEvent>>(64);
         let watcher = tokio::spawn(watch_files(agent.clone(), ctx.spec.cwd.clone(), file_tx));
@@ -147,6 +149,10 @@ impl Runs {
             let mut last_activity = Instant::now();
             let mut unknown_probes = 0u32;
             loop {
+                // What the last turn made goes to the log, unless an append
+                // is in flight: then it goes once that one lands, and the
+                // pump reads and translates meanwhile.
+                pump.outbox.send(|chunks| Box::pin(async move { self.append(ctx, &chunks).await }));
                 tokio::select! {
                     biased;
                     _ = ctx.interrupts.shutdown.cancelled() => break 'follow Ending::Detach,
@@ -155,6 +161,11 @@ impl Runs {
                     }
                     _ = ctx.interrupts.drive.stop.cancelled() => {
                         break 'follow ctx.interrupts.stopped().unwrap_or(Ending::Stopped(StopReason::Cancel));
+                    }
+                    landed = pump.outbox.landed() => {
+                        if let Err(ending) = landed {
+                            break 'follow ending;
+                        }
                     }
                     _ = health_check.tick() => {
                         if let Some(e) = egress
@@ -166,10 +177,8 @@ impl Runs {
                         if let Err(ending) = self.meter(ctx, &mut pump, &agent).await {
                             break 'follow ending;
                         }
-                        if proxied
-                            && let Err(ending) = self.record_policy(ctx, &mut pump, key, &mut policy_seen).await
-                        {
-                            break 'follow ending;
+                        if proxied {
+                            self.record_policy(ctx, &mut pump, key, &mut policy_seen).await;
                         }
                         if last_activity.elapsed() >= self.inner.options.liveness_probe {
                             last_activity = Instant::now();
@@ -183,19 +192,14 @@ impl Runs {
                             }
                         }
                     }
-                    Some(events) = file_rx.recv() => {
-                        if let Err(ending) = self.file_events(ctx, &mut pump, events).await {
-                            break 'follow ending;
-                        }
-                    }
+                    Some(events) = file_rx.recv() => pump.file_events(events),
                     Some(connection) = net_rx.recv() => {
                         let upstream = egress.as_ref().and_then(|e| e.upstream.as_ref());
-                        let chunks = health.observe(&connection, upstream, &pump.factory);
-                        if let Err(ending) = self.out_of_band(ctx, &mut pump, chunks).await {
-                            break 'follow ending;
-                        }
+                        pump.out_of_band(health.observe(&connection, upstream, &pump.factory));
                     }
-                    message = stream.next() => match message {
+                    // Read no further while the outbox is full: the journal
+                    // holds the lines until an append lands.
+                    message = stream.next(), if pump.outbox.has_room() => match message {
                         Some(Ok(agent::FollowResponse { event: Some(agent::follow_response::Event::Lines(lines)) })) => {
                             last_activity = Instant::now();
                             unknown_probes = 0;
@@ -208,15 +212,10 @@ impl Runs {
                             // The connections the run made before it ended are its record too.
                             let upstream = egress.as_ref().and_then(|e| e.upstream.as_ref());
                             while let Ok(connection) = net_rx.try_recv() {
-                                let chunks = health.observe(&connection, upstream, &pump.factory);
-                                if let Err(ending) = self.out_of_band(ctx, &mut pump, chunks).await {
-                                    break 'follow ending;
-                                }
+                                pump.out_of_band(health.observe(&connection, upstream, &pump.factory));
                             }
-                            if let Some(blocked) = health.take_blocked(&pump.factory)
-                                && let Err(ending) = self.out_of_band(ctx, &mut pump, vec![blocked]).await
-                            {
-                                break 'follow ending;
+                            if let Some(blocked) = health.take_blocked(&pump.factory) {
+                                pump.out_of_band(vec![blocked]);
                             }
                             let stderr = String::from_utf8_lossy(&exit.stderr_tail).into_owned();
                             break 'follow self.exited(ctx, &mut pump, &agent, exit.exit_code, &stderr).await;
@@ -232,6 +231,11 @@ impl Runs {
                         None => break,
                     },
                 }
+            }
+            // What was read is in the log before the pause and the
+            // reconnect (nothing drives the outbox meanwhile).
+            if let Err(ending) = self.flush(ctx, &mut pump).await {
+                break ending;
             }
             if let Some(ending) = ctx.interrupts.during(pause.next().unwrap_or(FOLLOW_PAUSE_MAX)).await {
                 break ending;
@@ -249,9 +253,8 @@ impl Runs {
         // own).
         if !matches!(ending, Ending::Detach | Ending::Superseded(_))
             && let Some(blocked) = health.take_blocked(&pump.factory)
-            && let Err(e) = self.out_of_band(ctx, &mut pump, vec![blocked]).await
         {
-            debug!(run_id = %ctx.key.run, ending = ending_name(&e), "recording what the run's egress refused failed");
+            pump.out_of_band(vec![blocked]);
         }
         watcher.abort();
         if matches!(ending, Ending::Stopped(StopReason::Cancel)) {
@@ -261,13 +264,34 @@ impl Runs {
         if pump.dropped_file_events > 0 {
             info!(run_id = %ctx.key.run, dropped = pump.dropped_file_events, "file events over the per-gap budget were dropped");
         }
+        self.flush_at_the_end(ctx, &mut pump, ending).await
+    }
+
+    /// What the pump made goes to the log before the run's end is written,
+    /// retried as that is (past a stop, through a full disk); a failed
+    /// append is the ending instead. A detached or superseded drive leaves
+    /// what waits to its successor's replay of the journal.
+    async fn flush_at_the_end(&self, ctx: &DriveCtx, pump: &mut Pump<'_>, ending: Ending) -> Ending {
+        let settled = pump.outbox.settle().await;
+        if matches!(ending, Ending::Detach | Ending::Superseded(_)) {
+            return ending;
+        }
+        if let Err(failed) = settled {
+            return failed;
+        }
+        let rest = pump.outbox.take();
+        if !rest.is_empty()
+            && let Err(failed) = self.append_last(ctx, &rest).await
+        {
+            return failed;
+        }
         ending
     }
 
     /// A cancelled run's waiting requests are denied, and the denials
     /// recorded before the run's end: the agent writes them to the journal,
     /// read here once more.
-    async fn deny_pending(&self, ctx: &DriveCtx, pump: &mut Pump, agent: &AgentClient) {
+    async fn deny_pending(&self, ctx: &DriveCtx, pump: &mut Pump<'_>, agent: &AgentClient) {
         let request = agent::DenyPendingRequest {
             run_id: ctx.key.run.to_string(),
             sentinel_key: ctx.sentinel_key.clone(),
@@ -310,19 +334,13 @@ impl Runs {
     /// version last recorded on the run (`network.policy`, one per change
     /// it still keeps; the latest with the rules it made); rules that
     /// cannot be read now are read at the next call.
-    async fn record_policy(
-        &self,
-        ctx: &DriveCtx,
-        pump: &mut Pump,
-        key: &str,
-        seen: &mut u64,
-    ) -> Result<(), Ending> {
+    async fn record_policy(&self, ctx: &DriveCtx, pump: &mut Pump<'_>, key: &str, seen: &mut u64) {
         let network = match self.inner.sandbox.live_network(key).await {
             Ok(network) if network.version > *seen => network,
-            Ok(_) => return Ok(()),
+            Ok(_) => return,
             Err(e) => {
                 debug!(run_id = %ctx.key.run, error = %e, "reading the sandbox's live network rules failed");
-                return Ok(());
+                return;
             }
         };
         let fresh: Vec<_> = network.history.iter().filter(|c| c.version > *seen).collect();
@@ -348,7 +366,7 @@ impl Runs {
             })
             .collect();
         *seen = network.version;
-        self.out_of_band(ctx, pump, chunks).await
+        pump.out_of_band(chunks);
     }
 
     fn run_egress(&self, ctx: &DriveCtx, key: &str) -> Result<Option<RunEgress>, Error> {

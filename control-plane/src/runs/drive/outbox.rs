@@ -1,0 +1,183 @@
+//! The chunks a drive has made and the log does not hold yet, and the one
+//! append of them in flight: the pump translates the lines that arrive
+//! while the last batch commits, and sends them together once it has.
+//!
+//! One append at a time keeps the log in the order the chunks were made,
+//! retries included: a batch that fails and is tried again still lands
+//! before the next one leaves (two in flight could land the later first).
+
+use std::future::Future;
+use std::pin::Pin;
+
+use shared::proto::v1::Chunk;
+
+use super::ending::Ending;
+
+/// Chunks waiting, at most, before the pump reads no more of the journal
+/// until an append lands: a group's rows ([`crate::store::GroupCommit`]'s
+/// default), so a writer slower than its agent holds the agent's lines in
+/// the journal, not in memory.
+const WAITING_MAX: usize = 4096;
+
+/// An append of some chunks, landing (or failing as the drive's ending).
+pub(super) type Landing<'a> = Pin<Box<dyn Future<Output = Result<(), Ending>> + Send + 'a>>;
+
+#[derive(Default)]
+pub(super) struct Outbox<'a> {
+    waiting: Vec<Chunk>,
+    in_flight: Option<Landing<'a>>,
+}
+
+impl<'a> Outbox<'a> {
+    /// Chunks to append after every chunk pushed before them.
+    pub(super) fn push(&mut self, chunks: impl IntoIterator<Item = Chunk>) {
+        self.waiting.extend(chunks);
+    }
+
+    /// Whether the pump may read more before an append lands.
+    pub(super) fn has_room(&self) -> bool {
+        self.waiting.len() < WAITING_MAX
+    }
+
+    /// Start appending everything waiting, in one batch, unless an append
+    /// is in flight (it is sent once that one lands).
+    pub(super) fn send(&mut self, append: impl FnOnce(Vec<Chunk>) -> Landing<'a>) {
+        if self.in_flight.is_none() && !self.waiting.is_empty() {
+            self.in_flight = Some(append(std::mem::take(&mut self.waiting)));
+        }
+    }
+
+    /// The append in flight, landed; pending for ever when none is in
+    /// flight (a `select!` branch). Cancel-safe: the append stays in flight.
+    pub(super) async fn landed(&mut self) -> Result<(), Ending> {
+        let Some(landing) = self.in_flight.as_mut() else {
+            return std::future::pending().await;
+        };
+        let landed = landing.await;
+        self.in_flight = None;
+        landed
+    }
+
+    /// Wait for the append in flight, if any; what waits stays waiting.
+    pub(super) async fn settle(&mut self) -> Result<(), Ending> {
+        match self.in_flight {
+            Some(_) => self.landed().await,
+            None => Ok(()),
+        }
+    }
+
+    /// Everything waiting, handed over for its last append (after the one
+    /// in flight settled).
+    pub(super) fn take(&mut self) -> Vec<Chunk> {
+        std::mem::take(&mut self.waiting)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use tokio::sync::oneshot;
+
+    use super::*;
+
+    fn chunk(n: i64) -> Chunk {
+        Chunk { timestamp_ms: n, ..Default::default() }
+    }
+
+    type Gate = oneshot::Sender<Result<(), Ending>>;
+
+    /// Appends that land when the test says, recording each batch.
+    #[derive(Default, Clone)]
+    struct Log {
+        batches: Arc<Mutex<Vec<Vec<i64>>>>,
+        gates: Arc<Mutex<Vec<Gate>>>,
+    }
+
+    impl Log {
+        fn append(&self) -> impl FnOnce(Vec<Chunk>) -> Landing<'static> + '_ {
+            move |chunks| {
+                self.batches.lock().unwrap().push(chunks.iter().map(|c| c.timestamp_ms).collect());
+                let (gate, landing) = oneshot::channel();
+                self.gates.lock().unwrap().push(gate);
+                Box::pin(async move { landing.await.expect("the test lands every append") })
+            }
+        }
+
+        fn land(&self, result: Result<(), Ending>) {
+            let gate = self.gates.lock().unwrap().remove(0);
+            assert!(gate.send(result).is_ok(), "the append is awaited");
+        }
+
+        fn batches(&self) -> Vec<Vec<i64>> {
+            self.batches.lock().unwrap().clone()
+        }
+    }
+
+    #[tokio::test]
+    async fn what_is_made_during_an_append_goes_next_in_one_batch_in_order() {
+        let log = Log::default();
+        let mut outbox = Outbox::default();
+        outbox.push([chunk(1), chunk(2)]);
+        outbox.send(log.append());
+        // Made while 1-2 is in flight: held, not sent beside it.
+        outbox.push([chunk(3)]);
+        outbox.send(log.append());
+        outbox.push([chunk(4), chunk(5)]);
+        outbox.send(log.append());
+        assert_eq!(log.batches(), vec![vec![1, 2]]);
+
+        log.land(Ok(()));
+        outbox.landed().await.unwrap();
+        outbox.send(log.append());
+        assert_eq!(log.batches(), vec![vec![1, 2], vec![3, 4, 5]]);
+        // Nothing waits: a send starts nothing.
+        log.land(Ok(()));
+        outbox.settle().await.unwrap();
+        outbox.send(log.append());
+        assert_eq!(log.batches().len(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_failed_append_is_the_drives_ending_and_what_waits_is_kept() {
+        let log = Log::default();
+        let mut outbox = Outbox::default();
+        outbox.push([chunk(1)]);
+        outbox.send(log.append());
+        outbox.push([chunk(2)]);
+        log.land(Err(Ending::Superseded("claimed".into())));
+        assert!(matches!(outbox.settle().await, Err(Ending::Superseded(_))));
+        assert_eq!(outbox.take().iter().map(|c| c.timestamp_ms).collect::<Vec<_>>(), vec![2]);
+    }
+
+    #[tokio::test]
+    async fn landed_waits_for_ever_with_nothing_in_flight_and_is_cancel_safe() {
+        let log = Log::default();
+        let mut outbox = Outbox::default();
+        let idle = tokio::time::timeout(std::time::Duration::from_millis(20), outbox.landed()).await;
+        assert!(idle.is_err(), "nothing in flight never lands");
+
+        outbox.push([chunk(1)]);
+        outbox.send(log.append());
+        // A select that picks another branch drops `landed`: the append
+        // stays in flight and lands later.
+        let dropped = tokio::time::timeout(std::time::Duration::from_millis(20), outbox.landed()).await;
+        assert!(dropped.is_err());
+        outbox.push([chunk(2)]);
+        outbox.send(log.append());
+        assert_eq!(log.batches(), vec![vec![1]], "still one in flight");
+        log.land(Ok(()));
+        outbox.landed().await.unwrap();
+        outbox.send(log.append());
+        assert_eq!(log.batches(), vec![vec![1], vec![2]]);
+    }
+
+    #[test]
+    fn a_full_outbox_has_no_room() {
+        let mut outbox = Outbox::default();
+        outbox.push((0..WAITING_MAX as i64 - 1).map(chunk));
+        assert!(outbox.has_room());
+        outbox.push([chunk(0)]);
+        assert!(!outbox.has_room());
+    }
+}
