@@ -113,6 +113,11 @@ pub enum Error {
 }
 
 impl Error {
+    /// `node` stopped answering while it made a sandbox, as `why` says.
+    pub fn node_failed(node: &str, why: &dyn std::fmt::Display) -> Self {
+        Self::NodeFailed { node: node.to_string(), why: why.to_string() }
+    }
+
     /// Whether the sandbox is given up for good (waiting cannot bring it back).
     pub fn is_lost(&self) -> bool {
         matches!(self, Self::SandboxLost { .. })

@@ -511,12 +511,10 @@ impl Lifecycle {
         // A node that stops answering meanwhile is the cause, and said so;
         // what it may have kept of the sandbox is unrecorded, and removed by
         // the key's next ensure there (above).
-        let node_failed =
-            |why: &dyn std::fmt::Display| Error::NodeFailed { node: node.clone(), why: why.to_string() };
         let sandbox = match provider.create(spec).instrument(created).await {
             Ok(sandbox) => sandbox,
             Err(e) if !node.is_empty() && provider.list(&labels).await.is_err() => {
-                return Err(node_failed(&e));
+                return Err(Error::node_failed(&node, &e));
             }
             Err(e) => return Err(e.into()),
         };
@@ -879,11 +877,7 @@ async fn discard(
         Ok(()) => failed,
         Err(d) => {
             warn!(sandbox_key = %key, error = %d, "destroying a half-made sandbox failed");
-            if node.is_empty() {
-                failed
-            } else {
-                Error::NodeFailed { node: node.to_string(), why: failed.to_string() }
-            }
+            if node.is_empty() { failed } else { Error::node_failed(node, &failed) }
         }
     }
 }

@@ -351,7 +351,7 @@ impl DockerProvider {
                     self.ready_timeout
                 )));
             }
-            tokio::time::sleep(pauses.next().unwrap_or(agent::LONGEST_READY_PAUSE)).await;
+            tokio::time::sleep(pauses.next().expect("the ready pauses never end")).await;
         }
     }
 
