@@ -2,6 +2,7 @@
 //! providers, harness adapters and the run driver.
 
 pub mod agent;
+pub mod allocator;
 pub mod api;
 pub mod auth;
 pub mod cli;
