@@ -9,15 +9,18 @@
 use std::future::Future;
 use std::pin::Pin;
 
+use prost::Message as _;
 use shared::proto::v1::Chunk;
 
 use super::ending::Ending;
 
-/// Chunks waiting, at most, before the pump reads no more of the journal
-/// until an append lands: a group's rows ([`crate::store::GroupCommit`]'s
-/// default), so a writer slower than its agent holds the agent's lines in
-/// the journal, not in memory.
+/// Chunks and their encoded bytes waiting, at most, before the pump reads
+/// no more of the journal until an append lands: a group's bounds
+/// ([`crate::store::GroupCommit`]'s default), so a writer slower than its
+/// agent holds the agent's lines in the journal, not in memory (one more
+/// Follow message may go over, as one batch always could).
 const WAITING_MAX: usize = 4096;
+const WAITING_BYTES: usize = 4 << 20;
 
 /// An append of some chunks, landing (or failing as the drive's ending).
 pub(super) type Landing<'a> = Pin<Box<dyn Future<Output = Result<(), Ending>> + Send + 'a>>;
@@ -25,25 +28,30 @@ pub(super) type Landing<'a> = Pin<Box<dyn Future<Output = Result<(), Ending>> + 
 #[derive(Default)]
 pub(super) struct Outbox<'a> {
     waiting: Vec<Chunk>,
+    /// `waiting`'s encoded size.
+    waiting_bytes: usize,
     in_flight: Option<Landing<'a>>,
 }
 
 impl<'a> Outbox<'a> {
     /// Chunks to append after every chunk pushed before them.
     pub(super) fn push(&mut self, chunks: impl IntoIterator<Item = Chunk>) {
-        self.waiting.extend(chunks);
+        for chunk in chunks {
+            self.waiting_bytes += chunk.encoded_len();
+            self.waiting.push(chunk);
+        }
     }
 
     /// Whether the pump may read more before an append lands.
     pub(super) fn has_room(&self) -> bool {
-        self.waiting.len() < WAITING_MAX
+        self.waiting.len() < WAITING_MAX && self.waiting_bytes < WAITING_BYTES
     }
 
     /// Start appending everything waiting, in one batch, unless an append
     /// is in flight (it is sent once that one lands).
     pub(super) fn send(&mut self, append: impl FnOnce(Vec<Chunk>) -> Landing<'a>) {
         if self.in_flight.is_none() && !self.waiting.is_empty() {
-            self.in_flight = Some(append(std::mem::take(&mut self.waiting)));
+            self.in_flight = Some(append(self.take()));
         }
     }
 
@@ -69,6 +77,7 @@ impl<'a> Outbox<'a> {
     /// Everything waiting, handed over for its last append (after the one
     /// in flight settled).
     pub(super) fn take(&mut self) -> Vec<Chunk> {
+        self.waiting_bytes = 0;
         std::mem::take(&mut self.waiting)
     }
 }
@@ -179,5 +188,21 @@ mod tests {
         assert!(outbox.has_room());
         outbox.push([chunk(0)]);
         assert!(!outbox.has_room());
+        outbox.take();
+        assert!(outbox.has_room(), "what was taken is not waiting");
+    }
+
+    /// A tenant's few huge lines fill it as many small ones do.
+    #[test]
+    fn a_few_large_chunks_fill_it_too() {
+        let mut outbox = Outbox::default();
+        let large = || Chunk { delta: "x".repeat(1 << 20), ..Default::default() };
+        outbox.push((0..3).map(|_| large()));
+        assert!(outbox.has_room());
+        outbox.push([large()]);
+        assert!(!outbox.has_room(), "4 MiB wait");
+        let log = Log::default();
+        outbox.send(log.append());
+        assert!(outbox.has_room(), "what is in flight is not waiting");
     }
 }
