@@ -121,12 +121,23 @@ impl Runs {
     /// Everything made so far, appended: the append in flight landed, then
     /// what waits.
     pub(super) async fn flush(&self, ctx: &DriveCtx, pump: &mut Pump<'_>) -> Result<(), Ending> {
+        self.flush_as(ctx, pump, Last::No).await
+    }
+
+    /// [`Self::flush`], what waits appended as `last` says.
+    pub(super) async fn flush_as(
+        &self,
+        ctx: &DriveCtx,
+        pump: &mut Pump<'_>,
+        last: Last,
+    ) -> Result<(), Ending> {
         pump.outbox.settle().await?;
         let rest = pump.outbox.take();
-        if rest.is_empty() {
-            return Ok(());
+        match (rest.is_empty(), last) {
+            (true, _) => Ok(()),
+            (false, Last::No) => self.append(ctx, &rest).await,
+            (false, Last::Yes) => self.append_last(ctx, &rest).await,
         }
-        self.append(ctx, &rest).await
     }
 
     /// Deliver the usage records the broker kept since the last one
@@ -274,6 +285,14 @@ impl Runs {
         }
         Ending::Exited { terminal }
     }
+}
+
+/// Whether a flush is the drive's last append before its end is written
+/// (retried as [`Runs::append_last`] is: past a stop, through a full disk).
+#[derive(Clone, Copy)]
+pub(super) enum Last {
+    No,
+    Yes,
 }
 
 impl Pump<'_> {

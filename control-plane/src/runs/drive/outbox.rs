@@ -13,14 +13,15 @@ use prost::Message as _;
 use shared::proto::v1::Chunk;
 
 use super::ending::Ending;
+use crate::runs::coalesce;
 
 /// Chunks and their encoded bytes waiting, at most, before the pump reads
-/// no more of the journal until an append lands: a group's bounds
-/// ([`crate::store::GroupCommit`]'s default), so a writer slower than its
-/// agent holds the agent's lines in the journal, not in memory (one more
-/// Follow message may go over, as one batch always could).
-const WAITING_MAX: usize = 4096;
-const WAITING_BYTES: usize = 4 << 20;
+/// no more of the journal until an append lands: the bounds of one batch
+/// the driver reads ([`coalesce`]), so a writer slower than its agent holds
+/// the agent's lines in the journal, not in memory (one more Follow message
+/// may go over, as one batch always could).
+const WAITING_MAX: usize = coalesce::MAX_LINES;
+const WAITING_BYTES: usize = coalesce::MAX_BYTES;
 
 /// An append of some chunks, landing (or failing as the drive's ending).
 pub(super) type Landing<'a> = Pin<Box<dyn Future<Output = Result<(), Ending>> + Send + 'a>>;

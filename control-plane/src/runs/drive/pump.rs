@@ -15,7 +15,7 @@ use tracing::{debug, info};
 
 use super::ctx::DriveCtx;
 use super::ending::{Ending, ending_name};
-use super::feed::Pump;
+use super::feed::{Last, Pump};
 use super::files::watch_files;
 use super::outbox::Outbox;
 use crate::agent::AgentClient;
@@ -272,20 +272,15 @@ impl Runs {
     /// append is the ending instead. A detached or superseded drive leaves
     /// what waits to its successor's replay of the journal.
     async fn flush_at_the_end(&self, ctx: &DriveCtx, pump: &mut Pump<'_>, ending: Ending) -> Ending {
-        let settled = pump.outbox.settle().await;
         if matches!(ending, Ending::Detach | Ending::Superseded(_)) {
+            // The append in flight lands or fails on its own.
+            let _ = pump.outbox.settle().await;
             return ending;
         }
-        if let Err(failed) = settled {
-            return failed;
+        match self.flush_as(ctx, pump, Last::Yes).await {
+            Ok(()) => ending,
+            Err(failed) => failed,
         }
-        let rest = pump.outbox.take();
-        if !rest.is_empty()
-            && let Err(failed) = self.append_last(ctx, &rest).await
-        {
-            return failed;
-        }
-        ending
     }
 
     /// A cancelled run's waiting requests are denied, and the denials
