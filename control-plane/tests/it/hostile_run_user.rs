@@ -155,8 +155,8 @@ async fn a_process_left_behind_cannot_forge_the_end_of_its_run(runtime) {
     // sentinel, and leaves a process behind (its own session, the journal
     // as its stdout) that waits for the command to exit and then appends
     // forged sentinels and text for two seconds, counting each write in
-    // /tmp/appended before making it (the journal itself is gone once the
-    // run is ingested).
+    // /tmp/appended (renamed into place) before making it (the journal
+    // itself is gone once the run is ingested).
     let script = format!(
         "echo shim-uid=$(awk '/^Uid:/ {{print $2}}' /proc/$PPID/status)\n\
          cat /proc/$PPID/environ >/dev/null 2>&1 && echo HOLE shim-environ\n\
@@ -165,7 +165,7 @@ async fn a_process_left_behind_cannot_forge_the_end_of_its_run(runtime) {
          cat > /tmp/leftover.sh <<'EOS'\n\
          while kill -0 $1 2>/dev/null; do sleep 0.01; done\n\
          i=0\n\
-         while [ $i -lt 40 ]; do i=$((i+1)); echo $i >/tmp/appended; echo '{FORGED}'; echo forged-after-exit; sleep 0.05; done\n\
+         while [ $i -lt 40 ]; do i=$((i+1)); echo $i >/tmp/next; mv /tmp/next /tmp/appended; echo '{FORGED}'; echo forged-after-exit; sleep 0.05; done\n\
          EOS\n\
          setsid sh /tmp/leftover.sh $$ &\n\
          exit 7\n"
@@ -185,10 +185,22 @@ async fn a_process_left_behind_cannot_forge_the_end_of_its_run(runtime) {
     // writes in that window is indistinguishable from the command's output;
     // nothing written after the end may appear.
     let container = docker::running(&format!("{LABEL_TENANT}={}", s.tenant)).pop().expect("the container");
+    // The count is renamed into place, so a read sees a whole number or no
+    // file (nothing appended yet); a read that fails is tried again, never
+    // taken for 0 (a low count would blame the log for lines the leftover
+    // wrote before the end).
     let appended = || {
-        let out =
-            std::process::Command::new("docker").args(["exec", &container, "cat", "/tmp/appended"]).output();
-        out.ok().and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse::<usize>().ok()).unwrap_or(0)
+        for _ in 0..10 {
+            let read = std::process::Command::new("docker")
+                .args(["exec", &container, "sh", "-c", "cat /tmp/appended 2>/dev/null || echo 0"])
+                .output();
+            let count = read.ok().filter(|o| o.status.success());
+            if let Some(n) = count.and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse::<usize>().ok()) {
+                return n;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("could not read the leftover's count from the container");
     };
     let at_end = appended();
     assert!(at_end < 40, "the leftover finished before the end was seen; the test proves nothing");
