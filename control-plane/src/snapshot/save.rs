@@ -166,6 +166,10 @@ async fn upload(
         })
         .map(|e| agent::BlobRef { path: e.path.clone(), sha256: e.sha256.clone() })
         .collect();
+    let blob_sizes: Vec<u64> = blobs.iter().map(|b| sizes[b.sha256.as_str()].0).collect();
+    // Small blobs of a first save are stored together (the directory store
+    // packs them): stored for good once the batch is sealed, below.
+    let batch = stores.blobs.begin_batch(up.tenant, &blob_sizes).await?;
     let mut stream = agent
         .snapshot()
         .read_blobs(agent::ReadBlobsRequest { blobs, redact_values, policy: Some(policy.clone()) })
@@ -181,11 +185,12 @@ async fn upload(
     let mut uploaded = 0u64;
     let mut received = std::collections::HashSet::new();
     let mut current: Option<(String, crate::store::blob::BlobUpload)> = None;
-    // Blobs are verified and made durable (the directory store's fsync and
-    // link) concurrently, while the next ones stream in: one after another,
-    // a first save of many small files waited on each fsync; together, the
-    // file system commits their fsyncs in shared journal commits. As many
-    // as the store allows (PostgreSQL's each hold a pooled connection).
+    // Blobs are verified and stored (a pack's appended, a file's fsynced
+    // and linked) concurrently, while the next ones stream in: one after
+    // another, a first save of many small files waited on each fsync;
+    // together, the file system commits their fsyncs in shared journal
+    // commits. As many as the store allows (PostgreSQL's each hold a
+    // pooled connection).
     let (mut finishing, mut finishing_bytes) = (tokio::task::JoinSet::new(), 0u64);
     let at_once = stores.blobs.finishing_at_once().max(1);
     while let Some(msg) = stream.message().await.map_err(Error::agent("reading captured files"))? {
@@ -196,7 +201,7 @@ async fn upload(
             if received.contains(&msg.sha256) {
                 return Err(Error::Corrupt(format!("the agent sent blob {} twice", msg.sha256)));
             }
-            let blob = stores.blobs.begin_put(up.tenant, &msg.sha256, size).await.map_err(changed)?;
+            let blob = batch.begin_put(&msg.sha256, size).await.map_err(changed)?;
             current = Some((msg.sha256.clone(), blob));
         }
         let (hash, blob) = current.as_mut().expect("set above");
@@ -233,6 +238,7 @@ async fn upload(
     if let Some(unsent) = up.missing.iter().find(|h| !received.contains(h.as_str())) {
         return Err(Error::Corrupt(format!("the agent did not send blob {unsent}")));
     }
+    batch.seal().await?;
     Ok(uploaded)
 }
 

@@ -50,7 +50,7 @@ mod snapshot_conformance;
 pub use shared::ids::RunId;
 
 pub use attempts::{AttemptRecord, AttemptSetRecord, AttemptStore, Promotion};
-pub use blob::{BlobKey, BlobStats, BlobStore, DirBlobStore, PgBlobStore};
+pub use blob::{BlobBatch, BlobKey, BlobStats, BlobStore, DirBlobStore, PgBlobStore};
 pub use checkpoint::{Adopted, Checkpoint, CheckpointStore, DeleteBlobs, Fork, NewCheckpoint, WriterClaim};
 pub use definitions::{DERIVED_PREFIX, Definition, DefinitionStore};
 pub use error::{Error, Result};

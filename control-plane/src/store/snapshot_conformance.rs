@@ -220,6 +220,88 @@ async fn blobs_stream_in_pieces_and_refuse_what_was_not_declared(b: &BlobBackend
     assert_eq!(blobs.stats().await.unwrap(), BlobStats { count: 1, bytes: data.len() as u64 });
 }
 
+/// A save's batch: its blobs (many small ones, which the directory store
+/// packs, and a large one) are stored for good once it is sealed, then
+/// read, listed, counted and collected as any other; a batch dropped
+/// unsealed stores nothing of what it would have stored together.
+async fn blobs_of_a_batch_are_stored_once_sealed_and_collected_like_any(b: &BlobBackend) {
+    let blobs = b.blobs.as_ref();
+    let acme = tenant("acme");
+    let mut data: Vec<Vec<u8>> =
+        (0..40).map(|i| format!("small blob {i}").repeat(i + 1).into_bytes()).collect();
+    data.push((0..(blob::READ_CHUNK + 10)).map(|i| (i % 239) as u8).collect());
+    let hashes: Vec<String> = data.iter().map(|d| sha(d)).collect();
+    let sizes: Vec<u64> = data.iter().map(|d| d.len() as u64).collect();
+
+    // Dropped unsealed: none of the small ones is stored.
+    let batch = blobs.begin_batch(&acme, &sizes).await.unwrap();
+    for (h, d) in hashes.iter().zip(&data).take(5) {
+        let mut up = batch.begin_put(h, d.len() as u64).await.unwrap();
+        up.write(d).await.unwrap();
+        assert!(up.finish().await.unwrap());
+    }
+    drop(batch);
+    // Stored one by one (PostgreSQL) or not at all (a pack): never in part.
+    let missing = blobs.missing(&acme, &hashes).await.unwrap();
+    for (h, d) in hashes.iter().zip(&data) {
+        if !missing.contains(h) {
+            assert_eq!(read_all(blobs, &acme, h).await, *d);
+        }
+    }
+    assert!(missing.len() >= hashes.len() - 5, "only what was finished");
+    if blobs.backend_name() == "dir" {
+        assert_eq!(missing, hashes, "the pack was never sealed");
+    }
+    blobs.delete(&keys(&acme, &hashes)).await.unwrap();
+
+    let batch = blobs.begin_batch(&acme, &sizes).await.unwrap();
+    for (h, d) in hashes.iter().zip(&data) {
+        let mut up = batch.begin_put(h, d.len() as u64).await.unwrap();
+        for piece in d.chunks(1000) {
+            up.write(piece).await.unwrap();
+        }
+        assert!(up.finish().await.unwrap(), "new to the batch");
+    }
+    // A blob the batch has already (the save never asks twice; a store
+    // takes it as stored).
+    let mut again = batch.begin_put(&hashes[0], sizes[0]).await.unwrap();
+    again.write(&data[0]).await.unwrap();
+    assert!(!again.finish().await.unwrap());
+    // Bytes that are not the name's are refused in a batch too.
+    let mut forged = batch.begin_put(&sha(b"real"), 6).await.unwrap();
+    forged.write(b"forged").await.unwrap();
+    assert!(matches!(forged.finish().await, Err(Error::Invalid { .. })));
+    batch.seal().await.unwrap();
+
+    assert!(blobs.missing(&acme, &hashes).await.unwrap().is_empty());
+    assert_eq!(blobs.missing(&tenant("globex"), &hashes).await.unwrap(), hashes, "per tenant");
+    for (h, d) in hashes.iter().zip(&data) {
+        assert_eq!(read_all(blobs, &acme, h).await, *d);
+        assert_eq!(blobs.size(&acme, h).await.unwrap(), d.len() as u64);
+    }
+    let total: u64 = sizes.iter().sum();
+    assert_eq!(blobs.stats().await.unwrap(), BlobStats { count: data.len() as u64, bytes: total });
+    let listed: BTreeSet<BlobKey> = blobs.list().await.unwrap().into_iter().collect();
+    assert_eq!(listed, keys(&acme, &hashes).into_iter().collect());
+    assert!(!String::from_utf8_lossy(&b.raw_bytes().await).contains("forged"));
+
+    // Collected in three rounds: a few, most, the rest; the others stay
+    // readable after each.
+    let mut left: Vec<usize> = (0..data.len()).collect();
+    for round in [3usize, 30, 8] {
+        let gone: Vec<usize> = left.drain(..round).collect();
+        let gone_hashes: Vec<String> = gone.iter().map(|i| hashes[*i].clone()).collect();
+        assert_eq!(blobs.delete(&keys(&acme, &gone_hashes)).await.unwrap(), round as u64);
+        assert_eq!(blobs.missing(&acme, &gone_hashes).await.unwrap(), gone_hashes);
+        for i in &left {
+            assert_eq!(read_all(blobs, &acme, &hashes[*i]).await, data[*i], "round of {round}");
+        }
+        let bytes: u64 = left.iter().map(|i| sizes[*i]).sum();
+        assert_eq!(blobs.stats().await.unwrap(), BlobStats { count: left.len() as u64, bytes });
+    }
+    assert!(blobs.list().await.unwrap().is_empty());
+}
+
 /// Every case, in a module per backend (named by its [`BlobBackend`]
 /// constructor).
 macro_rules! blob_suite {
@@ -248,6 +330,7 @@ blob_suite!(
         blobs_list_and_delete,
         blobs_are_per_tenant,
         blobs_stream_in_pieces_and_refuse_what_was_not_declared,
+        blobs_of_a_batch_are_stored_once_sealed_and_collected_like_any,
     ]
 );
 

@@ -107,6 +107,16 @@ impl Harness {
         save(&mut self.acme, thread, label).await
     }
 
+    /// Fork `thread`'s `checkpoint` into `new_thread`.
+    async fn fork(&mut self, thread: &str, checkpoint: &str, new_thread: &str) {
+        let req = api::ForkSnapshotRequest {
+            thread_id: thread.into(),
+            checkpoint_id: checkpoint.into(),
+            new_thread_id: new_thread.into(),
+        };
+        self.acme.fork_snapshot(req).await.unwrap();
+    }
+
     /// A durable `command` run of `sh -c script` on `thread`, read to its
     /// end; returns the chunks it streamed, with their offsets.
     async fn run(&mut self, thread: &str, run_id: &str, script: &str) -> Vec<(String, api::Chunk)> {
@@ -299,14 +309,7 @@ async fn a_docker_workspace_restores_byte_for_byte_into_a_local_sandbox(runtime)
     assert!(!stored.windows(SECRET.len()).any(|w| w == SECRET.as_bytes()), "a copy of the secret was stored");
 
     // A local sandbox of another thread, forked from it, starts from it.
-    h.acme
-        .fork_snapshot(api::ForkSnapshotRequest {
-            thread_id: "thread-d".into(),
-            checkpoint_id: saved.checkpoint_id.clone(),
-            new_thread_id: "thread-l".into(),
-        })
-        .await
-        .unwrap();
+    h.fork("thread-d", &saved.checkpoint_id, "thread-l").await;
     let local = h.ensure("local", "thread-l").await;
     assert!(!local.restored_checkpoint_id.is_empty(), "the fork's checkpoint is restored");
     let restored = tree_lines(&h.sh(&local.sandbox_id, TREE).await);
@@ -326,19 +329,59 @@ async fn a_docker_workspace_restores_byte_for_byte_into_a_local_sandbox(runtime)
     assert!(restored.contains_key("empty/dir") && restored.contains_key("zero.txt"));
 
     // And into a new Docker sandbox of the same runtime.
-    h.acme
-        .fork_snapshot(api::ForkSnapshotRequest {
-            thread_id: "thread-d".into(),
-            checkpoint_id: saved.checkpoint_id.clone(),
-            new_thread_id: "thread-r".into(),
-        })
-        .await
-        .unwrap();
+    h.fork("thread-d", &saved.checkpoint_id, "thread-r").await;
     let again = h.ensure("docker", "thread-r").await;
     assert!(!again.restored_checkpoint_id.is_empty(), "the fork's checkpoint is restored");
     assert_eq!(tree_lines(&h.sh(&again.sandbox_id, TREE).await), expected);
     h.stop().await;
 }
+}
+
+/// A first save of many small files (a source tree) stores them in one
+/// pack, not a file each; the secret in some of them is zeros there too,
+/// and a new sandbox of a fork gets the tree back byte for byte (its
+/// blobs read out of the pack).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn many_small_files_are_saved_in_one_pack_and_restored_byte_for_byte() {
+    let mut h = Harness::start().await;
+    h.define("local", api::provider_spec::Provider::Local(api::LocalProvider {})).await;
+    let first = h.ensure("local", "many").await;
+    h.sh(
+        &first.sandbox_id,
+        "for i in $(seq 1 300); do mkdir -p src/m$((i % 9)); \
+           printf 'module %s\n' $i > src/m$((i % 9))/f$i.rs; done && \
+         for i in 1 2 3; do printf \"key$i=$API_TOKEN\n\" > src/m$i/secret.env; done && \
+         head -c 1500000 /dev/urandom > large.bin",
+    )
+    .await;
+    assert_eq!(h.sh(&first.sandbox_id, "cat src/m1/secret.env").await, format!("key1={SECRET}\n"));
+    let original = tree_lines(&h.sh(&first.sandbox_id, TREE).await);
+    let saved = h.save("many", "first").await.unwrap();
+    assert_eq!(saved.file_count, 304, "{saved:?}");
+
+    let blobs = h.inner.dir.path().join("snapshot-blobs");
+    let files: Vec<std::path::PathBuf> = walkdir::WalkDir::new(&blobs)
+        .into_iter()
+        .filter_map(Result::ok)
+        .filter(|e| e.file_type().is_file() && e.file_name() != "tenant")
+        .map(|e| e.into_path())
+        .collect();
+    let packs = files.iter().filter(|f| f.extension().is_some_and(|x| x == "pack")).count();
+    assert_eq!((packs, files.len()), (1, 2), "one pack and the large file: {files:?}");
+    let stored = h.blob_store_bytes();
+    assert!(!stored.windows(SECRET.len()).any(|w| w == SECRET.as_bytes()), "a copy of the secret was stored");
+    assert!(stored.windows(11).any(|w| w == b"module 299\n"), "the pack holds the files' bytes");
+
+    h.fork("many", &saved.checkpoint_id, "many-fork").await;
+    let fork = h.ensure("local", "many-fork").await;
+    assert!(!fork.restored_checkpoint_id.is_empty(), "the fork's checkpoint is restored");
+    let mut expected = original;
+    for i in 1..=3 {
+        let zeroed = format!("key{i}={}\n", "\0".repeat(SECRET.len()));
+        expected.insert(format!("src/m{i}/secret.env"), hex_sha256(zeroed.as_bytes()));
+    }
+    assert_eq!(tree_lines(&h.sh(&fork.sandbox_id, TREE).await), expected);
+    h.stop().await;
 }
 
 fn hex_sha256(data: &[u8]) -> String {

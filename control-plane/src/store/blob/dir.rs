@@ -1,211 +1,51 @@
-//! Content-addressed blobs of portable snapshots: the bytes of one captured
-//! file (secret values already zeroed), named by the hex SHA-256 of those
-//! bytes, **per tenant**. Two backends behind [`BlobStore`]: a directory under
-//! the data dir (the embedded default) and a PostgreSQL table (shared by
-//! replicas). One conformance suite (`snapshot_conformance.rs`) runs against
-//! both.
-//!
-//! # One namespace per tenant
-//!
-//! A blob is the pair (tenant, hash): the same bytes stored by two tenants
-//! are two blobs. So a tenant learns nothing from the store about another
-//! tenant's bytes (`missing` and a save's `uploaded_bytes` answer for its
-//! own blobs only), and a manifest entry that claims another tenant's hash
-//! (the agent that reports manifests runs inside the tenant's sandbox)
-//! names a blob this tenant does not have: the save asks for its bytes and
-//! `put` hashes them on receipt. De-duplication stays within a tenant.
-//!
-//! A blob is immutable: `put` of a stored (tenant, hash) is a no-op, and
-//! `put` refuses bytes that do not hash to the name.
-//!
-//! # Streamed in pieces
-//!
-//! A blob arrives as a [`BlobUpload`] ([`BlobStore::begin_put`]): pieces
-//! in order, hashed and counted as they pass, never joined in memory. The
-//! upload refuses a piece that would take it past its declared size, and
-//! [`BlobUpload::finish`] stores it only when the count and the hash are
-//! the name's; an upload dropped unfinished (refused, or its save gone)
-//! leaves nothing behind. Which blobs are still
-//! needed is the checkpoint store's business
-//! ([`super::CheckpointStore::sweep`]).
+//! The directory backend: a blob per file, or many small blobs of one
+//! save in a pack.
 
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use futures::stream::BoxStream;
 use sha2::{Digest, Sha256};
 
-use super::{Error, Result, Tenant, Timestamp};
-
-/// Bytes per item of a [`BlobStream`].
-pub const READ_CHUNK: usize = 1 << 20;
-
-/// A blob's bytes in order.
-pub type BlobStream = BoxStream<'static, Result<Bytes>>;
-
-/// What a blob store holds.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct BlobStats {
-    pub count: u64,
-    pub bytes: u64,
-}
-
-/// One stored blob: whose it is and which bytes (for garbage collection).
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct BlobKey {
-    pub tenant: Tenant,
-    pub sha256: String,
-}
-
-impl BlobKey {
-    pub fn new(tenant: &Tenant, sha256: impl Into<String>) -> Self {
-        Self { tenant: tenant.clone(), sha256: sha256.into() }
-    }
-}
-
-/// Where a backend puts the pieces of one upload until it is verified.
-/// Dropped without [`BlobSink::commit`]: the pieces are discarded.
-#[async_trait]
-pub trait BlobSink: Send {
-    async fn write(&mut self, piece: &[u8]) -> Result<()>;
-
-    /// Make the pieces the blob (they were verified); true when newly
-    /// stored for this tenant.
-    async fn commit(self: Box<Self>) -> Result<bool>;
-}
-
-/// One blob being stored, piece by piece: each piece hashed and counted on
-/// its way to the backend's sink. Dropping it unfinished aborts it.
-pub struct BlobUpload {
-    sha256: String,
-    size: u64,
-    written: u64,
-    hasher: Sha256,
-    sink: Box<dyn BlobSink>,
-}
-
-impl BlobUpload {
-    pub fn new(sha256: &str, size: u64, sink: Box<dyn BlobSink>) -> Self {
-        Self { sha256: sha256.to_string(), size, written: 0, hasher: Sha256::new(), sink }
-    }
-
-    /// Bytes written so far.
-    pub fn written(&self) -> u64 {
-        self.written
-    }
-
-    /// The next piece; [`Error::Invalid`] when it takes the blob past its
-    /// declared size (nothing of it is written).
-    pub async fn write(&mut self, piece: &[u8]) -> Result<()> {
-        let total = self.written.saturating_add(piece.len() as u64);
-        if total > self.size {
-            return Err(Error::invalid(
-                "blob",
-                format!("more than the {} bytes declared for {}", self.size, self.sha256),
-            ));
-        }
-        self.hasher.update(piece);
-        self.written = total;
-        self.sink.write(piece).await
-    }
-
-    /// Store the blob once all its declared bytes came and hash to its
-    /// name ([`Error::Invalid`] otherwise, and nothing is stored). True
-    /// when newly stored for this tenant.
-    pub async fn finish(self) -> Result<bool> {
-        if self.written != self.size {
-            return Err(Error::invalid(
-                "blob",
-                format!("{} bytes came for {}, {} were declared", self.written, self.sha256, self.size),
-            ));
-        }
-        let actual = hex::encode(self.hasher.finalize());
-        if actual != self.sha256 {
-            return Err(Error::invalid("blob", format!("bytes hash to {actual}, not {}", self.sha256)));
-        }
-        self.sink.commit().await
-    }
-}
-
-#[async_trait]
-pub trait BlobStore: Send + Sync {
-    /// `"dir"` or `"postgres"`.
-    fn backend_name(&self) -> &'static str;
-
-    /// Begin storing the tenant's `sha256`, of `size` bytes, in pieces.
-    async fn begin_put(&self, tenant: &Tenant, sha256: &str, size: u64) -> Result<BlobUpload>;
-
-    /// How many uploads one save may have finishing at once (each may hold
-    /// something shared until it is stored: a pooled connection).
-    fn finishing_at_once(&self) -> usize;
-
-    /// Store `data` as the tenant's `sha256` (one upload of it, in pieces
-    /// of [`READ_CHUNK`]). [`Error::Invalid`] when the bytes hash to
-    /// something else (nothing is stored). Returns true when newly stored
-    /// for this tenant (whatever other tenants hold).
-    async fn put(&self, tenant: &Tenant, sha256: &str, data: Bytes) -> Result<bool> {
-        let mut upload = self.begin_put(tenant, sha256, data.len() as u64).await?;
-        for piece in data.chunks(READ_CHUNK) {
-            upload.write(piece).await?;
-        }
-        upload.finish().await
-    }
-
-    /// Which of `hashes` the tenant has not stored.
-    async fn missing(&self, tenant: &Tenant, hashes: &[String]) -> Result<Vec<String>>;
-
-    /// The size of the tenant's blob, or [`Error::NotFound`].
-    async fn size(&self, tenant: &Tenant, sha256: &str) -> Result<u64>;
-
-    /// The bytes of the tenant's blob in chunks of at most [`READ_CHUNK`];
-    /// [`Error::NotFound`] up front when the tenant has no such blob.
-    async fn read(&self, tenant: &Tenant, sha256: &str) -> Result<BlobStream>;
-
-    /// Every stored blob of every tenant (for garbage collection).
-    async fn list(&self) -> Result<Vec<BlobKey>>;
-
-    /// Remove these blobs (absent ones are ignored); returns how many went.
-    async fn delete(&self, keys: &[BlobKey]) -> Result<u64>;
-
-    /// Over every tenant's blobs.
-    async fn stats(&self) -> Result<BlobStats>;
-}
-
-fn check_name(sha256: &str) -> Result<()> {
-    if shared::snapshot::is_sha256_hex(sha256) {
-        Ok(())
-    } else {
-        Err(Error::invalid("blob", format!("{sha256:?} is not a hex SHA-256")))
-    }
-}
-
-fn not_found(sha256: &str) -> Error {
-    Error::NotFound(format!("blob {sha256}"))
-}
-
-fn io(path: &Path, e: std::io::Error) -> Error {
-    Error::Unavailable(format!("blob store {}: {e}", path.display()))
-}
-
-// ---------------------------------------------------------------- directory
+use super::file::{TempBlob, remove_abandoned_uploads, unnamed_files_work};
+use super::pack::{self, Appended, Hash, Location, PACKS, PackWriter, TenantPacks, hash_of};
+use super::{
+    BlobBatch, BlobKey, BlobSink, BlobStats, BlobStore, BlobStream, BlobUpload, READ_CHUNK, blocking,
+    check_name, io, not_found,
+};
+use crate::store::{Error, Result, Tenant};
 
 /// The file in a tenant's directory that names the tenant.
 const TENANT_FILE: &str = "tenant";
 
 /// Blobs as files `<dir>/tenants/<tenant dir>/<first two hex digits>/<sha256>`,
-/// written to `<dir>/tmp` and renamed into place, so a reader never sees
-/// half a blob. A tenant's directory is the hex SHA-256 of its name (any
-/// tenant name becomes a safe, fixed-length path component) and holds a
-/// file `tenant` with the name, for listing.
+/// or in packs `<dir>/tenants/<tenant dir>/packs/<id>.pack` (the small
+/// blobs of a save that stores many: [`super::pack`]), each made durable
+/// before it gets its name, so a reader never sees half a blob. A tenant's
+/// directory is the hex SHA-256 of its name (any tenant name becomes a
+/// safe, fixed-length path component) and holds a file `tenant` with the
+/// name, for listing.
 #[derive(Debug, Clone)]
 pub struct DirBlobStore {
     dir: PathBuf,
     /// Whether this file system makes unnamed files (`O_TMPFILE`) that
     /// can be linked in (probed at open).
     unnamed: bool,
+    /// What the packs of recently used tenants hold (by tenant directory).
+    packs: Arc<Mutex<HashMap<PathBuf, Arc<TenantPacks>>>>,
 }
+
+/// A batch packs its blobs of up to this size ...
+const PACKED_MAX: u64 = HELD_IN_MEMORY as u64;
+/// ... when it has at least this many (fewer are files of their own: a
+/// save that changed a few files makes no pack of a few blobs).
+const PACK_AT_LEAST: usize = 16;
+/// The tenants whose packs are kept read (each a map of its packed blobs,
+/// ~70 bytes a blob).
+const TENANTS_KEPT: usize = 16;
 
 /// A temp file not written for this long belongs to an upload that died
 /// with its process (a crash mid-upload); younger ones may be another
@@ -221,7 +61,93 @@ impl DirBlobStore {
             tracing::info!(removed, dir = %dir.display(), "removed temp files of abandoned blob uploads");
         }
         let unnamed = unnamed_files_work(&dir.join("tmp"));
-        Ok(Self { dir: dir.to_path_buf(), unnamed })
+        Ok(Self { dir: dir.to_path_buf(), unnamed, packs: Arc::default() })
+    }
+
+    fn packs_dir(&self, tenant: &Tenant) -> PathBuf {
+        self.tenant_dir(tenant).join(PACKS)
+    }
+
+    /// The tenant's packs, read again from disk (and kept). Blocking.
+    fn packs_now(&self, tenant: &Tenant) -> Result<Arc<TenantPacks>> {
+        let key = self.tenant_dir(tenant);
+        let previous = self.packs.lock().expect("packs").get(&key).cloned();
+        let now = Arc::new(pack::scan(&key.join(PACKS), previous.as_deref())?);
+        let mut kept = self.packs.lock().expect("packs");
+        if kept.len() >= TENANTS_KEPT && !kept.contains_key(&key) {
+            let any = kept.keys().next().cloned().expect("not empty");
+            kept.remove(&any);
+        }
+        kept.insert(key, now.clone());
+        Ok(now)
+    }
+
+    /// The tenant's packs as last read (read now if never). Blocking.
+    fn packs_known(&self, tenant: &Tenant) -> Result<Arc<TenantPacks>> {
+        let known = self.packs.lock().expect("packs").get(&self.tenant_dir(tenant)).cloned();
+        match known {
+            Some(known) => Ok(known),
+            None => self.packs_now(tenant),
+        }
+    }
+
+    /// Where the tenant's packed blob is: as last read, else as read now.
+    /// Blocking.
+    fn packed(&self, tenant: &Tenant, hash: &Hash) -> Result<Option<Location>> {
+        if let Some(at) = self.packs_known(tenant)?.get(hash) {
+            return Ok(Some(at.clone()));
+        }
+        Ok(self.packs_now(tenant)?.get(hash).cloned())
+    }
+
+    /// The tenant's packed blob's bytes, if a pack holds it: the location
+    /// last read, and if that pack went (collected, rewritten) meanwhile,
+    /// the one read now. Blocking.
+    fn read_packed(&self, tenant: &Tenant, hash: &Hash) -> Result<Option<Bytes>> {
+        if let Some(at) = self.packs_known(tenant)?.get(hash) {
+            match pack::read(at) {
+                Err(Error::NotFound(_)) => {}
+                read => return read.map(Some),
+            }
+        }
+        match self.packs_now(tenant)?.get(hash) {
+            Some(at) => match pack::read(at) {
+                Err(Error::NotFound(_)) => Ok(None),
+                read => read.map(Some),
+            },
+            None => Ok(None),
+        }
+    }
+
+    /// Every blob of the tenant whose directory is `tenant_dir`, with its
+    /// size: its files and its packs' live blobs. Blocking.
+    fn tenant_blobs(&self, tenant: &Tenant, tenant_dir: &Path) -> Result<BTreeMap<String, u64>> {
+        let mut out = BTreeMap::new();
+        for (hash, len) in self.packs_now(tenant)?.live() {
+            out.insert(hex::encode(hash), len);
+        }
+        for sha256 in list_tenant_dir(tenant_dir)? {
+            if let std::collections::btree_map::Entry::Vacant(blob) = out.entry(sha256) {
+                // Deleted since the listing: not a blob any more.
+                let Ok(meta) = std::fs::metadata(self.path(tenant, blob.key())) else { continue };
+                blob.insert(meta.len());
+            }
+        }
+        Ok(out)
+    }
+
+    /// Every tenant with a blob directory, by name. Blocking.
+    fn tenants(&self) -> Result<Vec<(Tenant, PathBuf)>> {
+        let tenants = self.dir.join("tenants");
+        let mut out = Vec::new();
+        for entry in std::fs::read_dir(&tenants).map_err(|e| io(&tenants, e))? {
+            let tenant_dir = entry.map_err(|e| io(&tenants, e))?.path();
+            // A directory without its name file holds no blob yet (the name
+            // is written first).
+            let Ok(name) = std::fs::read_to_string(tenant_dir.join(TENANT_FILE)) else { continue };
+            out.push((Tenant::new(name), tenant_dir));
+        }
+        Ok(out)
     }
 
     /// The blob at `target`'s temp file (a new one if `temp` is none), with
@@ -339,13 +265,6 @@ impl DirBlobStore {
     }
 }
 
-/// Run blocking file work off the async workers, as one task.
-async fn blocking<T: Send + 'static>(work: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
-    tokio::task::spawn_blocking(work)
-        .await
-        .map_err(|e| Error::Unavailable(format!("blob store task failed: {e}")))?
-}
-
 /// The next chunk of a blob file: up to [`READ_CHUNK`] bytes, in a buffer
 /// sized for the `left` bytes its metadata promised.
 fn read_chunk(file: &mut std::fs::File, left: u64, path: &Path) -> Result<Bytes> {
@@ -374,121 +293,9 @@ fn list_tenant_dir(tenant_dir: &Path) -> Result<Vec<String>> {
     Ok(out)
 }
 
-/// Removes the files of `tmp` not modified for `age`; how many it removed.
-/// Best effort: a file it cannot read or remove stays for the next start.
-fn remove_abandoned_uploads(tmp: &Path, age: Duration) -> usize {
-    let Ok(entries) = std::fs::read_dir(tmp) else { return 0 };
-    let now = std::time::SystemTime::now();
-    entries
-        .flatten()
-        .filter(|e| {
-            e.metadata()
-                .and_then(|m| m.modified())
-                .is_ok_and(|t| now.duration_since(t).unwrap_or_default() >= age)
-        })
-        .filter(|e| std::fs::remove_file(e.path()).is_ok())
-        .count()
-}
-
-/// Whether `O_TMPFILE` files can be made in `dir` and linked in by name
-/// (through `/proc/self/fd`).
-fn unnamed_files_work(dir: &Path) -> bool {
-    let probe = dir.join(format!("probe-{}", uuid::Uuid::new_v4().simple()));
-    let linked = TempBlob::unnamed(dir).and_then(|mut temp| temp.link(&probe)).is_ok();
-    let _ = std::fs::remove_file(&probe);
-    linked
-}
-
-/// A blob file being written: unnamed (`O_TMPFILE`) in the directory the
-/// blob will live in, so nothing is left of it if the process dies; or,
-/// where the file system has no unnamed files, named under `<dir>/tmp`
-/// and removed unless persisted. Unnamed files in the blob's own shard
-/// spread the creations over 256 directories: all in `tmp`, concurrent
-/// uploads queued on that one directory's lock.
-struct TempBlob {
-    file: std::fs::File,
-    /// The temp file's name, when it has one.
-    name: Option<PathBuf>,
-}
-
-impl TempBlob {
-    fn unnamed(dir: &Path) -> Result<Self> {
-        use std::os::unix::fs::OpenOptionsExt;
-        let file = std::fs::OpenOptions::new()
-            .write(true)
-            .mode(0o600)
-            .custom_flags(libc::O_TMPFILE)
-            .open(dir)
-            .map_err(|e| io(dir, e))?;
-        Ok(Self { file, name: None })
-    }
-
-    fn named(tmp: &Path) -> Result<Self> {
-        let path = tmp.join(uuid::Uuid::new_v4().simple().to_string());
-        let file = std::fs::File::create(&path).map_err(|e| io(&path, e))?;
-        Ok(Self { file, name: Some(path) })
-    }
-
-    fn write(&mut self, data: &[u8]) -> Result<()> {
-        use std::io::Write;
-        self.file.write_all(data).map_err(|e| io(self.name.as_deref().unwrap_or(Path::new("(unnamed)")), e))
-    }
-
-    /// Give the file the name `target`: false (and nothing named) when
-    /// `target` exists already.
-    fn link(&mut self, target: &Path) -> Result<bool> {
-        use std::os::fd::AsRawFd;
-        let Some(name) = &self.name else {
-            let fd = format!("/proc/self/fd/{}", self.file.as_raw_fd());
-            let at = nix::fcntl::AT_FDCWD;
-            return match nix::unistd::linkat(
-                at,
-                fd.as_str(),
-                at,
-                target,
-                nix::fcntl::AtFlags::AT_SYMLINK_FOLLOW,
-            ) {
-                Ok(()) => Ok(true),
-                Err(nix::errno::Errno::EEXIST) => Ok(false),
-                Err(e) => Err(io(target, e.into())),
-            };
-        };
-        if target.try_exists().map_err(|e| io(target, e))? {
-            return Ok(false);
-        }
-        std::fs::rename(name, target).map_err(|e| io(target, e))?;
-        self.name = None;
-        Ok(true)
-    }
-
-    /// Make the bytes durable, name them `target`, then make the name
-    /// durable: once this returns, a crash leaves the whole blob at
-    /// `target`. False (and nothing named) when `target` exists already
-    /// (another save of the tenant stored it meanwhile).
-    fn persist(mut self, target: &Path) -> Result<bool> {
-        self.file.sync_all().map_err(|e| io(target, e))?;
-        if !self.link(target)? {
-            return Ok(false);
-        }
-        let parent = target.parent().expect("blob paths have a parent");
-        if let Ok(dir) = std::fs::File::open(parent) {
-            let _ = dir.sync_all();
-        }
-        Ok(true)
-    }
-}
-
-impl Drop for TempBlob {
-    fn drop(&mut self) {
-        if let Some(name) = &self.name {
-            let _ = std::fs::remove_file(name);
-        }
-    }
-}
-
 /// A blob up to this size waits in memory until its commit (one blocking
-/// task writes, syncs and renames it); a larger one goes on to a temp file
-/// as its pieces come.
+/// task writes, syncs and renames it, or its batch's pack takes it); a
+/// larger one goes on to a temp file as its pieces come.
 const HELD_IN_MEMORY: usize = READ_CHUNK;
 
 /// The pieces of an upload to a [`DirBlobStore`]: held in memory, or in a
@@ -562,15 +369,38 @@ impl BlobStore for DirBlobStore {
         Ok(BlobUpload::new(sha256, size, Box::new(sink)))
     }
 
+    async fn begin_batch(&self, tenant: &Tenant, sizes: &[u64]) -> Result<Box<dyn BlobBatch>> {
+        let small = sizes.iter().filter(|s| **s <= PACKED_MAX).count();
+        let pack = if small >= PACK_AT_LEAST {
+            let (store, tenant) = (self.clone(), tenant.clone());
+            let writer = blocking(move || {
+                store.ensure_tenant_dir(&tenant)?;
+                let dir = store.packs_dir(&tenant);
+                Ok(PackWriter::new(dir.clone(), store.temp_in(&dir)?))
+            })
+            .await?;
+            Some(Arc::new(writer))
+        } else {
+            None
+        };
+        Ok(Box::new(DirBatch { store: self.clone(), tenant: tenant.clone(), pack }))
+    }
+
     async fn missing(&self, tenant: &Tenant, hashes: &[String]) -> Result<Vec<String>> {
         for h in hashes {
             check_name(h)?;
         }
         let (store, tenant, hashes) = (self.clone(), tenant.clone(), hashes.to_vec());
-        // One blocking task for the lot (a save asks for every file's).
+        // One blocking task for the lot (a save asks for every file's);
+        // the packs as they are now (what another process stored or
+        // collected counts).
         blocking(move || {
+            let packs = store.packs_now(&tenant)?;
             let mut out = Vec::new();
             for h in hashes {
+                if packs.get(&hash_of(&h)).is_some() {
+                    continue;
+                }
                 let path = store.path(&tenant, &h);
                 if !path.try_exists().map_err(|e| io(&path, e))? {
                     out.push(h);
@@ -583,29 +413,46 @@ impl BlobStore for DirBlobStore {
 
     async fn size(&self, tenant: &Tenant, sha256: &str) -> Result<u64> {
         check_name(sha256)?;
-        match tokio::fs::metadata(self.path(tenant, sha256)).await {
+        let (store, tenant, name) = (self.clone(), tenant.clone(), sha256.to_string());
+        blocking(move || match std::fs::metadata(store.path(&tenant, &name)) {
             Ok(m) => Ok(m.len()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(not_found(sha256)),
-            Err(e) => Err(io(&self.dir, e)),
-        }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                store.packed(&tenant, &hash_of(&name))?.map(|at| at.len).ok_or_else(|| not_found(&name))
+            }
+            Err(e) => Err(io(&store.dir, e)),
+        })
+        .await
     }
 
     async fn read(&self, tenant: &Tenant, sha256: &str) -> Result<BlobStream> {
         check_name(sha256)?;
         let (path, name) = (self.path(tenant, sha256), sha256.to_string());
+        let (store, tenant) = (self.clone(), tenant.clone());
         // Opened and its first chunk read in one blocking task (the whole of
         // a small blob), each buffer no larger than what is left to read.
-        let (file, first, size) = blocking(move || {
+        let first = blocking(move || {
             let mut file = match std::fs::File::open(&path) {
                 Ok(f) => f,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(not_found(&name)),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    return match store.read_packed(&tenant, &hash_of(&name))? {
+                        Some(bytes) => Ok(First::Packed(bytes)),
+                        None => Err(not_found(&name)),
+                    };
+                }
                 Err(e) => return Err(io(&path, e)),
             };
             let size = file.metadata().map_err(|e| io(&path, e))?.len();
             let first = read_chunk(&mut file, size, &path)?;
-            Ok(((file, path), first, size))
+            Ok(First::File((file, path), first, size))
         })
         .await?;
+        let (file, first, size) = match first {
+            // A packed blob is at most what a chunk holds.
+            First::Packed(bytes) => {
+                return Ok(Box::pin(futures::stream::iter((!bytes.is_empty()).then_some(Ok(bytes)))));
+            }
+            First::File(file, first, size) => (file, first, size),
+        };
         Ok(Box::pin(async_stream::try_stream! {
             let (mut file, mut read) = (Some(file), first.len() as u64);
             let mut chunk = first;
@@ -629,26 +476,54 @@ impl BlobStore for DirBlobStore {
     }
 
     async fn list(&self) -> Result<Vec<BlobKey>> {
-        let tenants = self.dir.join("tenants");
-        blocking(move || list_tenants(&tenants)).await
+        let store = self.clone();
+        blocking(move || {
+            let mut out = Vec::new();
+            for (tenant, tenant_dir) in store.tenants()? {
+                for sha256 in store.tenant_blobs(&tenant, &tenant_dir)?.into_keys() {
+                    out.push(BlobKey { tenant: tenant.clone(), sha256 });
+                }
+            }
+            out.sort();
+            Ok(out)
+        })
+        .await
     }
 
     /// All in one blocking task (a task per blob made a collection of
-    /// 20,000 blobs 20,000 hand-offs).
+    /// 20,000 blobs 20,000 hand-offs): the files removed, then each
+    /// tenant's packs collected ([`pack::collect`]).
     async fn delete(&self, keys: &[BlobKey]) -> Result<u64> {
         for key in keys {
             check_name(&key.sha256)?;
         }
-        let paths: Vec<PathBuf> = keys.iter().map(|k| self.path(&k.tenant, &k.sha256)).collect();
-        let dir = self.dir.clone();
+        let mut by_tenant: HashMap<Tenant, HashSet<Hash>> = HashMap::new();
+        for key in keys {
+            by_tenant.entry(key.tenant.clone()).or_default().insert(hash_of(&key.sha256));
+        }
+        let store = self.clone();
         blocking(move || {
             let mut deleted = 0;
-            for path in paths {
-                match std::fs::remove_file(&path) {
-                    Ok(()) => deleted += 1,
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                    Err(e) => return Err(io(&dir, e)),
+            for (tenant, kill) in by_tenant {
+                let mut gone = HashSet::new();
+                for hash in &kill {
+                    let path = store.path(&tenant, &hex::encode(hash));
+                    match std::fs::remove_file(&path) {
+                        Ok(()) => {
+                            gone.insert(*hash);
+                        }
+                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                        Err(e) => return Err(io(&store.dir, e)),
+                    }
                 }
+                let packs = store.packs_now(&tenant)?;
+                if packs.has_packs() {
+                    let dir = store.packs_dir(&tenant);
+                    let new_temp = || store.temp_in(&dir);
+                    gone.extend(pack::collect(&dir, &store.temp_dir(), &packs, &kill, &new_temp)?);
+                    store.packs_now(&tenant)?;
+                }
+                deleted += gone.len() as u64;
             }
             Ok(deleted)
         })
@@ -659,10 +534,11 @@ impl BlobStore for DirBlobStore {
         let store = self.clone();
         blocking(move || {
             let mut stats = BlobStats::default();
-            for key in list_tenants(&store.dir.join("tenants"))? {
-                stats.count += 1;
-                let path = store.path(&key.tenant, &key.sha256);
-                stats.bytes += std::fs::metadata(&path).map_or(0, |m| m.len());
+            for (tenant, tenant_dir) in store.tenants()? {
+                for size in store.tenant_blobs(&tenant, &tenant_dir)?.into_values() {
+                    stats.count += 1;
+                    stats.bytes += size;
+                }
             }
             Ok(stats)
         })
@@ -670,193 +546,77 @@ impl BlobStore for DirBlobStore {
     }
 }
 
-/// Every blob of every tenant under `tenants`, sorted. Blocking.
-fn list_tenants(tenants: &Path) -> Result<Vec<BlobKey>> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir(tenants).map_err(|e| io(tenants, e))? {
-        let tenant_dir = entry.map_err(|e| io(tenants, e))?.path();
-        // A directory without its name file holds no blob yet (the name
-        // is written first).
-        let Ok(name) = std::fs::read_to_string(tenant_dir.join(TENANT_FILE)) else { continue };
-        let tenant = Tenant::new(name);
-        for sha256 in list_tenant_dir(&tenant_dir)? {
-            out.push(BlobKey { tenant: tenant.clone(), sha256 });
-        }
-    }
-    out.sort();
-    Ok(out)
+/// The first read of a blob: the whole of a packed one, or a file opened
+/// with its first chunk and its size.
+enum First {
+    Packed(Bytes),
+    File((std::fs::File, PathBuf), Bytes, u64),
 }
 
-// ---------------------------------------------------------------- postgres
-
-/// Blobs as `bytea` rows of `snapshot_blobs`, keyed by (tenant, sha256),
-/// read back in slices.
-#[derive(Debug, Clone)]
-pub struct PgBlobStore {
-    pool: sqlx::PgPool,
-}
-
-impl PgBlobStore {
-    pub fn new(pool: sqlx::PgPool) -> Self {
-        Self { pool }
-    }
-}
-
-/// The columns of `keys`, for `UNNEST`.
-fn key_columns(keys: &[BlobKey]) -> (Vec<&str>, Vec<&str>) {
-    keys.iter().map(|k| (k.tenant.as_str(), k.sha256.as_str())).unzip()
-}
-
-/// The pieces of an upload to a [`PgBlobStore`]: rows of a temporary
-/// table in the upload's transaction, joined into the blob's row by the
-/// database at commit (the server never holds the whole blob).
-struct PgSink {
-    tx: sqlx::Transaction<'static, sqlx::Postgres>,
+/// The uploads of one save to a [`DirBlobStore`]: blobs of up to
+/// [`PACKED_MAX`] go to one pack when the save has at least
+/// [`PACK_AT_LEAST`] of them (stored for good when it is sealed), the rest
+/// to files of their own as [`BlobStore::begin_put`] stores them.
+struct DirBatch {
+    store: DirBlobStore,
     tenant: Tenant,
-    sha256: String,
-    next: i32,
+    pack: Option<Arc<PackWriter>>,
 }
 
 #[async_trait]
-impl BlobSink for PgSink {
+impl BlobBatch for DirBatch {
+    async fn begin_put(&self, sha256: &str, size: u64) -> Result<BlobUpload> {
+        match &self.pack {
+            Some(pack) if size <= PACKED_MAX => {
+                check_name(sha256)?;
+                let held = Vec::with_capacity(size as usize);
+                let sink = PackedSink { pack: pack.clone(), hash: hash_of(sha256), held };
+                Ok(BlobUpload::new(sha256, size, Box::new(sink)))
+            }
+            _ => self.store.begin_put(&self.tenant, sha256, size).await,
+        }
+    }
+
+    async fn seal(self: Box<Self>) -> Result<()> {
+        let DirBatch { store, tenant, pack } = *self;
+        let Some(pack) = pack else { return Ok(()) };
+        let pack = Arc::into_inner(pack)
+            .ok_or_else(|| Error::Unavailable("a blob of the pack is still being stored".into()))?;
+        blocking(move || {
+            pack.seal()?;
+            store.packs_now(&tenant).map(drop)
+        })
+        .await
+    }
+}
+
+/// One blob of a [`DirBatch`]'s pack: held in memory until verified, then
+/// appended to the pack.
+struct PackedSink {
+    pack: Arc<PackWriter>,
+    hash: Hash,
+    held: Vec<u8>,
+}
+
+#[async_trait]
+impl BlobSink for PackedSink {
     async fn write(&mut self, piece: &[u8]) -> Result<()> {
-        sqlx::query("INSERT INTO snapshot_blob_upload (seq, data) VALUES ($1, $2)")
-            .bind(self.next)
-            .bind(piece)
-            .execute(&mut *self.tx)
-            .await?;
-        self.next += 1;
+        self.held.extend_from_slice(piece);
         Ok(())
     }
 
+    /// False when the pack holds the blob already; stored for good when
+    /// the pack is sealed.
     async fn commit(self: Box<Self>) -> Result<bool> {
-        let PgSink { mut tx, tenant, sha256, .. } = *self;
-        let inserted = sqlx::query(
-            "INSERT INTO snapshot_blobs (tenant, sha256, size, data, created_at) \
-             SELECT $1, $2, COALESCE(SUM(length(data)), 0), \
-                    COALESCE(string_agg(data, ''::bytea ORDER BY seq), ''::bytea), $3 \
-             FROM snapshot_blob_upload \
-             ON CONFLICT (tenant, sha256) DO NOTHING",
-        )
-        .bind(tenant.as_str())
-        .bind(&sha256)
-        .bind(Timestamp::now().as_millis())
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-        tx.commit().await?;
-        Ok(inserted > 0)
-    }
-}
-
-#[async_trait]
-impl BlobStore for PgBlobStore {
-    fn backend_name(&self) -> &'static str {
-        "postgres"
-    }
-
-    /// Each upload holds a pooled connection (its transaction) until it
-    /// is stored: one finishing while the next streams in, so a save holds
-    /// two of the pool's connections at most, never the runs' share.
-    fn finishing_at_once(&self) -> usize {
-        1
-    }
-
-    async fn begin_put(&self, tenant: &Tenant, sha256: &str, size: u64) -> Result<BlobUpload> {
-        check_name(sha256)?;
-        let mut tx = self.pool.begin().await?;
-        // The pieces wait in a table of this transaction only: a rollback
-        // (the upload dropped) or the commit removes it.
-        sqlx::query(
-            "CREATE TEMP TABLE snapshot_blob_upload (seq INT PRIMARY KEY, data BYTEA NOT NULL) \
-             ON COMMIT DROP",
-        )
-        .execute(&mut *tx)
-        .await?;
-        let sink = PgSink { tx, tenant: tenant.clone(), sha256: sha256.to_string(), next: 0 };
-        Ok(BlobUpload::new(sha256, size, Box::new(sink)))
-    }
-
-    async fn missing(&self, tenant: &Tenant, hashes: &[String]) -> Result<Vec<String>> {
-        for h in hashes {
-            check_name(h)?;
-        }
-        Ok(sqlx::query_scalar::<_, String>(
-            "SELECT h FROM UNNEST($2::text[]) AS wanted(h) \
-             WHERE NOT EXISTS (SELECT 1 FROM snapshot_blobs WHERE tenant = $1 AND sha256 = wanted.h)",
-        )
-        .bind(tenant.as_str())
-        .bind(hashes)
-        .fetch_all(&self.pool)
-        .await?)
-    }
-
-    async fn size(&self, tenant: &Tenant, sha256: &str) -> Result<u64> {
-        check_name(sha256)?;
-        sqlx::query_scalar::<_, i64>("SELECT size FROM snapshot_blobs WHERE tenant = $1 AND sha256 = $2")
-            .bind(tenant.as_str())
-            .bind(sha256)
-            .fetch_optional(&self.pool)
-            .await?
-            .map(|s| s as u64)
-            .ok_or_else(|| not_found(sha256))
-    }
-
-    async fn read(&self, tenant: &Tenant, sha256: &str) -> Result<BlobStream> {
-        let size = self.size(tenant, sha256).await?;
-        let pool = self.pool.clone();
-        let (tenant, sha256) = (tenant.clone(), sha256.to_string());
-        Ok(Box::pin(async_stream::try_stream! {
-            let mut offset = 0u64;
-            while offset < size {
-                // substring() counts from 1.
-                let slice: Vec<u8> = sqlx::query_scalar(
-                    "SELECT substring(data FROM $3::int FOR $4::int) FROM snapshot_blobs \
-                     WHERE tenant = $1 AND sha256 = $2",
-                )
-                .bind(tenant.as_str())
-                .bind(&sha256)
-                .bind(offset as i64 + 1)
-                .bind(READ_CHUNK as i64)
-                .fetch_optional(&pool)
-                .await?
-                .ok_or_else(|| not_found(&sha256))?;
-                if slice.is_empty() {
-                    Err(Error::Corrupt(format!("blob {sha256} is shorter than its size")))?;
-                }
-                offset += slice.len() as u64;
-                yield Bytes::from(slice);
+        match self.pack.append(self.hash, &self.held) {
+            Appended::Duplicate => Ok(false),
+            Appended::Held => Ok(true),
+            Appended::Write(bytes, at) => {
+                let pack = self.pack.clone();
+                blocking(move || pack.write_at(&bytes, at)).await?;
+                Ok(true)
             }
-        }))
-    }
-
-    async fn list(&self) -> Result<Vec<BlobKey>> {
-        let rows: Vec<(String, String)> =
-            sqlx::query_as("SELECT tenant, sha256 FROM snapshot_blobs ORDER BY tenant, sha256")
-                .fetch_all(&self.pool)
-                .await?;
-        Ok(rows.into_iter().map(|(tenant, sha256)| BlobKey { tenant: Tenant::new(tenant), sha256 }).collect())
-    }
-
-    async fn delete(&self, keys: &[BlobKey]) -> Result<u64> {
-        let (tenants, hashes) = key_columns(keys);
-        Ok(sqlx::query(
-            "DELETE FROM snapshot_blobs WHERE (tenant, sha256) IN \
-             (SELECT * FROM UNNEST($1::text[], $2::text[]))",
-        )
-        .bind(tenants)
-        .bind(hashes)
-        .execute(&self.pool)
-        .await?
-        .rows_affected())
-    }
-
-    async fn stats(&self) -> Result<BlobStats> {
-        let (count, bytes): (i64, Option<i64>) =
-            sqlx::query_as("SELECT COUNT(*), SUM(size)::BIGINT FROM snapshot_blobs")
-                .fetch_one(&self.pool)
-                .await?;
-        Ok(BlobStats { count: count as u64, bytes: bytes.unwrap_or(0) as u64 })
+        }
     }
 }
 
@@ -946,6 +706,84 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = DirBlobStore::open(dir.path()).unwrap().with_named_temp_files();
         uploads_refused_or_abandoned_leave_no_file(store, dir.path()).await;
+    }
+
+    /// Stores `data` through one sealed batch of `store`.
+    async fn save_batch(store: &DirBlobStore, tenant: &Tenant, data: &[Vec<u8>]) {
+        let sizes: Vec<u64> = data.iter().map(|d| d.len() as u64).collect();
+        let batch = store.begin_batch(tenant, &sizes).await.unwrap();
+        for d in data {
+            let mut up = batch.begin_put(&sha(d), d.len() as u64).await.unwrap();
+            up.write(d).await.unwrap();
+            up.finish().await.unwrap();
+        }
+        batch.seal().await.unwrap();
+    }
+
+    /// A first save of many small files is one pack (plus a file per large
+    /// blob), not a file each; a save of a few is files as before.
+    #[tokio::test]
+    async fn many_small_blobs_of_a_save_are_one_pack_and_a_few_are_files() {
+        for unnamed in [true, false] {
+            let dir = tempfile::tempdir().unwrap();
+            let store = DirBlobStore::open(dir.path()).unwrap();
+            let store = if unnamed { store } else { store.with_named_temp_files() };
+            let acme = Tenant::new("acme");
+            let mut data: Vec<Vec<u8>> = (0..100).map(|i| format!("file {i}").into_bytes()).collect();
+            data.push(vec![3u8; HELD_IN_MEMORY + 1]);
+            save_batch(&store, &acme, &data).await;
+            let mut files = files_under(dir.path());
+            files.sort();
+            assert_eq!(files.len(), 2, "{files:?}");
+            assert_eq!(files[0], store.path(&acme, &sha(&data[100])), "the large blob is a file");
+            assert_eq!(files[1].parent().unwrap(), store.packs_dir(&acme));
+            assert_eq!(files[1].extension().unwrap(), "pack");
+
+            let few: Vec<Vec<u8>> =
+                (0..PACK_AT_LEAST - 1).map(|i| format!("changed {i}").into_bytes()).collect();
+            save_batch(&store, &acme, &few).await;
+            assert_eq!(files_under(dir.path()).len(), 2 + few.len(), "a file each");
+            for d in data.iter().chain(&few) {
+                assert_eq!(read_all(&store, &acme, &sha(d)).await, *d);
+            }
+        }
+    }
+
+    /// Two stores on one directory (two processes): what one packs or
+    /// collects, the other's answers follow, whatever it read before.
+    #[tokio::test]
+    async fn a_second_store_on_the_directory_sees_packs_and_their_collection() {
+        let dir = tempfile::tempdir().unwrap();
+        let (one, two) = (DirBlobStore::open(dir.path()).unwrap(), DirBlobStore::open(dir.path()).unwrap());
+        let acme = Tenant::new("acme");
+        let data: Vec<Vec<u8>> = (0..40).map(|i| format!("blob {i}").repeat(50).into_bytes()).collect();
+        let hashes: Vec<String> = data.iter().map(|d| sha(d)).collect();
+        // `two` reads the tenant's packs before any exist.
+        assert_eq!(two.missing(&acme, &hashes).await.unwrap(), hashes);
+        save_batch(&one, &acme, &data).await;
+        assert!(two.missing(&acme, &hashes).await.unwrap().is_empty());
+        assert_eq!(read_all(&two, &acme, &hashes[39]).await, data[39]);
+        // `one` collects most of them: the pack is rewritten, and `two`
+        // (which knows the old pack) still reads the rest and misses the
+        // collected.
+        assert_eq!(one.delete(&keys(&acme, &hashes[..30])).await.unwrap(), 30);
+        assert_eq!(read_all(&two, &acme, &hashes[39]).await, data[39]);
+        assert_eq!(two.size(&acme, &hashes[35]).await.unwrap(), data[35].len() as u64);
+        assert_eq!(two.missing(&acme, &hashes).await.unwrap(), hashes[..30]);
+        assert!(matches!(two.read(&acme, &hashes[0]).await.err(), Some(Error::NotFound(_))));
+        assert_eq!(two.list().await.unwrap(), {
+            let mut left = keys(&acme, &hashes[30..]);
+            left.sort();
+            left
+        });
+        // And the other way round.
+        assert_eq!(two.delete(&keys(&acme, &hashes[30..])).await.unwrap(), 10);
+        assert_eq!(one.missing(&acme, &hashes).await.unwrap(), hashes);
+        assert_eq!(files_under(dir.path()), Vec::<PathBuf>::new(), "no pack, no dead list, no temp file");
+    }
+
+    fn keys(tenant: &Tenant, hashes: &[String]) -> Vec<BlobKey> {
+        hashes.iter().map(|h| BlobKey::new(tenant, h)).collect()
     }
 
     #[test]
