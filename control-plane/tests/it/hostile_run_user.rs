@@ -233,6 +233,65 @@ async fn a_process_left_behind_cannot_forge_the_end_of_its_run(runtime) {
     assert!(record.error.unwrap().message.contains("exited with code 7"));
 }
 
+/// A capture reads the workspace as the run user, on every thread it
+/// hashes with (one for a few files, several for many). The tenant guesses
+/// the bytes of a file only root may read (root in the container put it in
+/// the workspace) and saves the guess first: were the file hashed as root,
+/// its hash would name the stored guess, so the save would not ask for its
+/// bytes and would succeed, confirming the guess. It fails naming the file;
+/// the run user's own files alone save.
+async fn a_capture_of_few_or_many_files_never_reads_what_the_run_user_cannot(runtime) {
+    docker::ensure_test_image();
+    let s = TenantServer::start("runuser-capture", &[]).await;
+    let _cleanup = DockerCleanup { tenant: s.tenant.clone() };
+    let mut def = definition("def", Kind::Docker);
+    runtime.apply(&mut def);
+    def.lifecycle = Some(api::Lifecycle {
+        portable_snapshots: Some(api::PortableSnapshots { enabled: true, ..Default::default() }),
+        ..Default::default()
+    });
+    let mut sandboxes = s.server.sandboxes(&s.token).await;
+    put_definition(&mut sandboxes, def).await;
+    let mut snapshots = api::snapshot_service_client::SnapshotServiceClient::with_interceptor(
+        s.server.channel().await,
+        sandhold_tests::auth::bearer(&s.token),
+    );
+    for (thread, files) in [("few", 20), ("many", 1_200)] {
+        let req = api::EnsureSandboxRequest {
+            definition_id: "def".into(),
+            thread_id: thread.into(),
+            ..Default::default()
+        };
+        let id = ensure(&mut sandboxes, req).await.1.unwrap_or_else(|e| panic!("{e}")).sandbox_id;
+        let make = format!(
+            "for i in $(seq 1 {files}); do mkdir -p d$((i % 7)); echo $i > d$((i % 7))/f$i; done && \
+             echo ROOT-ONLY-BYTES > guess.txt"
+        );
+        let (code, out) = sh(&mut sandboxes, &id, &make).await;
+        assert_eq!(code, 0, "{out}");
+        let save = |label: &str| api::SaveSnapshotRequest {
+            thread_id: thread.into(),
+            label: label.into(),
+            ..Default::default()
+        };
+        snapshots.save_snapshot(save("the guess")).await.unwrap();
+        let container = docker::running(&format!("{LABEL_TENANT}={}", s.tenant)).pop().expect("the container");
+        let root_only = "umask 077 && echo ROOT-ONLY-BYTES > /workspace/d3/zz-root && chmod 600 /workspace/d3/zz-root";
+        let made = std::process::Command::new("docker")
+            .args(["exec", "-u", "0", &container, "sh", "-c", root_only])
+            .output()
+            .unwrap();
+        assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+        let refused = snapshots.save_snapshot(save("with the root file")).await.unwrap_err();
+        assert!(refused.message().contains("d3/zz-root"), "{thread}: {refused:?}");
+        let (code, out) = sh(&mut sandboxes, &id, "rm -f d3/zz-root").await;
+        assert_eq!(code, 0, "{out}");
+        let saved = snapshots.save_snapshot(save("own files")).await.unwrap().into_inner();
+        assert_eq!(saved.checkpoint.unwrap().file_count, files + 1, "{thread}");
+        sandboxes.destroy_sandbox(api::DestroySandboxRequest { sandbox_id: id }).await.unwrap();
+    }
+}
+
 /// The agent binary is one host file bound read-only into every container
 /// (so no container carries a copy). A tenant who got root in its
 /// container (here: `docker exec` as root, with the container's

@@ -2,7 +2,8 @@
 //! anything, each kept file hashed after zeroing.
 
 use std::os::unix::fs::MetadataExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use shared::error::{Error, ErrorCode};
 use shared::proto::agent::v1::{BlobRef, EntryKind, ManifestEntry};
@@ -10,6 +11,7 @@ use shared::proto::agent::v1::{BlobRef, EntryKind, ManifestEntry};
 use super::policy::Policy;
 use super::redaction::{Redactor, zero_file};
 use crate::confine::{Root, io_error};
+use crate::run_user::{FsAs, RunUser};
 
 fn unsupported(path: &str, what: &str) -> Error {
     Error::new(
@@ -37,21 +39,90 @@ fn kind_of(ft: &std::fs::FileType) -> &'static str {
     }
 }
 
-/// The manifest of the tree under `root`, sorted by path.
-pub fn capture(root: &Path, policy: &Policy, redactor: &Redactor) -> Result<Vec<ManifestEntry>, Error> {
+/// Threads hashing a capture's files at most (the sandbox's CPUs allowing).
+const HASHERS: usize = 4;
+
+/// Files per hasher below which one thread hashes them all.
+const FILES_PER_HASHER: usize = 256;
+
+/// A file's size and hex SHA-256 after zeroing.
+type Hashed = (u64, String);
+
+/// The manifest of the tree under `root`, sorted by path, read as `user`
+/// (the calling thread is already; the threads that hash files switch
+/// too).
+pub fn capture(
+    root: &Path,
+    policy: &Policy,
+    redactor: &Redactor,
+    user: Option<&RunUser>,
+) -> Result<Vec<ManifestEntry>, Error> {
     let mut entries = Vec::new();
-    walk(root, "", policy, redactor, &mut entries)?;
+    let mut files = Vec::new();
+    walk(root, "", policy, &mut entries, &mut files)?;
+    let hashed = hash_files(&entries, &files, policy, redactor, user)?;
+    for ((at, _), (size, sha256)) in files.iter().zip(hashed) {
+        (entries[*at].size, entries[*at].sha256) = (size, sha256);
+    }
     entries.sort_by(|a, b| a.path.cmp(&b.path));
     Ok(entries)
 }
 
-/// Capture below `dir`; true when anything below it was captured.
+/// Zero and hash the `files` (the index of each one's entry, its path) on
+/// up to [`HASHERS`] threads: a first capture of a source tree hashed one
+/// file after another while the other CPUs idled. Returns what each file
+/// hashed to, in the order of `files`; an error is the first file's.
+fn hash_files(
+    entries: &[ManifestEntry],
+    files: &[(usize, PathBuf)],
+    policy: &Policy,
+    redactor: &Redactor,
+    user: Option<&RunUser>,
+) -> Result<Vec<Hashed>, Error> {
+    let hash = |(at, abs): &(usize, PathBuf)| {
+        let path = entries[*at].path.as_str();
+        zero_file(abs, path, redactor, policy.redacted(path), |_| Ok(()))
+    };
+    let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+    let hashers = cpus.min(HASHERS).min(files.len() / FILES_PER_HASHER).max(1);
+    if hashers == 1 {
+        return files.iter().map(hash).collect();
+    }
+    // Each thread takes the next file not taken (sizes vary), as the run
+    // user; the results are put back in order.
+    let next = AtomicUsize::new(0);
+    let work = || {
+        let _as_user = FsAs::new(user)?;
+        let mut done = Vec::new();
+        loop {
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            let Some(file) = files.get(i) else { return Ok::<_, Error>(done) };
+            done.push((i, hash(file)));
+        }
+    };
+    let mut results: Vec<Option<Result<Hashed, Error>>> = files.iter().map(|_| None).collect();
+    std::thread::scope(|scope| {
+        let threads: Vec<_> = (0..hashers).map(|_| scope.spawn(work)).collect();
+        for thread in threads {
+            let done = thread.join().unwrap_or_else(|_| Err(Error::internal("a capture hasher panicked")))?;
+            for (i, result) in done {
+                results[i] = Some(result);
+            }
+        }
+        Ok::<_, Error>(())
+    })?;
+    results.into_iter().map(|r| r.expect("every file was taken")).collect()
+}
+
+/// Capture below `dir`; true when anything below it was captured. Its
+/// files are in `out` with neither size nor hash yet, each also in `files`
+/// (its index in `out`, its path) to be hashed.
 fn walk(
     dir: &Path,
     rel: &str,
     policy: &Policy,
-    redactor: &Redactor,
     out: &mut Vec<ManifestEntry>,
+    files: &mut Vec<(usize, PathBuf)>,
 ) -> Result<bool, Error> {
     let shown = if rel.is_empty() { "." } else { rel };
     let mut children: Vec<_> = std::fs::read_dir(dir)
@@ -75,7 +146,7 @@ fn walk(
         let Ok(meta) = std::fs::symlink_metadata(&abs) else { continue };
         let ft = meta.file_type();
         if ft.is_dir() {
-            let below = walk(&abs, &path, policy, redactor, out)?;
+            let below = walk(&abs, &path, policy, out, files)?;
             if !below && policy.included(&path) {
                 out.push(ManifestEntry {
                     path,
@@ -93,12 +164,12 @@ fn walk(
             if meta.mode() & 0o111 != 0 {
                 return Err(unsupported(&path, "executable"));
             }
-            let (size, sha256) = zero_file(&abs, &path, redactor, policy.redacted(&path), |_| Ok(()))?;
+            files.push((out.len(), abs));
             out.push(ManifestEntry {
                 kind: EntryKind::File as i32,
-                size,
+                size: 0,
                 mode: meta.mode() & 0o666,
-                sha256,
+                sha256: String::new(),
                 path,
             });
             captured_any = true;

@@ -86,7 +86,7 @@ impl SnapshotService for Snapshots {
         // what only the agent may read.
         let entries = blocking(move || {
             let _as = FsAs::new(user.as_ref())?;
-            capture(&root, &policy, &redactor)
+            capture(&root, &policy, &redactor, user.as_ref())
         })
         .await?;
         let batches: Vec<Result<CaptureResponse, Status>> = entries

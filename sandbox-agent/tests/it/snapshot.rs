@@ -292,6 +292,42 @@ async fn secret_values_are_zeroed_before_hashing_and_in_every_blob() {
     agent.stop().await;
 }
 
+/// A tree of many files is hashed on several threads: every entry still
+/// carries its own file's size and zeroed hash (none swapped with another
+/// thread's), in path order, secret values zeroed before hashing; a file
+/// that cannot be captured still fails the capture naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_capture_of_many_files_hashes_each_its_own_bytes() {
+    let agent = TestAgent::start().await;
+    let secret = "sk-live-0a1b2c3d4e5f";
+    let mut expected = BTreeMap::new();
+    for i in 0..2_000 {
+        let (rel, content) = if i % 100 == 7 {
+            (format!("d{}/conf-{i}.env", i % 13), format!("token={secret}\n{i}\n"))
+        } else {
+            (format!("d{}/sub{}/f{i}.txt", i % 13, i % 5), format!("file {i}\n").repeat(i % 50 + 1))
+        };
+        write(&agent.root, &rel, content.as_bytes());
+        let zeroed = content.replace(secret, &"\0".repeat(secret.len()));
+        expected.insert(rel, (content.len() as u64, sha(zeroed.as_bytes())));
+    }
+    let mut c = client(&agent).await;
+    let entries = capture(&mut c, CapturePolicy::default(), &[secret]).await.unwrap();
+    let files: Vec<&ManifestEntry> = entries.iter().filter(|e| e.kind == EntryKind::File as i32).collect();
+    let got: BTreeMap<String, (u64, String)> =
+        files.iter().map(|e| (e.path.clone(), (e.size, e.sha256.clone()))).collect();
+    assert_eq!(got, expected);
+    let paths: Vec<&str> = entries.iter().map(|e| e.path.as_str()).collect();
+    assert!(paths.is_sorted(), "in path order");
+
+    // One executable file among them: refused, named.
+    let bad = agent.root.join("d12/sub0/f1000.txt");
+    std::fs::set_permissions(&bad, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let err = capture(&mut c, CapturePolicy::default(), &[secret]).await.unwrap_err();
+    assert!(err.message.contains("d12/sub0/f1000.txt"), "{err:?}");
+    agent.stop().await;
+}
+
 #[tokio::test]
 async fn hostile_manifests_are_refused_with_nothing_written() {
     let agent = TestAgent::start().await;
