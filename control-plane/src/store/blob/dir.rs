@@ -100,25 +100,6 @@ impl DirBlobStore {
         Ok(self.packs_now(tenant)?.get(hash).cloned())
     }
 
-    /// The tenant's packed blob's bytes, if a pack holds it: the location
-    /// last read, and if that pack went (collected, rewritten) meanwhile,
-    /// the one read now. Blocking.
-    fn read_packed(&self, tenant: &Tenant, hash: &Hash) -> Result<Option<Bytes>> {
-        if let Some(at) = self.packs_known(tenant)?.get(hash) {
-            match pack::read(at) {
-                Err(Error::NotFound(_)) => {}
-                read => return read.map(Some),
-            }
-        }
-        match self.packs_now(tenant)?.get(hash) {
-            Some(at) => match pack::read(at) {
-                Err(Error::NotFound(_)) => Ok(None),
-                read => read.map(Some),
-            },
-            None => Ok(None),
-        }
-    }
-
     /// Every blob of the tenant whose directory is `tenant_dir`, with its
     /// size: its files and its packs' live blobs. Blocking.
     fn tenant_blobs(&self, tenant: &Tenant, tenant_dir: &Path) -> Result<BTreeMap<String, u64>> {
@@ -431,12 +412,22 @@ impl BlobStore for DirBlobStore {
         // Opened and its first chunk read in one blocking task (the whole of
         // a small blob), each buffer no larger than what is left to read.
         let first = blocking(move || {
+            // Packed, where the tenant's packs as last read say so (a
+            // restore reads thousands from one pack), else a file of its
+            // own, else packed where they say so now.
+            let hash = hash_of(&name);
+            if let Some(at) = store.packs_known(&tenant)?.get(&hash) {
+                match pack::read(at) {
+                    Err(Error::NotFound(_)) => {}
+                    read => return read.map(First::Packed),
+                }
+            }
             let mut file = match std::fs::File::open(&path) {
                 Ok(f) => f,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                    return match store.read_packed(&tenant, &hash_of(&name))? {
-                        Some(bytes) => Ok(First::Packed(bytes)),
-                        None => Err(not_found(&name)),
+                    return match store.packs_now(&tenant)?.get(&hash).map(pack::read) {
+                        Some(Err(Error::NotFound(_))) | None => Err(not_found(&name)),
+                        Some(read) => read.map(First::Packed),
                     };
                 }
                 Err(e) => return Err(io(&path, e)),
