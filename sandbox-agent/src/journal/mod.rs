@@ -913,9 +913,15 @@ fn bounded_read(
     // could never get past it; one longer than MAX_LINE is not served.
     if !data.contains(&b'\n') {
         let mut offset = from + data.len() as u64;
-        while offset < size && !data.contains(&b'\n') {
+        // Checked before the end of the file is looked at: a line still
+        // being written that is already past the maximum fails now, read
+        // to the end in one piece or not.
+        while !data.contains(&b'\n') {
             if data.len() > journal::MAX_LINE {
                 return Err(line_too_long(run_id, from));
+            }
+            if offset >= size {
+                break;
             }
             let more = read_at(file, offset, max).map_err(|e| io_error("reading the journal", e))?;
             if more.is_empty() {

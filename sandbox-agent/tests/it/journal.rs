@@ -753,6 +753,40 @@ async fn a_line_over_the_maximum_is_never_served_and_names_its_offset() {
     agent.stop().await;
 }
 
+/// A line past the maximum that is still being written (no newline yet)
+/// fails a read from its start at once, even when one read takes in the
+/// whole journal: it was answered with no lines (the CI run of stop 55
+/// caught it, the writer paused 4 KiB past the maximum).
+#[tokio::test]
+async fn a_line_past_the_maximum_still_being_written_fails_a_read_at_once() {
+    use_real_shim();
+    let agent = TestAgent::start().await;
+    let mut c = client(&agent).await;
+    let over = journal::MAX_LINE + 4096;
+    let script = format!("echo before; head -c {over} /dev/zero | tr '\\0' x; sleep 30");
+    c.start_run(start_req("paused", &script)).await.unwrap();
+    let read = ReadJournalRequest {
+        run_id: "paused".into(),
+        sentinel_key: KEY.to_vec(),
+        from_byte: 7,
+        max_bytes: journal::MAX_LINE as u64 * 8,
+    };
+    let size = 7 + over as u64;
+    let mut grown = false;
+    for _ in 0..200 {
+        let r = c.read_journal(ReadJournalRequest { from_byte: 0, max_bytes: 8, ..read.clone() }).await;
+        if r.is_ok_and(|r| r.into_inner().journal_size >= size) {
+            grown = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(grown, "the command did not write its long line");
+    let e = Error::from_status(&c.read_journal(read).await.unwrap_err());
+    assert_eq!((e.code, e.metadata.get("offset").map(String::as_str)), (ErrorCode::LineTooLong, Some("7")));
+    agent.stop().await;
+}
+
 /// The value no byte served may hold, and its marker.
 const VALUE: &str = "supersecretvalue123";
 const MARKER: &str = "[secret:TOK]";
