@@ -168,14 +168,17 @@ pub(super) fn scan(dir: &Path, previous: Option<&TenantPacks>) -> Result<TenantP
     Ok(out)
 }
 
+/// The pack at `path`, opened; [`Error::NotFound`] when it is gone
+/// (collected since it was listed or looked up).
+fn open(path: &Path) -> Result<std::fs::File> {
+    std::fs::File::open(path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => Error::NotFound(format!("pack {}", path.display())),
+        _ => io(path, e),
+    })
+}
+
 fn read_index(path: &Path) -> Result<PackIndex> {
-    let file = match std::fs::File::open(path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Err(Error::NotFound(format!("pack {}", path.display())));
-        }
-        Err(e) => return Err(io(path, e)),
-    };
+    let file = open(path)?;
     let size = file.metadata().map_err(|e| io(path, e))?.len();
     let corrupt = |what: &str| Error::Corrupt(format!("pack {}: {what}", path.display()));
     if size < TRAILER as u64 {
@@ -211,13 +214,7 @@ fn read_index(path: &Path) -> Result<PackIndex> {
 /// The bytes of the blob at `at`. [`Error::NotFound`] when its pack is
 /// gone (collected since it was looked up). Blocking.
 pub(super) fn read(at: &Location) -> Result<Bytes> {
-    let file = match std::fs::File::open(&at.pack) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Err(Error::NotFound(format!("pack {}", at.pack.display())));
-        }
-        Err(e) => return Err(io(&at.pack, e)),
-    };
+    let file = open(&at.pack)?;
     let mut buf = vec![0u8; at.len as usize];
     file.read_exact_at(&mut buf, at.offset).map_err(|e| io(&at.pack, e))?;
     Ok(Bytes::from(buf))
