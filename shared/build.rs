@@ -47,6 +47,11 @@ fn main() {
     for set in [public, agent, node] {
         tonic_prost_build::configure()
             .codec_path("crate::codec::LeanCodec")
+            // A snapshot's blob bytes pass through without a copy: a slice
+            // of what was read on the sending side, of the received frame on
+            // the other.
+            .bytes(".sandhold.agent.v1.RestoreBlob.data")
+            .bytes(".sandhold.agent.v1.ReadBlobsResponse.data")
             .build_client(true)
             .build_server(true)
             .compile_fds(set)

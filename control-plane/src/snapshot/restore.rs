@@ -15,9 +15,6 @@ use crate::store::{Stores, Tenant};
 /// Manifest entries per restore message.
 const ENTRIES_PER_MESSAGE: usize = 1000;
 
-/// Blobs opened ahead of the one being sent.
-const READ_AHEAD: usize = 8;
-
 /// Restore checkpoint `checkpoint_id` of the tenant's thread into the
 /// (new, private) sandbox behind `agent`, leaving its workspace equal to
 /// the checkpoint outside what `policy` excludes (which stays untouched):
@@ -62,11 +59,11 @@ pub async fn restore(
 }
 
 /// The messages of a restore: header, manifest batches, then every blob,
-/// each read from the tenant's own blobs and sent in the blob store's
-/// pieces as they are read (never a whole blob in memory; the agent's
-/// stream is pulled, so a slow agent holds the reading back). A blob that
-/// cannot be read is cut short: the agent then refuses the restore as
-/// incomplete, having written nothing.
+/// read from the tenant's own blobs as the store reads many best and sent
+/// in its pieces as they are read (never a whole large blob in memory;
+/// the agent's stream is pulled, so a slow agent holds the reading back).
+/// A blob that cannot be read is cut short: the agent then refuses the
+/// restore as incomplete, having written nothing.
 fn restore_requests(
     blobs: std::sync::Arc<dyn crate::store::BlobStore>,
     tenant: Tenant,
@@ -81,42 +78,11 @@ fn restore_requests(
         for entries in batches {
             yield message(Request::Entries(agent::RestoreEntries { entries }));
         }
-        // Opened (and their first piece read) a few ahead of the one being
-        // sent: one blocking read after another left the agent waiting.
-        let mut opened = futures::stream::iter(hashes)
-            .map(move |sha256| {
-                let (blobs, tenant) = (blobs.clone(), tenant.clone());
-                async move {
-                    let pieces = blobs.read(&tenant, &sha256).await;
-                    (sha256, pieces)
-                }
-            })
-            .buffered(READ_AHEAD);
-        while let Some((sha256, pieces)) = opened.next().await {
-            let piece = |data| message(Request::Blob(agent::RestoreBlob { sha256: sha256.clone(), data }));
-            let mut pieces = match pieces {
-                Ok(stream) => stream,
-                Err(error) => {
-                    warn!(%sha256, %error, "a checkpoint blob cannot be read");
-                    continue;
-                }
-            };
-            // An empty blob is one empty piece: the agent learns of it.
-            let mut sent_any = false;
-            while let Some(data) = pieces.next().await {
-                match data {
-                    Ok(data) => {
-                        sent_any = true;
-                        yield piece(Vec::from(data));
-                    }
-                    Err(error) => {
-                        warn!(%sha256, %error, "reading a checkpoint blob failed");
-                        break;
-                    }
-                }
-            }
-            if !sent_any {
-                yield piece(Vec::new());
+        let mut pieces = blobs.read_many(&tenant, hashes);
+        while let Some((sha256, piece)) = pieces.next().await {
+            match piece {
+                Ok(data) => yield message(Request::Blob(agent::RestoreBlob { sha256, data })),
+                Err(error) => warn!(%sha256, %error, "a checkpoint blob cannot be read"),
             }
         }
     }

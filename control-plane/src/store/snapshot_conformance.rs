@@ -302,6 +302,79 @@ async fn blobs_of_a_batch_are_stored_once_sealed_and_collected_like_any(b: &Blob
     assert!(blobs.list().await.unwrap().is_empty());
 }
 
+/// What `read_many` gave for each blob: its bytes, or its error. Each
+/// blob's pieces must come together, none after its error.
+async fn read_many_all(
+    blobs: &Arc<dyn BlobStore>,
+    t: &Tenant,
+    hashes: &[String],
+) -> std::collections::BTreeMap<String, Result<Vec<u8>, String>> {
+    let mut out = std::collections::BTreeMap::new();
+    let mut current: Option<String> = None;
+    let mut pieces = blobs.clone().read_many(t, hashes.to_vec());
+    while let Some((sha256, piece)) = pieces.next().await {
+        if current.as_ref() != Some(&sha256) {
+            assert!(!out.contains_key(&sha256), "the pieces of {sha256} came apart");
+            current = Some(sha256.clone());
+        }
+        let blob = out.entry(sha256).or_insert(Ok(Vec::new()));
+        match piece {
+            Ok(bytes) => blob.as_mut().expect("no piece after an error").extend_from_slice(&bytes),
+            Err(e) => *blob = Err(e.to_string()),
+        }
+    }
+    out
+}
+
+/// A restore's read of many blobs at once: each of the tenant's blobs
+/// whole (packed, loose, large in pieces, empty), each once; another
+/// tenant's blob and one never stored are errors, and the rest still come;
+/// after a collection, the collected ones are errors.
+async fn blobs_are_read_many_at_once_whole_and_once_each(b: &BlobBackend) {
+    let (acme, globex) = (tenant("acme"), tenant("globex"));
+    let mut data: Vec<Vec<u8>> = (0..40).map(|i| format!("blob {i}").repeat(i + 1).into_bytes()).collect();
+    data.push(Vec::new());
+    data.push((0..(blob::READ_CHUNK * 2 + 7)).map(|i| (i % 241) as u8).collect());
+    let hashes: Vec<String> = data.iter().map(|d| sha(d)).collect();
+    let sizes: Vec<u64> = data.iter().map(|d| d.len() as u64).collect();
+    let batch = b.blobs.begin_batch(&acme, &sizes).await.unwrap();
+    for (h, d) in hashes.iter().zip(&data) {
+        let mut up = batch.begin_put(h, d.len() as u64).await.unwrap();
+        up.write(d).await.unwrap();
+        up.finish().await.unwrap();
+    }
+    batch.seal().await.unwrap();
+    let loose = b"stored on its own".to_vec();
+    b.blobs.put(&acme, &sha(&loose), Bytes::from(loose.clone())).await.unwrap();
+    let theirs = b"globex's own".to_vec();
+    b.blobs.put(&globex, &sha(&theirs), Bytes::from(theirs.clone())).await.unwrap();
+    let never = sha(b"never stored");
+
+    let mut asked = hashes.clone();
+    asked.extend([sha(&loose), sha(&theirs), never.clone()]);
+    asked.reverse();
+    let got = read_many_all(&b.blobs, &acme, &asked).await;
+    assert_eq!(got.len(), asked.len(), "every blob answered");
+    for (h, d) in hashes.iter().zip(&data).chain([(&sha(&loose), &loose)]) {
+        assert_eq!(got[h].as_ref(), Ok(d), "{h}");
+    }
+    for h in [sha(&theirs), never] {
+        assert!(got[&h].as_ref().is_err_and(|e| e.contains("not found")), "{h}: {:?}", got[&h]);
+    }
+
+    let gone = &hashes[..30];
+    assert_eq!(b.blobs.delete(&keys(&acme, gone)).await.unwrap(), 30);
+    let got = read_many_all(&b.blobs, &acme, &hashes).await;
+    assert_eq!(got.len(), hashes.len());
+    for (i, (h, d)) in hashes.iter().zip(&data).enumerate() {
+        if i < 30 {
+            assert!(got[h].is_err(), "collected: {h}");
+        } else {
+            assert_eq!(got[h].as_ref(), Ok(d), "{h}");
+        }
+    }
+}
+
 /// Every case, in a module per backend (named by its [`BlobBackend`]
 /// constructor).
 macro_rules! blob_suite {
@@ -331,6 +404,7 @@ blob_suite!(
         blobs_are_per_tenant,
         blobs_stream_in_pieces_and_refuse_what_was_not_declared,
         blobs_of_a_batch_are_stored_once_sealed_and_collected_like_any,
+        blobs_are_read_many_at_once_whole_and_once_each,
     ]
 );
 

@@ -381,6 +381,22 @@ async fn many_small_files_are_saved_in_one_pack_and_restored_byte_for_byte() {
         expected.insert(format!("src/m{i}/secret.env"), hex_sha256(zeroed.as_bytes()));
     }
     assert_eq!(tree_lines(&h.sh(&fork.sandbox_id, TREE).await), expected);
+
+    // The pack lost from disk (the server read it before): a restore that
+    // needs it looks again, finds the blobs nowhere, and the new sandbox's
+    // agent refuses the restore as incomplete.
+    let pack = files.iter().find(|f| f.extension().is_some_and(|x| x == "pack")).unwrap();
+    std::fs::remove_file(pack).unwrap();
+    h.fork("many", &saved.checkpoint_id, "many-lost").await;
+    let req = api::EnsureSandboxRequest {
+        definition_id: "local".into(),
+        thread_id: "many-lost".into(),
+        secrets: [("API_TOKEN".to_string(), SECRET.to_string())].into(),
+        run_id: String::new(),
+    };
+    let (_, lost) = sandhold_tests::sandbox::ensure(&mut h.inner.acme, req).await;
+    let status = lost.expect_err("a restore without its blobs fails");
+    assert!(status.message().contains("is missing"), "{status:?}");
     h.stop().await;
 }
 
@@ -762,7 +778,7 @@ impl SnapshotService for FakeAgent {
     ) -> Result<tonic::Response<Self::ReadBlobsStream>, tonic::Status> {
         self.asked.lock().unwrap().extend(req.into_inner().blobs.into_iter().map(|b| b.sha256));
         let sends = self.sends.iter().map(|(sha256, data)| {
-            Ok(agent::ReadBlobsResponse { sha256: sha256.clone(), data: data.clone(), last: true })
+            Ok(agent::ReadBlobsResponse { sha256: sha256.clone(), data: data.clone().into(), last: true })
         });
         Ok(tonic::Response::new(Box::pin(futures::stream::iter(sends.collect::<Vec<_>>()))))
     }

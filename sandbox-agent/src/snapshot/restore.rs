@@ -108,9 +108,10 @@ pub(super) fn refuse(what: impl Into<String>) -> Error {
         .with_violation("manifest", what)
 }
 
-/// A blob up to this size is held in memory until it is verified, then
-/// appended to the staging pack with others in one blocking task; a larger
-/// one goes on to a staging file of its own as it comes.
+/// A blob up to this size goes to the staging pack: held in memory with
+/// the ones before it, appended with them in one blocking task (checked
+/// by then: a blob that fails its check refuses the whole restore); a
+/// larger one goes on to a staging file of its own as it comes.
 const HELD_IN_MEMORY: usize = 1 << 20;
 
 /// Verified small blobs are appended to the pack once this many bytes wait.
@@ -138,7 +139,10 @@ async fn joined<T>(task: tokio::task::JoinHandle<std::io::Result<T>>) -> Result<
 /// The blob being received.
 struct Incoming {
     sha256: String,
-    /// The bytes not yet written to `file`.
+    /// Whether it goes to the staging pack (its bytes, as they come, to
+    /// [`Receiver::unpacked`]).
+    packed: bool,
+    /// The bytes not yet written to `file` (of a blob not packed).
     held: Vec<u8>,
     /// Its staging file, once it outgrew [`HELD_IN_MEMORY`].
     file: Option<std::fs::File>,
@@ -148,28 +152,21 @@ struct Incoming {
 }
 
 impl Incoming {
-    /// Hold `data`, moving what is held to the staging file once it is
-    /// more than [`HELD_IN_MEMORY`].
+    /// Hold `data` (of a blob not packed), moving what is held to the
+    /// staging file once it is more than [`HELD_IN_MEMORY`].
     async fn push(&mut self, data: &[u8], staging: &Staging) -> Result<(), Error> {
-        self.hasher.update(data);
         self.held.extend_from_slice(data);
         if self.held.len() <= HELD_IN_MEMORY {
             return Ok(());
         }
-        let open = match self.file.take() {
-            Some(open) => open,
-            None => {
-                let path = staging.blob(&self.sha256);
-                staged(move || std::fs::File::create(path)).await?
-            }
-        };
+        let open = staging_file(self.file.take(), staging.blob(&self.sha256)).await?;
         self.file = Some(write_held(open, std::mem::take(&mut self.held)).await?);
         Ok(())
     }
 
-    /// Check the blob against the manifest; its bytes when it is still to
-    /// be staged whole.
-    async fn finish(self) -> Result<(String, Option<Vec<u8>>), Error> {
+    /// Check the blob against the manifest and stage the rest of a blob
+    /// not packed; its name and whether it is packed.
+    async fn finish(self, staging: &Staging) -> Result<(String, bool), Error> {
         if self.size != self.expected {
             return Err(refuse(format!(
                 "blob {} has {} bytes, the manifest says {}",
@@ -180,14 +177,20 @@ impl Incoming {
         if actual != self.sha256 {
             return Err(refuse(format!("blob {} hashes to {actual}", self.sha256)));
         }
-        match self.file {
-            // Staged in part: the rest now.
-            Some(open) => {
-                write_held(open, self.held).await?;
-                Ok((self.sha256, None))
-            }
-            None => Ok((self.sha256, Some(self.held))),
+        if self.packed {
+            return Ok((self.sha256, true));
         }
+        let open = staging_file(self.file, staging.blob(&self.sha256)).await?;
+        write_held(open, self.held).await?;
+        Ok((self.sha256, false))
+    }
+}
+
+/// A blob's staging file: `file`, made before, or one made now at `path`.
+async fn staging_file(file: Option<std::fs::File>, path: PathBuf) -> Result<std::fs::File, Error> {
+    match file {
+        Some(open) => Ok(open),
+        None => staged(move || std::fs::File::create(path)).await,
     }
 }
 
@@ -212,11 +215,16 @@ pub(super) struct Receiver<'a> {
     summary: Option<ManifestSummary>,
     current: Option<Incoming>,
     received: HashSet<String>,
-    /// The bytes of verified small blobs not yet appended to the pack.
+    /// The bytes of the packed blobs not yet appended to the pack: the
+    /// ones checked, then the current one's so far.
     unpacked: Vec<u8>,
     /// The append under way, if any: the stream goes on meanwhile (at most
-    /// one, so the pack grows in the order [`Staging::place`] counted).
-    appending: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+    /// one, so the pack grows in the order [`Staging::place`] counted). It
+    /// hands its buffer back, to be filled again (fresh memory for every
+    /// few MiB was a page fault every 4 KiB).
+    appending: Option<tokio::task::JoinHandle<std::io::Result<Vec<u8>>>>,
+    /// The buffer the last append handed back.
+    spare: Vec<u8>,
 }
 
 impl<'a> Receiver<'a> {
@@ -231,6 +239,7 @@ impl<'a> Receiver<'a> {
             received: HashSet::new(),
             unpacked: Vec::new(),
             appending: None,
+            spare: Vec::new(),
         }
     }
 
@@ -267,9 +276,11 @@ impl<'a> Receiver<'a> {
             if self.received.contains(&blob.sha256) {
                 return Err(refuse(format!("blob {} sent twice", blob.sha256)));
             }
+            let packed = expected <= HELD_IN_MEMORY as u64;
             self.current = Some(Incoming {
                 sha256: blob.sha256.clone(),
-                held: Vec::with_capacity((expected as usize).min(HELD_IN_MEMORY)),
+                packed,
+                held: Vec::new(),
                 file: None,
                 hasher: Sha256::new(),
                 size: 0,
@@ -284,15 +295,20 @@ impl<'a> Receiver<'a> {
                 incoming.sha256, incoming.expected
             )));
         }
+        incoming.hasher.update(&blob.data);
+        if incoming.packed {
+            self.unpacked.extend_from_slice(&blob.data);
+            return Ok(());
+        }
         incoming.push(&blob.data, self.staging).await
     }
 
     /// A blob ended: checked, and staged (a small one in the pack).
     async fn complete(&mut self, done: Incoming) -> Result<(), Error> {
-        let (sha256, whole) = done.finish().await?;
-        if let Some(bytes) = whole {
-            self.staging.place(sha256.clone(), bytes.len());
-            self.unpacked.extend_from_slice(&bytes);
+        let len = done.size as usize;
+        let (sha256, packed) = done.finish(self.staging).await?;
+        if packed {
+            self.staging.place(sha256.clone(), len);
         }
         self.received.insert(sha256);
         if self.unpacked.len() >= STAGE_BATCH_BYTES {
@@ -309,20 +325,24 @@ impl<'a> Receiver<'a> {
             return Ok(());
         }
         self.appended().await?;
-        let (bytes, pack) = (std::mem::take(&mut self.unpacked), self.staging.pack());
+        let bytes = std::mem::replace(&mut self.unpacked, std::mem::take(&mut self.spare));
+        let pack = self.staging.pack();
         self.appending = Some(tokio::task::spawn_blocking(move || {
             use std::io::Write;
-            std::fs::OpenOptions::new().create(true).append(true).open(pack)?.write_all(&bytes)
+            std::fs::OpenOptions::new().create(true).append(true).open(pack)?.write_all(&bytes)?;
+            Ok(bytes)
         }));
         Ok(())
     }
 
     /// Wait for the append under way.
     async fn appended(&mut self) -> Result<(), Error> {
-        match self.appending.take() {
-            Some(append) => joined(append).await,
-            None => Ok(()),
+        if let Some(append) = self.appending.take() {
+            let mut buffer = joined(append).await?;
+            buffer.clear();
+            self.spare = buffer;
         }
+        Ok(())
     }
 
     /// The stream ended: the checked manifest, once every blob it
@@ -829,7 +849,10 @@ mod tests {
                 pieces.push(&[]);
             }
             for piece in pieces {
-                receiver.blob(RestoreBlob { sha256: sha256.clone(), data: piece.to_vec() }).await.unwrap();
+                receiver
+                    .blob(RestoreBlob { sha256: sha256.clone(), data: piece.to_vec().into() })
+                    .await
+                    .unwrap();
             }
         }
         let entries = receiver.finish().await.unwrap();

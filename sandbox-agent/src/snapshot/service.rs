@@ -128,11 +128,17 @@ impl SnapshotService for Snapshots {
                 let mut held: Option<Vec<u8>> = None;
                 let result =
                     read_blob(&root, &blob, &policy, &redactor, |data| match held.replace(data.to_vec()) {
-                        Some(data) => send(ReadBlobsResponse { sha256: sha256.clone(), data, last: false }),
+                        Some(data) => {
+                            send(ReadBlobsResponse { sha256: sha256.clone(), data: data.into(), last: false })
+                        }
                         None => Ok(()),
                     })
                     .and_then(|()| {
-                        send(ReadBlobsResponse { sha256, data: held.take().unwrap_or_default(), last: true })
+                        send(ReadBlobsResponse {
+                            sha256,
+                            data: held.take().unwrap_or_default().into(),
+                            last: true,
+                        })
                     });
                 if let Err(e) = result {
                     let _ = tx.blocking_send(Err(e.into()));

@@ -87,7 +87,7 @@ fn restore_messages(
         msgs.push(RestoreRequest {
             request: Some(restore_request::Request::Blob(RestoreBlob {
                 sha256: sha256.clone(),
-                data: data.clone(),
+                data: data.clone().into(),
             })),
         });
     }

@@ -35,9 +35,11 @@ mod pack;
 mod postgres;
 
 use std::path::Path;
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use futures::StreamExt;
 use futures::stream::BoxStream;
 use sha2::{Digest, Sha256};
 
@@ -51,6 +53,13 @@ pub const READ_CHUNK: usize = 1 << 20;
 
 /// A blob's bytes in order.
 pub type BlobStream = BoxStream<'static, Result<Bytes>>;
+
+/// The pieces of many blobs ([`BlobStore::read_many`]), each with its
+/// blob's name.
+pub type ManyBlobs = BoxStream<'static, (String, Result<Bytes>)>;
+
+/// Blobs [`read_each`] opens ahead of the one it is reading.
+const READ_AHEAD: usize = 8;
 
 /// What a blob store holds.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -137,7 +146,7 @@ impl BlobUpload {
 }
 
 #[async_trait]
-pub trait BlobStore: Send + Sync {
+pub trait BlobStore: Send + Sync + 'static {
     /// `"dir"` or `"postgres"`.
     fn backend_name(&self) -> &'static str;
 
@@ -174,6 +183,15 @@ pub trait BlobStore: Send + Sync {
     /// The bytes of the tenant's blob in chunks of at most [`READ_CHUNK`];
     /// [`Error::NotFound`] up front when the tenant has no such blob.
     async fn read(&self, tenant: &Tenant, sha256: &str) -> Result<BlobStream>;
+
+    /// The tenant's blobs `hashes` (a restore's), in the order the backend
+    /// reads them best: every piece of each (at most [`READ_CHUNK`]) with
+    /// its name, a blob's pieces together and in order, an empty blob one
+    /// empty piece. A blob that cannot be read is an `Err` (after what was
+    /// read of it), and the others still come.
+    fn read_many(self: Arc<Self>, tenant: &Tenant, hashes: Vec<String>) -> ManyBlobs {
+        read_each(self, tenant.clone(), hashes)
+    }
 
     /// Every stored blob of every tenant (for garbage collection).
     async fn list(&self) -> Result<Vec<BlobKey>>;
@@ -223,6 +241,45 @@ impl<S: BlobStore> BlobBatch for OneByOne<S> {
     async fn seal(self: Box<Self>) -> Result<()> {
         Ok(())
     }
+}
+
+/// [`BlobStore::read_many`] by [`BlobStore::read`] of one blob after
+/// another, a few opened ahead (one blocking open after another left the
+/// reader waiting).
+fn read_each<S: BlobStore + ?Sized>(store: Arc<S>, tenant: Tenant, hashes: Vec<String>) -> ManyBlobs {
+    let opened = futures::stream::iter(hashes)
+        .map(move |sha256| {
+            let (store, tenant) = (store.clone(), tenant.clone());
+            async move {
+                let pieces = store.read(&tenant, &sha256).await;
+                (sha256, pieces)
+            }
+        })
+        .buffered(READ_AHEAD);
+    Box::pin(async_stream::stream! {
+        futures::pin_mut!(opened);
+        while let Some((sha256, pieces)) = opened.next().await {
+            let mut pieces = match pieces {
+                Ok(pieces) => pieces,
+                Err(e) => {
+                    yield (sha256, Err(e));
+                    continue;
+                }
+            };
+            let mut any = false;
+            while let Some(piece) = pieces.next().await {
+                let failed = piece.is_err();
+                any = true;
+                yield (sha256.clone(), piece);
+                if failed {
+                    break;
+                }
+            }
+            if !any {
+                yield (sha256, Ok(Bytes::new()));
+            }
+        }
+    })
 }
 
 fn check_name(sha256: &str) -> Result<()> {
