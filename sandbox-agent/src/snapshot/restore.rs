@@ -15,22 +15,30 @@ use crate::confine::{Root, io_error};
 use crate::run_user::{FsAs, RunUser};
 
 /// A staging directory outside the root, removed on drop. A large blob is
-/// a file of its own; small ones follow one another in one file, the pack
-/// (a workspace is mostly small files, and a file each cost a file
-/// creation each, twice over with the restore's own).
+/// a file of its own; small ones follow one another in packs (a workspace
+/// is mostly small files, and a file each cost a file creation each, twice
+/// over with the restore's own). There are [`STAGING_PACKS`] packs, filled
+/// in turns, so that many appends are made at once: one file's buffered
+/// writes are one after another (the inode's lock), and one thread's
+/// copies into the page cache were the stream's pace.
 pub(super) struct Staging {
     dir: PathBuf,
-    /// Where each small blob is in the pack: offset and length.
-    packed: HashMap<String, (u64, usize)>,
-    pack_len: u64,
+    /// Where each small blob is: its pack, offset and length.
+    packed: HashMap<String, (usize, u64, usize)>,
+    pack_len: [u64; STAGING_PACKS],
+    /// The pack the blobs now being placed go to.
+    filling: usize,
 }
+
+/// Packs a restore stages small blobs in.
+const STAGING_PACKS: usize = 2;
 
 impl Staging {
     pub(super) fn new(parent: &Path) -> Result<Self, Error> {
         let dir = parent.join(format!(".sandhold-restore-{}", uuid::Uuid::new_v4().simple()));
         std::fs::create_dir_all(&dir)
             .map_err(|e| Error::internal(format!("creating the restore staging dir: {e}")))?;
-        Ok(Self { dir, packed: HashMap::new(), pack_len: 0 })
+        Ok(Self { dir, packed: HashMap::new(), pack_len: [0; STAGING_PACKS], filling: 0 })
     }
 
     /// A large blob's own file.
@@ -38,14 +46,22 @@ impl Staging {
         self.dir.join(sha256)
     }
 
-    fn pack(&self) -> PathBuf {
-        self.dir.join("pack")
+    fn pack(&self, which: usize) -> PathBuf {
+        self.dir.join(format!("pack{which}"))
     }
 
-    /// Note `len` bytes of `sha256` as the pack's next.
+    /// Note `len` bytes of `sha256` as the next of the pack being filled.
     fn place(&mut self, sha256: String, len: usize) {
-        self.packed.insert(sha256, (self.pack_len, len));
-        self.pack_len += len as u64;
+        let which = self.filling;
+        self.packed.insert(sha256, (which, self.pack_len[which], len));
+        self.pack_len[which] += len as u64;
+    }
+
+    /// The pack being filled; the next blobs placed go to the next one.
+    fn next_pack(&mut self) -> usize {
+        let which = self.filling;
+        self.filling = (which + 1) % STAGING_PACKS;
+        which
     }
 
     fn is_packed(&self, sha256: &str) -> bool {
@@ -56,36 +72,42 @@ impl Staging {
     /// as the agent (the staging dir is not the run user's).
     fn source(&self, sha256: &str) -> std::io::Result<Source> {
         match self.packed.get(sha256) {
-            Some(&(offset, len)) => Ok(Source::Packed(offset, len)),
+            Some(&(which, offset, len)) => Ok(Source::Packed(which, offset, len)),
             None => std::fs::File::open(self.blob(sha256)).map(Source::Own),
         }
     }
 
-    /// The pack, open for reading (`None` when nothing is in it).
-    fn open_pack(&self) -> std::io::Result<Option<std::fs::File>> {
-        if self.packed.is_empty() { Ok(None) } else { std::fs::File::open(self.pack()).map(Some) }
+    /// The packs, each open for reading (`None` when nothing is in it).
+    fn open_packs(&self) -> std::io::Result<Vec<Option<std::fs::File>>> {
+        (0..STAGING_PACKS)
+            .map(|which| match self.pack_len[which] {
+                0 => Ok(None),
+                _ => std::fs::File::open(self.pack(which)).map(Some),
+            })
+            .collect()
     }
 }
 
 /// The staged bytes of one blob.
 enum Source {
-    /// In the pack: offset and length.
-    Packed(u64, usize),
+    /// In a pack: which, offset and length.
+    Packed(usize, u64, usize),
     Own(std::fs::File),
 }
 
 impl Source {
-    /// Copy the bytes to `out`; `pack` is the staging pack, open.
+    /// Copy the bytes to `out`; `packs` are the staging packs, open.
     fn copy_to(
         self,
-        pack: Option<&std::fs::File>,
+        packs: &[Option<std::fs::File>],
         buf: &mut Vec<u8>,
         out: &mut std::fs::File,
     ) -> std::io::Result<()> {
         use std::io::Write;
         use std::os::unix::fs::FileExt;
         match self {
-            Source::Packed(offset, len) => {
+            Source::Packed(which, offset, len) => {
+                let pack = packs.get(which).and_then(Option::as_ref);
                 let pack = pack.ok_or_else(|| std::io::Error::other("the staging pack is not open"))?;
                 buf.resize(len, 0);
                 pack.read_exact_at(buf, offset)?;
@@ -114,7 +136,7 @@ pub(super) fn refuse(what: impl Into<String>) -> Error {
 /// larger one goes on to a staging file of its own as it comes.
 const HELD_IN_MEMORY: usize = 1 << 20;
 
-/// Verified small blobs are appended to the pack once this many bytes wait.
+/// Small blobs are appended to a staging pack once this many bytes wait.
 const STAGE_BATCH_BYTES: usize = 8 << 20;
 
 fn staging_error(e: impl std::fmt::Display) -> Error {
@@ -218,13 +240,14 @@ pub(super) struct Receiver<'a> {
     /// The bytes of the packed blobs not yet appended to the pack: the
     /// ones checked, then the current one's so far.
     unpacked: Vec<u8>,
-    /// The append under way, if any: the stream goes on meanwhile (at most
-    /// one, so the pack grows in the order [`Staging::place`] counted). It
-    /// hands its buffer back, to be filled again (fresh memory for every
-    /// few MiB was a page fault every 4 KiB).
-    appending: Option<tokio::task::JoinHandle<std::io::Result<Vec<u8>>>>,
-    /// The buffer the last append handed back.
-    spare: Vec<u8>,
+    /// The append under way to each staging pack, if any: the stream goes
+    /// on meanwhile (at most one a pack, so each grows in the order
+    /// [`Staging::place`] counted). Each hands its buffer back, to be
+    /// filled again (fresh memory for every few MiB was a page fault every
+    /// 4 KiB).
+    appending: [Option<tokio::task::JoinHandle<std::io::Result<Vec<u8>>>>; STAGING_PACKS],
+    /// Buffers the appends handed back.
+    spare: Vec<Vec<u8>>,
 }
 
 impl<'a> Receiver<'a> {
@@ -238,7 +261,7 @@ impl<'a> Receiver<'a> {
             current: None,
             received: HashSet::new(),
             unpacked: Vec::new(),
-            appending: None,
+            appending: Default::default(),
             spare: Vec::new(),
         }
     }
@@ -317,17 +340,19 @@ impl<'a> Receiver<'a> {
         Ok(())
     }
 
-    /// Start appending the verified small blobs waiting in memory to the
-    /// pack, once the append before has ended; the stream is read on
-    /// meanwhile (inline, these appends held it a quarter of the time).
+    /// Start appending the small blobs waiting in memory to the pack they
+    /// were placed in, once that pack's append before has ended; the
+    /// stream is read on meanwhile (inline, these appends held it a
+    /// quarter of the time), and the next blobs go to the next pack.
     async fn pack_held(&mut self) -> Result<(), Error> {
         if self.unpacked.is_empty() {
             return Ok(());
         }
-        self.appended().await?;
-        let bytes = std::mem::replace(&mut self.unpacked, std::mem::take(&mut self.spare));
-        let pack = self.staging.pack();
-        self.appending = Some(tokio::task::spawn_blocking(move || {
+        let which = self.staging.next_pack();
+        self.appended(which).await?;
+        let bytes = std::mem::replace(&mut self.unpacked, self.spare.pop().unwrap_or_default());
+        let pack = self.staging.pack(which);
+        self.appending[which] = Some(tokio::task::spawn_blocking(move || {
             use std::io::Write;
             std::fs::OpenOptions::new().create(true).append(true).open(pack)?.write_all(&bytes)?;
             Ok(bytes)
@@ -335,12 +360,12 @@ impl<'a> Receiver<'a> {
         Ok(())
     }
 
-    /// Wait for the append under way.
-    async fn appended(&mut self) -> Result<(), Error> {
-        if let Some(append) = self.appending.take() {
+    /// Wait for the append under way to pack `which`.
+    async fn appended(&mut self, which: usize) -> Result<(), Error> {
+        if let Some(append) = self.appending[which].take() {
             let mut buffer = joined(append).await?;
             buffer.clear();
-            self.spare = buffer;
+            self.spare.push(buffer);
         }
         Ok(())
     }
@@ -352,7 +377,9 @@ impl<'a> Receiver<'a> {
             self.complete(done).await?;
         }
         self.pack_held().await?;
-        self.appended().await?;
+        for which in 0..STAGING_PACKS {
+            self.appended(which).await?;
+        }
         let summary = match self.summary.take() {
             Some(s) => s,
             None => self.check_manifest()?,
@@ -626,11 +653,11 @@ fn write_entries(
         response.dirs_created += 1;
     }
     // Opened as the agent: the staging dir is not the run user's.
-    let pack = staging.open_pack().map_err(staging_error)?;
+    let packs = staging.open_packs().map_err(staging_error)?;
     let cpus = std::thread::available_parallelism().map_or(1, usize::from);
     let writers = cpus.min(WRITERS).min(files.len() / FILES_PER_WRITER).max(1);
     let failed = std::sync::atomic::AtomicBool::new(false);
-    let write = |part: &[&ManifestEntry]| write_files(root, staging, pack.as_ref(), part, user, &failed);
+    let write = |part: &[&ManifestEntry]| write_files(root, staging, &packs, part, user, &failed);
     let written: Vec<Result<(u64, u64), Error>> = if writers == 1 {
         vec![write(&files)]
     } else {
@@ -657,7 +684,7 @@ fn write_entries(
 fn write_files(
     root: &Root,
     staging: &Staging,
-    pack: Option<&std::fs::File>,
+    packs: &[Option<std::fs::File>],
     files: &[&ManifestEntry],
     user: Option<&RunUser>,
     failed: &std::sync::atomic::AtomicBool,
@@ -666,7 +693,7 @@ fn write_files(
     let mut writer = Writer {
         root,
         staging,
-        pack,
+        packs,
         user,
         as_user: None,
         buf: Vec::new(),
@@ -693,7 +720,7 @@ fn write_files(
 struct Writer<'a> {
     root: &'a Root,
     staging: &'a Staging,
-    pack: Option<&'a std::fs::File>,
+    packs: &'a [Option<std::fs::File>],
     user: Option<&'a RunUser>,
     /// Acting as `user` from one file to the next, but for opening a blob
     /// staged in a file of its own (as the agent).
@@ -770,7 +797,7 @@ impl Writer<'_> {
 
     /// Write the staged bytes to `out` and give it the entry's mode.
     fn fill(&mut self, mut out: std::fs::File, source: Source, entry: &ManifestEntry) -> std::io::Result<()> {
-        source.copy_to(self.pack, &mut self.buf, &mut out)?;
+        source.copy_to(self.packs, &mut self.buf, &mut out)?;
         out.set_permissions(std::fs::Permissions::from_mode(entry.mode))
     }
 }
@@ -856,7 +883,14 @@ mod tests {
             }
         }
         let entries = receiver.finish().await.unwrap();
-        assert_eq!(staging.packed.len(), blobs.len() - 1, "every blob but the large one is in the pack");
+        assert_eq!(staging.packed.len(), blobs.len() - 1, "every blob but the large one is in a pack");
+        let staged = |which: usize| std::fs::metadata(staging.pack(which)).unwrap().len();
+        assert_eq!([staged(0), staged(1)], staging.pack_len, "both packs filled, whole");
+        assert!(
+            staging.pack_len.iter().all(|&len| len >= STAGE_BATCH_BYTES as u64),
+            "{:?}",
+            staging.pack_len
+        );
         // Files already there are replaced (renamed over), the others made
         // in place.
         for (path, old) in [("d00/f00000.txt", "old and longer than the new\n"), ("same/a", "")] {
