@@ -176,8 +176,9 @@ async fn upload(
         .await
         .map_err(Error::agent("reading captured files"))?
         .into_inner();
-    // `put` re-hashes: bytes that changed since the manifest (or never
-    // were the manifest's) are refused, and so are more than it declared.
+    // Every blob is hashed on receipt: bytes that changed since the
+    // manifest (or never were the manifest's) are refused, naming the
+    // file, and so are more than it declared.
     let changed = |e: crate::store::Error| match e {
         crate::store::Error::Invalid { reason, .. } => Error::ChangedWhileCaptured(reason),
         other => other.into(),
@@ -226,7 +227,8 @@ async fn upload(
                 finishing_bytes -= joined(finishing.join_next().await).map_err(changed)?;
             }
             finishing_bytes += size;
-            finishing.spawn(async move { blob.finish().await.map(|_| size) });
+            let path = path.to_string();
+            finishing.spawn(async move { blob.finish().await.map(|_| size).map_err(|e| in_file(e, &path)) });
         }
     }
     while let Some(done) = finishing.join_next().await {
@@ -240,6 +242,16 @@ async fn upload(
     }
     batch.seal().await?;
     Ok(uploaded)
+}
+
+/// A blob's refusal, naming the file it was read from.
+fn in_file(e: crate::store::Error, path: &str) -> crate::store::Error {
+    match e {
+        crate::store::Error::Invalid { field, reason } => {
+            crate::store::Error::Invalid { field, reason: format!("{path:?}: {reason}") }
+        }
+        other => other,
+    }
 }
 
 /// The bytes of the blobs of one save being verified and stored at once

@@ -886,11 +886,16 @@ async fn fake_agent_attack(stores: &Stores, dir: &std::path::Path, round: usize)
         "the control plane asked for the claimed blob"
     );
 
-    // Claimed, and other bytes sent under the hash: refused on receipt.
-    let forged = FakeAgent::claiming("stolen.txt", &plan).sending(&h, b"whatever bytes");
+    // Claimed, and other bytes sent under the hash (as an agent reading a
+    // file changed since its manifest does): refused on receipt, naming
+    // the file.
+    let forged = FakeAgent::claiming("stolen.txt", &plan).sending(&h, b"acme's plan: ship on monday");
     let client = forged.serve(dir, &format!("forged-{round}")).await;
     let err = snapshot::save(stores, &client, request(&globex, "forged")).await.unwrap_err();
-    assert!(matches!(err, snapshot::Error::ChangedWhileCaptured(_)), "{err:?}");
+    assert!(
+        matches!(&err, snapshot::Error::ChangedWhileCaptured(why) if why.contains("\"stolen.txt\": bytes hash to")),
+        "{err:?}"
+    );
 
     // Nothing of globex references acme's bytes, nor can globex read them.
     let snapshots = SnapshotOps::new(stores.clone());
