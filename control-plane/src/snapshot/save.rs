@@ -179,10 +179,6 @@ async fn upload(
     // Every blob is hashed on receipt: bytes that changed since the
     // manifest (or never were the manifest's) are refused, naming the
     // file, and so are more than it declared.
-    let changed = |e: crate::store::Error| match e {
-        crate::store::Error::Invalid { reason, .. } => Error::ChangedWhileCaptured(reason),
-        other => other.into(),
-    };
     let mut uploaded = 0u64;
     let mut received = std::collections::HashSet::new();
     let mut current: Option<(String, crate::store::blob::BlobUpload)> = None;
@@ -202,7 +198,7 @@ async fn upload(
             if received.contains(&msg.sha256) {
                 return Err(Error::Corrupt(format!("the agent sent blob {} twice", msg.sha256)));
             }
-            let blob = batch.begin_put(&msg.sha256, size).await.map_err(changed)?;
+            let blob = batch.begin_put(&msg.sha256, size).await.map_err(changed_in(path))?;
             current = Some((msg.sha256.clone(), blob));
         }
         let (hash, blob) = current.as_mut().expect("set above");
@@ -218,21 +214,21 @@ async fn upload(
         if let Some(max) = up.maxima.total.filter(|m| m.exceeded_by(total)) {
             return Err(Error::TooLarge { path: String::new(), size: total, max });
         }
-        blob.write(&msg.data).await.map_err(changed)?;
+        blob.write(&msg.data).await.map_err(changed_in(path))?;
         uploaded = total;
         if msg.last {
             let (hash, blob) = current.take().expect("set above");
             received.insert(hash);
             while finishing.len() >= at_once || finishing_bytes >= FINISHING_BYTES {
-                finishing_bytes -= joined(finishing.join_next().await).map_err(changed)?;
+                finishing_bytes -= joined(finishing.join_next().await)?;
             }
             finishing_bytes += size;
             let path = path.to_string();
-            finishing.spawn(async move { blob.finish().await.map(|_| size).map_err(|e| in_file(e, &path)) });
+            finishing.spawn(async move { blob.finish().await.map(|_| size).map_err(changed_in(&path)) });
         }
     }
     while let Some(done) = finishing.join_next().await {
-        joined(Some(done)).map_err(changed)?;
+        joined(Some(done))?;
     }
     if current.is_some() {
         return Err(Error::Corrupt("the agent ended a blob stream mid-blob".into()));
@@ -244,13 +240,14 @@ async fn upload(
     Ok(uploaded)
 }
 
-/// A blob's refusal, naming the file it was read from.
-fn in_file(e: crate::store::Error, path: &str) -> crate::store::Error {
-    match e {
-        crate::store::Error::Invalid { field, reason } => {
-            crate::store::Error::Invalid { field, reason: format!("{path:?}: {reason}") }
+/// A store error of the blob read from `path`: a refusal of its bytes is
+/// the file having changed while it was captured, named.
+fn changed_in(path: &str) -> impl Fn(crate::store::Error) -> Error + '_ {
+    move |e| match e {
+        crate::store::Error::Invalid { reason, .. } => {
+            Error::ChangedWhileCaptured(format!("{path:?}: {reason}"))
         }
-        other => other,
+        other => other.into(),
     }
 }
 
@@ -260,12 +257,10 @@ fn in_file(e: crate::store::Error, path: &str) -> crate::store::Error {
 const FINISHING_BYTES: u64 = 32 << 20;
 
 /// The bytes of a blob whose `finish` task ended, once it succeeded.
-fn joined(
-    done: Option<Result<crate::store::Result<u64>, tokio::task::JoinError>>,
-) -> crate::store::Result<u64> {
+fn joined(done: Option<Result<Result<u64, Error>, tokio::task::JoinError>>) -> Result<u64, Error> {
     match done {
         Some(Ok(stored)) => stored,
-        Some(Err(e)) => Err(crate::store::Error::Unavailable(format!("storing a blob: {e}"))),
+        Some(Err(e)) => Err(crate::store::Error::Unavailable(format!("storing a blob: {e}")).into()),
         None => Ok(0),
     }
 }
