@@ -161,9 +161,6 @@ async fn joined<T>(task: tokio::task::JoinHandle<std::io::Result<T>>) -> Result<
 /// The blob being received.
 struct Incoming {
     sha256: String,
-    /// Whether it goes to the staging pack (its bytes, as they come, to
-    /// [`Receiver::unpacked`]).
-    packed: bool,
     /// The bytes not yet written to `file` (of a blob not packed).
     held: Vec<u8>,
     /// Its staging file, once it outgrew [`HELD_IN_MEMORY`].
@@ -174,6 +171,12 @@ struct Incoming {
 }
 
 impl Incoming {
+    /// Whether it goes to a staging pack (its bytes, as they come, to
+    /// [`Receiver::unpacked`]).
+    fn packed(&self) -> bool {
+        self.expected <= HELD_IN_MEMORY as u64
+    }
+
     /// Hold `data` (of a blob not packed), moving what is held to the
     /// staging file once it is more than [`HELD_IN_MEMORY`].
     async fn push(&mut self, data: &[u8], staging: &Staging) -> Result<(), Error> {
@@ -189,6 +192,7 @@ impl Incoming {
     /// Check the blob against the manifest and stage the rest of a blob
     /// not packed; its name and whether it is packed.
     async fn finish(self, staging: &Staging) -> Result<(String, bool), Error> {
+        let packed = self.packed();
         if self.size != self.expected {
             return Err(refuse(format!(
                 "blob {} has {} bytes, the manifest says {}",
@@ -199,7 +203,7 @@ impl Incoming {
         if actual != self.sha256 {
             return Err(refuse(format!("blob {} hashes to {actual}", self.sha256)));
         }
-        if self.packed {
+        if packed {
             return Ok((self.sha256, true));
         }
         let open = staging_file(self.file, staging.blob(&self.sha256)).await?;
@@ -299,10 +303,8 @@ impl<'a> Receiver<'a> {
             if self.received.contains(&blob.sha256) {
                 return Err(refuse(format!("blob {} sent twice", blob.sha256)));
             }
-            let packed = expected <= HELD_IN_MEMORY as u64;
             self.current = Some(Incoming {
                 sha256: blob.sha256.clone(),
-                packed,
                 held: Vec::new(),
                 file: None,
                 hasher: Sha256::new(),
@@ -319,7 +321,7 @@ impl<'a> Receiver<'a> {
             )));
         }
         incoming.hasher.update(&blob.data);
-        if incoming.packed {
+        if incoming.packed() {
             self.unpacked.extend_from_slice(&blob.data);
             return Ok(());
         }
