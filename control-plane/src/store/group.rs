@@ -378,14 +378,22 @@ fn shared_failure(error: &Error) -> Error {
     }
 }
 
-/// One multi-row INSERT of `$rows` (`(&RunKey, seq, held epoch, &NewChunk)`,
-/// at most [`ROWS_PER_INSERT`] of them) into `run_events` on `$conn`.
+/// One multi-row INSERT of `$rows` (a slice of `(&RunKey, seq, held epoch,
+/// &NewChunk)`, at most [`ROWS_PER_INSERT`] of them) into `run_events` on
+/// `$conn`. Room for every bound value is made before the first: grown
+/// value by value, the arguments of each INSERT were reallocated a dozen
+/// times.
 macro_rules! insert_events {
     ($db:ty, $conn:expr, $rows:expr, $now:expr) => {{
-        let mut insert = sqlx::QueryBuilder::<$db>::new(
+        let rows: &[(&RunKey, i64, i64, &NewChunk)] = $rows;
+        let mut arguments = <$db as sqlx::Database>::Arguments::<'_>::default();
+        let payloads: usize = rows.iter().map(|row| row.3.payload.len()).sum();
+        sqlx::Arguments::reserve(&mut arguments, rows.len() * $crate::store::group::VALUES_PER_ROW, payloads);
+        let mut insert = sqlx::QueryBuilder::<$db>::with_arguments(
             "INSERT INTO run_events (tenant, run_id, seq, epoch, kind, payload, appended_at) ",
+            arguments,
         );
-        insert.push_values($rows, |mut row, (run, seq, held, chunk): (&RunKey, i64, i64, &NewChunk)| {
+        insert.push_values(rows.iter().copied(), |mut row, (run, seq, held, chunk)| {
             row.push_bind(run.tenant.as_str())
                 .push_bind(run.run.as_str())
                 .push_bind(seq)
@@ -400,8 +408,11 @@ macro_rules! insert_events {
 pub(super) use insert_events;
 
 /// Rows per INSERT statement: SQLite caps bound parameters per statement
-/// (32,766), PostgreSQL at 65,535; seven a row.
+/// (32,766), PostgreSQL at 65,535; [`VALUES_PER_ROW`] a row.
 pub(super) const ROWS_PER_INSERT: usize = 1000;
+
+/// The values an INSERT binds for each row of `run_events`.
+pub(super) const VALUES_PER_ROW: usize = 7;
 
 /// Runs per fence query, two parameters each.
 pub(super) const RUNS_PER_QUERY: usize = 500;
@@ -494,7 +505,7 @@ macro_rules! write_planned {
         let written = $crate::store::group::plan(members, $fences, now);
         let rows: Vec<_> = $crate::store::group::rows(members, &written).collect();
         for rows in rows.chunks($crate::store::group::ROWS_PER_INSERT) {
-            $crate::store::group::insert_events!($db, &mut **$conn, rows.iter().copied(), now);
+            $crate::store::group::insert_events!($db, &mut **$conn, rows, now);
         }
         for (member, written) in members.iter().zip(&written) {
             if let $crate::store::group::Written::Stored { seqs, .. } = written {

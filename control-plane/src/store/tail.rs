@@ -146,10 +146,14 @@ struct Newest {
 }
 
 impl Newest {
-    fn push(&mut self, chunks: impl IntoIterator<Item = StoredChunk>) {
-        for chunk in chunks {
-            self.bytes += chunk.payload.len();
-            self.chunks.push_back(chunk);
+    fn push(&mut self, chunks: Vec<StoredChunk>) {
+        self.bytes += chunks.iter().map(|chunk| chunk.payload.len()).sum::<usize>();
+        if self.chunks.is_empty() {
+            // Taken as they are (a commit's rows into news just taken): not
+            // copied into a queue grown from nothing.
+            self.chunks = VecDeque::from(chunks);
+        } else {
+            self.chunks.extend(chunks);
         }
     }
 

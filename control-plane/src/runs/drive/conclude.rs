@@ -16,6 +16,7 @@ use super::store_calls::stored_log;
 use crate::harness::session::Carry;
 use crate::runs::align::checkpoints;
 use crate::runs::daily;
+use crate::runs::log::encode_chunk;
 use crate::runs::{Runs, session};
 use crate::store::{self, RunError, RunFinish, RunStatus, Timestamp};
 
@@ -99,7 +100,7 @@ impl Runs {
             let error = error.as_ref().expect("a stop or failure carries its error");
             let factory = ChunkFactory::new(&ctx.key.run, &ctx.thread_id, chunk::now_ms);
             let chunk = factory.run_error(&error.message, &error.code);
-            if let Err(Ending::Superseded(why)) = self.append_last(ctx, &[chunk]).await {
+            if let Err(Ending::Superseded(why)) = self.append_last(ctx, &[encode_chunk(&chunk)]).await {
                 info!(run_id = %ctx.key.run, reason = %why, "superseded before the terminal chunk; writing nothing");
                 return;
             }

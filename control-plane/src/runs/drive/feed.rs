@@ -75,7 +75,6 @@ impl Runs {
         pump: &mut Pump<'_>,
         lines: Vec<agent::JournalLine>,
     ) -> Result<(), Ending> {
-        let mut batch = Vec::new();
         // Whether a translated chunk is in the batch: stderr lines do not
         // end a run of out-of-band chunks (the aligner looks through them).
         let mut translated = false;
@@ -84,7 +83,7 @@ impl Runs {
             if line.stderr {
                 // Masked by the agent, which holds the values, like stdout.
                 let text = String::from_utf8_lossy(&line.data);
-                batch.push(pump.factory.stderr_line(&text, line.end_offset));
+                pump.outbox.push_one(&pump.factory.stderr_line(&text, line.end_offset));
                 pump.stderr_from = line.end_offset;
                 continue;
             }
@@ -101,7 +100,7 @@ impl Runs {
                     pump.held_terminal = Some(c);
                 } else if pump.aligner.offer(&c).await.map_err(|e| ctx.interrupts.failed(e))? {
                     translated = true;
-                    batch.push(c);
+                    pump.outbox.push_one(&c);
                 }
             }
         }
@@ -111,7 +110,6 @@ impl Runs {
         if translated {
             pump.out_of_band_run = 0;
         }
-        pump.outbox.push(batch);
         if pump.aligner.caught_up() {
             pump.outbox.push(std::mem::take(&mut pump.held_out_of_band));
         }

@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 
 use backon::ExponentialBuilder;
 use shared::chunk::{self, ChunkFactory};
-use shared::proto::v1::Chunk;
 use tracing::{debug, info, warn};
 
 use super::ctx::DriveCtx;
@@ -21,7 +20,7 @@ use crate::harness::session::Carry;
 use crate::provision::{Progress, Secrets};
 use crate::runs::egress::RunEgress;
 use crate::runs::error::Error;
-use crate::runs::log::decode_chunk;
+use crate::runs::log::{decode_chunk, encode_chunk};
 use crate::runs::replica::StopReason;
 use crate::runs::{Runs, session};
 use crate::sandbox::EnsureInput;
@@ -194,7 +193,7 @@ impl Runs {
         );
         if !warnings.is_empty() {
             let factory = ChunkFactory::new(&ctx.key.run, &ctx.thread_id, chunk::now_ms);
-            let chunks: Vec<Chunk> = warnings.iter().map(|w| factory.warning(w, None)).collect();
+            let chunks: Vec<_> = warnings.iter().map(|w| encode_chunk(&factory.warning(w, None))).collect();
             self.append(ctx, &chunks).await?;
         }
         // The model broker's URL and placeholder key, and the proxy.

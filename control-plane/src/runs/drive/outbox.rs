@@ -5,15 +5,21 @@
 //! One append at a time keeps the log in the order the chunks were made,
 //! retries included: a batch that fails and is tried again still lands
 //! before the next one leaves (two in flight could land the later first).
+//!
+//! Chunks wait encoded, as the log stores them, and a landed batch's
+//! buffer is the next one's: a burst's batches hold thousands of chunks,
+//! and a buffer grown from nothing for each (then given back to the
+//! system) cost more than the chunks' own encoding.
 
 use std::future::Future;
 use std::pin::Pin;
 
-use prost::Message as _;
 use shared::proto::v1::Chunk;
 
 use super::ending::Ending;
 use crate::runs::coalesce;
+use crate::runs::log::encode_chunk;
+use crate::store::NewChunk;
 
 /// Chunks and their encoded bytes waiting, at most, before the pump reads
 /// no more of the journal until an append lands: the bounds of one batch
@@ -23,14 +29,17 @@ use crate::runs::coalesce;
 const WAITING_MAX: usize = coalesce::MAX_LINES;
 const WAITING_BYTES: usize = coalesce::MAX_BYTES;
 
-/// An append of some chunks, landing (or failing as the drive's ending).
-pub(super) type Landing<'a> = Pin<Box<dyn Future<Output = Result<(), Ending>> + Send + 'a>>;
+/// An append of some chunks, landing (or failing as the drive's ending),
+/// with the batch handed back for its buffer.
+pub(super) type Landing<'a> = Pin<Box<dyn Future<Output = (Result<(), Ending>, Vec<NewChunk>)> + Send + 'a>>;
 
 #[derive(Default)]
 pub(super) struct Outbox<'a> {
-    waiting: Vec<Chunk>,
+    waiting: Vec<NewChunk>,
     /// `waiting`'s encoded size.
     waiting_bytes: usize,
+    /// The last landed batch's buffer, empty, for the next batch.
+    spare: Vec<NewChunk>,
     in_flight: Option<Landing<'a>>,
 }
 
@@ -38,9 +47,15 @@ impl<'a> Outbox<'a> {
     /// Chunks to append after every chunk pushed before them.
     pub(super) fn push(&mut self, chunks: impl IntoIterator<Item = Chunk>) {
         for chunk in chunks {
-            self.waiting_bytes += chunk.encoded_len();
-            self.waiting.push(chunk);
+            self.push_one(&chunk);
         }
+    }
+
+    /// [`Self::push`] of one chunk.
+    pub(super) fn push_one(&mut self, chunk: &Chunk) {
+        let row = encode_chunk(chunk);
+        self.waiting_bytes += row.payload.len();
+        self.waiting.push(row);
     }
 
     /// Whether the pump may read more before an append lands.
@@ -50,7 +65,7 @@ impl<'a> Outbox<'a> {
 
     /// Start appending everything waiting, in one batch, unless an append
     /// is in flight (it is sent once that one lands).
-    pub(super) fn send(&mut self, append: impl FnOnce(Vec<Chunk>) -> Landing<'a>) {
+    pub(super) fn send(&mut self, append: impl FnOnce(Vec<NewChunk>) -> Landing<'a>) {
         if self.in_flight.is_none() && !self.waiting.is_empty() {
             self.in_flight = Some(append(self.take()));
         }
@@ -62,8 +77,10 @@ impl<'a> Outbox<'a> {
         let Some(landing) = self.in_flight.as_mut() else {
             return std::future::pending().await;
         };
-        let landed = landing.await;
+        let (landed, mut batch) = landing.await;
         self.in_flight = None;
+        batch.clear();
+        self.spare = batch;
         landed
     }
 
@@ -75,11 +92,12 @@ impl<'a> Outbox<'a> {
         }
     }
 
-    /// Everything waiting, handed over for its last append (after the one
-    /// in flight settled).
-    pub(super) fn take(&mut self) -> Vec<Chunk> {
+    /// Everything waiting, handed over for its append (the last one once
+    /// the one in flight settled).
+    pub(super) fn take(&mut self) -> Vec<NewChunk> {
         self.waiting_bytes = 0;
-        std::mem::take(&mut self.waiting)
+        let next = std::mem::take(&mut self.spare);
+        std::mem::replace(&mut self.waiting, next)
     }
 }
 
@@ -87,12 +105,18 @@ impl<'a> Outbox<'a> {
 mod tests {
     use std::sync::{Arc, Mutex};
 
+    use prost::Message as _;
     use tokio::sync::oneshot;
 
     use super::*;
 
     fn chunk(n: i64) -> Chunk {
         Chunk { timestamp_ms: n, ..Default::default() }
+    }
+
+    /// The chunks of a batch, by the timestamp each was made with.
+    fn stamps(batch: &[NewChunk]) -> Vec<i64> {
+        batch.iter().map(|row| Chunk::decode(row.payload.as_slice()).unwrap().timestamp_ms).collect()
     }
 
     type Gate = oneshot::Sender<Result<(), Ending>>;
@@ -105,12 +129,12 @@ mod tests {
     }
 
     impl Log {
-        fn append(&self) -> impl FnOnce(Vec<Chunk>) -> Landing<'static> + '_ {
+        fn append(&self) -> impl FnOnce(Vec<NewChunk>) -> Landing<'static> + '_ {
             move |chunks| {
-                self.batches.lock().unwrap().push(chunks.iter().map(|c| c.timestamp_ms).collect());
+                self.batches.lock().unwrap().push(stamps(&chunks));
                 let (gate, landing) = oneshot::channel();
                 self.gates.lock().unwrap().push(gate);
-                Box::pin(async move { landing.await.expect("the test lands every append") })
+                Box::pin(async move { (landing.await.expect("the test lands every append"), chunks) })
             }
         }
 
@@ -157,7 +181,7 @@ mod tests {
         outbox.push([chunk(2)]);
         log.land(Err(Ending::Superseded("claimed".into())));
         assert!(matches!(outbox.settle().await, Err(Ending::Superseded(_))));
-        assert_eq!(outbox.take().iter().map(|c| c.timestamp_ms).collect::<Vec<_>>(), vec![2]);
+        assert_eq!(stamps(&outbox.take()), vec![2]);
     }
 
     #[tokio::test]
@@ -180,6 +204,25 @@ mod tests {
         outbox.landed().await.unwrap();
         outbox.send(log.append());
         assert_eq!(log.batches(), vec![vec![1], vec![2]]);
+    }
+
+    /// Two buffers take turns: one filling while the other is in flight.
+    #[tokio::test]
+    async fn a_landed_batch_s_buffer_is_filled_again() {
+        let log = Log::default();
+        let mut outbox = Outbox::default();
+        outbox.push((0..1000).map(chunk));
+        outbox.send(log.append());
+        outbox.push([chunk(1000)]);
+        log.land(Ok(()));
+        outbox.landed().await.unwrap();
+        outbox.send(log.append());
+        // Made while 1000 is in flight: into the buffer the first batch grew.
+        outbox.push([chunk(1001)]);
+        let next = outbox.take();
+        assert!(next.capacity() >= 1000, "the buffer of 1,000 chunks, not a new one: {}", next.capacity());
+        assert_eq!(stamps(&next), vec![1001], "emptied before it is filled again");
+        assert_eq!(log.batches()[1], vec![1000]);
     }
 
     #[test]

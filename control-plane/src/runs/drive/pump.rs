@@ -152,7 +152,7 @@ impl Runs {
                 // What the last turn made goes to the log, unless an append
                 // is in flight: then it goes once that one lands, and the
                 // pump reads and translates meanwhile.
-                pump.outbox.send(|chunks| Box::pin(async move { self.append(ctx, &chunks).await }));
+                pump.outbox.send(|chunks| Box::pin(async move { (self.append(ctx, &chunks).await, chunks) }));
                 tokio::select! {
                     biased;
                     _ = ctx.interrupts.shutdown.cancelled() => break 'follow Ending::Detach,
