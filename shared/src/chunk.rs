@@ -308,42 +308,78 @@ pub fn parse_type_name(name: &str) -> Option<ChunkType> {
 /// CUSTOM carries `name` and `value` (any JSON value, not a string); `usage`
 /// is an object with the `Usage` field names. Empty fields are left out.
 pub fn to_json(chunk: &Chunk) -> Value {
-    let mut m = Map::new();
-    m.insert("type".into(), Value::String(type_name(chunk.r#type()).to_owned()));
-    let mut put = |k: &str, v: &str| {
-        if !v.is_empty() {
-            m.insert(k.into(), Value::String(v.to_owned()));
+    serde_json::to_value(JsonChunk { chunk, line: None }).expect("a chunk's JSON shape serializes")
+}
+
+/// A chunk in [`to_json`]'s shape, serialized as it is written (no map
+/// built first): what `sandhold run --output json` prints for every chunk.
+/// With [`Self::line`] it is a CLI line: the shape plus the chunk's
+/// `offset`, its `timestamp_ms`, and `"stream": "stderr"` on a line of the
+/// command's stderr. Keys come in the order [`to_json`]'s map keeps them
+/// (sorted), so a line reads the same either way.
+pub struct JsonChunk<'a> {
+    chunk: &'a Chunk,
+    /// A CLI line's offset.
+    line: Option<&'a str>,
+}
+
+impl<'a> JsonChunk<'a> {
+    /// The chunk as a CLI line at `offset`.
+    pub fn line(offset: &'a str, chunk: &'a Chunk) -> Self {
+        Self { chunk, line: Some(offset) }
+    }
+}
+
+impl serde::Serialize for JsonChunk<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let c = self.chunk;
+        let mut m = serializer.serialize_map(None)?;
+        let text = |m: &mut S::SerializeMap, key: &str, v: &str| match v.is_empty() {
+            true => Ok(()),
+            false => m.serialize_entry(key, v),
+        };
+        // In sorted order, as a map of them would be.
+        text(&mut m, "content", &c.content)?;
+        text(&mut m, "delta", &c.delta)?;
+        text(&mut m, "error_code", &c.error_code)?;
+        text(&mut m, "error_message", &c.error_message)?;
+        if let Some(code) = c.exit_code {
+            m.serialize_entry("exit_code", &code)?;
         }
-    };
-    put("run_id", &chunk.run_id);
-    put("thread_id", &chunk.thread_id);
-    put("message_id", &chunk.message_id);
-    put("parent_message_id", &chunk.parent_message_id);
-    put("tool_call_id", &chunk.tool_call_id);
-    put("tool_name", &chunk.tool_name);
-    put("delta", &chunk.delta);
-    put("content", &chunk.content);
-    put("finish_reason", &chunk.finish_reason);
-    put("error_message", &chunk.error_message);
-    put("error_code", &chunk.error_code);
-    put("name", &chunk.name);
-    if chunk.is_error {
-        m.insert("is_error".into(), Value::Bool(true));
+        text(&mut m, "finish_reason", &c.finish_reason)?;
+        if c.is_error {
+            m.serialize_entry("is_error", &true)?;
+        }
+        text(&mut m, "message_id", &c.message_id)?;
+        text(&mut m, "name", &c.name)?;
+        if let Some(offset) = self.line {
+            m.serialize_entry("offset", offset)?;
+        }
+        text(&mut m, "parent_message_id", &c.parent_message_id)?;
+        if let Some(r) = &c.request {
+            m.serialize_entry("request", &request_to_json(r))?;
+        }
+        text(&mut m, "run_id", &c.run_id)?;
+        if self.line.is_some() && stderr_offset(c).is_some() {
+            m.serialize_entry("stream", "stderr")?;
+        }
+        text(&mut m, "thread_id", &c.thread_id)?;
+        if self.line.is_some() {
+            m.serialize_entry("timestamp_ms", &c.timestamp_ms)?;
+        }
+        text(&mut m, "tool_call_id", &c.tool_call_id)?;
+        text(&mut m, "tool_name", &c.tool_name)?;
+        m.serialize_entry("type", type_name(c.r#type()))?;
+        if let Some(u) = &c.usage {
+            m.serialize_entry("usage", &usage_to_json(u))?;
+        }
+        if c.r#type() == ChunkType::Custom {
+            let value = serde_json::from_str(&c.value_json).unwrap_or(Value::Null);
+            m.serialize_entry("value", &value)?;
+        }
+        m.end()
     }
-    if let Some(code) = chunk.exit_code {
-        m.insert("exit_code".into(), code.into());
-    }
-    if let Some(u) = &chunk.usage {
-        m.insert("usage".into(), usage_to_json(u));
-    }
-    if chunk.r#type() == ChunkType::Custom {
-        let value = serde_json::from_str(&chunk.value_json).unwrap_or(Value::Null);
-        m.insert("value".into(), value);
-    }
-    if let Some(r) = &chunk.request {
-        m.insert("request".into(), request_to_json(r));
-    }
-    Value::Object(m)
 }
 
 /// The JSON shape of a chunk's request: its fields, empty ones left out,
@@ -422,39 +458,226 @@ pub fn usage_from_json(value: &Value) -> Option<Usage> {
     })
 }
 
-/// Reads the JSON line shape of [`to_json`]. `None` unless `value` is an
-/// object whose `type` names a chunk type; fields of the wrong JSON type are
-/// ignored. `run_id`, `thread_id` and the timestamp are left for the caller
-/// to set (a command cannot speak for another run).
-pub fn from_json(value: &Value) -> Option<Chunk> {
-    let obj = value.as_object()?;
-    let ty = parse_type_name(obj.get("type")?.as_str()?)?;
-    let s = |k: &str| obj.get(k).and_then(Value::as_str).unwrap_or_default().to_owned();
-    let usage = obj.get("usage").and_then(usage_from_json);
-    let (name, value_json) = if ty == ChunkType::Custom {
-        (s("name"), obj.get("value").unwrap_or(&Value::Null).to_string())
+/// Reads a line in the JSON shape of [`to_json`]. `None` unless the line
+/// is a JSON object whose `type` names a chunk type; fields of the wrong
+/// JSON type are ignored (skipped without recursion, however deep), and of
+/// a key given twice the last counts. `name` and `value` are read for
+/// CUSTOM only. `run_id`, `thread_id` and the
+/// timestamp are left for the caller to set (a command cannot speak for
+/// another run).
+///
+/// Read straight into the chunk, as a `command` harness reads every line
+/// its command prints: no `Value` (a map with its keys) built first.
+pub fn from_json_line(line: &[u8]) -> Option<Chunk> {
+    let read: JsonLine = serde_json::from_slice(line).ok()?;
+    let ty = parse_type_name(read.ty.as_deref()?)?;
+    let mut c = read.chunk;
+    c.r#type = ty as i32;
+    if ty == ChunkType::Custom {
+        c.value_json = read.value.unwrap_or(Value::Null).to_string();
     } else {
-        (String::new(), String::new())
-    };
-    Some(Chunk {
-        r#type: ty as i32,
-        message_id: s("message_id"),
-        parent_message_id: s("parent_message_id"),
-        tool_call_id: s("tool_call_id"),
-        tool_name: s("tool_name"),
-        delta: s("delta"),
-        content: s("content"),
-        is_error: obj.get("is_error").and_then(Value::as_bool).unwrap_or(false),
-        exit_code: obj.get("exit_code").and_then(Value::as_i64).and_then(|c| i32::try_from(c).ok()),
-        finish_reason: s("finish_reason"),
-        usage,
-        error_message: s("error_message"),
-        error_code: s("error_code"),
-        name,
-        value_json,
-        request: obj.get("request").and_then(request_from_json),
-        ..Default::default()
-    })
+        c.name.clear();
+    }
+    Some(c)
+}
+
+/// What [`from_json_line`] reads: the fields as they came, the type and
+/// CUSTOM's value still to judge.
+struct JsonLine {
+    ty: Option<String>,
+    value: Option<Value>,
+    chunk: Chunk,
+}
+
+impl<'de> serde::Deserialize<'de> for JsonLine {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_map(JsonLineVisitor)
+    }
+}
+
+struct JsonLineVisitor;
+
+impl<'de> serde::de::Visitor<'de> for JsonLineVisitor {
+    type Value = JsonLine;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a chunk as a JSON object")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<JsonLine, A::Error> {
+        let mut read = JsonLine { ty: None, value: None, chunk: Chunk::default() };
+        let c = &mut read.chunk;
+        while let Some(key) = map.next_key::<Key>()? {
+            let text =
+                |map: &mut A| Ok::<_, A::Error>(map.next_value::<Lenient<String>>()?.0.unwrap_or_default());
+            match key {
+                Key::Type => read.ty = map.next_value::<Lenient<String>>()?.0,
+                Key::MessageId => c.message_id = text(&mut map)?,
+                Key::ParentMessageId => c.parent_message_id = text(&mut map)?,
+                Key::ToolCallId => c.tool_call_id = text(&mut map)?,
+                Key::ToolName => c.tool_name = text(&mut map)?,
+                Key::Delta => c.delta = text(&mut map)?,
+                Key::Content => c.content = text(&mut map)?,
+                Key::FinishReason => c.finish_reason = text(&mut map)?,
+                Key::ErrorMessage => c.error_message = text(&mut map)?,
+                Key::ErrorCode => c.error_code = text(&mut map)?,
+                Key::Name => c.name = text(&mut map)?,
+                Key::IsError => c.is_error = map.next_value::<Lenient<bool>>()?.0.unwrap_or(false),
+                Key::ExitCode => {
+                    c.exit_code =
+                        map.next_value::<Lenient<i64>>()?.0.and_then(|code| i32::try_from(code).ok());
+                }
+                Key::Usage => c.usage = usage_from_json(&map.next_value::<Value>()?),
+                Key::Request => c.request = request_from_json(&map.next_value::<Value>()?),
+                Key::Value => read.value = Some(map.next_value()?),
+                Key::Other => {
+                    map.next_value::<serde::de::IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(read)
+    }
+}
+
+/// The keys [`from_json_line`] reads; any other is skipped.
+enum Key {
+    Type,
+    MessageId,
+    ParentMessageId,
+    ToolCallId,
+    ToolName,
+    Delta,
+    Content,
+    IsError,
+    ExitCode,
+    FinishReason,
+    Usage,
+    ErrorMessage,
+    ErrorCode,
+    Name,
+    Value,
+    Request,
+    Other,
+}
+
+impl<'de> serde::Deserialize<'de> for Key {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct KeyVisitor;
+        impl serde::de::Visitor<'_> for KeyVisitor {
+            type Value = Key;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a key")
+            }
+            fn visit_str<E>(self, key: &str) -> Result<Key, E> {
+                Ok(match key {
+                    "type" => Key::Type,
+                    "message_id" => Key::MessageId,
+                    "parent_message_id" => Key::ParentMessageId,
+                    "tool_call_id" => Key::ToolCallId,
+                    "tool_name" => Key::ToolName,
+                    "delta" => Key::Delta,
+                    "content" => Key::Content,
+                    "is_error" => Key::IsError,
+                    "exit_code" => Key::ExitCode,
+                    "finish_reason" => Key::FinishReason,
+                    "usage" => Key::Usage,
+                    "error_message" => Key::ErrorMessage,
+                    "error_code" => Key::ErrorCode,
+                    "name" => Key::Name,
+                    "value" => Key::Value,
+                    "request" => Key::Request,
+                    _ => Key::Other,
+                })
+            }
+        }
+        deserializer.deserialize_identifier(KeyVisitor)
+    }
+}
+
+/// A value read as `T` when it is of `T`'s JSON type, else `None` (and
+/// skipped whole), as `Value::as_str`, `as_bool` and `as_i64` read one.
+struct Lenient<T>(Option<T>);
+
+struct LenientVisitor<T>(std::marker::PhantomData<T>);
+
+/// A JSON type [`Lenient`] reads.
+trait LenientType: Sized {
+    fn of_str(_: &str) -> Option<Self> {
+        None
+    }
+    fn of_bool(_: bool) -> Option<Self> {
+        None
+    }
+    fn of_i64(_: i64) -> Option<Self> {
+        None
+    }
+}
+
+impl LenientType for String {
+    fn of_str(v: &str) -> Option<Self> {
+        Some(v.to_owned())
+    }
+}
+
+impl LenientType for bool {
+    fn of_bool(v: bool) -> Option<Self> {
+        Some(v)
+    }
+}
+
+impl LenientType for i64 {
+    fn of_i64(v: i64) -> Option<Self> {
+        Some(v)
+    }
+}
+
+impl<'de, T: LenientType> serde::Deserialize<'de> for Lenient<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(LenientVisitor(std::marker::PhantomData)).map(Lenient)
+    }
+}
+
+impl<'de, T: LenientType> serde::de::Visitor<'de> for LenientVisitor<T> {
+    type Value = Option<T>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<Option<T>, E> {
+        Ok(T::of_str(v))
+    }
+
+    fn visit_bool<E>(self, v: bool) -> Result<Option<T>, E> {
+        Ok(T::of_bool(v))
+    }
+
+    fn visit_i64<E>(self, v: i64) -> Result<Option<T>, E> {
+        Ok(T::of_i64(v))
+    }
+
+    /// Past `i64::MAX` it is no `i64` (as `Value::as_i64` says).
+    fn visit_u64<E>(self, v: u64) -> Result<Option<T>, E> {
+        Ok(i64::try_from(v).ok().and_then(T::of_i64))
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<Option<T>, E> {
+        Ok(None)
+    }
+
+    fn visit_unit<E>(self) -> Result<Option<T>, E> {
+        Ok(None)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Option<T>, A::Error> {
+        while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+        Ok(None)
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Option<T>, A::Error> {
+        while map.next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?.is_some() {}
+        Ok(None)
+    }
 }
 
 /// Version tag of the canonical encoding; part of every fingerprint, so a
@@ -778,14 +1001,195 @@ mod tests {
         c.run_id.clear();
         c.thread_id.clear();
         c.timestamp_ms = 0;
-        let back = from_json(&to_json(&c)).unwrap();
+        let back = from_json_line(to_json(&c).to_string().as_bytes()).unwrap();
         assert_eq!(back, c);
-        let text = from_json(&serde_json::json!({"type": "TEXT_MESSAGE_CONTENT", "delta": "hi"})).unwrap();
+        let line = |text: &str| from_json_line(text.as_bytes());
+        let text = line(r#"{"type": "TEXT_MESSAGE_CONTENT", "delta": "hi"}"#).unwrap();
         assert_eq!(text.r#type(), ChunkType::TextMessageContent);
         assert_eq!(text.delta, "hi");
-        assert!(from_json(&serde_json::json!({"type": "NOPE"})).is_none());
-        assert!(from_json(&serde_json::json!({"type": "UNSPECIFIED"})).is_none());
-        assert!(from_json(&serde_json::json!(["TEXT_MESSAGE_CONTENT"])).is_none());
+        assert!(line(r#"{"type": "NOPE"}"#).is_none());
+        assert!(line(r#"{"type": "UNSPECIFIED"}"#).is_none());
+        assert!(line(r#"["TEXT_MESSAGE_CONTENT"]"#).is_none());
+    }
+
+    /// What a command may print, read as the JSON it is: mistyped fields
+    /// ignored (skipped whole, however nested), the last of a key given
+    /// twice, CUSTOM's name and value for CUSTOM only, anything that is
+    /// not one JSON object no chunk.
+    #[test]
+    fn json_lines_are_read_leniently_and_only_whole() {
+        let line = |text: &str| from_json_line(text.as_bytes());
+        let c = line(
+            r#"{"delta": 5, "message_id": {"a": [1, {"b": "c"}]}, "content": ["x"], "tool_name": null,
+                "unknown": {"deep": [[[]]]}, "is_error": "yes", "exit_code": 1.0, "type": "TOOL_CALL_RESULT",
+                "tool_call_id": "t\u0031\n", "name": "not custom", "value": {"v": 1}}"#,
+        )
+        .unwrap();
+        assert_eq!(c.r#type(), ChunkType::ToolCallResult);
+        assert_eq!((c.delta.as_str(), c.message_id.as_str(), c.content.as_str()), ("", "", ""));
+        assert_eq!(c.tool_call_id, "t1\n");
+        assert!(!c.is_error && c.exit_code.is_none());
+        assert_eq!((c.name.as_str(), c.value_json.as_str()), ("", ""), "name and value are CUSTOM's");
+
+        let c = line(r#"{"type": "TEXT_MESSAGE_CONTENT", "delta": "first", "delta": "second"}"#).unwrap();
+        assert_eq!(c.delta, "second");
+        let c = line(r#"{"type": "TEXT_MESSAGE_CONTENT", "delta": "first", "delta": 2}"#).unwrap();
+        assert_eq!(c.delta, "", "the last one counts, even mistyped");
+        assert!(line(r#"{"type": "TEXT_MESSAGE_CONTENT", "type": 1}"#).is_none());
+
+        let c = line(r#"{"exit_code": -3, "is_error": true, "type": "TOOL_CALL_RESULT"}"#).unwrap();
+        assert_eq!((c.exit_code, c.is_error), (Some(-3), true));
+        for big in ["2147483648", "9223372036854775808", "-2147483649"] {
+            let c = line(&format!(r#"{{"type": "TOOL_CALL_RESULT", "exit_code": {big}}}"#)).unwrap();
+            assert_eq!(c.exit_code, None, "{big} is no exit code");
+        }
+
+        let c = line(r#"{"value": {"b": 1, "a": [true]}, "name": "build.step", "type": "CUSTOM"}"#).unwrap();
+        assert_eq!((c.name.as_str(), c.value_json.as_str()), ("build.step", r#"{"a":[true],"b":1}"#));
+        let c = line(r#"{"type": "CUSTOM", "name": "progress"}"#).unwrap();
+        assert_eq!(c.value_json, "null");
+        let c = line(r#"{"type": "RUN_FINISHED", "usage": {"input_tokens": 3, "cost_usd": 0.5}}"#).unwrap();
+        assert_eq!(c.usage.as_ref().map(|u| (u.input_tokens, u.cost_usd)), Some((3, Some(0.5))));
+        assert!(line(r#"{"type": "RUN_FINISHED", "usage": [3]}"#).unwrap().usage.is_none());
+
+        for not_one in [
+            r#"{"type": "TEXT_MESSAGE_CONTENT", "delta": "hi"} trailing"#,
+            r#"{"type": "TEXT_MESSAGE_CONTENT", "delta": "hi""#,
+            r#"{"type": "TEXT_MESSAGE_CONTENT", "delta": "hi",}"#,
+            r#"{"delta": "hi"}"#,
+            r#""TEXT_MESSAGE_CONTENT""#,
+            "",
+        ] {
+            assert!(line(not_one).is_none(), "{not_one}");
+        }
+        // A value skipped is skipped without recursion, however deep (a
+        // `Value` stopped at 128 levels and took the line for text).
+        let deep = format!(r#"{{"type": "TOOL_CALL_END", "x": {}{}}}"#, "[".repeat(200), "]".repeat(200));
+        assert_eq!(line(&deep).map(|c| c.r#type()), Some(ChunkType::ToolCallEnd));
+        let deep = format!(r#"{{"type": "CUSTOM", "value": {}{}}}"#, "[".repeat(200), "]".repeat(200));
+        assert!(line(&deep).is_none(), "a CUSTOM value is read whole, within serde_json's limit");
+    }
+
+    /// How lines were read before [`from_json_line`]: into a `Value`, then
+    /// field by field. The oracle the typed reader is held to.
+    fn read_through_a_value(line: &str) -> Option<Chunk> {
+        let value: Value = serde_json::from_str(line).ok()?;
+        let obj = value.as_object()?;
+        let ty = parse_type_name(obj.get("type")?.as_str()?)?;
+        let s = |k: &str| obj.get(k).and_then(Value::as_str).unwrap_or_default().to_owned();
+        let custom = ty == ChunkType::Custom;
+        Some(Chunk {
+            r#type: ty as i32,
+            message_id: s("message_id"),
+            parent_message_id: s("parent_message_id"),
+            tool_call_id: s("tool_call_id"),
+            tool_name: s("tool_name"),
+            delta: s("delta"),
+            content: s("content"),
+            is_error: obj.get("is_error").and_then(Value::as_bool).unwrap_or(false),
+            exit_code: obj.get("exit_code").and_then(Value::as_i64).and_then(|c| i32::try_from(c).ok()),
+            finish_reason: s("finish_reason"),
+            usage: obj.get("usage").and_then(usage_from_json),
+            error_message: s("error_message"),
+            error_code: s("error_code"),
+            name: if custom { s("name") } else { String::new() },
+            value_json: if custom {
+                obj.get("value").unwrap_or(&Value::Null).to_string()
+            } else {
+                String::new()
+            },
+            request: obj.get("request").and_then(request_from_json),
+            ..Default::default()
+        })
+    }
+
+    /// Any JSON value, as text: scalars of every kind (numbers past `i32`
+    /// and `i64`, floats, escapes), and arrays and objects of them.
+    fn any_json() -> impl proptest::strategy::Strategy<Value = String> {
+        use proptest::prelude::*;
+        let leaf = prop_oneof![
+            1 => Just("null".to_string()),
+            1 => any::<bool>().prop_map(|b| b.to_string()),
+            2 => (-5i64..300).prop_map(|n| n.to_string()),
+            1 => any::<i64>().prop_map(|n| n.to_string()),
+            1 => any::<u64>().prop_map(|n| n.to_string()),
+            1 => (-1e6f64..1e6).prop_map(|f| format!("{f:?}")),
+            4 => "[a-z\\\"é]{0,6}".prop_map(|t| serde_json::to_string(&t).unwrap()),
+            1 => Just(r#""\u0041\n""#.to_string()),
+            1 => prop::sample::select(vec!["TEXT_MESSAGE_CONTENT", "CUSTOM", "RUN_FINISHED", "CHUNK_TYPE_TOOL_CALL_RESULT"])
+                .prop_map(|t| format!("\"{t}\"")),
+        ];
+        let nested = leaf.clone().prop_recursive(3, 16, 4, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..4)
+                    .prop_map(|items| format!("[{}]", items.join(","))),
+                proptest::collection::vec(("[a-z_]{1,4}", inner), 0..4).prop_map(|entries| {
+                    let entries: Vec<String> = entries.iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
+                    format!("{{{}}}", entries.join(","))
+                }),
+            ]
+        });
+        prop_oneof![4 => leaf, 1 => nested]
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(1024))]
+        /// Objects with the shape's keys (some twice, some mistyped) and
+        /// others, of any values: the typed reader reads each as reading
+        /// it through a `Value` did.
+        #[test]
+        fn json_lines_read_as_through_a_value(
+            first in proptest::option::weighted(
+                0.8,
+                proptest::sample::select(vec!["TEXT_MESSAGE_CONTENT", "CUSTOM", "TOOL_CALL_RESULT", "RUN_FINISHED"]),
+            ),
+            entries in proptest::collection::vec(
+                (
+                    proptest::sample::select(vec![
+                        "type", "message_id", "parent_message_id", "tool_call_id", "tool_name", "delta",
+                        "content", "is_error", "exit_code", "finish_reason", "usage", "error_message",
+                        "error_code", "name", "value", "request", "other",
+                    ]),
+                    any_json(),
+                ),
+                0..10,
+            ),
+        ) {
+            let typed = first.map(|t| format!("\"type\": \"{t}\""));
+            let body: Vec<String> =
+                typed.into_iter().chain(entries.iter().map(|(k, v)| format!("\"{k}\": {v}"))).collect();
+            let line = format!("{{{}}}", body.join(", "));
+            proptest::prop_assert_eq!(from_json_line(line.as_bytes()), read_through_a_value(&line), "{}", line);
+        }
+    }
+
+    #[test]
+    fn a_json_line_is_the_shape_plus_its_place_written_in_sorted_order() {
+        let c = Chunk { is_error: true, ..full() };
+        let text = serde_json::to_string(&JsonChunk::line("42", &c)).unwrap();
+        let line: Value = serde_json::from_str(&text).unwrap();
+        let mut expected = to_json(&c);
+        expected["offset"] = "42".into();
+        expected["timestamp_ms"] = c.timestamp_ms.into();
+        assert_eq!(line, expected);
+        assert_eq!(line["is_error"], true);
+        assert_eq!(line["value"], serde_json::json!({"a": 1, "b": [true, null]}), "a value, not its text");
+        // Written as the map writes it: every key, in the map's order.
+        assert_eq!(text, line.to_string());
+        assert!(line.get("stream").is_none());
+        let plain = serde_json::to_string(&to_json(&c)).unwrap();
+        assert!(!plain.contains("offset") && !plain.contains("timestamp_ms"), "{plain}");
+
+        let f = ChunkFactory::new(&RunId::parse("r1").unwrap(), "t1", || 7);
+        let stderr: Value = serde_json::to_value(JsonChunk::line("3", &f.stderr_line("warn", 5))).unwrap();
+        assert_eq!(stderr["stream"], "stderr");
+        assert_eq!(stderr["name"], RUN_STDERR);
+        assert_eq!(stderr["value"], serde_json::json!({"line": "warn", "offset": 5}));
+        let text = serde_json::to_string(&JsonChunk::line("4", &f.text_content("m", "out"))).unwrap();
+        assert_eq!(
+            text,
+            r#"{"delta":"out","message_id":"m","offset":"4","run_id":"r1","thread_id":"t1","timestamp_ms":7,"type":"TEXT_MESSAGE_CONTENT"}"#
+        );
     }
 
     #[test]

@@ -9,14 +9,13 @@ use std::time::{Duration, Instant};
 
 use clap::Subcommand;
 use serde_json::{Value, json};
-use shared::chunk::ChunkType;
+use shared::chunk::{ChunkType, JsonChunk};
 use shared::proto::v1 as api;
 use tokio::sync::mpsc;
 use tokio_stream::StreamExt;
 
 use super::client::{ClientArgs, Connection};
 use super::output::{OutputFormat, json_line, status_error};
-use super::render::chunk_json;
 use super::run::{RunArgs, SecretRef, prepare, resolve, secret_values, status_name, with_connection};
 
 /// How long `run --attempts` waits, once every run has ended, for the
@@ -231,7 +230,7 @@ async fn follow_attempts(
     while let Some((i, rc)) = rx.recv().await {
         let chunk = rc.chunk.clone().unwrap_or_default();
         if format == OutputFormat::Json {
-            json_line(&chunk_json(&rc.offset, &chunk));
+            json_line(&JsonChunk::line(&rc.offset, &chunk));
         }
         board.saw(i, &chunk);
     }

@@ -107,14 +107,14 @@ fn json_out() -> std::sync::MutexGuard<'static, std::io::BufWriter<std::io::Stdo
 }
 
 /// One line of JSON on stdout, now.
-pub fn json_line(value: &Value) {
+pub fn json_line(value: &(impl serde::Serialize + ?Sized)) {
     json_line_deferred(value);
     json_flush();
 }
 
 /// One line of JSON on stdout at the next [`json_flush`] (or [`json_line`]):
 /// a burst of a run's chunks goes out in one `write`, not one per line.
-pub fn json_line_deferred(value: &Value) {
+pub fn json_line_deferred(value: &(impl serde::Serialize + ?Sized)) {
     let mut out = json_out();
     let _ = serde_json::to_writer(&mut *out, value);
     let _ = out.write_all(b"\n");

@@ -2,7 +2,7 @@
 //! arrives; on stderr the command's own stderr lines as they come, tool
 //! calls as one-line summaries, file events dimmed, warnings, errors and
 //! the usage at the end. Under `--output json` each chunk is one line (see
-//! [`chunk_json`]), a stderr line marked `"stream": "stderr"`. Everything a run wrote is
+//! [`shared::chunk::JsonChunk::line`]), a stderr line marked `"stream": "stderr"`. Everything a run wrote is
 //! shown through [`super::terminal::visible`]: it never drives the terminal.
 
 use std::collections::HashMap;
@@ -44,21 +44,6 @@ impl Outcome {
             Self::Cancelled => 130,
         }
     }
-}
-
-/// One chunk under `--output json`: the chunk's JSON shape
-/// (`shared::chunk::to_json`) plus its `offset` and `timestamp_ms`, and
-/// `stream: "stderr"` on a line of the command's stderr.
-pub fn chunk_json(offset: &str, c: &Chunk) -> Value {
-    let mut v = chunk::to_json(c);
-    if let Value::Object(m) = &mut v {
-        m.insert("offset".into(), Value::String(offset.to_string()));
-        m.insert("timestamp_ms".into(), c.timestamp_ms.into());
-        if chunk::stderr_offset(c).is_some() {
-            m.insert("stream".into(), Value::String("stderr".into()));
-        }
-    }
-    v
 }
 
 /// Renders chunks for people.
@@ -335,27 +320,5 @@ mod tests {
     fn usage_shows_what_was_reported() {
         let u = Usage { input_tokens: 10, output_tokens: 5, cost_usd: Some(0.01), ..Default::default() };
         assert_eq!(usage_line(&u), "usage: 10 input tokens · 5 output · $0.0100");
-    }
-
-    #[test]
-    fn a_stderr_line_is_marked_in_json() {
-        let factory = chunk::ChunkFactory::new(&shared::ids::RunId::parse("r1").unwrap(), "t1", || 7);
-        let v = chunk_json("3", &factory.stderr_line("warn", 5));
-        assert_eq!(v["stream"], "stderr");
-        assert_eq!(v["name"], "run.stderr");
-        assert_eq!(v["value"], serde_json::json!({"line": "warn", "offset": 5}));
-        assert!(chunk_json("4", &factory.text_content("m", "out")).get("stream").is_none());
-    }
-
-    #[test]
-    fn json_lines_carry_the_offset() {
-        let mut c = chunk(ChunkType::TextMessageContent);
-        c.delta = "hi".into();
-        c.timestamp_ms = 7;
-        let v = chunk_json("42", &c);
-        assert_eq!(v["offset"], "42");
-        assert_eq!(v["type"], "TEXT_MESSAGE_CONTENT");
-        assert_eq!(v["delta"], "hi");
-        assert_eq!(v["timestamp_ms"], 7);
     }
 }

@@ -14,7 +14,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
 use serde_json::json;
-use shared::chunk::ChunkType;
+use shared::chunk::{ChunkType, JsonChunk};
 use shared::proto::v1 as api;
 use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::time::Instant;
@@ -24,7 +24,7 @@ use super::client::{ClientArgs, Connection};
 use super::definition_file::{self, FromFlags};
 use super::output::{self, OutputFormat, json_line, message_json, status_error};
 use super::progress::EnsureDisplay;
-use super::render::{Outcome, Renderer, chunk_json};
+use super::render::{Outcome, Renderer};
 use super::{requests, terminal, thread};
 use crate::harness::Harness;
 
@@ -707,7 +707,7 @@ pub async fn logs(args: RunIdArgs) -> ExitCode {
             if let Some(api::run_event::Event::Chunk(rc)) = event.event {
                 let chunk = rc.chunk.unwrap_or_default();
                 match args.client.output {
-                    OutputFormat::Json => json_line(&chunk_json(&rc.offset, &chunk)),
+                    OutputFormat::Json => json_line(&JsonChunk::line(&rc.offset, &chunk)),
                     OutputFormat::Human => renderer.chunk(&chunk),
                 }
                 if Outcome::of(&chunk).is_some() {
@@ -875,7 +875,7 @@ impl<'a> Session<'a> {
                         // Over before we could detach (a failed setup, ...).
                         self.end_display(None);
                         if self.format == OutputFormat::Json {
-                            json_line(&chunk_json(&rc.offset, &chunk));
+                            json_line(&JsonChunk::line(&rc.offset, &chunk));
                         } else {
                             self.renderer.chunk(&chunk);
                         }
@@ -1106,7 +1106,7 @@ impl<'a> Session<'a> {
                     self.end_display(Some("sandbox ready"));
                 }
                 match self.format {
-                    OutputFormat::Json => output::json_line_deferred(&chunk_json(&rc.offset, &chunk)),
+                    OutputFormat::Json => output::json_line_deferred(&JsonChunk::line(&rc.offset, &chunk)),
                     OutputFormat::Human => self.renderer.chunk(&chunk),
                 }
                 if self.prompt.enabled {

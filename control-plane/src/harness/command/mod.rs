@@ -117,8 +117,7 @@ impl Translate for CommandTranslator {
     fn line(&mut self, em: &mut Emitter, line: &[u8]) {
         let trimmed = line.trim_ascii();
         if trimmed.starts_with(b"{")
-            && let Ok(value) = serde_json::from_slice::<serde_json::Value>(trimmed)
-            && let Some(c) = chunk::from_json(&value)
+            && let Some(c) = chunk::from_json_line(trimmed)
             && !posing(&c)
         {
             self.pass_through(em, c);
