@@ -92,6 +92,17 @@ impl<'a> Outbox<'a> {
         }
     }
 
+    /// Give the buffers' memory back when nothing waits and nothing is in
+    /// flight: a run between bursts (most of a run's life, at a model's
+    /// pace) holds none, so many runs do not each keep what their largest
+    /// burst grew.
+    pub(super) fn trim(&mut self) {
+        if self.in_flight.is_none() && self.waiting.is_empty() {
+            self.waiting = Vec::new();
+            self.spare = Vec::new();
+        }
+    }
+
     /// Everything waiting, handed over for its append (the last one once
     /// the one in flight settled).
     pub(super) fn take(&mut self) -> Vec<NewChunk> {
@@ -223,6 +234,26 @@ mod tests {
         assert!(next.capacity() >= 1000, "the buffer of 1,000 chunks, not a new one: {}", next.capacity());
         assert_eq!(stamps(&next), vec![1001], "emptied before it is filled again");
         assert_eq!(log.batches()[1], vec![1000]);
+    }
+
+    #[tokio::test]
+    async fn an_idle_outbox_gives_its_buffers_back() {
+        let log = Log::default();
+        let mut outbox = Outbox::default();
+        outbox.push((0..1000).map(chunk));
+        outbox.send(log.append());
+        outbox.push((1000..2000).map(chunk));
+        outbox.trim();
+        assert!(outbox.waiting.capacity() >= 1000, "an append in flight and chunks waiting: kept");
+        log.land(Ok(()));
+        outbox.landed().await.unwrap();
+        outbox.send(log.append());
+        log.land(Ok(()));
+        outbox.landed().await.unwrap();
+        assert!(outbox.spare.capacity() >= 1000 && outbox.waiting.capacity() >= 1000);
+        outbox.trim();
+        assert_eq!((outbox.waiting.capacity(), outbox.spare.capacity()), (0, 0));
+        assert_eq!(log.batches().concat(), (0..2000).collect::<Vec<_>>(), "nothing lost to a trim");
     }
 
     #[test]

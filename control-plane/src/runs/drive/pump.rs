@@ -168,6 +168,7 @@ impl Runs {
                         }
                     }
                     _ = health_check.tick() => {
+                        pump.outbox.trim();
                         if let Some(e) = egress
                             .as_ref()
                             .and_then(|e| health.expired(e.unreachable_after, e.upstream.as_ref()))
