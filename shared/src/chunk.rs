@@ -462,9 +462,8 @@ pub fn usage_from_json(value: &Value) -> Option<Usage> {
 /// is a JSON object whose `type` names a chunk type; fields of the wrong
 /// JSON type are ignored (skipped without recursion, however deep), and of
 /// a key given twice the last counts. `name` and `value` are read for
-/// CUSTOM only. `run_id`, `thread_id` and the
-/// timestamp are left for the caller to set (a command cannot speak for
-/// another run).
+/// CUSTOM only. `run_id`, `thread_id` and the timestamp are left for the
+/// caller to set (a command cannot speak for another run).
 ///
 /// Read straight into the chunk, as a `command` harness reads every line
 /// its command prints: no `Value` (a map with its keys) built first.
