@@ -507,24 +507,25 @@ impl<'de> serde::de::Visitor<'de> for JsonLineVisitor {
         let mut read = JsonLine { ty: None, value: None, chunk: Chunk::default() };
         let c = &mut read.chunk;
         while let Some(key) = map.next_key::<Key>()? {
-            let text =
-                |map: &mut A| Ok::<_, A::Error>(map.next_value::<Lenient<String>>()?.0.unwrap_or_default());
+            let scalar = |map: &mut A| map.next_value::<Scalar>();
             match key {
-                Key::Type => read.ty = map.next_value::<Lenient<String>>()?.0,
-                Key::MessageId => c.message_id = text(&mut map)?,
-                Key::ParentMessageId => c.parent_message_id = text(&mut map)?,
-                Key::ToolCallId => c.tool_call_id = text(&mut map)?,
-                Key::ToolName => c.tool_name = text(&mut map)?,
-                Key::Delta => c.delta = text(&mut map)?,
-                Key::Content => c.content = text(&mut map)?,
-                Key::FinishReason => c.finish_reason = text(&mut map)?,
-                Key::ErrorMessage => c.error_message = text(&mut map)?,
-                Key::ErrorCode => c.error_code = text(&mut map)?,
-                Key::Name => c.name = text(&mut map)?,
-                Key::IsError => c.is_error = map.next_value::<Lenient<bool>>()?.0.unwrap_or(false),
+                Key::Type => read.ty = scalar(&mut map)?.text(),
+                Key::MessageId => c.message_id = scalar(&mut map)?.text().unwrap_or_default(),
+                Key::ParentMessageId => c.parent_message_id = scalar(&mut map)?.text().unwrap_or_default(),
+                Key::ToolCallId => c.tool_call_id = scalar(&mut map)?.text().unwrap_or_default(),
+                Key::ToolName => c.tool_name = scalar(&mut map)?.text().unwrap_or_default(),
+                Key::Delta => c.delta = scalar(&mut map)?.text().unwrap_or_default(),
+                Key::Content => c.content = scalar(&mut map)?.text().unwrap_or_default(),
+                Key::FinishReason => c.finish_reason = scalar(&mut map)?.text().unwrap_or_default(),
+                Key::ErrorMessage => c.error_message = scalar(&mut map)?.text().unwrap_or_default(),
+                Key::ErrorCode => c.error_code = scalar(&mut map)?.text().unwrap_or_default(),
+                Key::Name => c.name = scalar(&mut map)?.text().unwrap_or_default(),
+                Key::IsError => c.is_error = matches!(scalar(&mut map)?, Scalar::Bool(true)),
                 Key::ExitCode => {
-                    c.exit_code =
-                        map.next_value::<Lenient<i64>>()?.0.and_then(|code| i32::try_from(code).ok());
+                    c.exit_code = match scalar(&mut map)? {
+                        Scalar::Int(code) => i32::try_from(code).ok(),
+                        _ => None,
+                    };
                 }
                 Key::Usage => c.usage = usage_from_json(&map.next_value::<Value>()?),
                 Key::Request => c.request = request_from_json(&map.next_value::<Value>()?),
@@ -593,89 +594,73 @@ impl<'de> serde::Deserialize<'de> for Key {
     }
 }
 
-/// A value read as `T` when it is of `T`'s JSON type, else `None` (and
-/// skipped whole), as `Value::as_str`, `as_bool` and `as_i64` read one.
-struct Lenient<T>(Option<T>);
+/// A field's value as far as the shape reads it: a string, a bool, an
+/// integer within `i64`, or anything else (skipped whole, without
+/// recursion), as `Value::as_str`, `as_bool` and `as_i64` read one.
+enum Scalar {
+    Str(String),
+    Bool(bool),
+    Int(i64),
+    Other,
+}
 
-struct LenientVisitor<T>(std::marker::PhantomData<T>);
-
-/// A JSON type [`Lenient`] reads.
-trait LenientType: Sized {
-    fn of_str(_: &str) -> Option<Self> {
-        None
-    }
-    fn of_bool(_: bool) -> Option<Self> {
-        None
-    }
-    fn of_i64(_: i64) -> Option<Self> {
-        None
+impl Scalar {
+    fn text(self) -> Option<String> {
+        match self {
+            Scalar::Str(text) => Some(text),
+            _ => None,
+        }
     }
 }
 
-impl LenientType for String {
-    fn of_str(v: &str) -> Option<Self> {
-        Some(v.to_owned())
-    }
-}
-
-impl LenientType for bool {
-    fn of_bool(v: bool) -> Option<Self> {
-        Some(v)
-    }
-}
-
-impl LenientType for i64 {
-    fn of_i64(v: i64) -> Option<Self> {
-        Some(v)
-    }
-}
-
-impl<'de, T: LenientType> serde::Deserialize<'de> for Lenient<T> {
+impl<'de> serde::Deserialize<'de> for Scalar {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_any(LenientVisitor(std::marker::PhantomData)).map(Lenient)
+        deserializer.deserialize_any(ScalarVisitor)
     }
 }
 
-impl<'de, T: LenientType> serde::de::Visitor<'de> for LenientVisitor<T> {
-    type Value = Option<T>;
+struct ScalarVisitor;
+
+impl<'de> serde::de::Visitor<'de> for ScalarVisitor {
+    type Value = Scalar;
 
     fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("any JSON value")
     }
 
-    fn visit_str<E>(self, v: &str) -> Result<Option<T>, E> {
-        Ok(T::of_str(v))
+    fn visit_str<E>(self, v: &str) -> Result<Scalar, E> {
+        Ok(Scalar::Str(v.to_owned()))
     }
 
-    fn visit_bool<E>(self, v: bool) -> Result<Option<T>, E> {
-        Ok(T::of_bool(v))
+    fn visit_bool<E>(self, v: bool) -> Result<Scalar, E> {
+        Ok(Scalar::Bool(v))
     }
 
-    fn visit_i64<E>(self, v: i64) -> Result<Option<T>, E> {
-        Ok(T::of_i64(v))
+    fn visit_i64<E>(self, v: i64) -> Result<Scalar, E> {
+        Ok(Scalar::Int(v))
     }
 
     /// Past `i64::MAX` it is no `i64` (as `Value::as_i64` says).
-    fn visit_u64<E>(self, v: u64) -> Result<Option<T>, E> {
-        Ok(i64::try_from(v).ok().and_then(T::of_i64))
+    fn visit_u64<E>(self, v: u64) -> Result<Scalar, E> {
+        Ok(i64::try_from(v).map_or(Scalar::Other, Scalar::Int))
     }
 
-    fn visit_f64<E>(self, _: f64) -> Result<Option<T>, E> {
-        Ok(None)
+    fn visit_f64<E>(self, _: f64) -> Result<Scalar, E> {
+        Ok(Scalar::Other)
     }
 
-    fn visit_unit<E>(self) -> Result<Option<T>, E> {
-        Ok(None)
+    fn visit_unit<E>(self) -> Result<Scalar, E> {
+        Ok(Scalar::Other)
     }
 
-    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Option<T>, A::Error> {
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Scalar, A::Error> {
         while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
-        Ok(None)
+        Ok(Scalar::Other)
     }
 
-    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Option<T>, A::Error> {
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Scalar, A::Error> {
         while map.next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?.is_some() {}
-        Ok(None)
+        Ok(Scalar::Other)
     }
 }
 

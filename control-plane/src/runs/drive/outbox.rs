@@ -154,6 +154,12 @@ mod tests {
             assert!(gate.send(result).is_ok(), "the append is awaited");
         }
 
+        /// Land the oldest append, and see the outbox take it as landed.
+        async fn land_in(&self, outbox: &mut Outbox<'_>) {
+            self.land(Ok(()));
+            outbox.landed().await.unwrap();
+        }
+
         fn batches(&self) -> Vec<Vec<i64>> {
             self.batches.lock().unwrap().clone()
         }
@@ -172,8 +178,7 @@ mod tests {
         outbox.send(log.append());
         assert_eq!(log.batches(), vec![vec![1, 2]]);
 
-        log.land(Ok(()));
-        outbox.landed().await.unwrap();
+        log.land_in(&mut outbox).await;
         outbox.send(log.append());
         assert_eq!(log.batches(), vec![vec![1, 2], vec![3, 4, 5]]);
         // Nothing waits: a send starts nothing.
@@ -211,8 +216,7 @@ mod tests {
         outbox.push([chunk(2)]);
         outbox.send(log.append());
         assert_eq!(log.batches(), vec![vec![1]], "still one in flight");
-        log.land(Ok(()));
-        outbox.landed().await.unwrap();
+        log.land_in(&mut outbox).await;
         outbox.send(log.append());
         assert_eq!(log.batches(), vec![vec![1], vec![2]]);
     }
@@ -225,8 +229,7 @@ mod tests {
         outbox.push((0..1000).map(chunk));
         outbox.send(log.append());
         outbox.push([chunk(1000)]);
-        log.land(Ok(()));
-        outbox.landed().await.unwrap();
+        log.land_in(&mut outbox).await;
         outbox.send(log.append());
         // Made while 1000 is in flight: into the buffer the first batch grew.
         outbox.push([chunk(1001)]);
@@ -245,11 +248,9 @@ mod tests {
         outbox.push((1000..2000).map(chunk));
         outbox.trim();
         assert!(outbox.waiting.capacity() >= 1000, "an append in flight and chunks waiting: kept");
-        log.land(Ok(()));
-        outbox.landed().await.unwrap();
+        log.land_in(&mut outbox).await;
         outbox.send(log.append());
-        log.land(Ok(()));
-        outbox.landed().await.unwrap();
+        log.land_in(&mut outbox).await;
         assert!(outbox.spare.capacity() >= 1000 && outbox.waiting.capacity() >= 1000);
         outbox.trim();
         assert_eq!((outbox.waiting.capacity(), outbox.spare.capacity()), (0, 0));
