@@ -100,6 +100,12 @@ pub(super) async fn open(database_url: &str, grouping: GroupCommit) -> Result<St
                 .connect_with(
                     options
                         .clone()
+                        // No foreign-key lookup of the run per inserted
+                        // row: a group reads (or keeps, until another
+                        // connection commits) every member's run row under
+                        // the write lock and refuses a run that is not
+                        // there, which is the same check once a member.
+                        .foreign_keys(false)
                         .pragma("cache_size", format!("-{APPEND_CACHE_KIB}"))
                         // A group's INSERT keeps its statement journal (a
                         // page per run) in memory, not in a temporary file.
