@@ -298,8 +298,20 @@ pub fn type_name(ty: ChunkType) -> &'static str {
 /// Parses a chunk type name, with or without its `CHUNK_TYPE_` prefix.
 /// `UNSPECIFIED` is not a chunk type.
 pub fn parse_type_name(name: &str) -> Option<ChunkType> {
-    let full = if name.starts_with("CHUNK_TYPE_") { name.to_owned() } else { format!("CHUNK_TYPE_{name}") };
-    ChunkType::from_str_name(&full).filter(|t| *t != ChunkType::Unspecified)
+    const PREFIX: &str = "CHUNK_TYPE_";
+    // Read for every line a command prints: the prefixed name is put
+    // together on the stack (no type's name is near 64 bytes).
+    let mut full = [0u8; 64];
+    let full = if name.starts_with(PREFIX) {
+        name
+    } else {
+        let len = PREFIX.len() + name.len();
+        let full = full.get_mut(..len)?;
+        full[..PREFIX.len()].copy_from_slice(PREFIX.as_bytes());
+        full[PREFIX.len()..].copy_from_slice(name.as_bytes());
+        std::str::from_utf8(full).ok()?
+    };
+    ChunkType::from_str_name(full).filter(|t| *t != ChunkType::Unspecified)
 }
 
 /// The JSON line shape of a chunk, for a `command` harness's stdout and for
@@ -871,6 +883,23 @@ mod tests {
         };
         assert_eq!(usage_from_json(&usage_to_json(&usage)), Some(usage));
         assert_eq!(usage_from_json(&serde_json::json!("not usage")), None);
+    }
+
+    #[test]
+    fn type_names_are_read_with_or_without_their_prefix_and_nothing_else() {
+        let types: Vec<ChunkType> = (1..).map_while(|i| ChunkType::try_from(i).ok()).collect();
+        assert_eq!(types.len(), 16, "every type of events.proto");
+        for ty in types {
+            assert_eq!(parse_type_name(type_name(ty)), Some(ty));
+            assert_eq!(parse_type_name(ty.as_str_name()), Some(ty));
+        }
+        let long = "TEXT_MESSAGE_CONTENT".repeat(4);
+        for name in
+            ["", "UNSPECIFIED", "CHUNK_TYPE_UNSPECIFIED", "CHUNK_TYPE_", "text_message_content", &long]
+        {
+            assert_eq!(parse_type_name(name), None, "{name:?}");
+        }
+        assert_eq!(parse_type_name("CHUNK_TYPE_CHUNK_TYPE_RUN_STARTED"), None, "the prefix once");
     }
 
     #[test]
