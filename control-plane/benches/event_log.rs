@@ -71,8 +71,8 @@ impl Plain {
                     row.push_bind(run)
                         .push_bind(first_seq + i as i64)
                         .push_bind(1_i64)
-                        .push_bind(chunk.kind.as_str())
-                        .push_bind(chunk.payload.as_slice())
+                        .push_bind(chunk.kind.as_ref())
+                        .push_bind(chunk.payload.as_ref())
                         .push_bind(now);
                 });
                 query.build().execute($pool).await.unwrap();

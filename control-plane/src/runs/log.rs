@@ -19,7 +19,7 @@ pub(crate) fn encode_chunk(c: &Chunk) -> NewChunk {
 }
 
 pub(crate) fn decode_chunk(stored: &StoredChunk) -> Result<Chunk, Error> {
-    Chunk::decode(stored.payload.as_slice())
+    Chunk::decode(stored.payload.as_ref())
         .map_err(|e| Error::Corrupt(format!("stored chunk at offset {} does not decode: {e}", stored.offset)))
 }
 

@@ -1,10 +1,12 @@
 //! Per-run event logs ([`EventLog`]): offsets, chunks, appends fenced by the writer's epoch, tailing reads.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use bytes::Bytes;
 use futures::stream::BoxStream;
 
 use super::{Epoch, Error, IndexedRequest, MarkOf, RequestFilter, RequestMark, Result, RunKey, Timestamp};
@@ -58,15 +60,18 @@ impl fmt::Debug for Offset {
 /// A chunk to append. The log does not interpret it: `kind` names the event
 /// type, `payload` is its encoding, `request` what it does to the run's
 /// requests (the event model's choice).
+///
+/// Cheap to clone, as a chunk is on its way from its writer to every
+/// reader: `kind` is mostly a static name and `payload` shared bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewChunk {
-    pub kind: String,
-    pub payload: Vec<u8>,
+    pub kind: Cow<'static, str>,
+    pub payload: Bytes,
     pub request: Option<RequestMark>,
 }
 
 impl NewChunk {
-    pub fn new(kind: impl Into<String>, payload: impl Into<Vec<u8>>) -> Self {
+    pub fn new(kind: impl Into<Cow<'static, str>>, payload: impl Into<Bytes>) -> Self {
         Self { kind: kind.into(), payload: payload.into(), request: None }
     }
 
@@ -83,8 +88,8 @@ pub struct StoredChunk {
     pub offset: Offset,
     /// The epoch of the driver that appended it.
     pub epoch: Epoch,
-    pub kind: String,
-    pub payload: Vec<u8>,
+    pub kind: Cow<'static, str>,
+    pub payload: Bytes,
     pub appended_at: Timestamp,
 }
 

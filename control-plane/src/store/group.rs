@@ -398,8 +398,8 @@ macro_rules! insert_events {
                 .push_bind(run.run.as_str())
                 .push_bind(seq)
                 .push_bind(held)
-                .push_bind(chunk.kind.as_str())
-                .push_bind(chunk.payload.as_slice())
+                .push_bind(chunk.kind.as_ref())
+                .push_bind(chunk.payload.as_ref())
                 .push_bind($now);
         });
         insert.build().execute($conn).await?;

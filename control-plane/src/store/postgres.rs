@@ -233,8 +233,8 @@ impl PgAppends {
         chunks: &[NewChunk],
         at: i64,
     ) -> sqlx::Result<Vec<i64>> {
-        let kinds: Vec<&str> = chunks.iter().map(|c| c.kind.as_str()).collect();
-        let payloads: Vec<&[u8]> = chunks.iter().map(|c| c.payload.as_slice()).collect();
+        let kinds: Vec<&str> = chunks.iter().map(|c| c.kind.as_ref()).collect();
+        let payloads: Vec<&[u8]> = chunks.iter().map(|c| c.payload.as_ref()).collect();
         sqlx::query_scalar(
             "WITH fence AS ( \
                  SELECT tenant, run_id FROM runs \

@@ -165,8 +165,8 @@ impl EventRow {
         Ok(StoredChunk {
             offset: Offset::from_seq(self.seq)?,
             epoch: epoch_from_db(self.epoch)?,
-            kind: self.kind,
-            payload: self.payload,
+            kind: self.kind.into(),
+            payload: self.payload.into(),
             appended_at: Timestamp::from_millis(self.appended_at),
         })
     }

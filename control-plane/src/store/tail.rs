@@ -674,7 +674,7 @@ mod tests {
                     offset: Offset::from_seq(seq).unwrap(),
                     epoch: FIRST_EPOCH,
                     kind: "line".into(),
-                    payload: format!("chunk {seq}").into_bytes(),
+                    payload: format!("chunk {seq}").into(),
                     appended_at: Timestamp::now(),
                 };
                 chunks.push(chunk.clone());
@@ -861,7 +861,7 @@ mod tests {
             offset: Offset::from_seq(seq).unwrap(),
             epoch: FIRST_EPOCH,
             kind: "line".into(),
-            payload: Vec::new(),
+            payload: Default::default(),
             appended_at: Timestamp::from_millis(0),
         };
         let news = |seqs: &[i64]| seqs.iter().copied().map(chunk).collect::<VecDeque<_>>();

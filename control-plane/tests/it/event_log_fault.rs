@@ -316,10 +316,10 @@ fn killed_mid_group_loses_nothing_acknowledged(url: &str) {
         let contiguous: Vec<String> = (1..=log.chunks.len()).map(|n| n.to_string()).collect();
         assert_eq!(offsets, contiguous, "run {i}: offsets contiguous");
         let payloads: std::collections::HashSet<&[u8]> =
-            log.chunks.iter().map(|c| c.payload.as_slice()).collect();
+            log.chunks.iter().map(|c| c.payload.as_ref()).collect();
         assert_eq!(payloads.len(), log.chunks.len(), "run {i}: a chunk stored twice");
         let by_offset: std::collections::HashMap<String, &[u8]> =
-            log.chunks.iter().map(|c| (c.offset.to_string(), c.payload.as_slice())).collect();
+            log.chunks.iter().map(|c| (c.offset.to_string(), c.payload.as_ref())).collect();
         for ((run, offset), payload) in stored_at.iter().filter(|((run, _), _)| *run == i) {
             assert_eq!(
                 by_offset.get(offset).copied(),

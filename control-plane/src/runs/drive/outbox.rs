@@ -127,7 +127,7 @@ mod tests {
 
     /// The chunks of a batch, by the timestamp each was made with.
     fn stamps(batch: &[NewChunk]) -> Vec<i64> {
-        batch.iter().map(|row| Chunk::decode(row.payload.as_slice()).unwrap().timestamp_ms).collect()
+        batch.iter().map(|row| Chunk::decode(row.payload.as_ref()).unwrap().timestamp_ms).collect()
     }
 
     type Gate = oneshot::Sender<Result<(), Ending>>;
