@@ -13,8 +13,11 @@
 //!   container each time) against `docker run --rm IMG true`, after one
 //!   round of each that is not counted (the first makes the data dir).
 //!
-//! `cargo bench -p control-plane --bench cli_run`; `SANDHOLD_BENCH_ROUNDS`
-//! sets the counted Docker rounds (default 5).
+//! `cargo bench -p control-plane --bench cli_run`; `SANDHOLD_BENCH_CLI_ROUNDS`
+//! sets the rounds of the durable run and its baselines, taken in turn and
+//! compared by their medians (default 5: one round of each swung the ratio
+//! between 0.17× and 0.47× on a host whose speed drifts);
+//! `SANDHOLD_BENCH_ROUNDS` sets the counted Docker rounds (default 5).
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -136,17 +139,29 @@ fn main() {
     let lines: usize =
         std::env::var("SANDHOLD_BENCH_CLI_LINES").ok().and_then(|v| v.parse().ok()).unwrap_or(200_000);
     let rounds: usize = std::env::var("SANDHOLD_BENCH_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(5);
+    let stream_rounds: usize =
+        std::env::var("SANDHOLD_BENCH_CLI_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(5).max(1);
     let dir = sandhold_tests::local::TestDir::new("shcl");
-    let run = durable(&dir.path().join("data"), lines);
-    let pipe = plain_pipe(lines);
-    let tanstack = tanstack(lines);
+    // Rounds of each, taken in turn (a host whose speed drifts drifts for
+    // both), a new data dir each; the medians are compared.
+    let (mut streaming, mut whole, mut pipes, mut tanstacks) = (vec![], vec![], vec![], vec![]);
+    for round in 0..stream_rounds {
+        let run = durable(&dir.path().join(format!("data-{round}")), lines);
+        streaming.push(run.streaming);
+        whole.push(run.whole);
+        pipes.push(plain_pipe(lines));
+        tanstacks.extend(tanstack(lines));
+    }
+    let median = |samples: Vec<Duration>| Row { name: "", samples }.quantile(0.5);
+    let tanstack = (!tanstacks.is_empty()).then(|| median(tanstacks));
+    let (streaming, whole, pipe) = (median(streaming), median(whole), median(pipes));
 
-    println!("{lines} JSON lines printed by awk");
+    println!("{lines} JSON lines printed by awk; the median of {stream_rounds} rounds, taken in turn");
     println!("{:<52} {:>10} {:>12}", "reader", "seconds", "lines/s");
     let print =
         |name: &str, d: Duration| println!("{name:<52} {:>10.2} {:>12.0}", d.as_secs_f64(), per_s(lines, d));
-    print("sandhold run --output json (durable; first chunk → exit)", run.streaming);
-    print("sandhold run --output json (whole command)", run.whole);
+    print("sandhold run --output json (durable; first chunk → exit)", streaming);
+    print("sandhold run --output json (whole command)", whole);
     match tanstack {
         Some(d) => print("TanStack ai-sandbox 0.2.4 spawnNdjson (pipe)", d),
         None => {
@@ -154,7 +169,7 @@ fn main() {
         }
     }
     print("plain pipe, parsed in Rust", pipe);
-    let now = format!("{:.0}k chunks/s", per_s(lines, run.streaming) / 1e3);
+    let now = format!("{:.0}k chunks/s", per_s(lines, streaming) / 1e3);
     let (baseline_name, baseline) = match tanstack {
         Some(d) => ("TanStack `spawnNdjson` (a pipe, not durable)", d),
         None => ("plain pipe (TanStack not installed)", pipe),
@@ -164,7 +179,7 @@ fn main() {
         "durable run → `sandhold run --output json`, embedded SQLite",
         &now,
         &format!("{baseline_name} {:.0}k lines/s", per_s(lines, baseline) / 1e3),
-        Some(baseline.as_secs_f64() / run.streaming.as_secs_f64()),
+        Some(baseline.as_secs_f64() / streaming.as_secs_f64()),
         "≥ 0.5×",
     );
 
