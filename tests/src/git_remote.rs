@@ -144,21 +144,46 @@ impl Drop for GitRemote {
     }
 }
 
-/// A plain HTTP server on the host's `addr` serving `body` at `/`.
+/// A plain HTTP server on the host's `addr` serving `body` at `/`, and
+/// answering a POST (to any path) with `body` followed by the request's
+/// body, read whole first: a test that sends something where it may not go
+/// sees it served back if it got through, and a proxy that refuses a body
+/// is not raced by an answer given before the body was read (`http.server`
+/// answered a POST 501 at once).
 pub struct HostServer {
     child: std::process::Child,
     pub port: u16,
 }
 
+const HOST_SERVER: &str = r#"
+import http.server, sys
+addr, port, body = sys.argv[1], int(sys.argv[2]), open(sys.argv[3], 'rb').read()
+class Handler(http.server.BaseHTTPRequestHandler):
+    def reply(self, status, out):
+        self.send_response(status)
+        self.send_header('Content-Length', str(len(out)))
+        self.end_headers()
+        self.wfile.write(out)
+    def do_GET(self):
+        if self.path in ('/', '/index.html'):
+            self.reply(200, body)
+        else:
+            self.reply(404, b'not found')
+    def do_POST(self):
+        self.reply(200, body + self.rfile.read(int(self.headers.get('Content-Length') or 0)))
+    def log_message(self, *args):
+        pass
+http.server.ThreadingHTTPServer((addr, port), Handler).serve_forever()
+"#;
+
 impl HostServer {
     pub fn start(dir: &Path, addr: &str, body: &str) -> Self {
-        let root = dir.join(format!("www-{addr}"));
-        std::fs::create_dir_all(&root).unwrap();
-        std::fs::write(root.join("index.html"), body).unwrap();
+        let served = dir.join(format!("www-{addr}"));
+        std::fs::write(&served, body).unwrap();
         let port = std::net::TcpListener::bind(format!("{addr}:0")).unwrap().local_addr().unwrap().port();
         let child = std::process::Command::new("python3")
-            .args(["-m", "http.server", "--bind", addr, &port.to_string(), "--directory"])
-            .arg(&root)
+            .args(["-c", HOST_SERVER, addr, &port.to_string()])
+            .arg(&served)
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .spawn()
