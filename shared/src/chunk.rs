@@ -520,18 +520,19 @@ impl<'de> serde::de::Visitor<'de> for JsonLineVisitor {
         let c = &mut read.chunk;
         while let Some(key) = map.next_key::<Key>()? {
             let scalar = |map: &mut A| map.next_value::<Scalar>();
+            let text = |map: &mut A| Ok::<_, A::Error>(scalar(map)?.text().unwrap_or_default());
             match key {
                 Key::Type => read.ty = scalar(&mut map)?.text(),
-                Key::MessageId => c.message_id = scalar(&mut map)?.text().unwrap_or_default(),
-                Key::ParentMessageId => c.parent_message_id = scalar(&mut map)?.text().unwrap_or_default(),
-                Key::ToolCallId => c.tool_call_id = scalar(&mut map)?.text().unwrap_or_default(),
-                Key::ToolName => c.tool_name = scalar(&mut map)?.text().unwrap_or_default(),
-                Key::Delta => c.delta = scalar(&mut map)?.text().unwrap_or_default(),
-                Key::Content => c.content = scalar(&mut map)?.text().unwrap_or_default(),
-                Key::FinishReason => c.finish_reason = scalar(&mut map)?.text().unwrap_or_default(),
-                Key::ErrorMessage => c.error_message = scalar(&mut map)?.text().unwrap_or_default(),
-                Key::ErrorCode => c.error_code = scalar(&mut map)?.text().unwrap_or_default(),
-                Key::Name => c.name = scalar(&mut map)?.text().unwrap_or_default(),
+                Key::MessageId => c.message_id = text(&mut map)?,
+                Key::ParentMessageId => c.parent_message_id = text(&mut map)?,
+                Key::ToolCallId => c.tool_call_id = text(&mut map)?,
+                Key::ToolName => c.tool_name = text(&mut map)?,
+                Key::Delta => c.delta = text(&mut map)?,
+                Key::Content => c.content = text(&mut map)?,
+                Key::FinishReason => c.finish_reason = text(&mut map)?,
+                Key::ErrorMessage => c.error_message = text(&mut map)?,
+                Key::ErrorCode => c.error_code = text(&mut map)?,
+                Key::Name => c.name = text(&mut map)?,
                 Key::IsError => c.is_error = matches!(scalar(&mut map)?, Scalar::Bool(true)),
                 Key::ExitCode => {
                     c.exit_code = match scalar(&mut map)? {
