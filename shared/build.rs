@@ -52,6 +52,11 @@ fn main() {
             // the other.
             .bytes(".sandhold.agent.v1.RestoreBlob.data")
             .bytes(".sandhold.agent.v1.ReadBlobsResponse.data")
+            // A chunk is some 550 bytes held inline (its many text fields):
+            // boxed in the stream's message, each move of an event on its way
+            // out of the server and through the client is a pointer's, not a
+            // `memcpy` of the chunk (several a chunk, on both sides).
+            .boxed(".sandhold.v1.RunChunk.chunk")
             .build_client(true)
             .build_server(true)
             .compile_fds(set)

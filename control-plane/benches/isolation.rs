@@ -167,7 +167,7 @@ async fn claude_code(runtime: Runtime, rounds: usize) -> Option<(Vec<Duration>, 
             match event.event {
                 Some(api::run_event::Event::Progress(_)) => prepared = Some(Instant::now()),
                 Some(api::run_event::Event::Chunk(c)) => {
-                    seen.chunks.push((c.offset, c.chunk.expect("a chunk")))
+                    seen.chunks.push((c.offset, *c.chunk.expect("a chunk")))
                 }
                 None => {}
             }

@@ -99,7 +99,7 @@ pub async fn read_until(
         let message = tokio::time::timeout(PATIENCE, stream.message()).await.expect("run stream stalled")?;
         let Some(event) = message else { return Ok(true) };
         if let Some(api::run_event::Event::Chunk(c)) = event.event {
-            seen.chunks.push((c.offset, c.chunk.expect("a chunk")));
+            seen.chunks.push((c.offset, *c.chunk.expect("a chunk")));
             if stop(seen) {
                 return Ok(false);
             }

@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument as _, debug, info, warn};
 
 use super::drive::{DriveCtx, Interrupts};
-use super::log::decode_chunk;
+use super::log::decode_chunk_into;
 use super::{Error, RunSpec, Runs};
 use crate::harness::Harness;
 use crate::provision::InvalidField;
@@ -104,7 +104,7 @@ impl Runs {
                             let terminal = matches!(
                                 &event,
                                 Ok(api::RunEvent { event: Some(api::run_event::Event::Chunk(c)) })
-                                    if c.chunk.as_ref().is_some_and(shared::chunk::is_terminal)
+                                    if c.chunk.as_deref().is_some_and(shared::chunk::is_terminal)
                             );
                             if terminal {
                                 ended.cancel();
@@ -300,10 +300,12 @@ fn jittered(base: Duration) -> Duration {
 }
 
 fn chunk_event(stored: &store::StoredChunk) -> Result<api::RunEvent, Error> {
+    let mut chunk = Box::default();
+    decode_chunk_into(stored, &mut chunk)?;
     Ok(api::RunEvent {
         event: Some(api::run_event::Event::Chunk(api::RunChunk {
             offset: stored.offset.to_string(),
-            chunk: Some(decode_chunk(stored)?),
+            chunk: Some(chunk),
         })),
     })
 }

@@ -19,7 +19,16 @@ pub(crate) fn encode_chunk(c: &Chunk) -> NewChunk {
 }
 
 pub(crate) fn decode_chunk(stored: &StoredChunk) -> Result<Chunk, Error> {
-    Chunk::decode(stored.payload.as_ref())
+    let mut chunk = Chunk::default();
+    decode_chunk_into(stored, &mut chunk)?;
+    Ok(chunk)
+}
+
+/// [`decode_chunk`] into a chunk already in place (a boxed one: a chunk is
+/// some 550 bytes, and one decoded where it stays is not copied there).
+pub(crate) fn decode_chunk_into(stored: &StoredChunk, chunk: &mut Chunk) -> Result<(), Error> {
+    chunk
+        .merge(stored.payload.as_ref())
         .map_err(|e| Error::Corrupt(format!("stored chunk at offset {} does not decode: {e}", stored.offset)))
 }
 

@@ -221,7 +221,7 @@ async fn read_chunks(mut stream: tonic::Streaming<api::RunEvent>) -> Vec<(String
             tokio::time::timeout(PATIENCE, stream.message()).await.expect("run stream stalled").unwrap();
         let Some(event) = message else { return out };
         if let Some(api::run_event::Event::Chunk(c)) = event.event {
-            out.push((c.offset, c.chunk.unwrap()));
+            out.push((c.offset, *c.chunk.unwrap()));
         }
     }
 }
