@@ -306,13 +306,13 @@ mod tests {
     #[test]
     fn terminal_closes_what_is_open_and_ends_the_run() {
         let mut t = Harness::Command.translator(&RunId::parse("r").unwrap(), "t", || 0);
-        let first = t.feed(br#"{"type":"REASONING_START","message_id":"x"}"#);
+        let first: Vec<_> = t.feed(br#"{"type":"REASONING_START","message_id":"x"}"#).collect();
         assert_eq!(types(&first), ["RUN_STARTED", "REASONING_START"]);
         let end = t.finish(1, "boom");
         assert_eq!(types(&end), ["REASONING_END", "RUN_ERROR"]);
         assert_eq!(end[0].message_id, "x");
         assert!(t.is_terminal());
-        assert!(t.feed(b"more").is_empty());
+        assert!(t.feed(b"more").next().is_none());
         assert!(t.finish(1, "x").is_empty());
     }
 

@@ -148,11 +148,10 @@ mod tests {
             {"type":"tool_use","id":"toolu_9","name":"Bash","input":{"command":"echo hi > f"}}]}});
         let ours = t
             .feed(tool_use.to_string().as_bytes())
-            .into_iter()
             .find(|c| c.r#type() == ChunkType::ToolCallStart)
             .expect("the CLI's tool call")
             .tool_call_id;
-        let req = t.feed_record(&record(&asked("r1", RequestKind::Permission, "toolu_9")));
+        let req: Vec<_> = t.feed_record(&record(&asked("r1", RequestKind::Permission, "toolu_9"))).collect();
         assert_eq!(req.len(), 1);
         assert_eq!(req[0].r#type(), ChunkType::PermissionRequested);
         assert_eq!(req[0].tool_call_id, ours);
@@ -164,20 +163,20 @@ mod tests {
         );
         // Repeated records (an agent that crashed between append and mark)
         // yield nothing more.
-        assert!(t.feed_record(&record(&asked("r1", RequestKind::Permission, "toolu_9"))).is_empty());
-        let ans = t.feed_record(&record(&answered("r1", false, "not now")));
+        assert!(t.feed_record(&record(&asked("r1", RequestKind::Permission, "toolu_9"))).next().is_none());
+        let ans: Vec<_> = t.feed_record(&record(&answered("r1", false, "not now"))).collect();
         assert_eq!(ans[0].r#type(), ChunkType::PermissionResolved);
         assert_eq!(ans[0].content, "not now");
         let r = ans[0].request.as_ref().unwrap();
         assert_eq!((r.allowed, r.answered_by.as_str()), (false, "client"));
-        assert!(t.feed_record(&record(&answered("r1", true, ""))).is_empty());
+        assert!(t.feed_record(&record(&answered("r1", true, ""))).next().is_none());
     }
 
     #[test]
     fn a_client_tool_call_is_a_tool_call_awaiting_the_client_and_its_result() {
         let run = RunId::parse("run-1").unwrap();
         let mut t = Harness::Codex.translator(&run, "t", || 0);
-        let chunks = t.feed_record(&record(&asked("t1", RequestKind::ClientTool, "")));
+        let chunks: Vec<_> = t.feed_record(&record(&asked("t1", RequestKind::ClientTool, ""))).collect();
         let types: Vec<_> = chunks.iter().map(|c| c.r#type()).collect();
         assert_eq!(
             types,
@@ -190,14 +189,14 @@ mod tests {
         );
         assert!(chunks[1].request.as_ref().unwrap().awaiting_client);
         assert_eq!(chunks[1].tool_name, "lookup");
-        let result = t.feed_record(&record(&answered("t1", true, "42")));
+        let result: Vec<_> = t.feed_record(&record(&answered("t1", true, "42"))).collect();
         assert_eq!(result[0].r#type(), ChunkType::ToolCallResult);
         assert_eq!(
             (result[0].tool_call_id.as_str(), result[0].content.as_str()),
             (chunks[1].tool_call_id.as_str(), "42")
         );
         // An answer to nothing is a warning, not a chunk that claims a request.
-        let stray = t.feed_record(&record(&answered("nope", true, "")));
+        let stray: Vec<_> = t.feed_record(&record(&answered("nope", true, ""))).collect();
         assert_eq!(stray[0].name, "harness.warning");
         assert!(stray[0].request.is_none());
     }
@@ -207,7 +206,7 @@ mod tests {
         let run = RunId::parse("run-1").unwrap();
         let feed = || {
             let mut t = Harness::OpenCode.translator(&run, "t", || 0);
-            let mut out = t.feed_record(&record(&asked("t1", RequestKind::ClientTool, "")));
+            let mut out: Vec<_> = t.feed_record(&record(&asked("t1", RequestKind::ClientTool, ""))).collect();
             out.extend(t.feed_record(&record(&answered("t1", true, "x"))));
             out.iter().map(shared::chunk::fingerprint_hex).collect::<Vec<_>>()
         };

@@ -2,6 +2,8 @@
 //! adapter's [`Translate`]) plus the sealed request records every harness
 //! shares.
 
+use std::vec::Drain;
+
 use shared::chunk::Chunk;
 use shared::ids::RunId;
 
@@ -67,22 +69,26 @@ impl std::fmt::Debug for Translator {
 impl Translator {
     /// The chunks of one journal line. The first call yields RUN_STARTED
     /// first; after the terminal chunk every line yields nothing.
-    pub fn feed(&mut self, line: &[u8]) -> Vec<Chunk> {
+    ///
+    /// Drained from the translator's own buffer, which the next line reuses
+    /// (a run's lines are most of what it does, and a `Vec` taken per line
+    /// was an allocation of several chunks each, freed after one).
+    pub fn feed(&mut self, line: &[u8]) -> Drain<'_, Chunk> {
         self.em.ensure_started();
         if !self.em.terminal {
             self.inner.line(&mut self.em, line);
         }
-        std::mem::take(&mut self.em.out)
+        self.em.out.drain(..)
     }
 
     /// The chunks of a sealed record of the journal (a request or an
     /// answer, verified by the agent: `JournalLine.sealed`).
-    pub fn feed_record(&mut self, record: &[u8]) -> Vec<Chunk> {
+    pub fn feed_record(&mut self, record: &[u8]) -> Drain<'_, Chunk> {
         self.em.ensure_started();
         if !self.em.terminal {
             self.requests.record(&mut self.em, self.inner.as_ref(), record);
         }
-        std::mem::take(&mut self.em.out)
+        self.em.out.drain(..)
     }
 
     /// The run exited with `exit_code` (128 + signal for a signal); its

@@ -288,7 +288,7 @@ mod tests {
     #[test]
     fn invalid_utf8_is_text_not_a_crash() {
         let mut t = Harness::Command.translator(&shared::ids::RunId::parse("r").unwrap(), "t", || 0);
-        let chunks = t.feed(b"\xff\xfe ok");
+        let chunks: Vec<_> = t.feed(b"\xff\xfe ok").collect();
         assert_eq!(chunks[2].delta, "\u{fffd}\u{fffd} ok\n");
     }
 }
