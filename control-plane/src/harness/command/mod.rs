@@ -58,7 +58,7 @@ impl CommandTranslator {
         }
     }
 
-    fn pass_through(&mut self, em: &mut Emitter, mut c: shared::chunk::Chunk) {
+    fn pass_through(&mut self, em: &mut Emitter, mut c: Box<shared::chunk::Chunk>) {
         self.end_text(em);
         c.request = None;
         let ty = c.r#type();
@@ -91,11 +91,8 @@ impl CommandTranslator {
             _ => {}
         }
         // The command speaks for this run only, at our clock.
-        let base = em.f.chunk(ty);
-        c.run_id = base.run_id;
-        c.thread_id = base.thread_id;
-        c.timestamp_ms = base.timestamp_ms;
-        em.push(c);
+        em.f.stamp(&mut c);
+        em.push(*c);
     }
 }
 
