@@ -479,7 +479,8 @@ pub fn usage_from_json(value: &Value) -> Option<Usage> {
 /// JSON type are ignored (skipped without recursion, however deep), and of
 /// a key given twice the last counts. `name` and `value` are read for
 /// CUSTOM only. `run_id`, `thread_id` and the timestamp are left for the
-/// caller to set (a command cannot speak for another run).
+/// caller to set ([`ChunkFactory::stamp`]: a command cannot speak for
+/// another run).
 ///
 /// Read straight into the chunk, as a `command` harness reads every line
 /// its command prints: no `Value` (a map with its keys) built first. Boxed

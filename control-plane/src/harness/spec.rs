@@ -207,8 +207,10 @@ mod tests {
             r#"{"type":"stop","stopReason":"end_turn"}"#,
         ];
         let mut t = Harness::Codex.translator_for(Output::Acp, &RunId::parse("r").unwrap(), "t", || 0);
-        let mut chunks: Vec<_> =
-            journal.iter().flat_map(|l| t.feed(l.as_bytes()).collect::<Vec<_>>()).collect();
+        let mut chunks = Vec::new();
+        for line in journal {
+            chunks.extend(t.feed(line.as_bytes()));
+        }
         chunks.extend(t.finish(0, ""));
         assert_eq!(chunks[1].name, "codex.session-id");
         assert!(chunks.iter().any(|c| c.delta == "hi"));
